@@ -1,0 +1,386 @@
+//! A loaded certificate authority: the signing certificate, the chain above it, its key, ready to issue.
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use meshca_config::KeyAlgorithm;
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType, SerialNumber,
+};
+use rustls_pki_types::CertificateDer;
+use zeroize::{Zeroize, Zeroizing};
+
+use crate::certs::{self, KeyKind};
+use crate::key::{KeyError, PrivateKey};
+use crate::pem_out;
+use crate::provided::ProvidedCaError;
+use crate::spiffe_id::{SpiffeId, TrustDomain};
+
+/// How far NotBefore is backdated to tolerate clock skew between peers.
+pub(crate) const BACKDATE: Duration = Duration::from_secs(10);
+
+/// What a generated (builtin) CA looks like.
+#[derive(Clone, Debug)]
+pub struct CaParams {
+    /// The trust domain; the CA carries `spiffe://<trust domain>` as its URI SAN.
+    pub trust_domain: TrustDomain,
+    /// The CA key's algorithm.
+    pub key_algorithm: KeyAlgorithm,
+    /// How long the CA is valid, from now.
+    pub validity: Duration,
+    /// A name for the subject, e.g. `default/ca-1` (mesh/backend); a random suffix makes it unique.
+    pub name: String,
+}
+
+/// Why a CA could not be generated or reloaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CaError {
+    /// The CA key could not be generated.
+    #[error("generating the CA key failed: {0}")]
+    Key(#[source] KeyError),
+    /// The CA certificate could not be built or signed.
+    #[error("building the CA certificate failed: {0}")]
+    Certificate(String),
+    /// The validity does not fit an X.509 certificate.
+    #[error("the CA validity must be more than zero and end before the year 9999 (got {0:?})")]
+    Validity(Duration),
+    /// A CA meshca persisted earlier could not be loaded.
+    #[error("the persisted CA cannot be loaded: {0}")]
+    Persisted(#[source] ProvidedCaError),
+}
+
+/// The CA's signing key as rcgen uses it; wipes its PKCS#8 copy on drop.
+pub(crate) struct CaSigner(KeyPair);
+
+impl Drop for CaSigner {
+    fn drop(&mut self) {
+        self.0.zeroize();
+    }
+}
+
+impl rcgen::PublicKeyData for CaSigner {
+    fn der_bytes(&self) -> &[u8] {
+        self.0.der_bytes()
+    }
+
+    fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
+        rcgen::PublicKeyData::algorithm(&self.0)
+    }
+}
+
+impl rcgen::SigningKey for CaSigner {
+    fn sign(&self, msg: &[u8]) -> Result<Vec<u8>, rcgen::Error> {
+        self.0.sign(msg)
+    }
+}
+
+/// A certificate authority ready to issue SVIDs. `Debug` shows no key material.
+pub struct CertificateAuthority {
+    pub(crate) cert_der: Vec<u8>,
+    /// Certificates above the signing one, as given (intermediates, then the root if present).
+    pub(crate) above: Vec<Vec<u8>>,
+    /// What SDS sends after a leaf: every certificate of the chain except the trust anchor.
+    pub(crate) after_leaf_der: Vec<Vec<u8>>,
+    pub(crate) after_leaf_pem: String,
+    pub(crate) anchor_der: Vec<u8>,
+    pub(crate) issuer: Issuer<'static, CaSigner>,
+    pub(crate) key: PrivateKey,
+    pub(crate) trust_domain: Option<TrustDomain>,
+    pub(crate) subject: String,
+    pub(crate) not_before: SystemTime,
+    pub(crate) not_after: SystemTime,
+    pub(crate) id: String,
+}
+
+impl fmt::Debug for CertificateAuthority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CertificateAuthority")
+            .field("id", &self.id)
+            .field("subject", &self.subject)
+            .field("trust_domain", &self.trust_domain)
+            .field("key", &self.key)
+            .field("not_before", &certs::rfc3339(self.not_before))
+            .field("not_after", &certs::rfc3339(self.not_after))
+            .field("chain_len", &(1 + self.above.len()))
+            .finish()
+    }
+}
+
+impl CertificateAuthority {
+    /// Generates a self-signed CA: `cA=true` with pathLen 0 (it signs only leaves), keyUsage critical
+    /// keyCertSign+cRLSign, URI SAN `spiffe://<trust domain>`, a random 126-bit serial, subject
+    /// `CN=meshca <name> <random hex>, O=meshca` (unique per CA), SKI and AKI, NotBefore `now - 10s`.
+    pub fn generate(params: &CaParams, now: SystemTime) -> Result<Self, CaError> {
+        let (key, _) = PrivateKey::generate(params.key_algorithm).map_err(CaError::Key)?;
+        let signer = signer_for(&key).map_err(CaError::Certificate)?;
+        let (not_before, _) = now
+            .checked_sub(BACKDATE)
+            .and_then(certs::whole_seconds)
+            .ok_or(CaError::Validity(params.validity))?;
+        let not_after = now
+            .checked_add(params.validity)
+            .and_then(certs::whole_seconds)
+            .filter(|(t, _)| t.year() < 9999 && !params.validity.is_zero())
+            .ok_or(CaError::Validity(params.validity))?
+            .0;
+        let serial = certs::random_serial().map_err(CaError::Certificate)?;
+        let uri = rcgen::string::Ia5String::try_from(params.trust_domain.id())
+            .map_err(|e| CaError::Certificate(e.to_string()))?;
+
+        let mut cert_params = CertificateParams::default();
+        cert_params.distinguished_name = ca_subject(&params.name, &serial);
+        cert_params.not_before = not_before;
+        cert_params.not_after = not_after;
+        cert_params.serial_number = Some(SerialNumber::from_slice(&serial));
+        cert_params.subject_alt_names = vec![SanType::URI(uri)];
+        cert_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        cert_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        cert_params.use_authority_key_identifier_extension = true;
+        let cert = cert_params
+            .self_signed(&signer)
+            .map_err(|e| CaError::Certificate(e.to_string()))?;
+        drop(signer);
+        Self::assemble(vec![cert.der().to_vec()], key).map_err(CaError::Persisted)
+    }
+
+    /// Reloads a CA meshca generated and persisted earlier ([`CertificateAuthority::to_pem`]): parses the
+    /// chain and the key and checks they match. No other policy is applied.
+    pub fn from_persisted(cert_chain_pem: &[u8], key_pem: &[u8]) -> Result<Self, CaError> {
+        let load = || {
+            let chain = crate::provided::read_chain(cert_chain_pem)?;
+            let key = PrivateKey::from_pem(key_pem).map_err(ProvidedCaError::UnreadableKey)?;
+            Self::assemble(chain, key)
+        };
+        load().map_err(CaError::Persisted)
+    }
+
+    /// Builds the CA from a chain (signing certificate first) and its key: checks the key matches, reads
+    /// the trust domain, and builds the rcgen issuer once.
+    pub(crate) fn assemble(chain: Vec<Vec<u8>>, key: PrivateKey) -> Result<Self, ProvidedCaError> {
+        let mut chain = chain.into_iter();
+        let cert_der = chain.next().ok_or(ProvidedCaError::NoCertificate)?;
+        let above: Vec<Vec<u8>> = chain.collect();
+        let cert =
+            certs::parse(&cert_der).map_err(|reason| ProvidedCaError::UnparsableCertificate {
+                position: 1,
+                reason,
+            })?;
+        let subject = certs::subject(&cert);
+
+        let signer = signer_for(&key).map_err(ProvidedCaError::Signer)?;
+        let cert_key = cert.public_key();
+        let same_type = certs::key_kind(cert_key) == KeyKind::Supported(key.algorithm());
+        if !same_type
+            || cert_key.subject_public_key.data.as_ref() != rcgen::PublicKeyData::der_bytes(&signer)
+        {
+            return Err(ProvidedCaError::KeyMismatch { subject });
+        }
+        let trust_domain = trust_domain_of(&cert, &subject)?;
+        let issuer = build_issuer(&cert_der, &cert, signer, &subject)?;
+
+        let mut full: Vec<&Vec<u8>> = Vec::with_capacity(1 + above.len());
+        full.push(&cert_der);
+        full.extend(above.iter());
+        // The trust anchor is the last certificate given: the root, or the CA itself when alone.
+        let anchor_der = full.last().map(|d| (*d).clone()).unwrap_or_default();
+        let after_leaf_der: Vec<Vec<u8>> = full[..full.len() - 1]
+            .iter()
+            .map(|d| (*d).clone())
+            .collect();
+        let mut after_leaf_pem = String::new();
+        for der in &after_leaf_der {
+            pem_out::push_cert(&mut after_leaf_pem, der);
+        }
+        let validity = cert.validity();
+        let ca = CertificateAuthority {
+            not_before: certs::system_time(validity.not_before),
+            not_after: certs::system_time(validity.not_after),
+            id: certs::sha256_hex(&cert_der),
+            cert_der: cert_der.clone(),
+            above,
+            after_leaf_der,
+            after_leaf_pem,
+            anchor_der,
+            issuer,
+            key,
+            trust_domain,
+            subject,
+        };
+        Ok(ca)
+    }
+
+    /// The CA's id: lowercase hex SHA-256 of the signing certificate's DER.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The signing certificate's DER.
+    pub fn cert_der(&self) -> &[u8] {
+        &self.cert_der
+    }
+
+    /// The signing certificate's subject, for messages.
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+
+    /// The trust domain from the CA's `spiffe://` URI SAN, if it has one.
+    pub fn trust_domain(&self) -> Option<&TrustDomain> {
+        self.trust_domain.as_ref()
+    }
+
+    /// The signing key's algorithm.
+    pub fn key_algorithm(&self) -> KeyAlgorithm {
+        self.key.algorithm()
+    }
+
+    /// The signing certificate's NotBefore.
+    pub fn not_before(&self) -> SystemTime {
+        self.not_before
+    }
+
+    /// The signing certificate's NotAfter; no SVID outlives it.
+    pub fn not_after(&self) -> SystemTime {
+        self.not_after
+    }
+
+    /// The certificates above the signing one, as given (intermediates, then the root if present).
+    pub fn chain_above_der(&self) -> &[Vec<u8>] {
+        &self.above
+    }
+
+    /// The trust anchors peers need to validate this CA's SVIDs, as DER (the root, or the CA itself).
+    pub fn bundle_der(&self) -> Vec<Vec<u8>> {
+        vec![self.anchor_der.clone()]
+    }
+
+    /// The trust anchors as PEM, one string per certificate.
+    pub fn bundle_pems(&self) -> Vec<String> {
+        vec![pem_out::cert(&self.anchor_der)]
+    }
+
+    /// The certificates SDS sends after a leaf: the chain up to, not including, the root (PEM,
+    /// concatenated; empty for a self-signed CA).
+    pub fn chain_above_pem(&self) -> &str {
+        &self.after_leaf_pem
+    }
+
+    /// The certificates sent after a leaf, as DER.
+    pub fn chain_after_leaf_der(&self) -> &[Vec<u8>] {
+        &self.after_leaf_der
+    }
+
+    /// The chain (signing certificate first, then the rest as given) and the key, as PEM, for the keystore.
+    pub fn to_pem(&self) -> (String, Zeroizing<String>) {
+        let mut chain = pem_out::cert(&self.cert_der);
+        for der in &self.above {
+            pem_out::push_cert(&mut chain, der);
+        }
+        (chain, self.key.to_pem())
+    }
+}
+
+/// Loads the CA key into rcgen (this parses the PKCS#8: done once per CA, never per leaf).
+fn signer_for(key: &PrivateKey) -> Result<CaSigner, String> {
+    let der = rustls_pki_types::PrivatePkcs8KeyDer::from(key.pkcs8_der());
+    KeyPair::try_from(&der)
+        .map(CaSigner)
+        .map_err(|e| e.to_string())
+}
+
+/// `CN=meshca <name> <16 hex of the serial>, O=meshca`, the CN kept within X.509's 64 characters.
+fn ca_subject(name: &str, serial: &[u8; 16]) -> DistinguishedName {
+    let suffix = hex::encode(&serial[8..]);
+    let budget = 64 - "meshca ".len() - 1 - suffix.len();
+    let name: String = name
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(budget)
+        .collect();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, format!("meshca {name} {suffix}"));
+    dn.push(DnType::OrganizationName, "meshca");
+    dn
+}
+
+/// The trust domain named by a `spiffe://` URI SAN of the CA, if any.
+fn trust_domain_of(
+    cert: &x509_parser::certificate::X509Certificate<'_>,
+    subject: &str,
+) -> Result<Option<TrustDomain>, ProvidedCaError> {
+    let uris = certs::uri_sans(cert).map_err(|reason| ProvidedCaError::UnparsableCertificate {
+        position: 1,
+        reason,
+    })?;
+    let Some(uri) = uris.into_iter().find(|u| u.starts_with("spiffe://")) else {
+        return Ok(None);
+    };
+    let id = SpiffeId::parse(uri).map_err(|source| ProvidedCaError::InvalidSpiffeUri {
+        subject: subject.to_owned(),
+        uri: uri.to_owned(),
+        source,
+    })?;
+    Ok(Some(id.trust_domain().clone()))
+}
+
+/// A signer that only serialises: used to check, without signing, that rcgen reproduces the CA's
+/// subject byte for byte as the issuer name of its leaves (it cannot for every name encoding).
+struct DryRun(&'static rcgen::SignatureAlgorithm, Vec<u8>);
+
+impl rcgen::PublicKeyData for DryRun {
+    fn der_bytes(&self) -> &[u8] {
+        &self.1
+    }
+    fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
+        self.0
+    }
+}
+
+impl rcgen::SigningKey for DryRun {
+    fn sign(&self, _msg: &[u8]) -> Result<Vec<u8>, rcgen::Error> {
+        Ok(Vec::new())
+    }
+}
+
+/// Builds the rcgen issuer once, after checking the subject can be reproduced exactly.
+fn build_issuer(
+    der: &[u8],
+    cert: &x509_parser::certificate::X509Certificate<'_>,
+    signer: CaSigner,
+    subject: &str,
+) -> Result<Issuer<'static, CaSigner>, ProvidedCaError> {
+    let unsupported = || ProvidedCaError::UnsupportedSubject {
+        subject: subject.to_owned(),
+    };
+    // rcgen panics on an empty RDN and merges repeated attribute types: refuse those up front.
+    let mut seen = Vec::new();
+    for rdn in cert.subject().iter() {
+        let mut attrs = rdn.iter();
+        let (Some(attr), None) = (attrs.next(), attrs.next()) else {
+            return Err(unsupported());
+        };
+        let oid = attr.attr_type().clone();
+        if seen.contains(&oid) {
+            return Err(unsupported());
+        }
+        seen.push(oid);
+    }
+    let cert_der = CertificateDer::from(der);
+    let probe_key = DryRun(
+        rcgen::PublicKeyData::algorithm(&signer),
+        rcgen::PublicKeyData::der_bytes(&signer).to_vec(),
+    );
+    let probe_issuer =
+        Issuer::from_ca_cert_der(&cert_der, &probe_key).map_err(|_| unsupported())?;
+    let probe = CertificateParams::default()
+        .signed_by(&probe_key, &probe_issuer)
+        .map_err(|_| unsupported())?;
+    let (_, parsed) =
+        x509_parser::parse_x509_certificate(probe.der()).map_err(|_| unsupported())?;
+    if parsed.issuer().as_raw() != cert.subject().as_raw() {
+        return Err(unsupported());
+    }
+    Issuer::from_ca_cert_der(&cert_der, signer).map_err(|e| ProvidedCaError::Signer(e.to_string()))
+}

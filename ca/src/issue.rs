@@ -1,0 +1,194 @@
+//! Issuing X.509-SVIDs (DESIGN §6, leaf rules).
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use meshca_config::KeyAlgorithm;
+use rcgen::{
+    CertificateParams, DistinguishedName, ExtendedKeyUsagePurpose, IsCa, KeyUsagePurpose, SanType,
+    SerialNumber,
+};
+
+use crate::authority::{CertificateAuthority, BACKDATE};
+use crate::certs;
+use crate::key::{KeyError, PrivateKey};
+use crate::pem_out;
+use crate::spiffe_id::{SpiffeId, TrustDomain};
+
+/// What to issue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SvidRequest {
+    /// The workload's SPIFFE ID (not a root ID).
+    pub spiffe_id: SpiffeId,
+    /// The algorithm of the new leaf key.
+    pub key_algorithm: KeyAlgorithm,
+    /// How long the SVID should live; capped at the CA's NotAfter.
+    pub lifetime: Duration,
+}
+
+/// An issued SVID with its fresh private key.
+pub struct Svid {
+    /// The SPIFFE ID in its URI SAN.
+    pub spiffe_id: SpiffeId,
+    /// The leaf followed by any intermediates, never the root (what SDS sends).
+    pub chain_pem: String,
+    /// The same chain as DER.
+    pub chain_der: Vec<Vec<u8>>,
+    /// The leaf's private key.
+    pub key: PrivateKey,
+    /// NotBefore (issuance time minus 10 s).
+    pub not_before: SystemTime,
+    /// NotAfter.
+    pub not_after: SystemTime,
+    /// The serial number, lowercase hex.
+    pub serial: String,
+    /// The issuing CA's [`CertificateAuthority::id`].
+    pub issuer_id: String,
+}
+
+impl fmt::Debug for Svid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Svid")
+            .field("spiffe_id", &self.spiffe_id)
+            .field("key", &self.key)
+            .field("not_before", &certs::rfc3339(self.not_before))
+            .field("not_after", &certs::rfc3339(self.not_after))
+            .field("serial", &self.serial)
+            .field("issuer_id", &self.issuer_id)
+            .field("chain_len", &self.chain_der.len())
+            .finish()
+    }
+}
+
+/// Why an SVID was not issued.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IssueError {
+    /// The ID is a trust domain root ID.
+    #[error("cannot issue an SVID for the root ID {0}: a workload ID needs a path")]
+    RootId(SpiffeId),
+    /// The ID's trust domain is not the CA's.
+    #[error("cannot issue {id}: the CA {ca_subject:?} belongs to trust domain {ca_trust_domain}")]
+    TrustDomainMismatch {
+        /// The requested ID.
+        id: SpiffeId,
+        /// The CA's trust domain.
+        ca_trust_domain: TrustDomain,
+        /// The CA's subject.
+        ca_subject: String,
+    },
+    /// The CA has expired (or is not valid yet) at the issuance time.
+    #[error("the CA {ca_subject:?} is not valid at {now} (valid {not_before} to {not_after}); rotate it")]
+    CaNotValid {
+        /// The CA's subject.
+        ca_subject: String,
+        /// The issuance time, RFC 3339.
+        now: String,
+        /// The CA's NotBefore, RFC 3339.
+        not_before: String,
+        /// The CA's NotAfter, RFC 3339.
+        not_after: String,
+    },
+    /// The lifetime is zero or the times do not fit a certificate.
+    #[error("invalid SVID lifetime {0:?}")]
+    Lifetime(Duration),
+    /// The leaf key could not be generated.
+    #[error("generating the SVID key failed: {0}")]
+    Key(#[source] KeyError),
+    /// The certificate could not be built or signed.
+    #[error("signing the SVID failed: {0}")]
+    Sign(String),
+}
+
+impl CertificateAuthority {
+    /// Issues an SVID for `req.spiffe_id`: a new key, a leaf with exactly one URI SAN, an empty subject
+    /// (so the SAN extension is critical), `cA=false`, keyUsage critical digitalSignature (plus
+    /// keyEncipherment for RSA keys), EKU serverAuth+clientAuth, a random 126-bit serial, AKI and SKI,
+    /// NotBefore `now - 10s`, NotAfter `min(now + lifetime, CA NotAfter)`.
+    ///
+    /// The result is not verified here (that costs more than issuing); callers run
+    /// [`crate::verify_svid`] before publishing it.
+    pub fn issue(&self, req: &SvidRequest, now: SystemTime) -> Result<Svid, IssueError> {
+        if req.spiffe_id.is_root() {
+            return Err(IssueError::RootId(req.spiffe_id.clone()));
+        }
+        if let Some(td) = &self.trust_domain {
+            if td != req.spiffe_id.trust_domain() {
+                return Err(IssueError::TrustDomainMismatch {
+                    id: req.spiffe_id.clone(),
+                    ca_trust_domain: td.clone(),
+                    ca_subject: self.subject.clone(),
+                });
+            }
+        }
+        if now >= self.not_after || now < self.not_before {
+            return Err(IssueError::CaNotValid {
+                ca_subject: self.subject.clone(),
+                now: certs::rfc3339(now),
+                not_before: certs::rfc3339(self.not_before),
+                not_after: certs::rfc3339(self.not_after),
+            });
+        }
+        let bad_lifetime = || IssueError::Lifetime(req.lifetime);
+        if req.lifetime.is_zero() {
+            return Err(bad_lifetime());
+        }
+        let (nb, not_before) = now
+            .checked_sub(BACKDATE)
+            .and_then(certs::whole_seconds)
+            .ok_or_else(bad_lifetime)?;
+        let wanted_end = now.checked_add(req.lifetime).unwrap_or(self.not_after);
+        let (na, not_after) =
+            certs::whole_seconds(wanted_end.min(self.not_after)).ok_or_else(bad_lifetime)?;
+        if not_after <= not_before {
+            return Err(bad_lifetime());
+        }
+
+        let (key, public) = PrivateKey::generate(req.key_algorithm).map_err(IssueError::Key)?;
+        let serial = certs::random_serial().map_err(IssueError::Sign)?;
+        let uri = rcgen::string::Ia5String::try_from(req.spiffe_id.as_str())
+            .map_err(|e| IssueError::Sign(e.to_string()))?;
+
+        let mut params = CertificateParams::default();
+        params.distinguished_name = DistinguishedName::new();
+        params.subject_alt_names = vec![SanType::URI(uri)];
+        params.not_before = nb;
+        params.not_after = na;
+        params.serial_number = Some(SerialNumber::from_slice(&serial));
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = if req.key_algorithm.rsa_bits().is_some() {
+            vec![
+                KeyUsagePurpose::DigitalSignature,
+                KeyUsagePurpose::KeyEncipherment,
+            ]
+        } else {
+            vec![KeyUsagePurpose::DigitalSignature]
+        };
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.use_authority_key_identifier_extension = true;
+        let cert = params
+            .signed_by(&public, &self.issuer)
+            .map_err(|e| IssueError::Sign(e.to_string()))?;
+
+        let leaf = cert.der().to_vec();
+        let mut chain_pem = String::with_capacity(leaf.len() * 2 + self.after_leaf_pem.len());
+        pem_out::push_cert(&mut chain_pem, &leaf);
+        chain_pem.push_str(&self.after_leaf_pem);
+        let mut chain_der = Vec::with_capacity(1 + self.after_leaf_der.len());
+        chain_der.push(leaf);
+        chain_der.extend(self.after_leaf_der.iter().cloned());
+        Ok(Svid {
+            spiffe_id: req.spiffe_id.clone(),
+            chain_pem,
+            chain_der,
+            key,
+            not_before,
+            not_after,
+            serial: hex::encode(serial),
+            issuer_id: self.id.clone(),
+        })
+    }
+}

@@ -1,0 +1,30 @@
+//! Typed meshca settings and mesh resources, parsed and validated once at the boundary.
+//!
+//! - [`Settings::load`]: daemon settings from embedded defaults, a YAML file and `MESHCA_*`
+//!   environment variables.
+//! - [`load_dir`] / [`parse_str`]: Kuma universal-format resources (Mesh, MeshIdentity, MeshTrust,
+//!   Dataplane, ZoneEgress, MeshService), with every error of every file reported at once.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod duration;
+mod key_algorithm;
+mod names;
+mod resources;
+mod settings;
+mod yaml;
+
+pub use duration::{Duration, DurationError};
+pub use key_algorithm::{KeyAlgorithm, UnknownKeyAlgorithm};
+pub use resources::{
+    default_resources_yaml, load_dir, parse_str, Backend, BackendKind, Bundled, BundledCa,
+    DataSource, Dataplane, Inbound, Labels, Mesh, MeshIdentity, MeshService, MeshTrust, Mtls,
+    MtlsMode, Provider, Resource, ResourceError, ResourceType, Resources, ServiceIdentity,
+    ServicePort, Source, SpiffeIdTemplates, TargetPort, ZoneEgress, SERVICE_TAG, ZONE_LABEL,
+};
+pub use settings::{
+    settings_env_vars, AdminSettings, Defaults, IssuanceSettings, KeystoreSettings, KeystoreType,
+    ListenAddr, ListenAddrError, RolloutSettings, SdsSettings, Settings, SettingsError, TlsFiles,
+    UnknownKeystoreType, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR,
+    DEFAULT_RENEW_AT, DEFAULT_SDS_TCP, DEFAULT_ZONE, ENV_PREFIX,
+};

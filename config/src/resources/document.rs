@@ -1,0 +1,412 @@
+//! Splitting a file into documents, reading each document's header (`type`, `name`, `mesh`)
+//! and handing the body to the type's own parser.
+
+use std::fmt;
+use std::path::Path;
+
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+
+use super::dataplane::{DataplaneDoc, ZoneEgressDoc};
+use super::error::{Report, ResourceError, Source};
+use super::identity::IdentitySpec;
+use super::mesh::MeshDoc;
+use super::service::ServiceSpec;
+use super::trust::TrustSpec;
+use super::{Dataplane, Labels, Mesh, MeshIdentity, MeshService, MeshTrust, ZoneEgress};
+use crate::names::check_name;
+use crate::yaml;
+
+/// Any resource meshca reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resource {
+    /// `type: Mesh`.
+    Mesh(Mesh),
+    /// `type: MeshIdentity`.
+    MeshIdentity(MeshIdentity),
+    /// `type: MeshTrust`.
+    MeshTrust(MeshTrust),
+    /// `type: Dataplane`.
+    Dataplane(Dataplane),
+    /// `type: ZoneEgress`.
+    ZoneEgress(ZoneEgress),
+    /// `type: MeshService`.
+    MeshService(MeshService),
+}
+
+/// The resource types, as spelled in `type:`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ResourceType {
+    /// `Mesh`.
+    Mesh,
+    /// `MeshIdentity`.
+    MeshIdentity,
+    /// `MeshTrust`.
+    MeshTrust,
+    /// `Dataplane`.
+    Dataplane,
+    /// `ZoneEgress`.
+    ZoneEgress,
+    /// `MeshService`.
+    MeshService,
+}
+
+impl ResourceType {
+    /// Every type meshca reads.
+    pub const ALL: [ResourceType; 6] = [
+        ResourceType::Mesh,
+        ResourceType::MeshIdentity,
+        ResourceType::MeshTrust,
+        ResourceType::Dataplane,
+        ResourceType::ZoneEgress,
+        ResourceType::MeshService,
+    ];
+
+    /// The `type:` spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResourceType::Mesh => "Mesh",
+            ResourceType::MeshIdentity => "MeshIdentity",
+            ResourceType::MeshTrust => "MeshTrust",
+            ResourceType::Dataplane => "Dataplane",
+            ResourceType::ZoneEgress => "ZoneEgress",
+            ResourceType::MeshService => "MeshService",
+        }
+    }
+
+    /// Whether resources of this type belong to a mesh (all but Mesh and ZoneEgress).
+    pub fn is_mesh_scoped(self) -> bool {
+        !matches!(self, ResourceType::Mesh | ResourceType::ZoneEgress)
+    }
+
+    /// The identifier used in error messages: `Type/name` or `Type/mesh/name`.
+    pub fn id(self, mesh: Option<&str>, name: &str) -> String {
+        match mesh {
+            Some(mesh) => format!("{self}/{mesh}/{name}"),
+            None => format!("{self}/{name}"),
+        }
+    }
+}
+
+impl fmt::Display for ResourceType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Resource {
+    /// The resource's type.
+    pub fn kind(&self) -> ResourceType {
+        match self {
+            Resource::Mesh(_) => ResourceType::Mesh,
+            Resource::MeshIdentity(_) => ResourceType::MeshIdentity,
+            Resource::MeshTrust(_) => ResourceType::MeshTrust,
+            Resource::Dataplane(_) => ResourceType::Dataplane,
+            Resource::ZoneEgress(_) => ResourceType::ZoneEgress,
+            Resource::MeshService(_) => ResourceType::MeshService,
+        }
+    }
+
+    /// The resource name.
+    pub fn name(&self) -> &str {
+        match self {
+            Resource::Mesh(r) => &r.name,
+            Resource::MeshIdentity(r) => &r.name,
+            Resource::MeshTrust(r) => &r.name,
+            Resource::Dataplane(r) => &r.name,
+            Resource::ZoneEgress(r) => &r.name,
+            Resource::MeshService(r) => &r.name,
+        }
+    }
+
+    /// The mesh it belongs to; `None` for Mesh and ZoneEgress.
+    pub fn mesh(&self) -> Option<&str> {
+        match self {
+            Resource::Mesh(_) | Resource::ZoneEgress(_) => None,
+            Resource::MeshIdentity(r) => Some(&r.mesh),
+            Resource::MeshTrust(r) => Some(&r.mesh),
+            Resource::Dataplane(r) => Some(&r.mesh),
+            Resource::MeshService(r) => Some(&r.mesh),
+        }
+    }
+
+    /// Where it was defined.
+    pub fn source(&self) -> &Source {
+        match self {
+            Resource::Mesh(r) => &r.source,
+            Resource::MeshIdentity(r) => &r.source,
+            Resource::MeshTrust(r) => &r.source,
+            Resource::Dataplane(r) => &r.source,
+            Resource::ZoneEgress(r) => &r.source,
+            Resource::MeshService(r) => &r.source,
+        }
+    }
+
+    /// `Type/name` or `Type/mesh/name`, as in error messages.
+    pub fn id(&self) -> String {
+        self.kind().id(self.mesh(), self.name())
+    }
+}
+
+/// Kuma resource types meshca has no use for. Documents of these types are skipped so that a
+/// directory of existing Kuma resources loads; any other unknown type is an error (a typo).
+const KUMA_TYPES_SKIPPED: &[&str] = &[
+    "CircuitBreaker",
+    "ExternalService",
+    "FaultInjection",
+    "GlobalSecret",
+    "HealthCheck",
+    "HostnameGenerator",
+    "MeshAccessLog",
+    "MeshCircuitBreaker",
+    "MeshExternalService",
+    "MeshFaultInjection",
+    "MeshGateway",
+    "MeshGatewayRoute",
+    "MeshHTTPRoute",
+    "MeshHealthCheck",
+    "MeshLoadBalancingStrategy",
+    "MeshMetric",
+    "MeshMultiZoneService",
+    "MeshPassthrough",
+    "MeshProxyPatch",
+    "MeshRateLimit",
+    "MeshRetry",
+    "MeshTCPRoute",
+    "MeshTLS",
+    "MeshTimeout",
+    "MeshTrace",
+    "MeshTrafficPermission",
+    "ProxyTemplate",
+    "RateLimit",
+    "Retry",
+    "Secret",
+    "Timeout",
+    "TrafficLog",
+    "TrafficPermission",
+    "TrafficRoute",
+    "TrafficTrace",
+    "VirtualOutbound",
+    "Zone",
+    "ZoneIngress",
+];
+
+/// The document form of the types whose fields sit under `spec`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SpecDoc<S> {
+    #[serde(rename = "type")]
+    _kind: IgnoredAny,
+    #[serde(rename = "name")]
+    _name: Option<IgnoredAny>,
+    #[serde(rename = "mesh")]
+    _mesh: Option<IgnoredAny>,
+    labels: Option<Labels>,
+    #[serde(rename = "creationTime")]
+    _creation_time: Option<IgnoredAny>,
+    #[serde(rename = "modificationTime")]
+    _modification_time: Option<IgnoredAny>,
+    spec: S,
+    #[serde(rename = "status")]
+    _status: Option<IgnoredAny>,
+}
+
+/// What one file held.
+#[derive(Debug, Default)]
+pub(super) struct ParsedFile {
+    /// The resources whose documents had no error.
+    pub(super) resources: Vec<Resource>,
+    /// Every error, in document order.
+    pub(super) errors: Vec<ResourceError>,
+    /// Names of Meshes whose documents had errors: other resources may still refer to them
+    /// without a second, misleading "no Mesh named" error.
+    pub(super) broken_meshes: Vec<String>,
+}
+
+/// Parses every document of one file. Errors of one document do not stop the others; a YAML
+/// syntax error ends the file (the parser cannot resynchronise).
+pub(super) fn parse_file(file: &Path, text: &str) -> ParsedFile {
+    let mut parsed = ParsedFile::default();
+    let values = yaml_serde::Deserializer::from_str(text);
+    let typed = yaml_serde::Deserializer::from_str(text);
+    for (index, (value, typed)) in values.zip(typed).enumerate() {
+        let mut report = Report::new(Source {
+            file: file.to_owned(),
+            document: index + 1,
+        });
+        let value = match yaml_serde::Value::deserialize(value) {
+            Ok(value) => value,
+            Err(e) => {
+                report.error("", format!("YAML syntax error: {e}"));
+                parsed.errors.append(&mut report.errors);
+                break;
+            }
+        };
+        if let Ok(Some(header)) = parse_header(&value, &mut report) {
+            let mesh_name = (header.kind == ResourceType::Mesh).then(|| header.name.clone());
+            let resource = parse_body(header, typed, &mut report);
+            match resource {
+                Some(resource) if !report.has_errors() => parsed.resources.push(resource),
+                _ => parsed.broken_meshes.extend(mesh_name),
+            }
+        }
+        parsed.errors.append(&mut report.errors);
+    }
+    parsed
+}
+
+/// The `type`, `name` and `mesh` of a document, each checked.
+struct Header {
+    kind: ResourceType,
+    name: String,
+    mesh: Option<String>,
+}
+
+fn string_field(value: &yaml_serde::Value, key: &str, report: &mut Report) -> Option<String> {
+    match value.get(key)? {
+        yaml_serde::Value::String(s) => Some(s.clone()),
+        _ => {
+            report.error(key, "must be a string");
+            None
+        }
+    }
+}
+
+/// Reads the header. `Ok(None)` is a document to skip (empty, or a Kuma type meshca ignores).
+fn parse_header(value: &yaml_serde::Value, report: &mut Report) -> Result<Option<Header>, ()> {
+    if value.is_null() {
+        return Ok(None);
+    }
+    if !value.is_mapping() {
+        report.error(
+            "",
+            "expected a resource: a mapping with type, name and its fields",
+        );
+        return Err(());
+    }
+    let known = || {
+        ResourceType::ALL
+            .iter()
+            .map(|t| t.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some(type_name) = string_field(value, "type", report) else {
+        if value.get("type").is_none() {
+            report.error("type", format!("required; one of {}", known()));
+        }
+        return Err(());
+    };
+    let Some(kind) = ResourceType::ALL
+        .into_iter()
+        .find(|t| t.as_str() == type_name)
+    else {
+        if KUMA_TYPES_SKIPPED.contains(&type_name.as_str()) {
+            tracing::debug!(file = %report.source.file.display(), document = report.source.document, r#type = %type_name, "skipping a Kuma resource type meshca does not use");
+            return Ok(None);
+        }
+        report.error(
+            "type",
+            format!(
+                "unknown resource type {type_name:?}; meshca reads {}",
+                known()
+            ),
+        );
+        return Err(());
+    };
+    let name = string_field(value, "name", report);
+    let mesh = string_field(value, "mesh", report);
+    let mut ok = !report.has_errors();
+    match &name {
+        None if value.get("name").is_none() => {
+            report.error("name", "required");
+            ok = false;
+        }
+        None => {}
+        Some(name) => {
+            report.resource =
+                Some(kind.id(mesh.as_deref().filter(|_| kind.is_mesh_scoped()), name));
+            if let Err(m) = check_name(name) {
+                report.error("name", m);
+                ok = false;
+            }
+        }
+    }
+    match (&mesh, kind.is_mesh_scoped()) {
+        (Some(_), false) => {
+            report.error(
+                "mesh",
+                format!("a {kind} belongs to no mesh; remove this field"),
+            );
+            ok = false;
+        }
+        (None, true) if value.get("mesh").is_none() => {
+            report.error(
+                "mesh",
+                format!("required: the name of the Mesh this {kind} belongs to"),
+            );
+            ok = false;
+        }
+        (Some(mesh), true) => {
+            if let Err(m) = check_name(mesh) {
+                report.error("mesh", m);
+                ok = false;
+            }
+        }
+        (None, _) => {}
+    }
+    match name {
+        Some(name) if ok => Ok(Some(Header { kind, name, mesh })),
+        _ => Err(()),
+    }
+}
+
+/// Parses the body of a document whose header is valid; errors go to `report`.
+fn parse_body(
+    header: Header,
+    typed: yaml_serde::Deserializer<'_>,
+    report: &mut Report,
+) -> Option<Resource> {
+    let Header { kind, name, mesh } = header;
+    // A mesh-scoped header always has a mesh here; Mesh and ZoneEgress never do.
+    let mesh = mesh.unwrap_or_default();
+    Some(match kind {
+        ResourceType::Mesh => {
+            let doc = body::<MeshDoc>(typed, report)?;
+            Resource::Mesh(doc.into_typed(name, report))
+        }
+        ResourceType::ZoneEgress => {
+            let doc = body::<ZoneEgressDoc>(typed, report)?;
+            Resource::ZoneEgress(doc.into_typed(name, report))
+        }
+        ResourceType::Dataplane => {
+            let doc = body::<DataplaneDoc>(typed, report)?;
+            Resource::Dataplane(doc.into_typed(name, mesh, report))
+        }
+        ResourceType::MeshIdentity => {
+            let doc = body::<SpecDoc<IdentitySpec>>(typed, report)?;
+            let labels = doc.labels.unwrap_or_default();
+            Resource::MeshIdentity(doc.spec.into_typed(name, mesh, labels, report)?)
+        }
+        ResourceType::MeshTrust => {
+            let doc = body::<SpecDoc<TrustSpec>>(typed, report)?;
+            let labels = doc.labels.unwrap_or_default();
+            Resource::MeshTrust(doc.spec.into_typed(name, mesh, labels, report))
+        }
+        ResourceType::MeshService => {
+            let doc = body::<SpecDoc<ServiceSpec>>(typed, report)?;
+            let labels = doc.labels.unwrap_or_default();
+            Resource::MeshService(doc.spec.into_typed(name, mesh, labels, report))
+        }
+    })
+}
+
+/// Deserializes the body of a document, reporting the failing field.
+fn body<T: serde::de::DeserializeOwned>(
+    typed: yaml_serde::Deserializer<'_>,
+    report: &mut Report,
+) -> Option<T> {
+    yaml::deserialize(typed)
+        .map_err(|e| report.error(e.field, e.message))
+        .ok()
+}

@@ -1,0 +1,255 @@
+//! Mesh resources in Kuma's universal YAML format, parsed and checked as a whole.
+
+mod checks;
+mod data_source;
+mod dataplane;
+mod defaults;
+mod document;
+mod error;
+mod identity;
+mod mesh;
+mod service;
+mod trust;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use zeroize::Zeroize;
+
+pub use data_source::DataSource;
+pub use dataplane::{Dataplane, Inbound, ZoneEgress, SERVICE_TAG};
+pub use defaults::default_resources_yaml;
+pub use document::{Resource, ResourceType};
+pub use error::{ResourceError, Source};
+pub use identity::{Bundled, BundledCa, MeshIdentity, Provider, SpiffeIdTemplates};
+pub use mesh::{Backend, BackendKind, Mesh, Mtls, MtlsMode};
+pub use service::{MeshService, ServiceIdentity, ServicePort, TargetPort, ZONE_LABEL};
+pub use trust::MeshTrust;
+
+/// Labels or tags: ordered, so iteration and comparison are deterministic.
+pub type Labels = BTreeMap<String, String>;
+
+/// Every resource of a resources directory, checked as a whole: names are unique per (type,
+/// mesh), every mesh-scoped resource names an existing Mesh, every backend reference resolves.
+///
+/// The vectors are sorted by (mesh, name), so equal inputs give equal values.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Resources {
+    /// Meshes by name.
+    pub meshes: BTreeMap<String, Mesh>,
+    /// MeshIdentities.
+    pub mesh_identities: Vec<MeshIdentity>,
+    /// MeshTrusts.
+    pub mesh_trusts: Vec<MeshTrust>,
+    /// Dataplanes.
+    pub dataplanes: Vec<Dataplane>,
+    /// ZoneEgresses (sorted by name).
+    pub zone_egresses: Vec<ZoneEgress>,
+    /// MeshServices.
+    pub mesh_services: Vec<MeshService>,
+}
+
+impl Resources {
+    /// Checks resources across documents and files (duplicates, references to Meshes) and
+    /// groups them. Use it after [`parse_str`] when not loading a directory.
+    pub fn from_resources(resources: Vec<Resource>) -> Result<Resources, Vec<ResourceError>> {
+        Resources::build(resources, &[])
+    }
+
+    fn build(
+        resources: Vec<Resource>,
+        broken_meshes: &[String],
+    ) -> Result<Resources, Vec<ResourceError>> {
+        let errors = checks::check(&resources, broken_meshes);
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        let mut out = Resources::default();
+        for resource in resources {
+            match resource {
+                Resource::Mesh(r) => {
+                    out.meshes.insert(r.name.clone(), r);
+                }
+                Resource::MeshIdentity(r) => out.mesh_identities.push(r),
+                Resource::MeshTrust(r) => out.mesh_trusts.push(r),
+                Resource::Dataplane(r) => out.dataplanes.push(r),
+                Resource::ZoneEgress(r) => out.zone_egresses.push(r),
+                Resource::MeshService(r) => out.mesh_services.push(r),
+            }
+        }
+        out.mesh_identities
+            .sort_by(|a, b| (&a.mesh, &a.name).cmp(&(&b.mesh, &b.name)));
+        out.mesh_trusts
+            .sort_by(|a, b| (&a.mesh, &a.name).cmp(&(&b.mesh, &b.name)));
+        out.dataplanes
+            .sort_by(|a, b| (&a.mesh, &a.name).cmp(&(&b.mesh, &b.name)));
+        out.mesh_services
+            .sort_by(|a, b| (&a.mesh, &a.name).cmp(&(&b.mesh, &b.name)));
+        out.zone_egresses.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// The Mesh with this name.
+    pub fn mesh(&self, name: &str) -> Option<&Mesh> {
+        self.meshes.get(name)
+    }
+
+    /// The MeshIdentities of one mesh, by name.
+    pub fn identities_in<'a>(
+        &'a self,
+        mesh: &'a str,
+    ) -> impl Iterator<Item = &'a MeshIdentity> + 'a {
+        self.mesh_identities.iter().filter(move |r| r.mesh == mesh)
+    }
+
+    /// The MeshTrusts of one mesh, by name.
+    pub fn trusts_in<'a>(&'a self, mesh: &'a str) -> impl Iterator<Item = &'a MeshTrust> + 'a {
+        self.mesh_trusts.iter().filter(move |r| r.mesh == mesh)
+    }
+
+    /// The Dataplanes of one mesh, by name.
+    pub fn dataplanes_in<'a>(&'a self, mesh: &'a str) -> impl Iterator<Item = &'a Dataplane> + 'a {
+        self.dataplanes.iter().filter(move |r| r.mesh == mesh)
+    }
+
+    /// The MeshServices of one mesh, by name.
+    pub fn services_in<'a>(&'a self, mesh: &'a str) -> impl Iterator<Item = &'a MeshService> + 'a {
+        self.mesh_services.iter().filter(move |r| r.mesh == mesh)
+    }
+
+    /// The Dataplane `name` of `mesh`.
+    pub fn dataplane(&self, mesh: &str, name: &str) -> Option<&Dataplane> {
+        self.dataplanes
+            .iter()
+            .find(|d| d.mesh == mesh && d.name == name)
+    }
+
+    /// The MeshService `name` of `mesh`.
+    pub fn service(&self, mesh: &str, name: &str) -> Option<&MeshService> {
+        self.mesh_services
+            .iter()
+            .find(|s| s.mesh == mesh && s.name == name)
+    }
+
+    /// The ZoneEgress `name`.
+    pub fn zone_egress(&self, name: &str) -> Option<&ZoneEgress> {
+        self.zone_egresses.iter().find(|z| z.name == name)
+    }
+
+    /// Whether there are no resources at all (a fresh resources directory).
+    pub fn is_empty(&self) -> bool {
+        self.meshes.is_empty()
+            && self.mesh_identities.is_empty()
+            && self.mesh_trusts.is_empty()
+            && self.dataplanes.is_empty()
+            && self.zone_egresses.is_empty()
+            && self.mesh_services.is_empty()
+    }
+}
+
+/// Parses the documents of one file. `file` names the source in errors and is the base for
+/// relative `file` data sources. Checks each document on its own; checks across resources
+/// (duplicates, Mesh references) are done by [`Resources::from_resources`] and [`load_dir`].
+pub fn parse_str(file: &Path, text: &str) -> Result<Vec<Resource>, Vec<ResourceError>> {
+    let parsed = document::parse_file(file, text);
+    if parsed.errors.is_empty() {
+        Ok(parsed.resources)
+    } else {
+        Err(parsed.errors)
+    }
+}
+
+fn dir_error(path: &Path, message: String) -> ResourceError {
+    ResourceError {
+        file: path.to_owned(),
+        document: 0,
+        resource: None,
+        field: String::new(),
+        message,
+    }
+}
+
+/// The resource files of a directory: `*.yaml` and `*.yml`, not hidden, not in subdirectories
+/// (symlinks are followed), sorted by name.
+fn resource_files(dir: &Path) -> Result<Vec<PathBuf>, Vec<ResourceError>> {
+    let entries = std::fs::read_dir(dir).map_err(|e| {
+        vec![dir_error(
+            dir,
+            format!("cannot read the resources directory: {e}"),
+        )]
+    })?;
+    let mut files = Vec::new();
+    let mut errors = Vec::new();
+    for entry in entries {
+        let path = match entry {
+            Ok(entry) => entry.path(),
+            Err(e) => {
+                errors.push(dir_error(
+                    dir,
+                    format!("cannot list the resources directory: {e}"),
+                ));
+                continue;
+            }
+        };
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        let is_yaml = matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml")
+        );
+        if name.starts_with('.') || !is_yaml {
+            continue;
+        }
+        match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_file() => files.push(path),
+            Ok(_) => {}
+            Err(e) => errors.push(dir_error(&path, format!("cannot read: {e}"))),
+        }
+    }
+    files.sort();
+    if errors.is_empty() {
+        Ok(files)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Loads every resource file of `dir` (see [`parse_str`] for the format) and checks them as a
+/// whole. On failure, returns every error of every file, in file and document order.
+pub fn load_dir(dir: &Path) -> Result<Resources, Vec<ResourceError>> {
+    let mut errors = Vec::new();
+    let files = resource_files(dir).unwrap_or_else(|mut e| {
+        errors.append(&mut e);
+        Vec::new()
+    });
+    let mut resources = Vec::new();
+    let mut broken_meshes = Vec::new();
+    for file in files {
+        let mut text = match std::fs::read_to_string(&file) {
+            Ok(text) => text,
+            Err(e) => {
+                errors.push(dir_error(&file, format!("cannot read: {e}")));
+                continue;
+            }
+        };
+        let mut parsed = document::parse_file(&file, &text);
+        // Resource files may hold inline private keys.
+        text.zeroize();
+        resources.append(&mut parsed.resources);
+        errors.append(&mut parsed.errors);
+        broken_meshes.append(&mut parsed.broken_meshes);
+    }
+    match Resources::build(resources, &broken_meshes) {
+        Ok(resources) if errors.is_empty() => Ok(resources),
+        Ok(_) => Err(errors),
+        Err(mut cross) => {
+            errors.append(&mut cross);
+            Err(errors)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

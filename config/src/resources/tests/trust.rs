@@ -1,0 +1,82 @@
+use super::*;
+
+const CERT: &str = "-----BEGIN CERTIFICATE-----\nMIIBAA==\n-----END CERTIFICATE-----\n";
+
+fn trust_doc(bundles: &str) -> String {
+    format!("type: MeshTrust\nname: other-domain\nmesh: default\nspec:\n  trustDomain: other.mesh.local\n  caBundles:\n{bundles}")
+}
+
+fn pem_bundle(pem: &str) -> String {
+    let indented: String = pem.lines().map(|l| format!("          {l}\n")).collect();
+    format!("    - type: Pem\n      pem:\n        value: |\n{indented}")
+}
+
+#[test]
+fn valid_trust() {
+    let text = trust_doc(&format!(
+        "{}{}",
+        pem_bundle(CERT),
+        pem_bundle(&CERT.repeat(2))
+    ));
+    let Resource::MeshTrust(trust) = one(&text) else {
+        panic!("expected a MeshTrust");
+    };
+    assert_eq!(trust.name, "other-domain");
+    assert_eq!(trust.mesh, "default");
+    assert_eq!(trust.trust_domain, "other.mesh.local");
+    assert_eq!(trust.ca_bundles, [CERT.to_owned(), CERT.repeat(2)]);
+}
+
+#[test]
+fn bundles_must_hold_certificates() {
+    let key = "-----BEGIN PRIVATE KEY-----\nMIIBAA==\n-----END PRIVATE KEY-----\n";
+    let text = trust_doc(&format!(
+        "{}{}    - type: Pem\n      pem: {{value: \"just text\"}}\n    - type: Pem\n",
+        pem_bundle(CERT),
+        pem_bundle(key)
+    ));
+    let errors = errors(&text);
+    assert_eq!(errors.len(), 3, "{errors:#?}");
+    assert_error(
+        &errors[0],
+        "spec.caBundles[1].pem.value",
+        "no -----BEGIN CERTIFICATE----- block found",
+    );
+    assert_error(
+        &errors[1],
+        "spec.caBundles[2].pem.value",
+        "no -----BEGIN CERTIFICATE----- block found",
+    );
+    assert_error(
+        &errors[2],
+        "spec.caBundles[3].pem",
+        "required when type is Pem",
+    );
+    assert_eq!(
+        errors[0].resource.as_deref(),
+        Some("MeshTrust/default/other-domain")
+    );
+}
+
+#[test]
+fn trust_needs_domain_and_bundles() {
+    let errors =
+        errors("type: MeshTrust\nname: t\nmesh: m\nspec:\n  trustDomain: \"\"\n  caBundles: []\n");
+    assert_eq!(errors.len(), 2, "{errors:#?}");
+    assert_error(&errors[0], "spec.trustDomain", "must not be empty");
+    assert_error(
+        &errors[1],
+        "spec.caBundles",
+        "at least one CA bundle is required",
+    );
+    let e = one_error("type: MeshTrust\nname: t\nmesh: m\nspec:\n  trustDomain: x\n");
+    assert_error(&e, "spec.caBundles", "at least one CA bundle is required");
+    let e = one_error(
+        "type: MeshTrust\nname: t\nmesh: m\nspec:\n  trustDomain: x\n  caBundles:\n  - type: Der\n",
+    );
+    assert_error(
+        &e,
+        "spec.caBundles[0].type",
+        "unknown variant `Der`, expected `Pem`",
+    );
+}

@@ -1,0 +1,102 @@
+//! `type: MeshTrust`: CAs of other trust domains that a mesh accepts.
+
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+
+use super::error::{Report, Source};
+use super::Labels;
+
+/// A MeshTrust resource.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MeshTrust {
+    /// The resource name.
+    pub name: String,
+    /// The mesh it belongs to.
+    pub mesh: String,
+    /// `labels`.
+    pub labels: Labels,
+    /// `spec.trustDomain`, non-empty (the ca crate checks its syntax).
+    pub trust_domain: String,
+    /// `spec.caBundles[].pem.value`: PEM text, each with at least one CERTIFICATE block; never
+    /// empty.
+    pub ca_bundles: Vec<String>,
+    /// Where it was defined.
+    pub source: Source,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct TrustSpec {
+    trust_domain: String,
+    #[serde(default)]
+    ca_bundles: Vec<RawCaBundle>,
+    #[serde(rename = "origin")]
+    _origin: Option<IgnoredAny>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+enum BundleType {
+    Pem,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCaBundle {
+    #[serde(rename = "type")]
+    _kind: BundleType,
+    pem: Option<RawPem>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPem {
+    value: String,
+}
+
+/// Checks that `text` holds at least one PEM CERTIFICATE block.
+fn check_pem(text: &str) -> Result<(), String> {
+    let blocks = ::pem::parse_many(text).map_err(|e| format!("not valid PEM: {e}"))?;
+    if blocks.iter().any(|b| b.tag() == "CERTIFICATE") {
+        Ok(())
+    } else {
+        Err("no -----BEGIN CERTIFICATE----- block found".to_owned())
+    }
+}
+
+impl TrustSpec {
+    pub(super) fn into_typed(
+        self,
+        name: String,
+        mesh: String,
+        labels: Labels,
+        report: &mut Report,
+    ) -> MeshTrust {
+        if self.trust_domain.trim().is_empty() {
+            report.error("spec.trustDomain", "must not be empty");
+        }
+        if self.ca_bundles.is_empty() {
+            report.error("spec.caBundles", "at least one CA bundle is required");
+        }
+        let mut ca_bundles = Vec::with_capacity(self.ca_bundles.len());
+        for (i, bundle) in self.ca_bundles.into_iter().enumerate() {
+            match bundle.pem {
+                None => report.error(
+                    format!("spec.caBundles[{i}].pem"),
+                    "required when type is Pem",
+                ),
+                Some(pem) => match check_pem(&pem.value) {
+                    Ok(()) => ca_bundles.push(pem.value),
+                    Err(m) => report.error(format!("spec.caBundles[{i}].pem.value"), m),
+                },
+            }
+        }
+        MeshTrust {
+            name,
+            mesh,
+            labels,
+            trust_domain: self.trust_domain,
+            ca_bundles,
+            source: report.source.clone(),
+        }
+    }
+}

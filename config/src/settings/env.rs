@@ -1,0 +1,205 @@
+//! `MESHCA_<PATH>` environment overrides.
+
+use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::str::FromStr;
+
+use super::file::{Layer, FIELDS};
+use super::SettingsError;
+
+/// The prefix of every settings environment variable.
+pub const ENV_PREFIX: &str = "MESHCA_";
+
+/// Every accepted variable name for a field: each camelCase segment may be glued (`DATADIR`) or
+/// snake-cased (`DATA_DIR`); segments are joined with `_`.
+fn variable_names(field: &str) -> Vec<String> {
+    let mut names = vec![ENV_PREFIX.trim_end_matches('_').to_owned()];
+    for segment in field.split('.') {
+        let glued = segment.to_ascii_uppercase();
+        let mut snake = String::new();
+        for c in segment.chars() {
+            if c.is_ascii_uppercase() {
+                snake.push('_');
+            }
+            snake.push(c.to_ascii_uppercase());
+        }
+        let mut spellings = vec![glued];
+        if !spellings.contains(&snake) {
+            spellings.push(snake);
+        }
+        names = names
+            .iter()
+            .flat_map(|prefix| spellings.iter().map(move |s| format!("{prefix}_{s}")))
+            .collect();
+    }
+    names
+}
+
+/// Every accepted variable name, mapped to the field it sets.
+fn variables() -> BTreeMap<String, &'static str> {
+    FIELDS
+        .iter()
+        .flat_map(|&field| {
+            variable_names(field)
+                .into_iter()
+                .map(move |name| (name, field))
+        })
+        .collect()
+}
+
+/// The canonical (snake-cased) variable name of every field, for error messages and docs.
+pub fn settings_env_vars() -> Vec<String> {
+    FIELDS
+        .iter()
+        .filter_map(|field| variable_names(field).pop())
+        .collect()
+}
+
+/// Applies every `MESHCA_*` variable in `env` to `layer`. Returns the field each variable set,
+/// with the variable's name, so errors found later can name it.
+pub(super) fn apply(
+    layer: &mut Layer,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<BTreeMap<&'static str, String>, SettingsError> {
+    let known = variables();
+    let mut set_by: BTreeMap<&'static str, String> = BTreeMap::new();
+    let mut vars: Vec<(String, String)> = env
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(ENV_PREFIX))
+        .collect();
+    vars.sort();
+    for (var, value) in vars {
+        let Some(&field) = known.get(&var) else {
+            // Other tools share the prefix (a test harness's MESHCA_BIN, say): warn, do not refuse to start.
+            tracing::warn!(
+                variable = %var,
+                "ignoring {var}: not a meshca setting (the settings variables are {})",
+                settings_env_vars().join(", ")
+            );
+            continue;
+        };
+        if let Some(first) = set_by.get(field) {
+            return Err(SettingsError::ConflictingEnv {
+                first: first.clone(),
+                second: var,
+                field: field.to_owned(),
+            });
+        }
+        set(layer, field, &value).map_err(|message| SettingsError::Invalid {
+            origin: var.clone(),
+            field: field.to_owned(),
+            message,
+        })?;
+        set_by.insert(field, var);
+    }
+    Ok(set_by)
+}
+
+fn parse<T: FromStr>(value: &str) -> Result<T, String>
+where
+    T::Err: Display,
+{
+    value.parse().map_err(|e: T::Err| e.to_string())
+}
+
+fn non_empty(value: &str) -> Result<String, String> {
+    if value.is_empty() {
+        Err("must not be empty; unset the variable to use the default".to_owned())
+    } else {
+        Ok(value.to_owned())
+    }
+}
+
+fn parse_bool(value: &str) -> Result<bool, String> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(format!("expected true or false, got {value:?}")),
+    }
+}
+
+fn parse_list<T: FromStr>(value: &str) -> Result<Vec<T>, String>
+where
+    T::Err: Display,
+{
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(parse)
+        .collect()
+}
+
+/// Sets one field of `layer` from the text of an environment variable.
+fn set(layer: &mut Layer, field: &str, value: &str) -> Result<(), String> {
+    let value = non_empty(value)?;
+    let value = value.as_str();
+    match field {
+        "zone" => layer.zone = Some(value.to_owned()),
+        "dataDir" => layer.data_dir = Some(value.into()),
+        "resources" => layer.resources = Some(value.into()),
+        "defaults.mesh" => layer.defaults.get_or_insert_default().mesh = Some(value.to_owned()),
+        "sds.listen" => layer.sds.get_or_insert_default().listen = Some(parse_list(value)?),
+        "sds.tls.certFile" => {
+            let sds = layer.sds.get_or_insert_default();
+            sds.tls.get_or_insert_default().cert_file = Some(value.into());
+        }
+        "sds.tls.keyFile" => {
+            let sds = layer.sds.get_or_insert_default();
+            sds.tls.get_or_insert_default().key_file = Some(value.into());
+        }
+        "sds.insecure" => layer.sds.get_or_insert_default().insecure = Some(parse_bool(value)?),
+        "admin.listen" => layer.admin.get_or_insert_default().listen = Some(parse(value)?),
+        "issuance.keyAlgorithm" => {
+            layer.issuance.get_or_insert_default().key_algorithm = Some(parse(value)?);
+        }
+        "issuance.renewAt" => {
+            let renew_at =
+                parse::<f64>(value).map_err(|_| format!("expected a number, got {value:?}"))?;
+            layer.issuance.get_or_insert_default().renew_at = Some(renew_at);
+        }
+        "rollout.ackTimeout" => {
+            layer.rollout.get_or_insert_default().ack_timeout = Some(parse(value)?)
+        }
+        "keystore.type" => layer.keystore.get_or_insert_default().kind = Some(parse(value)?),
+        other => unreachable!("FIELDS and set() list the same fields; {other} is missing here"),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_accept_glued_and_snake_segments() {
+        assert_eq!(
+            variable_names("dataDir"),
+            ["MESHCA_DATADIR", "MESHCA_DATA_DIR"]
+        );
+        assert_eq!(variable_names("zone"), ["MESHCA_ZONE"]);
+        assert_eq!(
+            variable_names("sds.tls.certFile"),
+            ["MESHCA_SDS_TLS_CERTFILE", "MESHCA_SDS_TLS_CERT_FILE"]
+        );
+    }
+
+    #[test]
+    fn every_field_can_be_set() {
+        for field in FIELDS {
+            let mut layer = Layer::default();
+            let value = match field {
+                "sds.listen" => "127.0.0.1:1,unix:///x",
+                "admin.listen" => "127.0.0.1:1",
+                "sds.insecure" => "true",
+                "issuance.keyAlgorithm" => "rsa-2048",
+                "issuance.renewAt" => "0.5",
+                "rollout.ackTimeout" => "5s",
+                "keystore.type" => "file",
+                _ => "x",
+            };
+            assert_eq!(set(&mut layer, field, value), Ok(()), "{field}");
+            assert!(layer.is_set(field), "{field}");
+        }
+    }
+}

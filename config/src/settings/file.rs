@@ -1,0 +1,119 @@
+//! The settings file format: every field optional, unknown keys rejected.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::{KeystoreType, ListenAddr};
+use crate::{Duration, KeyAlgorithm};
+
+/// One layer of settings (the file, then the environment on top). `None` means "not set here".
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct Layer {
+    pub(super) zone: Option<String>,
+    pub(super) data_dir: Option<PathBuf>,
+    pub(super) resources: Option<PathBuf>,
+    pub(super) defaults: Option<DefaultsLayer>,
+    pub(super) sds: Option<SdsLayer>,
+    pub(super) admin: Option<AdminLayer>,
+    pub(super) issuance: Option<IssuanceLayer>,
+    pub(super) rollout: Option<RolloutLayer>,
+    pub(super) keystore: Option<KeystoreLayer>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct DefaultsLayer {
+    pub(super) mesh: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct SdsLayer {
+    pub(super) listen: Option<Vec<ListenAddr>>,
+    pub(super) tls: Option<TlsLayer>,
+    pub(super) insecure: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct TlsLayer {
+    pub(super) cert_file: Option<PathBuf>,
+    pub(super) key_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct AdminLayer {
+    pub(super) listen: Option<SocketAddr>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct IssuanceLayer {
+    pub(super) key_algorithm: Option<KeyAlgorithm>,
+    pub(super) renew_at: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RolloutLayer {
+    pub(super) ack_timeout: Option<Duration>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct KeystoreLayer {
+    #[serde(rename = "type")]
+    pub(super) kind: Option<KeystoreType>,
+}
+
+/// Every settings field as written in the file (its dotted camelCase path). The environment
+/// variable names are derived from these.
+pub(super) const FIELDS: [&str; 13] = [
+    "zone",
+    "dataDir",
+    "resources",
+    "defaults.mesh",
+    "sds.listen",
+    "sds.tls.certFile",
+    "sds.tls.keyFile",
+    "sds.insecure",
+    "admin.listen",
+    "issuance.keyAlgorithm",
+    "issuance.renewAt",
+    "rollout.ackTimeout",
+    "keystore.type",
+];
+
+impl Layer {
+    /// Whether `field` (one of [`FIELDS`]) is set in this layer.
+    pub(super) fn is_set(&self, field: &str) -> bool {
+        let sds = self.sds.as_ref();
+        let tls = sds.and_then(|s| s.tls.as_ref());
+        match field {
+            "zone" => self.zone.is_some(),
+            "dataDir" => self.data_dir.is_some(),
+            "resources" => self.resources.is_some(),
+            "defaults.mesh" => self.defaults.as_ref().is_some_and(|d| d.mesh.is_some()),
+            "sds.listen" => sds.is_some_and(|s| s.listen.is_some()),
+            "sds.tls.certFile" => tls.is_some_and(|t| t.cert_file.is_some()),
+            "sds.tls.keyFile" => tls.is_some_and(|t| t.key_file.is_some()),
+            "sds.insecure" => sds.is_some_and(|s| s.insecure.is_some()),
+            "admin.listen" => self.admin.as_ref().is_some_and(|a| a.listen.is_some()),
+            "issuance.keyAlgorithm" => self
+                .issuance
+                .as_ref()
+                .is_some_and(|i| i.key_algorithm.is_some()),
+            "issuance.renewAt" => self.issuance.as_ref().is_some_and(|i| i.renew_at.is_some()),
+            "rollout.ackTimeout" => self
+                .rollout
+                .as_ref()
+                .is_some_and(|r| r.ack_timeout.is_some()),
+            "keystore.type" => self.keystore.as_ref().is_some_and(|k| k.kind.is_some()),
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! Daemon settings: embedded defaults, a YAML file, `MESHCA_*` environment overrides.
+
+mod env;
+mod error;
+mod file;
+mod listen;
+mod resolve;
+mod types;
+
+pub use env::{settings_env_vars, ENV_PREFIX};
+pub use error::SettingsError;
+pub use listen::{ListenAddr, ListenAddrError};
+pub use types::{
+    AdminSettings, Defaults, IssuanceSettings, KeystoreSettings, KeystoreType, RolloutSettings,
+    SdsSettings, Settings, TlsFiles, UnknownKeystoreType, DEFAULT_ACK_TIMEOUT,
+    DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR, DEFAULT_RENEW_AT, DEFAULT_SDS_TCP, DEFAULT_ZONE,
+};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,237 @@
+//! Layering (defaults, file, environment) and the checks that need the final values.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use super::file::{Layer, FIELDS};
+use super::types::{
+    AdminSettings, Defaults, IssuanceSettings, KeystoreSettings, RolloutSettings, SdsSettings,
+    TlsFiles, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR, DEFAULT_RENEW_AT,
+    DEFAULT_ZONE,
+};
+use super::{env, ListenAddr, Settings, SettingsError};
+use crate::names::check_name;
+
+const DEFAULTS_ORIGIN: &str = "built-in defaults";
+
+impl Settings {
+    /// Loads the settings: the embedded defaults, then the YAML file at `path` (if any), then the
+    /// `MESHCA_*` variables in `env` (pass `std::env::vars()` in the daemon).
+    ///
+    /// A variable's name is `MESHCA_` and the field's path, upper-cased and joined by `_`; a
+    /// camelCase key may be glued or snake-cased (`MESHCA_DATADIR` or `MESHCA_DATA_DIR`). Lists
+    /// (`MESHCA_SDS_LISTEN`) are comma separated. Unknown keys in the file and unknown `MESHCA_*`
+    /// variables are errors, so the caller must not pass variables that are its own (for example
+    /// a `MESHCA_CONFIG` read by the command line parser). Relative paths stay relative to the
+    /// working directory. If `dataDir` is set but `resources` or `sds.listen` are not, those
+    /// follow `dataDir`.
+    pub fn load(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Settings, SettingsError> {
+        let mut origins: BTreeMap<&'static str, String> = BTreeMap::new();
+        let mut layer = match path {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| SettingsError::Read {
+                    path: path.to_owned(),
+                    source,
+                })?;
+                let layer = parse_file(path, &text)?;
+                for field in FIELDS.iter().filter(|f| layer.is_set(f)) {
+                    origins.insert(field, path.display().to_string());
+                }
+                layer
+            }
+            None => Layer::default(),
+        };
+        origins.extend(env::apply(&mut layer, env)?);
+        resolve(layer, &origins)
+    }
+}
+
+/// Parses the text of a settings file; an empty file (or one with only comments) sets nothing.
+pub(super) fn parse_file(path: &Path, text: &str) -> Result<Layer, SettingsError> {
+    let value: yaml_serde::Value =
+        yaml_serde::from_str(text).map_err(|e| SettingsError::Syntax {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+    if value.is_null() {
+        return Ok(Layer::default());
+    }
+    crate::yaml::deserialize(yaml_serde::Deserializer::from_str(text)).map_err(|e| {
+        SettingsError::Invalid {
+            origin: path.display().to_string(),
+            field: e.field,
+            message: e.message,
+        }
+    })
+}
+
+/// Builds errors that name where a field was set.
+struct Origins<'a>(&'a BTreeMap<&'static str, String>);
+
+impl Origins<'_> {
+    fn of(&self, field: &str) -> String {
+        self.0
+            .get(field)
+            .cloned()
+            .unwrap_or_else(|| DEFAULTS_ORIGIN.to_owned())
+    }
+
+    fn invalid(&self, field: &str, message: impl Into<String>) -> SettingsError {
+        self.invalid_from(field, field, message)
+    }
+
+    /// An error about `field` whose value came from where `origin_field` was set.
+    fn invalid_from(
+        &self,
+        origin_field: &str,
+        field: &str,
+        message: impl Into<String>,
+    ) -> SettingsError {
+        SettingsError::Invalid {
+            origin: self.of(origin_field),
+            field: field.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+fn non_empty_path(
+    origins: &Origins<'_>,
+    field: &str,
+    path: PathBuf,
+) -> Result<PathBuf, SettingsError> {
+    if path.as_os_str().is_empty() {
+        Err(origins.invalid(field, "must not be empty"))
+    } else {
+        Ok(path)
+    }
+}
+
+fn resolve(
+    layer: Layer,
+    origins: &BTreeMap<&'static str, String>,
+) -> Result<Settings, SettingsError> {
+    let origins = &Origins(origins);
+    let zone = layer.zone.unwrap_or_else(|| DEFAULT_ZONE.to_owned());
+    check_name(&zone).map_err(|m| origins.invalid("zone", m))?;
+    let data_dir = non_empty_path(
+        origins,
+        "dataDir",
+        layer.data_dir.unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
+    )?;
+    let resources = match layer.resources {
+        Some(path) => non_empty_path(origins, "resources", path)?,
+        None => Settings::default_resources_dir(&data_dir),
+    };
+    let mesh = layer.defaults.and_then(|d| d.mesh);
+    if let Some(mesh) = &mesh {
+        check_name(mesh).map_err(|m| origins.invalid("defaults.mesh", m))?;
+    }
+    let sds = resolve_sds(layer.sds.unwrap_or_default(), &data_dir, origins)?;
+    let admin = AdminSettings {
+        listen: layer
+            .admin
+            .and_then(|a| a.listen)
+            .unwrap_or(DEFAULT_ADMIN_LISTEN),
+    };
+    let issuance = layer.issuance.unwrap_or_default();
+    let renew_at = issuance.renew_at.unwrap_or(DEFAULT_RENEW_AT);
+    if !(renew_at > 0.0 && renew_at < 1.0) {
+        return Err(origins.invalid(
+            "issuance.renewAt",
+            format!("must be between 0 and 1 (exclusive), got {renew_at}"),
+        ));
+    }
+    let ack_timeout = layer
+        .rollout
+        .and_then(|r| r.ack_timeout)
+        .unwrap_or(DEFAULT_ACK_TIMEOUT);
+    if ack_timeout.0.is_zero() {
+        return Err(origins.invalid("rollout.ackTimeout", "must be greater than zero"));
+    }
+    Ok(Settings {
+        zone,
+        resources,
+        defaults: Defaults { mesh },
+        sds,
+        admin,
+        issuance: IssuanceSettings {
+            key_algorithm: issuance.key_algorithm.unwrap_or_default(),
+            renew_at,
+        },
+        rollout: RolloutSettings { ack_timeout },
+        keystore: KeystoreSettings {
+            kind: layer.keystore.and_then(|k| k.kind).unwrap_or_default(),
+        },
+        data_dir,
+    })
+}
+
+fn resolve_sds(
+    sds: super::file::SdsLayer,
+    data_dir: &Path,
+    origins: &Origins<'_>,
+) -> Result<SdsSettings, SettingsError> {
+    let listen = match sds.listen {
+        Some(listen) if listen.is_empty() => {
+            return Err(origins.invalid("sds.listen", "at least one listen address is required"));
+        }
+        Some(listen) => listen,
+        None => Settings::default_sds_listen(data_dir),
+    };
+    let mut seen = BTreeSet::new();
+    if let Some(dup) = listen.iter().find(|a| !seen.insert(a.to_string())) {
+        return Err(origins.invalid("sds.listen", format!("{dup} is listed twice")));
+    }
+    let tls = match sds.tls.map(|t| (t.cert_file, t.key_file)) {
+        None | Some((None, None)) => None,
+        Some((Some(cert_file), Some(key_file))) => Some(TlsFiles {
+            cert_file: non_empty_path(origins, "sds.tls.certFile", cert_file)?,
+            key_file: non_empty_path(origins, "sds.tls.keyFile", key_file)?,
+        }),
+        Some((Some(_), None)) => {
+            return Err(origins.invalid_from(
+                "sds.tls.certFile",
+                "sds.tls.keyFile",
+                "required when sds.tls.certFile is set",
+            ));
+        }
+        Some((None, Some(_))) => {
+            return Err(origins.invalid_from(
+                "sds.tls.keyFile",
+                "sds.tls.certFile",
+                "required when sds.tls.keyFile is set",
+            ));
+        }
+    };
+    let insecure = sds.insecure.unwrap_or(false);
+    if insecure && tls.is_some() {
+        return Err(origins.invalid(
+            "sds.insecure",
+            "cannot be combined with sds.tls; remove one of them",
+        ));
+    }
+    if insecure {
+        let public = listen.iter().find_map(|a| match a {
+            ListenAddr::Tcp(addr) if !addr.ip().is_loopback() => Some(addr),
+            ListenAddr::Tcp(_) | ListenAddr::Unix(_) => None,
+        });
+        if let Some(addr) = public {
+            return Err(origins.invalid(
+                "sds.insecure",
+                format!(
+                    "plaintext SDS is only allowed on loopback addresses, but sds.listen (from {}) includes {addr}; listen on 127.0.0.1 or [::1], or drop sds.insecure to serve TLS",
+                    origins.of("sds.listen")
+                ),
+            ));
+        }
+    }
+    Ok(SdsSettings {
+        listen,
+        tls,
+        insecure,
+    })
+}

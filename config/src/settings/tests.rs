@@ -1,0 +1,402 @@
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use super::*;
+use crate::{Duration, KeyAlgorithm};
+
+fn env(vars: &[(&str, &str)]) -> Vec<(String, String)> {
+    vars.iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn no_env() -> Vec<(String, String)> {
+    Vec::new()
+}
+
+/// Writes `text` as `settings.yaml` in a fresh directory and loads it with `vars`.
+fn load_yaml(
+    text: &str,
+    vars: &[(&str, &str)],
+) -> (tempfile::TempDir, Result<Settings, SettingsError>) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("settings.yaml");
+    std::fs::write(&path, text).expect("write settings");
+    let result = Settings::load(Some(&path), env(vars));
+    (dir, result)
+}
+
+fn err_text(result: Result<Settings, SettingsError>) -> String {
+    match result {
+        Ok(s) => panic!("expected an error, got {s:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn defaults_match_the_design() {
+    let s = Settings::load(None, no_env()).expect("defaults are valid");
+    assert_eq!(s, Settings::default());
+    assert_eq!(s.zone, "default");
+    assert_eq!(s.data_dir, PathBuf::from("./meshca-data"));
+    assert_eq!(s.resources, PathBuf::from("./meshca-data/resources"));
+    assert_eq!(s.defaults.mesh, None);
+    assert_eq!(
+        s.sds.listen,
+        vec![
+            ListenAddr::Unix("./meshca-data/sds.sock".into()),
+            ListenAddr::Tcp("127.0.0.1:5678".parse().expect("addr")),
+        ]
+    );
+    assert_eq!(s.sds.listen[0].to_string(), "unix://./meshca-data/sds.sock");
+    assert_eq!(s.sds.tls, None);
+    assert!(!s.sds.insecure);
+    assert_eq!(
+        s.admin.listen,
+        "127.0.0.1:5681".parse::<SocketAddr>().expect("addr")
+    );
+    assert_eq!(s.issuance.key_algorithm, KeyAlgorithm::EcdsaP256);
+    assert_eq!(s.issuance.renew_at, 0.8);
+    assert_eq!(s.rollout.ack_timeout, Duration::from_secs(30));
+    assert_eq!(s.keystore.kind, KeystoreType::File);
+}
+
+#[test]
+fn full_file_is_read() {
+    let (_dir, s) = load_yaml(
+        r#"
+zone: zone-1
+dataDir: /var/lib/meshca
+resources: /etc/meshca/resources
+defaults:
+  mesh: default
+sds:
+  listen: ["unix:///run/meshca/sds.sock", "0.0.0.0:5678"]
+  tls: {certFile: /etc/meshca/tls.crt, keyFile: /etc/meshca/tls.key}
+admin:
+  listen: 127.0.0.1:9000
+issuance:
+  keyAlgorithm: rsa-3072
+  renewAt: 0.5
+rollout:
+  ackTimeout: 1m30s
+keystore:
+  type: file
+"#,
+        &[],
+    );
+    let s = s.expect("valid settings");
+    assert_eq!(s.zone, "zone-1");
+    assert_eq!(s.data_dir, Path::new("/var/lib/meshca"));
+    assert_eq!(s.resources, Path::new("/etc/meshca/resources"));
+    assert_eq!(s.defaults.mesh.as_deref(), Some("default"));
+    assert_eq!(
+        s.sds.listen,
+        vec![
+            ListenAddr::Unix("/run/meshca/sds.sock".into()),
+            ListenAddr::Tcp("0.0.0.0:5678".parse().expect("addr")),
+        ]
+    );
+    assert_eq!(
+        s.sds.tls,
+        Some(TlsFiles {
+            cert_file: "/etc/meshca/tls.crt".into(),
+            key_file: "/etc/meshca/tls.key".into(),
+        })
+    );
+    assert_eq!(s.admin.listen.port(), 9000);
+    assert_eq!(s.issuance.key_algorithm, KeyAlgorithm::Rsa3072);
+    assert_eq!(s.issuance.renew_at, 0.5);
+    assert_eq!(s.rollout.ack_timeout, Duration::from_secs(90));
+}
+
+#[test]
+fn empty_file_means_defaults() {
+    let (_dir, s) = load_yaml("# nothing here\n", &[]);
+    assert_eq!(s.expect("valid"), Settings::default());
+}
+
+#[test]
+fn resources_and_socket_follow_data_dir() {
+    let (_dir, s) = load_yaml("dataDir: /srv/ca\n", &[]);
+    let s = s.expect("valid");
+    assert_eq!(s.resources, Path::new("/srv/ca/resources"));
+    assert_eq!(s.sds.listen[0], ListenAddr::Unix("/srv/ca/sds.sock".into()));
+    let from_env = Settings::load(None, env(&[("MESHCA_DATA_DIR", "/x")])).expect("valid");
+    assert_eq!(from_env.resources, Path::new("/x/resources"));
+}
+
+#[test]
+fn renew_at_out_of_range_names_file_and_field() {
+    let (dir, s) = load_yaml("issuance:\n  renewAt: 1.5\n", &[]);
+    let expected = format!(
+        "{}: issuance.renewAt: must be between 0 and 1 (exclusive), got 1.5",
+        dir.path().join("settings.yaml").display()
+    );
+    assert_eq!(err_text(s), expected);
+    for bad in ["0", "1", "-0.1", "NaN"] {
+        let e = err_text(Settings::load(
+            None,
+            env(&[("MESHCA_ISSUANCE_RENEW_AT", bad)]),
+        ));
+        assert!(
+            e.starts_with("MESHCA_ISSUANCE_RENEW_AT: issuance.renewAt: must be between 0 and 1"),
+            "{bad}: {e}"
+        );
+    }
+}
+
+#[test]
+fn unknown_keys_are_errors_naming_the_key() {
+    let (_dir, s) = load_yaml("issuance:\n  renewAfter: 0.5\n", &[]);
+    let e = err_text(s);
+    assert!(
+        e.contains(": issuance.renewAfter: unknown field `renewAfter`"),
+        "{e}"
+    );
+    assert!(e.contains("line 2"), "{e}");
+    let (_dir, s) = load_yaml("datadir: /x\n", &[]);
+    assert!(err_text(s).contains(": datadir: unknown field `datadir`"));
+}
+
+#[test]
+fn bad_values_in_file_name_the_field() {
+    let (_dir, s) = load_yaml("issuance:\n  keyAlgorithm: ed25519\n", &[]);
+    let e = err_text(s);
+    assert!(
+        e.contains("issuance.keyAlgorithm: unknown variant `ed25519`"),
+        "{e}"
+    );
+    let (_dir, s) = load_yaml("rollout:\n  ackTimeout: soon\n", &[]);
+    let e = err_text(s);
+    assert!(
+        e.contains("rollout.ackTimeout: invalid duration \"soon\""),
+        "{e}"
+    );
+    let (_dir, s) = load_yaml("keystore:\n  type: vault\n", &[]);
+    let e = err_text(s);
+    assert!(
+        e.contains("keystore.type: unknown keystore type \"vault\"; supported: file"),
+        "{e}"
+    );
+    let (_dir, s) = load_yaml("sds:\n  listen: [\"localhost:1\"]\n", &[]);
+    let e = err_text(s);
+    assert!(
+        e.contains("sds.listen[0]: invalid listen address \"localhost:1\""),
+        "{e}"
+    );
+    let (_dir, s) = load_yaml("zone: Zone_1\n", &[]);
+    assert!(err_text(s).contains(": zone: \"Zone_1\" is not a valid name"));
+}
+
+#[test]
+fn yaml_syntax_errors_carry_the_line() {
+    let (_dir, s) = load_yaml("zone: a\nsds: [\n", &[]);
+    let e = err_text(s);
+    assert!(e.contains(": YAML syntax error: "), "{e}");
+    assert!(e.contains("line 3"), "{e}");
+}
+
+#[test]
+fn missing_file_is_an_error() {
+    let e = err_text(Settings::load(
+        Some(Path::new("/nonexistent/meshca.yaml")),
+        no_env(),
+    ));
+    assert!(
+        e.starts_with("/nonexistent/meshca.yaml: cannot read the settings file"),
+        "{e}"
+    );
+}
+
+#[test]
+fn env_overrides_file() {
+    let (_dir, s) = load_yaml(
+        "zone: from-file\nissuance:\n  renewAt: 0.5\n",
+        &[
+            ("MESHCA_ZONE", "from-env"),
+            ("MESHCA_DATADIR", "/d"),
+            ("MESHCA_RESOURCES", "/r"),
+            ("MESHCA_DEFAULTS_MESH", "m1"),
+            ("MESHCA_SDS_LISTEN", "unix:///s.sock, [::1]:7000"),
+            ("MESHCA_SDS_INSECURE", "true"),
+            ("MESHCA_ADMIN_LISTEN", "127.0.0.1:1"),
+            ("MESHCA_ISSUANCE_KEY_ALGORITHM", "ecdsa-p384"),
+            ("MESHCA_ISSUANCE_RENEWAT", "0.7"),
+            ("MESHCA_ROLLOUT_ACK_TIMEOUT", "2m"),
+            ("MESHCA_KEYSTORE_TYPE", "file"),
+            ("PATH", "/usr/bin"),
+        ],
+    );
+    let s = s.expect("valid");
+    assert_eq!(s.zone, "from-env");
+    assert_eq!(s.data_dir, Path::new("/d"));
+    assert_eq!(s.resources, Path::new("/r"));
+    assert_eq!(s.defaults.mesh.as_deref(), Some("m1"));
+    assert_eq!(
+        s.sds.listen,
+        vec![
+            ListenAddr::Unix("/s.sock".into()),
+            ListenAddr::Tcp("[::1]:7000".parse().expect("addr")),
+        ]
+    );
+    assert!(s.sds.insecure);
+    assert_eq!(s.admin.listen.port(), 1);
+    assert_eq!(s.issuance.key_algorithm, KeyAlgorithm::EcdsaP384);
+    assert_eq!(s.issuance.renew_at, 0.7);
+    assert_eq!(s.rollout.ack_timeout, Duration::from_secs(120));
+}
+
+#[test]
+fn env_sets_tls_files() {
+    let s = Settings::load(
+        None,
+        env(&[
+            ("MESHCA_SDS_TLS_CERT_FILE", "/c.pem"),
+            ("MESHCA_SDS_TLS_KEYFILE", "/k.pem"),
+        ]),
+    )
+    .expect("valid");
+    assert_eq!(
+        s.sds.tls,
+        Some(TlsFiles {
+            cert_file: "/c.pem".into(),
+            key_file: "/k.pem".into()
+        })
+    );
+    let e = err_text(Settings::load(
+        None,
+        env(&[("MESHCA_SDS_TLS_CERT_FILE", "/c.pem")]),
+    ));
+    assert_eq!(
+        e,
+        "MESHCA_SDS_TLS_CERT_FILE: sds.tls.keyFile: required when sds.tls.certFile is set"
+    );
+}
+
+#[test]
+fn unknown_env_var_is_ignored_not_applied() {
+    let s = Settings::load(None, env(&[("MESHCA_RENEW_AT", "0.5"), ("MESHCA_BIN", "/x")]))
+        .expect("unknown MESHCA_* variables only warn");
+    assert_eq!(s, Settings::default());
+}
+
+#[test]
+fn env_values_are_checked() {
+    let e = err_text(Settings::load(
+        None,
+        env(&[("MESHCA_ROLLOUT_ACK_TIMEOUT", "5 minutes")]),
+    ));
+    assert!(
+        e.starts_with("MESHCA_ROLLOUT_ACK_TIMEOUT: rollout.ackTimeout: invalid duration"),
+        "{e}"
+    );
+    let e = err_text(Settings::load(None, env(&[("MESHCA_SDS_INSECURE", "yes")])));
+    assert_eq!(
+        e,
+        "MESHCA_SDS_INSECURE: sds.insecure: expected true or false, got \"yes\""
+    );
+    let e = err_text(Settings::load(None, env(&[("MESHCA_ZONE", "")])));
+    assert!(e.starts_with("MESHCA_ZONE: zone: must not be empty"), "{e}");
+    let e = err_text(Settings::load(
+        None,
+        env(&[("MESHCA_ISSUANCE_KEY_ALGORITHM", "dsa")]),
+    ));
+    assert!(e.contains("unknown key algorithm \"dsa\""), "{e}");
+    let e = err_text(Settings::load(
+        None,
+        env(&[("MESHCA_ROLLOUT_ACK_TIMEOUT", "0s")]),
+    ));
+    assert_eq!(
+        e,
+        "MESHCA_ROLLOUT_ACK_TIMEOUT: rollout.ackTimeout: must be greater than zero"
+    );
+}
+
+#[test]
+fn both_spellings_of_one_field_conflict() {
+    let e = err_text(Settings::load(
+        None,
+        env(&[("MESHCA_DATA_DIR", "/a"), ("MESHCA_DATADIR", "/b")]),
+    ));
+    assert_eq!(
+        e,
+        "MESHCA_DATADIR and MESHCA_DATA_DIR both set dataDir; set only one of them"
+    );
+}
+
+#[test]
+fn insecure_requires_loopback_tcp() {
+    let ok = Settings::load(None, env(&[("MESHCA_SDS_INSECURE", "true")]))
+        .expect("defaults are loopback");
+    assert!(ok.sds.insecure);
+    let (dir, s) = load_yaml(
+        "sds:\n  listen: [\"unix:///s\", \"127.0.0.1:1\", \"0.0.0.0:5678\"]\n  insecure: true\n",
+        &[],
+    );
+    let e = err_text(s);
+    let file = dir.path().join("settings.yaml").display().to_string();
+    assert!(
+        e.starts_with(&format!(
+            "{file}: sds.insecure: plaintext SDS is only allowed on loopback"
+        )),
+        "{e}"
+    );
+    assert!(e.contains("0.0.0.0:5678"), "{e}");
+    let e = err_text(Settings::load(
+        None,
+        env(&[
+            ("MESHCA_SDS_INSECURE", "1"),
+            ("MESHCA_SDS_LISTEN", "10.0.0.1:5678"),
+        ]),
+    ));
+    assert!(
+        e.contains("sds.listen (from MESHCA_SDS_LISTEN) includes 10.0.0.1:5678"),
+        "{e}"
+    );
+}
+
+#[test]
+fn insecure_and_tls_conflict() {
+    let (_dir, s) = load_yaml(
+        "sds:\n  insecure: true\n  tls: {certFile: /c, keyFile: /k}\n",
+        &[],
+    );
+    assert!(err_text(s).contains("sds.insecure: cannot be combined with sds.tls"));
+}
+
+#[test]
+fn listen_list_must_be_non_empty_and_unique() {
+    let (_dir, s) = load_yaml("sds:\n  listen: []\n", &[]);
+    assert!(err_text(s).contains("sds.listen: at least one listen address is required"));
+    let (_dir, s) = load_yaml("sds:\n  listen: [\"127.0.0.1:1\", \"127.0.0.1:1\"]\n", &[]);
+    assert!(err_text(s).contains("sds.listen: 127.0.0.1:1 is listed twice"));
+}
+
+#[test]
+fn serializes_in_file_spelling() {
+    let json = serde_json::to_value(Settings::default()).expect("serializable");
+    assert_eq!(json["dataDir"], "./meshca-data");
+    assert_eq!(json["sds"]["listen"][0], "unix://./meshca-data/sds.sock");
+    assert_eq!(json["sds"]["listen"][1], "127.0.0.1:5678");
+    assert_eq!(json["issuance"]["keyAlgorithm"], "ecdsa-p256");
+    assert_eq!(json["rollout"]["ackTimeout"], "30s");
+    assert_eq!(json["keystore"]["type"], "file");
+    assert_eq!(json["admin"]["listen"], "127.0.0.1:5681");
+}
+
+mod never_panics {
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn on_arbitrary_settings_text(text in "\\PC{0,200}") {
+            let _ = super::super::resolve::parse_file(std::path::Path::new("s.yaml"), &text);
+        }
+
+        #[test]
+        fn on_arbitrary_env_values(key in "MESHCA_[A-Z_]{0,24}", value in "\\PC{0,40}") {
+            let _ = super::Settings::load(None, vec![(key, value)]);
+        }
+    }
+}

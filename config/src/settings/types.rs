@@ -1,0 +1,220 @@
+//! The resolved, validated daemon settings (DESIGN §4).
+
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use super::ListenAddr;
+use crate::{Duration, KeyAlgorithm};
+
+/// The daemon settings: embedded defaults, overridden by a settings file, overridden by
+/// `MESHCA_*` environment variables (see [`Settings::load`](Settings::load)).
+///
+/// Every value has been checked: paths are as written (relative ones are relative to the working
+/// directory), `renew_at` lies in (0, 1), plaintext SDS only listens on loopback.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Settings {
+    /// The zone name, `{{ .Zone }}` in SPIFFE ID templates (default `default`).
+    pub zone: String,
+    /// Where the keystore and generated state live (default `./meshca-data`).
+    pub data_dir: PathBuf,
+    /// The resources directory (default `<dataDir>/resources`).
+    pub resources: PathBuf,
+    /// Defaults that pick among resources.
+    pub defaults: Defaults,
+    /// The SDS server.
+    pub sds: SdsSettings,
+    /// The admin HTTP server.
+    pub admin: AdminSettings,
+    /// Certificate issuance.
+    pub issuance: IssuanceSettings,
+    /// Trust and identity rollouts (DESIGN §8).
+    pub rollout: RolloutSettings,
+    /// Durable key storage.
+    pub keystore: KeystoreSettings,
+}
+
+/// `defaults:` in the settings file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Defaults {
+    /// The mesh whose identity the ZoneEgress uses (DESIGN §9); `None` lets meshca choose.
+    pub mesh: Option<String>,
+}
+
+/// `sds:` in the settings file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SdsSettings {
+    /// Listen addresses; never empty and without duplicates.
+    pub listen: Vec<ListenAddr>,
+    /// The server certificate for TCP listeners; `None` means one issued by the daemon's own CA.
+    pub tls: Option<TlsFiles>,
+    /// Serve plaintext on TCP listeners. Only ever `true` when every TCP listener is loopback,
+    /// and never together with `tls`.
+    pub insecure: bool,
+}
+
+/// A certificate chain and its private key, as PEM files.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsFiles {
+    /// PEM certificate chain, leaf first.
+    pub cert_file: PathBuf,
+    /// PEM private key.
+    pub key_file: PathBuf,
+}
+
+/// `admin:` in the settings file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdminSettings {
+    /// The admin HTTP address (default `127.0.0.1:5681`).
+    pub listen: SocketAddr,
+}
+
+/// `issuance:` in the settings file.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IssuanceSettings {
+    /// The key algorithm of issued certificates (default `ecdsa-p256`).
+    pub key_algorithm: KeyAlgorithm,
+    /// The fraction of a certificate's lifetime after which it is renewed, in (0, 1) (default 0.8).
+    pub renew_at: f64,
+}
+
+/// `rollout:` in the settings file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutSettings {
+    /// How long a rollout step waits for ACKs before it proceeds anyway (default 30s, never zero).
+    pub ack_timeout: Duration,
+}
+
+/// `keystore:` in the settings file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeystoreSettings {
+    /// The keystore implementation (default `file`).
+    #[serde(rename = "type")]
+    pub kind: KeystoreType,
+}
+
+/// The keystore implementations meshca has.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KeystoreType {
+    /// Files under `<dataDir>`, mode 0600 in a 0700 directory.
+    #[default]
+    File,
+}
+
+impl KeystoreType {
+    /// Every keystore type, as spelled in the settings file.
+    pub const ALL: [KeystoreType; 1] = [KeystoreType::File];
+
+    /// The settings-file spelling, e.g. `file`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeystoreType::File => "file",
+        }
+    }
+}
+
+impl fmt::Display for KeystoreType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The error for a keystore type meshca does not have.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown keystore type {0:?}; supported: file")]
+pub struct UnknownKeystoreType(pub String);
+
+impl FromStr for KeystoreType {
+    type Err = UnknownKeystoreType;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        KeystoreType::ALL
+            .into_iter()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| UnknownKeystoreType(s.to_owned()))
+    }
+}
+
+impl Serialize for KeystoreType {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for KeystoreType {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(deserializer)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// The default zone name.
+pub const DEFAULT_ZONE: &str = "default";
+/// The default data directory.
+pub const DEFAULT_DATA_DIR: &str = "./meshca-data";
+/// The default TCP address of the SDS server.
+pub const DEFAULT_SDS_TCP: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 5678);
+/// The default admin HTTP address.
+pub const DEFAULT_ADMIN_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 5681);
+/// The default renewal point, as a fraction of a certificate's lifetime.
+pub const DEFAULT_RENEW_AT: f64 = 0.8;
+/// The default rollout ACK timeout.
+pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Settings {
+    /// The resources directory for a data directory when none is configured.
+    pub fn default_resources_dir(data_dir: &std::path::Path) -> PathBuf {
+        data_dir.join("resources")
+    }
+
+    /// The SDS listen addresses for a data directory when none are configured.
+    pub fn default_sds_listen(data_dir: &std::path::Path) -> Vec<ListenAddr> {
+        vec![
+            ListenAddr::Unix(data_dir.join("sds.sock")),
+            ListenAddr::Tcp(DEFAULT_SDS_TCP),
+        ]
+    }
+}
+
+impl Default for Settings {
+    /// The embedded defaults: what `meshca serve` uses with no settings file and no environment.
+    fn default() -> Self {
+        let data_dir = PathBuf::from(DEFAULT_DATA_DIR);
+        Settings {
+            zone: DEFAULT_ZONE.to_owned(),
+            resources: Settings::default_resources_dir(&data_dir),
+            defaults: Defaults::default(),
+            sds: SdsSettings {
+                listen: Settings::default_sds_listen(&data_dir),
+                tls: None,
+                insecure: false,
+            },
+            admin: AdminSettings {
+                listen: DEFAULT_ADMIN_LISTEN,
+            },
+            issuance: IssuanceSettings {
+                key_algorithm: KeyAlgorithm::default(),
+                renew_at: DEFAULT_RENEW_AT,
+            },
+            rollout: RolloutSettings {
+                ack_timeout: DEFAULT_ACK_TIMEOUT,
+            },
+            keystore: KeystoreSettings::default(),
+            data_dir,
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! The one error type of this crate.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Why a keystore operation failed. Messages name the path or entry and never contain stored bytes.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeystoreError {
+    /// An entry name is not a valid relative slash path of `[A-Za-z0-9._-]` segments.
+    #[error("invalid keystore entry name {name}: {reason}")]
+    InvalidName {
+        /// The rejected name, escaped and truncated.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A secret file can be read by users other than its owner; it is refused, never used.
+    #[error(
+        "{} has mode {mode:04o}, but a secret must be accessible by its owner only (0600): \
+         check whether anyone else read it, then `chmod 600` it", path.display()
+    )]
+    InsecurePermissions {
+        /// The secret file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// A path that must be a regular file is something else (a directory, a device, ...).
+    #[error("{} is not a regular file", path.display())]
+    NotAFile {
+        /// The offending path.
+        path: PathBuf,
+    },
+    /// A path that must be a directory is something else.
+    #[error("{} is not a directory", path.display())]
+    NotADirectory {
+        /// The offending path.
+        path: PathBuf,
+    },
+    /// A filesystem operation failed.
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        /// What was being done (`read`, `create directory`, `rename temporary file over`, ...).
+        action: &'static str,
+        /// The path it was done to.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl KeystoreError {
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(io::Error) -> Self {
+        let path = path.into();
+        move |source| KeystoreError::Io {
+            action,
+            path,
+            source,
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! Durable storage for meshca's CA keys, token keys and generated state.
+//!
+//! Everything is addressed by a relative slash path such as `ca/default/ca-1/key.pem` (see [`validate_name`]).
+//! Secrets come back as [`Secret`], which zeroizes on drop and never prints. [`FileKeystore`] keeps them on
+//! disk: mode 0600 files in a 0700 tree, replaced atomically. [`MemoryKeystore`] is for tests.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod error;
+mod file;
+mod fsops;
+mod memory;
+mod name;
+mod secret;
+mod store;
+
+pub use error::KeystoreError;
+pub use file::FileKeystore;
+pub use memory::MemoryKeystore;
+pub use name::validate_name;
+pub use secret::Secret;
+pub use store::Keystore;

@@ -1,0 +1,178 @@
+//! Authenticating proxies: the bearer token, the node id, the node's preferences.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::google::protobuf::value::Kind;
+use meshca_auth::{Claims, ProxyType, RevocationList, Verifier};
+use tonic::metadata::MetadataMap;
+use tonic::Status;
+
+use crate::names::ProxyContext;
+use crate::secret::Form;
+use crate::snapshot::ProxyKey;
+
+/// The node metadata key that asks for plain `trusted_ca` validation contexts.
+pub const DISABLE_SPIFFE_VALIDATION_KEY: &str = "disable_spiffe_cert_validation";
+
+/// Checks the `authorization: Bearer <token>` header. Any failure is `UNAUTHENTICATED`.
+pub(crate) fn authenticate(
+    metadata: &MetadataMap,
+    verifier: &Verifier,
+    revoked: &RevocationList,
+    now: SystemTime,
+) -> Result<Claims, Status> {
+    let header = metadata.get("authorization").ok_or_else(|| {
+        Status::unauthenticated(
+            "missing `authorization: Bearer <token>` metadata: configure the proxy's SDS \
+             initial_metadata with a token from `meshca token`",
+        )
+    })?;
+    let value = header
+        .to_str()
+        .map_err(|_| Status::unauthenticated("the authorization metadata is not ASCII"))?;
+    let token = value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .map(str::trim)
+        .filter(|token| !token.is_empty())
+        .ok_or_else(|| {
+            Status::unauthenticated("the authorization metadata must be `Bearer <token>`")
+        })?;
+    let now_unix = now
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_secs())
+        .unwrap_or(0);
+    verifier
+        .verify_with(token, now_unix, revoked)
+        .map_err(|error| Status::unauthenticated(format!("token refused: {error}")))
+}
+
+/// The proxy a set of verified claims speaks for.
+pub(crate) fn proxy_key(claims: &Claims) -> ProxyKey {
+    ProxyKey::new(claims.mesh.clone(), claims.name.clone())
+}
+
+/// Checks the node id of the first request of a stream (or of a fetch): it is required and
+/// must be the token's `<mesh>.<name>`.
+pub(crate) fn check_first_node(node: Option<&Node>, key: &ProxyKey) -> Result<(), Status> {
+    match node {
+        Some(node) if !node.id.is_empty() => check_node_id(&node.id, key),
+        _ => Err(Status::invalid_argument(format!(
+            "the first request must carry node.id (expected {:?})",
+            key.node_id()
+        ))),
+    }
+}
+
+/// Checks a later request of a stream: it may omit the node, but a node id it carries must
+/// not differ from the stream's.
+pub(crate) fn check_later_node(node: Option<&Node>, key: &ProxyKey) -> Result<(), Status> {
+    match node {
+        Some(node) if !node.id.is_empty() => check_node_id(&node.id, key).map_err(|_| {
+            Status::permission_denied(format!(
+                "node id changed on the stream from {:?} to {:?}",
+                key.node_id(),
+                node.id
+            ))
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn check_node_id(node_id: &str, key: &ProxyKey) -> Result<(), Status> {
+    let expected = key.node_id();
+    if node_id == expected {
+        Ok(())
+    } else {
+        Err(Status::permission_denied(format!(
+            "node id {node_id:?} does not match the token, which is for {expected:?}"
+        )))
+    }
+}
+
+/// What the server needs to know about the asking proxy to resolve resource names.
+pub(crate) fn proxy_context(claims: &Claims, node: Option<&Node>) -> ProxyContext {
+    ProxyContext {
+        key: proxy_key(claims),
+        zone_egress: claims.proxy_type == ProxyType::ZoneEgress,
+        form: if spiffe_validation_disabled(node) {
+            Form::Plain
+        } else {
+            Form::Spiffe
+        },
+    }
+}
+
+/// True when the node metadata sets `disable_spiffe_cert_validation` to `true` (a bool, or
+/// the string "true").
+pub(crate) fn spiffe_validation_disabled(node: Option<&Node>) -> bool {
+    let value = node
+        .and_then(|node| node.metadata.as_ref())
+        .and_then(|metadata| metadata.fields.get(DISABLE_SPIFFE_VALIDATION_KEY))
+        .and_then(|value| value.kind.as_ref());
+    match value {
+        Some(Kind::BoolValue(flag)) => *flag,
+        Some(Kind::StringValue(text)) => text.trim().eq_ignore_ascii_case("true"),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::google::protobuf::{Struct, Value};
+
+    fn node_with(value: Kind) -> Node {
+        let mut metadata = Struct::default();
+        metadata.fields.insert(
+            DISABLE_SPIFFE_VALIDATION_KEY.into(),
+            Value { kind: Some(value) },
+        );
+        Node {
+            id: "m.p".into(),
+            metadata: Some(metadata),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn spiffe_validation_flag_accepts_bool_and_string() {
+        assert!(spiffe_validation_disabled(Some(&node_with(
+            Kind::BoolValue(true)
+        ))));
+        assert!(spiffe_validation_disabled(Some(&node_with(
+            Kind::StringValue("true".into())
+        ))));
+        assert!(!spiffe_validation_disabled(Some(&node_with(
+            Kind::BoolValue(false)
+        ))));
+        assert!(!spiffe_validation_disabled(Some(&node_with(
+            Kind::StringValue("no".into())
+        ))));
+        assert!(!spiffe_validation_disabled(None));
+    }
+
+    #[test]
+    fn node_id_rules() {
+        let key = ProxyKey::new("m", "p");
+        let node = |id: &str| Node {
+            id: id.into(),
+            ..Default::default()
+        };
+        assert!(check_first_node(Some(&node("m.p")), &key).is_ok());
+        assert_eq!(
+            check_first_node(None, &key).map_err(|s| s.code()),
+            Err(tonic::Code::InvalidArgument)
+        );
+        assert_eq!(
+            check_first_node(Some(&node("m.q")), &key).map_err(|s| s.code()),
+            Err(tonic::Code::PermissionDenied)
+        );
+        assert!(check_later_node(None, &key).is_ok());
+        assert_eq!(
+            check_later_node(Some(&node("other.p")), &key).map_err(|s| s.code()),
+            Err(tonic::Code::PermissionDenied)
+        );
+    }
+}

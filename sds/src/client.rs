@@ -1,0 +1,318 @@
+//! An SDS client that speaks like Envoy: used by `meshca sds fetch`, `meshca issue
+//! --server`, drills and tests.
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_client::SecretDiscoveryServiceClient;
+use envoy_types::pb::google::protobuf::Struct;
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use futures::Stream;
+use hyper_util::rt::TokioIo;
+use prost::Message;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName};
+use tokio::net::{TcpStream, UnixStream};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::error::ClientError;
+use crate::secret::{wipe_private_key, SECRET_TYPE_URL};
+
+/// TLS settings of a client connecting over TCP.
+#[derive(Clone, Debug)]
+pub struct ClientTls {
+    /// PEM certificates of the CAs that may sign the server's certificate.
+    pub ca_pem: Vec<u8>,
+    /// The DNS name or IP address the server's certificate must carry.
+    pub server_name: String,
+}
+
+/// Where to connect.
+enum Target {
+    Unix(PathBuf),
+    Tcp(String),
+}
+
+fn parse_target(target: &str) -> Result<Target, ClientError> {
+    let invalid = |reason: &str| ClientError::InvalidTarget {
+        target: target.to_owned(),
+        reason: reason.to_owned(),
+    };
+    if let Some(rest) = target.strip_prefix("unix:") {
+        let path = rest.strip_prefix("//").unwrap_or(rest);
+        if path.is_empty() {
+            return Err(invalid(
+                "a unix target needs a socket path: unix:///path/to/sds.sock",
+            ));
+        }
+        return Ok(Target::Unix(PathBuf::from(path)));
+    }
+    if target.contains("://") {
+        return Err(invalid(
+            "expected unix:///path or host:port (TLS is chosen by the TLS settings, not a scheme)",
+        ));
+    }
+    match target.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+            Ok(Target::Tcp(target.to_owned()))
+        }
+        _ => Err(invalid("expected unix:///path or host:port")),
+    }
+}
+
+fn tls_config(
+    tls: &ClientTls,
+) -> Result<(Arc<rustls::ClientConfig>, ServerName<'static>), ClientError> {
+    let tls_error = |reason: String| ClientError::Tls { reason };
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&tls.ca_pem) {
+        let cert = cert.map_err(|error| tls_error(format!("CA PEM: {error}")))?;
+        roots
+            .add(cert)
+            .map_err(|error| tls_error(format!("CA certificate: {error}")))?;
+    }
+    if roots.is_empty() {
+        return Err(tls_error("the CA PEM holds no certificate".into()));
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|error| tls_error(error.to_string()))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let server_name = ServerName::try_from(tls.server_name.clone())
+        .map_err(|error| tls_error(format!("server name {:?}: {error}", tls.server_name)))?;
+    Ok((Arc::new(config), server_name))
+}
+
+/// Opens an HTTP/2 channel to an SDS server: `unix:///path` (plaintext over the socket),
+/// or `host:port` over TLS when `tls` is given, plaintext otherwise (loopback only on the
+/// server side).
+pub async fn connect_channel(target: &str, tls: Option<ClientTls>) -> Result<Channel, ClientError> {
+    let connect_error = |error: tonic::transport::Error| ClientError::Connect {
+        target: target.to_owned(),
+        reason: error_chain(&error),
+    };
+    match parse_target(target)? {
+        Target::Unix(path) => {
+            let connector = tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move { UnixStream::connect(path).await.map(TokioIo::new) }
+            });
+            Endpoint::from_static("http://localhost")
+                .connect_with_connector(connector)
+                .await
+                .map_err(connect_error)
+        }
+        Target::Tcp(addr) => {
+            let endpoint =
+                Endpoint::from_shared(format!("http://{addr}")).map_err(connect_error)?;
+            match tls {
+                None => {
+                    let connector = tower::service_fn(move |_: Uri| {
+                        let addr = addr.clone();
+                        async move { TcpStream::connect(addr).await.map(TokioIo::new) }
+                    });
+                    endpoint
+                        .connect_with_connector(connector)
+                        .await
+                        .map_err(connect_error)
+                }
+                Some(tls) => {
+                    let (config, server_name) = tls_config(&tls)?;
+                    let connector = tower::service_fn(move |_: Uri| {
+                        let (addr, config, server_name) =
+                            (addr.clone(), config.clone(), server_name.clone());
+                        async move {
+                            let tcp = TcpStream::connect(addr).await?;
+                            let tls = tokio_rustls::TlsConnector::from(config)
+                                .connect(server_name, tcp)
+                                .await?;
+                            if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
+                                return Err(io::Error::other(
+                                    "the server did not agree to HTTP/2 (ALPN h2)",
+                                ));
+                            }
+                            Ok::<_, io::Error>(TokioIo::new(tls))
+                        }
+                    });
+                    endpoint
+                        .connect_with_connector(connector)
+                        .await
+                        .map_err(connect_error)
+                }
+            }
+        }
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// A connected SDS client authenticated with a proxy token.
+#[derive(Debug, Clone)]
+pub struct SdsClient {
+    inner: SecretDiscoveryServiceClient<Channel>,
+    authorization: MetadataValue<Ascii>,
+}
+
+impl SdsClient {
+    /// Connects to `target` (`unix:///path` or `host:port`; TLS when `tls` is given).
+    pub async fn connect(
+        target: &str,
+        tls: Option<ClientTls>,
+        token: String,
+    ) -> Result<Self, ClientError> {
+        let authorization = MetadataValue::try_from(format!("Bearer {}", token.trim()))
+            .map_err(|_| ClientError::InvalidToken)?;
+        let channel = connect_channel(target, tls).await?;
+        Ok(Self {
+            inner: SecretDiscoveryServiceClient::new(channel),
+            authorization,
+        })
+    }
+
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        request
+            .metadata_mut()
+            .insert("authorization", self.authorization.clone());
+        request
+    }
+
+    /// `FetchSecrets`: every name in `names`, or an error naming the missing one.
+    pub async fn fetch(
+        &mut self,
+        node_id: &str,
+        names: &[String],
+        metadata: Option<Struct>,
+    ) -> Result<Vec<Secret>, ClientError> {
+        let request = self.request(discovery_request(node_id, names, metadata));
+        let response = self.inner.fetch_secrets(request).await?.into_inner();
+        decode_secrets(&response)
+    }
+
+    /// `StreamSecrets`: subscribes to `names` and yields every response, ACKing each (or
+    /// NACKing one that does not decode), as Envoy does. The stream ends with the first
+    /// error.
+    pub async fn stream(
+        &mut self,
+        node_id: &str,
+        names: &[String],
+        metadata: Option<Struct>,
+    ) -> Result<impl Stream<Item = Result<Vec<Secret>, ClientError>> + Send + 'static, ClientError>
+    {
+        let (tx, rx) = mpsc::channel(4);
+        let first = discovery_request(node_id, names, metadata);
+        // The channel was just created with room to spare; it cannot be full or closed.
+        tx.try_send(first)
+            .map_err(|_| ClientError::InvalidResponse {
+                reason: "internal: request queue unavailable".into(),
+            })?;
+        let responses = self
+            .inner
+            .stream_secrets(self.request(ReceiverStream::new(rx)))
+            .await?
+            .into_inner();
+        let names = names.to_vec();
+        let state = Some((responses, tx, names));
+        Ok(futures::stream::unfold(state, |state| async move {
+            let (mut responses, tx, names) = state?;
+            match responses.message().await {
+                Ok(Some(response)) => {
+                    let decoded = decode_secrets(&response);
+                    let reply = DiscoveryRequest {
+                        version_info: response.version_info.clone(),
+                        resource_names: names.clone(),
+                        type_url: SECRET_TYPE_URL.to_owned(),
+                        response_nonce: response.nonce.clone(),
+                        error_detail: decoded.as_ref().err().map(|error| RpcStatus {
+                            code: tonic::Code::InvalidArgument as i32,
+                            message: error.to_string(),
+                            details: Vec::new(),
+                        }),
+                        ..Default::default()
+                    };
+                    // If the server is gone, the next read reports it.
+                    let _ = tx.send(reply).await;
+                    Some((decoded, Some((responses, tx, names))))
+                }
+                Ok(None) => None,
+                Err(status) => Some((Err(status.into()), None)),
+            }
+        }))
+    }
+
+    /// The underlying generated client, for protocol-level work (delta streams, custom
+    /// nonces). Requests need the `authorization` metadata: see [`SdsClient::authorize`].
+    pub fn raw(&self) -> SecretDiscoveryServiceClient<Channel> {
+        self.inner.clone()
+    }
+
+    /// Adds this client's `authorization` metadata to a request.
+    pub fn authorize<T>(&self, request: &mut tonic::Request<T>) {
+        request
+            .metadata_mut()
+            .insert("authorization", self.authorization.clone());
+    }
+}
+
+fn discovery_request(
+    node_id: &str,
+    names: &[String],
+    metadata: Option<Struct>,
+) -> DiscoveryRequest {
+    DiscoveryRequest {
+        node: Some(Node {
+            id: node_id.to_owned(),
+            metadata,
+            ..Default::default()
+        }),
+        resource_names: names.to_vec(),
+        type_url: SECRET_TYPE_URL.to_owned(),
+        ..Default::default()
+    }
+}
+
+/// Decodes the secrets of a response, checking their type.
+pub fn decode_secrets(response: &DiscoveryResponse) -> Result<Vec<Secret>, ClientError> {
+    let mut secrets = Vec::with_capacity(response.resources.len());
+    for resource in &response.resources {
+        if resource.type_url != SECRET_TYPE_URL {
+            secrets.iter_mut().for_each(wipe_private_key);
+            return Err(ClientError::InvalidResponse {
+                reason: format!(
+                    "resource of type {:?}, expected {SECRET_TYPE_URL:?}",
+                    resource.type_url
+                ),
+            });
+        }
+        match Secret::decode(resource.value.as_slice()) {
+            Ok(secret) => secrets.push(secret),
+            Err(error) => {
+                secrets.iter_mut().for_each(wipe_private_key);
+                return Err(ClientError::InvalidResponse {
+                    reason: format!("undecodable secret: {error}"),
+                });
+            }
+        }
+    }
+    Ok(secrets)
+}

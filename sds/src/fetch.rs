@@ -1,0 +1,82 @@
+//! `FetchSecrets`: one request, one response, every asked name or an error naming the
+//! missing one.
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use meshca_auth::Claims;
+use tonic::Status;
+
+use crate::authn;
+use crate::metrics::SdsMetrics;
+use crate::names::{self, Lookup};
+use crate::secret::SECRET_TYPE_URL;
+use crate::service::Shared;
+use crate::session::Session;
+
+/// Serves one fetch for a proxy whose token was verified.
+pub(crate) async fn fetch(
+    shared: &Arc<Shared>,
+    claims: Claims,
+    request: DiscoveryRequest,
+) -> Result<DiscoveryResponse, Status> {
+    authn::check_first_node(request.node.as_ref(), &authn::proxy_key(&claims))
+        .map_err(|status| shared.auth_failure(status))?;
+    if !request.type_url.is_empty() && request.type_url != SECRET_TYPE_URL {
+        return Err(Status::invalid_argument(format!(
+            "this is a secret discovery service: type_url must be {SECRET_TYPE_URL:?}, not {:?}",
+            request.type_url
+        )));
+    }
+    let asked = names::dedup(request.resource_names);
+    if asked.is_empty() {
+        return Err(Status::invalid_argument(
+            "resource_names is empty: name the secrets to fetch (e.g. \"default\", \"system_trust_bundle\")",
+        ));
+    }
+    let ctx = authn::proxy_context(&claims, request.node.as_ref());
+    let mut session = Session::open(shared.clone(), claims, ctx, None);
+    let snapshot = session.wait_for_identity().await?;
+    let mut items = Vec::with_capacity(asked.len());
+    for name in asked {
+        match names::resolve(&snapshot, &session.ctx, &name) {
+            Lookup::Found(resolved) => {
+                let version = resolved.version();
+                items.push((name, resolved, version));
+            }
+            Lookup::Unavailable(why) => {
+                return Err(Status::not_found(format!(
+                    "secret {name:?} is not available: {why}"
+                )))
+            }
+            Lookup::Unknown => {
+                return Err(Status::not_found(format!(
+                    "secret {name:?} is not a name proxy {} may fetch: expected \"default\", \
+                     its SPIFFE ID or MeshIdentity name, \"identity_cert:secret:{mesh}\", \
+                     \"system_trust_bundle\", \"ROOTCA\", \"system_trust_bundle_{mesh}\", \
+                     \"mesh_ca:secret:{mesh}\", \"ALL\", \"mesh_ca:secret:all\", \
+                     \"system_trust_bundle_egress\" or \"meshservice:<name>\"",
+                    session.key(),
+                    mesh = session.key().mesh,
+                )))
+            }
+        }
+    }
+    let version = names::response_version(
+        items
+            .iter()
+            .map(|(name, _, version)| (name.as_str(), version.as_str())),
+    );
+    let resources = items
+        .iter()
+        .map(|(name, resolved, _)| resolved.to_any(name))
+        .collect();
+    SdsMetrics::incr(&shared.metrics.responses_pushed);
+    Ok(DiscoveryResponse {
+        version_info: version,
+        resources,
+        type_url: SECRET_TYPE_URL.to_owned(),
+        nonce: format!("fetch-{}", session.id),
+        ..Default::default()
+    })
+}

@@ -1,0 +1,43 @@
+//! meshca's Secret Discovery Service: Envoy's SDS v3 over gRPC.
+//!
+//! One owner publishes an immutable [`Snapshot`] through `tokio::sync::watch`; the
+//! [`SdsServer`] authenticates each proxy with its token, serves it exactly the secrets it
+//! asks for from the current snapshot, pushes what changes, and reports ACKs and NACKs as
+//! [`StreamEvent`]s. [`bind`] sets up the unix, TLS and loopback listeners;
+//! [`SdsClient`] speaks the same protocol from the other side.
+#![forbid(unsafe_code)]
+
+mod authn;
+mod authority;
+mod client;
+mod conn;
+mod delta;
+mod describe;
+mod error;
+mod events;
+mod fetch;
+mod listen;
+mod metrics;
+mod names;
+mod registry;
+mod secret;
+mod service;
+mod session;
+mod snapshot;
+mod sotw;
+
+pub use authn::DISABLE_SPIFFE_VALIDATION_KEY;
+pub use client::{connect_channel, decode_secrets, ClientTls, SdsClient};
+pub use conn::ConnInfo;
+pub use describe::{describe, tls_certificate_parts, SecretKindView, SecretView};
+pub use error::{ClientError, ListenError, ServeError};
+pub use events::{StreamEvent, StreamId};
+pub use listen::{bind, BoundAddr, BoundListeners, Listener};
+pub use metrics::SdsMetrics;
+pub use registry::{StreamInfo, StreamKind, StreamRegistry};
+pub use secret::{SECRET_TYPE_URL, SPIFFE_VALIDATOR_NAME};
+pub use service::{SdsServer, ServerOptions};
+pub use snapshot::{
+    MeshServiceTrust, MeshView, ProxyEntry, ProxyIdentity, ProxyKey, SecretPem, Snapshot,
+    TrustBundle,
+};

@@ -1,0 +1,229 @@
+//! Building Envoy `Secret` protos and their content versions.
+//!
+//! A validation context is encoded once per bundle and form, then shared: each response
+//! only prepends the asked name. Identity secrets carry a private key and are built on
+//! demand, never cached.
+
+use std::sync::{Arc, OnceLock};
+
+use envoy_types::pb::envoy::config::core::v3::{
+    data_source::Specifier, DataSource, TypedExtensionConfig,
+};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    secret, spiffe_cert_validator_config::TrustDomain, subject_alt_name_matcher::SanType,
+    CertificateValidationContext, Secret, SpiffeCertValidatorConfig, SubjectAltNameMatcher,
+    TlsCertificate,
+};
+use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, StringMatcher};
+use envoy_types::pb::google::protobuf::Any;
+use prost::{Message, Name};
+use sha2::{Digest, Sha256};
+use zeroize::Zeroize;
+
+use crate::snapshot::{MeshServiceTrust, ProxyIdentity, TrustBundle};
+
+/// Name of Envoy's SPIFFE certificate validator extension.
+pub const SPIFFE_VALIDATOR_NAME: &str = "envoy.tls.cert_validator.spiffe";
+
+/// Type URL of the `Any` resources SDS sends.
+pub const SECRET_TYPE_URL: &str =
+    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
+
+/// How a validation context expresses its trust.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// Envoy's SPIFFE validator, one bundle per trust domain.
+    Spiffe,
+    /// Plain `trusted_ca`, every PEM concatenated.
+    Plain,
+}
+
+/// Encoded validation contexts, built on first use, one per form.
+#[derive(Default)]
+pub(crate) struct ValidationCache {
+    spiffe: OnceLock<Arc<EncodedSecret>>,
+    plain: OnceLock<Arc<EncodedSecret>>,
+}
+
+impl ValidationCache {
+    fn get_or_build(
+        &self,
+        form: Form,
+        build: impl FnOnce() -> CertificateValidationContext,
+    ) -> Arc<EncodedSecret> {
+        let cell = match form {
+            Form::Spiffe => &self.spiffe,
+            Form::Plain => &self.plain,
+        };
+        cell.get_or_init(|| Arc::new(EncodedSecret::validation(build())))
+            .clone()
+    }
+}
+
+/// A `Secret` encoded without its name, plus the version of its content.
+#[derive(Debug)]
+pub(crate) struct EncodedSecret {
+    body: Vec<u8>,
+    version: String,
+}
+
+impl EncodedSecret {
+    fn validation(context: CertificateValidationContext) -> Self {
+        let body = Secret {
+            name: String::new(),
+            r#type: Some(secret::Type::ValidationContext(context)),
+        }
+        .encode_to_vec();
+        let version = content_version(b"validation_context", &body);
+        Self { body, version }
+    }
+
+    pub(crate) fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The secret named `name`, packed as a response resource. Protobuf merges
+    /// concatenated encodings, so the name's encoding followed by the body is the whole
+    /// message.
+    pub(crate) fn to_any(&self, name: &str) -> Any {
+        let mut value = Secret {
+            name: name.to_owned(),
+            r#type: None,
+        }
+        .encode_to_vec();
+        value.extend_from_slice(&self.body);
+        Any {
+            type_url: SECRET_TYPE_URL.to_owned(),
+            value,
+        }
+    }
+}
+
+/// The validation context of `bundle` in `form`, cached in the bundle.
+pub(crate) fn bundle_secret(bundle: &TrustBundle, form: Form) -> Arc<EncodedSecret> {
+    bundle
+        .cache
+        .get_or_build(form, || validation_context(bundle, form))
+}
+
+/// The validation context of a MeshService in `form`, cached in it.
+pub(crate) fn mesh_service_secret(service: &MeshServiceTrust, form: Form) -> Arc<EncodedSecret> {
+    service.cache.get_or_build(form, || {
+        let mut context = validation_context(service.trust(), form);
+        context.match_typed_subject_alt_names = service
+            .spiffe_ids()
+            .iter()
+            .map(|id| SubjectAltNameMatcher {
+                san_type: SanType::Uri as i32,
+                matcher: Some(StringMatcher {
+                    ignore_case: false,
+                    match_pattern: Some(MatchPattern::Exact(id.clone())),
+                }),
+                oid: String::new(),
+            })
+            .collect();
+        context
+    })
+}
+
+fn validation_context(bundle: &TrustBundle, form: Form) -> CertificateValidationContext {
+    match form {
+        Form::Plain => {
+            let all = bundle.by_trust_domain().values().flatten();
+            CertificateValidationContext {
+                trusted_ca: Some(inline(concat_pems(all))),
+                ..Default::default()
+            }
+        }
+        Form::Spiffe => {
+            let trust_domains = bundle
+                .by_trust_domain()
+                .iter()
+                .map(|(name, pems)| TrustDomain {
+                    name: name.clone(),
+                    trust_bundle: Some(inline(concat_pems(pems))),
+                    workload_trust_domain: String::new(),
+                })
+                .collect();
+            let config = SpiffeCertValidatorConfig {
+                trust_domains,
+                trust_bundles: None,
+            };
+            CertificateValidationContext {
+                custom_validator_config: Some(TypedExtensionConfig {
+                    name: SPIFFE_VALIDATOR_NAME.to_owned(),
+                    typed_config: Some(Any {
+                        type_url: SpiffeCertValidatorConfig::type_url(),
+                        value: config.encode_to_vec(),
+                    }),
+                }),
+                ..Default::default()
+            }
+        }
+    }
+}
+
+/// Concatenates PEM blocks, making sure each ends with a newline.
+fn concat_pems<'a>(pems: impl IntoIterator<Item = &'a String>) -> String {
+    let mut out = String::new();
+    for pem in pems {
+        out.push_str(pem.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn inline(text: String) -> DataSource {
+    DataSource {
+        watched_directory: None,
+        specifier: Some(Specifier::InlineString(text)),
+    }
+}
+
+/// The version of an identity secret: a hash of the certificate chain only. The key is
+/// never hashed; it changes exactly when the chain does.
+pub(crate) fn identity_version(identity: &ProxyIdentity) -> String {
+    content_version(b"tls_certificate", identity.chain_pem.as_bytes())
+}
+
+/// The identity secret named `name`. Built per response: a private key is never cached.
+pub(crate) fn identity_any(name: &str, identity: &ProxyIdentity) -> Any {
+    let mut message = Secret {
+        name: name.to_owned(),
+        r#type: Some(secret::Type::TlsCertificate(TlsCertificate {
+            certificate_chain: Some(inline(identity.chain_pem.clone())),
+            private_key: Some(inline(identity.key_pem.expose().to_owned())),
+            ..Default::default()
+        })),
+    };
+    let value = message.encode_to_vec();
+    wipe_private_key(&mut message);
+    Any {
+        type_url: SECRET_TYPE_URL.to_owned(),
+        value,
+    }
+}
+
+/// Zeroizes the key copy held by a `Secret` before it is dropped.
+pub(crate) fn wipe_private_key(message: &mut Secret) {
+    if let Some(secret::Type::TlsCertificate(cert)) = &mut message.r#type {
+        match cert
+            .private_key
+            .as_mut()
+            .and_then(|key| key.specifier.as_mut())
+        {
+            Some(Specifier::InlineString(key)) => key.zeroize(),
+            Some(Specifier::InlineBytes(key)) => key.zeroize(),
+            _ => {}
+        }
+    }
+}
+
+/// A short, stable hex hash of `kind` and `content`.
+pub(crate) fn content_version(kind: &[u8], content: &[u8]) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update((kind.len() as u64).to_be_bytes());
+    hasher.update(kind);
+    hasher.update(content);
+    hex::encode(&hasher.finalize()[..16])
+}

@@ -1,0 +1,216 @@
+//! What every authenticated stream and fetch shares: registration, events, waiting for
+//! the proxy's identity, and watching for snapshot changes and revocations.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use meshca_auth::{Claims, RevocationList};
+use tokio::sync::watch;
+use tonic::Status;
+
+use crate::events::{StreamEvent, StreamId};
+use crate::metrics::SdsMetrics;
+use crate::names::{IdentityState, ProxyContext};
+use crate::registry::{StreamInfo, StreamKind};
+use crate::service::Shared;
+use crate::snapshot::{ProxyKey, Snapshot};
+
+/// One authenticated proxy conversation. Dropping a registered session unregisters the
+/// stream and reports `Disconnected`.
+pub(crate) struct Session {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) id: StreamId,
+    pub(crate) claims: Claims,
+    pub(crate) ctx: ProxyContext,
+    snapshots: watch::Receiver<Arc<Snapshot>>,
+    /// `None` once the revocation publisher is gone: the last list stays in force.
+    revocations: Option<watch::Receiver<Arc<RevocationList>>>,
+    registered: bool,
+}
+
+impl Session {
+    /// Starts a session for a proxy whose token and node id were checked: reports
+    /// `Connected`, and for streams (`kind` set) registers it and counts it open.
+    pub(crate) fn open(
+        shared: Arc<Shared>,
+        claims: Claims,
+        ctx: ProxyContext,
+        kind: Option<StreamKind>,
+    ) -> Self {
+        let id = shared.next_stream_id();
+        let mut revocations = shared.revocations.clone();
+        revocations.mark_changed();
+        let snapshots = shared.snapshots.clone();
+        shared.emit(StreamEvent::Connected {
+            stream: id,
+            claims: claims.clone(),
+        });
+        if let Some(kind) = kind {
+            shared.registry.insert(StreamInfo {
+                id,
+                proxy: ctx.key.clone(),
+                kind,
+                connected_at: SystemTime::now(),
+                resources: Vec::new(),
+                last_sent_version: String::new(),
+                last_acked_version: None,
+                acked_generation: None,
+                nacks: 0,
+                last_nack: None,
+            });
+            SdsMetrics::incr(&shared.metrics.streams_open);
+        }
+        tracing::debug!(stream = %id, proxy = %ctx.key, "proxy connected");
+        Self {
+            shared,
+            id,
+            claims,
+            ctx,
+            snapshots,
+            revocations: Some(revocations),
+            registered: kind.is_some(),
+        }
+    }
+
+    pub(crate) fn key(&self) -> &ProxyKey {
+        &self.ctx.key
+    }
+
+    pub(crate) fn emit(&self, event: StreamEvent) {
+        self.shared.emit(event);
+    }
+
+    /// Waits until the snapshot has this proxy Ready or NoIdentity, and returns that
+    /// snapshot. Refused → `PERMISSION_DENIED`; still waiting after the identity wait →
+    /// `UNAVAILABLE`.
+    pub(crate) async fn wait_for_identity(&mut self) -> Result<Arc<Snapshot>, Status> {
+        let wait = self.shared.options.identity_wait;
+        let current = self.snapshots.borrow_and_update().clone();
+        if let Some(snapshot) = self.usable(current)? {
+            return Ok(snapshot);
+        }
+        let timeout = Status::unavailable(format!(
+            "the identity of proxy {} is not ready after {wait:?}: the daemon has not \
+             prepared it yet (is the dataplane known, and does a MeshIdentity or mTLS \
+             backend select it?); retry later",
+            self.key(),
+        ));
+        tracing::debug!(proxy = %self.key(), "waiting for the proxy's identity");
+        match tokio::time::timeout(wait, self.next_change()).await {
+            Ok(result) => result,
+            Err(_) => Err(timeout),
+        }
+    }
+
+    /// Resolves with the next snapshot in which this proxy is Ready or NoIdentity (a
+    /// Pending proxy keeps what it has). Fails when the proxy is refused, its token is
+    /// revoked, or the server shuts down. Cancel-safe.
+    pub(crate) async fn next_change(&mut self) -> Result<Arc<Snapshot>, Status> {
+        loop {
+            let wake = {
+                let revocations = &mut self.revocations;
+                let snapshots = &mut self.snapshots;
+                let shutdown = &self.shared.shutdown;
+                let revocation = async move {
+                    match revocations.as_mut() {
+                        Some(rx) => rx.changed().await.is_ok(),
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => Wake::Shutdown,
+                    alive = revocation => Wake::Revocations { alive },
+                    changed = snapshots.changed() => Wake::Snapshot { alive: changed.is_ok() },
+                }
+            };
+            match wake {
+                Wake::Shutdown | Wake::Snapshot { alive: false } => {
+                    return Err(Status::unavailable("the SDS server is shutting down"));
+                }
+                Wake::Revocations { alive: true } => self.check_revocation()?,
+                Wake::Revocations { alive: false } => self.revocations = None,
+                Wake::Snapshot { alive: true } => {
+                    let snapshot = self.snapshots.borrow_and_update().clone();
+                    if let Some(snapshot) = self.usable(snapshot)? {
+                        return Ok(snapshot);
+                    }
+                }
+            }
+        }
+    }
+
+    fn check_revocation(&mut self) -> Result<(), Status> {
+        let revoked = match self.revocations.as_mut() {
+            Some(rx) => rx.borrow_and_update().contains(&self.claims.id),
+            None => false,
+        };
+        if revoked {
+            return Err(self.shared.auth_failure(Status::unauthenticated(format!(
+                "token {} of proxy {} has been revoked",
+                self.claims.id,
+                self.key()
+            ))));
+        }
+        Ok(())
+    }
+
+    fn usable(&self, snapshot: Arc<Snapshot>) -> Result<Option<Arc<Snapshot>>, Status> {
+        match IdentityState::of(&snapshot, self.key()) {
+            IdentityState::Ready(_) | IdentityState::NoIdentity(_) => Ok(Some(snapshot)),
+            IdentityState::Waiting => Ok(None),
+            IdentityState::Refused(reason) => Err(self.shared.auth_failure(
+                Status::permission_denied(format!("proxy {} is refused: {reason}", self.key())),
+            )),
+        }
+    }
+
+    pub(crate) fn update_info(&self, change: impl FnOnce(&mut StreamInfo)) {
+        if self.registered {
+            self.shared.registry.update(self.id, change);
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if self.registered {
+            self.shared.registry.remove(self.id);
+            SdsMetrics::decr(&self.shared.metrics.streams_open);
+            self.shared.emit(StreamEvent::Disconnected {
+                stream: self.id,
+                proxy: self.ctx.key.clone(),
+            });
+            tracing::debug!(stream = %self.id, proxy = %self.ctx.key, "proxy disconnected");
+        }
+    }
+}
+
+enum Wake {
+    Shutdown,
+    Revocations { alive: bool },
+    Snapshot { alive: bool },
+}
+
+/// Awaits the first request of a stream, bounded by the identity wait. `None` when the
+/// proxy went away first.
+pub(crate) async fn first_request<T, F>(shared: &Shared, next: F) -> Result<Option<T>, Status>
+where
+    F: Future<Output = Result<Option<T>, Status>>,
+{
+    let wait = shared.options.identity_wait;
+    tokio::select! {
+        received = next => match received {
+            Ok(request) => Ok(request),
+            Err(status) => {
+                tracing::debug!(%status, "stream failed before its first request");
+                Ok(None)
+            }
+        },
+        () = tokio::time::sleep(wait) => Err(Status::deadline_exceeded(format!(
+            "no discovery request within {wait:?} of opening the stream"
+        ))),
+        () = shared.shutdown.cancelled() => Err(Status::unavailable("the SDS server is shutting down")),
+    }
+}

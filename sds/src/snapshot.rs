@@ -1,0 +1,244 @@
+//! What SDS serves: an immutable view of the mesh, published by one owner through
+//! `tokio::sync::watch` and read by every stream.
+//!
+//! Expensive protos derived from a trust bundle are built once per bundle and shared by
+//! every stream that serves it, so an owner should reuse the same `Arc<TrustBundle>` /
+//! `Arc<MeshServiceTrust>` across snapshots while their content does not change.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::sync::Arc;
+
+use zeroize::Zeroizing;
+
+use crate::secret::ValidationCache;
+
+/// Identifies one proxy: the mesh it belongs to and its name within the mesh.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct ProxyKey {
+    /// The mesh, as named in the proxy's token.
+    pub mesh: String,
+    /// The proxy (dataplane or zone egress) name, as named in the proxy's token.
+    pub name: String,
+}
+
+impl ProxyKey {
+    /// Builds a key from its parts.
+    pub fn new(mesh: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            mesh: mesh.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The Envoy node id a proxy with this key must present: `<mesh>.<name>`.
+    pub fn node_id(&self) -> String {
+        format!("{}.{}", self.mesh, self.name)
+    }
+}
+
+impl fmt::Display for ProxyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.mesh, self.name)
+    }
+}
+
+/// Everything SDS serves, at one point in time. Immutable once published.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// Increases with every publish; reported back in ACK events so the owner can tell
+    /// which state a proxy holds.
+    pub generation: u64,
+    /// Every proxy the owner knows, and whether its identity is ready.
+    pub proxies: HashMap<ProxyKey, ProxyEntry>,
+    /// Per mesh: the trust it serves and the SAN rules of its MeshServices.
+    pub meshes: HashMap<String, MeshView>,
+    /// The trust of every mesh and trust domain (`ALL`, `mesh_ca:secret:all`).
+    pub all: Arc<TrustBundle>,
+    /// The CAs that validate the zone egress identity (`system_trust_bundle_egress`), if
+    /// an egress identity exists.
+    pub egress: Option<Arc<TrustBundle>>,
+}
+
+impl Snapshot {
+    /// A snapshot with nothing in it (generation 0): streams wait until the owner
+    /// publishes something real.
+    pub fn empty() -> Self {
+        Self {
+            generation: 0,
+            proxies: HashMap::new(),
+            meshes: HashMap::new(),
+            all: Arc::new(TrustBundle::new(BTreeMap::new())),
+            egress: None,
+        }
+    }
+}
+
+/// What one mesh serves.
+#[derive(Debug, Clone)]
+pub struct MeshView {
+    /// Every CA trusted in this mesh (`system_trust_bundle`, `ROOTCA`, ...).
+    pub trust: Arc<TrustBundle>,
+    /// `meshservice:<name>` validation contexts, by MeshService name.
+    pub mesh_services: HashMap<String, Arc<MeshServiceTrust>>,
+}
+
+/// A set of CA certificates grouped by trust domain.
+///
+/// The content is fixed at construction so that the validation contexts derived from it
+/// can be cached inside and shared by every stream.
+pub struct TrustBundle {
+    by_trust_domain: BTreeMap<String, Vec<String>>,
+    pub(crate) cache: ValidationCache,
+}
+
+impl TrustBundle {
+    /// Builds a bundle: trust domain → PEM certificates, one certificate per string.
+    pub fn new(by_trust_domain: BTreeMap<String, Vec<String>>) -> Self {
+        Self {
+            by_trust_domain,
+            cache: ValidationCache::default(),
+        }
+    }
+
+    /// Trust domain → PEM certificates (one certificate per string).
+    pub fn by_trust_domain(&self) -> &BTreeMap<String, Vec<String>> {
+        &self.by_trust_domain
+    }
+
+    /// True when the bundle holds no certificate at all.
+    pub fn is_empty(&self) -> bool {
+        self.by_trust_domain.values().all(Vec::is_empty)
+    }
+}
+
+impl fmt::Debug for TrustBundle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let counts: BTreeMap<&str, usize> = self
+            .by_trust_domain
+            .iter()
+            .map(|(td, pems)| (td.as_str(), pems.len()))
+            .collect();
+        f.debug_struct("TrustBundle")
+            .field("certificates_by_trust_domain", &counts)
+            .finish()
+    }
+}
+
+/// The validation context of one MeshService: the mesh trust plus the exact SPIFFE IDs
+/// its endpoints may present.
+pub struct MeshServiceTrust {
+    trust: Arc<TrustBundle>,
+    spiffe_ids: BTreeSet<String>,
+    pub(crate) cache: ValidationCache,
+}
+
+impl MeshServiceTrust {
+    /// Builds the context from the trust to use and the SPIFFE IDs to accept (each becomes
+    /// an exact URI SAN matcher).
+    pub fn new(trust: Arc<TrustBundle>, spiffe_ids: BTreeSet<String>) -> Self {
+        Self {
+            trust,
+            spiffe_ids,
+            cache: ValidationCache::default(),
+        }
+    }
+
+    /// The trust bundle of this context.
+    pub fn trust(&self) -> &Arc<TrustBundle> {
+        &self.trust
+    }
+
+    /// The accepted SPIFFE IDs.
+    pub fn spiffe_ids(&self) -> &BTreeSet<String> {
+        &self.spiffe_ids
+    }
+}
+
+impl fmt::Debug for MeshServiceTrust {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MeshServiceTrust")
+            .field("trust", &self.trust)
+            .field("spiffe_ids", &self.spiffe_ids)
+            .finish()
+    }
+}
+
+/// Where a proxy stands in the owner's view.
+#[derive(Debug, Clone)]
+pub enum ProxyEntry {
+    /// The proxy's identity is ready to serve.
+    Ready(Arc<ProxyIdentity>),
+    /// The proxy is known and its identity is being prepared: streams wait.
+    Pending,
+    /// The proxy gets no identity (for example its SPIFFE ID template did not render):
+    /// trust resources are still served, identity resources are not.
+    NoIdentity {
+        /// Why, for logs and status.
+        reason: String,
+    },
+    /// The proxy's token contradicts what the resource files say about it: its streams
+    /// are refused with `PERMISSION_DENIED`.
+    Refused {
+        /// Why, sent to the proxy and logged.
+        reason: String,
+    },
+}
+
+/// A proxy's X.509-SVID, ready to serve.
+#[derive(Debug, Clone)]
+pub struct ProxyIdentity {
+    /// The SPIFFE ID in the certificate; also a resource name for this identity.
+    pub spiffe_id: String,
+    /// The name of the MeshIdentity that issued it, if any; also a resource name.
+    pub identity_name: Option<String>,
+    /// PEM: the leaf followed by any intermediates (not the root).
+    pub chain_pem: String,
+    /// PEM: the leaf's private key.
+    pub key_pem: SecretPem,
+}
+
+/// A PEM-encoded private key: zeroized on drop, never printed, never serialized.
+#[derive(Clone)]
+pub struct SecretPem(Zeroizing<String>);
+
+impl SecretPem {
+    /// Takes ownership of the PEM text.
+    pub fn new(pem: String) -> Self {
+        Self(Zeroizing::new(pem))
+    }
+
+    /// The PEM text. Copy it as little as possible.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SecretPem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_pem_debug_is_redacted() {
+        let key = SecretPem::new("-----BEGIN PRIVATE KEY-----\nabc\n".into());
+        assert_eq!(format!("{key:?}"), "[redacted]");
+        let identity = ProxyIdentity {
+            spiffe_id: "spiffe://td/x".into(),
+            identity_name: None,
+            chain_pem: String::new(),
+            key_pem: key,
+        };
+        assert!(!format!("{identity:?}").contains("abc"));
+    }
+
+    #[test]
+    fn node_id_joins_mesh_and_name() {
+        assert_eq!(ProxyKey::new("default", "web-1").node_id(), "default.web-1");
+    }
+}

@@ -1,0 +1,220 @@
+//! Authentication and authorization: every failure gets the right code and no secret.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_client::SecretDiscoveryServiceClient;
+use meshca_auth::{Claims, ProxyType, RevocationList, SigningKey};
+use meshca_sds::{SdsMetrics, SECRET_TYPE_URL};
+use tonic::{Code, Status};
+
+/// Opens a stream and returns the status that ends it; fails if any response arrives.
+async fn refused_stream(harness: &Harness, token: Option<&str>, first: DiscoveryRequest) -> Status {
+    match Sotw::open(harness.unix_channel().await, token, first).await {
+        Err(status) => status,
+        Ok(mut stream) => match stream.recv().await {
+            Ok(response) => panic!("a response leaked: {} resources", response.resources.len()),
+            Err(status) => status,
+        },
+    }
+}
+
+async fn refused_fetch(harness: &Harness, token: Option<&str>, node_id: &str) -> Status {
+    let request = first_request(node_id, &["default"]);
+    let request = match token {
+        Some(token) => authorized(request, token),
+        None => tonic::Request::new(request),
+    };
+    SecretDiscoveryServiceClient::new(harness.unix_channel().await)
+        .fetch_secrets(request)
+        .await
+        .expect_err("refused")
+}
+
+#[tokio::test]
+async fn missing_or_garbage_tokens_are_unauthenticated() {
+    let harness = Harness::start().await;
+    let other_key = SigningKey::generate().expect("key").0;
+    let foreign_claims = Claims::new_dataplane(
+        "default",
+        "web-1",
+        Default::default(),
+        Default::default(),
+        Duration::from_secs(600),
+        now_unix(),
+    )
+    .expect("claims");
+    let foreign = other_key.mint(&foreign_claims).expect("mint");
+    for token in [None, Some("garbage"), Some("a.b.c"), Some(foreign.as_str())] {
+        let status = refused_stream(
+            &harness,
+            token,
+            first_request("default.web-1", &["default"]),
+        )
+        .await;
+        assert_eq!(
+            status.code(),
+            Code::Unauthenticated,
+            "{token:?}: {status:?}"
+        );
+        let status = refused_fetch(&harness, token, "default.web-1").await;
+        assert_eq!(
+            status.code(),
+            Code::Unauthenticated,
+            "{token:?}: {status:?}"
+        );
+    }
+    assert_eq!(SdsMetrics::get(&harness.server.metrics().auth_failures), 8);
+}
+
+#[tokio::test]
+async fn wrong_header_shape_is_unauthenticated() {
+    let harness = Harness::start().await;
+    let (token, _) = harness.token_for("default", "web-1");
+    let mut request = tonic::Request::new(first_request("default.web-1", &["default"]));
+    request
+        .metadata_mut()
+        .insert("authorization", token.parse().expect("ascii"));
+    let status = SecretDiscoveryServiceClient::new(harness.unix_channel().await)
+        .fetch_secrets(request)
+        .await
+        .expect_err("no Bearer prefix");
+    assert_eq!(status.code(), Code::Unauthenticated);
+}
+
+#[tokio::test]
+async fn expired_token_is_unauthenticated() {
+    let harness = Harness::start().await;
+    let (token, _) = harness.token_with(
+        "default",
+        "web-1",
+        ProxyType::Dataplane,
+        now_unix() - 7200,
+        Duration::from_secs(3600),
+    );
+    let status = refused_stream(
+        &harness,
+        Some(&token),
+        first_request("default.web-1", &["default"]),
+    )
+    .await;
+    assert_eq!(status.code(), Code::Unauthenticated);
+    assert!(status.message().contains("expired"), "{status:?}");
+}
+
+#[tokio::test]
+async fn revoked_token_is_refused_and_closes_open_streams() {
+    let harness = Harness::start().await;
+    let (token, claims) = harness.token_for("default", "web-1");
+    let (other_token, _) = harness.token_for("default", "web-2");
+    let mut stream = Sotw::open(
+        harness.tls_channel().await,
+        Some(&token),
+        first_request("default.web-1", &["default"]),
+    )
+    .await
+    .expect("stream");
+    stream.expect_response().await;
+    let mut bystander = Sotw::open(
+        harness.tls_channel().await,
+        Some(&other_token),
+        first_request("default.web-2", &["default"]),
+    )
+    .await
+    .expect("stream");
+    bystander.expect_response().await;
+
+    let revoked = RevocationList::parse(&claims.id).expect("revocation list");
+    harness.revocations.send_replace(Arc::new(revoked));
+    let status = stream.recv().await.expect_err("closed");
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(status.message().contains("revoked"));
+
+    // New connections with that token are refused; the other proxy keeps its stream.
+    let status = refused_fetch(&harness, Some(&token), "default.web-1").await;
+    assert_eq!(status.code(), Code::Unauthenticated);
+    bystander
+        .send(DiscoveryRequest {
+            resource_names: names(&["default", "ROOTCA"]),
+            type_url: SECRET_TYPE_URL.into(),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(bystander.expect_response().await.resources.len(), 2);
+}
+
+#[tokio::test]
+async fn node_id_must_match_the_token() {
+    let harness = Harness::start().await;
+    let (token, _) = harness.token_for("default", "web-1");
+    for node_id in ["default.web-2", "other.web-1", "default"] {
+        let status =
+            refused_stream(&harness, Some(&token), first_request(node_id, &["default"])).await;
+        assert_eq!(
+            status.code(),
+            Code::PermissionDenied,
+            "{node_id}: {status:?}"
+        );
+        let status = refused_fetch(&harness, Some(&token), node_id).await;
+        assert_eq!(
+            status.code(),
+            Code::PermissionDenied,
+            "{node_id}: {status:?}"
+        );
+    }
+    // Without a node the first request is invalid.
+    let mut first = first_request("x", &["default"]);
+    first.node = None;
+    let status = refused_stream(&harness, Some(&token), first).await;
+    assert_eq!(status.code(), Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn node_id_may_not_change_on_a_stream() {
+    let harness = Harness::start().await;
+    let (token, _) = harness.token_for("default", "web-1");
+    let mut stream = Sotw::open(
+        harness.unix_channel().await,
+        Some(&token),
+        first_request("default.web-1", &["default"]),
+    )
+    .await
+    .expect("stream");
+    let response = stream.expect_response().await;
+    // Omitting the node later is fine (an ACK)...
+    stream.ack(&response, &names(&["default"])).await;
+    // ...naming another node is not.
+    stream
+        .send(DiscoveryRequest {
+            node: node("default.web-2"),
+            resource_names: names(&["default", "ROOTCA"]),
+            type_url: SECRET_TYPE_URL.into(),
+            response_nonce: response.nonce.clone(),
+            version_info: response.version_info.clone(),
+            ..Default::default()
+        })
+        .await;
+    let status = stream.recv().await.expect_err("closed");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+}
+
+#[tokio::test]
+async fn delta_streams_are_authenticated_too() {
+    let harness = Harness::start().await;
+    let (token, _) = harness.token_for("default", "web-2");
+    let first = DeltaDiscoveryRequest {
+        node: node("default.web-1"),
+        type_url: SECRET_TYPE_URL.into(),
+        resource_names_subscribe: names(&["default"]),
+        ..Default::default()
+    };
+    let status = match Delta::open(harness.unix_channel().await, &token, first).await {
+        Err(status) => status,
+        Ok(mut stream) => stream.recv().await.expect_err("refused"),
+    };
+    assert_eq!(status.code(), Code::PermissionDenied);
+}

@@ -1,0 +1,200 @@
+//! The command line (DESIGN §3).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// meshca: a certificate authority and SDS identity issuer for service meshes.
+#[derive(Debug, Parser)]
+#[command(name = "meshca", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Log format on stderr (`RUST_LOG` selects what is logged).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// How logs are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// How a command prints its result.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// For people.
+    #[default]
+    Human,
+    /// One JSON document, for tools.
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon (with no settings file: embedded defaults).
+    Serve(ConfigArg),
+    /// Check the settings and resource files; print every error.
+    Validate(ValidateArgs),
+    /// Mint a proxy token signed with the daemon's key, or revoke one.
+    Token(TokenArgs),
+    /// Write svid.pem, key.pem and bundle.pem for a workload that is not Envoy.
+    Issue(IssueArgs),
+    /// Talk to a running daemon's SDS endpoint as Envoy would.
+    #[command(subcommand)]
+    Sds(SdsCommand),
+    /// Decode a PEM certificate, chain or bundle.
+    Inspect(InspectArgs),
+    /// Show meshes, backends, proxies and expiring certificates of a running daemon.
+    Status(StatusArgs),
+    /// Measure throughput; prints one JSON line.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct ConfigArg {
+    /// The settings file (YAML). Without it, embedded defaults and `MESHCA_*` variables apply.
+    #[arg(long, short = 'c')]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// Resource directories to check instead of the one the settings name.
+    pub dirs: Vec<PathBuf>,
+    #[arg(long, value_enum, default_value_t)]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// The proxy's mesh.
+    #[arg(long, required_unless_present = "revoke")]
+    pub mesh: Option<String>,
+    /// The proxy's name (its node id is `<mesh>.<name>`).
+    #[arg(long, required_unless_present = "revoke")]
+    pub name: Option<String>,
+    /// The kind of proxy.
+    #[arg(long = "type", value_enum, default_value_t = ProxyKind::Dataplane)]
+    pub proxy_type: ProxyKind,
+    /// A dataplane label, `K=V`; repeatable. Fixed in the token: the proxy cannot claim others.
+    #[arg(long = "label", value_name = "K=V")]
+    pub labels: Vec<String>,
+    /// An inbound tag, `K=V` (e.g. `kuma.io/service=web`); repeatable.
+    #[arg(long = "tag", value_name = "K=V")]
+    pub tags: Vec<String>,
+    /// How long the token is valid (e.g. 24h, 30d, 1y).
+    #[arg(long, default_value = "24h")]
+    pub valid_for: String,
+    /// Revoke the token with this id instead of minting one (the daemon stops serving it at once).
+    #[arg(long, value_name = "TOKEN_ID", conflicts_with_all = ["mesh", "name", "labels", "tags"])]
+    pub revoke: Option<String>,
+    #[arg(long, value_enum, default_value_t)]
+    pub output: Output,
+}
+
+/// The kind of proxy a token is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ProxyKind {
+    Dataplane,
+    ZoneEgress,
+}
+
+#[derive(Debug, Args)]
+pub struct IssueArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// Directory to write svid.pem, key.pem (0600) and bundle.pem into.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// A running daemon's SDS address (`unix:///path` or `host:port`).
+    #[arg(long, requires = "token_file", conflicts_with_all = ["mesh", "name"])]
+    pub server: Option<String>,
+    /// File holding the proxy token (for --server).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// PEM file of the CA that signs the daemon's SDS TLS certificate (default: `<dataDir>/sds-ca.pem`).
+    #[arg(long)]
+    pub server_ca: Option<PathBuf>,
+    /// Issue straight from the local keystore for this mesh...
+    #[arg(long, requires = "name")]
+    pub mesh: Option<String>,
+    /// ...and this dataplane.
+    #[arg(long, requires = "mesh")]
+    pub name: Option<String>,
+    /// Keep the files renewed (atomic replace, then run --exec).
+    #[arg(long)]
+    pub watch: bool,
+    /// Command run (through `sh -c`) after each write.
+    #[arg(long)]
+    pub exec: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SdsCommand {
+    /// Fetch secrets by name and print them (private keys are redacted).
+    Fetch(SdsFetchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SdsFetchArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// SDS address (`unix:///path` or `host:port`); default: the first listener in the settings.
+    #[arg(long)]
+    pub server: Option<String>,
+    /// File holding the proxy token.
+    #[arg(long)]
+    pub token_file: PathBuf,
+    /// Node id (default: `<mesh>.<name>` from the token).
+    #[arg(long)]
+    pub node_id: Option<String>,
+    /// PEM file of the CA that signs the daemon's SDS TLS certificate (default: `<dataDir>/sds-ca.pem`).
+    #[arg(long)]
+    pub server_ca: Option<PathBuf>,
+    /// Resource names, e.g. `default system_trust_bundle`.
+    #[arg(required = true)]
+    pub names: Vec<String>,
+    #[arg(long, value_enum, default_value_t)]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// A PEM file: certificate, chain or bundle.
+    pub file: PathBuf,
+    #[arg(long, value_enum, default_value_t)]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The daemon's admin address.
+    #[arg(long, default_value = "127.0.0.1:5681")]
+    pub admin: String,
+    #[arg(long, value_enum, default_value_t)]
+    pub output: Output,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// SVIDs per second on one thread, beside the raw ring floor from the same run.
+    Issuance(BenchIssuanceArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchIssuanceArgs {
+    /// How long each half of the measurement runs.
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+}

@@ -1,0 +1,264 @@
+//! `meshca issue`: svid.pem, key.pem (0600) and bundle.pem for a workload that is not Envoy, from a running
+//! daemon over SDS or straight from the local keystore.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::SystemTime;
+
+use anyhow::{anyhow, Context};
+use futures::StreamExt;
+use meshca_ca::SvidRequest;
+use zeroize::Zeroizing;
+
+use crate::cli::IssueArgs;
+use crate::serve::plan::{self, DataplaneInfo, Decision, Origin};
+use crate::serve::{bundles, load_world, open_keystore};
+use crate::InvalidInput;
+
+/// What is written for the workload.
+struct Files {
+    svid: String,
+    key: Zeroizing<String>,
+    bundle: String,
+}
+
+/// Writes `data` to `dir/name` atomically with `mode`.
+fn write_atomic(dir: &Path, name: &str, data: &[u8], mode: u32) -> anyhow::Result<()> {
+    let target = dir.join(name);
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    f.write_all(data)
+        .and_then(|_| f.sync_all())
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, &target)
+        .with_context(|| format!("cannot replace {}", target.display()))?;
+    Ok(())
+}
+
+fn write_files(dir: &Path, files: &Files, exec: Option<&str>) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("--out: cannot create {}", dir.display()))?;
+    // The bundle first, then the key, then the certificate: a reader that sees the new certificate
+    // already has the key and trust that go with it.
+    write_atomic(dir, "bundle.pem", files.bundle.as_bytes(), 0o644)?;
+    write_atomic(dir, "key.pem", files.key.as_bytes(), 0o600)?;
+    write_atomic(dir, "svid.pem", files.svid.as_bytes(), 0o644)?;
+    if let Some(cmd) = exec {
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(cmd)
+            .status()
+            .with_context(|| format!("--exec {cmd:?}"))?;
+        if !status.success() {
+            tracing::warn!(command = cmd, %status, "--exec command failed");
+        }
+    }
+    Ok(())
+}
+
+pub async fn run(args: IssueArgs) -> anyhow::Result<ExitCode> {
+    match (&args.server, &args.mesh, &args.name) {
+        (Some(server), _, _) => from_server(&args, server).await,
+        (None, Some(mesh), Some(name)) => from_keystore(&args, mesh, name).await,
+        _ => Err(InvalidInput(
+            "give either --server ADDR --token-file F, or --mesh M --name N".into(),
+        )
+        .into()),
+    }
+}
+
+async fn from_keystore(args: &IssueArgs, mesh: &str, name: &str) -> anyhow::Result<ExitCode> {
+    let settings = super::load_settings(args.config.config.as_deref())?;
+    let keystore = open_keystore(&settings)?;
+    loop {
+        let now = SystemTime::now();
+        let world = load_world(&settings, &keystore, None, now).map_err(|errors| {
+            let lines: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+            anyhow::Error::new(InvalidInput(format!(
+                "the resources are invalid:\n  {}",
+                lines.join("\n  ")
+            )))
+        })?;
+        let dp = world
+            .resources
+            .dataplanes
+            .iter()
+            .find(|d| d.mesh == mesh && d.name == name);
+        let info = match dp {
+            Some(d) => DataplaneInfo::new(
+                mesh,
+                name,
+                d.labels.clone(),
+                d.services().into_iter().map(str::to_owned).collect(),
+                Origin::File,
+            ),
+            None => DataplaneInfo::new(mesh, name, Default::default(), Vec::new(), Origin::Token),
+        };
+        let desired = match plan::decide(
+            world.meshes.get(mesh),
+            &info,
+            &settings.zone,
+            settings.issuance.key_algorithm,
+        ) {
+            Decision::Issue(d) => d,
+            Decision::NoIdentity(reason) => {
+                return Err(
+                    InvalidInput(format!("{mesh}/{name} gets no identity: {reason}")).into(),
+                )
+            }
+        };
+        let req = SvidRequest {
+            spiffe_id: desired.spiffe_id.clone(),
+            key_algorithm: desired.key_algorithm,
+            lifetime: desired.lifetime,
+        };
+        let svid = desired.ca.issue(&req, now)?;
+        meshca_ca::verify_svid(
+            &svid.chain_der,
+            &desired.ca.bundle_der(),
+            &desired.spiffe_id,
+            now,
+        )?;
+        let anchors = bundles::mesh_anchors(&world.meshes[mesh]);
+        let bundle: String = anchors.values().flatten().cloned().collect();
+        let files = Files {
+            svid: svid.chain_pem.clone(),
+            key: svid.key.to_pem(),
+            bundle,
+        };
+        write_files(&args.out, &files, args.exec.as_deref())?;
+        eprintln!(
+            "wrote {} for {} (expires {})",
+            args.out.display(),
+            svid.spiffe_id,
+            crate::serve::status::rfc3339(svid.not_after)
+        );
+        if !args.watch {
+            return Ok(ExitCode::SUCCESS);
+        }
+        let renew = plan::renewal_time(
+            svid.not_before,
+            svid.not_after,
+            settings.issuance.renew_at,
+            0.5,
+        );
+        let wait = renew.duration_since(SystemTime::now()).unwrap_or_default();
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+        }
+    }
+}
+
+/// The mesh and name a token names, read without verifying it (the daemon verifies).
+pub fn token_subject(token: &str) -> anyhow::Result<(String, String)> {
+    use base64::Engine;
+    let payload = token
+        .split('.')
+        .nth(1)
+        .ok_or_else(|| anyhow!("the token file does not hold a token"))?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload)
+        .map_err(|_| anyhow!("the token file does not hold a token"))?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|_| anyhow!("the token file does not hold a token"))?;
+    match (v["mesh"].as_str(), v["name"].as_str()) {
+        (Some(m), Some(n)) => Ok((m.to_owned(), n.to_owned())),
+        _ => Err(anyhow!("the token names no mesh and proxy")),
+    }
+}
+
+/// Reads a token file (surrounding whitespace ignored).
+pub fn read_token(path: &Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--token-file: cannot read {}", path.display()))?;
+    Ok(text.trim().to_owned())
+}
+
+/// Connects to `server`, with TLS checked against `ca_file` unless it is a unix socket.
+pub async fn connect(
+    server: &str,
+    ca_file: &Path,
+    token: String,
+) -> anyhow::Result<meshca_sds::SdsClient> {
+    let tls = if server.starts_with("unix:") {
+        None
+    } else {
+        let ca_pem = std::fs::read(ca_file).with_context(|| {
+            format!(
+                "cannot read the SDS CA {} (give --server-ca, or use the unix socket)",
+                ca_file.display()
+            )
+        })?;
+        let host = server
+            .rsplit_once(':')
+            .map_or(server, |(h, _)| h)
+            .trim_matches(['[', ']']);
+        Some(meshca_sds::ClientTls {
+            ca_pem,
+            server_name: host.to_owned(),
+        })
+    };
+    meshca_sds::SdsClient::connect(server, tls, token)
+        .await
+        .map_err(|e| anyhow!("cannot connect to {server}: {e}"))
+}
+
+async fn from_server(args: &IssueArgs, server: &str) -> anyhow::Result<ExitCode> {
+    let settings = super::load_settings(args.config.config.as_deref())?;
+    let token_file = args
+        .token_file
+        .as_deref()
+        .ok_or_else(|| InvalidInput("--server needs --token-file".into()))?;
+    let token = read_token(token_file)?;
+    let (mesh, name) = token_subject(&token)?;
+    let ca_file = args
+        .server_ca
+        .clone()
+        .unwrap_or_else(|| crate::serve::daemon_keys::sds_ca_file(&settings.data_dir));
+    let mut client = connect(server, &ca_file, token).await?;
+    let names = vec!["default".to_owned(), format!("mesh_ca:secret:{mesh}")];
+    let mut updates = Box::pin(
+        client
+            .stream(&format!("{mesh}.{name}"), &names, None)
+            .await
+            .map_err(|e| anyhow!("{e}"))?,
+    );
+    let mut identity: Option<(String, Zeroizing<String>)> = None;
+    let mut bundle: Option<String> = None;
+    while let Some(update) = updates.next().await {
+        let secrets = update.map_err(|e| anyhow!("SDS stream from {server} failed: {e}"))?;
+        for secret in &secrets {
+            if let Some((chain, key)) = meshca_sds::tls_certificate_parts(secret) {
+                identity = Some((chain, Zeroizing::new(key.expose().to_owned())));
+            } else if let meshca_sds::SecretKindView::ValidationContext {
+                trusted_ca_pem: Some(pem),
+                ..
+            } = meshca_sds::describe(secret).kind
+            {
+                bundle = Some(pem);
+            }
+        }
+        if let (Some((svid, key)), Some(bundle)) = (&identity, &bundle) {
+            let files = Files {
+                svid: svid.clone(),
+                key: key.clone(),
+                bundle: bundle.clone(),
+            };
+            write_files(&args.out, &files, args.exec.as_deref())?;
+            eprintln!("wrote {} for {mesh}.{name}", args.out.display());
+            if !args.watch {
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+    }
+    Err(anyhow!("the SDS stream from {server} ended"))
+}

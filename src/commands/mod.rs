@@ -1,0 +1,51 @@
+//! One module per subcommand; `run` dispatches.
+
+mod bench;
+mod inspect;
+mod issue;
+mod sds_fetch;
+mod status;
+mod token;
+mod validate;
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use meshca_config::Settings;
+
+use crate::cli::Command;
+use crate::InvalidInput;
+
+/// Runs one subcommand.
+pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Serve(args) => {
+            let settings = load_settings(args.config.as_deref())?;
+            crate::serve::run(settings).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Validate(args) => validate::run(args),
+        Command::Token(args) => token::run(args),
+        Command::Issue(args) => issue::run(args).await,
+        Command::Sds(crate::cli::SdsCommand::Fetch(args)) => sds_fetch::run(args).await,
+        Command::Inspect(args) => inspect::run(args),
+        Command::Status(args) => status::run(args).await,
+        Command::Bench(crate::cli::BenchCommand::Issuance(args)) => bench::issuance(args),
+    }
+}
+
+/// Settings from embedded defaults, the file and `MESHCA_*` variables; invalid settings exit 2.
+pub fn load_settings(path: Option<&Path>) -> anyhow::Result<Settings> {
+    Settings::load(path, process_env()).map_err(|e| anyhow::Error::new(InvalidInput(e.to_string())))
+}
+
+/// The process environment, skipping variables that are not UTF-8 (never meshca's own).
+pub fn process_env() -> impl Iterator<Item = (String, String)> {
+    std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+}
+
+/// Prints a value as pretty JSON on stdout.
+pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}

@@ -1,0 +1,99 @@
+//! `meshca token`: mint a proxy token with the daemon's signing key, or revoke one.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use meshca_auth::{Claims, ProxyType};
+
+use crate::cli::{Output, ProxyKind, TokenArgs};
+use crate::serve::{daemon_keys, open_keystore, revocations_file};
+use crate::InvalidInput;
+
+fn invalid(msg: String) -> anyhow::Error {
+    InvalidInput(msg).into()
+}
+
+fn pairs(flag: &str, values: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for v in values {
+        let (k, val) =
+            meshca_auth::parse_label(v).map_err(|e| invalid(format!("--{flag} {v:?}: {e}")))?;
+        out.insert(k, val);
+    }
+    Ok(out)
+}
+
+pub fn run(args: TokenArgs) -> anyhow::Result<ExitCode> {
+    let settings = super::load_settings(args.config.config.as_deref())?;
+    if let Some(id) = &args.revoke {
+        if id.len() != 32 || !id.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Err(invalid(format!(
+                "--revoke {id:?}: a token id is 32 hex digits (printed by `meshca token`)"
+            )));
+        }
+        std::fs::create_dir_all(&settings.data_dir)?;
+        let path = revocations_file(&settings);
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        writeln!(f, "{id}")
+            .and_then(|_| f.sync_all())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!(
+            "revoked token {id} (listed in {}); a running daemon closes its streams",
+            path.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (Some(mesh), Some(name)) = (args.mesh.clone(), args.name.clone()) else {
+        return Err(invalid("--mesh and --name are required".into()));
+    };
+    let valid_for: meshca_config::Duration = args
+        .valid_for
+        .parse()
+        .map_err(|e| invalid(format!("--valid-for {:?}: {e}", args.valid_for)))?;
+    let labels = pairs("label", &args.labels)?;
+    let tags = pairs("tag", &args.tags)?;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let proxy_type = match args.proxy_type {
+        ProxyKind::Dataplane => ProxyType::Dataplane,
+        ProxyKind::ZoneEgress => ProxyType::ZoneEgress,
+    };
+    let mut claims = Claims::new_dataplane(&mesh, &name, labels, tags, valid_for.as_std(), now)
+        .map_err(|e| invalid(format!("{e}")))?;
+    claims.proxy_type = proxy_type;
+
+    let keystore = open_keystore(&settings)?;
+    let key = daemon_keys::token_signing_key(&keystore)?;
+    let token = key
+        .mint(&claims)
+        .map_err(|e| anyhow::anyhow!("cannot sign the token: {e}"))?;
+    match args.output {
+        Output::Human => {
+            println!("{token}");
+            eprintln!(
+                "token {} for {} ({}) valid until unix time {}",
+                claims.id,
+                claims.node_id(),
+                claims.proxy_type,
+                claims.expires_at
+            );
+        }
+        Output::Json => super::print_json(&serde_json::json!({
+            "token": token,
+            "id": claims.id,
+            "node_id": claims.node_id(),
+            "type": claims.proxy_type.to_string(),
+            "expires_at": claims.expires_at,
+        }))?,
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,152 @@
+//! Trust bundles and SAN sets: what each mesh trusts, computed from an accepted [`World`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use meshca_config::{MeshService, ServiceIdentity};
+use meshca_sds::{MeshServiceTrust, MeshView, ProxyEntry, ProxyKey, Snapshot, TrustBundle};
+
+use super::world::{IdentityProvider, MeshState, World};
+
+/// Trust domain → PEM certificates, deduplicated and in a stable order.
+type Anchors = BTreeMap<String, BTreeSet<String>>;
+
+/// Everything `mesh` trusts: its enabled and secondary backends, its MeshIdentity CAs that publish a
+/// MeshTrust, and its MeshTrust resources.
+pub fn mesh_anchors(mesh: &MeshState) -> Anchors {
+    let mut anchors = Anchors::new();
+    for backend in mesh.enabled_backend.iter().chain(&mesh.secondary_backends) {
+        anchors
+            .entry(mesh.name.clone())
+            .or_default()
+            .extend(backend.ca.ca.bundle_pems());
+    }
+    for identity in &mesh.identities {
+        if let IdentityProvider::Bundled {
+            ca,
+            mesh_trust_creation: true,
+            ..
+        } = &identity.provider
+        {
+            anchors
+                .entry(identity.trust_domain.to_string())
+                .or_default()
+                .extend(ca.ca.bundle_pems());
+        }
+    }
+    for trust in &mesh.trusts {
+        anchors
+            .entry(trust.trust_domain.clone())
+            .or_default()
+            .extend(trust.pems.iter().cloned());
+    }
+    anchors
+}
+
+/// A MeshService context and what it was built from.
+type CachedService = (Arc<TrustBundle>, BTreeSet<String>, Arc<MeshServiceTrust>);
+
+/// Bundles of earlier snapshots, reused while their content is unchanged: SDS builds each bundle's protos once
+/// per `Arc`, so reusing it spares every stream that work when something else changed.
+#[derive(Debug, Default)]
+pub struct BundleCache {
+    bundles: HashMap<String, (Anchors, Arc<TrustBundle>)>,
+    services: HashMap<(String, String), CachedService>,
+}
+
+impl BundleCache {
+    fn bundle(&mut self, key: &str, anchors: &Anchors) -> Arc<TrustBundle> {
+        if let Some((cached, bundle)) = self.bundles.get(key) {
+            if cached == anchors {
+                return bundle.clone();
+            }
+        }
+        let bundle = Arc::new(TrustBundle::new(
+            anchors
+                .iter()
+                .map(|(td, pems)| (td.clone(), pems.iter().cloned().collect()))
+                .collect(),
+        ));
+        self.bundles
+            .insert(key.to_owned(), (anchors.clone(), bundle.clone()));
+        bundle
+    }
+
+    fn service(
+        &mut self,
+        mesh: &str,
+        name: &str,
+        trust: &Arc<TrustBundle>,
+        ids: BTreeSet<String>,
+    ) -> Arc<MeshServiceTrust> {
+        let key = (mesh.to_owned(), name.to_owned());
+        if let Some((t, cached_ids, s)) = self.services.get(&key) {
+            if Arc::ptr_eq(t, trust) && cached_ids == &ids {
+                return s.clone();
+            }
+        }
+        let s = Arc::new(MeshServiceTrust::new(trust.clone(), ids.clone()));
+        self.services.insert(key, (trust.clone(), ids, s.clone()));
+        s
+    }
+}
+
+/// The exact URI SANs a `meshservice:<name>` context accepts, from the service's identities.
+pub fn service_spiffe_ids(mesh: &str, service: &MeshService) -> BTreeSet<String> {
+    service
+        .identities
+        .iter()
+        .map(|identity| match identity {
+            ServiceIdentity::ServiceTag(tag) => format!("spiffe://{mesh}/{tag}"),
+            ServiceIdentity::SpiffeId(id) => id.clone(),
+        })
+        .collect()
+}
+
+/// Builds the snapshot SDS serves.
+pub fn snapshot(
+    generation: u64,
+    world: &World,
+    proxies: HashMap<ProxyKey, ProxyEntry>,
+    cache: &mut BundleCache,
+) -> Snapshot {
+    let mut all = Anchors::new();
+    let mut meshes = HashMap::new();
+    for mesh in world.meshes.values() {
+        let anchors = mesh_anchors(mesh);
+        for (td, pems) in &anchors {
+            all.entry(td.clone())
+                .or_default()
+                .extend(pems.iter().cloned());
+        }
+        let trust = cache.bundle(&format!("mesh/{}", mesh.name), &anchors);
+        let mesh_services = world
+            .resources
+            .mesh_services
+            .iter()
+            .filter(|s| s.mesh == mesh.name)
+            .map(|s| {
+                let ids = service_spiffe_ids(&mesh.name, s);
+                (
+                    s.name.clone(),
+                    cache.service(&mesh.name, &s.name, &trust, ids),
+                )
+            })
+            .collect();
+        meshes.insert(
+            mesh.name.clone(),
+            MeshView {
+                trust,
+                mesh_services,
+            },
+        );
+    }
+    let all = cache.bundle("all", &all);
+    Snapshot {
+        generation,
+        proxies,
+        meshes,
+        all,
+        egress: None,
+    }
+}

@@ -1,0 +1,194 @@
+//! The daemon's own keys: the token signing key and the TLS identity of the SDS TCP listener.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{anyhow, Context};
+use meshca_auth::SigningKey;
+use meshca_keystore::Keystore;
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+
+/// Keystore name of the ES256 key that signs proxy tokens.
+const TOKEN_KEY: &str = "daemon/token-signing-key.p8";
+const SDS_CA_CERT: &str = "daemon/sds-ca/cert.pem";
+const SDS_CA_KEY: &str = "daemon/sds-ca/key.pem";
+
+/// The file, beside the data directory's keystore, that clients (Envoy, `meshca sds fetch`) use to verify the
+/// SDS listener's certificate.
+pub fn sds_ca_file(data_dir: &Path) -> PathBuf {
+    data_dir.join("sds-ca.pem")
+}
+
+/// Loads the token signing key, generating and persisting it the first time.
+pub fn token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<SigningKey> {
+    if let Some(pkcs8) = keystore.get_secret(TOKEN_KEY)? {
+        return SigningKey::from_pkcs8(pkcs8.expose())
+            .map_err(|e| anyhow!("the token signing key in the keystore ({TOKEN_KEY}) cannot be loaded: {e}; it is not replaced automatically (that would invalidate every token)"));
+    }
+    let (key, pkcs8) = SigningKey::generate()
+        .map_err(|e| anyhow!("cannot generate the token signing key: {e}"))?;
+    keystore.put_secret(TOKEN_KEY, &pkcs8)?;
+    tracing::info!("generated the token signing key");
+    Ok(key)
+}
+
+/// A certificate chain and key for the SDS TLS listener.
+pub struct ServerIdentity {
+    /// Leaf first.
+    pub chain: Vec<rustls_pki_types::CertificateDer<'static>>,
+    /// The leaf's key.
+    pub key: rustls_pki_types::PrivateKeyDer<'static>,
+}
+
+impl std::fmt::Debug for ServerIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerIdentity")
+            .field("chain", &self.chain.len())
+            .field("key", &"[redacted]")
+            .finish()
+    }
+}
+
+/// Reads the operator's certificate and key for the SDS listener (`sds.tls`).
+pub fn server_identity_from_files(
+    cert_file: &Path,
+    key_file: &Path,
+) -> anyhow::Result<ServerIdentity> {
+    use rustls_pki_types::pem::PemObject;
+    let chain = rustls_pki_types::CertificateDer::pem_file_iter(cert_file)
+        .with_context(|| format!("sds.tls.certFile: cannot read {}", cert_file.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("sds.tls.certFile: {} is not valid PEM", cert_file.display()))?;
+    if chain.is_empty() {
+        return Err(anyhow!(
+            "sds.tls.certFile: {} holds no certificate",
+            cert_file.display()
+        ));
+    }
+    let key = rustls_pki_types::PrivateKeyDer::from_pem_file(key_file).with_context(|| {
+        format!(
+            "sds.tls.keyFile: cannot read a private key from {}",
+            key_file.display()
+        )
+    })?;
+    Ok(ServerIdentity { chain, key })
+}
+
+/// A server certificate for the SDS listener from the daemon's own SDS CA (created on first start and kept in
+/// the keystore; its certificate is also written to `<dataDir>/sds-ca.pem` for clients).
+pub fn server_identity_generated(
+    keystore: &dyn Keystore,
+    data_dir: &Path,
+    now: SystemTime,
+) -> anyhow::Result<ServerIdentity> {
+    let (ca_pem, ca_key) = match (keystore.get_public(SDS_CA_CERT)?, keystore.get_secret(SDS_CA_KEY)?) {
+        (Some(cert), Some(key)) => {
+            let cert = String::from_utf8(cert).map_err(|_| anyhow!("{SDS_CA_CERT} in the keystore is not text"))?;
+            let key_text = std::str::from_utf8(key.expose()).map_err(|_| anyhow!("{SDS_CA_KEY} in the keystore is not text"))?;
+            let key = KeyPair::from_pem(key_text).map_err(|e| anyhow!("{SDS_CA_KEY} in the keystore cannot be loaded: {e}"))?;
+            (cert, key)
+        }
+        (None, None) => {
+            let key = KeyPair::generate().map_err(|e| anyhow!("cannot generate the SDS CA key: {e}"))?;
+            let mut params = CertificateParams::default();
+            params.distinguished_name.push(DnType::CommonName, format!("meshca SDS CA {}", random_hex(6)));
+            params.distinguished_name.push(DnType::OrganizationName, "meshca");
+            params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+            params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+            params.not_before = (now - Duration::from_secs(10)).into();
+            params.not_after = (now + Duration::from_secs(10 * 365 * 24 * 3600)).into();
+            params.serial_number = Some(random_hex(16).as_bytes().to_vec().into());
+            let cert = params.self_signed(&key).map_err(|e| anyhow!("cannot create the SDS CA: {e}"))?;
+            keystore.put_secret(SDS_CA_KEY, key.serialize_pem().as_bytes())?;
+            keystore.put_public(SDS_CA_CERT, cert.pem().as_bytes())?;
+            (cert.pem(), key)
+        }
+        _ => return Err(anyhow!("the keystore holds only half of the SDS CA (daemon/sds-ca): restore it or remove both files")),
+    };
+    write_public_file(&sds_ca_file(data_dir), ca_pem.as_bytes())?;
+    let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key)
+        .map_err(|e| anyhow!("the SDS CA cannot sign: {e}"))?;
+
+    let key =
+        KeyPair::generate().map_err(|e| anyhow!("cannot generate the SDS server key: {e}"))?;
+    let mut params = CertificateParams::default();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "meshca SDS");
+    let mut names = vec!["localhost".to_owned(), "meshca".to_owned()];
+    if let Ok(host) = std::fs::read_to_string("/etc/hostname") {
+        let host = host.trim();
+        if !host.is_empty() && !names.iter().any(|n| n == host) {
+            names.push(host.to_owned());
+        }
+    }
+    for n in names {
+        if let Ok(dns) = n.try_into() {
+            params.subject_alt_names.push(SanType::DnsName(dns));
+        }
+    }
+    params
+        .subject_alt_names
+        .push(SanType::IpAddress([127, 0, 0, 1].into()));
+    params
+        .subject_alt_names
+        .push(SanType::IpAddress(std::net::Ipv6Addr::LOCALHOST.into()));
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    params.not_before = (now - Duration::from_secs(10)).into();
+    params.not_after = (now + Duration::from_secs(365 * 24 * 3600)).into();
+    params.serial_number = Some(random_hex(16).as_bytes().to_vec().into());
+    let cert = params
+        .signed_by(&key, &issuer)
+        .map_err(|e| anyhow!("cannot issue the SDS server certificate: {e}"))?;
+    Ok(ServerIdentity {
+        chain: vec![cert.der().clone()],
+        key: rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+    })
+}
+
+/// The rustls server configuration of the SDS TCP listener (ring provider, ALPN h2).
+pub fn server_tls_config(identity: ServerIdentity) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .context("TLS protocol versions")?
+    .with_no_client_auth()
+    .with_single_cert(identity.chain, identity.key)
+    .context("the SDS TLS certificate and key do not form a usable pair")?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Writes a public file atomically (temp file, fsync, rename), mode 0644.
+pub fn write_public_file(path: &Path, data: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(&tmp)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    f.write_all(data)
+        .and_then(|_| f.sync_all())
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot replace {}", path.display()))?;
+    Ok(())
+}
+
+/// `n` random bytes as lowercase hex.
+pub fn random_hex(n: usize) -> String {
+    use ring::rand::SecureRandom;
+    let mut b = vec![0u8; n];
+    // SystemRandom only fails when the OS has no entropy source; a fixed value then still yields valid names.
+    let _ = ring::rand::SystemRandom::new().fill(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}

@@ -1,0 +1,224 @@
+//! Pure decisions: which identity a dataplane gets, and when its certificate is renewed.
+//!
+//! Nothing here does I/O or reads the clock: every function takes what it needs, so the owner's
+//! behaviour is testable with any time and any resources.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use meshca_ca::{CertificateAuthority, SpiffeId, TemplateVars};
+use meshca_config::KeyAlgorithm;
+
+use super::world::{IdentityProvider, MeshState};
+
+/// Certificate lifetime when neither the backend nor the MeshIdentity says.
+pub const DEFAULT_CERT_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+
+/// The label naming a dataplane's workload; defaults to the dataplane name.
+pub const WORKLOAD_LABEL: &str = "kuma.io/workload";
+
+/// The inbound tag naming a dataplane's service.
+pub const SERVICE_TAG: &str = "kuma.io/service";
+
+/// What is known of a dataplane, from its resource file or its token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataplaneInfo {
+    /// Mesh name.
+    pub mesh: String,
+    /// Dataplane name.
+    pub name: String,
+    /// Labels (with `kuma.io/workload` defaulted to the name).
+    pub labels: BTreeMap<String, String>,
+    /// Inbound tags (the first inbound's `kuma.io/service` is the legacy identity).
+    pub services: Vec<String>,
+    /// Where it came from.
+    pub origin: Origin,
+}
+
+/// Where a dataplane is described.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Origin {
+    /// A Dataplane resource file.
+    File,
+    /// The claims of the token it connected with.
+    Token,
+}
+
+impl DataplaneInfo {
+    /// Builds the info, defaulting `kuma.io/workload` to the name.
+    pub fn new(
+        mesh: &str,
+        name: &str,
+        mut labels: BTreeMap<String, String>,
+        services: Vec<String>,
+        origin: Origin,
+    ) -> DataplaneInfo {
+        labels
+            .entry(WORKLOAD_LABEL.to_owned())
+            .or_insert_with(|| name.to_owned());
+        DataplaneInfo {
+            mesh: mesh.to_owned(),
+            name: name.to_owned(),
+            labels,
+            services,
+            origin,
+        }
+    }
+}
+
+/// Who issues a certificate.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(tag = "kind", content = "name", rename_all = "kebab-case")]
+pub enum Issuer {
+    /// A legacy `mtls.backends[]` entry.
+    Backend(String),
+    /// A MeshIdentity with a Bundled provider.
+    MeshIdentity(String),
+}
+
+impl std::fmt::Display for Issuer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Issuer::Backend(n) => write!(f, "backend {n}"),
+            Issuer::MeshIdentity(n) => write!(f, "MeshIdentity {n}"),
+        }
+    }
+}
+
+/// The certificate a dataplane should hold.
+#[derive(Clone, Debug)]
+pub struct Desired {
+    /// Who issues it.
+    pub issuer: Issuer,
+    /// The issuing CA.
+    pub ca: Arc<CertificateAuthority>,
+    /// The SPIFFE ID it carries.
+    pub spiffe_id: SpiffeId,
+    /// The MeshIdentity name (an SDS alias of `default`), when one issues.
+    pub identity_name: Option<String>,
+    /// Key algorithm of the leaf.
+    pub key_algorithm: KeyAlgorithm,
+    /// Requested lifetime.
+    pub lifetime: Duration,
+}
+
+/// The outcome of deciding a dataplane's identity.
+#[derive(Clone, Debug)]
+pub enum Decision {
+    /// Issue (or keep) this certificate.
+    Issue(Box<Desired>),
+    /// No certificate; the reason is shown in the dataplane's status.
+    NoIdentity(String),
+}
+
+/// Decides the identity of `dp` in `mesh` (DESIGN §5 "Which identity a dataplane gets").
+pub fn decide(
+    mesh: Option<&MeshState>,
+    dp: &DataplaneInfo,
+    zone: &str,
+    key_algorithm: KeyAlgorithm,
+) -> Decision {
+    let Some(mesh) = mesh else {
+        return Decision::NoIdentity(format!("mesh {:?} is not defined", dp.mesh));
+    };
+    let with_provider = mesh
+        .identities
+        .iter()
+        .filter(|i| !matches!(i.provider, IdentityProvider::None))
+        .map(|i| (i.name.as_str(), i.match_labels.as_ref(), i));
+    if let Some(identity) = meshca_ca::select(with_provider, &dp.labels) {
+        return match &identity.provider {
+            IdentityProvider::Bundled { ca, expiry, .. } => {
+                let vars = TemplateVars { mesh: &dp.mesh, zone, labels: &dp.labels };
+                match identity.template.render(&vars) {
+                    Ok(spiffe_id) => Decision::Issue(Box::new(Desired {
+                        issuer: Issuer::MeshIdentity(identity.name.clone()),
+                        ca: ca.ca.clone(),
+                        spiffe_id,
+                        identity_name: Some(identity.name.clone()),
+                        key_algorithm,
+                        lifetime: expiry.unwrap_or(DEFAULT_CERT_LIFETIME),
+                    })),
+                    Err(e) => Decision::NoIdentity(format!(
+                        "MeshIdentity {}: the SPIFFE ID does not render: {e}",
+                        identity.name
+                    )),
+                }
+            }
+            IdentityProvider::Spire => Decision::NoIdentity(format!(
+                "MeshIdentity {} uses the Spire provider: its identity is managed by SPIRE, not meshca",
+                identity.name
+            )),
+            IdentityProvider::None => unreachable!("identities without a provider were filtered out"),
+        };
+    }
+    let Some(backend) = &mesh.enabled_backend else {
+        return Decision::NoIdentity(format!(
+            "mesh {} has no enabled mTLS backend and no MeshIdentity with a provider selects this dataplane",
+            mesh.name
+        ));
+    };
+    let Some(service) = dp.services.first() else {
+        return Decision::NoIdentity(format!(
+            "backend {} issues legacy identities spiffe://<mesh>/<service>, but the dataplane has no {SERVICE_TAG} tag",
+            backend.name
+        ));
+    };
+    let id = format!("spiffe://{}/{}", mesh.name, service);
+    match id.parse::<SpiffeId>() {
+        Ok(spiffe_id) => Decision::Issue(Box::new(Desired {
+            issuer: Issuer::Backend(backend.name.clone()),
+            ca: backend.ca.ca.clone(),
+            spiffe_id,
+            identity_name: None,
+            key_algorithm,
+            lifetime: backend.dp_cert_lifetime.unwrap_or(DEFAULT_CERT_LIFETIME),
+        })),
+        Err(e) => Decision::NoIdentity(format!("the legacy SPIFFE ID {id} is not valid: {e}")),
+    }
+}
+
+/// When a certificate valid from `not_before` to `not_after` is renewed: at `renew_at` of its lifetime, minus
+/// up to 5% of the lifetime chosen by `jitter` (a number in `[0, 1)`), so that proxies issued together do not
+/// all renew in the same instant. Always before expiry.
+pub fn renewal_time(
+    not_before: SystemTime,
+    not_after: SystemTime,
+    renew_at: f64,
+    jitter: f64,
+) -> SystemTime {
+    let lifetime = not_after.duration_since(not_before).unwrap_or_default();
+    let fraction = (renew_at - 0.05 * jitter.clamp(0.0, 1.0)).clamp(0.0, 1.0);
+    not_before + lifetime.mul_f64(fraction)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn renewal_is_at_the_fraction_minus_jitter_and_before_expiry() {
+        assert_eq!(renewal_time(at(1000), at(2000), 0.8, 0.0), at(1800));
+        assert_eq!(renewal_time(at(1000), at(2000), 0.8, 1.0), at(1750));
+        for j in [0.0, 0.3, 0.99] {
+            let t = renewal_time(at(0), at(86_400), 0.99, j);
+            assert!(t < at(86_400));
+            assert!(t >= at(81_000));
+        }
+    }
+
+    #[test]
+    fn workload_label_defaults_to_the_name_but_never_overrides() {
+        let dp = DataplaneInfo::new("m", "web-1", BTreeMap::new(), vec![], Origin::Token);
+        assert_eq!(dp.labels[WORKLOAD_LABEL], "web-1");
+        let labels = BTreeMap::from([(WORKLOAD_LABEL.to_owned(), "web".to_owned())]);
+        let dp = DataplaneInfo::new("m", "web-1", labels, vec![], Origin::File);
+        assert_eq!(dp.labels[WORKLOAD_LABEL], "web");
+    }
+}

@@ -1,0 +1,93 @@
+//! Watches the resources directory and the token revocation list, and asks the owner to reload.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+
+/// Editors write a file in several steps; changes closer together than this are applied as one.
+const SETTLE: Duration = Duration::from_millis(150);
+
+/// What changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// A file in the resources directory.
+    Resources,
+    /// The revocation list.
+    Revocations,
+    /// Everything (SIGHUP).
+    All,
+}
+
+impl Change {
+    /// Both changes at once.
+    pub fn merge(self, other: Change) -> Change {
+        if self == other {
+            self
+        } else {
+            Change::All
+        }
+    }
+
+    /// Whether resources must be reloaded.
+    pub fn resources(self) -> bool {
+        matches!(self, Change::Resources | Change::All)
+    }
+
+    /// Whether the revocation list must be reloaded.
+    pub fn revocations(self) -> bool {
+        matches!(self, Change::Revocations | Change::All)
+    }
+}
+
+/// Starts watching; the returned watcher must be kept alive.
+pub fn watch(
+    resources: &Path,
+    revocations: &Path,
+    tx: mpsc::Sender<Change>,
+) -> anyhow::Result<notify::RecommendedWatcher> {
+    let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<Change>();
+    let resources_dir: PathBuf = resources.to_path_buf();
+    let revocations_file: PathBuf = revocations.to_path_buf();
+    let (res_dir, rev_file) = (resources_dir.clone(), revocations_file.clone());
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let Ok(event) = event else { return };
+        if matches!(event.kind, notify::EventKind::Access(_)) {
+            return;
+        }
+        for path in &event.paths {
+            let change = if path == &rev_file {
+                Change::Revocations
+            } else if path.parent() == Some(res_dir.as_path()) || path == &res_dir {
+                Change::Resources
+            } else {
+                continue;
+            };
+            let _ = raw_tx.send(change);
+        }
+    })
+    .context("cannot start watching files")?;
+    watcher
+        .watch(&resources_dir, RecursiveMode::NonRecursive)
+        .with_context(|| format!("resources: cannot watch {}", resources_dir.display()))?;
+    if let Some(dir) = revocations_file.parent() {
+        watcher
+            .watch(dir, RecursiveMode::NonRecursive)
+            .with_context(|| format!("cannot watch {}", dir.display()))?;
+    }
+    tokio::spawn(async move {
+        while let Some(mut change) = raw_rx.recv().await {
+            // Let a burst of writes settle, then report it once.
+            let deadline = tokio::time::Instant::now() + SETTLE;
+            while let Ok(Some(more)) = tokio::time::timeout_at(deadline, raw_rx.recv()).await {
+                change = change.merge(more);
+            }
+            if tx.send(change).await.is_err() {
+                return;
+            }
+        }
+    });
+    Ok(watcher)
+}

@@ -1,0 +1,105 @@
+"""Harness for the interop tests: a real `meshca serve` process, driven only through its CLI, settings file,
+admin API and SDS, the way an operator and Envoy use it."""
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+
+MESHCA = os.environ.get("MESHCA_BIN", str(Path(__file__).resolve().parents[2] / "target" / "debug" / "meshca"))
+
+MESH = """\
+type: Mesh
+name: default
+mtls:
+  enabledBackend: ca-1
+  backends:
+    - name: ca-1
+      type: builtin
+      dpCert:
+        rotation:
+          expiration: 1h
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    def __init__(self, root: Path):
+        self.root = root
+        self.data = root / "data"
+        self.resources = root / "resources"
+        self.resources.mkdir(parents=True)
+        (self.resources / "mesh.yaml").write_text(MESH)
+        self.sds_port = free_port()
+        self.admin_port = free_port()
+        self.socket = self.data / "sds.sock"
+        self.config = root / "meshca.yaml"
+        self.config.write_text(
+            f"dataDir: {self.data}\n"
+            f"resources: {self.resources}\n"
+            f"sds:\n  listen: [\"unix://{self.socket}\", \"127.0.0.1:{self.sds_port}\"]\n"
+            f"admin:\n  listen: 127.0.0.1:{self.admin_port}\n"
+        )
+        self.log = open(root / "meshca.log", "w")
+        self.proc = subprocess.Popen([MESHCA, "serve", "--config", str(self.config)], stderr=self.log)
+        self.wait_ready()
+
+    def wait_ready(self, timeout=60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"meshca exited with {self.proc.returncode}: {(self.root / 'meshca.log').read_text()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError("meshca did not become ready")
+
+    def api(self, path):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}{path}", timeout=5) as r:
+            return json.loads(r.read())
+
+    def cli(self, *args, check=True):
+        return subprocess.run([MESHCA, *args], capture_output=True, text=True, check=check)
+
+    def token(self, name, mesh="default", *extra):
+        out = self.cli("token", "--config", str(self.config), "--mesh", mesh, "--name", name, *extra)
+        return out.stdout.strip()
+
+    def unix_channel(self):
+        return grpc.insecure_channel(f"unix://{self.socket}")
+
+    def tls_channel(self):
+        ca = (self.data / "sds-ca.pem").read_bytes()
+        return grpc.secure_channel(
+            f"localhost:{self.sds_port}", grpc.ssl_channel_credentials(root_certificates=ca)
+        )
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        finally:
+            self.log.close()
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d = Daemon(tmp_path)
+    yield d
+    d.stop()
+    assert d.proc.returncode == 0, (tmp_path / "meshca.log").read_text()
