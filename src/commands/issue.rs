@@ -97,7 +97,7 @@ async fn from_keystore(args: &IssueArgs, mesh: &str, name: &str) -> anyhow::Resu
                 mesh,
                 name,
                 d.labels.clone(),
-                d.services().into_iter().map(str::to_owned).collect(),
+                d.inbounds.iter().map(|i| i.tags.clone()).collect(),
                 Origin::File,
             ),
             None => DataplaneInfo::new(mesh, name, Default::default(), Vec::new(), Origin::Token),

@@ -8,6 +8,9 @@ use meshca_sds::{MeshServiceTrust, MeshView, ProxyEntry, ProxyKey, Snapshot, Tru
 
 use super::world::{IdentityProvider, MeshState, World};
 
+/// (mesh, MeshService name) → the exact SPIFFE IDs its proxies present.
+pub type ServiceIds = HashMap<(String, String), BTreeSet<String>>;
+
 /// Trust domain → PEM certificates, deduplicated and in a stable order.
 type Anchors = BTreeMap<String, BTreeSet<String>>;
 
@@ -91,7 +94,7 @@ impl BundleCache {
     }
 }
 
-/// The exact URI SANs a `meshservice:<name>` context accepts, from the service's identities.
+/// The SPIFFE IDs of a MeshService's `spec.identities` (ServiceTag `t` is `spiffe://<mesh>/t`).
 pub fn service_spiffe_ids(mesh: &str, service: &MeshService) -> BTreeSet<String> {
     service
         .identities
@@ -108,6 +111,7 @@ pub fn snapshot(
     generation: u64,
     world: &World,
     proxies: HashMap<ProxyKey, ProxyEntry>,
+    service_ids: &ServiceIds,
     cache: &mut BundleCache,
 ) -> Snapshot {
     let mut all = Anchors::new();
@@ -126,7 +130,11 @@ pub fn snapshot(
             .iter()
             .filter(|s| s.mesh == mesh.name)
             .map(|s| {
-                let ids = service_spiffe_ids(&mesh.name, s);
+                let key = (mesh.name.clone(), s.name.clone());
+                let ids = service_ids
+                    .get(&key)
+                    .cloned()
+                    .unwrap_or_else(|| service_spiffe_ids(&mesh.name, s));
                 (
                     s.name.clone(),
                     cache.service(&mesh.name, &s.name, &trust, ids),

@@ -7,6 +7,8 @@ pub mod metrics;
 pub mod owner;
 pub mod plan;
 pub mod status;
+#[cfg(test)]
+mod tests;
 pub mod watcher;
 pub mod world;
 

@@ -151,7 +151,7 @@ impl Owner {
                 mesh: dp.mesh.clone(),
                 name: dp.name.clone(),
             };
-            let services = dp.services().into_iter().map(str::to_owned).collect();
+            let services = dp.inbounds.iter().map(|i| i.tags.clone()).collect();
             out.insert(
                 key,
                 Ok(DataplaneInfo::new(
@@ -172,12 +172,12 @@ impl Owner {
                 }
                 Some(Err(_)) => {}
                 None => {
-                    let services = claims
-                        .tags
-                        .get(plan::SERVICE_TAG)
-                        .cloned()
-                        .into_iter()
-                        .collect();
+                    // The token's tags describe the proxy's one inbound.
+                    let services = if claims.tags.is_empty() {
+                        Vec::new()
+                    } else {
+                        vec![claims.tags.clone()]
+                    };
                     let info = DataplaneInfo::new(
                         &claims.mesh,
                         &claims.name,
@@ -188,6 +188,34 @@ impl Owner {
                     out.insert(key.clone(), Ok(info));
                 }
             }
+        }
+        out
+    }
+
+    /// The SPIFFE IDs each MeshService's proxies present: `spec.identities` as given, plus, for services of
+    /// this zone, the identity meshca decides for every dataplane the service selects.
+    fn service_identities(
+        &self,
+        dataplanes: &BTreeMap<ProxyKey, Result<DataplaneInfo, String>>,
+    ) -> bundles::ServiceIds {
+        let mut out = bundles::ServiceIds::new();
+        for service in &self.world.resources.mesh_services {
+            let mut ids = bundles::service_spiffe_ids(&service.mesh, service);
+            let local = service.zone().is_none_or(|z| z == self.zone);
+            if let (true, Some(selector)) = (local, &service.dataplane_tags) {
+                let mesh = self.world.meshes.get(&service.mesh);
+                for dp in dataplanes.values().flatten() {
+                    if dp.mesh != service.mesh || !dp.has_inbound_with(selector) {
+                        continue;
+                    }
+                    if let Decision::Issue(d) =
+                        plan::decide(mesh, dp, &self.zone, self.key_algorithm)
+                    {
+                        ids.insert(d.spiffe_id.to_string());
+                    }
+                }
+            }
+            out.insert((service.mesh.clone(), service.name.clone()), ids);
         }
         out
     }
@@ -266,10 +294,17 @@ impl Owner {
         self.issued
             .retain(|k, _| dataplanes.get(k).is_some_and(|d| d.is_ok()));
 
+        let service_ids = self.service_identities(&dataplanes);
         self.generation += 1;
-        let snapshot = bundles::snapshot(self.generation, &self.world, entries, &mut self.bundles);
+        let snapshot = bundles::snapshot(
+            self.generation,
+            &self.world,
+            entries,
+            &service_ids,
+            &mut self.bundles,
+        );
         self.snapshot_tx.send_replace(Arc::new(snapshot));
-        self.publish_status(&dataplanes, now);
+        self.publish_status(&dataplanes, &service_ids, now);
         next_renewal
     }
 
@@ -333,12 +368,14 @@ impl Owner {
     fn publish_status(
         &self,
         dataplanes: &BTreeMap<ProxyKey, Result<DataplaneInfo, String>>,
+        service_ids: &bundles::ServiceIds,
         now: SystemTime,
     ) {
         let status = status::build(status::Inputs {
             generation: self.generation,
             world: &self.world,
             dataplanes,
+            service_ids,
             connected: &self.streams,
             issued: &self.issued,
             decisions: &self.decisions,
@@ -372,7 +409,7 @@ fn contradiction(file: &DataplaneInfo, claims: &Claims) -> Option<String> {
         }
     }
     if let Some(service) = claims.tags.get(plan::SERVICE_TAG) {
-        if !file.services.iter().any(|s| s == service) {
+        if !file.services().any(|s| s == service) {
             return Some(format!(
                 "the token claims {}={service}, but the Dataplane resource's inbounds do not",
                 plan::SERVICE_TAG

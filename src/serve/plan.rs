@@ -30,8 +30,8 @@ pub struct DataplaneInfo {
     pub name: String,
     /// Labels (with `kuma.io/workload` defaulted to the name).
     pub labels: BTreeMap<String, String>,
-    /// Inbound tags (the first inbound's `kuma.io/service` is the legacy identity).
-    pub services: Vec<String>,
+    /// Tags of each inbound (the first inbound's `kuma.io/service` is the legacy identity).
+    pub inbound_tags: Vec<BTreeMap<String, String>>,
     /// Where it came from.
     pub origin: Origin,
 }
@@ -52,7 +52,7 @@ impl DataplaneInfo {
         mesh: &str,
         name: &str,
         mut labels: BTreeMap<String, String>,
-        services: Vec<String>,
+        inbound_tags: Vec<BTreeMap<String, String>>,
         origin: Origin,
     ) -> DataplaneInfo {
         labels
@@ -62,9 +62,24 @@ impl DataplaneInfo {
             mesh: mesh.to_owned(),
             name: name.to_owned(),
             labels,
-            services,
+            inbound_tags,
             origin,
         }
+    }
+
+    /// The `kuma.io/service` of each inbound, in order.
+    pub fn services(&self) -> impl Iterator<Item = &str> {
+        self.inbound_tags
+            .iter()
+            .filter_map(|t| t.get(SERVICE_TAG))
+            .map(String::as_str)
+    }
+
+    /// Whether one of its inbounds carries every tag of `selector`.
+    pub fn has_inbound_with(&self, selector: &BTreeMap<String, String>) -> bool {
+        self.inbound_tags
+            .iter()
+            .any(|tags| selector.iter().all(|(k, v)| tags.get(k) == Some(v)))
     }
 }
 
@@ -160,7 +175,7 @@ pub fn decide(
             mesh.name
         ));
     };
-    let Some(service) = dp.services.first() else {
+    let Some(service) = dp.services().next() else {
         return Decision::NoIdentity(format!(
             "backend {} issues legacy identities spiffe://<mesh>/<service>, but the dataplane has no {SERVICE_TAG} tag",
             backend.name

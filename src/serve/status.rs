@@ -131,6 +131,7 @@ pub struct Inputs<'a> {
     pub generation: u64,
     pub world: &'a World,
     pub dataplanes: &'a BTreeMap<ProxyKey, Result<DataplaneInfo, String>>,
+    pub service_ids: &'a super::bundles::ServiceIds,
     pub connected: &'a HashMap<ProxyKey, HashSet<StreamId>>,
     pub issued: &'a HashMap<ProxyKey, Issued>,
     pub decisions: &'a HashMap<ProxyKey, Result<(), String>>,
@@ -279,9 +280,11 @@ pub fn build(i: Inputs<'_>) -> Status {
             .filter(|s| &s.mesh == name)
             .map(|s| ServiceStatus {
                 name: s.name.clone(),
-                spiffe_ids: super::bundles::service_spiffe_ids(name, s)
-                    .into_iter()
-                    .collect(),
+                spiffe_ids: i
+                    .service_ids
+                    .get(&(name.clone(), s.name.clone()))
+                    .map(|ids| ids.iter().cloned().collect())
+                    .unwrap_or_default(),
             })
             .collect();
         let mut proxies_by_issuer = BTreeMap::new();

@@ -276,8 +276,11 @@ fn env_sets_tls_files() {
 
 #[test]
 fn unknown_env_var_is_ignored_not_applied() {
-    let s = Settings::load(None, env(&[("MESHCA_RENEW_AT", "0.5"), ("MESHCA_BIN", "/x")]))
-        .expect("unknown MESHCA_* variables only warn");
+    let s = Settings::load(
+        None,
+        env(&[("MESHCA_RENEW_AT", "0.5"), ("MESHCA_BIN", "/x")]),
+    )
+    .expect("unknown MESHCA_* variables only warn");
     assert_eq!(s, Settings::default());
 }
 

@@ -1,0 +1,517 @@
+//! Behaviour of the owner: who gets which identity, renewal under an injected clock, registration,
+//! rejection. Each test drives [`Owner`] directly with events and times; nothing sleeps.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use meshca_auth::Claims;
+use meshca_config::{Resources, Settings};
+use meshca_keystore::MemoryKeystore;
+use meshca_sds::{ProxyEntry, ProxyIdentity, ProxyKey, Snapshot, StreamEvent, StreamId};
+use tokio::sync::watch;
+
+use super::metrics::Metrics;
+use super::owner::Owner;
+use super::status::Status;
+use super::world::{CaSource, UpdateError, World};
+
+const LEGACY: &str = r#"
+type: Mesh
+name: default
+mtls:
+  enabledBackend: ca-1
+  backends:
+    - name: ca-1
+      type: builtin
+      dpCert: {rotation: {expiration: 10h}}
+    - name: ca-2
+      type: builtin
+"#;
+
+fn t0() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
+struct Harness {
+    keystore: MemoryKeystore,
+    settings: Settings,
+    owner: Owner,
+    snapshots: watch::Receiver<Arc<Snapshot>>,
+    status: watch::Receiver<Arc<Status>>,
+    next_stream: u64,
+}
+
+fn load(
+    yaml: &str,
+    keystore: &MemoryKeystore,
+    settings: &Settings,
+    previous: Option<&World>,
+) -> Result<World, Vec<UpdateError>> {
+    let parsed = meshca_config::parse_str(Path::new("test.yaml"), yaml)
+        .map_err(|e| e.iter().map(UpdateError::from).collect::<Vec<_>>())?;
+    let resources = Resources::from_resources(parsed)
+        .map_err(|e| e.iter().map(UpdateError::from).collect::<Vec<_>>())?;
+    World::load(
+        resources,
+        &CaSource {
+            keystore,
+            settings,
+            previous,
+            now: t0(),
+        },
+    )
+}
+
+impl Harness {
+    fn new(yaml: &str) -> Harness {
+        let keystore = MemoryKeystore::new();
+        let settings = Settings::default();
+        let world = load(yaml, &keystore, &settings, None).expect("test resources are valid");
+        let (snapshot_tx, snapshots) = watch::channel(Arc::new(Snapshot::empty()));
+        let (status_tx, status) = watch::channel(Arc::new(Status::default()));
+        let metrics = Arc::new(Metrics::new(Arc::default()));
+        let owner = Owner::new(&settings, world, metrics, snapshot_tx, status_tx);
+        Harness {
+            keystore,
+            settings,
+            owner,
+            snapshots,
+            status,
+            next_stream: 0,
+        }
+    }
+
+    fn update(&mut self, yaml: &str) -> Result<(), Vec<UpdateError>> {
+        let world = load(
+            yaml,
+            &self.keystore,
+            &self.settings,
+            Some(self.owner.world()),
+        )?;
+        self.owner.accept(world);
+        Ok(())
+    }
+
+    /// Connects a proxy with a token carrying `labels` and `tags`; returns its stream id.
+    fn connect(&mut self, name: &str, labels: &[(&str, &str)], tags: &[(&str, &str)]) -> StreamId {
+        let map = |kv: &[(&str, &str)]| {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let claims = Claims::new_dataplane(
+            "default",
+            name,
+            map(labels),
+            map(tags),
+            Duration::from_secs(3600),
+            1_800_000_000,
+        )
+        .expect("valid claims");
+        self.next_stream += 1;
+        let stream = StreamId(self.next_stream);
+        assert!(self
+            .owner
+            .on_event(StreamEvent::Connected { stream, claims }));
+        stream
+    }
+
+    fn entry(&self, name: &str) -> ProxyEntry {
+        let snapshot = self.snapshots.borrow();
+        match snapshot.proxies.get(&ProxyKey::new("default", name)) {
+            Some(ProxyEntry::Ready(id)) => ProxyEntry::Ready(id.clone()),
+            Some(ProxyEntry::NoIdentity { reason }) => ProxyEntry::NoIdentity {
+                reason: reason.clone(),
+            },
+            Some(ProxyEntry::Refused { reason }) => ProxyEntry::Refused {
+                reason: reason.clone(),
+            },
+            Some(ProxyEntry::Pending) => ProxyEntry::Pending,
+            None => panic!("{name} is not in the snapshot"),
+        }
+    }
+
+    fn ready(&self, name: &str) -> Arc<ProxyIdentity> {
+        match self.entry(name) {
+            ProxyEntry::Ready(id) => id,
+            other => panic!("{name} is not ready: {other:?}"),
+        }
+    }
+
+    fn reason(&self, name: &str) -> String {
+        match self.entry(name) {
+            ProxyEntry::NoIdentity { reason } | ProxyEntry::Refused { reason } => reason,
+            other => panic!("{name} has an identity: {other:?}"),
+        }
+    }
+}
+
+fn leaf_der(identity: &ProxyIdentity) -> Vec<u8> {
+    let blocks = ::pem::parse_many(identity.chain_pem.as_bytes()).expect("chain is PEM");
+    blocks[0].contents().to_vec()
+}
+
+fn not_after(identity: &ProxyIdentity) -> SystemTime {
+    let info = meshca_ca::inspect_pem(identity.chain_pem.as_bytes()).expect("chain parses");
+    let t = time::OffsetDateTime::parse(
+        &info[0].not_after,
+        &time::format_description::well_known::Rfc3339,
+    )
+    .expect("rfc3339");
+    t.into()
+}
+
+#[test]
+fn legacy_backend_issues_service_identity_that_verifies_against_the_mesh_bundle() {
+    let mut h = Harness::new(LEGACY);
+    h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    h.owner.reconcile(t0());
+    let id = h.ready("web-1");
+    assert_eq!(id.spiffe_id, "spiffe://default/web");
+    assert!(meshca_ca::check_svid_rules(&leaf_der(&id)).is_ok());
+    let snapshot = h.snapshots.borrow().clone();
+    let bundle = &snapshot.meshes["default"].trust.by_trust_domain()["default"];
+    let anchors: Vec<Vec<u8>> = bundle
+        .iter()
+        .map(|p| ::pem::parse(p).expect("pem").contents().to_vec())
+        .collect();
+    let chain: Vec<Vec<u8>> = ::pem::parse_many(id.chain_pem.as_bytes())
+        .expect("pem")
+        .iter()
+        .map(|b| b.contents().to_vec())
+        .collect();
+    let expected = "spiffe://default/web".parse().expect("valid id");
+    meshca_ca::verify_svid(&chain, &anchors, &expected, t0())
+        .expect("the served certificate verifies against the served bundle");
+    // dpCert.rotation.expiration: 10h (plus the 10 s backdating).
+    assert_eq!(not_after(&id), t0() + Duration::from_secs(10 * 3600));
+}
+
+#[test]
+fn renewal_happens_at_renew_at_and_not_before() {
+    let mut h = Harness::new(LEGACY);
+    h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    let renew = h
+        .owner
+        .reconcile(t0())
+        .expect("a connected proxy has a renewal time");
+    let first = h.ready("web-1");
+    let lifetime = Duration::from_secs(10 * 3600);
+    // renewAt 0.8 minus up to 5% jitter, measured from NotBefore (10 s before issuance).
+    assert!(
+        renew >= t0() - Duration::from_secs(10) + lifetime.mul_f64(0.75),
+        "{renew:?}"
+    );
+    assert!(renew <= t0() + lifetime.mul_f64(0.8), "{renew:?}");
+
+    h.owner.reconcile(renew - Duration::from_secs(1));
+    assert_eq!(
+        h.ready("web-1").chain_pem,
+        first.chain_pem,
+        "renewed too early"
+    );
+
+    let next = h.owner.reconcile(renew).expect("still connected");
+    let second = h.ready("web-1");
+    assert_ne!(
+        second.chain_pem, first.chain_pem,
+        "not renewed at its renewal time"
+    );
+    assert!(not_after(&second) > not_after(&first));
+    assert!(next > renew);
+    let status = h.status.borrow().clone();
+    let dp = status
+        .dataplanes
+        .iter()
+        .find(|d| d.name == "web-1")
+        .expect("listed");
+    assert_eq!(dp.regenerations, 1);
+}
+
+#[test]
+fn certificates_never_expire_on_a_connected_proxy_across_many_lifetimes() {
+    let mut h = Harness::new(LEGACY);
+    h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    let mut now = t0();
+    for _ in 0..20 {
+        let renew = h.owner.reconcile(now).expect("connected");
+        let id = h.ready("web-1");
+        assert!(renew < not_after(&id), "renewal scheduled after expiry");
+        now = renew;
+    }
+}
+
+#[test]
+fn most_specific_mesh_identity_wins_and_legacy_is_the_fallback() {
+    let yaml = format!(
+        "{LEGACY}---\n{}",
+        r#"
+type: MeshIdentity
+name: web-only
+mesh: default
+spec:
+  selector: {dataplane: {matchLabels: {app: web, tier: front}}}
+  spiffeID: {trustDomain: "{{ .Mesh }}.{{ .Zone }}.mesh.local", path: '/app/{{ label "app" }}'}
+  provider: {type: Bundled, bundled: {autogenerate: {enabled: true}}}
+---
+type: MeshIdentity
+name: a-broad
+mesh: default
+spec:
+  selector: {dataplane: {matchLabels: {app: web}}}
+  provider: {type: Bundled, bundled: {autogenerate: {enabled: true}, certificateParameters: {expiry: 2h}}}
+---
+type: MeshIdentity
+name: sans-only
+mesh: default
+spec:
+  selector: {dataplane: {matchLabels: {}}}
+"#
+    );
+    let mut h = Harness::new(&yaml);
+    h.connect(
+        "front-1",
+        &[("app", "web"), ("tier", "front")],
+        &[("kuma.io/service", "web")],
+    );
+    h.connect("back-1", &[("app", "web")], &[("kuma.io/service", "web")]);
+    h.connect("db-1", &[("app", "db")], &[("kuma.io/service", "db")]);
+    h.owner.reconcile(t0());
+    let front = h.ready("front-1");
+    assert_eq!(
+        front.spiffe_id,
+        "spiffe://default.default.mesh.local/app/web"
+    );
+    assert_eq!(front.identity_name.as_deref(), Some("web-only"));
+    let back = h.ready("back-1");
+    assert_eq!(
+        back.spiffe_id,
+        "spiffe://default.default.mesh.local/workload/back-1"
+    );
+    assert_eq!(back.identity_name.as_deref(), Some("a-broad"));
+    assert_eq!(not_after(&back), t0() + Duration::from_secs(2 * 3600));
+    // The provider-less identity selects db-1 but issues nothing: the legacy backend does.
+    assert_eq!(h.ready("db-1").spiffe_id, "spiffe://default/db");
+    let status = h.status.borrow().clone();
+    let sans_only = status.meshes[0]
+        .mesh_identities
+        .iter()
+        .find(|i| i.name == "sans-only")
+        .expect("listed");
+    assert!(sans_only
+        .conditions
+        .iter()
+        .any(|c| c.kind == "Ready" && c.status == "False" && c.reason == "PartiallyReady"));
+}
+
+#[test]
+fn dataplanes_without_an_identity_say_why() {
+    let yaml = r#"
+type: Mesh
+name: default
+---
+type: MeshIdentity
+name: spire
+mesh: default
+spec:
+  selector: {dataplane: {matchLabels: {team: spire}}}
+  provider: {type: Spire}
+---
+type: MeshIdentity
+name: labelled
+mesh: default
+spec:
+  selector: {dataplane: {matchLabels: {team: x}}}
+  spiffeID: {path: '/sa/{{ .ServiceAccount }}'}
+  provider: {type: Bundled, bundled: {autogenerate: {enabled: true}}}
+"#;
+    let mut h = Harness::new(yaml);
+    h.connect("s-1", &[("team", "spire")], &[]);
+    h.connect("x-1", &[("team", "x")], &[]);
+    h.connect("plain-1", &[], &[("kuma.io/service", "plain")]);
+    h.owner.reconcile(t0());
+    assert!(h.reason("s-1").contains("SPIRE"), "{}", h.reason("s-1"));
+    assert!(
+        h.reason("x-1").contains("k8s.kuma.io/service-account"),
+        "{}",
+        h.reason("x-1")
+    );
+    assert!(
+        h.reason("plain-1").contains("no enabled mTLS backend"),
+        "{}",
+        h.reason("plain-1")
+    );
+    let status = h.status.borrow().clone();
+    let x = status
+        .dataplanes
+        .iter()
+        .find(|d| d.name == "x-1")
+        .expect("listed");
+    assert!(x
+        .reason
+        .as_deref()
+        .is_some_and(|r| r.contains("service-account")));
+}
+
+#[test]
+fn a_token_contradicting_the_dataplane_file_is_refused() {
+    let yaml = format!(
+        "{LEGACY}---\n{}",
+        r#"
+type: Dataplane
+mesh: default
+name: web-1
+labels: {app: web}
+networking:
+  inbound: [{port: 8080, tags: {kuma.io/service: web}}]
+"#
+    );
+    let mut h = Harness::new(&yaml);
+    h.connect("web-1", &[("app", "db")], &[]);
+    h.owner.reconcile(t0());
+    assert!(
+        h.reason("web-1").contains("app=db"),
+        "{}",
+        h.reason("web-1")
+    );
+    assert!(matches!(h.entry("web-1"), ProxyEntry::Refused { .. }));
+
+    // A token that claims nothing beyond the file gets the file's identity.
+    let mut h = Harness::new(&yaml);
+    h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    h.owner.reconcile(t0());
+    assert_eq!(h.ready("web-1").spiffe_id, "spiffe://default/web");
+}
+
+#[test]
+fn reconnect_reuses_the_certificate_and_disconnect_stops_serving_it() {
+    let mut h = Harness::new(LEGACY);
+    let stream = h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    h.owner.reconcile(t0());
+    let first = h.ready("web-1");
+    let proxy = ProxyKey::new("default", "web-1");
+    assert!(h
+        .owner
+        .on_event(StreamEvent::Disconnected { stream, proxy }));
+    h.owner.reconcile(t0() + Duration::from_secs(60));
+    assert!(!h
+        .snapshots
+        .borrow()
+        .proxies
+        .contains_key(&ProxyKey::new("default", "web-1")));
+    h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    h.owner.reconcile(t0() + Duration::from_secs(120));
+    assert_eq!(h.ready("web-1").chain_pem, first.chain_pem);
+}
+
+#[test]
+fn switching_the_enabled_backend_reissues_from_the_new_ca() {
+    let mut h = Harness::new(LEGACY);
+    h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    h.owner.reconcile(t0());
+    let first = h.ready("web-1");
+    h.update(&LEGACY.replace("enabledBackend: ca-1", "enabledBackend: ca-2"))
+        .expect("valid update");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    let second = h.ready("web-1");
+    assert_ne!(first.chain_pem, second.chain_pem);
+    let issuer = |id: &ProxyIdentity| {
+        meshca_ca::inspect_pem(id.chain_pem.as_bytes()).expect("parses")[0]
+            .issuer
+            .clone()
+    };
+    assert_ne!(issuer(&first), issuer(&second));
+    let status = h.status.borrow().clone();
+    assert_eq!(
+        status.meshes[0].proxies_by_issuer.get("backend ca-2"),
+        Some(&1)
+    );
+}
+
+#[test]
+fn a_rejected_update_keeps_the_previous_configuration_serving() {
+    let mut h = Harness::new(LEGACY);
+    h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    h.owner.reconcile(t0());
+    let first = h.ready("web-1");
+    let errors = h
+        .update(&LEGACY.replace("enabledBackend: ca-1", "enabledBackend: ca-9"))
+        .expect_err("unknown backend");
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.field.contains("enabledBackend") && e.resource.contains("Mesh/default")),
+        "{errors:?}"
+    );
+    h.owner.reject(errors, t0());
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    assert_eq!(h.ready("web-1").chain_pem, first.chain_pem);
+    let status = h.status.borrow().clone();
+    let rejected = status.last_rejected_update.as_ref().expect("shown");
+    assert!(
+        rejected.errors[0]
+            .to_string()
+            .starts_with("test.yaml: Mesh/default: mtls.enabledBackend"),
+        "{}",
+        rejected.errors[0]
+    );
+}
+
+#[test]
+fn a_restart_reuses_persisted_cas() {
+    let keystore = MemoryKeystore::new();
+    let settings = Settings::default();
+    let a = load(LEGACY, &keystore, &settings, None).expect("valid");
+    let b = load(LEGACY, &keystore, &settings, None).expect("valid");
+    let id = |w: &World| {
+        w.meshes["default"]
+            .enabled_backend
+            .as_ref()
+            .expect("enabled")
+            .ca
+            .ca
+            .id()
+            .to_owned()
+    };
+    assert_eq!(id(&a), id(&b));
+}
+
+#[test]
+fn mesh_service_contexts_carry_the_identities_of_their_dataplanes() {
+    let yaml = format!(
+        "{LEGACY}---\n{}",
+        r#"
+type: Dataplane
+mesh: default
+name: web-1
+networking:
+  inbound: [{port: 8080, tags: {kuma.io/service: web}}]
+---
+type: MeshService
+name: web
+mesh: default
+spec:
+  selector: {dataplaneTags: {kuma.io/service: web}}
+  ports: [{port: 80, targetPort: 8080}]
+---
+type: MeshService
+name: remote
+mesh: default
+labels: {kuma.io/zone: zone-2}
+spec:
+  selector: {dataplaneTags: {kuma.io/service: web}}
+  identities: [{type: SpiffeID, value: "spiffe://zone-2.mesh.local/workload/remote"}]
+"#
+    );
+    let mut h = Harness::new(&yaml);
+    h.owner.reconcile(t0());
+    let snapshot = h.snapshots.borrow().clone();
+    let services = &snapshot.meshes["default"].mesh_services;
+    let web: Vec<&String> = services["web"].spiffe_ids().iter().collect();
+    assert_eq!(web, ["spiffe://default/web"]);
+    // A service of another zone is taken as given, not computed from local dataplanes.
+    let remote: Vec<&String> = services["remote"].spiffe_ids().iter().collect();
+    assert_eq!(remote, ["spiffe://zone-2.mesh.local/workload/remote"]);
+}
