@@ -55,6 +55,8 @@ pub enum Command {
     /// Measure throughput; prints one JSON line.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Play a rotation or migration against live simulated proxies.
+    Drill(DrillArgs),
 }
 
 #[derive(Debug, Args)]
@@ -197,4 +199,39 @@ pub struct BenchIssuanceArgs {
     /// How long each half of the measurement runs.
     #[arg(long, default_value_t = 3.0)]
     pub seconds: f64,
+}
+
+#[derive(Debug, Args)]
+pub struct DrillArgs {
+    /// The scenario to play.
+    #[arg(value_enum)]
+    pub scenario: DrillScenario,
+    /// How many simulated proxies (each an SDS stream and a TLS peer).
+    #[arg(long, default_value_t = 50)]
+    pub proxies: usize,
+    /// The daemon's ordering gate (DESIGN §8); `off` shows the failures it prevents.
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    pub gate: Switch,
+    /// Seeds the proxies' apply delays and the handshake pairs.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// The least number of handshakes over all phases.
+    #[arg(long, default_value_t = 10_000)]
+    pub handshakes: u64,
+    #[arg(long, value_enum, default_value_t)]
+    pub output: Output,
+}
+
+/// The drills meshca can play.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DrillScenario {
+    /// Switch a mesh from builtin CA ca-1 to ca-2 in one edit, then remove ca-1 at once.
+    CaRotation,
+}
+
+/// On or off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
 }

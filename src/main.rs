@@ -3,6 +3,7 @@
 
 mod cli;
 mod commands;
+mod drill;
 mod serve;
 
 use std::process::ExitCode;

@@ -17,9 +17,9 @@ mod yaml;
 pub use duration::{Duration, DurationError};
 pub use key_algorithm::{KeyAlgorithm, UnknownKeyAlgorithm};
 pub use resources::{
-    default_resources_yaml, load_dir, parse_str, Backend, BackendKind, Bundled, BundledCa,
-    DataSource, Dataplane, Inbound, Labels, Mesh, MeshIdentity, MeshService, MeshTrust, Mtls,
-    MtlsMode, Provider, Resource, ResourceError, ResourceType, Resources, ServiceIdentity,
+    default_resources_yaml, load_dir, load_dir_lenient, parse_str, Backend, BackendKind, Bundled,
+    BundledCa, DataSource, Dataplane, Inbound, Labels, Mesh, MeshIdentity, MeshService, MeshTrust,
+    Mtls, MtlsMode, Provider, Resource, ResourceError, ResourceType, Resources, ServiceIdentity,
     ServicePort, Source, SpiffeIdTemplates, TargetPort, ZoneEgress, SERVICE_TAG, ZONE_LABEL,
 };
 pub use settings::{

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Instant;
 
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
@@ -85,6 +86,8 @@ struct Sent {
     /// Resources it updated or removed.
     resources: Vec<String>,
     generation: u64,
+    /// When it was sent, for the ACK-lag metric.
+    sent_at: Instant,
 }
 
 struct DeltaStream {
@@ -207,6 +210,7 @@ impl DeltaStream {
             }
             None => {
                 SdsMetrics::incr(&metrics.acks);
+                metrics.ack_lag.observe(sent.sent_at.elapsed());
                 self.acked = true;
                 self.record_ack();
             }
@@ -331,6 +335,7 @@ impl DeltaStream {
             version,
             resources: names,
             generation: self.snapshot.generation,
+            sent_at: Instant::now(),
         });
         self.acked = false;
         Ok(())

@@ -64,7 +64,7 @@ pub enum StreamEvent {
         /// The proxy's error message.
         message: String,
     },
-    /// A stream ended (never emitted for fetches).
+    /// A stream or a fetch ended.
     Disconnected {
         /// The stream.
         stream: StreamId,

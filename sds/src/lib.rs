@@ -33,11 +33,11 @@ pub use describe::{describe, tls_certificate_parts, SecretKindView, SecretView};
 pub use error::{ClientError, ListenError, ServeError};
 pub use events::{StreamEvent, StreamId};
 pub use listen::{bind, BoundAddr, BoundListeners, Listener};
-pub use metrics::SdsMetrics;
+pub use metrics::{AckLag, SdsMetrics, ACK_LAG_BOUNDS};
 pub use registry::{StreamInfo, StreamKind, StreamRegistry};
 pub use secret::{SECRET_TYPE_URL, SPIFFE_VALIDATOR_NAME};
 pub use service::{SdsServer, ServerOptions};
 pub use snapshot::{
-    MeshServiceTrust, MeshView, ProxyEntry, ProxyIdentity, ProxyKey, SecretPem, Snapshot,
-    TrustBundle,
+    ClaimRule, MeshServiceTrust, MeshView, ProxyEntry, ProxyIdentity, ProxyKey, SecretPem,
+    Snapshot, TrustBundle,
 };

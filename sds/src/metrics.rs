@@ -1,6 +1,48 @@
 //! Counters the daemon exports as metrics.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Upper bounds, in seconds, of the ACK-lag histogram buckets (the last bucket is unbounded).
+pub const ACK_LAG_BOUNDS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Time from sending a response to receiving its ACK, as a histogram of atomics.
+#[derive(Debug, Default)]
+pub struct AckLag {
+    /// Per-bucket (not cumulative) counts; index `ACK_LAG_BOUNDS.len()` is the overflow bucket.
+    buckets: [AtomicU64; 13],
+    sum_micros: AtomicU64,
+}
+
+impl AckLag {
+    pub(crate) fn observe(&self, lag: Duration) {
+        let secs = lag.as_secs_f64();
+        let i = ACK_LAG_BOUNDS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(ACK_LAG_BOUNDS.len());
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        let micros = u64::try_from(lag.as_micros()).unwrap_or(u64::MAX);
+        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    /// `(sum in seconds, count, per-bucket (upper bound, count))`, the overflow bucket bounded by +Inf.
+    pub fn read(&self) -> (f64, u64, Vec<(f64, u64)>) {
+        let bounds = ACK_LAG_BOUNDS.iter().copied().chain([f64::INFINITY]);
+        let buckets: Vec<(f64, u64)> = bounds
+            .zip(&self.buckets)
+            .map(|(b, c)| (b, c.load(Ordering::Relaxed)))
+            .collect();
+        let count = buckets.iter().map(|(_, c)| c).sum();
+        (
+            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6,
+            count,
+            buckets,
+        )
+    }
+}
 
 /// SDS counters, shared by all streams. Read them with [`SdsMetrics::get`] or load the
 /// atomics directly.
@@ -16,6 +58,8 @@ pub struct SdsMetrics {
     pub nacks: AtomicU64,
     /// Requests refused for authentication or authorization reasons.
     pub auth_failures: AtomicU64,
+    /// Time from a push to its ACK.
+    pub ack_lag: AckLag,
 }
 
 impl SdsMetrics {
@@ -30,5 +74,25 @@ impl SdsMetrics {
 
     pub(crate) fn decr(counter: &AtomicU64) {
         counter.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ack_lag_lands_in_the_right_buckets() {
+        let lag = AckLag::default();
+        lag.observe(Duration::from_millis(3));
+        lag.observe(Duration::from_millis(40));
+        lag.observe(Duration::from_secs(60));
+        let (sum, count, buckets) = lag.read();
+        assert_eq!(count, 3);
+        assert!((sum - 60.043).abs() < 1e-9, "{sum}");
+        assert_eq!(buckets[0], (0.005, 1));
+        assert_eq!(buckets[3], (0.05, 1));
+        assert_eq!(buckets[12], (f64::INFINITY, 1));
+        assert_eq!(buckets.iter().map(|b| b.1).sum::<u64>(), 3);
     }
 }

@@ -157,6 +157,15 @@ impl Session {
     }
 
     fn usable(&self, snapshot: Arc<Snapshot>) -> Result<Option<Arc<Snapshot>>, Status> {
+        if let Some(rule) = snapshot.claim_rules.get(self.key()) {
+            if let Err(reason) = rule.check(&self.claims) {
+                return Err(self.shared.auth_failure(Status::permission_denied(format!(
+                    "token {} is refused for proxy {}: {reason}",
+                    self.claims.id,
+                    self.key()
+                ))));
+            }
+        }
         match IdentityState::of(&snapshot, self.key()) {
             IdentityState::Ready(_) | IdentityState::NoIdentity(_) => Ok(Some(snapshot)),
             IdentityState::Waiting => Ok(None),
@@ -178,12 +187,14 @@ impl Drop for Session {
         if self.registered {
             self.shared.registry.remove(self.id);
             SdsMetrics::decr(&self.shared.metrics.streams_open);
-            self.shared.emit(StreamEvent::Disconnected {
-                stream: self.id,
-                proxy: self.ctx.key.clone(),
-            });
-            tracing::debug!(stream = %self.id, proxy = %self.ctx.key, "proxy disconnected");
         }
+        // Every session reported `Connected`, fetches included: the owner must hear that it ended, or a
+        // fetching proxy would count as connected (and be renewed) forever.
+        self.shared.emit(StreamEvent::Disconnected {
+            stream: self.id,
+            proxy: self.ctx.key.clone(),
+        });
+        tracing::debug!(stream = %self.id, proxy = %self.ctx.key, "proxy disconnected");
     }
 }
 

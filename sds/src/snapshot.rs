@@ -58,6 +58,58 @@ pub struct Snapshot {
     /// The CAs that validate the zone egress identity (`system_trust_bundle_egress`), if
     /// an egress identity exists.
     pub egress: Option<Arc<TrustBundle>>,
+    /// What a token must not contradict to be served as a proxy (its Dataplane resource, or
+    /// the token that registered it). Checked by every stream against its own token, so a
+    /// token claiming other labels never receives the proxy's secrets.
+    pub claim_rules: HashMap<ProxyKey, Arc<ClaimRule>>,
+}
+
+/// The labels and services a proxy was given; a token may claim a subset, never other
+/// values.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClaimRule {
+    /// The proxy's labels.
+    pub labels: BTreeMap<String, String>,
+    /// The `kuma.io/service` of each of its inbounds.
+    pub services: Vec<String>,
+}
+
+/// The label whose value defaults to the proxy name in tokens.
+const WORKLOAD_LABEL: &str = "kuma.io/workload";
+/// The inbound tag naming a service.
+const SERVICE_TAG: &str = "kuma.io/service";
+
+impl ClaimRule {
+    /// Why `claims` contradict the rule, if they do. The implicit `kuma.io/workload` label
+    /// (the proxy name) is not a claim.
+    pub fn check(&self, claims: &meshca_auth::Claims) -> Result<(), String> {
+        for (k, v) in &claims.labels {
+            if k == WORKLOAD_LABEL && v == &claims.name {
+                continue;
+            }
+            match self.labels.get(k) {
+                Some(given) if given == v => {}
+                Some(given) => {
+                    return Err(format!(
+                        "the token claims label {k}={v}, but the proxy was given {k}={given}"
+                    ))
+                }
+                None => {
+                    return Err(format!(
+                        "the token claims label {k}={v}, which the proxy was not given"
+                    ))
+                }
+            }
+        }
+        if let Some(service) = claims.tags.get(SERVICE_TAG) {
+            if !self.services.iter().any(|s| s == service) {
+                return Err(format!(
+                    "the token claims {SERVICE_TAG}={service}, which none of the proxy's inbounds has"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Snapshot {
@@ -70,6 +122,7 @@ impl Snapshot {
             meshes: HashMap::new(),
             all: Arc::new(TrustBundle::new(BTreeMap::new())),
             egress: None,
+            claim_rules: HashMap::new(),
         }
     }
 }

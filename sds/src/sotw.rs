@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
+use std::time::Instant;
 
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use meshca_auth::Claims;
@@ -82,6 +83,8 @@ struct Sent {
     resources: Vec<String>,
     /// The newest snapshot generation whose content equals this response.
     generation: u64,
+    /// When it was sent, for the ACK-lag metric.
+    sent_at: Instant,
 }
 
 struct SotwStream {
@@ -179,6 +182,7 @@ impl SotwStream {
             });
         } else if request.version_info == sent.version {
             SdsMetrics::incr(&shared.metrics.acks);
+            shared.metrics.ack_lag.observe(sent.sent_at.elapsed());
             self.acked = true;
             self.record_ack();
         } else {
@@ -293,6 +297,7 @@ impl SotwStream {
             version,
             resources: names,
             generation: self.snapshot.generation,
+            sent_at: Instant::now(),
         });
         self.acked = false;
         Ok(())

@@ -218,3 +218,41 @@ async fn delta_streams_are_authenticated_too() {
     };
     assert_eq!(status.code(), Code::PermissionDenied);
 }
+
+#[tokio::test]
+async fn a_token_contradicting_the_proxy_claim_rule_gets_nothing() {
+    use meshca_sds::ClaimRule;
+    use std::collections::BTreeMap;
+    let world = World::new();
+    let mut snapshot = world.snapshot(1);
+    snapshot.claim_rules.insert(
+        web1(),
+        std::sync::Arc::new(ClaimRule {
+            labels: BTreeMap::from([("app".to_owned(), "web".to_owned())]),
+            services: vec!["web".to_owned()],
+        }),
+    );
+    let harness = Harness::start_with(meshca_sds::ServerOptions::default(), snapshot).await;
+    let labels = BTreeMap::from([("app".to_owned(), "db".to_owned())]);
+    let claims = Claims::new_dataplane(
+        "default",
+        "web-1",
+        labels,
+        BTreeMap::new(),
+        Duration::from_secs(3600),
+        now_unix(),
+    )
+    .expect("valid claims");
+    let token = harness.signing.mint(&claims).expect("mint");
+    let mut client = meshca_sds::SdsClient::connect(&harness.unix_target, None, token)
+        .await
+        .expect("connect");
+    let error = client
+        .fetch("default.web-1", &["default".to_owned()], None)
+        .await
+        .expect_err("a contradicting token must not receive web-1's identity");
+    assert!(
+        error.to_string().contains("app=db"),
+        "the refusal says why: {error}"
+    );
+}

@@ -12,7 +12,7 @@ use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
 use meshca_auth::ProxyType;
 use meshca_sds::{
     describe, tls_certificate_parts, ClientError, ProxyEntry, SdsClient, SecretKindView,
-    DISABLE_SPIFFE_VALIDATION_KEY, SPIFFE_VALIDATOR_NAME,
+    StreamEvent, DISABLE_SPIFFE_VALIDATION_KEY, SPIFFE_VALIDATOR_NAME,
 };
 use std::time::Duration;
 
@@ -433,4 +433,28 @@ async fn no_identity_serves_trust_but_not_identity() {
         .map(|any| decode_any(any).name)
         .collect();
     assert_eq!(served, ["ROOTCA", "system_trust_bundle"]);
+}
+
+#[tokio::test]
+async fn a_fetch_reports_its_end_so_the_proxy_does_not_stay_connected() {
+    let mut harness = Harness::start().await;
+    let mut client = client(&harness, "default", "web-1").await;
+    fetch_one(&mut client, "default.web-1", "default", None).await;
+    let connected = harness
+        .event(|event| match event {
+            StreamEvent::Connected { stream, .. } => Some(stream),
+            _ => None,
+        })
+        .await;
+    let (ended, proxy) = harness
+        .event(|event| match event {
+            StreamEvent::Disconnected { stream, proxy } => Some((stream, proxy)),
+            _ => None,
+        })
+        .await;
+    assert_eq!((ended, proxy), (connected, web1()));
+    assert!(
+        harness.server.registry().is_empty(),
+        "fetches are not streams"
+    );
 }

@@ -87,19 +87,9 @@ async fn from_keystore(args: &IssueArgs, mesh: &str, name: &str) -> anyhow::Resu
                 lines.join("\n  ")
             )))
         })?;
-        let dp = world
-            .resources
-            .dataplanes
-            .iter()
-            .find(|d| d.mesh == mesh && d.name == name);
+        let dp = world.resources.dataplane(mesh, name);
         let info = match dp {
-            Some(d) => DataplaneInfo::new(
-                mesh,
-                name,
-                d.labels.clone(),
-                d.inbounds.iter().map(|i| i.tags.clone()).collect(),
-                Origin::File,
-            ),
+            Some(d) => DataplaneInfo::from_file(d),
             None => DataplaneInfo::new(mesh, name, Default::default(), Vec::new(), Origin::Token),
         };
         let desired = match plan::decide(
@@ -127,7 +117,8 @@ async fn from_keystore(args: &IssueArgs, mesh: &str, name: &str) -> anyhow::Resu
             &desired.spiffe_id,
             now,
         )?;
-        let anchors = bundles::mesh_anchors(&world.meshes[mesh]);
+        let mesh_state = &world.meshes[mesh];
+        let anchors = bundles::mesh_anchors(mesh_state, &bundles::mesh_cas(mesh_state));
         let bundle: String = anchors.values().flatten().cloned().collect();
         let files = Files {
             svid: svid.chain_pem.clone(),

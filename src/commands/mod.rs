@@ -1,6 +1,7 @@
 //! One module per subcommand; `run` dispatches.
 
 mod bench;
+mod drill;
 mod inspect;
 mod issue;
 mod sds_fetch;
@@ -31,6 +32,7 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Inspect(args) => inspect::run(args),
         Command::Status(args) => status::run(args).await,
         Command::Bench(crate::cli::BenchCommand::Issuance(args)) => bench::issuance(args),
+        Command::Drill(args) => drill::run(args).await,
     }
 }
 

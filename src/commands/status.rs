@@ -148,6 +148,37 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
+    let waits = status["rollout"].as_array().unwrap_or(&empty);
+    if !waits.is_empty() {
+        println!();
+        println!("rollout in progress:");
+        for w in waits {
+            let names: Vec<String> = w["waiting_for"]
+                .as_array()
+                .unwrap_or(&empty)
+                .iter()
+                .map(s)
+                .collect();
+            println!(
+                "  mesh {}: {} for CA {} since {}: waiting for {} prox{} ({}){}",
+                s(&w["mesh"]),
+                s(&w["step"]),
+                s(&w["ca"]),
+                s(&w["since"]),
+                s(&w["waiting_count"]),
+                if w["waiting_count"].as_u64() == Some(1) {
+                    "y"
+                } else {
+                    "ies"
+                },
+                names.join(", "),
+                w["timeout_in_seconds"]
+                    .as_i64()
+                    .map(|t| format!("; proceeds anyway in {}", human_duration(t)))
+                    .unwrap_or_default()
+            );
+        }
+    }
     if let Some(r) = status["last_rejected_update"].as_object() {
         println!();
         println!(

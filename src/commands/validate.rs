@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use meshca_keystore::MemoryKeystore;
 
 use crate::cli::{Output, ValidateArgs};
-use crate::serve::world::{CaSource, UpdateError, World};
+use crate::serve::world::{CaSource, UpdateError};
 
 #[derive(serde::Serialize)]
 struct Report {
@@ -42,21 +42,17 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
     };
     if let Some(settings) = &settings {
         for dir in &dirs {
-            match meshca_config::load_dir(dir) {
-                Err(errs) => errors.extend(errs.iter().map(UpdateError::from)),
-                Ok(resources) => {
-                    // Validation must not create CAs in the daemon's data directory: generated CAs go to memory.
-                    let keystore = MemoryKeystore::new();
-                    let src = CaSource {
-                        keystore: &keystore,
-                        settings,
-                        previous: None,
-                        now: SystemTime::now(),
-                    };
-                    if let Err(mut errs) = World::load(resources, &src) {
-                        errors.append(&mut errs);
-                    }
-                }
+            let (resources, parse_errors) = meshca_config::load_dir_lenient(dir);
+            // Validation must not create CAs in the daemon's data directory: generated CAs go to memory.
+            let keystore = MemoryKeystore::new();
+            let src = CaSource {
+                keystore: &keystore,
+                settings,
+                previous: None,
+                now: SystemTime::now(),
+            };
+            if let Err(mut errs) = crate::serve::check_world(resources, parse_errors, &src) {
+                errors.append(&mut errs);
             }
         }
     }

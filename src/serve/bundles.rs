@@ -6,6 +6,9 @@ use std::sync::Arc;
 use meshca_config::{MeshService, ServiceIdentity};
 use meshca_sds::{MeshServiceTrust, MeshView, ProxyEntry, ProxyKey, Snapshot, TrustBundle};
 
+use meshca_ca::CertificateAuthority;
+
+use super::rollout::CaTrust;
 use super::world::{IdentityProvider, MeshState, World};
 
 /// (mesh, MeshService name) → the exact SPIFFE IDs its proxies present.
@@ -14,28 +17,46 @@ pub type ServiceIds = HashMap<(String, String), BTreeSet<String>>;
 /// Trust domain → PEM certificates, deduplicated and in a stable order.
 type Anchors = BTreeMap<String, BTreeSet<String>>;
 
-/// Everything `mesh` trusts: its enabled and secondary backends, its MeshIdentity CAs that publish a
-/// MeshTrust, and its MeshTrust resources.
-pub fn mesh_anchors(mesh: &MeshState) -> Anchors {
-    let mut anchors = Anchors::new();
-    for backend in mesh.enabled_backend.iter().chain(&mesh.secondary_backends) {
-        anchors
-            .entry(mesh.name.clone())
-            .or_default()
-            .extend(backend.ca.ca.bundle_pems());
+/// A CA as a mesh's bundles carry it.
+pub fn ca_trust(mesh: &str, trust_domain: &str, ca: &CertificateAuthority) -> CaTrust {
+    CaTrust {
+        mesh: mesh.to_owned(),
+        ca_id: ca.id().to_owned(),
+        trust_domain: trust_domain.to_owned(),
+        pems: ca.bundle_pems(),
+        subject: ca.subject().to_owned(),
     }
-    for identity in &mesh.identities {
-        if let IdentityProvider::Bundled {
+}
+
+/// The CAs meshca runs that `mesh`'s bundles publish: its enabled and secondary backends (trust domain: the
+/// mesh name), and the CAs of its MeshIdentities that create a MeshTrust.
+pub fn mesh_cas(mesh: &MeshState) -> Vec<CaTrust> {
+    let backends = mesh
+        .enabled_backend
+        .iter()
+        .chain(&mesh.secondary_backends)
+        .flat_map(|b| &b.generations)
+        .map(|g| ca_trust(&mesh.name, &mesh.name, &g.ca));
+    let identities = mesh.identities.iter().filter_map(|i| match &i.provider {
+        IdentityProvider::Bundled {
             ca,
             mesh_trust_creation: true,
             ..
-        } = &identity.provider
-        {
-            anchors
-                .entry(identity.trust_domain.to_string())
-                .or_default()
-                .extend(ca.ca.bundle_pems());
-        }
+        } => Some(ca_trust(&mesh.name, i.trust_domain.as_str(), &ca.ca)),
+        _ => None,
+    });
+    backends.chain(identities).collect()
+}
+
+/// Everything `mesh` trusts: the CAs `cas` (what [`mesh_cas`] gives, as the rollout gate publishes it) and the
+/// mesh's MeshTrust resources.
+pub fn mesh_anchors(mesh: &MeshState, cas: &[CaTrust]) -> Anchors {
+    let mut anchors = Anchors::new();
+    for ca in cas {
+        anchors
+            .entry(ca.trust_domain.clone())
+            .or_default()
+            .extend(ca.pems.iter().cloned());
     }
     for trust in &mesh.trusts {
         anchors
@@ -110,6 +131,7 @@ pub fn service_spiffe_ids(mesh: &str, service: &MeshService) -> BTreeSet<String>
 pub fn snapshot(
     generation: u64,
     world: &World,
+    trust: &BTreeMap<String, Vec<CaTrust>>,
     proxies: HashMap<ProxyKey, ProxyEntry>,
     service_ids: &ServiceIds,
     cache: &mut BundleCache,
@@ -117,7 +139,8 @@ pub fn snapshot(
     let mut all = Anchors::new();
     let mut meshes = HashMap::new();
     for mesh in world.meshes.values() {
-        let anchors = mesh_anchors(mesh);
+        let cas = trust.get(&mesh.name).map(Vec::as_slice).unwrap_or_default();
+        let anchors = mesh_anchors(mesh, cas);
         for (td, pems) in &anchors {
             all.entry(td.clone())
                 .or_default()
@@ -151,6 +174,7 @@ pub fn snapshot(
     }
     let all = cache.bundle("all", &all);
     Snapshot {
+        claim_rules: HashMap::new(),
         generation,
         proxies,
         meshes,

@@ -12,6 +12,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use super::plan::Issuer;
+use super::rollout::GateEvent;
 use super::status::Status;
 
 /// Labels of per-issuer metrics.
@@ -42,6 +43,19 @@ pub struct Metrics {
     earliest_cert_expiry: Gauge,
     earliest_ca_expiry: Gauge,
     connected_proxies: Family<MeshLabels, Gauge>,
+    proxies_by_issuer: Family<IssuerLabels, Gauge>,
+    rollout_waits: Family<StepLabels, Counter>,
+    rollout_timeouts: Family<StepLabels, Counter>,
+    removed_while_presented: Family<MeshLabels, Counter>,
+}
+
+/// Labels of rollout metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepLabels {
+    /// Mesh name.
+    pub mesh: String,
+    /// `trust-before-identity`, `break-last` or `identity-ack`.
+    pub step: String,
 }
 
 /// Reads the SDS server's counters at scrape time.
@@ -89,6 +103,16 @@ impl Collector for SdsCollector {
                 counter.metric_type(),
             )?)?;
         }
+        let (sum, count, buckets) = m.ack_lag.read();
+        let mut lag = encoder.encode_descriptor(
+            "meshca_sds_ack_lag_seconds",
+            "Time from an SDS push to the proxy's ACK",
+            None,
+            prometheus_client::metrics::MetricType::Histogram,
+        )?;
+        lag.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+            sum, count, &buckets, None,
+        )?;
         Ok(())
     }
 }
@@ -139,6 +163,30 @@ impl Metrics {
             "Proxies with at least one SDS stream",
             connected_proxies.clone(),
         );
+        let proxies_by_issuer = Family::<IssuerLabels, Gauge>::default();
+        registry.register(
+            "meshca_rotation_proxies",
+            "Connected proxies holding a certificate from each issuer (rotation progress)",
+            proxies_by_issuer.clone(),
+        );
+        let rollout_waits = Family::<StepLabels, Counter>::default();
+        registry.register(
+            "meshca_rollout_waits",
+            "Rollout steps that waited for proxies to ACK (DESIGN §8)",
+            rollout_waits.clone(),
+        );
+        let rollout_timeouts = Family::<StepLabels, Counter>::default();
+        registry.register(
+            "meshca_rollout_timeouts",
+            "Rollout steps that proceeded after rollout.ackTimeout without every ACK",
+            rollout_timeouts.clone(),
+        );
+        let removed_while_presented = Family::<MeshLabels, Counter>::default();
+        registry.register(
+            "meshca_ca_removed_while_presented",
+            "CAs removed from the configuration while connected proxies still presented their certificates",
+            removed_while_presented.clone(),
+        );
         registry.register_collector(Box::new(SdsCollector(sds)));
         Metrics {
             registry,
@@ -149,6 +197,10 @@ impl Metrics {
             earliest_cert_expiry,
             earliest_ca_expiry,
             connected_proxies,
+            proxies_by_issuer,
+            rollout_waits,
+            rollout_timeouts,
+            removed_while_presented,
         }
     }
 
@@ -187,6 +239,34 @@ impl Metrics {
                 })
                 .set(mesh.connected_proxies as i64);
         }
+        self.proxies_by_issuer.clear();
+        for mesh in &status.meshes {
+            for (issuer, count) in &mesh.proxies_by_issuer {
+                let labels = IssuerLabels {
+                    mesh: mesh.name.clone(),
+                    issuer: issuer.clone(),
+                };
+                self.proxies_by_issuer
+                    .get_or_create(&labels)
+                    .set(*count as i64);
+            }
+        }
+    }
+
+    /// Counts a rollout event.
+    pub fn gate_event(&self, mesh: &str, event: GateEvent) {
+        let step = |step: &str| StepLabels {
+            mesh: mesh.into(),
+            step: step.into(),
+        };
+        match event {
+            GateEvent::WaitStarted(s) => self.rollout_waits.get_or_create(&step(s)).inc(),
+            GateEvent::TimedOut(s) => self.rollout_timeouts.get_or_create(&step(s)).inc(),
+            GateEvent::RemovedWhilePresented => self
+                .removed_while_presented
+                .get_or_create(&MeshLabels { mesh: mesh.into() })
+                .inc(),
+        };
     }
 
     /// The Prometheus text exposition.
@@ -196,5 +276,35 @@ impl Metrics {
             tracing::error!("metrics could not be encoded");
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_names_every_documented_family() {
+        let metrics = Metrics::new(Arc::default());
+        metrics.issued(
+            "default",
+            &Issuer::Backend("ca-1".into()),
+            Duration::from_millis(1),
+        );
+        let text = metrics.encode();
+        for family in [
+            "meshca_certificates_issued_total{mesh=\"default\",issuer=\"backend ca-1\"} 1",
+            "meshca_issuance_seconds_count 1",
+            "meshca_sds_streams 0",
+            "meshca_sds_pushes_total",
+            "meshca_sds_acks_total",
+            "meshca_sds_nacks_total",
+            "meshca_sds_ack_lag_seconds_bucket{le=\"+Inf\"} 0",
+            "meshca_earliest_certificate_expiry_seconds",
+            "meshca_earliest_ca_expiry_seconds",
+            "meshca_rejected_updates_total",
+        ] {
+            assert!(text.contains(family), "{family} missing from:\n{text}");
+        }
     }
 }

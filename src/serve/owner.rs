@@ -7,12 +7,15 @@ use std::time::SystemTime;
 
 use meshca_auth::{Claims, ProxyType};
 use meshca_ca::{Svid, SvidRequest};
-use meshca_sds::{ProxyEntry, ProxyIdentity, ProxyKey, SecretPem, Snapshot, StreamEvent, StreamId};
+use meshca_sds::{
+    ClaimRule, ProxyEntry, ProxyIdentity, ProxyKey, SecretPem, Snapshot, StreamEvent, StreamId,
+};
 use tokio::sync::watch;
 
 use super::bundles;
 use super::metrics::Metrics;
 use super::plan::{self, DataplaneInfo, Decision, Desired, Issuer, Origin};
+use super::rollout::{self, CaTrust, Gate, StreamSource, Wait};
 use super::status::{self, Status};
 use super::world::{UpdateError, World};
 
@@ -33,6 +36,14 @@ pub struct Issued {
     pub regenerations: u64,
     /// What SDS serves.
     pub published: Arc<ProxyIdentity>,
+    /// The issuing CA as bundles carry it.
+    pub ca_trust: CaTrust,
+    /// The CA of the certificate this one replaced, until the proxy ACKs this one (break last).
+    pub previous: Option<CaTrust>,
+    /// The snapshot generation that first served this certificate.
+    pub published_generation: u64,
+    /// When it was issued.
+    pub issued_at: SystemTime,
 }
 
 /// A rejected resource update, kept for the admin API and `meshca status`.
@@ -56,9 +67,17 @@ pub struct Owner {
     streams: HashMap<ProxyKey, HashSet<StreamId>>,
     issued: HashMap<ProxyKey, Issued>,
     decisions: HashMap<ProxyKey, Result<(), String>>,
+    /// The last token refused for each proxy, and why.
+    refused_tokens: BTreeMap<ProxyKey, String>,
     last_rejected: Option<Rejected>,
     generation: u64,
     bundles: bundles::BundleCache,
+    gate: Gate,
+    streams_source: Option<Arc<dyn StreamSource>>,
+    /// Something waits on ACKs: ACK events trigger a reconcile.
+    pending: bool,
+    /// The configuration changed since the last reconcile (new CAs may need ACKs).
+    world_changed: bool,
     metrics: Arc<Metrics>,
     snapshot_tx: watch::Sender<Arc<Snapshot>>,
     status_tx: watch::Sender<Arc<Status>>,
@@ -83,13 +102,25 @@ impl Owner {
             streams: HashMap::new(),
             issued: HashMap::new(),
             decisions: HashMap::new(),
+            refused_tokens: BTreeMap::new(),
             last_rejected: None,
             generation: 0,
             bundles: bundles::BundleCache::default(),
+            gate: Gate::new(true, settings.rollout.ack_timeout.as_std()),
+            streams_source: None,
+            pending: false,
+            world_changed: true,
             metrics,
             snapshot_tx,
             status_tx,
         }
+    }
+
+    /// Turns the ordering gate of DESIGN §8 on or off; `streams` tells which proxies hold what.
+    pub fn with_gate(mut self, gate: bool, streams: Arc<dyn StreamSource>) -> Owner {
+        self.gate = Gate::new(gate, self.gate.ack_timeout());
+        self.streams_source = Some(streams);
+        self
     }
 
     /// The configuration currently serving.
@@ -99,9 +130,15 @@ impl Owner {
 
     /// Replaces the serving configuration with an accepted update.
     pub fn accept(&mut self, world: World) {
+        self.replace_world(world);
+        self.last_rejected = None;
+    }
+
+    /// Replaces the serving configuration with the same resources re-evaluated (automatic CA rotation).
+    pub fn replace_world(&mut self, world: World) {
         self.world = Arc::new(world);
         self.world_generation += 1;
-        self.last_rejected = None;
+        self.world_changed = true;
     }
 
     /// Records a rejected update; the current configuration keeps serving.
@@ -124,7 +161,20 @@ impl Owner {
                     mesh: claims.mesh.clone(),
                     name: claims.name.clone(),
                 };
-                self.registrations.insert(key.clone(), claims);
+                // A token that contradicts what the proxy was given (its Dataplane file, or the token that
+                // registered it and is still connected) neither changes the proxy nor counts as it: the
+                // stream refuses itself against the snapshot's claim rule.
+                if let Some(rule) = self.claim_rule(&key) {
+                    if let Err(reason) = rule.check(&claims) {
+                        tracing::warn!(proxy = %key, token = %claims.id, "refused a token: {reason}");
+                        self.refused_tokens.insert(key, reason);
+                        // Only the status changes; the reconcile that publishes it issues nothing.
+                        return true;
+                    }
+                }
+                if !self.streams.contains_key(&key) {
+                    self.registrations.insert(key.clone(), claims);
+                }
                 self.streams.entry(key).or_default().insert(stream)
             }
             StreamEvent::Disconnected { stream, proxy } => {
@@ -138,9 +188,23 @@ impl Owner {
                 }
                 false
             }
-            // NACKs are logged and counted by the SDS server; ACKs matter once rollouts are gated on them.
+            // A rollout waiting on ACKs may proceed; NACKs are logged and counted by the SDS server.
+            StreamEvent::Acked { .. } => self.pending,
             _ => false,
         }
+    }
+
+    /// What a token for `key` must not contradict: the Dataplane file, else the registering token while its
+    /// proxy is connected.
+    fn claim_rule(&self, key: &ProxyKey) -> Option<ClaimRule> {
+        if let Some(dp) = self.world.resources.dataplane(&key.mesh, &key.name) {
+            return Some(claim_rule(&DataplaneInfo::from_file(dp)));
+        }
+        if !self.streams.contains_key(key) {
+            return None;
+        }
+        let claims = self.registrations.get(key)?;
+        Some(claim_rule(&DataplaneInfo::from_claims(claims)))
     }
 
     /// The dataplanes meshca knows: from files, then from tokens of proxies that connected.
@@ -151,17 +215,7 @@ impl Owner {
                 mesh: dp.mesh.clone(),
                 name: dp.name.clone(),
             };
-            let services = dp.inbounds.iter().map(|i| i.tags.clone()).collect();
-            out.insert(
-                key,
-                Ok(DataplaneInfo::new(
-                    &dp.mesh,
-                    &dp.name,
-                    dp.labels.clone(),
-                    services,
-                    Origin::File,
-                )),
-            );
+            out.insert(key, Ok(DataplaneInfo::from_file(dp)));
         }
         for (key, claims) in &self.registrations {
             match out.get(key) {
@@ -172,20 +226,7 @@ impl Owner {
                 }
                 Some(Err(_)) => {}
                 None => {
-                    // The token's tags describe the proxy's one inbound.
-                    let services = if claims.tags.is_empty() {
-                        Vec::new()
-                    } else {
-                        vec![claims.tags.clone()]
-                    };
-                    let info = DataplaneInfo::new(
-                        &claims.mesh,
-                        &claims.name,
-                        claims.labels.clone(),
-                        services,
-                        Origin::Token,
-                    );
-                    out.insert(key.clone(), Ok(info));
+                    out.insert(key.clone(), Ok(DataplaneInfo::from_claims(claims)));
                 }
             }
         }
@@ -220,15 +261,53 @@ impl Owner {
         out
     }
 
-    /// Brings every connected proxy's certificate up to date at `now`, then publishes a snapshot and status.
+    /// Brings every connected proxy's certificate up to date at `now`, in the order DESIGN §8 demands, then
+    /// publishes a snapshot and status.
     ///
-    /// Returns the earliest time a certificate is due for renewal.
+    /// Returns the earliest time something is due: a renewal, or a rollout timeout.
     pub fn reconcile(&mut self, now: SystemTime) -> Option<SystemTime> {
         let dataplanes = self.dataplanes();
+        let next_generation = self.generation + 1;
+        // The stream list is read only when something may wait on ACKs: it is one copy per open stream.
+        let fetched = self.gate.enabled() && (self.pending || self.world_changed);
+        let streams = match &self.streams_source {
+            Some(source) if fetched => source.list(),
+            _ => Vec::new(),
+        };
+        self.world_changed = false;
+        self.gate.begin();
+        self.gate.confirm(&streams, now);
+        self.settle_previous(&streams, now);
+
+        // Break last: what proxies present now (their certificate, and the one it replaces until they ACK
+        // it) stays trusted even when the configuration removed its CA.
+        let presented: Vec<(ProxyKey, CaTrust)> = self
+            .issued
+            .iter()
+            .filter(|(k, _)| self.streams.contains_key(*k))
+            .flat_map(|(k, i)| {
+                std::iter::once(&i.ca_trust)
+                    .chain(i.previous.as_ref())
+                    .map(|ca| (k.clone(), ca.clone()))
+            })
+            .collect();
+        let desired = self
+            .world
+            .meshes
+            .values()
+            .flat_map(bundles::mesh_cas)
+            .collect();
+        let trust = self
+            .gate
+            .plan_trust(desired, &presented, next_generation, now);
+        if fetched {
+            // A CA that no connected stream must carry may issue at once.
+            self.gate.confirm(&streams, now);
+        }
+
         let mut entries: HashMap<ProxyKey, ProxyEntry> = HashMap::new();
         self.decisions.clear();
         let mut next_renewal: Option<SystemTime> = None;
-
         let connected: Vec<ProxyKey> = self.streams.keys().cloned().collect();
         for key in &connected {
             let proxy_type = self.registrations.get(key).map(|c| c.proxy_type);
@@ -259,33 +338,42 @@ impl Owner {
                     self.key_algorithm,
                 )
             };
-            match decision {
+            let desired = match decision {
                 Decision::NoIdentity(reason) => {
                     self.decisions.insert(key.clone(), Err(reason.clone()));
                     entries.insert(key.clone(), ProxyEntry::NoIdentity { reason });
+                    continue;
                 }
-                Decision::Issue(desired) => {
-                    if self.needs_issue(key, &desired, now) {
-                        if let Err(reason) = self.issue(key, &desired, now) {
-                            self.metrics.issue_failed(&key.mesh, &desired.issuer);
-                            tracing::error!(proxy = %key, issuer = %desired.issuer, "certificate not issued: {reason}");
-                        }
-                    }
-                    match self.issued.get(key) {
-                        Some(issued) => {
-                            next_renewal = Some(
-                                next_renewal.map_or(issued.renew_at, |t| t.min(issued.renew_at)),
-                            );
-                            entries
-                                .insert(key.clone(), ProxyEntry::Ready(issued.published.clone()));
-                            self.decisions.insert(key.clone(), Ok(()));
-                        }
-                        None => {
-                            let reason = "issuance failed; see the daemon log".to_owned();
-                            self.decisions.insert(key.clone(), Err(reason.clone()));
-                            entries.insert(key.clone(), ProxyEntry::NoIdentity { reason });
-                        }
-                    }
+                Decision::Issue(desired) => desired,
+            };
+            // Trust before identity: a CA issues only once every stream that must trust it has ACKed it.
+            let gated = !self.gate.may_issue(&key.mesh, desired.ca.id());
+            if self.needs_issue(key, &desired, now) && !gated {
+                if let Err(reason) = self.issue(key, &desired, next_generation, now) {
+                    self.metrics.issue_failed(&key.mesh, &desired.issuer);
+                    tracing::error!(proxy = %key, issuer = %desired.issuer, "certificate not issued: {reason}");
+                }
+            }
+            match self.issued.get(key) {
+                Some(issued) => {
+                    next_renewal =
+                        Some(next_renewal.map_or(issued.renew_at, |t| t.min(issued.renew_at)));
+                    entries.insert(key.clone(), ProxyEntry::Ready(issued.published.clone()));
+                    self.decisions.insert(key.clone(), Ok(()));
+                }
+                None if gated => {
+                    entries.insert(key.clone(), ProxyEntry::Pending);
+                    self.decisions.insert(
+                        key.clone(),
+                        Err(
+                            "waiting for connected proxies to ACK the new CA's trust bundle".into(),
+                        ),
+                    );
+                }
+                None => {
+                    let reason = "issuance failed; see the daemon log".to_owned();
+                    self.decisions.insert(key.clone(), Err(reason.clone()));
+                    entries.insert(key.clone(), ProxyEntry::NoIdentity { reason });
                 }
             }
         }
@@ -295,17 +383,91 @@ impl Owner {
             .retain(|k, _| dataplanes.get(k).is_some_and(|d| d.is_ok()));
 
         let service_ids = self.service_identities(&dataplanes);
-        self.generation += 1;
-        let snapshot = bundles::snapshot(
+        self.generation = next_generation;
+        let mut snapshot = bundles::snapshot(
             self.generation,
             &self.world,
+            &trust,
             entries,
             &service_ids,
             &mut self.bundles,
         );
+        // Every filed dataplane has a rule (a contradicting token is refused at once, connected or not);
+        // a token-registered one only while the registering proxy is connected.
+        snapshot.claim_rules = dataplanes
+            .iter()
+            .filter_map(|(k, d)| match d {
+                Ok(info) if info.origin == Origin::File || self.streams.contains_key(k) => {
+                    Some((k.clone(), Arc::new(claim_rule(info))))
+                }
+                _ => None,
+            })
+            .collect();
         self.snapshot_tx.send_replace(Arc::new(snapshot));
+        for (mesh, event) in self.gate.take_events() {
+            self.metrics.gate_event(&mesh, event);
+        }
+        self.pending = self.gate.pending() || self.issued.values().any(|i| i.previous.is_some());
         self.publish_status(&dataplanes, &service_ids, now);
-        next_renewal
+        let previous_deadline = self
+            .issued
+            .values()
+            .filter(|i| i.previous.is_some())
+            .map(|i| i.issued_at + self.gate.ack_timeout())
+            .min();
+        [
+            next_renewal,
+            self.gate.next_deadline(),
+            previous_deadline,
+            self.world.next_rotation_event(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Forgets the previous certificate of every proxy that ACKed its replacement on each stream it
+    /// receives its identity on, that disconnected, or whose `ackTimeout` passed.
+    fn settle_previous(&mut self, streams: &[meshca_sds::StreamInfo], now: SystemTime) {
+        let timeout = self.gate.ack_timeout();
+        let mut waiting: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+        let mut since: HashMap<(String, String), SystemTime> = HashMap::new();
+        for (key, issued) in self.issued.iter_mut() {
+            let Some(previous) = &issued.previous else {
+                continue;
+            };
+            let connected = self.streams.contains_key(key);
+            let unacked = rollout::waiting_for(streams, issued.published_generation, |s| {
+                &s.proxy == key && s.resources.iter().any(|r| rollout::is_identity_resource(r))
+            });
+            if !connected || unacked.is_empty() {
+                issued.previous = None;
+            } else if now >= issued.issued_at + timeout {
+                tracing::warn!(proxy = %key, "rollout.ackTimeout passed: the proxy has not ACKed its new certificate; no longer keeping its old CA trusted for it");
+                self.gate.timed_out(&key.mesh, "identity-ack");
+                issued.previous = None;
+            } else {
+                let group = (key.mesh.clone(), previous.subject.clone());
+                let t = since.entry(group.clone()).or_insert(issued.issued_at);
+                *t = (*t).min(issued.issued_at);
+                waiting.entry(group).or_default().push(key.to_string());
+            }
+        }
+        for ((mesh, ca), proxies) in waiting {
+            let started = since[&(mesh.clone(), ca.clone())];
+            self.gate.wait(
+                Wait {
+                    mesh,
+                    step: "identity-ack",
+                    ca,
+                    since: status::rfc3339(started),
+                    timeout_in_seconds: status::seconds_until(started + timeout, now).max(0),
+                    waiting_count: proxies.len(),
+                    waiting_for: proxies.into_iter().take(20).collect(),
+                },
+                false,
+            );
+        }
     }
 
     fn needs_issue(&self, key: &ProxyKey, desired: &Desired, now: SystemTime) -> bool {
@@ -322,7 +484,13 @@ impl Owner {
     }
 
     /// Issues, verifies against the issuing CA's bundle and the expected SPIFFE ID, then keeps the certificate.
-    fn issue(&mut self, key: &ProxyKey, desired: &Desired, now: SystemTime) -> Result<(), String> {
+    fn issue(
+        &mut self,
+        key: &ProxyKey,
+        desired: &Desired,
+        generation: u64,
+        now: SystemTime,
+    ) -> Result<(), String> {
         let started = std::time::Instant::now();
         let req = SvidRequest {
             spiffe_id: desired.spiffe_id.clone(),
@@ -342,7 +510,21 @@ impl Owner {
         self.metrics
             .issued(&key.mesh, &desired.issuer, started.elapsed());
         let renew_at = plan::renewal_time(svid.not_before, svid.not_after, self.renew_at, jitter());
-        let regenerations = self.issued.get(key).map_or(0, |i| i.regenerations + 1);
+        let old = self.issued.get(key);
+        let regenerations = old.map_or(0, |i| i.regenerations + 1);
+        let ca_trust = bundles::ca_trust(
+            &key.mesh,
+            svid.spiffe_id.trust_domain().as_str(),
+            &desired.ca,
+        );
+        // Break last: until the proxy ACKs this certificate, peers may still see the one it replaces.
+        let previous = match old {
+            Some(old) if self.gate.enabled() && old.ca_id != ca_trust.ca_id => {
+                Some(old.ca_trust.clone())
+            }
+            Some(old) => old.previous.clone(),
+            None => None,
+        };
         let published = Arc::new(ProxyIdentity {
             spiffe_id: svid.spiffe_id.to_string(),
             identity_name: desired.identity_name.clone(),
@@ -360,6 +542,10 @@ impl Owner {
                 renew_at,
                 regenerations,
                 published,
+                ca_trust,
+                previous,
+                published_generation: generation,
+                issued_at: now,
             },
         );
         Ok(())
@@ -380,6 +566,8 @@ impl Owner {
             issued: &self.issued,
             decisions: &self.decisions,
             last_rejected: self.last_rejected.as_ref(),
+            waits: self.gate.waits(),
+            refused_tokens: &self.refused_tokens,
             now,
         });
         self.metrics.observe_status(&status);
@@ -387,36 +575,18 @@ impl Owner {
     }
 }
 
+/// The claim rule of a dataplane: its labels and services.
+fn claim_rule(info: &DataplaneInfo) -> ClaimRule {
+    ClaimRule {
+        labels: info.labels.clone(),
+        services: info.services().map(str::to_owned).collect(),
+    }
+}
+
 /// Why a token contradicts the dataplane's resource file, if it does: the file wins, and a token that claims
 /// other labels or tags is refused. The implicit `kuma.io/workload` (the proxy name) is not a claim.
 fn contradiction(file: &DataplaneInfo, claims: &Claims) -> Option<String> {
-    for (k, v) in &claims.labels {
-        if k == plan::WORKLOAD_LABEL && v == &claims.name {
-            continue;
-        }
-        match file.labels.get(k) {
-            Some(fv) if fv == v => {}
-            Some(fv) => {
-                return Some(format!(
-                    "the token claims label {k}={v}, but the Dataplane resource says {k}={fv}"
-                ))
-            }
-            None => {
-                return Some(format!(
-                    "the token claims label {k}={v}, which the Dataplane resource does not have"
-                ))
-            }
-        }
-    }
-    if let Some(service) = claims.tags.get(plan::SERVICE_TAG) {
-        if !file.services().any(|s| s == service) {
-            return Some(format!(
-                "the token claims {}={service}, but the Dataplane resource's inbounds do not",
-                plan::SERVICE_TAG
-            ));
-        }
-    }
-    None
+    claim_rule(file).check(claims).err()
 }
 
 /// A uniform number in `[0, 1)` from the system's secure random source.

@@ -67,6 +67,34 @@ impl DataplaneInfo {
         }
     }
 
+    /// A dataplane described by its resource file.
+    pub fn from_file(dp: &meshca_config::Dataplane) -> DataplaneInfo {
+        let inbounds = dp.inbounds.iter().map(|i| i.tags.clone()).collect();
+        DataplaneInfo::new(
+            &dp.mesh,
+            &dp.name,
+            dp.labels.clone(),
+            inbounds,
+            Origin::File,
+        )
+    }
+
+    /// A dataplane registered by the claims of its token (its tags describe its one inbound).
+    pub fn from_claims(claims: &meshca_auth::Claims) -> DataplaneInfo {
+        let inbounds = if claims.tags.is_empty() {
+            Vec::new()
+        } else {
+            vec![claims.tags.clone()]
+        };
+        DataplaneInfo::new(
+            &claims.mesh,
+            &claims.name,
+            claims.labels.clone(),
+            inbounds,
+            Origin::Token,
+        )
+    }
+
     /// The `kuma.io/service` of each inbound, in order.
     pub fn services(&self) -> impl Iterator<Item = &str> {
         self.inbound_tags
@@ -166,7 +194,11 @@ pub fn decide(
                 "MeshIdentity {} uses the Spire provider: its identity is managed by SPIRE, not meshca",
                 identity.name
             )),
-            IdentityProvider::None => unreachable!("identities without a provider were filtered out"),
+            // Not selected above; kept total so a new provider kind cannot panic here.
+            IdentityProvider::None => Decision::NoIdentity(format!(
+                "MeshIdentity {} has no provider: it publishes SPIFFE IDs only",
+                identity.name
+            )),
         };
     }
     let Some(backend) = &mesh.enabled_backend else {

@@ -20,6 +20,8 @@ pub struct Status {
     pub meshes: Vec<MeshStatus>,
     /// Every known dataplane.
     pub dataplanes: Vec<DataplaneStatus>,
+    /// What the rollout gate waits for (DESIGN §8): whom, since when.
+    pub rollout: Vec<super::rollout::Wait>,
     /// The last rejected resource update, until an update is accepted.
     pub last_rejected_update: Option<Rejected>,
     /// Seconds until the earliest served certificate expires.
@@ -123,6 +125,8 @@ pub struct DataplaneStatus {
     pub regenerations: u64,
     /// Why the dataplane has no certificate, when it has none.
     pub reason: Option<String>,
+    /// Why the last token presented for this dataplane was refused, if one was.
+    pub refused_token: Option<String>,
 }
 
 /// What [`build`] reads.
@@ -136,6 +140,8 @@ pub struct Inputs<'a> {
     pub issued: &'a HashMap<ProxyKey, Issued>,
     pub decisions: &'a HashMap<ProxyKey, Result<(), String>>,
     pub last_rejected: Option<&'a Rejected>,
+    pub waits: &'a [super::rollout::Wait],
+    pub refused_tokens: &'a BTreeMap<ProxyKey, String>,
     pub now: SystemTime,
 }
 
@@ -339,6 +345,7 @@ pub fn build(i: Inputs<'_>) -> Status {
                 expires_in_seconds: expires,
                 regenerations: issued.map_or(0, |x| x.regenerations),
                 reason,
+                refused_token: i.refused_tokens.get(key).cloned(),
             }
         })
         .collect();
@@ -347,6 +354,7 @@ pub fn build(i: Inputs<'_>) -> Status {
         generation: i.generation,
         meshes,
         dataplanes,
+        rollout: i.waits.to_vec(),
         last_rejected_update: i.last_rejected.cloned(),
         earliest_cert_expiry_seconds: earliest_cert,
         earliest_ca_expiry_seconds: earliest_ca,

@@ -9,11 +9,15 @@ use std::time::{Duration, SystemTime};
 use meshca_auth::Claims;
 use meshca_config::{Resources, Settings};
 use meshca_keystore::MemoryKeystore;
-use meshca_sds::{ProxyEntry, ProxyIdentity, ProxyKey, Snapshot, StreamEvent, StreamId};
+use meshca_sds::{
+    ProxyEntry, ProxyIdentity, ProxyKey, Snapshot, StreamEvent, StreamId, StreamInfo, StreamKind,
+};
+use std::sync::Mutex;
 use tokio::sync::watch;
 
 use super::metrics::Metrics;
 use super::owner::Owner;
+use super::rollout::StreamSource;
 use super::status::Status;
 use super::world::{CaSource, UpdateError, World};
 
@@ -32,6 +36,43 @@ mtls:
 
 fn t0() -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
+/// Streams as the SDS registry would list them, set by the test.
+#[derive(Debug, Default)]
+struct FakeStreams(Mutex<Vec<StreamInfo>>);
+
+impl StreamSource for FakeStreams {
+    fn list(&self) -> Vec<StreamInfo> {
+        self.0.lock().expect("not poisoned").clone()
+    }
+}
+
+impl FakeStreams {
+    /// A SotW stream of `name` subscribed to its identity and the mesh trust, that ACKed `acked`.
+    fn set(&self, name: &str, id: u64, acked: Option<u64>) {
+        let mut streams = self.0.lock().expect("not poisoned");
+        streams.retain(|s| s.id != StreamId(id));
+        streams.push(StreamInfo {
+            id: StreamId(id),
+            proxy: ProxyKey::new("default", name),
+            kind: StreamKind::Sotw,
+            connected_at: t0(),
+            resources: vec!["default".into(), "system_trust_bundle".into()],
+            last_sent_version: String::new(),
+            last_acked_version: None,
+            acked_generation: acked,
+            nacks: 0,
+            last_nack: None,
+        });
+    }
+
+    fn remove(&self, id: u64) {
+        self.0
+            .lock()
+            .expect("not poisoned")
+            .retain(|s| s.id != StreamId(id));
+    }
 }
 
 struct Harness {
@@ -96,6 +137,18 @@ impl Harness {
 
     /// Connects a proxy with a token carrying `labels` and `tags`; returns its stream id.
     fn connect(&mut self, name: &str, labels: &[(&str, &str)], tags: &[(&str, &str)]) -> StreamId {
+        let (stream, counted) = self.try_connect(name, labels, tags);
+        assert!(counted, "connecting {name} changes nothing");
+        stream
+    }
+
+    /// Connects a proxy; returns its stream id and whether the owner must reconcile.
+    fn try_connect(
+        &mut self,
+        name: &str,
+        labels: &[(&str, &str)],
+        tags: &[(&str, &str)],
+    ) -> (StreamId, bool) {
         let map = |kv: &[(&str, &str)]| {
             kv.iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -112,10 +165,10 @@ impl Harness {
         .expect("valid claims");
         self.next_stream += 1;
         let stream = StreamId(self.next_stream);
-        assert!(self
+        let counted = self
             .owner
-            .on_event(StreamEvent::Connected { stream, claims }));
-        stream
+            .on_event(StreamEvent::Connected { stream, claims });
+        (stream, counted)
     }
 
     fn entry(&self, name: &str) -> ProxyEntry {
@@ -369,20 +422,63 @@ networking:
 "#
     );
     let mut h = Harness::new(&yaml);
-    h.connect("web-1", &[("app", "db")], &[]);
+    h.try_connect("web-1", &[("app", "db")], &[]);
     h.owner.reconcile(t0());
+    assert!(!h
+        .snapshots
+        .borrow()
+        .proxies
+        .contains_key(&ProxyKey::new("default", "web-1")));
+    let status = h.status.borrow().clone();
+    let dp = status
+        .dataplanes
+        .iter()
+        .find(|d| d.name == "web-1")
+        .expect("listed from its file");
     assert!(
-        h.reason("web-1").contains("app=db"),
-        "{}",
-        h.reason("web-1")
+        dp.refused_token
+            .as_deref()
+            .is_some_and(|r| r.contains("app=db")),
+        "{dp:?}"
     );
-    assert!(matches!(h.entry("web-1"), ProxyEntry::Refused { .. }));
 
-    // A token that claims nothing beyond the file gets the file's identity.
-    let mut h = Harness::new(&yaml);
+    // The real proxy is served, and the claim rule SDS checks every token against is the file's.
     h.connect("web-1", &[], &[("kuma.io/service", "web")]);
     h.owner.reconcile(t0());
-    assert_eq!(h.ready("web-1").spiffe_id, "spiffe://default/web");
+    let first = h.ready("web-1");
+    assert_eq!(first.spiffe_id, "spiffe://default/web");
+    let rule = h.snapshots.borrow().claim_rules[&ProxyKey::new("default", "web-1")].clone();
+    assert_eq!(rule.labels.get("app").map(String::as_str), Some("web"));
+
+    // Another contradicting token while it is connected changes nothing for it.
+    h.try_connect("web-1", &[("app", "db")], &[("kuma.io/service", "db")]);
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    assert_eq!(h.ready("web-1").chain_pem, first.chain_pem);
+}
+
+#[test]
+fn the_first_token_of_an_unfiled_proxy_defines_it_while_connected() {
+    let mut h = Harness::new(LEGACY);
+    h.connect("api-1", &[("app", "api")], &[("kuma.io/service", "api")]);
+    h.try_connect(
+        "api-1",
+        &[("app", "other")],
+        &[("kuma.io/service", "other")],
+    );
+    h.owner.reconcile(t0());
+    assert_eq!(h.ready("api-1").spiffe_id, "spiffe://default/api");
+    let status = h.status.borrow().clone();
+    let dp = status
+        .dataplanes
+        .iter()
+        .find(|d| d.name == "api-1")
+        .expect("listed");
+    assert!(
+        dp.refused_token
+            .as_deref()
+            .is_some_and(|r| r.contains("app=other")),
+        "{dp:?}"
+    );
 }
 
 #[test]
@@ -514,4 +610,364 @@ spec:
     // A service of another zone is taken as given, not computed from local dataplanes.
     let remote: Vec<&String> = services["remote"].spiffe_ids().iter().collect();
     assert_eq!(remote, ["spiffe://zone-2.mesh.local/workload/remote"]);
+}
+
+const SWITCHED: &str = r#"
+type: Mesh
+name: default
+mtls:
+  enabledBackend: ca-2
+  secondaryBackends: [ca-1]
+  backends:
+    - name: ca-1
+      type: builtin
+      dpCert: {rotation: {expiration: 10h}}
+    - name: ca-2
+      type: builtin
+      dpCert: {rotation: {expiration: 10h}}
+"#;
+
+const ONLY_CA2: &str = r#"
+type: Mesh
+name: default
+mtls:
+  enabledBackend: ca-2
+  backends:
+    - name: ca-2
+      type: builtin
+      dpCert: {rotation: {expiration: 10h}}
+"#;
+
+/// A harness whose gate reads `streams`, with web-1 (stream 1) and web-2 (stream 2) on ca-1, all ACKed.
+fn gated(gate: bool) -> (Harness, Arc<FakeStreams>) {
+    let streams = Arc::new(FakeStreams::default());
+    let mut h = Harness::new(LEGACY);
+    h.owner = replace_owner(&mut h, gate, streams.clone());
+    h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    h.connect("web-2", &[], &[("kuma.io/service", "web")]);
+    h.owner.reconcile(t0());
+    let g = generation(&h);
+    streams.set("web-1", 1, Some(g));
+    streams.set("web-2", 2, Some(g));
+    (h, streams)
+}
+
+fn replace_owner(h: &mut Harness, gate: bool, streams: Arc<FakeStreams>) -> Owner {
+    let world = load(LEGACY, &h.keystore, &h.settings, None).expect("valid");
+    let (snapshot_tx, snapshots) = watch::channel(Arc::new(Snapshot::empty()));
+    let (status_tx, status) = watch::channel(Arc::new(Status::default()));
+    h.snapshots = snapshots;
+    h.status = status;
+    Owner::new(
+        &h.settings,
+        world,
+        Arc::new(Metrics::new(Arc::default())),
+        snapshot_tx,
+        status_tx,
+    )
+    .with_gate(gate, streams)
+}
+
+fn generation(h: &Harness) -> u64 {
+    h.snapshots.borrow().generation
+}
+
+/// Subjects of the CAs in the mesh's bundle.
+fn bundle_subjects(h: &Harness) -> Vec<String> {
+    let snapshot = h.snapshots.borrow().clone();
+    let pems = snapshot.meshes["default"].trust.by_trust_domain()["default"].clone();
+    let mut subjects: Vec<String> = pems
+        .iter()
+        .map(|p| {
+            meshca_ca::inspect_pem(p.as_bytes()).expect("pem")[0]
+                .subject
+                .clone()
+        })
+        .collect();
+    subjects.sort();
+    subjects
+}
+
+fn issuer_of(id: &ProxyIdentity) -> String {
+    meshca_ca::inspect_pem(id.chain_pem.as_bytes()).expect("parses")[0]
+        .issuer
+        .clone()
+}
+
+fn ca_subject(h: &Harness, backend: &str) -> String {
+    let world = h.owner.world().clone();
+    let mesh = &world.meshes["default"];
+    mesh.enabled_backend
+        .iter()
+        .chain(&mesh.secondary_backends)
+        .find(|b| b.name == backend)
+        .map(|b| b.ca.ca.subject().to_owned())
+        .expect("backend loaded")
+}
+
+#[test]
+fn trust_before_identity_waits_for_every_trust_subscriber_to_ack() {
+    let (mut h, streams) = gated(true);
+    let ca1 = issuer_of(&h.ready("web-1"));
+    h.update(SWITCHED).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    let ca2 = ca_subject(&h, "ca-2");
+    let g_trust = generation(&h);
+    // The new CA is trusted at once, but issues nothing until every trust subscriber ACKed it.
+    assert_eq!(bundle_subjects(&h), {
+        let mut v = vec![ca1.clone(), ca2.clone()];
+        v.sort();
+        v
+    });
+    assert_eq!(issuer_of(&h.ready("web-1")), ca1);
+    let status = h.status.borrow().clone();
+    let wait = status
+        .rollout
+        .iter()
+        .find(|w| w.step == "trust-before-identity")
+        .expect("waiting");
+    assert_eq!(wait.waiting_for, ["default.web-1", "default.web-2"]);
+
+    streams.set("web-1", 1, Some(g_trust));
+    assert!(
+        h.owner.on_event(StreamEvent::Acked {
+            stream: StreamId(1),
+            proxy: ProxyKey::new("default", "web-1"),
+            generation: g_trust,
+            resources: vec![],
+            version: String::new(),
+        }),
+        "an ACK matters while a rollout waits"
+    );
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    assert_eq!(
+        issuer_of(&h.ready("web-1")),
+        ca1,
+        "web-2 has not ACKed the new trust yet"
+    );
+    assert_eq!(issuer_of(&h.ready("web-2")), ca1);
+
+    streams.set("web-2", 2, Some(g_trust));
+    h.owner.reconcile(t0() + Duration::from_secs(3));
+    assert_eq!(issuer_of(&h.ready("web-1")), ca2);
+    assert_eq!(issuer_of(&h.ready("web-2")), ca2);
+}
+
+#[test]
+fn a_ca_removed_right_after_the_switch_stays_until_replacements_are_acked() {
+    let (mut h, streams) = gated(true);
+    let ca1 = issuer_of(&h.ready("web-1"));
+    // One edit switches, the next removes ca-1 at once.
+    h.update(SWITCHED).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.update(ONLY_CA2).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    let ca2 = ca_subject(&h, "ca-2");
+    assert!(
+        bundle_subjects(&h).contains(&ca1),
+        "removed while proxies present its certificates"
+    );
+    let g = generation(&h);
+    streams.set("web-1", 1, Some(g));
+    streams.set("web-2", 2, Some(g));
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    // Both now hold ca-2 certificates, but have not ACKed them: ca-1 must stay.
+    assert_eq!(issuer_of(&h.ready("web-1")), ca2);
+    assert!(bundle_subjects(&h).contains(&ca1));
+    let status = h.status.borrow().clone();
+    let wait = status
+        .rollout
+        .iter()
+        .find(|w| w.step == "break-last")
+        .expect("says what it waits for");
+    assert_eq!((wait.ca.as_str(), wait.waiting_count), (ca1.as_str(), 2));
+
+    let g_identity = generation(&h);
+    streams.set("web-1", 1, Some(g_identity));
+    h.owner.reconcile(t0() + Duration::from_secs(3));
+    assert!(
+        bundle_subjects(&h).contains(&ca1),
+        "web-2 still may present ca-1"
+    );
+    streams.set("web-2", 2, Some(g_identity));
+    h.owner.reconcile(t0() + Duration::from_secs(4));
+    assert_eq!(bundle_subjects(&h), [ca2]);
+    assert!(h.status.borrow().rollout.is_empty());
+}
+
+#[test]
+fn a_proxy_that_never_acks_holds_the_rollout_only_until_the_ack_timeout() {
+    let (mut h, streams) = gated(true);
+    let ca1 = issuer_of(&h.ready("web-1"));
+    h.update(SWITCHED).expect("valid");
+    let start = t0() + Duration::from_secs(1);
+    let deadline = h.owner.reconcile(start).expect("something is due");
+    assert_eq!(
+        deadline,
+        start + Duration::from_secs(30),
+        "rollout.ackTimeout defaults to 30s"
+    );
+    streams.set("web-1", 1, Some(generation(&h)));
+    h.owner.reconcile(start + Duration::from_secs(29));
+    assert_eq!(issuer_of(&h.ready("web-1")), ca1);
+    h.owner.reconcile(deadline);
+    assert_ne!(
+        issuer_of(&h.ready("web-1")),
+        ca1,
+        "the timeout lets the rollout proceed"
+    );
+}
+
+#[test]
+fn a_disconnected_proxy_blocks_nothing() {
+    let (mut h, streams) = gated(true);
+    let ca1 = issuer_of(&h.ready("web-1"));
+    h.update(SWITCHED).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    streams.set("web-1", 1, Some(generation(&h)));
+    // web-2 goes away without ever ACKing the new trust.
+    streams.remove(2);
+    h.owner.on_event(StreamEvent::Disconnected {
+        stream: StreamId(2),
+        proxy: ProxyKey::new("default", "web-2"),
+    });
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    assert_ne!(issuer_of(&h.ready("web-1")), ca1);
+}
+
+#[test]
+fn without_the_gate_identity_and_removal_happen_at_once() {
+    let (mut h, _streams) = gated(false);
+    h.update(SWITCHED).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    let ca2 = ca_subject(&h, "ca-2");
+    assert_eq!(
+        issuer_of(&h.ready("web-1")),
+        ca2,
+        "issued before anyone ACKed the new trust"
+    );
+    h.update(ONLY_CA2).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    assert_eq!(
+        bundle_subjects(&h),
+        [ca2],
+        "removed while proxies may still present it"
+    );
+}
+
+/// The served certificate of `name` in `snapshot`, as DER.
+fn chain_of(snapshot: &Snapshot, name: &str) -> Vec<Vec<u8>> {
+    match snapshot.proxies.get(&ProxyKey::new("default", name)) {
+        Some(ProxyEntry::Ready(id)) => ::pem::parse_many(id.chain_pem.as_bytes())
+            .expect("pem")
+            .iter()
+            .map(|b| b.contents().to_vec())
+            .collect(),
+        other => panic!("{name} has no identity: {other:?}"),
+    }
+}
+
+/// The mesh's trust anchors in `snapshot`, as DER.
+fn anchors_of(snapshot: &Snapshot) -> Vec<Vec<u8>> {
+    snapshot.meshes["default"].trust.by_trust_domain()["default"]
+        .iter()
+        .map(|p| ::pem::parse(p).expect("pem").contents().to_vec())
+        .collect()
+}
+
+#[test]
+fn automatic_ca_rotation_across_full_lifetimes_never_breaks_a_handshake() {
+    let yaml = r#"
+type: Mesh
+name: default
+mtls:
+  enabledBackend: ca-1
+  backends:
+    - name: ca-1
+      type: builtin
+      dpCert: {rotation: {expiration: 24h}}
+      conf: {caCert: {expiration: 60d}}
+"#;
+    let streams = Arc::new(FakeStreams::default());
+    let keystore = MemoryKeystore::new();
+    let settings = Settings::default();
+    let world = load(yaml, &keystore, &settings, None).expect("valid");
+    let (snapshot_tx, snapshots) = watch::channel(Arc::new(Snapshot::empty()));
+    let (status_tx, status) = watch::channel(Arc::new(Status::default()));
+    let owner = Owner::new(
+        &settings,
+        world,
+        Arc::new(Metrics::new(Arc::default())),
+        snapshot_tx,
+        status_tx,
+    )
+    .with_gate(true, streams.clone());
+    let mut h = Harness {
+        keystore,
+        settings,
+        owner,
+        snapshots,
+        status,
+        next_stream: 0,
+    };
+    for name in ["fast-1", "fast-2", "slow-1"] {
+        h.connect(name, &[], &[("kuma.io/service", "web")]);
+    }
+    let expected = "spiffe://default/web".parse().expect("valid id");
+    let mut now = t0();
+    let mut previous: Option<Arc<Snapshot>> = None;
+    let mut issuers = std::collections::BTreeSet::new();
+    let mut handshakes = 0;
+    while now < t0() + Duration::from_secs(150 * 86_400) {
+        // Fast proxies have applied and ACKed the latest snapshot; the slow one is a step behind.
+        let latest = generation(&h);
+        streams.set("fast-1", 1, Some(latest));
+        streams.set("fast-2", 2, Some(latest));
+        streams.set("slow-1", 3, previous.as_ref().map(|p| p.generation));
+        if h.owner
+            .world()
+            .next_rotation_event()
+            .is_some_and(|t| t <= now)
+        {
+            super::rotate_cas(&mut h.owner, &h.settings, &h.keystore, now);
+        }
+        let next = h
+            .owner
+            .reconcile(now)
+            .expect("connected proxies have renewals");
+        let current = h.snapshots.borrow().clone();
+        let slow_view = previous.clone().unwrap_or_else(|| current.clone());
+        // Every pair handshakes both ways: each side's certificate against the other side's bundle.
+        let proxies = [
+            ("fast-1", &current),
+            ("fast-2", &current),
+            ("slow-1", &slow_view),
+        ];
+        for (a, sa) in proxies {
+            for (b, sb) in proxies {
+                if a == b {
+                    continue;
+                }
+                meshca_ca::verify_svid(&chain_of(sa, a), &anchors_of(sb), &expected, now)
+                    .unwrap_or_else(|e| {
+                        panic!(
+                            "{a} (generation {}) rejected by {b} (generation {}) at {now:?}: {e}",
+                            sa.generation, sb.generation
+                        )
+                    });
+                handshakes += 1;
+            }
+        }
+        issuers.insert(issuer_of(&h.ready("fast-1")));
+        previous = Some(current);
+        now = next.clamp(
+            now + Duration::from_secs(1),
+            now + Duration::from_secs(86_400),
+        );
+    }
+    assert!(
+        issuers.len() >= 3,
+        "150 days of a 60-day CA rotate it at least twice: {issuers:?}"
+    );
+    assert!(handshakes > 1000, "{handshakes}");
 }

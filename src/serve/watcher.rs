@@ -46,7 +46,7 @@ impl Change {
 pub fn watch(
     resources: &Path,
     revocations: &Path,
-    tx: mpsc::Sender<Change>,
+    tx: mpsc::Sender<super::Reload>,
 ) -> anyhow::Result<notify::RecommendedWatcher> {
     let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<Change>();
     let resources_dir: PathBuf = resources.to_path_buf();
@@ -84,7 +84,7 @@ pub fn watch(
             while let Ok(Some(more)) = tokio::time::timeout_at(deadline, raw_rx.recv()).await {
                 change = change.merge(more);
             }
-            if tx.send(change).await.is_err() {
+            if tx.send(super::Reload { change, done: None }).await.is_err() {
                 return;
             }
         }

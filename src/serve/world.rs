@@ -16,6 +16,8 @@ use meshca_config::{
 };
 use meshca_keystore::Keystore;
 
+use super::generations::{self, Validity};
+
 /// Validity of a CA meshca generates when the resource does not say.
 const DEFAULT_CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
@@ -74,8 +76,15 @@ pub struct BackendState {
     pub kind: &'static str,
     /// Certificate lifetime from `dpCert.rotation.expiration`.
     pub dp_cert_lifetime: Option<Duration>,
-    /// The backend's CA.
+    /// The backend's issuing CA.
     pub ca: LoadedCa,
+    /// Every CA generation its bundles carry (the issuing one included), in creation order: for builtin
+    /// backends the automatic rotation's predecessor or successor too.
+    pub generations: Vec<LoadedCa>,
+    /// When automatic rotation next changes something.
+    pub next_event: Option<SystemTime>,
+    /// Every generation this backend has, trusted or expired, for the next load to reuse.
+    all_generations: Vec<LoadedCa>,
 }
 
 /// What issues certificates for a MeshIdentity.
@@ -264,6 +273,15 @@ impl World {
         }
     }
 
+    /// When automatic CA rotation next changes something, if it ever does.
+    pub fn next_rotation_event(&self) -> Option<SystemTime> {
+        self.meshes
+            .values()
+            .flat_map(|m| m.enabled_backend.iter().chain(&m.secondary_backends))
+            .filter_map(|b| b.next_event)
+            .min()
+    }
+
     /// Every CA of the world, as `(mesh, role, CA)`.
     pub fn authorities(&self) -> impl Iterator<Item = (&str, String, &LoadedCa)> {
         self.meshes.values().flat_map(|m| {
@@ -271,7 +289,11 @@ impl World {
                 .enabled_backend
                 .iter()
                 .chain(&m.secondary_backends)
-                .map(move |b| (m.name.as_str(), format!("backend {}", b.name), &b.ca));
+                .flat_map(move |b| {
+                    b.generations
+                        .iter()
+                        .map(move |g| (m.name.as_str(), format!("backend {}", b.name), g))
+                });
             let identities = m.identities.iter().filter_map(move |i| match &i.provider {
                 IdentityProvider::Bundled { ca, .. } => {
                     Some((m.name.as_str(), format!("MeshIdentity {}", i.name), ca))
@@ -308,49 +330,118 @@ fn load_backend(
             .chain(&m.secondary_backends)
             .find(|b| b.name == backend.name)
     });
-    let (kind, ca) = match &backend.kind {
+    let dp_cert_lifetime = backend.dp_cert_expiration.map(|d| d.as_std());
+    match &backend.kind {
         BackendKind::Builtin {
             ca_rsa_bits,
             ca_expiration,
         } => {
-            let ca = match previous {
-                Some(p) if p.kind == "builtin" => p.ca.clone(),
-                _ => {
-                    let key_algorithm = match ca_rsa_bits {
-                        None => KeyAlgorithm::EcdsaP256,
-                        Some(bits) => KeyAlgorithm::rsa_from_bits(*bits).ok_or_else(|| {
-                            format!(
-                                "conf.caCert.RSAbits: {bits} is not supported (2048, 3072 or 4096)"
-                            )
-                        })?,
-                    };
-                    let td: TrustDomain = mesh
-                        .parse()
-                        .map_err(|e| format!("mesh name is not a valid trust domain: {e}"))?;
-                    let params = CaParams {
-                        trust_domain: td,
-                        key_algorithm,
-                        validity: ca_expiration
-                            .map(|d| d.as_std())
-                            .unwrap_or(DEFAULT_CA_VALIDITY),
-                        name: format!("{mesh}/{}", backend.name),
-                    };
-                    load_or_generate(src, &format!("ca/{mesh}/backend/{}", backend.name), &params)?
-                }
+            let key_algorithm = match ca_rsa_bits {
+                None => KeyAlgorithm::EcdsaP256,
+                Some(bits) => KeyAlgorithm::rsa_from_bits(*bits).ok_or_else(|| {
+                    format!("conf.caCert.RSAbits: {bits} is not supported (2048, 3072 or 4096)")
+                })?,
             };
-            ("builtin", ca)
+            let td: TrustDomain = mesh
+                .parse()
+                .map_err(|e| format!("mesh name is not a valid trust domain: {e}"))?;
+            let params = CaParams {
+                trust_domain: td,
+                key_algorithm,
+                validity: ca_expiration
+                    .map(|d| d.as_std())
+                    .unwrap_or(DEFAULT_CA_VALIDITY),
+                name: format!("{mesh}/{}", backend.name),
+            };
+            let base = format!("ca/{mesh}/backend/{}", backend.name);
+            let mut all = match previous {
+                Some(p) if p.kind == "builtin" => p.all_generations.clone(),
+                _ => load_generations(src, &base, &params)?,
+            };
+            let (lineage, next_event) = loop {
+                let validity: Vec<Validity> = all
+                    .iter()
+                    .map(|g| Validity {
+                        not_before: g.ca.not_before(),
+                        not_after: g.ca.not_after(),
+                    })
+                    .collect();
+                let Some(lineage) = generations::lineage(&validity, src.now) else {
+                    // Every generation expired (the daemon was down longer than a CA's life): start afresh.
+                    all.push(generate_generation(src, &base, all.len(), &params)?);
+                    continue;
+                };
+                if lineage.needs_successor {
+                    all.push(generate_generation(src, &base, all.len(), &params)?);
+                    continue;
+                }
+                let next = lineage.next_event;
+                break (lineage, next);
+            };
+            Ok(BackendState {
+                name: backend.name.clone(),
+                kind: "builtin",
+                dp_cert_lifetime,
+                ca: all[lineage.active].clone(),
+                generations: lineage.trusted.iter().map(|&i| all[i].clone()).collect(),
+                next_event,
+                all_generations: all,
+            })
         }
         BackendKind::Provided { cert, key } => {
             let ca = load_provided(cert, key, true, src.now)?;
-            ("provided", ca)
+            Ok(BackendState {
+                name: backend.name.clone(),
+                kind: "provided",
+                dp_cert_lifetime,
+                generations: vec![ca.clone()],
+                all_generations: vec![ca.clone()],
+                ca,
+                next_event: None,
+            })
         }
-    };
-    Ok(BackendState {
-        name: backend.name.clone(),
-        kind,
-        dp_cert_lifetime: backend.dp_cert_expiration.map(|d| d.as_std()),
-        ca,
-    })
+    }
+}
+
+/// The keystore path of generation `index` of the CA at `base` (the first generation is `base` itself).
+fn generation_path(base: &str, index: usize) -> String {
+    if index == 0 {
+        base.to_owned()
+    } else {
+        format!("{base}/gen-{index}")
+    }
+}
+
+/// Every persisted generation of a builtin CA, in creation order; the first is generated if there is none.
+fn load_generations(
+    src: &CaSource<'_>,
+    base: &str,
+    params: &CaParams,
+) -> Result<Vec<LoadedCa>, String> {
+    let mut all = vec![load_or_generate(src, base, params)?];
+    loop {
+        let path = generation_path(base, all.len());
+        let exists = src
+            .keystore
+            .get_public(&format!("{path}/cert.pem"))
+            .map_err(|e| e.to_string())?
+            .is_some();
+        if !exists {
+            return Ok(all);
+        }
+        all.push(load_or_generate(src, &path, params)?);
+    }
+}
+
+/// Generates and persists generation `index` of a builtin CA.
+fn generate_generation(
+    src: &CaSource<'_>,
+    base: &str,
+    index: usize,
+    params: &CaParams,
+) -> Result<LoadedCa, String> {
+    tracing::info!(ca = %params.name, generation = index, "automatic CA rotation: generating the next CA generation");
+    load_or_generate(src, &generation_path(base, index), params)
 }
 
 fn load_identity(
@@ -488,7 +579,7 @@ fn load_or_generate(src: &CaSource<'_>, path: &str, params: &CaParams) -> Result
         .map_err(|e| e.to_string())?;
     let ca = match (cert, key) {
         (Some(cert), Some(key)) => CertificateAuthority::from_persisted(&cert, key.expose()).map_err(|e| {
-            format!("the persisted CA in the keystore ({cert_name}) cannot be loaded: {e}; it is not replaced automatically, restore it or remove both files to generate a new CA")
+            format!("the persisted CA in the keystore ({cert_name} with {key_name}) cannot be loaded: {e}; it is not replaced automatically, restore it or remove both files to generate a new CA")
         })?,
         (None, None) => {
             let ca = CertificateAuthority::generate(params, src.now).map_err(|e| e.to_string())?;

@@ -64,6 +64,11 @@ impl Resources {
         if !errors.is_empty() {
             return Err(errors);
         }
+        Ok(Resources::assemble(resources))
+    }
+
+    /// Sorts resources into their collections, without checks (a later duplicate replaces a Mesh).
+    fn assemble(resources: Vec<Resource>) -> Resources {
         let mut out = Resources::default();
         for resource in resources {
             match resource {
@@ -86,7 +91,7 @@ impl Resources {
         out.mesh_services
             .sort_by(|a, b| (&a.mesh, &a.name).cmp(&(&b.mesh, &b.name)));
         out.zone_egresses.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(out)
+        out
     }
 
     /// The Mesh with this name.
@@ -219,6 +224,17 @@ fn resource_files(dir: &Path) -> Result<Vec<PathBuf>, Vec<ResourceError>> {
 /// Loads every resource file of `dir` (see [`parse_str`] for the format) and checks them as a
 /// whole. On failure, returns every error of every file, in file and document order.
 pub fn load_dir(dir: &Path) -> Result<Resources, Vec<ResourceError>> {
+    let (resources, errors) = load_dir_lenient(dir);
+    if errors.is_empty() {
+        Ok(resources)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Like [`load_dir`], but also returns the resources that parsed when there are errors, so that checks of
+/// later stages (templates, CAs) can report their errors in the same pass. Never apply a result with errors.
+pub fn load_dir_lenient(dir: &Path) -> (Resources, Vec<ResourceError>) {
     let mut errors = Vec::new();
     let files = resource_files(dir).unwrap_or_else(|mut e| {
         errors.append(&mut e);
@@ -241,14 +257,8 @@ pub fn load_dir(dir: &Path) -> Result<Resources, Vec<ResourceError>> {
         errors.append(&mut parsed.errors);
         broken_meshes.append(&mut parsed.broken_meshes);
     }
-    match Resources::build(resources, &broken_meshes) {
-        Ok(resources) if errors.is_empty() => Ok(resources),
-        Ok(_) => Err(errors),
-        Err(mut cross) => {
-            errors.append(&mut cross);
-            Err(errors)
-        }
-    }
+    errors.append(&mut checks::check(&resources, &broken_meshes));
+    (Resources::assemble(resources), errors)
 }
 
 #[cfg(test)]

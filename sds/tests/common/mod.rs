@@ -173,6 +173,7 @@ impl World {
             meshes,
             all: self.all.clone(),
             egress: Some(self.egress.clone()),
+            claim_rules: HashMap::new(),
         }
     }
 }

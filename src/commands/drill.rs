@@ -1,0 +1,43 @@
+//! `meshca drill SCENARIO`: runs a drill and prints its report; exit 1 when any handshake failed.
+
+use std::process::ExitCode;
+
+use crate::cli::{DrillArgs, DrillScenario, Output, Switch};
+use crate::drill::ca_rotation;
+use crate::InvalidInput;
+
+/// The most proxies a drill simulates (each is an SDS stream and a set of TLS configs).
+const MAX_PROXIES: usize = 10_000;
+
+pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
+    if !(2..=MAX_PROXIES).contains(&args.proxies) {
+        return Err(InvalidInput(format!(
+            "--proxies must be between 2 and {MAX_PROXIES} (handshakes need pairs), got {}",
+            args.proxies
+        ))
+        .into());
+    }
+    if args.handshakes == 0 {
+        return Err(InvalidInput("--handshakes must be at least 1".into()).into());
+    }
+    let report = match args.scenario {
+        DrillScenario::CaRotation => {
+            ca_rotation::run(ca_rotation::Options {
+                proxies: args.proxies,
+                gate: args.gate == Switch::On,
+                seed: args.seed,
+                handshakes: args.handshakes,
+            })
+            .await?
+        }
+    };
+    match args.output {
+        Output::Human => print!("{}", report.human()),
+        Output::Json => super::print_json(&report)?,
+    }
+    Ok(if report.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

@@ -1,0 +1,164 @@
+//! A fleet of simulated proxies connected to an in-process daemon, and waiting on what they applied.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, Context};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::proxy::{self, ProxySpec, ProxyTls};
+use crate::serve::Daemon;
+
+/// How long the drill's tokens are valid: far longer than any drill runs.
+const TOKEN_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+
+/// One proxy to simulate.
+#[derive(Clone, Debug)]
+pub struct MemberSpec {
+    /// Its name, e.g. `p-3`.
+    pub name: String,
+    /// Its `kuma.io/service` tag.
+    pub service: String,
+    /// The SPIFFE ID its peers expect it to present.
+    pub expected_id: String,
+}
+
+/// A running simulated proxy, as its peers see it.
+#[derive(Clone, Debug)]
+pub struct Member {
+    /// Its name.
+    pub name: String,
+    /// The SPIFFE ID its peers expect.
+    pub expected_id: String,
+    /// What it has applied (`None` until it holds an identity and a bundle).
+    pub state: watch::Receiver<Option<Arc<ProxyTls>>>,
+}
+
+/// The applied state of every member, in member order.
+pub type States = [Option<Arc<ProxyTls>>];
+
+/// The simulated proxies of a drill.
+#[derive(Debug)]
+pub struct Fleet {
+    /// The proxies, in the order given.
+    pub members: Vec<Member>,
+    applied: watch::Receiver<u64>,
+    nacks: Arc<AtomicU64>,
+    tasks: JoinSet<anyhow::Result<()>>,
+}
+
+impl Fleet {
+    /// Mints a token per member (labels none, tag `kuma.io/service`) and connects each to the
+    /// daemon's unix socket. Member `i` draws its apply delays from `seed ^ i`.
+    pub fn start(
+        daemon: &Daemon,
+        mesh: &str,
+        specs: &[MemberSpec],
+        seed: u64,
+    ) -> anyhow::Result<Fleet> {
+        let target = daemon
+            .unix_target()
+            .ok_or_else(|| anyhow!("the drill daemon has no unix SDS socket"))?;
+        let now_unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .context("the system clock is before 1970")?
+            .as_secs();
+        let (applied_tx, applied) = watch::channel(0u64);
+        let applied_tx = Arc::new(applied_tx);
+        let nacks = Arc::new(AtomicU64::new(0));
+        let mut tasks = JoinSet::new();
+        let mut members = Vec::with_capacity(specs.len());
+        for (index, spec) in specs.iter().enumerate() {
+            let tags = BTreeMap::from([("kuma.io/service".to_owned(), spec.service.clone())]);
+            let claims = meshca_auth::Claims::new_dataplane(
+                mesh,
+                spec.name.clone(),
+                BTreeMap::new(),
+                tags,
+                TOKEN_LIFETIME,
+                now_unix,
+            )
+            .with_context(|| format!("{}: cannot make token claims", spec.name))?;
+            let token = daemon.mint_token(&claims)?;
+            let (state_tx, state) = watch::channel(None);
+            tasks.spawn(proxy::run(
+                ProxySpec {
+                    mesh: mesh.to_owned(),
+                    name: spec.name.clone(),
+                    token,
+                    target: target.clone(),
+                    seed: seed ^ index as u64,
+                },
+                state_tx,
+                applied_tx.clone(),
+                nacks.clone(),
+            ));
+            members.push(Member {
+                name: spec.name.clone(),
+                expected_id: spec.expected_id.clone(),
+                state,
+            });
+        }
+        Ok(Fleet {
+            members,
+            applied,
+            nacks,
+            tasks,
+        })
+    }
+
+    /// The applied state of every member right now.
+    pub fn states(&self) -> Vec<Option<Arc<ProxyTls>>> {
+        self.members
+            .iter()
+            .map(|m| m.state.borrow().clone())
+            .collect()
+    }
+
+    /// Waits until `done` holds for the fleet's applied states, re-checking after every apply.
+    /// `Ok(false)` when `timeout` passed first; an error when a proxy's stream ended.
+    pub async fn wait_until(
+        &mut self,
+        timeout: Duration,
+        done: impl Fn(&States) -> bool,
+    ) -> anyhow::Result<bool> {
+        let waiting = async {
+            loop {
+                // Mark the count seen before looking, so an apply in between wakes us.
+                self.applied.borrow_and_update();
+                if done(&self.states()) {
+                    return Ok(());
+                }
+                tokio::select! {
+                    changed = self.applied.changed() => {
+                        changed.map_err(|_| anyhow!("every drill proxy has stopped"))?;
+                    }
+                    ended = self.tasks.join_next() => return Err(match ended {
+                        Some(Ok(Err(error))) => error,
+                        Some(Ok(Ok(()))) => anyhow!("a drill proxy stopped"),
+                        Some(Err(error)) => anyhow!("a drill proxy task failed: {error}"),
+                        None => anyhow!("the drill has no proxies"),
+                    }),
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, waiting).await {
+            Ok(Ok(())) => Ok(true),
+            Ok(Err(error)) => Err(error),
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// How many responses the proxies rejected (NACKed) so far.
+    pub fn nacks(&self) -> u64 {
+        self.nacks.load(Ordering::Relaxed)
+    }
+
+    /// Closes every stream.
+    pub async fn stop(mut self) {
+        self.tasks.shutdown().await;
+    }
+}

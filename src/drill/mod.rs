@@ -1,0 +1,16 @@
+//! `meshca drill`: play a rotation or migration against an in-process daemon and simulated Envoy
+//! proxies that hold real mTLS connections to each other, and report every failed handshake.
+//!
+//! The pieces: [`proxy`] (one SDS stream per proxy, Envoy-like delayed apply then ACK), [`tls`]
+//! (rustls configs from what a proxy applied, SPIFFE ID checks), [`traffic`] (handshakes between
+//! random pairs, counted per phase), [`fleet`] (the proxies and waiting on their state) and one
+//! module per scenario.
+
+pub mod ca_rotation;
+pub mod fleet;
+pub mod proxy;
+pub mod report;
+pub mod rng;
+pub mod sandbox;
+pub mod tls;
+pub mod traffic;

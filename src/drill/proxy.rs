@@ -1,0 +1,235 @@
+//! A simulated Envoy sidecar: one SDS `StreamSecrets` stream for `default` and
+//! `system_trust_bundle`. Like Envoy it applies each response in order, only after a delay (the time
+//! a real proxy takes to hand new secrets to its workers; here 0–500 ms from a seeded PRNG), and only
+//! then ACKs. What it has applied is published as an immutable [`ProxyTls`] through a watch channel.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context};
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use meshca_sds::{
+    decode_secrets, describe, tls_certificate_parts, SdsClient, SecretKindView, SecretPem,
+    SECRET_TYPE_URL,
+};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::rng::SplitMix64;
+use super::tls::{self, Endpoint, ANY_TRUST_DOMAIN};
+
+/// The identity secret a proxy asks for.
+pub const IDENTITY: &str = "default";
+/// The validation context a proxy asks for.
+pub const TRUST: &str = "system_trust_bundle";
+/// The longest simulated apply delay.
+const MAX_APPLY_DELAY_MS: u64 = 500;
+
+/// What a proxy has applied: its SVID and the CAs it trusts, with the TLS configs built from them.
+#[derive(Debug)]
+pub struct ProxyTls {
+    /// The SPIFFE ID of its own certificate.
+    pub spiffe_id: String,
+    /// Its certificate chain, leaf first.
+    pub chain: Vec<CertificateDer<'static>>,
+    /// Trust domain → CA certificates (from the SPIFFE validator config).
+    pub bundle: BTreeMap<String, Vec<CertificateDer<'static>>>,
+    /// The rustls configs; they hold the private key (as rustls' signing key) and nothing else does.
+    pub endpoint: Endpoint,
+}
+
+impl ProxyTls {
+    /// Every CA certificate in the bundle, whatever its trust domain.
+    pub fn cas(&self) -> impl Iterator<Item = &CertificateDer<'static>> {
+        self.bundle.values().flatten()
+    }
+}
+
+/// Who a simulated proxy is and how it reaches the daemon.
+#[derive(Clone, Debug)]
+pub struct ProxySpec {
+    /// The mesh.
+    pub mesh: String,
+    /// The proxy name (node id `<mesh>.<name>`).
+    pub name: String,
+    /// Its dataplane token.
+    pub token: String,
+    /// Where SDS listens (`unix:///…`).
+    pub target: String,
+    /// Seeds its apply delays.
+    pub seed: u64,
+}
+
+/// Secrets received but not yet necessarily usable together (a response may hold only one).
+#[derive(Default)]
+struct Held {
+    identity: Option<(String, SecretPem)>,
+    bundle: Option<BTreeMap<String, Vec<CertificateDer<'static>>>>,
+}
+
+impl Held {
+    /// Takes a response in; returns the new state to publish once both halves are known.
+    /// On error nothing changes (the proxy NACKs and keeps what it had, as Envoy does).
+    fn apply(&mut self, response: &DiscoveryResponse) -> anyhow::Result<Option<ProxyTls>> {
+        let secrets = decode_secrets(response)?;
+        let mut identity = self.identity.clone();
+        let mut bundle = self.bundle.clone();
+        for secret in &secrets {
+            match secret.name.as_str() {
+                IDENTITY => {
+                    identity = Some(tls_certificate_parts(secret).ok_or_else(|| {
+                        anyhow!(
+                            "{IDENTITY:?} is not a TLS certificate with an inline chain and key"
+                        )
+                    })?);
+                }
+                TRUST => bundle = Some(parse_bundle(describe(secret).kind)?),
+                other => return Err(anyhow!("unexpected secret {other:?} in the response")),
+            }
+        }
+        let state = match (&identity, &bundle) {
+            (Some((chain_pem, key)), Some(bundle)) => Some(build(chain_pem, key, bundle.clone())?),
+            _ => None,
+        };
+        self.identity = identity;
+        self.bundle = bundle;
+        Ok(state)
+    }
+}
+
+fn parse_bundle(
+    kind: SecretKindView,
+) -> anyhow::Result<BTreeMap<String, Vec<CertificateDer<'static>>>> {
+    let parse = |pem: &str| -> anyhow::Result<Vec<CertificateDer<'static>>> {
+        CertificateDer::pem_slice_iter(pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| anyhow!("a trust bundle PEM does not decode: {e}"))
+    };
+    match kind {
+        SecretKindView::ValidationContext {
+            spiffe_trust_domains: Some(domains),
+            ..
+        } => domains
+            .iter()
+            .map(|(domain, pem)| Ok((domain.clone(), parse(pem)?)))
+            .collect(),
+        SecretKindView::ValidationContext {
+            trusted_ca_pem: Some(pem),
+            ..
+        } => Ok(BTreeMap::from([(
+            ANY_TRUST_DOMAIN.to_owned(),
+            parse(&pem)?,
+        )])),
+        _ => Err(anyhow!("{TRUST:?} is not a validation context with CAs")),
+    }
+}
+
+fn build(
+    chain_pem: &str,
+    key: &SecretPem,
+    bundle: BTreeMap<String, Vec<CertificateDer<'static>>>,
+) -> anyhow::Result<ProxyTls> {
+    let chain = CertificateDer::pem_slice_iter(chain_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow!("the certificate chain does not decode: {e}"))?;
+    let leaf = chain
+        .first()
+        .ok_or_else(|| anyhow!("the certificate chain is empty"))?;
+    let spiffe_id = tls::spiffe_id(leaf).map_err(|e| anyhow!("own certificate: {e}"))?;
+    let key = PrivateKeyDer::from_pem_slice(key.expose().as_bytes())
+        .map_err(|e| anyhow!("the private key does not decode: {e}"))?;
+    let endpoint = Endpoint::new(chain.clone(), key, &bundle)?;
+    Ok(ProxyTls {
+        spiffe_id,
+        chain,
+        bundle,
+        endpoint,
+    })
+}
+
+/// Runs one proxy's stream until the server ends it (an error: a drill never expects that) or the
+/// task is dropped. `state` gets every applied state; `applied` counts them across the fleet;
+/// `nacks` counts responses this proxy could not use.
+pub async fn run(
+    spec: ProxySpec,
+    state: watch::Sender<Option<Arc<ProxyTls>>>,
+    applied: Arc<watch::Sender<u64>>,
+    nacks: Arc<std::sync::atomic::AtomicU64>,
+) -> anyhow::Result<()> {
+    let client = SdsClient::connect(&spec.target, None, spec.token.clone())
+        .await
+        .with_context(|| format!("{}: cannot connect to SDS", spec.name))?;
+    let node_id = format!("{}.{}", spec.mesh, spec.name);
+    let names = vec![IDENTITY.to_owned(), TRUST.to_owned()];
+    let (requests, queue) = mpsc::channel(4);
+    let first = DiscoveryRequest {
+        node: Some(Node {
+            id: node_id,
+            ..Default::default()
+        }),
+        resource_names: names.clone(),
+        type_url: SECRET_TYPE_URL.to_owned(),
+        ..Default::default()
+    };
+    requests
+        .send(first)
+        .await
+        .map_err(|_| anyhow!("{}: request queue closed", spec.name))?;
+    let mut call = tonic::Request::new(ReceiverStream::new(queue));
+    client.authorize(&mut call);
+    let mut responses = client
+        .raw()
+        .stream_secrets(call)
+        .await
+        .with_context(|| format!("{}: StreamSecrets refused", spec.name))?
+        .into_inner();
+
+    let mut rng = SplitMix64::new(spec.seed);
+    let mut held = Held::default();
+    let mut applied_version = String::new();
+    loop {
+        let response = responses
+            .message()
+            .await
+            .with_context(|| format!("{}: the SDS stream failed", spec.name))?
+            .ok_or_else(|| anyhow!("{}: the daemon ended the SDS stream", spec.name))?;
+        // The delay IS the behaviour under test: a proxy is never instant.
+        tokio::time::sleep(Duration::from_millis(rng.below(MAX_APPLY_DELAY_MS + 1))).await;
+        let error_detail = match held.apply(&response) {
+            Ok(new_state) => {
+                applied_version = response.version_info.clone();
+                if let Some(new_state) = new_state {
+                    state.send_replace(Some(Arc::new(new_state)));
+                    applied.send_modify(|n| *n += 1);
+                }
+                None
+            }
+            Err(error) => {
+                nacks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(proxy = %spec.name, version = %response.version_info, "drill proxy rejects secrets (NACK): {error:#}");
+                Some(RpcStatus {
+                    code: tonic::Code::InvalidArgument as i32,
+                    message: format!("{error:#}"),
+                    details: Vec::new(),
+                })
+            }
+        };
+        let reply = DiscoveryRequest {
+            version_info: applied_version.clone(),
+            resource_names: names.clone(),
+            type_url: SECRET_TYPE_URL.to_owned(),
+            response_nonce: response.nonce.clone(),
+            error_detail,
+            ..Default::default()
+        };
+        requests
+            .send(reply)
+            .await
+            .map_err(|_| anyhow!("{}: the SDS stream closed", spec.name))?;
+    }
+}

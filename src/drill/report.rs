@@ -1,0 +1,178 @@
+//! What a drill prints: per phase the handshakes made and failed, the time to converge, a verdict.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::traffic::PhaseTally;
+
+/// The outcome of one drill (`--output json` prints it as is).
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// The scenario, e.g. `ca-rotation`.
+    pub scenario: &'static str,
+    /// Whether the daemon's ordering gate was on.
+    pub gate: bool,
+    /// How many simulated proxies took part.
+    pub proxies: usize,
+    /// The seed of apply delays and handshake pairs.
+    pub seed: u64,
+    /// Each phase, in order.
+    pub phases: Vec<PhaseReport>,
+    /// Seconds from the first edit until every proxy had applied the final state; `None` if it never did.
+    pub converge_seconds: Option<f64>,
+    /// Responses the simulated proxies could not use (NACKed).
+    pub nacks: u64,
+    /// Why the drill could not complete, if it could not.
+    pub error: Option<String>,
+    /// No handshake failed, nothing was NACKed, and the scenario completed.
+    pub ok: bool,
+}
+
+/// One phase of a drill.
+#[derive(Clone, Debug, Serialize)]
+pub struct PhaseReport {
+    /// `steady`, `rotation` or `converged`.
+    pub name: &'static str,
+    /// Handshakes made.
+    pub handshakes: u64,
+    /// Handshakes that failed.
+    pub failed: u64,
+    /// The first distinct failures, naming both proxies and who refused whom.
+    pub failures: Vec<String>,
+    /// Failure count per reason.
+    pub reasons: BTreeMap<String, u64>,
+    /// How long the phase ran.
+    pub seconds: f64,
+    /// Handshakes per second in this phase.
+    pub handshakes_per_second: f64,
+}
+
+impl From<PhaseTally> for PhaseReport {
+    fn from(tally: PhaseTally) -> Self {
+        let seconds = tally.elapsed().as_secs_f64();
+        PhaseReport {
+            name: tally.name,
+            handshakes: tally.handshakes,
+            failed: tally.failed,
+            failures: tally.failures,
+            reasons: tally.reasons,
+            seconds: round2(seconds),
+            handshakes_per_second: if seconds > 0.0 {
+                round2(tally.handshakes as f64 / seconds)
+            } else {
+                0.0
+            },
+        }
+    }
+}
+
+/// Two decimals are what a reader (or a JSON diff) wants from timings.
+pub fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// What a drill was asked to do.
+#[derive(Clone, Copy, Debug)]
+pub struct Header {
+    /// The scenario name.
+    pub scenario: &'static str,
+    /// Whether the ordering gate was on.
+    pub gate: bool,
+    /// How many proxies.
+    pub proxies: usize,
+    /// The seed.
+    pub seed: u64,
+}
+
+/// How the scenario went, apart from the handshakes.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    /// Seconds from the first edit to convergence, if reached.
+    pub converge_seconds: Option<f64>,
+    /// Responses the proxies NACKed.
+    pub nacks: u64,
+    /// Why the scenario could not complete.
+    pub error: Option<String>,
+}
+
+impl Report {
+    /// Assembles a report and decides `ok`.
+    pub fn new(header: Header, phases: Vec<PhaseTally>, outcome: Outcome) -> Report {
+        let phases: Vec<PhaseReport> = phases.into_iter().map(PhaseReport::from).collect();
+        let failed: u64 = phases.iter().map(|p| p.failed).sum();
+        let ok = failed == 0 && outcome.nacks == 0 && outcome.error.is_none();
+        Report {
+            scenario: header.scenario,
+            gate: header.gate,
+            proxies: header.proxies,
+            seed: header.seed,
+            phases,
+            converge_seconds: outcome.converge_seconds.map(round2),
+            nacks: outcome.nacks,
+            error: outcome.error,
+            ok,
+        }
+    }
+
+    /// Handshakes over all phases.
+    pub fn handshakes(&self) -> u64 {
+        self.phases.iter().map(|p| p.handshakes).sum()
+    }
+
+    /// Failed handshakes over all phases.
+    pub fn failed(&self) -> u64 {
+        self.phases.iter().map(|p| p.failed).sum()
+    }
+
+    /// The report for people: one line per phase, the failures, a verdict.
+    pub fn human(&self) -> String {
+        let mut out = String::new();
+        let gate = if self.gate { "on" } else { "off" };
+        let _ = writeln!(
+            out,
+            "drill {}: {} proxies, gate {gate}, seed {}",
+            self.scenario, self.proxies, self.seed
+        );
+        for phase in &self.phases {
+            let _ = write!(
+                out,
+                "{}: {} handshakes, {} failed",
+                phase.name, phase.handshakes, phase.failed
+            );
+            if phase.name == "rotation" {
+                match self.converge_seconds {
+                    Some(s) => {
+                        let _ = write!(out, ", converged in {s:.2} s");
+                    }
+                    None => out.push_str(", did not converge"),
+                }
+            }
+            let _ = writeln!(
+                out,
+                " ({:.1} s, {:.0} handshakes/s)",
+                phase.seconds, phase.handshakes_per_second
+            );
+            for (reason, count) in &phase.reasons {
+                let _ = writeln!(out, "  {count} × {reason}");
+            }
+            for failure in &phase.failures {
+                let _ = writeln!(out, "    e.g. {failure}");
+            }
+        }
+        if self.nacks > 0 {
+            let _ = writeln!(out, "proxies NACKed {} responses (see the log)", self.nacks);
+        }
+        if let Some(error) = &self.error {
+            let _ = writeln!(out, "error: {error}");
+        }
+        let (failed, total) = (self.failed(), self.handshakes());
+        if self.ok {
+            let _ = writeln!(out, "ok: no failed handshake out of {total}");
+        } else {
+            let _ = writeln!(out, "FAILED: {failed} of {total} handshakes failed");
+        }
+        out
+    }
+}

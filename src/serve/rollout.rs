@@ -1,0 +1,392 @@
+//! The ordering gate of DESIGN §8: trust before identity, break last, bounded by `rollout.ackTimeout`.
+//!
+//! The gate decides, from what connected streams have ACKed, which CAs a mesh's bundles publish and which CAs
+//! may issue. It holds no certificates: the owner asks it and acts.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, SystemTime};
+
+use meshca_sds::{ProxyKey, StreamInfo};
+use serde::Serialize;
+
+use super::status::rfc3339;
+
+/// Where the gate learns what each connected stream subscribes to and has ACKed.
+pub trait StreamSource: Send + Sync + std::fmt::Debug {
+    /// Every open stream.
+    fn list(&self) -> Vec<StreamInfo>;
+}
+
+impl StreamSource for meshca_sds::StreamRegistry {
+    fn list(&self) -> Vec<StreamInfo> {
+        meshca_sds::StreamRegistry::list(self)
+    }
+}
+
+/// A CA as it appears in a mesh's trust bundle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaTrust {
+    /// The mesh whose bundles carry it.
+    pub mesh: String,
+    /// The CA's id (SHA-256 of its signing certificate).
+    pub ca_id: String,
+    /// The trust domain it signs for.
+    pub trust_domain: String,
+    /// Its trust anchors, PEM.
+    pub pems: Vec<String>,
+    /// Its subject, for operators.
+    pub subject: String,
+}
+
+/// Whether a stream of a proxy in `stream_mesh` subscribed to `resource` receives `mesh`'s trust.
+pub fn carries_mesh_trust(stream_mesh: &str, resource: &str, mesh: &str) -> bool {
+    match resource {
+        "ALL" | "mesh_ca:secret:all" => true,
+        "system_trust_bundle" | "ROOTCA" => stream_mesh == mesh,
+        r if r.starts_with("meshservice:") => stream_mesh == mesh,
+        r => {
+            r.strip_prefix("system_trust_bundle_") == Some(mesh)
+                || r.strip_prefix("mesh_ca:secret:") == Some(mesh)
+        }
+    }
+}
+
+/// Whether `resource` names a proxy's own identity (rather than trust).
+pub fn is_identity_resource(resource: &str) -> bool {
+    !(matches!(resource, "ALL" | "ROOTCA")
+        || resource.starts_with("system_trust_bundle")
+        || resource.starts_with("mesh_ca:secret:")
+        || resource.starts_with("meshservice:"))
+}
+
+/// What a rollout step waits for, shown by `/api/` and `meshca status`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Wait {
+    /// The mesh.
+    pub mesh: String,
+    /// `trust-before-identity`: a new CA's bundle must be ACKed before it issues;
+    /// `break-last`: a removed CA stays trusted until no proxy presents its certificates;
+    /// `identity-ack`: a proxy must ACK its replacement certificate.
+    pub step: &'static str,
+    /// The CA concerned.
+    pub ca: String,
+    /// Since when (RFC 3339).
+    pub since: String,
+    /// Seconds left before `rollout.ackTimeout` lets the rollout proceed.
+    pub timeout_in_seconds: i64,
+    /// Proxies it waits for (at most 20 named).
+    pub waiting_for: Vec<String>,
+    /// How many proxies it waits for.
+    pub waiting_count: usize,
+}
+
+#[derive(Clone, Debug)]
+struct Published {
+    /// The first snapshot generation that carried the CA.
+    since_generation: u64,
+    since: SystemTime,
+    /// Every subscriber ACKed a version carrying it, or the timeout passed.
+    confirmed: bool,
+    /// The CA's subject, for operators.
+    subject: String,
+}
+
+/// Events worth a metric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateEvent {
+    /// A rollout step began waiting.
+    WaitStarted(&'static str),
+    /// `rollout.ackTimeout` passed and the rollout proceeded without some proxies.
+    TimedOut(&'static str),
+    /// The configuration removed a CA that connected proxies still present.
+    RemovedWhilePresented,
+}
+
+/// The gate's memory between reconciles.
+#[derive(Debug)]
+pub struct Gate {
+    enabled: bool,
+    ack_timeout: Duration,
+    published: HashMap<(String, String), Published>,
+    retained_since: HashMap<(String, String), SystemTime>,
+    /// Meshes whose bundles a previous snapshot published: a CA new to an unpublished mesh needs no ACKs
+    /// (no proxy can hold a bundle without it).
+    known_meshes: std::collections::HashSet<String>,
+    /// Removed CAs whose retention timed out: no longer retained, not reported again.
+    given_up: std::collections::HashSet<(String, String)>,
+    waits: Vec<Wait>,
+    events: Vec<(String, GateEvent)>,
+}
+
+const NAMED_WAITERS: usize = 20;
+
+impl Gate {
+    /// A gate; `enabled: false` publishes and issues at once (drills use it to show what it prevents).
+    pub fn new(enabled: bool, ack_timeout: Duration) -> Gate {
+        Gate {
+            enabled,
+            ack_timeout,
+            published: HashMap::new(),
+            retained_since: HashMap::new(),
+            known_meshes: std::collections::HashSet::new(),
+            given_up: std::collections::HashSet::new(),
+            waits: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+
+    /// Whether the gate orders anything.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// `rollout.ackTimeout`.
+    pub fn ack_timeout(&self) -> Duration {
+        self.ack_timeout
+    }
+
+    /// Starts a reconcile: forgets the previous waits.
+    pub fn begin(&mut self) {
+        self.waits.clear();
+    }
+
+    /// Records a wait for the status (and its start for the metrics).
+    pub fn wait(&mut self, wait: Wait, started: bool) {
+        if started {
+            self.events
+                .push((wait.mesh.clone(), GateEvent::WaitStarted(wait.step)));
+        }
+        self.waits.push(wait);
+    }
+
+    /// Records a timeout.
+    pub fn timed_out(&mut self, mesh: &str, step: &'static str) {
+        self.events
+            .push((mesh.to_owned(), GateEvent::TimedOut(step)));
+    }
+
+    /// The waits of the last reconcile.
+    pub fn waits(&self) -> &[Wait] {
+        &self.waits
+    }
+
+    /// Metric events since the last call.
+    pub fn take_events(&mut self) -> Vec<(String, GateEvent)> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Marks published CAs as confirmed once every stream that must carry them ACKed a snapshot that did,
+    /// or once `ackTimeout` passed.
+    pub fn confirm(&mut self, streams: &[StreamInfo], now: SystemTime) {
+        let timeout = self.ack_timeout;
+        let mut waits = Vec::new();
+        let mut timeouts = Vec::new();
+        for ((mesh, _), p) in self.published.iter_mut().filter(|(_, p)| !p.confirmed) {
+            let waiting = waiting_for(streams, p.since_generation, |s| {
+                s.resources
+                    .iter()
+                    .any(|r| carries_mesh_trust(&s.proxy.mesh, r, mesh))
+            });
+            if waiting.is_empty() {
+                p.confirmed = true;
+            } else if now >= p.since + timeout {
+                tracing::warn!(
+                    mesh = %mesh,
+                    ca = %p.subject,
+                    proxies = ?waiting.iter().take(NAMED_WAITERS).collect::<Vec<_>>(),
+                    count = waiting.len(),
+                    timeout = ?timeout,
+                    "rollout.ackTimeout passed: these proxies have not ACKed the new trust bundle; issuing from the new CA anyway"
+                );
+                p.confirmed = true;
+                timeouts.push(mesh.clone());
+            } else {
+                waits.push(Wait {
+                    mesh: mesh.clone(),
+                    step: "trust-before-identity",
+                    ca: p.subject.clone(),
+                    since: rfc3339(p.since),
+                    timeout_in_seconds: remaining(p.since + timeout, now),
+                    waiting_count: waiting.len(),
+                    waiting_for: waiting.into_iter().take(NAMED_WAITERS).collect(),
+                });
+            }
+        }
+        for mesh in timeouts {
+            self.timed_out(&mesh, "trust-before-identity");
+        }
+        self.waits.extend(waits);
+    }
+
+    /// Decides what each mesh's bundles carry: every CA the configuration publishes, plus (break last) the
+    /// CAs it removed that connected proxies still present, until they stop or `ackTimeout` passes.
+    /// `generation` is the snapshot about to be published; CAs new to it start unconfirmed.
+    pub fn plan_trust(
+        &mut self,
+        desired: Vec<CaTrust>,
+        presented: &[(ProxyKey, CaTrust)],
+        generation: u64,
+        now: SystemTime,
+    ) -> BTreeMap<String, Vec<CaTrust>> {
+        let mut out: BTreeMap<String, Vec<CaTrust>> = BTreeMap::new();
+        let mut ids: std::collections::HashSet<(String, String)> = std::collections::HashSet::new();
+        for ca in desired {
+            if ids.insert((ca.mesh.clone(), ca.ca_id.clone())) {
+                out.entry(ca.mesh.clone()).or_default().push(ca);
+            }
+        }
+        let mut retained: BTreeMap<(String, String), (CaTrust, Vec<String>)> = BTreeMap::new();
+        if self.enabled {
+            for (proxy, ca) in presented {
+                let key = (ca.mesh.clone(), ca.ca_id.clone());
+                if !ids.contains(&key) {
+                    retained
+                        .entry(key)
+                        .or_insert_with(|| (ca.clone(), Vec::new()))
+                        .1
+                        .push(proxy.to_string());
+                }
+            }
+        }
+        self.retained_since.retain(|k, _| retained.contains_key(k));
+        self.given_up.retain(|k| retained.contains_key(k));
+        for (key, (ca, holders)) in retained {
+            let since = *self.retained_since.entry(key.clone()).or_insert_with(|| {
+                tracing::warn!(
+                    mesh = %ca.mesh,
+                    ca = %ca.subject,
+                    proxies = holders.len(),
+                    "a CA was removed from the configuration while proxies still present certificates from it; it stays trusted until they have ACKed replacements (at most rollout.ackTimeout)"
+                );
+                self.events.push((ca.mesh.clone(), GateEvent::RemovedWhilePresented));
+                self.events.push((ca.mesh.clone(), GateEvent::WaitStarted("break-last")));
+                now
+            });
+            if self.given_up.contains(&key) {
+                continue;
+            }
+            if now >= since + self.ack_timeout {
+                tracing::warn!(
+                    mesh = %ca.mesh,
+                    ca = %ca.subject,
+                    proxies = ?holders.iter().take(NAMED_WAITERS).collect::<Vec<_>>(),
+                    "rollout.ackTimeout passed: removing the CA although these proxies may still present its certificates"
+                );
+                self.events
+                    .push((ca.mesh.clone(), GateEvent::TimedOut("break-last")));
+                self.given_up.insert(key);
+                continue;
+            }
+            self.waits.push(Wait {
+                mesh: ca.mesh.clone(),
+                step: "break-last",
+                ca: ca.subject.clone(),
+                since: rfc3339(since),
+                timeout_in_seconds: remaining(since + self.ack_timeout, now),
+                waiting_count: holders.len(),
+                waiting_for: holders.into_iter().take(NAMED_WAITERS).collect(),
+            });
+            out.entry(ca.mesh.clone()).or_default().push(ca);
+        }
+
+        let published_now: std::collections::HashSet<(String, String)> = out
+            .values()
+            .flatten()
+            .map(|c| (c.mesh.clone(), c.ca_id.clone()))
+            .collect();
+        self.published.retain(|k, _| published_now.contains(k));
+        let enabled = self.enabled;
+        for ca in out.values().flatten() {
+            let fresh_mesh = !self.known_meshes.contains(&ca.mesh);
+            self.published
+                .entry((ca.mesh.clone(), ca.ca_id.clone()))
+                .or_insert_with(|| Published {
+                    since_generation: generation,
+                    since: now,
+                    confirmed: !enabled || fresh_mesh,
+                    subject: ca.subject.clone(),
+                });
+        }
+        self.known_meshes = out.keys().cloned().collect();
+        out
+    }
+
+    /// Whether `ca_id` may issue in `mesh`: its bundle was ACKed by every stream that must carry it (or the
+    /// timeout passed). A CA no bundle of the mesh publishes is not gated (its trust is managed elsewhere).
+    pub fn may_issue(&self, mesh: &str, ca_id: &str) -> bool {
+        !self.enabled
+            || self
+                .published
+                .get(&(mesh.to_owned(), ca_id.to_owned()))
+                .is_none_or(|p| p.confirmed)
+    }
+
+    /// Whether anything waits on ACKs (so ACK events must trigger a reconcile).
+    pub fn pending(&self) -> bool {
+        self.enabled
+            && (self.published.values().any(|p| !p.confirmed)
+                || self
+                    .retained_since
+                    .keys()
+                    .any(|k| !self.given_up.contains(k)))
+    }
+
+    /// The earliest time a timeout lets a waiting step proceed.
+    pub fn next_deadline(&self) -> Option<SystemTime> {
+        let unconfirmed = self
+            .published
+            .values()
+            .filter(|p| !p.confirmed)
+            .map(|p| p.since);
+        let retained = self
+            .retained_since
+            .iter()
+            .filter(|(k, _)| !self.given_up.contains(*k))
+            .map(|(_, t)| *t);
+        unconfirmed
+            .chain(retained)
+            .map(|t| t + self.ack_timeout)
+            .min()
+    }
+}
+
+/// Proxies (as `mesh.name`) of the streams `selected` picks that have not ACKed `generation`.
+pub fn waiting_for(
+    streams: &[StreamInfo],
+    generation: u64,
+    selected: impl Fn(&StreamInfo) -> bool,
+) -> Vec<String> {
+    let mut waiting: Vec<String> = streams
+        .iter()
+        .filter(|s| selected(s) && s.acked_generation.is_none_or(|g| g < generation))
+        .map(|s| s.proxy.to_string())
+        .collect();
+    waiting.sort();
+    waiting.dedup();
+    waiting
+}
+
+fn remaining(deadline: SystemTime, now: SystemTime) -> i64 {
+    super::status::seconds_until(deadline, now).max(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn which_resources_carry_which_trust() {
+        assert!(carries_mesh_trust("a", "system_trust_bundle", "a"));
+        assert!(!carries_mesh_trust("b", "system_trust_bundle", "a"));
+        assert!(carries_mesh_trust("b", "ALL", "a"));
+        assert!(carries_mesh_trust("b", "system_trust_bundle_a", "a"));
+        assert!(carries_mesh_trust("a", "mesh_ca:secret:a", "a"));
+        assert!(carries_mesh_trust("a", "meshservice:web", "a"));
+        assert!(!carries_mesh_trust("a", "default", "a"));
+        assert!(is_identity_resource("default"));
+        assert!(is_identity_resource("identity_cert:secret:a"));
+        assert!(is_identity_resource("spiffe://a/web"));
+        assert!(!is_identity_resource("ROOTCA"));
+        assert!(!is_identity_resource("system_trust_bundle_egress"));
+    }
+}

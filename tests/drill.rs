@@ -1,0 +1,125 @@
+//! `meshca drill ca-rotation` end to end, small: the drill must see the failures the ordering gate
+//! prevents when the gate is off, and none when it is on. Assertions are on outcomes, never timings.
+
+mod common;
+
+use common::Env;
+use serde_json::Value;
+
+/// A size that still makes every proxy pair meet during the rotation window.
+const ARGS: [&str; 9] = [
+    "drill",
+    "ca-rotation",
+    "--proxies",
+    "12",
+    "--handshakes",
+    "1500",
+    "--seed",
+    "3",
+    "--output",
+];
+
+fn drill(gate: &str) -> (common::Run, Value) {
+    let env = Env::new();
+    let mut args = ARGS.to_vec();
+    args.extend(["json", "--gate", gate]);
+    let run = env.cli(&args);
+    let report = run.json();
+    (run, report)
+}
+
+fn total(report: &Value, field: &str) -> u64 {
+    report["phases"]
+        .as_array()
+        .expect("phases is a list")
+        .iter()
+        .map(|p| p[field].as_u64().expect("a count"))
+        .sum()
+}
+
+fn phase_names(report: &Value) -> Vec<&str> {
+    report["phases"]
+        .as_array()
+        .expect("phases is a list")
+        .iter()
+        .map(|p| p["name"].as_str().expect("a name"))
+        .collect()
+}
+
+#[test]
+fn without_the_gate_the_drill_reports_failed_handshakes_and_exits_1() {
+    let (run, report) = drill("off");
+    assert_eq!(run.code(), Some(1), "{run}");
+    assert_eq!(report["scenario"], "ca-rotation");
+    assert_eq!(report["gate"], false);
+    assert_eq!(report["proxies"], 12);
+    assert_eq!(report["ok"], false, "{run}");
+    assert_eq!(phase_names(&report), ["steady", "rotation", "converged"]);
+    assert!(total(&report, "handshakes") >= 1500, "{run}");
+    // The rotation converges even without the gate; it just breaks handshakes on the way.
+    assert!(report["converge_seconds"].is_number(), "{run}");
+    assert_eq!(report["error"], Value::Null, "{run}");
+    let steady = &report["phases"][0];
+    assert_eq!(
+        steady["failed"], 0,
+        "nothing changes in the steady state: {run}"
+    );
+    let rotation = &report["phases"][1];
+    assert!(rotation["failed"].as_u64().unwrap_or(0) > 0, "{run}");
+    let failures = rotation["failures"].as_array().expect("a list");
+    assert!(
+        failures.iter().any(|f| f
+            .as_str()
+            .is_some_and(|f| f.contains("rejected") && f.contains("UnknownIssuer"))),
+        "the failures name who rejected whom and why: {run}"
+    );
+    assert!(run.stderr.contains("resource update applied"), "{run}");
+}
+
+#[test]
+fn with_the_gate_no_handshake_fails_and_the_drill_exits_0() {
+    let (run, report) = drill("on");
+    assert_eq!(run.code(), Some(0), "{run}");
+    assert_eq!(report["gate"], true);
+    assert_eq!(report["ok"], true, "{run}");
+    assert_eq!(total(&report, "failed"), 0, "{run}");
+    assert!(total(&report, "handshakes") >= 1500, "{run}");
+    assert_eq!(phase_names(&report), ["steady", "rotation", "converged"]);
+    assert!(report["converge_seconds"].is_number(), "{run}");
+    assert_eq!(report["nacks"], 0, "{run}");
+}
+
+#[test]
+fn human_output_names_each_phase() {
+    let env = Env::new();
+    let run = env.cli(&[
+        "drill",
+        "ca-rotation",
+        "--proxies",
+        "4",
+        "--handshakes",
+        "60",
+        "--gate",
+        "off",
+    ]);
+    for line in ["steady: ", "rotation: ", "converged: "] {
+        assert!(run.stdout.contains(line), "{run}");
+    }
+    assert!(run.stdout.contains("handshakes"), "{run}");
+    // With or without failures the verdict matches the exit code.
+    match run.code() {
+        Some(0) => assert!(run.stdout.contains("ok: no failed handshake"), "{run}"),
+        Some(1) => assert!(run.stdout.contains("FAILED: "), "{run}"),
+        other => panic!("unexpected exit {other:?}: {run}"),
+    }
+}
+
+#[test]
+fn bad_sizes_are_usage_errors() {
+    let env = Env::new();
+    let run = env.cli(&["drill", "ca-rotation", "--proxies", "1"]);
+    assert_eq!(run.code(), Some(2), "{run}");
+    assert!(run.stderr.contains("--proxies"), "{run}");
+    let run = env.cli(&["drill", "nonsense"]);
+    assert_eq!(run.code(), Some(2), "{run}");
+}

@@ -1,0 +1,137 @@
+//! `meshca issue`: svid.pem, key.pem (0600) and bundle.pem for a workload that is not Envoy, straight from
+//! the keystore (no daemon) and from a running daemon over SDS. Each result is checked by independent code:
+//! x509-parser for the SAN, rustls-webpki for the chain, ring for the key pair.
+
+mod common;
+
+use std::path::Path;
+
+use common::{mode, pem_certs, uri_sans, webpki_verify, Env, DATAPLANE_WEB_1, MESH_BUILTIN};
+
+/// Checks the three files `meshca issue` wrote for `default/web-1`.
+fn check_issued_files(out: &Path) {
+    for f in ["svid.pem", "key.pem", "bundle.pem"] {
+        assert!(out.join(f).is_file(), "{f} was not written");
+    }
+    assert_eq!(mode(&out.join("key.pem")), 0o600, "key.pem must be 0600");
+
+    let svid = std::fs::read_to_string(out.join("svid.pem")).expect("svid.pem is text");
+    let bundle = std::fs::read_to_string(out.join("bundle.pem")).expect("bundle.pem is text");
+    let key = std::fs::read_to_string(out.join("key.pem")).expect("key.pem is text");
+    let chain = pem_certs(&svid);
+    let anchors = pem_certs(&bundle);
+    assert!(!chain.is_empty(), "svid.pem holds no certificate");
+    assert!(!anchors.is_empty(), "bundle.pem holds no certificate");
+    assert!(
+        !svid.contains("PRIVATE KEY") && !bundle.contains("PRIVATE KEY"),
+        "a key leaked into a public file"
+    );
+
+    meshca_ca::check_svid_rules(&chain[0])
+        .unwrap_or_else(|broken| panic!("the SVID breaks the SPIFFE rules: {broken:?}"));
+    assert_eq!(uri_sans(&chain[0]), ["spiffe://default/web"]);
+    webpki_verify(&chain, &anchors).expect("the SVID chains to bundle.pem");
+    let expected: meshca_ca::SpiffeId = "spiffe://default/web".parse().expect("a valid SPIFFE ID");
+    meshca_ca::verify_svid(&chain, &anchors, &expected, std::time::SystemTime::now())
+        .expect("meshca's own verifier agrees");
+
+    // The key belongs to the certificate: same public key (read with ring and x509-parser).
+    let key_block = ::pem::parse(&key).expect("key.pem is PEM");
+    assert_eq!(key_block.tag(), "PRIVATE KEY", "a PKCS#8 key");
+    let rng = ring::rand::SystemRandom::new();
+    let pair = ring::signature::EcdsaKeyPair::from_pkcs8(
+        &ring::signature::ECDSA_P256_SHA256_ASN1_SIGNING,
+        key_block.contents(),
+        &rng,
+    )
+    .expect("an ECDSA P-256 PKCS#8 key (the default keyAlgorithm)");
+    use ring::signature::KeyPair;
+    use x509_parser::prelude::*;
+    let (_, cert) = X509Certificate::from_der(&chain[0]).expect("parsable SVID");
+    assert_eq!(
+        pair.public_key().as_ref(),
+        cert.public_key().subject_public_key.data.as_ref(),
+        "key.pem does not match svid.pem"
+    );
+}
+
+fn env_with_web_1() -> Env {
+    let env = Env::new();
+    env.write_resource("mesh.yaml", MESH_BUILTIN);
+    env.write_resource("dataplanes.yaml", DATAPLANE_WEB_1);
+    env
+}
+
+#[test]
+fn issue_from_the_local_keystore_without_a_daemon() {
+    let env = env_with_web_1();
+    let out = env.root().join("out");
+    let run = env
+        .cli(&[
+            "issue",
+            "--config",
+            env.cfg(),
+            "--out",
+            out.to_str().expect("UTF-8"),
+            "--mesh",
+            "default",
+            "--name",
+            "web-1",
+        ])
+        .ok();
+    assert!(run.stderr.contains("spiffe://default/web"), "{run}");
+    check_issued_files(&out);
+
+    // The bundle is the mesh's persisted CA, so a later daemon serves the same trust.
+    let persisted =
+        std::fs::read_to_string(env.keystore().join("ca/default/backend/ca-1/cert.pem"))
+            .expect("issue persisted the backend CA");
+    let bundle = std::fs::read_to_string(out.join("bundle.pem")).expect("bundle.pem");
+    assert_eq!(pem_certs(&bundle), pem_certs(&persisted));
+}
+
+#[test]
+fn issue_for_an_unknown_mesh_exits_2() {
+    let env = env_with_web_1();
+    let out = env.root().join("out");
+    let run = env.cli(&[
+        "issue",
+        "--config",
+        env.cfg(),
+        "--out",
+        out.to_str().expect("UTF-8"),
+        "--mesh",
+        "nope",
+        "--name",
+        "web-1",
+    ]);
+    assert_eq!(run.code(), Some(2), "{run}");
+    assert!(run.stderr.contains("nope"), "{run}");
+    assert!(!out.join("key.pem").exists(), "no key for a failed issue");
+}
+
+#[test]
+fn issue_from_a_running_daemon_over_sds() {
+    let env = env_with_web_1();
+    let _daemon = env.start();
+    let token = env.token("default", "web-1", &[]);
+    for (server, dir) in [
+        (env.sds_unix(), "out-unix"),
+        (env.sds_tcp.to_string(), "out-tls"),
+    ] {
+        let out = env.root().join(dir);
+        env.cli(&[
+            "issue",
+            "--config",
+            env.cfg(),
+            "--out",
+            out.to_str().expect("UTF-8"),
+            "--server",
+            &server,
+            "--token-file",
+            token.file.to_str().expect("UTF-8"),
+        ])
+        .ok();
+        check_issued_files(&out);
+    }
+}

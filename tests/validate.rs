@@ -1,0 +1,236 @@
+//! `meshca validate` and settings validation: exit codes, messages naming file/resource/field, and no side
+//! effects on the data directory.
+
+mod common;
+
+use common::{Env, MESH_BUILTIN};
+
+/// A MeshIdentity whose SPIFFE ID path uses a template variable that does not exist.
+const IDENTITY_UNKNOWN_VARIABLE: &str = r#"
+type: MeshIdentity
+name: web-id
+mesh: default
+spec:
+  selector: {dataplane: {matchLabels: {}}}
+  spiffeID:
+    trustDomain: "{{ .Mesh }}.mesh.local"
+    path: "/workload/{{ .Foo }}"
+  provider:
+    type: Bundled
+    bundled:
+      autogenerate: {enabled: true}
+"#;
+
+/// A Mesh whose provided backend reads a certificate file that does not exist.
+const MESH_PROVIDED_MISSING_FILE: &str = "
+type: Mesh
+name: other
+mtls:
+  enabledBackend: ext
+  backends:
+    - name: ext
+      type: provided
+      conf:
+        cert: {file: /nonexistent/meshca-test/ca.pem}
+        key: {file: /nonexistent/meshca-test/ca-key.pem}
+";
+
+/// A Mesh whose enabledBackend names no defined backend.
+const MESH_UNKNOWN_ENABLED_BACKEND: &str = "
+type: Mesh
+name: broken
+mtls:
+  enabledBackend: ca-9
+  backends:
+    - name: ca-1
+      type: builtin
+";
+
+fn dir_with(env: &Env, name: &str, files: &[(&str, &str)]) -> String {
+    let dir = env.root().join(name);
+    std::fs::create_dir(&dir).expect("the temp dir is writable");
+    for (file, yaml) in files {
+        std::fs::write(dir.join(file), yaml).expect("the temp dir is writable");
+    }
+    dir.to_str().expect("UTF-8").to_owned()
+}
+
+/// Validation must never touch the daemon's data directory (no keystore, no generated CA).
+fn assert_no_keystore(env: &Env) {
+    assert!(
+        !env.keystore().exists(),
+        "validate created a keystore at {}",
+        env.keystore().display()
+    );
+}
+
+fn errors_of(json: &serde_json::Value) -> Vec<serde_json::Value> {
+    json["errors"]
+        .as_array()
+        .expect("`errors` is a list")
+        .clone()
+}
+
+#[test]
+fn validate_names_file_resource_and_field_of_every_error_in_two_bad_files() {
+    let env = Env::new();
+    // Same mesh for the identity: MeshIdentity/default/web-id needs Mesh default.
+    let bad = dir_with(
+        &env,
+        "bad",
+        &[
+            (
+                "identity.yaml",
+                &format!("{MESH_BUILTIN}---{IDENTITY_UNKNOWN_VARIABLE}"),
+            ),
+            ("provided.yaml", MESH_PROVIDED_MISSING_FILE),
+        ],
+    );
+
+    let run = env.cli(&["validate", "--config", env.cfg(), &bad]);
+    assert_eq!(run.code(), Some(2), "{run}");
+    let err = &run.stderr;
+    for needle in [
+        "identity.yaml",
+        "MeshIdentity/default/web-id",
+        "spec.spiffeID",
+        ".Foo",
+        "provided.yaml",
+        "Mesh/other",
+        "mtls.backends[0]",
+        "/nonexistent/meshca-test/ca.pem",
+    ] {
+        assert!(err.contains(needle), "stderr lacks {needle:?}: {run}");
+    }
+
+    let json = env.cli(&["validate", "--config", env.cfg(), &bad, "--output", "json"]);
+    assert_eq!(json.code(), Some(2), "{json}");
+    let v = json.json();
+    assert_eq!(v["valid"], false, "{json}");
+    let errors = errors_of(&v);
+    assert_eq!(errors.len(), 2, "one error per bad resource: {json}");
+    let identity = errors
+        .iter()
+        .find(|e| e["resource"] == "MeshIdentity/default/web-id")
+        .unwrap_or_else(|| panic!("no error for the MeshIdentity: {json}"));
+    assert!(identity["file"]
+        .as_str()
+        .unwrap_or("")
+        .ends_with("identity.yaml"));
+    assert!(identity["field"]
+        .as_str()
+        .unwrap_or("")
+        .contains("spiffeID"));
+    assert!(identity["message"].as_str().unwrap_or("").contains(".Foo"));
+    let provided = errors
+        .iter()
+        .find(|e| e["resource"] == "Mesh/other")
+        .unwrap_or_else(|| panic!("no error for the provided backend: {json}"));
+    assert!(provided["file"]
+        .as_str()
+        .unwrap_or("")
+        .ends_with("provided.yaml"));
+    assert_eq!(provided["field"], "mtls.backends[0]");
+
+    assert_no_keystore(&env);
+}
+
+#[test]
+fn validate_reports_enabled_backend_that_names_no_backend() {
+    let env = Env::new();
+    let bad = dir_with(&env, "bad", &[("mesh.yaml", MESH_UNKNOWN_ENABLED_BACKEND)]);
+
+    let run = env.cli(&["validate", "--config", env.cfg(), &bad]);
+    assert_eq!(run.code(), Some(2), "{run}");
+    for needle in ["mesh.yaml", "Mesh/broken", "mtls.enabledBackend", "ca-9"] {
+        assert!(
+            run.stderr.contains(needle),
+            "stderr lacks {needle:?}: {run}"
+        );
+    }
+
+    let json = env.cli(&["validate", "--config", env.cfg(), &bad, "--output", "json"]);
+    assert_eq!(json.code(), Some(2), "{json}");
+    let v = json.json();
+    assert_eq!(v["valid"], false);
+    let errors = errors_of(&v);
+    assert_eq!(errors.len(), 1, "{json}");
+    assert_eq!(errors[0]["resource"], "Mesh/broken");
+    assert_eq!(errors[0]["field"], "mtls.enabledBackend");
+    assert_no_keystore(&env);
+}
+
+#[test]
+fn validate_reports_structural_and_template_errors_of_different_files_together() {
+    let env = Env::new();
+    let bad = dir_with(
+        &env,
+        "bad",
+        &[
+            ("broken.yaml", MESH_UNKNOWN_ENABLED_BACKEND),
+            (
+                "identity.yaml",
+                &format!("{MESH_BUILTIN}---{IDENTITY_UNKNOWN_VARIABLE}"),
+            ),
+        ],
+    );
+    let json = env.cli(&["validate", "--config", env.cfg(), &bad, "--output", "json"]);
+    assert_eq!(json.code(), Some(2), "{json}");
+    let resources: Vec<String> = errors_of(&json.json())
+        .iter()
+        .map(|e| e["resource"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert!(
+        resources.iter().any(|r| r == "Mesh/broken"),
+        "missing Mesh/broken: {json}"
+    );
+    assert!(
+        resources.iter().any(|r| r == "MeshIdentity/default/web-id"),
+        "`validate` must print every error, but the MeshIdentity's unknown variable is not reported: {json}"
+    );
+}
+
+#[test]
+fn validate_accepts_a_good_directory_without_creating_a_keystore() {
+    let env = Env::new();
+    let good = dir_with(
+        &env,
+        "good",
+        &[
+            ("mesh.yaml", MESH_BUILTIN),
+            ("dataplanes.yaml", common::DATAPLANE_WEB_1),
+        ],
+    );
+    let run = env.cli(&["validate", "--config", env.cfg(), &good]);
+    assert_eq!(run.code(), Some(0), "{run}");
+    assert!(run.stdout.contains("valid"), "{run}");
+
+    let json = env.cli(&["validate", "--config", env.cfg(), &good, "--output", "json"]);
+    assert_eq!(json.code(), Some(0), "{json}");
+    let v = json.json();
+    assert_eq!(v["valid"], true, "{json}");
+    assert!(errors_of(&v).is_empty(), "{json}");
+    assert_no_keystore(&env);
+}
+
+#[test]
+fn serve_with_an_unknown_settings_key_exits_2_and_names_the_key() {
+    let env = Env::with_settings("bogusSetting: 1\n");
+    let run = env.cli(&["serve", "--config", env.cfg()]);
+    assert_eq!(run.code(), Some(2), "{run}");
+    assert!(run.stderr.contains("bogusSetting"), "{run}");
+    assert!(
+        run.stderr.contains("meshca.yaml"),
+        "the message names the file: {run}"
+    );
+    assert!(
+        !env.data.exists(),
+        "a rejected start must not create the data dir"
+    );
+
+    // A nested unknown key is named with its path.
+    let nested = Env::with_settings("issuance: {keyAlgoritm: ecdsa-p256}\n");
+    let run = nested.cli(&["serve", "--config", nested.cfg()]);
+    assert_eq!(run.code(), Some(2), "{run}");
+    assert!(run.stderr.contains("issuance.keyAlgoritm"), "{run}");
+}
