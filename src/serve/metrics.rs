@@ -47,6 +47,18 @@ pub struct Metrics {
     rollout_waits: Family<StepLabels, Counter>,
     rollout_timeouts: Family<StepLabels, Counter>,
     removed_while_presented: Family<MeshLabels, Counter>,
+    ca_expiry: Family<CaLabels, Gauge>,
+}
+
+/// Labels of per-CA metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CaLabels {
+    /// Mesh name.
+    pub mesh: String,
+    /// `backend <name>` or `MeshIdentity <name>`.
+    pub ca: String,
+    /// The first 16 hex digits of the CA's id (tells rotation generations apart).
+    pub id: String,
 }
 
 /// Labels of rollout metrics.
@@ -187,6 +199,12 @@ impl Metrics {
             "CAs removed from the configuration while connected proxies still presented their certificates",
             removed_while_presented.clone(),
         );
+        let ca_expiry = Family::<CaLabels, Gauge>::default();
+        registry.register(
+            "meshca_ca_expiry_seconds",
+            "Seconds until each CA expires, by mesh and backend or MeshIdentity",
+            ca_expiry.clone(),
+        );
         registry.register_collector(Box::new(SdsCollector(sds)));
         Metrics {
             registry,
@@ -201,6 +219,7 @@ impl Metrics {
             rollout_waits,
             rollout_timeouts,
             removed_while_presented,
+            ca_expiry,
         }
     }
 
@@ -253,6 +272,21 @@ impl Metrics {
         }
     }
 
+    /// Sets the expiry gauge of every CA of `world`.
+    pub fn observe_cas(&self, world: &super::world::World, now: std::time::SystemTime) {
+        self.ca_expiry.clear();
+        for (mesh, ca, loaded) in world.authorities() {
+            let id = loaded.ca.id();
+            let labels = CaLabels {
+                mesh: mesh.to_owned(),
+                ca,
+                id: id[..id.len().min(16)].to_owned(),
+            };
+            let seconds = super::status::seconds_until(loaded.ca.not_after(), now);
+            self.ca_expiry.get_or_create(&labels).set(seconds);
+        }
+    }
+
     /// Counts a rollout event.
     pub fn gate_event(&self, mesh: &str, event: GateEvent) {
         let step = |step: &str| StepLabels {
@@ -291,6 +325,23 @@ mod tests {
             &Issuer::Backend("ca-1".into()),
             Duration::from_millis(1),
         );
+        metrics.gate_event("default", GateEvent::WaitStarted("break-last"));
+        metrics.gate_event("default", GateEvent::TimedOut("identity-ack"));
+        metrics.gate_event("default", GateEvent::RemovedWhilePresented);
+        let keystore = meshca_keystore::MemoryKeystore::new();
+        let settings = meshca_config::Settings::default();
+        let yaml = "type: Mesh\nname: default\nmtls:\n  enabledBackend: ca-1\n  backends:\n    - {name: ca-1, type: builtin}\n";
+        let parsed = meshca_config::parse_str(std::path::Path::new("m.yaml"), yaml).expect("valid");
+        let resources = meshca_config::Resources::from_resources(parsed).expect("valid");
+        let now = std::time::SystemTime::now();
+        let src = crate::serve::world::CaSource {
+            keystore: &keystore,
+            settings: &settings,
+            previous: None,
+            now,
+        };
+        let world = crate::serve::world::World::load(resources, &src).expect("valid");
+        metrics.observe_cas(&world, now);
         let text = metrics.encode();
         for family in [
             "meshca_certificates_issued_total{mesh=\"default\",issuer=\"backend ca-1\"} 1",
@@ -303,6 +354,10 @@ mod tests {
             "meshca_earliest_certificate_expiry_seconds",
             "meshca_earliest_ca_expiry_seconds",
             "meshca_rejected_updates_total",
+            "meshca_rollout_waits_total{mesh=\"default\",step=\"break-last\"} 1",
+            "meshca_rollout_timeouts_total{mesh=\"default\",step=\"identity-ack\"} 1",
+            "meshca_ca_removed_while_presented_total{mesh=\"default\"} 1",
+            "meshca_ca_expiry_seconds{mesh=\"default\",ca=\"backend ca-1\",id=\"",
         ] {
             assert!(text.contains(family), "{family} missing from:\n{text}");
         }

@@ -571,6 +571,7 @@ impl Owner {
             now,
         });
         self.metrics.observe_status(&status);
+        self.metrics.observe_cas(&self.world, now);
         self.status_tx.send_replace(Arc::new(status));
     }
 }

@@ -198,7 +198,7 @@ impl World {
                                 file: file.clone(),
                                 resource: res.clone(),
                                 field,
-                                message,
+                                message: format!("backend {backend_name}: {message}"),
                             });
                             None
                         }

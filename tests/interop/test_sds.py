@@ -190,3 +190,92 @@ def test_delta_secrets_subscribe(daemon):
         assert unpack(r.resource).name == r.name
     requests.put(None)
     responses.cancel()
+
+
+def make_ca(name, issuer=None, issuer_key=None, path_length=None):
+    """A CA certificate and key made with cryptography, independent of meshca."""
+    import datetime
+
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer.subject if issuer else subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=path_length), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
+                encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+    )
+    signer = issuer_key or key
+    builder = builder.add_extension(
+        x509.AuthorityKeyIdentifier.from_issuer_public_key(signer.public_key()), critical=False
+    )
+    return builder.sign(signer, hashes.SHA256()), key
+
+
+def test_provided_intermediate_ca_chain_verifies_to_its_root(daemon):
+    """A provided backend whose PEM holds an intermediate then its root: the SDS chain is leaf + intermediate,
+    the trust bundle holds the root, and cryptography's own path builder validates leaf → intermediate → root."""
+    import datetime
+
+    from cryptography.x509.verification import PolicyBuilder, Store
+
+    root, root_key = make_ca("interop root")
+    inter, inter_key = make_ca("interop intermediate", root, root_key, path_length=0)
+    pem = serialization.Encoding.PEM
+    (daemon.root / "ca.pem").write_bytes(inter.public_bytes(pem) + root.public_bytes(pem))
+    (daemon.root / "ca.key").write_bytes(
+        inter_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    (daemon.resources / "mesh.yaml").write_text(
+        "type: Mesh\nname: default\nmtls:\n  enabledBackend: provided-1\n  backends:\n"
+        "    - name: provided-1\n      type: provided\n"
+        f"      conf:\n        cert: {{file: {daemon.root / 'ca.pem'}}}\n        key: {{file: {daemon.root / 'ca.key'}}}\n"
+    )
+    token = daemon.token("web-1", "default", "--tag", "kuma.io/service=web")
+    stub = sds_pb2_grpc.SecretDiscoveryServiceStub(daemon.unix_channel())
+    req = discovery_pb2.DiscoveryRequest(
+        node=base_pb2.Node(id="default.web-1"), resource_names=["default", "mesh_ca:secret:default"]
+    )
+    deadline = time.monotonic() + 15
+    while True:
+        # The file watcher applies the new mesh within a second; the builtin CA keeps issuing until then,
+        # and stays trusted (break last) until no connected proxy may present its certificates.
+        resp = stub.FetchSecrets(req, metadata=auth(token), timeout=10)
+        secrets = {s.name: s for s in map(unpack, resp.resources)}
+        chain = x509.load_pem_x509_certificates(
+            secrets["default"].tls_certificate.certificate_chain.inline_string.encode()
+        )
+        bundle = x509.load_pem_x509_certificates(
+            secrets["mesh_ca:secret:default"].validation_context.trusted_ca.inline_string.encode()
+        )
+        if len(chain) == 2 and bundle == [root]:
+            break
+        assert time.monotonic() < deadline, f"the provided CA never took over: {chain} {bundle}"
+        time.sleep(0.05)
+    leaf, served_inter = chain
+    assert served_inter == inter, "the chain carries the intermediate after the leaf"
+    verifier = (
+        PolicyBuilder()
+        .store(Store(bundle))
+        .time(datetime.datetime.now(datetime.timezone.utc))
+        .build_client_verifier()
+    )
+    verified = verifier.verify(leaf, [served_inter])
+    assert [s.value for s in verified.subjects] == ["spiffe://default/web"]
