@@ -67,6 +67,9 @@ pub struct Owner {
     streams: HashMap<ProxyKey, HashSet<StreamId>>,
     issued: HashMap<ProxyKey, Issued>,
     decisions: HashMap<ProxyKey, Result<(), String>>,
+    /// MeshServices whose `status.tls` is Ready: set once every selected dataplane holds a trusted
+    /// certificate, cleared only when the mesh's mTLS is switched off.
+    tls_ready: std::collections::BTreeSet<(String, String)>,
     /// The last token refused for each proxy, and why.
     refused_tokens: BTreeMap<ProxyKey, String>,
     last_rejected: Option<Rejected>,
@@ -103,6 +106,7 @@ impl Owner {
             issued: HashMap::new(),
             decisions: HashMap::new(),
             refused_tokens: BTreeMap::new(),
+            tls_ready: std::collections::BTreeSet::new(),
             last_rejected: None,
             generation: 0,
             bundles: bundles::BundleCache::default(),
@@ -261,6 +265,64 @@ impl Owner {
         out
     }
 
+    /// Updates MeshService `status.tls` (DESIGN §8): Ready once mTLS is on and every dataplane the service
+    /// selects holds a certificate from a CA its mesh trusts; then Ready until mTLS is switched off.
+    fn update_service_tls(
+        &mut self,
+        dataplanes: &BTreeMap<ProxyKey, Result<DataplaneInfo, String>>,
+        trust: &BTreeMap<String, Vec<CaTrust>>,
+    ) {
+        for service in &self.world.resources.mesh_services {
+            let key = (service.mesh.clone(), service.name.clone());
+            let mtls_on = self.world.meshes.get(&service.mesh).is_some_and(|m| {
+                m.enabled_backend.is_some()
+                    || m.identities.iter().any(|i| {
+                        matches!(i.provider, super::world::IdentityProvider::Bundled { .. })
+                    })
+            });
+            if !mtls_on {
+                self.tls_ready.remove(&key);
+                continue;
+            }
+            if self.tls_ready.contains(&key) {
+                continue;
+            }
+            let Some(selector) = &service.dataplane_tags else {
+                continue;
+            };
+            let trusted: std::collections::HashSet<&str> = trust
+                .get(&service.mesh)
+                .into_iter()
+                .flatten()
+                .map(|c| c.ca_id.as_str())
+                .collect();
+            let mut selected = dataplanes
+                .iter()
+                .filter_map(|(k, d)| d.as_ref().ok().map(|d| (k, d)))
+                .filter(|(_, d)| d.mesh == service.mesh && d.has_inbound_with(selector))
+                .peekable();
+            if selected.peek().is_none() {
+                continue;
+            }
+            let all_hold = selected.all(|(k, _)| {
+                self.issued
+                    .get(k)
+                    .is_some_and(|i| trusted.contains(i.ca_id.as_str()))
+            });
+            if all_hold {
+                self.tls_ready.insert(key);
+            }
+        }
+        let services: std::collections::BTreeSet<(String, String)> = self
+            .world
+            .resources
+            .mesh_services
+            .iter()
+            .map(|s| (s.mesh.clone(), s.name.clone()))
+            .collect();
+        self.tls_ready.retain(|k| services.contains(k));
+    }
+
     /// Brings every connected proxy's certificate up to date at `now`, in the order DESIGN §8 demands, then
     /// publishes a snapshot and status.
     ///
@@ -383,6 +445,7 @@ impl Owner {
             .retain(|k, _| dataplanes.get(k).is_some_and(|d| d.is_ok()));
 
         let service_ids = self.service_identities(&dataplanes);
+        self.update_service_tls(&dataplanes, &trust);
         self.generation = next_generation;
         let mut snapshot = bundles::snapshot(
             self.generation,
@@ -568,6 +631,7 @@ impl Owner {
             last_rejected: self.last_rejected.as_ref(),
             waits: self.gate.waits(),
             refused_tokens: &self.refused_tokens,
+            tls_ready: &self.tls_ready,
             now,
         });
         self.metrics.observe_status(&status);

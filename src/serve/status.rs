@@ -107,6 +107,8 @@ pub struct TrustStatus {
 pub struct ServiceStatus {
     pub name: String,
     pub spiffe_ids: Vec<String>,
+    /// `Ready` once mTLS is on and every selected dataplane holds a trusted certificate (DESIGN §8).
+    pub tls: &'static str,
 }
 
 /// One dataplane.
@@ -142,6 +144,7 @@ pub struct Inputs<'a> {
     pub last_rejected: Option<&'a Rejected>,
     pub waits: &'a [super::rollout::Wait],
     pub refused_tokens: &'a BTreeMap<ProxyKey, String>,
+    pub tls_ready: &'a std::collections::BTreeSet<(String, String)>,
     pub now: SystemTime,
 }
 
@@ -291,6 +294,11 @@ pub fn build(i: Inputs<'_>) -> Status {
                     .get(&(name.clone(), s.name.clone()))
                     .map(|ids| ids.iter().cloned().collect())
                     .unwrap_or_default(),
+                tls: if i.tls_ready.contains(&(name.clone(), s.name.clone())) {
+                    "Ready"
+                } else {
+                    "NotReady"
+                },
             })
             .collect();
         let mut proxies_by_issuer = BTreeMap::new();

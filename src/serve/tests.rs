@@ -971,3 +971,47 @@ mtls:
     );
     assert!(handshakes > 1000, "{handshakes}");
 }
+
+#[test]
+fn mesh_service_tls_is_ready_once_every_selected_dataplane_holds_a_trusted_cert_and_stays_ready() {
+    let services = r#"
+---
+type: Dataplane
+mesh: default
+name: web-1
+networking:
+  inbound: [{port: 8080, tags: {kuma.io/service: web}}]
+---
+type: MeshService
+name: web
+mesh: default
+spec:
+  selector: {dataplaneTags: {kuma.io/service: web}}
+  ports: [{port: 80, targetPort: 8080}]
+"#;
+    let tls = |h: &Harness| {
+        let status = h.status.borrow().clone();
+        status.meshes[0]
+            .mesh_services
+            .iter()
+            .find(|s| s.name == "web")
+            .expect("listed")
+            .tls
+    };
+    let mut h = Harness::new(&format!("{LEGACY}{services}"));
+    h.owner.reconcile(t0());
+    assert_eq!(tls(&h), "NotReady", "web-1 holds no certificate yet");
+    let stream = h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    h.owner.reconcile(t0());
+    assert_eq!(tls(&h), "Ready");
+    h.owner.on_event(StreamEvent::Disconnected {
+        stream,
+        proxy: ProxyKey::new("default", "web-1"),
+    });
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    assert_eq!(tls(&h), "Ready", "stays Ready until mTLS is switched off");
+    h.update(&format!("type: Mesh\nname: default\n{services}"))
+        .expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    assert_eq!(tls(&h), "NotReady", "mTLS off");
+}
