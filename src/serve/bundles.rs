@@ -182,3 +182,37 @@ pub fn snapshot(
         egress: None,
     }
 }
+
+/// Whether two snapshots serve the same content (their generations aside). Bundles and identities are
+/// compared by pointer: the owner reuses the same `Arc` while one is unchanged.
+pub fn same_content(a: &Snapshot, b: &Snapshot) -> bool {
+    let same_entry = |x: &ProxyEntry, y: &ProxyEntry| match (x, y) {
+        (ProxyEntry::Ready(x), ProxyEntry::Ready(y)) => Arc::ptr_eq(x, y),
+        (ProxyEntry::Pending, ProxyEntry::Pending) => true,
+        (ProxyEntry::NoIdentity { reason: x }, ProxyEntry::NoIdentity { reason: y })
+        | (ProxyEntry::Refused { reason: x }, ProxyEntry::Refused { reason: y }) => x == y,
+        _ => false,
+    };
+    let same_mesh = |x: &MeshView, y: &MeshView| {
+        Arc::ptr_eq(&x.trust, &y.trust)
+            && x.mesh_services.len() == y.mesh_services.len()
+            && x.mesh_services
+                .iter()
+                .all(|(name, s)| y.mesh_services.get(name).is_some_and(|t| Arc::ptr_eq(s, t)))
+    };
+    a.proxies.len() == b.proxies.len()
+        && a.proxies
+            .iter()
+            .all(|(k, e)| b.proxies.get(k).is_some_and(|f| same_entry(e, f)))
+        && a.meshes.len() == b.meshes.len()
+        && a.meshes
+            .iter()
+            .all(|(k, m)| b.meshes.get(k).is_some_and(|n| same_mesh(m, n)))
+        && Arc::ptr_eq(&a.all, &b.all)
+        && match (&a.egress, &b.egress) {
+            (None, None) => true,
+            (Some(x), Some(y)) => Arc::ptr_eq(x, y),
+            _ => false,
+        }
+        && a.claim_rules == b.claim_rules
+}

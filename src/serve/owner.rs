@@ -446,9 +446,8 @@ impl Owner {
 
         let service_ids = self.service_identities(&dataplanes);
         self.update_service_tls(&dataplanes, &trust);
-        self.generation = next_generation;
         let mut snapshot = bundles::snapshot(
-            self.generation,
+            next_generation,
             &self.world,
             &trust,
             entries,
@@ -466,7 +465,12 @@ impl Owner {
                 _ => None,
             })
             .collect();
-        self.snapshot_tx.send_replace(Arc::new(snapshot));
+        // Publish only what changed: every publish wakes every stream, and streams whose content did not change
+        // report an ACK of the new generation, which would wake a waiting rollout again.
+        if !bundles::same_content(&snapshot, &self.snapshot_tx.borrow()) {
+            self.generation = next_generation;
+            self.snapshot_tx.send_replace(Arc::new(snapshot));
+        }
         for (mesh, event) in self.gate.take_events() {
             self.metrics.gate_event(&mesh, event);
         }

@@ -1015,3 +1015,27 @@ spec:
     h.owner.reconcile(t0() + Duration::from_secs(2));
     assert_eq!(tls(&h), "NotReady", "mTLS off");
 }
+
+#[test]
+fn a_reconcile_that_changes_nothing_publishes_nothing() {
+    let (mut h, streams) = gated(true);
+    let before = generation(&h);
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    assert_eq!(
+        generation(&h),
+        before,
+        "an unchanged snapshot would wake every stream for nothing"
+    );
+    // While a rollout waits, ACKs of unchanged content must not cause publishes either.
+    h.update(SWITCHED).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    let waiting = generation(&h);
+    assert!(waiting > before);
+    streams.set("web-1", 1, Some(waiting));
+    h.owner.reconcile(t0() + Duration::from_secs(3));
+    assert_eq!(
+        generation(&h),
+        waiting,
+        "web-2 still holds the rollout; nothing new to serve"
+    );
+}
