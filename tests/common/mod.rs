@@ -9,6 +9,8 @@
 
 mod files;
 mod process;
+/// A hand-driven SDS `StreamSecrets` proxy (async; needs a multi-threaded tokio runtime).
+pub mod sds_proxy;
 
 // Re-exported for the test files; each uses a different subset.
 #[allow(unused_imports)]
