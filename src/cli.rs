@@ -192,6 +192,46 @@ pub struct StatusArgs {
 pub enum BenchCommand {
     /// SVIDs per second on one thread, beside the raw ring floor from the same run.
     Issuance(BenchIssuanceArgs),
+    /// SDS fan-out: many idle streams, memory per stream, and how fast a CA rotation reaches them all.
+    Sds(BenchSdsArgs),
+    /// The client half of `bench sds` when it runs in its own process: reads its plan on stdin.
+    #[command(hide = true)]
+    SdsClient,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchSdsArgs {
+    /// How many concurrent `StreamSecrets` streams.
+    #[arg(long, default_value_t = 10_000)]
+    pub streams: usize,
+    /// How many HTTP/2 connections to the unix socket carry them (streams are spread evenly).
+    #[arg(long, default_value_t = 50)]
+    pub connections: usize,
+    /// How many proxies own the streams (round-robin); default: one proxy per stream.
+    #[arg(long)]
+    pub proxies: Option<usize>,
+    /// Every K-th stream also asks for the proxy's identity (`default`); 0: none does.
+    #[arg(long, default_value_t = 4)]
+    pub identity_every: usize,
+    /// How long the streams stay idle before the memory is read.
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+    /// How long the setup, and then the rotation, may take before the bench fails.
+    #[arg(long, default_value_t = 60.0)]
+    pub timeout: f64,
+    /// Where the simulated proxies run: in a child process (the daemon's memory is then its own) or in
+    /// this one.
+    #[arg(long, value_enum, default_value_t = BenchClient::Process)]
+    pub client: BenchClient,
+}
+
+/// Where `bench sds` runs its clients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BenchClient {
+    /// A child process (`meshca bench sds-client`).
+    Process,
+    /// The bench's own process, beside the daemon.
+    InProcess,
 }
 
 #[derive(Debug, Args)]

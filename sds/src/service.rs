@@ -1,5 +1,7 @@
 //! The SDS gRPC service: construction and the three RPCs.
 
+use std::convert::Infallible;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -8,15 +10,17 @@ use std::time::{Duration, SystemTime};
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
-use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_server::{
-    SecretDiscoveryService, SecretDiscoveryServiceServer,
-};
+use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_server::SecretDiscoveryService;
 use futures::Stream;
 use meshca_auth::{Claims, RevocationList, Verifier};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tonic::codec::{BufferSettings, Codec};
+use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
+use tonic::server::{NamedService, StreamingService, UnaryService};
 use tonic::{Request, Response, Status, Streaming};
+use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
 use crate::events::{StreamEvent, StreamId};
 use crate::metrics::SdsMetrics;
@@ -149,9 +153,144 @@ impl SdsServer {
         self.shared.shutdown.cancel();
     }
 
-    /// The tonic service, for embedding in another tonic server.
-    pub fn into_service(self) -> SecretDiscoveryServiceServer<SdsServer> {
-        SecretDiscoveryServiceServer::new(self)
+    /// The tonic service, for embedding in another tonic server. It is the generated
+    /// `SecretDiscoveryServiceServer` with 1 KiB codec buffers instead of 8 KiB, since every open
+    /// stream keeps one for requests and one for responses.
+    pub fn into_service(
+        self,
+    ) -> impl Service<
+        http::Request<tonic::body::Body>,
+        Response = http::Response<tonic::body::Body>,
+        Error = Infallible,
+        Future = BoxFuture<http::Response<tonic::body::Body>, Infallible>,
+    > + NamedService
+           + Clone
+           + Send
+           + Sync
+           + 'static {
+        GrpcService { server: self }
+    }
+}
+
+/// Bytes tonic sets aside per stream for decoding requests, and again for encoding responses,
+/// and the steps in which those buffers grow for a larger message. tonic's default is 8 KiB
+/// each, allocated when a stream opens and kept while it lives: 16 KiB per idle stream, all of
+/// DESIGN §11's budget, for requests of a few hundred bytes and responses of one to a few
+/// KiB. `meshca bench sds` measured the difference (BENCHMARKS.md).
+const CODEC_BUFFER: usize = 1024;
+/// Encoded responses gathered before they are handed to HTTP/2 (tonic's default).
+const CODEC_YIELD_THRESHOLD: usize = 32 * 1024;
+
+/// The prost codec with [`CODEC_BUFFER`]-sized buffers.
+struct SdsCodec<T, U>(PhantomData<fn() -> (T, U)>);
+
+impl<T, U> Default for SdsCodec<T, U> {
+    fn default() -> Self {
+        SdsCodec(PhantomData)
+    }
+}
+
+impl<T, U> Codec for SdsCodec<T, U>
+where
+    T: prost::Message + Send + 'static,
+    U: prost::Message + Default + Send + 'static,
+{
+    type Encode = T;
+    type Decode = U;
+    type Encoder = ProstEncoder<T>;
+    type Decoder = ProstDecoder<U>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        ProstCodec::<T, U>::raw_encoder(BufferSettings::new(CODEC_BUFFER, CODEC_YIELD_THRESHOLD))
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        ProstCodec::<T, U>::raw_decoder(BufferSettings::new(CODEC_BUFFER, CODEC_YIELD_THRESHOLD))
+    }
+}
+
+/// Routes the three SDS methods to [`SdsServer`], as the generated server does, with [`SdsCodec`].
+#[derive(Clone)]
+struct GrpcService {
+    server: SdsServer,
+}
+
+impl NamedService for GrpcService {
+    const NAME: &'static str = "envoy.service.secret.v3.SecretDiscoveryService";
+}
+
+const STREAM_SECRETS: &str = "/envoy.service.secret.v3.SecretDiscoveryService/StreamSecrets";
+const DELTA_SECRETS: &str = "/envoy.service.secret.v3.SecretDiscoveryService/DeltaSecrets";
+const FETCH_SECRETS: &str = "/envoy.service.secret.v3.SecretDiscoveryService/FetchSecrets";
+
+impl<B> Service<http::Request<B>> for GrpcService
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Infallible>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let server = self.server.clone();
+        match request.uri().path() {
+            STREAM_SECRETS => Box::pin(async move {
+                let mut grpc = tonic::server::Grpc::new(SdsCodec::default());
+                Ok(grpc.streaming(StreamSecrets(server), request).await)
+            }),
+            DELTA_SECRETS => Box::pin(async move {
+                let mut grpc = tonic::server::Grpc::new(SdsCodec::default());
+                Ok(grpc.streaming(DeltaSecrets(server), request).await)
+            }),
+            FETCH_SECRETS => Box::pin(async move {
+                let mut grpc = tonic::server::Grpc::new(SdsCodec::default());
+                Ok(grpc.unary(FetchSecrets(server), request).await)
+            }),
+            _ => Box::pin(async move { Ok(Status::unimplemented("").into_http()) }),
+        }
+    }
+}
+
+struct StreamSecrets(SdsServer);
+
+impl StreamingService<DiscoveryRequest> for StreamSecrets {
+    type Response = DiscoveryResponse;
+    type ResponseStream = ResponseStream<DiscoveryResponse>;
+    type Future = BoxFuture<Response<Self::ResponseStream>, Status>;
+
+    fn call(&mut self, request: Request<Streaming<DiscoveryRequest>>) -> Self::Future {
+        let server = self.0.clone();
+        Box::pin(async move { server.stream_secrets(request).await })
+    }
+}
+
+struct DeltaSecrets(SdsServer);
+
+impl StreamingService<DeltaDiscoveryRequest> for DeltaSecrets {
+    type Response = DeltaDiscoveryResponse;
+    type ResponseStream = ResponseStream<DeltaDiscoveryResponse>;
+    type Future = BoxFuture<Response<Self::ResponseStream>, Status>;
+
+    fn call(&mut self, request: Request<Streaming<DeltaDiscoveryRequest>>) -> Self::Future {
+        let server = self.0.clone();
+        Box::pin(async move { server.delta_secrets(request).await })
+    }
+}
+
+struct FetchSecrets(SdsServer);
+
+impl UnaryService<DiscoveryRequest> for FetchSecrets {
+    type Response = DiscoveryResponse;
+    type Future = BoxFuture<Response<DiscoveryResponse>, Status>;
+
+    fn call(&mut self, request: Request<DiscoveryRequest>) -> Self::Future {
+        let server = self.0.clone();
+        Box::pin(async move { server.fetch_secrets(request).await })
     }
 }
 
@@ -200,5 +339,36 @@ impl SecretDiscoveryService for SdsServer {
         fetch::fetch(&self.shared, claims, request.into_inner())
             .await
             .map(Response::new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn methods_outside_sds_are_unimplemented() {
+        let (signing, _pkcs8) = meshca_auth::SigningKey::generate().expect("a token key");
+        let (_snapshots, snapshot_rx) = watch::channel(Arc::new(Snapshot::empty()));
+        let (_revocations, revocation_rx) = watch::channel(Arc::new(RevocationList::new()));
+        let (events, _event_rx) = mpsc::unbounded_channel();
+        let server = SdsServer::new(
+            snapshot_rx,
+            signing.verifier(),
+            revocation_rx,
+            events,
+            ServerOptions::default(),
+        );
+        let mut service = server.into_service();
+        let request = http::Request::builder()
+            .uri("/envoy.service.secret.v3.SecretDiscoveryService/Nothing")
+            .body(tonic::body::Body::empty())
+            .expect("a valid request");
+        let response = service.call(request).await.expect("infallible");
+        let status = response
+            .headers()
+            .get("grpc-status")
+            .expect("a gRPC status");
+        assert_eq!(status, &(tonic::Code::Unimplemented as i32).to_string());
     }
 }

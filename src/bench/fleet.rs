@@ -1,0 +1,443 @@
+//! The client side of `bench sds`: many `StreamSecrets` streams multiplexed over a few HTTP/2
+//! connections. Each stream ACKs every response at once, as Envoy does, and notes when it first holds
+//! its secrets and, once a rotation is armed, when it first receives a bundle with a CA outside the
+//! steady-state one (and, if it asks for its identity, a certificate from such a CA).
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context};
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_client::SecretDiscoveryServiceClient;
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use meshca_sds::{decode_secrets, describe, SecretKindView, SECRET_TYPE_URL};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::CertificateDer;
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinSet;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataValue;
+use tonic::transport::Channel;
+use x509_parser::prelude::{FromDer, X509Certificate};
+
+/// The identity secret a stream may ask for.
+pub const IDENTITY: &str = "default";
+/// The validation context every stream asks for.
+pub const TRUST: &str = "system_trust_bundle";
+
+/// One stream to open.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct StreamPlan {
+    /// The Envoy node id (`<mesh>.<name>`).
+    pub node_id: String,
+    /// The proxy's token.
+    pub token: String,
+    /// Whether the stream also asks for `default`.
+    pub identity: bool,
+}
+
+/// Every stream of a fleet and where they go.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct FleetPlan {
+    /// The daemon's SDS socket (`unix:///…`).
+    pub target: String,
+    /// How many HTTP/2 connections carry the streams; stream `i` uses connection `i % connections`.
+    pub connections: usize,
+    /// The streams.
+    pub streams: Vec<StreamPlan>,
+}
+
+/// How a rotation reached the fleet. Latencies are seconds from [`Fleet::arm`], sorted.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Reach {
+    /// Streams that received a bundle with the new CA.
+    pub reached: usize,
+    /// Their latencies.
+    pub latencies: Vec<f64>,
+    /// Streams that ask for an identity.
+    pub identity_streams: usize,
+    /// Of those, how many received a certificate from the new CA.
+    pub identity_reached: usize,
+    /// Their latencies.
+    pub identity_latencies: Vec<f64>,
+    /// Streams that failed.
+    pub failed: usize,
+    /// Responses the fleet could not use (NACKed).
+    pub nacks: u64,
+    /// The first failure or NACK, for the report.
+    pub first_error: Option<String>,
+}
+
+/// What every stream reports to.
+#[derive(Debug)]
+struct Progress {
+    total: usize,
+    ready: AtomicUsize,
+    reached: AtomicUsize,
+    identity_reached: AtomicUsize,
+    failed: AtomicUsize,
+    nacks: AtomicU64,
+    first_error: Mutex<Option<String>>,
+    armed: OnceLock<Instant>,
+    baseline: OnceLock<Baseline>,
+    /// Nanoseconds from arming until the stream saw the new CA in its bundle, plus one; 0: not yet.
+    bundle_nanos: Box<[AtomicU64]>,
+    /// The same for its identity (streams that ask for one).
+    identity_nanos: Box<[AtomicU64]>,
+    wake: Notify,
+}
+
+impl Progress {
+    fn note_error(&self, message: String) {
+        let mut first = self
+            .first_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        first.get_or_insert(message);
+    }
+
+    fn bump(&self, counter: &AtomicUsize) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.wake.notify_one();
+    }
+
+    /// Stores when a stream was reached; false when it already was.
+    fn record(&self, slot: &AtomicU64, since: Instant) -> bool {
+        let nanos = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX - 1) + 1;
+        slot.compare_exchange(0, nanos, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Waits until `done` holds, re-checking after every report; false on timeout.
+    async fn wait(&self, timeout: Duration, done: impl Fn(&Progress) -> bool) -> bool {
+        let waiting = async {
+            // A report between the check and the wait leaves a permit, so none is missed.
+            while !done(self) {
+                self.wake.notified().await;
+            }
+        };
+        tokio::time::timeout(timeout, waiting).await.is_ok()
+    }
+}
+
+/// The CAs of the steady state, as the first stream to hold a bundle saw them.
+#[derive(Debug)]
+struct Baseline {
+    cas: Vec<CertificateDer<'static>>,
+    /// Their subjects (DER), to tell which CA issued a certificate.
+    subjects: Vec<Vec<u8>>,
+}
+
+impl Baseline {
+    fn new(cas: Vec<CertificateDer<'static>>) -> Baseline {
+        let subjects = cas
+            .iter()
+            .filter_map(|ca| X509Certificate::from_der(ca).ok())
+            .map(|(_, cert)| cert.subject().as_raw().to_vec())
+            .collect();
+        Baseline { cas, subjects }
+    }
+}
+
+/// The streams, running.
+#[derive(Debug)]
+pub struct Fleet {
+    progress: Arc<Progress>,
+    identity_streams: usize,
+    tasks: JoinSet<()>,
+}
+
+impl Fleet {
+    /// Connects `plan.connections` HTTP/2 connections and opens every stream over them.
+    pub async fn open(plan: FleetPlan) -> anyhow::Result<Fleet> {
+        if plan.connections == 0 {
+            return Err(anyhow!("a fleet needs at least one connection"));
+        }
+        let mut channels = Vec::with_capacity(plan.connections);
+        for _ in 0..plan.connections {
+            let channel = meshca_sds::connect_channel(&plan.target, None)
+                .await
+                .with_context(|| format!("cannot connect to {}", plan.target))?;
+            channels.push(channel);
+        }
+        let total = plan.streams.len();
+        let slots = |n: usize| (0..n).map(|_| AtomicU64::new(0)).collect();
+        let progress = Arc::new(Progress {
+            total,
+            ready: AtomicUsize::new(0),
+            reached: AtomicUsize::new(0),
+            identity_reached: AtomicUsize::new(0),
+            failed: AtomicUsize::new(0),
+            nacks: AtomicU64::new(0),
+            first_error: Mutex::new(None),
+            armed: OnceLock::new(),
+            baseline: OnceLock::new(),
+            bundle_nanos: slots(total),
+            identity_nanos: slots(total),
+            wake: Notify::new(),
+        });
+        let identity_streams = plan.streams.iter().filter(|s| s.identity).count();
+        let mut tasks = JoinSet::new();
+        for (index, stream) in plan.streams.into_iter().enumerate() {
+            let channel = channels[index % channels.len()].clone();
+            let progress = progress.clone();
+            tasks.spawn(async move {
+                if let Err(error) = run_stream(index, channel, stream, &progress).await {
+                    progress.note_error(format!("stream {index}: {error:#}"));
+                    progress.bump(&progress.failed);
+                }
+            });
+        }
+        Ok(Fleet {
+            progress,
+            identity_streams,
+            tasks,
+        })
+    }
+
+    /// Waits until every stream holds its secrets; an error names how many did not, and why.
+    pub async fn wait_ready(&self, timeout: Duration) -> anyhow::Result<()> {
+        let p = &self.progress;
+        let settled = |p: &Progress| {
+            p.ready.load(Ordering::Relaxed) + p.failed.load(Ordering::Relaxed) >= p.total
+        };
+        let in_time = p.wait(timeout, settled).await;
+        let (ready, failed) = (
+            p.ready.load(Ordering::Relaxed),
+            p.failed.load(Ordering::Relaxed),
+        );
+        if ready == p.total {
+            return Ok(());
+        }
+        let why = p
+            .first_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .unwrap_or_else(|| "no error reported".into());
+        Err(anyhow!(
+            "{ready} of {} streams hold their secrets, {failed} failed{}; first error: {why}",
+            p.total,
+            if in_time {
+                String::new()
+            } else {
+                format!(", after {timeout:?}")
+            },
+        ))
+    }
+
+    /// Starts the rotation clock: from now on, streams time the first bundle with a new CA.
+    pub fn arm(&self) {
+        let _ = self.progress.armed.set(Instant::now());
+    }
+
+    /// Waits until every stream received the new CA (and every identity stream a certificate from it),
+    /// or `timeout`; then reports.
+    pub async fn wait_reached(&self, timeout: Duration) -> Reach {
+        let identity_streams = self.identity_streams;
+        let deadline = Instant::now() + timeout;
+        let p = &self.progress;
+        let bundles_done = |p: &Progress| {
+            p.reached.load(Ordering::Relaxed) + p.failed.load(Ordering::Relaxed) >= p.total
+        };
+        let identities_done = |p: &Progress| {
+            p.identity_reached.load(Ordering::Relaxed) >= identity_streams
+                || p.failed.load(Ordering::Relaxed) > 0
+        };
+        p.wait(timeout, bundles_done).await;
+        let left = deadline.saturating_duration_since(Instant::now());
+        p.wait(left, identities_done).await;
+        let seconds = |slots: &[AtomicU64]| {
+            let mut out: Vec<f64> = slots
+                .iter()
+                .map(|s| s.load(Ordering::Relaxed))
+                .filter(|&n| n > 0)
+                .map(|n| (n - 1) as f64 / 1e9)
+                .collect();
+            out.sort_by(f64::total_cmp);
+            out
+        };
+        let latencies = seconds(&p.bundle_nanos);
+        let identity_latencies = seconds(&p.identity_nanos);
+        Reach {
+            reached: latencies.len(),
+            latencies,
+            identity_streams,
+            identity_reached: identity_latencies.len(),
+            identity_latencies,
+            failed: p.failed.load(Ordering::Relaxed),
+            nacks: p.nacks.load(Ordering::Relaxed),
+            first_error: p
+                .first_error
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone(),
+        }
+    }
+
+    /// Closes every stream.
+    pub async fn stop(mut self) {
+        self.tasks.shutdown().await;
+    }
+}
+
+/// What one response held, as far as the bench cares.
+#[derive(Default)]
+struct Seen {
+    bundle: Option<Vec<CertificateDer<'static>>>,
+    /// The issuer (DER) of the identity's leaf certificate.
+    leaf_issuer: Option<Vec<u8>>,
+}
+
+fn inspect(response: &DiscoveryResponse) -> anyhow::Result<Seen> {
+    let mut seen = Seen::default();
+    for secret in decode_secrets(response)? {
+        match (secret.name.as_str(), describe(&secret).kind) {
+            (
+                TRUST,
+                SecretKindView::ValidationContext {
+                    spiffe_trust_domains,
+                    trusted_ca_pem,
+                    ..
+                },
+            ) => {
+                let pems = spiffe_trust_domains
+                    .into_iter()
+                    .flat_map(|domains| domains.into_values())
+                    .chain(trusted_ca_pem);
+                let mut cas = Vec::new();
+                for pem in pems {
+                    for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                        cas.push(cert.map_err(|e| anyhow!("a bundle PEM does not decode: {e}"))?);
+                    }
+                }
+                seen.bundle = Some(cas);
+            }
+            (
+                IDENTITY,
+                SecretKindView::TlsCertificate {
+                    certificate_chain_pem,
+                    ..
+                },
+            ) => {
+                let leaf = CertificateDer::pem_slice_iter(certificate_chain_pem.as_bytes())
+                    .next()
+                    .ok_or_else(|| anyhow!("the identity holds no certificate"))?
+                    .map_err(|e| anyhow!("the identity PEM does not decode: {e}"))?;
+                let (_, cert) = X509Certificate::from_der(&leaf)
+                    .map_err(|e| anyhow!("the identity certificate does not parse: {e}"))?;
+                seen.leaf_issuer = Some(cert.issuer().as_raw().to_vec());
+            }
+            (name, kind) => return Err(anyhow!("unexpected secret {name:?}: {kind:?}")),
+        }
+    }
+    Ok(seen)
+}
+
+/// Runs one stream until it fails; reports into `progress` as it goes.
+async fn run_stream(
+    index: usize,
+    channel: Channel,
+    plan: StreamPlan,
+    progress: &Progress,
+) -> anyhow::Result<()> {
+    let authorization = MetadataValue::try_from(format!("Bearer {}", plan.token))
+        .map_err(|_| anyhow!("the token is not a valid header value"))?;
+    let names: Vec<String> = if plan.identity {
+        vec![IDENTITY.to_owned(), TRUST.to_owned()]
+    } else {
+        vec![TRUST.to_owned()]
+    };
+    let (requests, queue) = mpsc::channel(2);
+    let first = DiscoveryRequest {
+        node: Some(Node {
+            id: plan.node_id,
+            ..Default::default()
+        }),
+        resource_names: names.clone(),
+        type_url: SECRET_TYPE_URL.to_owned(),
+        ..Default::default()
+    };
+    requests
+        .send(first)
+        .await
+        .map_err(|_| anyhow!("request queue closed"))?;
+    let mut call = tonic::Request::new(ReceiverStream::new(queue));
+    call.metadata_mut().insert("authorization", authorization);
+    let mut responses = SecretDiscoveryServiceClient::new(channel)
+        .stream_secrets(call)
+        .await
+        .context("StreamSecrets refused")?
+        .into_inner();
+
+    let (mut has_bundle, mut has_identity, mut ready) = (false, !plan.identity, false);
+    loop {
+        let response = responses
+            .message()
+            .await
+            .context("the SDS stream failed")?
+            .ok_or_else(|| anyhow!("the daemon ended the SDS stream"))?;
+        let error_detail = match inspect(&response) {
+            Ok(seen) => {
+                note(index, &seen, progress);
+                has_bundle |= seen.bundle.is_some();
+                has_identity |= seen.leaf_issuer.is_some();
+                None
+            }
+            Err(error) => {
+                progress.nacks.fetch_add(1, Ordering::Relaxed);
+                progress.note_error(format!("stream {index} NACKs: {error:#}"));
+                Some(RpcStatus {
+                    code: tonic::Code::InvalidArgument as i32,
+                    message: format!("{error:#}"),
+                    details: Vec::new(),
+                })
+            }
+        };
+        let ack = DiscoveryRequest {
+            version_info: response.version_info,
+            resource_names: names.clone(),
+            type_url: SECRET_TYPE_URL.to_owned(),
+            response_nonce: response.nonce,
+            error_detail,
+            ..Default::default()
+        };
+        requests
+            .send(ack)
+            .await
+            .map_err(|_| anyhow!("the SDS stream closed"))?;
+        if !ready && has_bundle && has_identity {
+            ready = true;
+            progress.bump(&progress.ready);
+        }
+    }
+}
+
+/// Records what a response brought: the baseline, and (once armed) the new CA reaching the stream.
+fn note(index: usize, seen: &Seen, progress: &Progress) {
+    let Some(armed) = progress.armed.get() else {
+        if let Some(cas) = &seen.bundle {
+            progress.baseline.get_or_init(|| Baseline::new(cas.clone()));
+        }
+        return;
+    };
+    let Some(baseline) = progress.baseline.get() else {
+        return;
+    };
+    if let Some(cas) = &seen.bundle {
+        if cas.iter().any(|ca| !baseline.cas.contains(ca))
+            && progress.record(&progress.bundle_nanos[index], *armed)
+        {
+            progress.bump(&progress.reached);
+        }
+    }
+    if let Some(issuer) = &seen.leaf_issuer {
+        if !baseline.subjects.contains(issuer)
+            && progress.record(&progress.identity_nanos[index], *armed)
+        {
+            progress.bump(&progress.identity_reached);
+        }
+    }
+}

@@ -1,0 +1,394 @@
+//! `meshca bench sds` (DESIGN §11): an in-process daemon serving mesh `default` from builtin CA ca-1,
+//! N `StreamSecrets` streams to it, the daemon's memory before and after they open, then one edit that
+//! switches the mesh to ca-2 (ca-1 kept as secondary) and, per stream, the time from the reload call
+//! until the stream receives a bundle holding ca-2.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, Context};
+
+use super::child::ChildFleet;
+use super::fleet::{Fleet, FleetPlan, Reach, StreamPlan};
+use super::{quantile, rss_bytes};
+use crate::cli::{BenchClient, BenchSdsArgs};
+use crate::drill::sandbox::Sandbox;
+use crate::serve::{Daemon, DaemonOptions};
+use crate::InvalidInput;
+
+/// The mesh the bench runs in.
+const MESH: &str = "default";
+/// How many services the proxies are spread over (`kuma.io/service=svc-<i % SERVICES>`).
+const SERVICES: usize = 5;
+/// How long the bench's tokens are valid: far longer than any run.
+const TOKEN_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+
+/// What to measure.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Concurrent streams.
+    pub streams: usize,
+    /// HTTP/2 connections carrying them.
+    pub connections: usize,
+    /// Proxies owning them (round-robin).
+    pub proxies: usize,
+    /// Every K-th stream also asks for `default`; 0: none.
+    pub identity_every: usize,
+    /// How long the streams stay idle before the memory is read.
+    pub idle: Duration,
+    /// How long setup, and then the rotation, may take.
+    pub timeout: Duration,
+    /// Where the clients run.
+    pub client: BenchClient,
+}
+
+impl Options {
+    fn from_args(args: &BenchSdsArgs) -> Result<Options, InvalidInput> {
+        let seconds = |name: &str, value: f64, zero_ok: bool| {
+            let ok = value.is_finite() && (value > 0.0 || (zero_ok && value == 0.0));
+            ok.then(|| Duration::from_secs_f64(value)).ok_or_else(|| {
+                InvalidInput(format!(
+                    "{name} must be a positive number of seconds, got {value}"
+                ))
+            })
+        };
+        if args.streams == 0 || args.connections == 0 {
+            return Err(InvalidInput(
+                "--streams and --connections must be at least 1".into(),
+            ));
+        }
+        let proxies = args.proxies.unwrap_or(args.streams);
+        if !(1..=args.streams).contains(&proxies) {
+            return Err(InvalidInput(format!(
+                "--proxies must be between 1 and --streams ({}), got {proxies}",
+                args.streams
+            )));
+        }
+        Ok(Options {
+            streams: args.streams,
+            connections: args.connections,
+            proxies,
+            identity_every: args.identity_every,
+            idle: seconds("--seconds", args.seconds, true)?,
+            timeout: seconds("--timeout", args.timeout, false)?,
+            client: args.client,
+        })
+    }
+}
+
+/// What one run measured.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Seconds until every stream held its secrets.
+    pub setup_seconds: f64,
+    /// The bench process before any stream.
+    pub rss_before: u64,
+    /// The bench process with every stream open and idle.
+    pub rss_idle: u64,
+    /// The client process with every stream open and idle (clients in their own process only).
+    pub client_rss_idle: Option<u64>,
+    /// How long `reload_resources` took (load, reconcile, publish).
+    pub reload_seconds: f64,
+    /// How the rotation reached the streams.
+    pub reach: Reach,
+    /// Snapshots the daemon published while the streams opened, and during the rotation.
+    pub generations: (u64, u64),
+}
+
+fn backend(name: &str) -> String {
+    format!(
+        "    - name: {name}\n      type: builtin\n      dpCert: {{rotation: {{expiration: 24h}}}}\n      conf: {{caCert: {{expiration: 1y}}}}\n"
+    )
+}
+
+/// The Mesh on ca-1 alone, or switched to ca-2 with ca-1 still trusted.
+fn mesh_yaml(switched: bool) -> String {
+    let (enabled, secondary, backends) = if switched {
+        (
+            "ca-2",
+            "  secondaryBackends: [ca-1]\n",
+            backend("ca-1") + &backend("ca-2"),
+        )
+    } else {
+        ("ca-1", "", backend("ca-1"))
+    };
+    format!("type: Mesh\nname: {MESH}\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}")
+}
+
+/// One token per proxy; stream `i` belongs to proxy `p-<i % proxies>`.
+fn fleet_plan(daemon: &Daemon, target: String, options: &Options) -> anyhow::Result<FleetPlan> {
+    let now_unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .context("the system clock is before 1970")?
+        .as_secs();
+    let mut tokens = Vec::with_capacity(options.proxies);
+    for p in 0..options.proxies {
+        let name = format!("p-{p}");
+        let tags = BTreeMap::from([(
+            "kuma.io/service".to_owned(),
+            format!("svc-{}", p % SERVICES),
+        )]);
+        let claims = meshca_auth::Claims::new_dataplane(
+            MESH,
+            name.clone(),
+            BTreeMap::new(),
+            tags,
+            TOKEN_LIFETIME,
+            now_unix,
+        )
+        .with_context(|| format!("{name}: cannot make token claims"))?;
+        tokens.push((format!("{MESH}.{name}"), daemon.mint_token(&claims)?));
+    }
+    let streams = (0..options.streams)
+        .map(|i| {
+            let (node_id, token) = &tokens[i % options.proxies];
+            StreamPlan {
+                node_id: node_id.clone(),
+                token: token.clone(),
+                identity: options.identity_every > 0 && i % options.identity_every == 0,
+            }
+        })
+        .collect();
+    Ok(FleetPlan {
+        target,
+        connections: options.connections,
+        streams,
+    })
+}
+
+/// The fleet, wherever it runs.
+enum Clients {
+    Local(Fleet, Instant),
+    Child(Box<ChildFleet>),
+}
+
+impl Clients {
+    async fn start(plan: FleetPlan, options: &Options) -> anyhow::Result<Clients> {
+        Ok(match options.client {
+            BenchClient::InProcess => Clients::Local(Fleet::open(plan).await?, Instant::now()),
+            BenchClient::Process => {
+                Clients::Child(Box::new(ChildFleet::spawn(plan, options.timeout).await?))
+            }
+        })
+    }
+
+    /// Setup seconds and, for a child, its memory.
+    async fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<(f64, Option<u64>)> {
+        match self {
+            Clients::Local(fleet, started) => {
+                fleet.wait_ready(timeout).await?;
+                Ok((started.elapsed().as_secs_f64(), None))
+            }
+            Clients::Child(child) => {
+                let (setup, rss) = child.wait_ready().await?;
+                Ok((setup, Some(rss)))
+            }
+        }
+    }
+
+    async fn arm(&mut self) -> anyhow::Result<()> {
+        match self {
+            Clients::Local(fleet, _) => {
+                fleet.arm();
+                Ok(())
+            }
+            Clients::Child(child) => child.arm().await,
+        }
+    }
+
+    async fn wait_reached(&mut self, timeout: Duration) -> anyhow::Result<Reach> {
+        match self {
+            Clients::Local(fleet, _) => Ok(fleet.wait_reached(timeout).await),
+            Clients::Child(child) => child.wait_reached().await,
+        }
+    }
+
+    async fn stop(self) {
+        match self {
+            Clients::Local(fleet, _) => fleet.stop().await,
+            Clients::Child(child) => child.stop().await,
+        }
+    }
+}
+
+/// Runs the whole bench against a fresh in-process daemon.
+pub async fn measure(options: &Options) -> anyhow::Result<Outcome> {
+    let sandbox = Sandbox::new()?;
+    sandbox.write_resource("mesh.yaml", &mesh_yaml(false))?;
+    let daemon = Daemon::start(
+        sandbox.settings(),
+        DaemonOptions {
+            gate: true,
+            watch_files: false,
+        },
+    )
+    .await?;
+    let mut clients = None;
+    let result = play(&daemon, &sandbox, options, &mut clients).await;
+    if let Some(clients) = clients {
+        clients.stop().await;
+    }
+    daemon.stop().await;
+    result
+}
+
+async fn play(
+    daemon: &Daemon,
+    sandbox: &Sandbox,
+    options: &Options,
+    clients: &mut Option<Clients>,
+) -> anyhow::Result<Outcome> {
+    let target = daemon
+        .unix_target()
+        .ok_or_else(|| anyhow!("the bench daemon has no unix SDS socket"))?;
+    let plan = fleet_plan(daemon, target, options)?;
+    // Held until the idle memory is read, so that its freed copy cannot make room for the streams.
+    let kept = plan.clone();
+    let rss_before = rss_bytes(None)?;
+    let generation = || daemon.status.borrow().generation;
+    let start_generation = generation();
+    let fleet = clients.insert(Clients::start(plan, options).await?);
+    let (setup_seconds, client_rss_idle) = fleet.wait_ready(options.timeout).await?;
+    tracing::info!(
+        streams = options.streams,
+        setup_seconds,
+        "bench: every stream holds its secrets"
+    );
+    tokio::time::sleep(options.idle).await;
+    let rss_idle = rss_bytes(None)?;
+    drop(kept);
+    let idle_generation = generation();
+
+    sandbox.write_resource("mesh.yaml", &mesh_yaml(true))?;
+    fleet.arm().await?;
+    let reload_started = Instant::now();
+    match daemon.reload_resources().await? {
+        Ok(()) => {}
+        Err(errors) => {
+            let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            return Err(anyhow!(
+                "the daemon rejected the switch to ca-2: {}",
+                lines.join("; ")
+            ));
+        }
+    }
+    let reload_seconds = reload_started.elapsed().as_secs_f64();
+    let reach = fleet.wait_reached(options.timeout).await?;
+    let generations = (
+        idle_generation - start_generation,
+        generation() - idle_generation,
+    );
+    Ok(Outcome {
+        generations,
+        setup_seconds,
+        rss_before,
+        rss_idle,
+        client_rss_idle,
+        reload_seconds,
+        reach,
+    })
+}
+
+fn round(value: f64, places: i32) -> f64 {
+    let scale = 10f64.powi(places);
+    (value * scale).round() / scale
+}
+
+/// The JSON line of a run.
+fn report(options: &Options, outcome: &Outcome) -> serde_json::Value {
+    let ms = |v: Option<f64>| v.map(|v| round(v, 4));
+    let reach = &outcome.reach;
+    let per_stream =
+        outcome.rss_idle.saturating_sub(outcome.rss_before) as f64 / options.streams as f64;
+    serde_json::json!({
+        "bench": "sds",
+        "streams": options.streams,
+        "connections": options.connections,
+        "proxies": options.proxies,
+        "identity_streams": reach.identity_streams,
+        "client": match options.client {
+            BenchClient::Process => "process",
+            BenchClient::InProcess => "in-process",
+        },
+        "setup_seconds": round(outcome.setup_seconds, 3),
+        "rss_before_bytes": outcome.rss_before,
+        "rss_idle_bytes": outcome.rss_idle,
+        "bytes_per_idle_stream": per_stream.round(),
+        "client_rss_idle_bytes": outcome.client_rss_idle,
+        "reload_seconds": ms(Some(outcome.reload_seconds)),
+        "rotation_p50_seconds": ms(quantile(&reach.latencies, 0.5)),
+        "rotation_p99_seconds": ms(quantile(&reach.latencies, 0.99)),
+        "rotation_max_seconds": ms(reach.latencies.last().copied()),
+        "reached": reach.reached,
+        "identity_p50_seconds": ms(quantile(&reach.identity_latencies, 0.5)),
+        "identity_p99_seconds": ms(quantile(&reach.identity_latencies, 0.99)),
+        "identity_max_seconds": ms(reach.identity_latencies.last().copied()),
+        "identity_reached": reach.identity_reached,
+        "failed": reach.failed,
+        "nacks": reach.nacks,
+        "snapshots_setup": outcome.generations.0,
+        "snapshots_rotation": outcome.generations.1,
+    })
+}
+
+/// `meshca bench sds`: prints one JSON line; exit 1 unless the rotation reached every stream in time.
+pub async fn run(args: BenchSdsArgs) -> anyhow::Result<ExitCode> {
+    let options = Options::from_args(&args)?;
+    let outcome = measure(&options).await?;
+    println!("{}", report(&options, &outcome));
+    let reach = &outcome.reach;
+    if reach.reached == options.streams {
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprintln!(
+        "error: the rotation reached {} of {} streams within {:?} ({} failed); first error: {}",
+        reach.reached,
+        options.streams,
+        options.timeout,
+        reach.failed,
+        reach.first_error.as_deref().unwrap_or("none reported"),
+    );
+    Ok(ExitCode::from(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_meshes_are_valid() {
+        for switched in [false, true] {
+            let dir = tempfile::tempdir().expect("a temp dir");
+            std::fs::write(dir.path().join("mesh.yaml"), mesh_yaml(switched)).expect("writable");
+            if let Err(errors) = meshca_config::load_dir(dir.path()) {
+                panic!("{errors:?}\n{}", mesh_yaml(switched));
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rotation_reaches_every_stream() {
+        let options = Options {
+            streams: 200,
+            connections: 4,
+            proxies: 150,
+            identity_every: 4,
+            idle: Duration::ZERO,
+            timeout: Duration::from_secs(60),
+            client: BenchClient::InProcess,
+        };
+        let outcome = measure(&options).await.expect("the bench runs");
+        let reach = &outcome.reach;
+        assert_eq!(reach.failed, 0, "{:?}", reach.first_error);
+        assert_eq!(reach.nacks, 0, "{:?}", reach.first_error);
+        assert_eq!(reach.reached, 200);
+        assert_eq!(reach.latencies.len(), 200);
+        assert_eq!(reach.identity_streams, 50);
+        assert_eq!(reach.identity_reached, 50);
+        assert!(outcome.rss_idle > 0 && outcome.rss_before > 0);
+        let line = report(&options, &outcome);
+        assert_eq!(line["reached"], 200);
+        assert_eq!(line["bench"], "sds");
+    }
+}
