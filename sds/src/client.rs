@@ -180,13 +180,51 @@ impl SdsClient {
         tls: Option<ClientTls>,
         token: String,
     ) -> Result<Self, ClientError> {
+        let channel = connect_channel(target, tls).await?;
+        Self::with_channel(channel, &token)
+    }
+
+    /// A client for `token` over an existing channel: several proxies' clients may share one
+    /// HTTP/2 connection, each stream carrying its own token.
+    pub fn with_channel(channel: Channel, token: &str) -> Result<Self, ClientError> {
         let authorization = MetadataValue::try_from(format!("Bearer {}", token.trim()))
             .map_err(|_| ClientError::InvalidToken)?;
-        let channel = connect_channel(target, tls).await?;
         Ok(Self {
             inner: SecretDiscoveryServiceClient::new(channel),
             authorization,
         })
+    }
+
+    /// Opens a `StreamSecrets` stream subscribed to `names` and leaves it to the caller: send
+    /// ACKs, NACKs and new subscriptions on the returned sender (queue of `depth` requests),
+    /// read responses from the returned stream. [`SdsClient::stream`] is the Envoy-like
+    /// automatic version.
+    pub async fn open_stream(
+        &self,
+        node_id: &str,
+        names: &[String],
+        metadata: Option<Struct>,
+        depth: usize,
+    ) -> Result<
+        (
+            mpsc::Sender<DiscoveryRequest>,
+            tonic::Streaming<DiscoveryResponse>,
+        ),
+        ClientError,
+    > {
+        let (tx, rx) = mpsc::channel(depth.max(1));
+        // The channel was just created with room to spare; it cannot be full or closed.
+        tx.try_send(discovery_request(node_id, names, metadata))
+            .map_err(|_| ClientError::InvalidResponse {
+                reason: "internal: request queue unavailable".into(),
+            })?;
+        let responses = self
+            .inner
+            .clone()
+            .stream_secrets(self.request(ReceiverStream::new(rx)))
+            .await?
+            .into_inner();
+        Ok((tx, responses))
     }
 
     fn request<T>(&self, message: T) -> tonic::Request<T> {
@@ -219,18 +257,7 @@ impl SdsClient {
         metadata: Option<Struct>,
     ) -> Result<impl Stream<Item = Result<Vec<Secret>, ClientError>> + Send + 'static, ClientError>
     {
-        let (tx, rx) = mpsc::channel(4);
-        let first = discovery_request(node_id, names, metadata);
-        // The channel was just created with room to spare; it cannot be full or closed.
-        tx.try_send(first)
-            .map_err(|_| ClientError::InvalidResponse {
-                reason: "internal: request queue unavailable".into(),
-            })?;
-        let responses = self
-            .inner
-            .stream_secrets(self.request(ReceiverStream::new(rx)))
-            .await?
-            .into_inner();
+        let (tx, responses) = self.open_stream(node_id, names, metadata, 4).await?;
         let names = names.to_vec();
         let state = Some((responses, tx, names));
         Ok(futures::stream::unfold(state, |state| async move {

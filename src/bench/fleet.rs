@@ -8,17 +8,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
-use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
-use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_client::SecretDiscoveryServiceClient;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
-use meshca_sds::{decode_secrets, describe, SecretKindView, SECRET_TYPE_URL};
+use meshca_sds::{decode_secrets, describe, SdsClient, SecretKindView, SECRET_TYPE_URL};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
@@ -343,34 +339,16 @@ async fn run_stream(
     plan: StreamPlan,
     progress: &Progress,
 ) -> anyhow::Result<()> {
-    let authorization = MetadataValue::try_from(format!("Bearer {}", plan.token))
-        .map_err(|_| anyhow!("the token is not a valid header value"))?;
+    let client = SdsClient::with_channel(channel, &plan.token)?;
     let names: Vec<String> = if plan.identity {
         vec![IDENTITY.to_owned(), TRUST.to_owned()]
     } else {
         vec![TRUST.to_owned()]
     };
-    let (requests, queue) = mpsc::channel(2);
-    let first = DiscoveryRequest {
-        node: Some(Node {
-            id: plan.node_id,
-            ..Default::default()
-        }),
-        resource_names: names.clone(),
-        type_url: SECRET_TYPE_URL.to_owned(),
-        ..Default::default()
-    };
-    requests
-        .send(first)
+    let (requests, mut responses) = client
+        .open_stream(&plan.node_id, &names, None, 2)
         .await
-        .map_err(|_| anyhow!("request queue closed"))?;
-    let mut call = tonic::Request::new(ReceiverStream::new(queue));
-    call.metadata_mut().insert("authorization", authorization);
-    let mut responses = SecretDiscoveryServiceClient::new(channel)
-        .stream_secrets(call)
-        .await
-        .context("StreamSecrets refused")?
-        .into_inner();
+        .context("StreamSecrets refused")?;
 
     let (mut has_bundle, mut has_identity, mut ready) = (false, !plan.identity, false);
     loop {

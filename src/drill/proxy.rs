@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
-use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use meshca_sds::{
@@ -17,8 +16,7 @@ use meshca_sds::{
 };
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::watch;
 
 use super::rng::SplitMix64;
 use super::tls::{self, Endpoint, ANY_TRUST_DOMAIN};
@@ -166,28 +164,10 @@ pub async fn run(
         .with_context(|| format!("{}: cannot connect to SDS", spec.name))?;
     let node_id = format!("{}.{}", spec.mesh, spec.name);
     let names = vec![IDENTITY.to_owned(), TRUST.to_owned()];
-    let (requests, queue) = mpsc::channel(4);
-    let first = DiscoveryRequest {
-        node: Some(Node {
-            id: node_id,
-            ..Default::default()
-        }),
-        resource_names: names.clone(),
-        type_url: SECRET_TYPE_URL.to_owned(),
-        ..Default::default()
-    };
-    requests
-        .send(first)
+    let (requests, mut responses) = client
+        .open_stream(&node_id, &names, None, 4)
         .await
-        .map_err(|_| anyhow!("{}: request queue closed", spec.name))?;
-    let mut call = tonic::Request::new(ReceiverStream::new(queue));
-    client.authorize(&mut call);
-    let mut responses = client
-        .raw()
-        .stream_secrets(call)
-        .await
-        .with_context(|| format!("{}: StreamSecrets refused", spec.name))?
-        .into_inner();
+        .with_context(|| format!("{}: StreamSecrets refused", spec.name))?;
 
     let mut rng = SplitMix64::new(spec.seed);
     let mut held = Held::default();
