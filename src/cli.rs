@@ -1,4 +1,4 @@
-//! The command line (DESIGN §3).
+//! The command line (the README's CLI reference).
 
 use std::path::PathBuf;
 
@@ -249,7 +249,7 @@ pub struct DrillArgs {
     /// How many simulated proxies (each an SDS stream and a TLS peer).
     #[arg(long, default_value_t = 50)]
     pub proxies: usize,
-    /// The daemon's ordering gate (DESIGN §8); `off` shows the failures it prevents.
+    /// The daemon's ordering gate (docs/rotation.md); `off` shows the failures it prevents.
     #[arg(long, value_enum, default_value_t = Switch::On)]
     pub gate: Switch,
     /// Seeds the proxies' apply delays and the handshake pairs.

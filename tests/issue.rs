@@ -31,7 +31,8 @@ fn check_issued_files(out: &Path) {
         .unwrap_or_else(|broken| panic!("the SVID breaks the SPIFFE rules: {broken:?}"));
     assert_eq!(uri_sans(&chain[0]), ["spiffe://default/web"]);
     webpki_verify(&chain, &anchors).expect("the SVID chains to bundle.pem");
-    let expected: meshca_ca::SpiffeId = "spiffe://default/web".parse().expect("a valid SPIFFE ID");
+    let expected: meshca_identity::SpiffeId =
+        "spiffe://default/web".parse().expect("a valid SPIFFE ID");
     meshca_ca::verify_svid(&chain, &anchors, &expected, std::time::SystemTime::now())
         .expect("meshca's own verifier agrees");
 

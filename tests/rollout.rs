@@ -1,4 +1,4 @@
-//! The ordering gate of DESIGN §8 over real SDS `StreamSecrets` streams against `meshca serve`.
+//! The ordering gate (docs/rotation.md) over real SDS `StreamSecrets` streams against `meshca serve`.
 //!
 //! Each proxy is a hand-driven stream subscribed to `default` and `system_trust_bundle` that ACKs only
 //! when the test says so, so a test can hold a proxy back and watch what the daemon does meanwhile:
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use common::sds_proxy::{SdsProxy, PUSH_TIMEOUT};
 use common::{Daemon, Env};
-use meshca_ca::SpiffeId;
+use meshca_identity::SpiffeId;
 use serde_json::Value;
 use tokio::task::block_in_place;
 

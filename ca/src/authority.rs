@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use meshca_config::KeyAlgorithm;
+use meshca_identity::KeyAlgorithm;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType, SerialNumber,
@@ -15,7 +15,7 @@ use crate::certs::{self, KeyKind};
 use crate::key::{KeyError, PrivateKey};
 use crate::pem_out;
 use crate::provided::ProvidedCaError;
-use crate::spiffe_id::{SpiffeId, TrustDomain};
+use meshca_identity::{SpiffeId, TrustDomain};
 
 /// How far NotBefore is backdated to tolerate clock skew between peers.
 pub(crate) const BACKDATE: Duration = Duration::from_secs(10);

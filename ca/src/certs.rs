@@ -2,7 +2,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use meshca_config::KeyAlgorithm;
+use meshca_identity::KeyAlgorithm;
 use ring::rand::{SecureRandom, SystemRandom};
 use x509_parser::certificate::X509Certificate;
 use x509_parser::extensions::GeneralName;

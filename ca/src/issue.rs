@@ -1,9 +1,9 @@
-//! Issuing X.509-SVIDs (DESIGN §6, leaf rules).
+//! Issuing X.509-SVIDs (docs/certificates.md, leaf rules).
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use meshca_config::KeyAlgorithm;
+use meshca_identity::KeyAlgorithm;
 use rcgen::{
     CertificateParams, DistinguishedName, ExtendedKeyUsagePurpose, IsCa, KeyUsagePurpose, SanType,
     SerialNumber,
@@ -13,7 +13,7 @@ use crate::authority::{CertificateAuthority, BACKDATE};
 use crate::certs;
 use crate::key::{KeyError, PrivateKey};
 use crate::pem_out;
-use crate::spiffe_id::{SpiffeId, TrustDomain};
+use meshca_identity::{SpiffeId, TrustDomain};
 
 /// What to issue.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use meshca_config::KeyAlgorithm;
+use meshca_identity::KeyAlgorithm;
 use ring::rand::SystemRandom;
 use ring::signature::{self, EcdsaKeyPair, KeyPair as _, RsaKeyPair};
 use zeroize::Zeroizing;

@@ -16,22 +16,20 @@ mod key;
 mod pem_out;
 mod provided;
 mod select;
-mod spiffe_id;
 mod template;
 #[cfg(test)]
 mod test_fixtures;
 mod verify;
 
 pub use authority::{CaError, CaParams, CertificateAuthority};
-pub use bench::floor_once;
+pub use bench::{floor_once, FloorError};
 pub use identity::{IdentityError, IdentityTemplate, DEFAULT_PATH, DEFAULT_TRUST_DOMAIN};
 pub use inspect::{inspect_pem, CertInfo, InspectError};
 pub use issue::{IssueError, Svid, SvidRequest};
 pub use key::{KeyError, PrivateKey, PublicKey};
-pub use meshca_config::KeyAlgorithm;
+pub use meshca_identity::KeyAlgorithm;
 pub use provided::{ProvidedCaError, ProvidedOptions};
 pub use select::select;
-pub use spiffe_id::{SpiffeId, SpiffeIdError, TrustDomain, MAX_ID_LEN, MAX_TRUST_DOMAIN_LEN};
 pub use template::{
     Template, TemplateError, TemplateVars, NAMESPACE_LABEL, SERVICE_ACCOUNT_LABEL, WORKLOAD_LABEL,
 };

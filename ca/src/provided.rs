@@ -1,4 +1,4 @@
-//! Provided CAs: a certificate chain and key from the operator, checked before use (DESIGN §6).
+//! Provided CAs: a certificate chain and key from the operator, checked before use (docs/certificates.md).
 
 use std::time::SystemTime;
 
@@ -7,7 +7,7 @@ use x509_parser::certificate::X509Certificate;
 use crate::authority::CertificateAuthority;
 use crate::certs::{self, KeyKind};
 use crate::key::{KeyError, PrivateKey};
-use crate::spiffe_id::SpiffeIdError;
+use meshca_identity::SpiffeIdError;
 
 /// Policy for a provided CA.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -207,7 +207,7 @@ fn is_self_signed(cert: &X509Certificate<'_>) -> bool {
     cert.subject().as_raw() == cert.issuer().as_raw() && cert.verify_signature(None).is_ok()
 }
 
-/// The per-certificate rules of DESIGN §6.
+/// The per-certificate rules of a provided CA chain (docs/certificates.md).
 fn check_ca_cert(
     position: usize,
     cert: &X509Certificate<'_>,

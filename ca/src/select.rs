@@ -1,4 +1,4 @@
-//! Which MeshIdentity selects a dataplane (DESIGN §5).
+//! Which MeshIdentity selects a dataplane (docs/certificates.md, "Which identity a dataplane gets").
 
 use std::collections::BTreeMap;
 

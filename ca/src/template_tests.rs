@@ -1,6 +1,6 @@
 use super::*;
 use crate::identity::{IdentityError, IdentityTemplate};
-use crate::spiffe_id::SpiffeIdError;
+use meshca_identity::SpiffeIdError;
 use proptest::prelude::*;
 
 fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

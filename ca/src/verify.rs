@@ -8,7 +8,7 @@ use x509_parser::certificate::X509Certificate;
 use x509_parser::x509::X509Version;
 
 use crate::certs::{self, KeyKind};
-use crate::spiffe_id::SpiffeId;
+use meshca_identity::SpiffeId;
 
 /// Why an SVID must not be published.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -149,7 +149,7 @@ fn check_within_issuer(
     Ok(())
 }
 
-/// Checks every X.509-SVID leaf rule of DESIGN §6 with x509-parser, independently of how the leaf was
+/// Checks every X.509-SVID leaf rule (docs/certificates.md) with x509-parser, independently of how the leaf was
 /// built. Returns every broken rule, not only the first.
 pub fn check_svid_rules(leaf_der: &[u8]) -> Result<(), Vec<String>> {
     let cert =

@@ -8,14 +8,12 @@
 #![warn(missing_docs)]
 
 mod duration;
-mod key_algorithm;
 mod names;
 mod resources;
 mod settings;
 mod yaml;
 
 pub use duration::{Duration, DurationError};
-pub use key_algorithm::{KeyAlgorithm, UnknownKeyAlgorithm};
 pub use resources::{
     default_resources_yaml, load_dir, load_dir_lenient, parse_str, Backend, BackendKind, Bundled,
     BundledCa, DataSource, Dataplane, Inbound, Labels, Mesh, MeshIdentity, MeshService, MeshTrust,

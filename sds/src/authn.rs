@@ -8,9 +8,10 @@ use meshca_auth::{Claims, ProxyType, RevocationList, Verifier};
 use tonic::metadata::MetadataMap;
 use tonic::Status;
 
+use meshca_control::ProxyKey;
+
 use crate::names::ProxyContext;
 use crate::secret::Form;
-use crate::snapshot::ProxyKey;
 
 /// The node metadata key that asks for plain `trusted_ca` validation contexts.
 pub const DISABLE_SPIFFE_VALIDATION_KEY: &str = "disable_spiffe_cert_validation";

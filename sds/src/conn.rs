@@ -10,12 +10,12 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::server::TlsStream;
 use tonic::transport::server::Connected;
 
-use crate::authority::AuthorityFix;
+use crate::h2_header_fixup::UnixPathHeaderFix;
 
 /// An accepted connection.
 pub(crate) enum Conn {
-    /// Unix socket clients may be grpc-core ones: see [`crate::authority`].
-    Unix(AuthorityFix<UnixStream>),
+    /// Unix socket clients may be grpc-core ones: see [`crate::h2_header_fixup`].
+    Unix(UnixPathHeaderFix<UnixStream>),
     Plain(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),
 }

@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
 use prost::Message;
 
 use crate::secret::SPIFFE_VALIDATOR_NAME;
-use crate::snapshot::SecretPem;
+use meshca_control::SecretPem;
 
 /// What a secret holds, safe to print: private keys are replaced by `[redacted]`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use meshca_auth::Claims;
+use meshca_control::parse_names;
 use tonic::Status;
 
 use crate::authn;
@@ -28,21 +29,21 @@ pub(crate) async fn fetch(
             request.type_url
         )));
     }
-    let asked = names::dedup(request.resource_names);
+    let asked = parse_names(request.resource_names);
     if asked.is_empty() {
         return Err(Status::invalid_argument(
             "resource_names is empty: name the secrets to fetch (e.g. \"default\", \"system_trust_bundle\")",
         ));
     }
     let ctx = authn::proxy_context(&claims, request.node.as_ref());
-    let mut session = Session::open(shared.clone(), claims, ctx, None);
+    let mut session = Session::open(shared.clone(), claims, ctx, None).await;
     let snapshot = session.wait_for_identity().await?;
     let mut items = Vec::with_capacity(asked.len());
     for name in asked {
         match names::resolve(&snapshot, &session.ctx, &name) {
             Lookup::Found(resolved) => {
                 let version = resolved.version();
-                items.push((name, resolved, version));
+                items.push((name.to_string(), resolved, version));
             }
             Lookup::Unavailable(why) => {
                 return Err(Status::not_found(format!(

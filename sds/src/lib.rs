@@ -8,14 +8,13 @@
 #![forbid(unsafe_code)]
 
 mod authn;
-mod authority;
 mod client;
 mod conn;
 mod delta;
 mod describe;
 mod error;
-mod events;
 mod fetch;
+mod h2_header_fixup;
 mod listen;
 mod metrics;
 mod names;
@@ -23,21 +22,16 @@ mod registry;
 mod secret;
 mod service;
 mod session;
-mod snapshot;
 mod sotw;
+mod stream;
 
 pub use authn::DISABLE_SPIFFE_VALIDATION_KEY;
 pub use client::{connect_channel, decode_secrets, ClientTls, SdsClient};
 pub use conn::ConnInfo;
 pub use describe::{describe, tls_certificate_parts, SecretKindView, SecretView};
 pub use error::{ClientError, ListenError, ServeError};
-pub use events::{StreamEvent, StreamId};
 pub use listen::{bind, BoundAddr, BoundListeners, Listener};
 pub use metrics::{AckLag, SdsMetrics, ACK_LAG_BOUNDS};
 pub use registry::{StreamInfo, StreamKind, StreamRegistry};
 pub use secret::{SECRET_TYPE_URL, SPIFFE_VALIDATOR_NAME};
-pub use service::{SdsServer, ServerOptions};
-pub use snapshot::{
-    ClaimRule, MeshServiceTrust, MeshView, ProxyEntry, ProxyIdentity, ProxyKey, SecretPem,
-    Snapshot, TrustBundle,
-};
+pub use service::{SdsServer, ServerOptions, EVENT_BUFFER};

@@ -18,9 +18,9 @@ use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::authority::AuthorityFix;
 use crate::conn::Conn;
 use crate::error::{ListenError, ServeError};
+use crate::h2_header_fixup::UnixPathHeaderFix;
 use crate::service::SdsServer;
 
 /// How long a TLS client may take to complete its handshake.
@@ -312,7 +312,7 @@ async fn accept(bound: &Bound) -> io::Result<Accepted> {
     match bound {
         Bound::Unix { listener, .. } => {
             let (stream, _) = listener.accept().await?;
-            Ok(Accepted::Ready(Conn::Unix(AuthorityFix::new(stream))))
+            Ok(Accepted::Ready(Conn::Unix(UnixPathHeaderFix::new(stream))))
         }
         Bound::Plain { listener, .. } => {
             let (stream, _) = listener.accept().await?;

@@ -1,12 +1,15 @@
-//! Resource names → secrets (DESIGN §7). Names are matched exactly; a name outside the
-//! table is unknown.
+//! Resource names → secrets. What a name means comes from the one table in `meshca-control`
+//! ([`ResourceName::target`]); this module finds the secret for it in a snapshot.
 
 use std::sync::Arc;
 
 use envoy_types::pb::google::protobuf::Any;
+use meshca_control::{
+    Asker, MeshView, ProxyEntry, ProxyIdentity, ProxyKey, ResourceName, Snapshot, Target,
+    TrustBundle, TrustScope,
+};
 
 use crate::secret::{self, EncodedSecret, Form};
-use crate::snapshot::{MeshView, ProxyEntry, ProxyIdentity, ProxyKey, Snapshot, TrustBundle};
 
 /// Who is asking, as far as resource names are concerned.
 #[derive(Debug, Clone)]
@@ -16,6 +19,15 @@ pub(crate) struct ProxyContext {
     pub zone_egress: bool,
     /// The form of validation contexts whose name does not force one.
     pub form: Form,
+}
+
+impl ProxyContext {
+    pub(crate) fn asker(&self) -> Asker<'_> {
+        Asker {
+            key: &self.key,
+            zone_egress: self.zone_egress,
+        }
+    }
 }
 
 /// A secret that can be served right now.
@@ -54,101 +66,44 @@ pub(crate) enum Lookup {
     Unknown,
 }
 
-/// Where the asking proxy's identity stands in a snapshot.
-#[derive(Debug, Clone)]
-pub(crate) enum IdentityState {
-    Ready(Arc<ProxyIdentity>),
-    NoIdentity(String),
-    /// Pending, or not in the snapshot yet.
-    Waiting,
-    Refused(String),
-}
-
-impl IdentityState {
-    pub(crate) fn of(snapshot: &Snapshot, key: &ProxyKey) -> Self {
-        match snapshot.proxies.get(key) {
-            Some(ProxyEntry::Ready(identity)) => IdentityState::Ready(identity.clone()),
-            Some(ProxyEntry::NoIdentity { reason }) => IdentityState::NoIdentity(reason.clone()),
-            Some(ProxyEntry::Refused { reason }) => IdentityState::Refused(reason.clone()),
-            Some(ProxyEntry::Pending) | None => IdentityState::Waiting,
-        }
-    }
-}
-
-const SYSTEM_TRUST_BUNDLE: &str = "system_trust_bundle";
-const SYSTEM_TRUST_BUNDLE_PREFIX: &str = "system_trust_bundle_";
-const EGRESS_BUNDLE: &str = "system_trust_bundle_egress";
-const MESH_CA_PREFIX: &str = "mesh_ca:secret:";
-const IDENTITY_CERT_PREFIX: &str = "identity_cert:secret:";
-const MESH_SERVICE_PREFIX: &str = "meshservice:";
-
 /// Looks `name` up for the proxy described by `ctx` in `snapshot`.
-pub(crate) fn resolve(snapshot: &Snapshot, ctx: &ProxyContext, name: &str) -> Lookup {
-    let own_mesh = ctx.key.mesh.as_str();
-    let identity = || identity_lookup(snapshot, &ctx.key);
-    match name {
-        "default" => return identity(),
-        SYSTEM_TRUST_BUNDLE | "ROOTCA" => return mesh_trust(snapshot, own_mesh, ctx.form),
-        EGRESS_BUNDLE => {
-            return match &snapshot.egress {
-                Some(bundle) => trust(bundle, ctx.form, "the zone egress trust bundle"),
-                None => Lookup::Unavailable("no zone egress identity exists".into()),
+pub(crate) fn resolve(snapshot: &Snapshot, ctx: &ProxyContext, name: &ResourceName) -> Lookup {
+    let entry = snapshot.proxies.get(&ctx.key);
+    let identity = match entry {
+        Some(ProxyEntry::Ready(identity)) => Some(&**identity),
+        _ => None,
+    };
+    match name.target(ctx.asker(), identity) {
+        Target::Identity => identity_lookup(entry, &ctx.key),
+        Target::Trust { scope, plain } => {
+            let form = if plain { Form::Plain } else { ctx.form };
+            match scope {
+                TrustScope::Mesh(mesh) => match mesh_view(snapshot, mesh) {
+                    Ok(view) => trust(&view.trust, form, &format!("the trust of mesh {mesh:?}")),
+                    Err(lookup) => lookup,
+                },
+                TrustScope::All => trust(&snapshot.all, form, "the trust of all meshes"),
+                TrustScope::Egress => match &snapshot.egress {
+                    Some(bundle) => trust(bundle, form, "the zone egress trust bundle"),
+                    None => Lookup::Unavailable("no zone egress identity exists".into()),
+                },
             }
         }
-        "ALL" => return trust(&snapshot.all, ctx.form, "the trust of all meshes"),
-        "mesh_ca:secret:all" => {
-            return trust(&snapshot.all, Form::Plain, "the trust of all meshes")
-        }
-        _ => {}
-    }
-    if let Some(mesh) = name.strip_prefix(IDENTITY_CERT_PREFIX) {
-        return if mesh == own_mesh {
-            identity()
-        } else {
-            Lookup::Unknown
-        };
-    }
-    if let Some(mesh) = name.strip_prefix(SYSTEM_TRUST_BUNDLE_PREFIX) {
-        return if mesh == own_mesh || ctx.zone_egress {
-            mesh_trust(snapshot, mesh, ctx.form)
-        } else {
-            Lookup::Unknown
-        };
-    }
-    if let Some(mesh) = name.strip_prefix(MESH_CA_PREFIX) {
-        return if mesh == own_mesh || ctx.zone_egress {
-            mesh_trust(snapshot, mesh, Form::Plain)
-        } else {
-            Lookup::Unknown
-        };
-    }
-    if let Some(service) = name.strip_prefix(MESH_SERVICE_PREFIX) {
-        return mesh_service(snapshot, own_mesh, service, ctx.form);
-    }
-    match IdentityState::of(snapshot, &ctx.key) {
-        IdentityState::Ready(identity)
-            if identity.spiffe_id == name || identity.identity_name.as_deref() == Some(name) =>
-        {
-            Lookup::Found(Resolved::Identity(identity))
-        }
-        IdentityState::Ready(_) => Lookup::Unknown,
-        // Without an identity we cannot tell whether a SPIFFE ID is this proxy's own:
-        // treat it as an identity name that is not available yet.
-        _ if name.starts_with("spiffe://") => identity(),
-        _ => Lookup::Unknown,
+        Target::MeshService { mesh, service } => mesh_service(snapshot, mesh, service, ctx.form),
+        Target::Unknown => Lookup::Unknown,
     }
 }
 
-fn identity_lookup(snapshot: &Snapshot, key: &ProxyKey) -> Lookup {
-    match IdentityState::of(snapshot, key) {
-        IdentityState::Ready(identity) => Lookup::Found(Resolved::Identity(identity)),
-        IdentityState::NoIdentity(reason) => {
+fn identity_lookup(entry: Option<&ProxyEntry>, key: &ProxyKey) -> Lookup {
+    match entry {
+        Some(ProxyEntry::Ready(identity)) => Lookup::Found(Resolved::Identity(identity.clone())),
+        Some(ProxyEntry::NoIdentity { reason }) => {
             Lookup::Unavailable(format!("proxy {key} has no identity: {reason}"))
         }
-        IdentityState::Waiting => {
+        Some(ProxyEntry::Pending) | None => {
             Lookup::Unavailable(format!("the identity of proxy {key} is not ready yet"))
         }
-        IdentityState::Refused(reason) => {
+        Some(ProxyEntry::Refused { reason }) => {
             Lookup::Unavailable(format!("proxy {key} is refused: {reason}"))
         }
     }
@@ -159,13 +114,6 @@ fn mesh_view<'a>(snapshot: &'a Snapshot, mesh: &str) -> Result<&'a MeshView, Loo
         .meshes
         .get(mesh)
         .ok_or_else(|| Lookup::Unavailable(format!("mesh {mesh:?} is not known")))
-}
-
-fn mesh_trust(snapshot: &Snapshot, mesh: &str, form: Form) -> Lookup {
-    match mesh_view(snapshot, mesh) {
-        Ok(view) => trust(&view.trust, form, &format!("the trust of mesh {mesh:?}")),
-        Err(lookup) => lookup,
-    }
 }
 
 fn trust(bundle: &TrustBundle, form: Form, what: &str) -> Lookup {
@@ -191,41 +139,6 @@ fn mesh_service(snapshot: &Snapshot, mesh: &str, service: &str, form: Form) -> L
             "MeshService {service:?} is not known in mesh {mesh:?}"
         )),
     }
-}
-
-/// The resources asked for, in order, without repeats.
-pub(crate) fn dedup(names: Vec<String>) -> Vec<String> {
-    let mut seen = std::collections::HashSet::with_capacity(names.len());
-    names
-        .into_iter()
-        .filter(|name| seen.insert(name.clone()))
-        .collect()
-}
-
-/// The resolvable subset of `names`, each with its content version, plus the names that
-/// are unknown. Unavailable names are left out silently: they may appear later.
-pub(crate) struct Selection {
-    pub items: Vec<(String, Resolved, String)>,
-    pub unknown: Vec<String>,
-}
-
-/// Resolves every name of a subscription.
-pub(crate) fn select(snapshot: &Snapshot, ctx: &ProxyContext, names: &[String]) -> Selection {
-    let mut items = Vec::with_capacity(names.len());
-    let mut unknown = Vec::new();
-    for name in names {
-        match resolve(snapshot, ctx, name) {
-            Lookup::Found(resolved) => {
-                let version = resolved.version();
-                items.push((name.clone(), resolved, version));
-            }
-            Lookup::Unavailable(why) => {
-                tracing::debug!(proxy = %ctx.key, resource = %name, %why, "resource not available");
-            }
-            Lookup::Unknown => unknown.push(name.clone()),
-        }
-    }
-    Selection { items, unknown }
 }
 
 /// The version of a response holding `items`: changes iff a name or a content changes.

@@ -4,8 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
-use crate::events::StreamId;
-use crate::snapshot::ProxyKey;
+use meshca_control::{ProxyKey, StreamId};
 
 /// Which SDS protocol a stream speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]

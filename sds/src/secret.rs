@@ -16,11 +16,9 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, StringMatcher};
 use envoy_types::pb::google::protobuf::Any;
+use meshca_control::{Derived, MeshServiceTrust, ProxyIdentity, TrustBundle};
 use prost::{Message, Name};
-use sha2::{Digest, Sha256};
 use zeroize::Zeroize;
-
-use crate::snapshot::{MeshServiceTrust, ProxyIdentity, TrustBundle};
 
 /// Name of Envoy's SPIFFE certificate validator extension.
 pub const SPIFFE_VALIDATOR_NAME: &str = "envoy.tls.cert_validator.spiffe";
@@ -46,17 +44,22 @@ pub(crate) struct ValidationCache {
 }
 
 impl ValidationCache {
+    /// The encoded context of `form` kept in `derived`, built on first use. Built afresh (and not
+    /// kept) if `derived` holds something else, which no code of meshca puts there.
     fn get_or_build(
-        &self,
+        derived: &Derived,
         form: Form,
         build: impl FnOnce() -> CertificateValidationContext,
     ) -> Arc<EncodedSecret> {
-        let cell = match form {
-            Form::Spiffe => &self.spiffe,
-            Form::Plain => &self.plain,
+        let encode = || Arc::new(EncodedSecret::validation(build()));
+        let Some(cache) = derived.get_or_default::<ValidationCache>() else {
+            return encode();
         };
-        cell.get_or_init(|| Arc::new(EncodedSecret::validation(build())))
-            .clone()
+        let cell = match form {
+            Form::Spiffe => &cache.spiffe,
+            Form::Plain => &cache.plain,
+        };
+        cell.get_or_init(encode).clone()
     }
 }
 
@@ -101,14 +104,12 @@ impl EncodedSecret {
 
 /// The validation context of `bundle` in `form`, cached in the bundle.
 pub(crate) fn bundle_secret(bundle: &TrustBundle, form: Form) -> Arc<EncodedSecret> {
-    bundle
-        .cache
-        .get_or_build(form, || validation_context(bundle, form))
+    ValidationCache::get_or_build(bundle.derived(), form, || validation_context(bundle, form))
 }
 
 /// The validation context of a MeshService in `form`, cached in it.
 pub(crate) fn mesh_service_secret(service: &MeshServiceTrust, form: Form) -> Arc<EncodedSecret> {
-    service.cache.get_or_build(form, || {
+    ValidationCache::get_or_build(service.derived(), form, || {
         let mut context = validation_context(service.trust(), form);
         context.match_typed_subject_alt_names = service
             .spiffe_ids()
@@ -221,9 +222,9 @@ pub(crate) fn wipe_private_key(message: &mut Secret) {
 
 /// A short, stable hex hash of `kind` and `content`.
 pub(crate) fn content_version(kind: &[u8], content: &[u8]) -> String {
-    let mut hasher = Sha256::new();
-    hasher.update((kind.len() as u64).to_be_bytes());
-    hasher.update(kind);
-    hasher.update(content);
-    hex::encode(&hasher.finalize()[..16])
+    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+    context.update(&(kind.len() as u64).to_be_bytes());
+    context.update(kind);
+    context.update(content);
+    hex::encode(&context.finish().as_ref()[..16])
 }

@@ -22,14 +22,20 @@ use tonic::server::{NamedService, StreamingService, UnaryService};
 use tonic::{Request, Response, Status, Streaming};
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
-use crate::events::{StreamEvent, StreamId};
+use meshca_control::{Snapshot, StreamEvent, StreamId};
+
+use crate::delta::Delta;
 use crate::metrics::SdsMetrics;
 use crate::registry::StreamRegistry;
-use crate::snapshot::Snapshot;
-use crate::{authn, delta, fetch, sotw};
+use crate::sotw::Sotw;
+use crate::{authn, fetch, stream};
 
 /// Responses buffered per stream before the stream task waits for the proxy to read.
 const STREAM_BUFFER: usize = 4;
+
+/// A good capacity for the event channel handed to [`SdsServer::new`]: enough for a burst of
+/// connections and ACKs while the owner reconciles; when it is full, streams wait to report.
+pub const EVENT_BUFFER: usize = 4096;
 
 /// Tunables of the SDS server.
 #[derive(Debug, Clone)]
@@ -61,7 +67,7 @@ pub(crate) struct Shared {
     pub(crate) snapshots: watch::Receiver<Arc<Snapshot>>,
     pub(crate) verifier: Verifier,
     pub(crate) revocations: watch::Receiver<Arc<RevocationList>>,
-    pub(crate) events: mpsc::UnboundedSender<StreamEvent>,
+    pub(crate) events: mpsc::Sender<StreamEvent>,
     pub(crate) options: ServerOptions,
     pub(crate) registry: StreamRegistry,
     pub(crate) metrics: Arc<SdsMetrics>,
@@ -74,9 +80,28 @@ impl Shared {
         StreamId(self.next_id.fetch_add(1, Ordering::Relaxed))
     }
 
-    pub(crate) fn emit(&self, event: StreamEvent) {
+    /// Reports an event to the owner. The channel is bounded: when the owner falls behind, the stream
+    /// waits here (backpressure on that proxy) rather than dropping the event, which the owner's view
+    /// of streams and ACKs depends on.
+    pub(crate) async fn emit(&self, event: StreamEvent) {
         // The owner may have stopped listening during shutdown; nothing to do then.
-        let _ = self.events.send(event);
+        let _ = self.events.send(event).await;
+    }
+
+    /// [`Self::emit`] where nothing can wait (a `Drop`): sent at once when there is room, else by a
+    /// task that waits for room. Never dropped while the owner listens.
+    pub(crate) fn emit_from_drop(&self, event: StreamEvent) {
+        match self.events.try_send(event) {
+            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+            Err(mpsc::error::TrySendError::Full(event)) => {
+                let events = self.events.clone();
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    runtime.spawn(async move {
+                        let _ = events.send(event).await;
+                    });
+                }
+            }
+        }
     }
 
     pub(crate) fn auth_failure(&self, status: Status) -> Status {
@@ -113,12 +138,12 @@ impl std::fmt::Debug for SdsServer {
 
 impl SdsServer {
     /// A server that serves `snapshots`, authenticates with `verifier` and the current
-    /// `revocations`, and reports stream events on `events`.
+    /// `revocations`, and reports stream events on `events` (bounded: see [`EVENT_BUFFER`]).
     pub fn new(
         snapshots: watch::Receiver<Arc<Snapshot>>,
         verifier: Verifier,
         revocations: watch::Receiver<Arc<RevocationList>>,
-        events: mpsc::UnboundedSender<StreamEvent>,
+        events: mpsc::Sender<StreamEvent>,
         options: ServerOptions,
     ) -> Self {
         Self {
@@ -175,7 +200,7 @@ impl SdsServer {
 /// Bytes tonic sets aside per stream for decoding requests, and again for encoding responses,
 /// and the steps in which those buffers grow for a larger message. tonic's default is 8 KiB
 /// each, allocated when a stream opens and kept while it lives: 16 KiB per idle stream, all of
-/// DESIGN §11's budget, for requests of a few hundred bytes and responses of one to a few
+/// the per-stream memory budget (BENCHMARKS.md), for requests of a few hundred bytes and responses of one to a few
 /// KiB. `meshca bench sds` measured the difference (BENCHMARKS.md).
 const CODEC_BUFFER: usize = 1024;
 /// Encoded responses gathered before they are handed to HTTP/2 (tonic's default).
@@ -307,7 +332,7 @@ impl SecretDiscoveryService for SdsServer {
     ) -> Result<Response<Self::StreamSecretsStream>, Status> {
         let claims = self.shared.authenticate(request.metadata())?;
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        tokio::spawn(sotw::run(
+        tokio::spawn(stream::run::<Sotw>(
             self.shared.clone(),
             claims,
             request.into_inner(),
@@ -322,7 +347,7 @@ impl SecretDiscoveryService for SdsServer {
     ) -> Result<Response<Self::DeltaSecretsStream>, Status> {
         let claims = self.shared.authenticate(request.metadata())?;
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        tokio::spawn(delta::run(
+        tokio::spawn(stream::run::<Delta>(
             self.shared.clone(),
             claims,
             request.into_inner(),
@@ -346,12 +371,11 @@ impl SecretDiscoveryService for SdsServer {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn methods_outside_sds_are_unimplemented() {
+    fn server_with_events(capacity: usize) -> (SdsServer, mpsc::Receiver<StreamEvent>) {
         let (signing, _pkcs8) = meshca_auth::SigningKey::generate().expect("a token key");
         let (_snapshots, snapshot_rx) = watch::channel(Arc::new(Snapshot::empty()));
         let (_revocations, revocation_rx) = watch::channel(Arc::new(RevocationList::new()));
-        let (events, _event_rx) = mpsc::unbounded_channel();
+        let (events, event_rx) = mpsc::channel(capacity);
         let server = SdsServer::new(
             snapshot_rx,
             signing.verifier(),
@@ -359,6 +383,45 @@ mod tests {
             events,
             ServerOptions::default(),
         );
+        (server, event_rx)
+    }
+
+    #[tokio::test]
+    async fn a_full_event_channel_delays_events_but_never_drops_them() {
+        let (server, mut events) = server_with_events(1);
+        let shared = &server.shared;
+        shared
+            .emit(StreamEvent::Disconnected {
+                stream: StreamId(1),
+            })
+            .await;
+        // The channel is full: a stream would wait here; a Drop hands the event to a task.
+        shared.emit_from_drop(StreamEvent::Disconnected {
+            stream: StreamId(2),
+        });
+        let mut waiting = Box::pin(shared.emit(StreamEvent::Disconnected {
+            stream: StreamId(3),
+        }));
+        assert!(
+            futures::poll!(waiting.as_mut()).is_pending(),
+            "a sender waits while the owner is behind"
+        );
+        let receive = async {
+            let mut seen = Vec::new();
+            for _ in 0..3 {
+                let event = events.recv().await.expect("every event arrives");
+                seen.push(event.stream().0);
+            }
+            seen
+        };
+        let ((), mut seen) = tokio::join!(waiting, receive);
+        seen.sort();
+        assert_eq!(seen, [1, 2, 3]);
+    }
+
+    #[tokio::test]
+    async fn methods_outside_sds_are_unimplemented() {
+        let (server, _events) = server_with_events(1);
         let mut service = server.into_service();
         let request = http::Request::builder()
             .uri("/envoy.service.secret.v3.SecretDiscoveryService/Nothing")

@@ -6,15 +6,14 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use meshca_auth::{Claims, RevocationList};
+use meshca_control::{ProxyEntry, ProxyKey, Snapshot, StreamEvent, StreamId};
 use tokio::sync::watch;
 use tonic::Status;
 
-use crate::events::{StreamEvent, StreamId};
 use crate::metrics::SdsMetrics;
-use crate::names::{IdentityState, ProxyContext};
+use crate::names::ProxyContext;
 use crate::registry::{StreamInfo, StreamKind};
 use crate::service::Shared;
-use crate::snapshot::{ProxyKey, Snapshot};
 
 /// One authenticated proxy conversation. Dropping a registered session unregisters the
 /// stream and reports `Disconnected`.
@@ -32,7 +31,7 @@ pub(crate) struct Session {
 impl Session {
     /// Starts a session for a proxy whose token and node id were checked: reports
     /// `Connected`, and for streams (`kind` set) registers it and counts it open.
-    pub(crate) fn open(
+    pub(crate) async fn open(
         shared: Arc<Shared>,
         claims: Claims,
         ctx: ProxyContext,
@@ -42,10 +41,12 @@ impl Session {
         let mut revocations = shared.revocations.clone();
         revocations.mark_changed();
         let snapshots = shared.snapshots.clone();
-        shared.emit(StreamEvent::Connected {
-            stream: id,
-            claims: claims.clone(),
-        });
+        shared
+            .emit(StreamEvent::Connected {
+                stream: id,
+                claims: claims.clone(),
+            })
+            .await;
         if let Some(kind) = kind {
             shared.registry.insert(StreamInfo {
                 id,
@@ -77,8 +78,8 @@ impl Session {
         &self.ctx.key
     }
 
-    pub(crate) fn emit(&self, event: StreamEvent) {
-        self.shared.emit(event);
+    pub(crate) async fn emit(&self, event: StreamEvent) {
+        self.shared.emit(event).await;
     }
 
     /// Waits until the snapshot has this proxy Ready or NoIdentity, and returns that
@@ -166,10 +167,10 @@ impl Session {
                 ))));
             }
         }
-        match IdentityState::of(&snapshot, self.key()) {
-            IdentityState::Ready(_) | IdentityState::NoIdentity(_) => Ok(Some(snapshot)),
-            IdentityState::Waiting => Ok(None),
-            IdentityState::Refused(reason) => Err(self.shared.auth_failure(
+        match snapshot.proxies.get(self.key()) {
+            Some(ProxyEntry::Ready(_) | ProxyEntry::NoIdentity { .. }) => Ok(Some(snapshot)),
+            Some(ProxyEntry::Pending) | None => Ok(None),
+            Some(ProxyEntry::Refused { reason }) => Err(self.shared.auth_failure(
                 Status::permission_denied(format!("proxy {} is refused: {reason}", self.key())),
             )),
         }
@@ -190,10 +191,8 @@ impl Drop for Session {
         }
         // Every session reported `Connected`, fetches included: the owner must hear that it ended, or a
         // fetching proxy would count as connected (and be renewed) forever.
-        self.shared.emit(StreamEvent::Disconnected {
-            stream: self.id,
-            proxy: self.ctx.key.clone(),
-        });
+        self.shared
+            .emit_from_drop(StreamEvent::Disconnected { stream: self.id });
         tracing::debug!(stream = %self.id, proxy = %self.ctx.key, "proxy disconnected");
     }
 }

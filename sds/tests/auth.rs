@@ -221,7 +221,7 @@ async fn delta_streams_are_authenticated_too() {
 
 #[tokio::test]
 async fn a_token_contradicting_the_proxy_claim_rule_gets_nothing() {
-    use meshca_sds::ClaimRule;
+    use meshca_control::ClaimRule;
     use std::collections::BTreeMap;
     let world = World::new();
     let mut snapshot = world.snapshot(1);

@@ -9,9 +9,10 @@ use std::time::Duration;
 use common::*;
 use futures::StreamExt;
 use meshca_auth::{RevocationList, SigningKey};
+use meshca_control::{ProxyEntry, StreamEvent};
 use meshca_sds::{
-    bind, BoundAddr, ClientError, ClientTls, ListenError, Listener, ProxyEntry, SdsClient,
-    SdsServer, ServerOptions, StreamEvent,
+    bind, BoundAddr, ClientError, ClientTls, ListenError, Listener, SdsClient, SdsServer,
+    ServerOptions,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -83,7 +84,7 @@ async fn insecure_loopback_serves_and_shutdown_drains() {
     let world = World::new();
     let (_snapshots_tx, snapshots) = watch::channel(Arc::new(world.snapshot(1)));
     let (_revocations_tx, revocations) = watch::channel(Arc::new(RevocationList::new()));
-    let (events, _events_rx) = mpsc::unbounded_channel();
+    let (events, _events_rx) = mpsc::channel(meshca_sds::EVENT_BUFFER);
     let (signing, _) = SigningKey::generate().expect("key");
     let server = SdsServer::new(
         snapshots,

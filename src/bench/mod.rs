@@ -1,4 +1,4 @@
-//! `meshca bench sds`: SDS fan-out against an in-process daemon (DESIGN §11).
+//! `meshca bench sds`: SDS fan-out against an in-process daemon (targets and figures: BENCHMARKS.md).
 //!
 //! The pieces: [`fleet`] (many `StreamSecrets` streams multiplexed over a few HTTP/2 connections, each
 //! ACKing like Envoy and timing when a rotation reaches it), [`child`] (the fleet in its own process, so

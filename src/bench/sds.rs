@@ -1,4 +1,4 @@
-//! `meshca bench sds` (DESIGN §11): an in-process daemon serving mesh `default` from builtin CA ca-1,
+//! `meshca bench sds` (BENCHMARKS.md): an in-process daemon serving mesh `default` from builtin CA ca-1,
 //! N `StreamSecrets` streams to it, the daemon's memory before and after they open, then one edit that
 //! switches the mesh to ca-2 (ca-1 kept as secondary) and, per stream, the time from the reload call
 //! until the stream receives a bundle holding ca-2.

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime};
 
 use meshca_ca::{CaParams, CertificateAuthority, SvidRequest};
-use meshca_config::KeyAlgorithm;
+use meshca_identity::KeyAlgorithm;
 
 use crate::cli::BenchIssuanceArgs;
 use crate::InvalidInput;
@@ -51,18 +51,12 @@ pub fn issuance(args: BenchIssuanceArgs) -> anyhow::Result<ExitCode> {
         lifetime: Duration::from_secs(24 * 3600),
     };
     // Floor, pipeline, floor again: the floor is the mean of both so drift during the run is shared.
-    let floor_a = rate(span / 2, || {
-        meshca_ca::floor_once();
-        Ok(())
-    })?;
+    let floor_a = rate(span / 2, || Ok(meshca_ca::floor_once()?))?;
     let svid = rate(span, || {
         std::hint::black_box(ca.issue(&req, now)?);
         Ok(())
     })?;
-    let floor_b = rate(span / 2, || {
-        meshca_ca::floor_once();
-        Ok(())
-    })?;
+    let floor_b = rate(span / 2, || Ok(meshca_ca::floor_once()?))?;
     let floor = (floor_a + floor_b) / 2.0;
     let line = serde_json::json!({
         "bench": "issuance",

@@ -9,12 +9,12 @@ use std::time::SystemTime;
 
 use anyhow::{anyhow, Context};
 use futures::StreamExt;
-use meshca_ca::SvidRequest;
 use zeroize::Zeroizing;
 
 use crate::cli::IssueArgs;
-use crate::serve::plan::{self, DataplaneInfo, Decision, Origin};
-use crate::serve::{bundles, load_world, open_keystore};
+use meshca_control::{issue_standalone, load_world, renewal_time, rfc3339, StandaloneError};
+
+use crate::serve::open_keystore;
 use crate::InvalidInput;
 
 /// What is written for the workload.
@@ -87,39 +87,20 @@ async fn from_keystore(args: &IssueArgs, mesh: &str, name: &str) -> anyhow::Resu
                 lines.join("\n  ")
             )))
         })?;
-        let dp = world.resources.dataplane(mesh, name);
-        let info = match dp {
-            Some(d) => DataplaneInfo::from_file(d),
-            None => DataplaneInfo::new(mesh, name, Default::default(), Vec::new(), Origin::Token),
-        };
-        let desired = match plan::decide(
-            world.meshes.get(mesh),
-            &info,
+        let issued = issue_standalone(
+            &world,
             &settings.zone,
             settings.issuance.key_algorithm,
-        ) {
-            Decision::Issue(d) => d,
-            Decision::NoIdentity(reason) => {
-                return Err(
-                    InvalidInput(format!("{mesh}/{name} gets no identity: {reason}")).into(),
-                )
-            }
-        };
-        let req = SvidRequest {
-            spiffe_id: desired.spiffe_id.clone(),
-            key_algorithm: desired.key_algorithm,
-            lifetime: desired.lifetime,
-        };
-        let svid = desired.ca.issue(&req, now)?;
-        meshca_ca::verify_svid(
-            &svid.chain_der,
-            &desired.ca.bundle_der(),
-            &desired.spiffe_id,
+            mesh,
+            name,
             now,
-        )?;
-        let mesh_state = &world.meshes[mesh];
-        let anchors = bundles::mesh_anchors(mesh_state, &bundles::mesh_cas(mesh_state));
-        let bundle: String = anchors.values().flatten().cloned().collect();
+        )
+        .map_err(|e| match e {
+            StandaloneError::NoIdentity { .. } => anyhow::Error::new(InvalidInput(e.to_string())),
+            e => anyhow::Error::new(e),
+        })?;
+        let svid = issued.svid;
+        let bundle = issued.bundle_pem;
         let files = Files {
             svid: svid.chain_pem.clone(),
             key: svid.key.to_pem(),
@@ -130,12 +111,12 @@ async fn from_keystore(args: &IssueArgs, mesh: &str, name: &str) -> anyhow::Resu
             "wrote {} for {} (expires {})",
             args.out.display(),
             svid.spiffe_id,
-            crate::serve::status::rfc3339(svid.not_after)
+            rfc3339(svid.not_after)
         );
         if !args.watch {
             return Ok(ExitCode::SUCCESS);
         }
-        let renew = plan::renewal_time(
+        let renew = renewal_time(
             svid.not_before,
             svid.not_after,
             settings.issuance.renew_at,

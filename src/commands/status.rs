@@ -6,6 +6,7 @@ use anyhow::{anyhow, Context};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use meshca_control::{DataplaneStatus, MeshStatus, Rejected, Status, Wait};
 use serde_json::Value;
 
 use crate::cli::{Output, StatusArgs};
@@ -35,14 +36,6 @@ pub async fn admin_get(admin: &str, path: &str) -> anyhow::Result<Value> {
     serde_json::from_slice(&body).context("the admin API answered something that is not JSON")
 }
 
-fn s(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => "-".into(),
-        other => other.to_string(),
-    }
-}
-
 fn human_duration(secs: i64) -> String {
     let (sign, secs) = if secs < 0 { ("-", -secs) } else { ("", secs) };
     let (d, h, m) = (secs / 86_400, secs % 86_400 / 3600, secs % 3600 / 60);
@@ -56,144 +49,144 @@ fn human_duration(secs: i64) -> String {
 }
 
 pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let status = admin_get(&args.admin, "/api/status").await?;
+    let document = admin_get(&args.admin, "/api/status").await?;
     if args.output == Output::Json {
-        super::print_json(&status)?;
+        super::print_json(&document)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let empty = Vec::new();
-    for mesh in status["meshes"].as_array().unwrap_or(&empty) {
-        println!("mesh {}", s(&mesh["name"]));
-        if let Some(mtls) = mesh["mtls"].as_object() {
-            println!("  mTLS enabled backend: {}", s(&mtls["enabled_backend"]));
-            for b in mtls["backends"].as_array().unwrap_or(&empty) {
-                let ca = &b["ca"];
-                let expiry = ca["expires_in_seconds"]
-                    .as_i64()
-                    .map(human_duration)
-                    .unwrap_or_else(|| "-".into());
-                println!(
-                    "    backend {} ({}, {}): CA expires in {expiry}",
-                    s(&b["name"]),
-                    s(&b["type"]),
-                    s(&b["role"])
-                );
-            }
-        }
-        for id in mesh["mesh_identities"].as_array().unwrap_or(&empty) {
-            let ready = id["conditions"]
-                .as_array()
-                .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
-                .map(|c| format!("{}/{}", s(&c["status"]), s(&c["reason"])))
-                .unwrap_or_default();
+    let status: Status = serde_json::from_value(document)
+        .context("the admin API's status document is not one this meshca understands")?;
+    for mesh in &status.meshes {
+        print_mesh(mesh);
+    }
+    println!();
+    print_dataplanes(&status.dataplanes);
+    print_rollout(&status.rollout);
+    if let Some(rejected) = &status.last_rejected_update {
+        print_rejected(rejected);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `-` for what is absent.
+fn or_dash(value: Option<&str>) -> &str {
+    value.unwrap_or("-")
+}
+
+fn print_mesh(mesh: &MeshStatus) {
+    println!("mesh {}", mesh.name);
+    if let Some(mtls) = &mesh.mtls {
+        println!(
+            "  mTLS enabled backend: {}",
+            or_dash(mtls.enabled_backend.as_deref())
+        );
+        for b in &mtls.backends {
+            let expiry =
+                b.ca.as_ref()
+                    .map_or_else(|| "-".into(), |ca| human_duration(ca.expires_in_seconds));
             println!(
-                "  MeshIdentity {} ({}, trust domain {}): Ready={ready}",
-                s(&id["name"]),
-                s(&id["provider"]),
-                s(&id["trust_domain"])
-            );
-        }
-        for t in mesh["mesh_trusts"].as_array().unwrap_or(&empty) {
-            println!(
-                "  MeshTrust {} ({}): {} ({} CA)",
-                s(&t["name"]),
-                s(&t["origin"]),
-                s(&t["trust_domain"]),
-                s(&t["certificates"])
-            );
-        }
-        let connected = mesh["connected_proxies"].as_u64().unwrap_or(0);
-        if let Some(by) = mesh["proxies_by_issuer"].as_object() {
-            let parts: Vec<String> = by
-                .iter()
-                .map(|(k, v)| format!("{k}: {}/{connected}", s(v)))
-                .collect();
-            println!(
-                "  proxies: {connected} connected{}{}",
-                if parts.is_empty() { "" } else { "; " },
-                parts.join(", ")
+                "    backend {} ({}, {}): CA expires in {expiry}",
+                b.name,
+                b.kind.as_str(),
+                b.role.as_str()
             );
         }
     }
-    println!();
+    for id in &mesh.mesh_identities {
+        let ready = id
+            .conditions
+            .iter()
+            .find(|c| c.kind == "Ready")
+            .map(|c| format!("{}/{}", c.status, c.reason))
+            .unwrap_or_default();
+        println!(
+            "  MeshIdentity {} ({}, trust domain {}): Ready={ready}",
+            id.name, id.provider, id.trust_domain
+        );
+    }
+    for t in &mesh.mesh_trusts {
+        println!(
+            "  MeshTrust {} ({}): {} ({} CA)",
+            t.name,
+            t.origin.as_str(),
+            t.trust_domain,
+            t.certificates
+        );
+    }
+    let connected = mesh.connected_proxies;
+    let parts: Vec<String> = mesh
+        .proxies_by_issuer
+        .iter()
+        .map(|(issuer, n)| format!("{issuer}: {n}/{connected}"))
+        .collect();
+    println!(
+        "  proxies: {connected} connected{}{}",
+        if parts.is_empty() { "" } else { "; " },
+        parts.join(", ")
+    );
+}
+
+fn print_dataplanes(dataplanes: &[DataplaneStatus]) {
     println!(
         "{:<12} {:<20} {:<10} {:<48} {:<10}",
         "MESH", "DATAPLANE", "CONNECTED", "SPIFFE ID", "EXPIRES"
     );
-    for dp in status["dataplanes"].as_array().unwrap_or(&empty) {
-        let expires = dp["expires_in_seconds"]
-            .as_i64()
-            .map(human_duration)
-            .unwrap_or_else(|| "-".into());
+    for dp in dataplanes {
+        let expires = dp
+            .expires_in_seconds
+            .map_or_else(|| "-".into(), human_duration);
         println!(
             "{:<12} {:<20} {:<10} {:<48} {:<10}",
-            s(&dp["mesh"]),
-            s(&dp["name"]),
-            if dp["connected"].as_bool() == Some(true) {
-                "yes"
-            } else {
-                "no"
-            },
-            s(&dp["spiffe_id"]),
+            dp.mesh,
+            dp.name,
+            if dp.connected { "yes" } else { "no" },
+            or_dash(dp.spiffe_id.as_deref()),
             expires
         );
-        if let Some(reason) = dp["reason"].as_str() {
+        if let Some(reason) = &dp.reason {
             println!("    no identity: {reason}");
         }
-        if dp["nacks"].as_u64().unwrap_or(0) > 0 {
+        if let Some(refused) = &dp.refused_token {
+            println!("    token refused: {refused}");
+        }
+        if dp.nacks > 0 {
             println!(
                 "    {} NACK(s), last: {}",
-                s(&dp["nacks"]),
-                s(&dp["last_nack"])
+                dp.nacks,
+                or_dash(dp.last_nack.as_deref())
             );
         }
     }
-    let waits = status["rollout"].as_array().unwrap_or(&empty);
-    if !waits.is_empty() {
-        println!();
-        println!("rollout in progress:");
-        for w in waits {
-            let names: Vec<String> = w["waiting_for"]
-                .as_array()
-                .unwrap_or(&empty)
-                .iter()
-                .map(s)
-                .collect();
-            println!(
-                "  mesh {}: {} for CA {} since {}: waiting for {} prox{} ({}){}",
-                s(&w["mesh"]),
-                s(&w["step"]),
-                s(&w["ca"]),
-                s(&w["since"]),
-                s(&w["waiting_count"]),
-                if w["waiting_count"].as_u64() == Some(1) {
-                    "y"
-                } else {
-                    "ies"
-                },
-                names.join(", "),
-                w["timeout_in_seconds"]
-                    .as_i64()
-                    .map(|t| format!("; proceeds anyway in {}", human_duration(t)))
-                    .unwrap_or_default()
-            );
-        }
+}
+
+fn print_rollout(waits: &[Wait]) {
+    if waits.is_empty() {
+        return;
     }
-    if let Some(r) = status["last_rejected_update"].as_object() {
-        println!();
+    println!();
+    println!("rollout in progress:");
+    for w in waits {
         println!(
-            "last resource update REJECTED at {} (the previous configuration keeps serving):",
-            s(&r["at"])
+            "  mesh {}: {} for CA {} since {}: waiting for {} prox{} ({}); proceeds anyway in {}",
+            w.mesh,
+            w.step,
+            w.ca,
+            w.since,
+            w.waiting_count,
+            if w.waiting_count == 1 { "y" } else { "ies" },
+            w.waiting_for.join(", "),
+            human_duration(w.timeout_in_seconds)
         );
-        for e in r["errors"].as_array().unwrap_or(&empty) {
-            println!(
-                "  {}: {}: {}: {}",
-                s(&e["file"]),
-                s(&e["resource"]),
-                s(&e["field"]),
-                s(&e["message"])
-            );
-        }
     }
-    Ok(ExitCode::SUCCESS)
+}
+
+fn print_rejected(rejected: &Rejected) {
+    println!();
+    println!(
+        "last resource update REJECTED at {} (the previous configuration keeps serving):",
+        rejected.at
+    );
+    for e in &rejected.errors {
+        println!("  {e}");
+    }
 }

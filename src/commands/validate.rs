@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use meshca_keystore::MemoryKeystore;
 
 use crate::cli::{Output, ValidateArgs};
-use crate::serve::world::{CaSource, UpdateError};
+use meshca_control::{check_world, CaSource, UpdateError};
 
 #[derive(serde::Serialize)]
 struct Report {
@@ -51,7 +51,7 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
                 previous: None,
                 now: SystemTime::now(),
             };
-            if let Err(mut errs) = crate::serve::check_world(resources, parse_errors, &src) {
+            if let Err(mut errs) = check_world(resources, parse_errors, &src) {
                 errors.append(&mut errs);
             }
         }

@@ -1,6 +1,6 @@
-//! `meshca drill ca-rotation` (issue 3, item 5): a mesh on builtin CA ca-1 switches to ca-2 in one
+//! `meshca drill ca-rotation`: a mesh on builtin CA ca-1 switches to ca-2 in one
 //! edit (ca-1 kept as secondary) and, without waiting, a second edit removes ca-1. With the ordering
-//! gate (DESIGN §8) no handshake between the simulated proxies may fail; without it, some do.
+//! gate (docs/rotation.md) no handshake between the simulated proxies may fail; without it, some do.
 
 use std::time::{Duration, Instant};
 

@@ -10,9 +10,9 @@ use std::time::Duration;
 use anyhow::{anyhow, Context};
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use envoy_types::pb::google::rpc::Status as RpcStatus;
+use meshca_control::SecretPem;
 use meshca_sds::{
-    decode_secrets, describe, tls_certificate_parts, SdsClient, SecretKindView, SecretPem,
-    SECRET_TYPE_URL,
+    decode_secrets, describe, tls_certificate_parts, SdsClient, SecretKindView, SECRET_TYPE_URL,
 };
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};

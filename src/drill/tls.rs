@@ -3,7 +3,7 @@
 //! The server side requires a client certificate that chains to the proxy's bundle (rustls' stock
 //! client verifier does that well) and checks the client's SPIFFE ID after the handshake. The client
 //! side needs its own verifier: rustls' stock server verifier insists on a DNS name or IP address and
-//! SVIDs carry only a URI SAN (STACK-NOTES pitfall 2). Like Envoy's SPIFFE validator, it picks the
+//! SVIDs carry only a URI SAN, which rustls' stock server verifier (it wants a DNS name) rejects. Like Envoy's SPIFFE validator, it picks the
 //! anchors of the expected peer's trust domain, checks the chain for serverAuth and then the URI SAN.
 
 use std::collections::{BTreeMap, HashMap};

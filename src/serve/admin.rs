@@ -1,4 +1,4 @@
-//! The admin HTTP listener (DESIGN §10): readiness, health, metrics and the JSON API.
+//! The admin HTTP listener (docs/operations.md): readiness, health, metrics and the JSON API.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::Metrics;
-use super::status::{DataplaneStatus, Status};
+use meshca_control::{DataplaneStatus, Status};
 
 /// What the admin handlers read.
 #[derive(Clone, Debug)]
@@ -37,10 +37,6 @@ struct DataplaneView {
     dataplane: DataplaneStatus,
     /// The last version the proxy ACKed on any of its streams.
     last_acked_version: Option<String>,
-    /// NACKs over all its streams.
-    nacks: u64,
-    /// The last NACK's message.
-    last_nack: Option<String>,
     sds_streams: Vec<StreamInfo>,
 }
 
@@ -55,8 +51,6 @@ fn dataplane_view(dp: DataplaneStatus, all: &[StreamInfo]) -> DataplaneView {
             .iter()
             .rev()
             .find_map(|s| s.last_acked_version.clone()),
-        nacks: sds_streams.iter().map(|s| s.nacks).sum(),
-        last_nack: sds_streams.iter().rev().find_map(|s| s.last_nack.clone()),
         dataplane: dp,
         sds_streams,
     }
@@ -101,21 +95,26 @@ async fn metrics(State(s): State<AdminState>) -> Response {
         .into_response()
 }
 
-#[derive(Serialize)]
-struct FullStatus {
-    #[serde(flatten)]
-    status: Status,
-    dataplanes: Vec<DataplaneView>,
-}
-
-async fn status(State(s): State<AdminState>) -> Json<FullStatus> {
+/// The status document with each dataplane's SDS streams added.
+async fn status(State(s): State<AdminState>) -> Response {
     let mut status = (**s.status.borrow()).clone();
     let all = s.streams.list();
-    let dataplanes = std::mem::take(&mut status.dataplanes)
+    let dataplanes: Vec<DataplaneView> = std::mem::take(&mut status.dataplanes)
         .into_iter()
         .map(|d| dataplane_view(d, &all))
         .collect();
-    Json(FullStatus { status, dataplanes })
+    let document = serde_json::to_value(&status).and_then(|mut document| {
+        document["dataplanes"] = serde_json::to_value(dataplanes)?;
+        Ok(document)
+    });
+    match document {
+        Ok(document) => Json(document).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the status could not be encoded: {e}\n"),
+        )
+            .into_response(),
+    }
 }
 
 async fn meshes(State(s): State<AdminState>) -> Response {

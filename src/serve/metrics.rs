@@ -1,7 +1,7 @@
-//! Prometheus metrics (DESIGN §10), exposed on the admin listener at `/metrics`.
+//! Prometheus metrics (docs/operations.md), exposed on the admin listener at `/metrics`.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -11,9 +11,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use super::plan::Issuer;
-use super::rollout::GateEvent;
-use super::status::Status;
+use meshca_control::{seconds_until, GateEvent, Issuer, RolloutStep, Status, Telemetry, World};
 
 /// Labels of per-issuer metrics.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -38,8 +36,7 @@ pub struct Metrics {
     issued: Family<IssuerLabels, Counter>,
     failed: Family<IssuerLabels, Counter>,
     issuance_seconds: Histogram,
-    /// Resource updates rejected.
-    pub rejected_updates: Counter,
+    rejected_updates: Counter,
     earliest_cert_expiry: Gauge,
     earliest_ca_expiry: Gauge,
     connected_proxies: Family<MeshLabels, Gauge>,
@@ -57,7 +54,7 @@ pub struct CaLabels {
     pub mesh: String,
     /// `backend <name>` or `MeshIdentity <name>`.
     pub ca: String,
-    /// The first 16 hex digits of the CA's id (tells rotation generations apart).
+    /// The first 16 hex digits of the CA's id (tells the CAs of a rotation apart).
     pub id: String,
 }
 
@@ -184,7 +181,7 @@ impl Metrics {
         let rollout_waits = Family::<StepLabels, Counter>::default();
         registry.register(
             "meshca_rollout_waits",
-            "Rollout steps that waited for proxies to ACK (DESIGN §8)",
+            "Rollout steps that waited for proxies to ACK (docs/rotation.md)",
             rollout_waits.clone(),
         );
         let rollout_timeouts = Family::<StepLabels, Counter>::default();
@@ -223,43 +220,29 @@ impl Metrics {
         }
     }
 
-    /// Counts one issued certificate.
-    pub fn issued(&self, mesh: &str, issuer: &Issuer, took: Duration) {
-        self.issued
-            .get_or_create(&IssuerLabels {
-                mesh: mesh.into(),
-                issuer: issuer.to_string(),
-            })
-            .inc();
-        self.issuance_seconds.observe(took.as_secs_f64());
-    }
-
-    /// Counts one failed issuance.
-    pub fn issue_failed(&self, mesh: &str, issuer: &Issuer) {
-        self.failed
-            .get_or_create(&IssuerLabels {
-                mesh: mesh.into(),
-                issuer: issuer.to_string(),
-            })
-            .inc();
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            tracing::error!("metrics could not be encoded");
+        }
+        out
     }
 
     /// Updates the gauges derived from the status.
-    pub fn observe_status(&self, status: &Status) {
+    fn observe_status(&self, status: &Status) {
         self.earliest_cert_expiry
             .set(status.earliest_cert_expiry_seconds.unwrap_or(0));
         self.earliest_ca_expiry
             .set(status.earliest_ca_expiry_seconds.unwrap_or(0));
         self.connected_proxies.clear();
+        self.proxies_by_issuer.clear();
         for mesh in &status.meshes {
             self.connected_proxies
                 .get_or_create(&MeshLabels {
                     mesh: mesh.name.clone(),
                 })
                 .set(mesh.connected_proxies as i64);
-        }
-        self.proxies_by_issuer.clear();
-        for mesh in &status.meshes {
             for (issuer, count) in &mesh.proxies_by_issuer {
                 let labels = IssuerLabels {
                     mesh: mesh.name.clone(),
@@ -273,7 +256,7 @@ impl Metrics {
     }
 
     /// Sets the expiry gauge of every CA of `world`.
-    pub fn observe_cas(&self, world: &super::world::World, now: std::time::SystemTime) {
+    fn observe_cas(&self, world: &World, now: SystemTime) {
         self.ca_expiry.clear();
         for (mesh, ca, loaded) in world.authorities() {
             let id = loaded.ca.id();
@@ -282,16 +265,40 @@ impl Metrics {
                 ca,
                 id: id[..id.len().min(16)].to_owned(),
             };
-            let seconds = super::status::seconds_until(loaded.ca.not_after(), now);
+            let seconds = seconds_until(loaded.ca.not_after(), now);
             self.ca_expiry.get_or_create(&labels).set(seconds);
         }
     }
+}
 
-    /// Counts a rollout event.
-    pub fn gate_event(&self, mesh: &str, event: GateEvent) {
-        let step = |step: &str| StepLabels {
+impl Telemetry for Metrics {
+    fn issued(&self, mesh: &str, issuer: &Issuer, took: Duration) {
+        self.issued
+            .get_or_create(&IssuerLabels {
+                mesh: mesh.into(),
+                issuer: issuer.to_string(),
+            })
+            .inc();
+        self.issuance_seconds.observe(took.as_secs_f64());
+    }
+
+    fn issue_failed(&self, mesh: &str, issuer: &Issuer) {
+        self.failed
+            .get_or_create(&IssuerLabels {
+                mesh: mesh.into(),
+                issuer: issuer.to_string(),
+            })
+            .inc();
+    }
+
+    fn rejected_update(&self) {
+        self.rejected_updates.inc();
+    }
+
+    fn gate_event(&self, mesh: &str, event: GateEvent) {
+        let step = |step: RolloutStep| StepLabels {
             mesh: mesh.into(),
-            step: step.into(),
+            step: step.as_str().into(),
         };
         match event {
             GateEvent::WaitStarted(s) => self.rollout_waits.get_or_create(&step(s)).inc(),
@@ -303,13 +310,9 @@ impl Metrics {
         };
     }
 
-    /// The Prometheus text exposition.
-    pub fn encode(&self) -> String {
-        let mut out = String::new();
-        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
-            tracing::error!("metrics could not be encoded");
-        }
-        out
+    fn published(&self, status: &Status, world: &World, now: SystemTime) {
+        self.observe_status(status);
+        self.observe_cas(world, now);
     }
 }
 
@@ -325,8 +328,8 @@ mod tests {
             &Issuer::Backend("ca-1".into()),
             Duration::from_millis(1),
         );
-        metrics.gate_event("default", GateEvent::WaitStarted("break-last"));
-        metrics.gate_event("default", GateEvent::TimedOut("identity-ack"));
+        metrics.gate_event("default", GateEvent::WaitStarted(RolloutStep::BreakLast));
+        metrics.gate_event("default", GateEvent::TimedOut(RolloutStep::IdentityAck));
         metrics.gate_event("default", GateEvent::RemovedWhilePresented);
         let keystore = meshca_keystore::MemoryKeystore::new();
         let settings = meshca_config::Settings::default();
@@ -334,13 +337,13 @@ mod tests {
         let parsed = meshca_config::parse_str(std::path::Path::new("m.yaml"), yaml).expect("valid");
         let resources = meshca_config::Resources::from_resources(parsed).expect("valid");
         let now = std::time::SystemTime::now();
-        let src = crate::serve::world::CaSource {
+        let src = meshca_control::CaSource {
             keystore: &keystore,
             settings: &settings,
             previous: None,
             now,
         };
-        let world = crate::serve::world::World::load(resources, &src).expect("valid");
+        let world = meshca_control::World::load(resources, &src).expect("valid");
         metrics.observe_cas(&world, now);
         let text = metrics.encode();
         for family in [

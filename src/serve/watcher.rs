@@ -1,4 +1,4 @@
-//! Watches the resources directory and the token revocation list, and asks the owner to reload.
+//! Watches the resources directory and the token revocation list, and reloads what changed.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -7,46 +7,16 @@ use anyhow::Context;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
+use super::reload::{Change, Reloader};
+
 /// Editors write a file in several steps; changes closer together than this are applied as one.
 const SETTLE: Duration = Duration::from_millis(150);
-
-/// What changed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Change {
-    /// A file in the resources directory.
-    Resources,
-    /// The revocation list.
-    Revocations,
-    /// Everything (SIGHUP).
-    All,
-}
-
-impl Change {
-    /// Both changes at once.
-    pub fn merge(self, other: Change) -> Change {
-        if self == other {
-            self
-        } else {
-            Change::All
-        }
-    }
-
-    /// Whether resources must be reloaded.
-    pub fn resources(self) -> bool {
-        matches!(self, Change::Resources | Change::All)
-    }
-
-    /// Whether the revocation list must be reloaded.
-    pub fn revocations(self) -> bool {
-        matches!(self, Change::Revocations | Change::All)
-    }
-}
 
 /// Starts watching; the returned watcher must be kept alive.
 pub fn watch(
     resources: &Path,
     revocations: &Path,
-    tx: mpsc::Sender<super::Reload>,
+    reloader: Reloader,
 ) -> anyhow::Result<notify::RecommendedWatcher> {
     let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<Change>();
     let resources_dir: PathBuf = resources.to_path_buf();
@@ -84,7 +54,7 @@ pub fn watch(
             while let Ok(Some(more)) = tokio::time::timeout_at(deadline, raw_rx.recv()).await {
                 change = change.merge(more);
             }
-            if tx.send(super::Reload { change, done: None }).await.is_err() {
+            if !reloader.apply(change).await {
                 return;
             }
         }

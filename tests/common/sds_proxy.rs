@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
-use meshca_ca::SpiffeId;
+use meshca_identity::SpiffeId;
 use meshca_sds::{decode_secrets, describe, SdsClient, SecretKindView, SECRET_TYPE_URL};
 use tokio::sync::mpsc;
 use tokio::task::{block_in_place, JoinHandle};

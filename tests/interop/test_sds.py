@@ -156,6 +156,19 @@ def test_legacy_names_use_plain_trusted_ca_and_fetch_over_tls(daemon):
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_grpc_core_reaches_the_unix_socket_with_either_target_form(daemon):
+    """grpc-core sends the socket path as the HTTP/2 :authority; the daemon must answer anyway, also when a
+    repeated request refers to that header through the HPACK dynamic table."""
+    token = daemon.token("web-1", "default", "--tag", "kuma.io/service=web")
+    req = discovery_pb2.DiscoveryRequest(node=base_pb2.Node(id="default.web-1"), resource_names=["default", "ROOTCA"])
+    for target in (f"unix://{daemon.socket}", f"unix:{daemon.socket}"):
+        with grpc.insecure_channel(target) as channel:
+            stub = sds_pb2_grpc.SecretDiscoveryServiceStub(channel)
+            for _ in range(2):
+                resp = stub.FetchSecrets(req, metadata=auth(token), timeout=10)
+                assert sorted(unpack(r).name for r in resp.resources) == ["ROOTCA", "default"], target
+
+
 def test_no_secret_without_the_right_token(daemon):
     token = daemon.token("web-1", "default", "--tag", "kuma.io/service=web")
     stub = sds_pb2_grpc.SecretDiscoveryServiceStub(daemon.unix_channel())

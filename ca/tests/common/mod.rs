@@ -3,7 +3,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use meshca_ca::{CaParams, CertificateAuthority, KeyAlgorithm, SpiffeId, SvidRequest, TrustDomain};
+use meshca_ca::{CaParams, CertificateAuthority, SvidRequest};
+use meshca_identity::{KeyAlgorithm, SpiffeId, TrustDomain};
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType,

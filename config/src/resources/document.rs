@@ -391,7 +391,7 @@ fn parse_body(
         ResourceType::MeshTrust => {
             let doc = body::<SpecDoc<TrustSpec>>(typed, report)?;
             let labels = doc.labels.unwrap_or_default();
-            Resource::MeshTrust(doc.spec.into_typed(name, mesh, labels, report))
+            Resource::MeshTrust(doc.spec.into_typed(name, mesh, labels, report)?)
         }
         ResourceType::MeshService => {
             let doc = body::<SpecDoc<ServiceSpec>>(typed, report)?;

@@ -3,6 +3,8 @@
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
+use meshca_identity::TrustDomain;
+
 use super::error::{Report, Source};
 use super::Labels;
 
@@ -15,8 +17,8 @@ pub struct MeshTrust {
     pub mesh: String,
     /// `labels`.
     pub labels: Labels,
-    /// `spec.trustDomain`, non-empty (the ca crate checks its syntax).
-    pub trust_domain: String,
+    /// `spec.trustDomain`, a valid SPIFFE trust domain.
+    pub trust_domain: TrustDomain,
     /// `spec.caBundles[].pem.value`: PEM text, each with at least one CERTIFICATE block; never
     /// empty.
     pub ca_bundles: Vec<String>,
@@ -70,10 +72,14 @@ impl TrustSpec {
         mesh: String,
         labels: Labels,
         report: &mut Report,
-    ) -> MeshTrust {
-        if self.trust_domain.trim().is_empty() {
-            report.error("spec.trustDomain", "must not be empty");
-        }
+    ) -> Option<MeshTrust> {
+        let trust_domain = match self.trust_domain.parse::<TrustDomain>() {
+            Ok(td) => Some(td),
+            Err(e) => {
+                report.error("spec.trustDomain", e.to_string());
+                None
+            }
+        };
         if self.ca_bundles.is_empty() {
             report.error("spec.caBundles", "at least one CA bundle is required");
         }
@@ -90,13 +96,13 @@ impl TrustSpec {
                 },
             }
         }
-        MeshTrust {
+        Some(MeshTrust {
             name,
             mesh,
             labels,
-            trust_domain: self.trust_domain,
+            trust_domain: trust_domain?,
             ca_bundles,
             source: report.source.clone(),
-        }
+        })
     }
 }

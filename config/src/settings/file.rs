@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use super::{KeystoreType, ListenAddr};
-use crate::{Duration, KeyAlgorithm};
+use crate::Duration;
+use meshca_identity::KeyAlgorithm;
 
 /// One layer of settings (the file, then the environment on top). `None` means "not set here".
 #[derive(Debug, Default, Deserialize)]

@@ -2,7 +2,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use super::*;
-use crate::{Duration, KeyAlgorithm};
+use crate::Duration;
+use meshca_identity::KeyAlgorithm;
 
 fn env(vars: &[(&str, &str)]) -> Vec<(String, String)> {
     vars.iter()

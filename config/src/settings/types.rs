@@ -1,4 +1,4 @@
-//! The resolved, validated daemon settings (DESIGN §4).
+//! The resolved, validated daemon settings (docs/operations.md).
 
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -8,7 +8,8 @@ use std::str::FromStr;
 use serde::Serialize;
 
 use super::ListenAddr;
-use crate::{Duration, KeyAlgorithm};
+use crate::Duration;
+use meshca_identity::KeyAlgorithm;
 
 /// The daemon settings: embedded defaults, overridden by a settings file, overridden by
 /// `MESHCA_*` environment variables (see [`Settings::load`](Settings::load)).
@@ -32,7 +33,7 @@ pub struct Settings {
     pub admin: AdminSettings,
     /// Certificate issuance.
     pub issuance: IssuanceSettings,
-    /// Trust and identity rollouts (DESIGN §8).
+    /// Trust and identity rollouts (docs/rotation.md).
     pub rollout: RolloutSettings,
     /// Durable key storage.
     pub keystore: KeystoreSettings,
@@ -42,7 +43,7 @@ pub struct Settings {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Defaults {
-    /// The mesh whose identity the ZoneEgress uses (DESIGN §9); `None` lets meshca choose.
+    /// The mesh whose identity the ZoneEgress uses; `None` lets meshca choose.
     pub mesh: Option<String>,
 }
 

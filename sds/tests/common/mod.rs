@@ -16,10 +16,13 @@ use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_client
 use envoy_types::pb::google::protobuf::Struct;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use meshca_auth::{Claims, ProxyType, RevocationList, SigningKey};
+use meshca_control::{
+    MeshServiceTrust, MeshView, ProxyEntry, ProxyIdentity, ProxyKey, SecretPem, Snapshot,
+    StreamEvent, TrustBundle,
+};
 use meshca_sds::{
-    bind, connect_channel, decode_secrets, BoundAddr, ClientTls, Listener, MeshServiceTrust,
-    MeshView, ProxyEntry, ProxyIdentity, ProxyKey, SdsServer, SecretPem, ServerOptions, Snapshot,
-    StreamEvent, TrustBundle, SECRET_TYPE_URL,
+    bind, connect_channel, decode_secrets, BoundAddr, ClientTls, Listener, SdsServer,
+    ServerOptions, SECRET_TYPE_URL,
 };
 use prost::Message;
 use rcgen::{
@@ -186,7 +189,7 @@ pub fn web1() -> ProxyKey {
 pub struct Harness {
     pub snapshots: watch::Sender<Arc<Snapshot>>,
     pub revocations: watch::Sender<Arc<RevocationList>>,
-    pub events: mpsc::UnboundedReceiver<StreamEvent>,
+    pub events: mpsc::Receiver<StreamEvent>,
     pub signing: SigningKey,
     pub unix_target: String,
     pub tls_addr: SocketAddr,
@@ -244,7 +247,7 @@ impl Harness {
         let socket = dir.path().join("sds.sock");
         let (snapshots, snapshot_rx) = watch::channel(Arc::new(snapshot));
         let (revocations, revocation_rx) = watch::channel(Arc::new(RevocationList::new()));
-        let (event_tx, events) = mpsc::unbounded_channel();
+        let (event_tx, events) = mpsc::channel(meshca_sds::EVENT_BUFFER);
         let (signing, _pkcs8) = SigningKey::generate().expect("token key");
         let server = SdsServer::new(
             snapshot_rx,

@@ -23,7 +23,7 @@ fn valid_trust() {
     };
     assert_eq!(trust.name, "other-domain");
     assert_eq!(trust.mesh, "default");
-    assert_eq!(trust.trust_domain, "other.mesh.local");
+    assert_eq!(trust.trust_domain.as_str(), "other.mesh.local");
     assert_eq!(trust.ca_bundles, [CERT.to_owned(), CERT.repeat(2)]);
 }
 
@@ -63,7 +63,7 @@ fn trust_needs_domain_and_bundles() {
     let errors =
         errors("type: MeshTrust\nname: t\nmesh: m\nspec:\n  trustDomain: \"\"\n  caBundles: []\n");
     assert_eq!(errors.len(), 2, "{errors:#?}");
-    assert_error(&errors[0], "spec.trustDomain", "must not be empty");
+    assert_error(&errors[0], "spec.trustDomain", "trust domain is missing");
     assert_error(
         &errors[1],
         "spec.caBundles",
@@ -79,4 +79,19 @@ fn trust_needs_domain_and_bundles() {
         "spec.caBundles[0].type",
         "unknown variant `Der`, expected `Pem`",
     );
+}
+
+#[test]
+fn trust_domain_syntax_is_checked_when_the_file_is_parsed() {
+    for (td, why) in [
+        ("Other.Mesh", "uppercase"),
+        ("other.mesh:8443", "port"),
+        ("spiffe://other.mesh", "':'"),
+        ("other mesh", "only a-z"),
+    ] {
+        let e = one_error(&format!(
+            "type: MeshTrust\nname: t\nmesh: m\nspec:\n  trustDomain: \"{td}\"\n  caBundles:\n  - type: Pem\n    pem: {{value: \"-----BEGIN CERTIFICATE-----\\nMIIBAA==\\n-----END CERTIFICATE-----\\n\"}}\n"
+        ));
+        assert_error(&e, "spec.trustDomain", why);
+    }
 }

@@ -9,17 +9,15 @@ use std::time::{Duration, SystemTime};
 use meshca_auth::Claims;
 use meshca_config::{Resources, Settings};
 use meshca_keystore::MemoryKeystore;
-use meshca_sds::{
-    ProxyEntry, ProxyIdentity, ProxyKey, Snapshot, StreamEvent, StreamId, StreamInfo, StreamKind,
-};
-use std::sync::Mutex;
 use tokio::sync::watch;
 
-use super::metrics::Metrics;
-use super::owner::Owner;
-use super::rollout::StreamSource;
-use super::status::Status;
-use super::world::{CaSource, UpdateError, World};
+use super::{NoTelemetry, Owner, OwnerConfig};
+use crate::gate::RolloutStep;
+use crate::status::{ServiceTls, Status};
+use crate::world::{CaSource, World};
+use crate::{
+    ProxyEntry, ProxyIdentity, ProxyKey, ResourceName, Snapshot, StreamEvent, StreamId, UpdateError,
+};
 
 const LEGACY: &str = r#"
 type: Mesh
@@ -36,43 +34,6 @@ mtls:
 
 fn t0() -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
-}
-
-/// Streams as the SDS registry would list them, set by the test.
-#[derive(Debug, Default)]
-struct FakeStreams(Mutex<Vec<StreamInfo>>);
-
-impl StreamSource for FakeStreams {
-    fn list(&self) -> Vec<StreamInfo> {
-        self.0.lock().expect("not poisoned").clone()
-    }
-}
-
-impl FakeStreams {
-    /// A SotW stream of `name` subscribed to its identity and the mesh trust, that ACKed `acked`.
-    fn set(&self, name: &str, id: u64, acked: Option<u64>) {
-        let mut streams = self.0.lock().expect("not poisoned");
-        streams.retain(|s| s.id != StreamId(id));
-        streams.push(StreamInfo {
-            id: StreamId(id),
-            proxy: ProxyKey::new("default", name),
-            kind: StreamKind::Sotw,
-            connected_at: t0(),
-            resources: vec!["default".into(), "system_trust_bundle".into()],
-            last_sent_version: String::new(),
-            last_acked_version: None,
-            acked_generation: acked,
-            nacks: 0,
-            last_nack: None,
-        });
-    }
-
-    fn remove(&self, id: u64) {
-        self.0
-            .lock()
-            .expect("not poisoned")
-            .retain(|s| s.id != StreamId(id));
-    }
 }
 
 struct Harness {
@@ -112,8 +73,13 @@ impl Harness {
         let world = load(yaml, &keystore, &settings, None).expect("test resources are valid");
         let (snapshot_tx, snapshots) = watch::channel(Arc::new(Snapshot::empty()));
         let (status_tx, status) = watch::channel(Arc::new(Status::default()));
-        let metrics = Arc::new(Metrics::new(Arc::default()));
-        let owner = Owner::new(&settings, world, metrics, snapshot_tx, status_tx);
+        let owner = Owner::new(
+            OwnerConfig::from_settings(&settings),
+            world,
+            Arc::new(NoTelemetry),
+            snapshot_tx,
+            status_tx,
+        );
         Harness {
             keystore,
             settings,
@@ -149,13 +115,24 @@ impl Harness {
         labels: &[(&str, &str)],
         tags: &[(&str, &str)],
     ) -> (StreamId, bool) {
+        self.connect_in("default", name, labels, tags)
+    }
+
+    /// Connects a proxy of `mesh`; returns its stream id and whether the owner must reconcile.
+    fn connect_in(
+        &mut self,
+        mesh: &str,
+        name: &str,
+        labels: &[(&str, &str)],
+        tags: &[(&str, &str)],
+    ) -> (StreamId, bool) {
         let map = |kv: &[(&str, &str)]| {
             kv.iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect::<BTreeMap<_, _>>()
         };
         let claims = Claims::new_dataplane(
-            "default",
+            mesh,
             name,
             map(labels),
             map(tags),
@@ -169,6 +146,35 @@ impl Harness {
             .owner
             .on_event(StreamEvent::Connected { stream, claims });
         (stream, counted)
+    }
+
+    /// Stream `id` (of the proxy connected as that stream) subscribes to `resources` and has ACKed
+    /// snapshot `acked`, as its SDS stream would report.
+    fn stream(&mut self, id: u64, resources: &[&str], acked: Option<u64>) -> bool {
+        let stream = StreamId(id);
+        let resources = resources.iter().map(|r| ResourceName::parse(*r)).collect();
+        let mut dirty = self
+            .owner
+            .on_event(StreamEvent::Subscribed { stream, resources });
+        if let Some(generation) = acked {
+            dirty |= self.owner.on_event(StreamEvent::Acked {
+                stream,
+                generation,
+                version: String::new(),
+            });
+        }
+        dirty
+    }
+
+    /// Stream `id` subscribes to its identity and the mesh trust and has ACKed `acked`.
+    fn ack(&mut self, id: u64, acked: Option<u64>) {
+        self.stream(id, &["default", "system_trust_bundle"], acked);
+    }
+
+    fn disconnect(&mut self, id: u64) -> bool {
+        self.owner.on_event(StreamEvent::Disconnected {
+            stream: StreamId(id),
+        })
     }
 
     fn entry(&self, name: &str) -> ProxyEntry {
@@ -487,10 +493,7 @@ fn reconnect_reuses_the_certificate_and_disconnect_stops_serving_it() {
     let stream = h.connect("web-1", &[], &[("kuma.io/service", "web")]);
     h.owner.reconcile(t0());
     let first = h.ready("web-1");
-    let proxy = ProxyKey::new("default", "web-1");
-    assert!(h
-        .owner
-        .on_event(StreamEvent::Disconnected { stream, proxy }));
+    assert!(h.owner.on_event(StreamEvent::Disconnected { stream }));
     h.owner.reconcile(t0() + Duration::from_secs(60));
     assert!(!h
         .snapshots
@@ -638,34 +641,35 @@ mtls:
       dpCert: {rotation: {expiration: 10h}}
 "#;
 
-/// A harness whose gate reads `streams`, with web-1 (stream 1) and web-2 (stream 2) on ca-1, all ACKed.
-fn gated(gate: bool) -> (Harness, Arc<FakeStreams>) {
-    let streams = Arc::new(FakeStreams::default());
+/// A harness with the gate on or off, with web-1 (stream 1) and web-2 (stream 2) on ca-1, all ACKed.
+fn gated(gate: bool) -> Harness {
     let mut h = Harness::new(LEGACY);
-    h.owner = replace_owner(&mut h, gate, streams.clone());
+    h.owner = replace_owner(&mut h, gate);
     h.connect("web-1", &[], &[("kuma.io/service", "web")]);
     h.connect("web-2", &[], &[("kuma.io/service", "web")]);
     h.owner.reconcile(t0());
     let g = generation(&h);
-    streams.set("web-1", 1, Some(g));
-    streams.set("web-2", 2, Some(g));
-    (h, streams)
+    h.ack(1, Some(g));
+    h.ack(2, Some(g));
+    h
 }
 
-fn replace_owner(h: &mut Harness, gate: bool, streams: Arc<FakeStreams>) -> Owner {
+fn replace_owner(h: &mut Harness, gate: bool) -> Owner {
     let world = load(LEGACY, &h.keystore, &h.settings, None).expect("valid");
     let (snapshot_tx, snapshots) = watch::channel(Arc::new(Snapshot::empty()));
     let (status_tx, status) = watch::channel(Arc::new(Status::default()));
     h.snapshots = snapshots;
     h.status = status;
     Owner::new(
-        &h.settings,
+        OwnerConfig {
+            gate,
+            ..OwnerConfig::from_settings(&h.settings)
+        },
         world,
-        Arc::new(Metrics::new(Arc::default())),
+        Arc::new(NoTelemetry),
         snapshot_tx,
         status_tx,
     )
-    .with_gate(gate, streams)
 }
 
 fn generation(h: &Harness) -> u64 {
@@ -707,7 +711,7 @@ fn ca_subject(h: &Harness, backend: &str) -> String {
 
 #[test]
 fn trust_before_identity_waits_for_every_trust_subscriber_to_ack() {
-    let (mut h, streams) = gated(true);
+    let mut h = gated(true);
     let ca1 = issuer_of(&h.ready("web-1"));
     h.update(SWITCHED).expect("valid");
     h.owner.reconcile(t0() + Duration::from_secs(1));
@@ -724,17 +728,15 @@ fn trust_before_identity_waits_for_every_trust_subscriber_to_ack() {
     let wait = status
         .rollout
         .iter()
-        .find(|w| w.step == "trust-before-identity")
+        .find(|w| w.step == RolloutStep::TrustBeforeIdentity)
         .expect("waiting");
     assert_eq!(wait.waiting_for, ["default.web-1", "default.web-2"]);
 
-    streams.set("web-1", 1, Some(g_trust));
+    h.ack(1, Some(g_trust));
     assert!(
         h.owner.on_event(StreamEvent::Acked {
             stream: StreamId(1),
-            proxy: ProxyKey::new("default", "web-1"),
             generation: g_trust,
-            resources: vec![],
             version: String::new(),
         }),
         "an ACK matters while a rollout waits"
@@ -747,7 +749,7 @@ fn trust_before_identity_waits_for_every_trust_subscriber_to_ack() {
     );
     assert_eq!(issuer_of(&h.ready("web-2")), ca1);
 
-    streams.set("web-2", 2, Some(g_trust));
+    h.ack(2, Some(g_trust));
     h.owner.reconcile(t0() + Duration::from_secs(3));
     assert_eq!(issuer_of(&h.ready("web-1")), ca2);
     assert_eq!(issuer_of(&h.ready("web-2")), ca2);
@@ -755,7 +757,7 @@ fn trust_before_identity_waits_for_every_trust_subscriber_to_ack() {
 
 #[test]
 fn a_ca_removed_right_after_the_switch_stays_until_replacements_are_acked() {
-    let (mut h, streams) = gated(true);
+    let mut h = gated(true);
     let ca1 = issuer_of(&h.ready("web-1"));
     // One edit switches, the next removes ca-1 at once.
     h.update(SWITCHED).expect("valid");
@@ -768,8 +770,8 @@ fn a_ca_removed_right_after_the_switch_stays_until_replacements_are_acked() {
         "removed while proxies present its certificates"
     );
     let g = generation(&h);
-    streams.set("web-1", 1, Some(g));
-    streams.set("web-2", 2, Some(g));
+    h.ack(1, Some(g));
+    h.ack(2, Some(g));
     h.owner.reconcile(t0() + Duration::from_secs(2));
     // Both now hold ca-2 certificates, but have not ACKed them: ca-1 must stay.
     assert_eq!(issuer_of(&h.ready("web-1")), ca2);
@@ -778,18 +780,18 @@ fn a_ca_removed_right_after_the_switch_stays_until_replacements_are_acked() {
     let wait = status
         .rollout
         .iter()
-        .find(|w| w.step == "break-last")
+        .find(|w| w.step == RolloutStep::BreakLast)
         .expect("says what it waits for");
     assert_eq!((wait.ca.as_str(), wait.waiting_count), (ca1.as_str(), 2));
 
     let g_identity = generation(&h);
-    streams.set("web-1", 1, Some(g_identity));
+    h.ack(1, Some(g_identity));
     h.owner.reconcile(t0() + Duration::from_secs(3));
     assert!(
         bundle_subjects(&h).contains(&ca1),
         "web-2 still may present ca-1"
     );
-    streams.set("web-2", 2, Some(g_identity));
+    h.ack(2, Some(g_identity));
     h.owner.reconcile(t0() + Duration::from_secs(4));
     assert_eq!(bundle_subjects(&h), [ca2]);
     assert!(h.status.borrow().rollout.is_empty());
@@ -797,7 +799,7 @@ fn a_ca_removed_right_after_the_switch_stays_until_replacements_are_acked() {
 
 #[test]
 fn a_proxy_that_never_acks_holds_the_rollout_only_until_the_ack_timeout() {
-    let (mut h, streams) = gated(true);
+    let mut h = gated(true);
     let ca1 = issuer_of(&h.ready("web-1"));
     h.update(SWITCHED).expect("valid");
     let start = t0() + Duration::from_secs(1);
@@ -807,7 +809,7 @@ fn a_proxy_that_never_acks_holds_the_rollout_only_until_the_ack_timeout() {
         start + Duration::from_secs(30),
         "rollout.ackTimeout defaults to 30s"
     );
-    streams.set("web-1", 1, Some(generation(&h)));
+    h.ack(1, Some(generation(&h)));
     h.owner.reconcile(start + Duration::from_secs(29));
     assert_eq!(issuer_of(&h.ready("web-1")), ca1);
     h.owner.reconcile(deadline);
@@ -820,24 +822,20 @@ fn a_proxy_that_never_acks_holds_the_rollout_only_until_the_ack_timeout() {
 
 #[test]
 fn a_disconnected_proxy_blocks_nothing() {
-    let (mut h, streams) = gated(true);
+    let mut h = gated(true);
     let ca1 = issuer_of(&h.ready("web-1"));
     h.update(SWITCHED).expect("valid");
     h.owner.reconcile(t0() + Duration::from_secs(1));
-    streams.set("web-1", 1, Some(generation(&h)));
+    h.ack(1, Some(generation(&h)));
     // web-2 goes away without ever ACKing the new trust.
-    streams.remove(2);
-    h.owner.on_event(StreamEvent::Disconnected {
-        stream: StreamId(2),
-        proxy: ProxyKey::new("default", "web-2"),
-    });
+    assert!(h.disconnect(2));
     h.owner.reconcile(t0() + Duration::from_secs(2));
     assert_ne!(issuer_of(&h.ready("web-1")), ca1);
 }
 
 #[test]
 fn without_the_gate_identity_and_removal_happen_at_once() {
-    let (mut h, _streams) = gated(false);
+    let mut h = gated(false);
     h.update(SWITCHED).expect("valid");
     h.owner.reconcile(t0() + Duration::from_secs(1));
     let ca2 = ca_subject(&h, "ca-2");
@@ -888,20 +886,18 @@ mtls:
       dpCert: {rotation: {expiration: 24h}}
       conf: {caCert: {expiration: 60d}}
 "#;
-    let streams = Arc::new(FakeStreams::default());
     let keystore = MemoryKeystore::new();
     let settings = Settings::default();
     let world = load(yaml, &keystore, &settings, None).expect("valid");
     let (snapshot_tx, snapshots) = watch::channel(Arc::new(Snapshot::empty()));
     let (status_tx, status) = watch::channel(Arc::new(Status::default()));
     let owner = Owner::new(
-        &settings,
+        OwnerConfig::from_settings(&settings),
         world,
-        Arc::new(Metrics::new(Arc::default())),
+        Arc::new(NoTelemetry),
         snapshot_tx,
         status_tx,
-    )
-    .with_gate(true, streams.clone());
+    );
     let mut h = Harness {
         keystore,
         settings,
@@ -921,15 +917,15 @@ mtls:
     while now < t0() + Duration::from_secs(150 * 86_400) {
         // Fast proxies have applied and ACKed the latest snapshot; the slow one is a step behind.
         let latest = generation(&h);
-        streams.set("fast-1", 1, Some(latest));
-        streams.set("fast-2", 2, Some(latest));
-        streams.set("slow-1", 3, previous.as_ref().map(|p| p.generation));
+        h.ack(1, Some(latest));
+        h.ack(2, Some(latest));
+        h.ack(3, previous.as_ref().map(|p| p.generation));
         if h.owner
             .world()
             .next_rotation_event()
             .is_some_and(|t| t <= now)
         {
-            super::rotate_cas(&mut h.owner, &h.settings, &h.keystore, now);
+            crate::rotate_cas(&mut h.owner, &h.settings, &h.keystore, now);
         }
         let next = h
             .owner
@@ -1000,25 +996,30 @@ spec:
     };
     let mut h = Harness::new(&format!("{LEGACY}{services}"));
     h.owner.reconcile(t0());
-    assert_eq!(tls(&h), "NotReady", "web-1 holds no certificate yet");
+    assert_eq!(
+        tls(&h),
+        ServiceTls::NotReady,
+        "web-1 holds no certificate yet"
+    );
     let stream = h.connect("web-1", &[], &[("kuma.io/service", "web")]);
     h.owner.reconcile(t0());
-    assert_eq!(tls(&h), "Ready");
-    h.owner.on_event(StreamEvent::Disconnected {
-        stream,
-        proxy: ProxyKey::new("default", "web-1"),
-    });
+    assert_eq!(tls(&h), ServiceTls::Ready);
+    h.owner.on_event(StreamEvent::Disconnected { stream });
     h.owner.reconcile(t0() + Duration::from_secs(1));
-    assert_eq!(tls(&h), "Ready", "stays Ready until mTLS is switched off");
+    assert_eq!(
+        tls(&h),
+        ServiceTls::Ready,
+        "stays Ready until mTLS is switched off"
+    );
     h.update(&format!("type: Mesh\nname: default\n{services}"))
         .expect("valid");
     h.owner.reconcile(t0() + Duration::from_secs(2));
-    assert_eq!(tls(&h), "NotReady", "mTLS off");
+    assert_eq!(tls(&h), ServiceTls::NotReady, "mTLS off");
 }
 
 #[test]
 fn a_reconcile_that_changes_nothing_publishes_nothing() {
-    let (mut h, streams) = gated(true);
+    let mut h = gated(true);
     let before = generation(&h);
     h.owner.reconcile(t0() + Duration::from_secs(1));
     assert_eq!(
@@ -1031,11 +1032,111 @@ fn a_reconcile_that_changes_nothing_publishes_nothing() {
     h.owner.reconcile(t0() + Duration::from_secs(2));
     let waiting = generation(&h);
     assert!(waiting > before);
-    streams.set("web-1", 1, Some(waiting));
+    h.ack(1, Some(waiting));
     h.owner.reconcile(t0() + Duration::from_secs(3));
     assert_eq!(
         generation(&h),
         waiting,
         "web-2 still holds the rollout; nothing new to serve"
     );
+}
+
+/// The issuer of the certificate `mesh.name` is served.
+fn served_issuer(h: &Harness, mesh: &str, name: &str) -> String {
+    match h.snapshots.borrow().proxies.get(&ProxyKey::new(mesh, name)) {
+        Some(ProxyEntry::Ready(id)) => issuer_of(id),
+        other => panic!("{mesh}.{name} has no identity: {other:?}"),
+    }
+}
+
+#[test]
+fn the_egress_bundle_is_not_the_trust_of_a_mesh_named_egress() {
+    // A mesh named `egress` rotates its CA. A sidecar of another mesh that subscribes to
+    // `system_trust_bundle_egress` (the zone egress's CAs) does not carry that mesh's trust, so the gate
+    // must not wait for it.
+    let meshes = r#"
+type: Mesh
+name: default
+---
+type: Mesh
+name: egress
+mtls:
+  enabledBackend: ca-1
+  backends:
+    - name: ca-1
+      type: builtin
+    - name: ca-2
+      type: builtin
+"#;
+    let mut h = Harness::new(meshes);
+    h.connect_in("egress", "e-1", &[], &[("kuma.io/service", "e")]);
+    h.connect_in("default", "d-1", &[], &[("kuma.io/service", "d")]);
+    h.owner.reconcile(t0());
+    let g = generation(&h);
+    h.stream(1, &["default", "system_trust_bundle"], Some(g));
+    h.stream(2, &["system_trust_bundle_egress"], Some(g));
+    let ca1 = served_issuer(&h, "egress", "e-1");
+
+    h.update(&meshes.replace(
+        "enabledBackend: ca-1",
+        "enabledBackend: ca-2\n  secondaryBackends: [ca-1]",
+    ))
+    .expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    let g_trust = generation(&h);
+    // Only e-1 carries mesh egress's trust; d-1 never ACKs anything new.
+    h.stream(1, &["default", "system_trust_bundle"], Some(g_trust));
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    assert_ne!(
+        served_issuer(&h, "egress", "e-1"),
+        ca1,
+        "the new CA issues once every stream carrying its trust ACKed it"
+    );
+    let status = h.status.borrow().clone();
+    assert!(
+        status
+            .rollout
+            .iter()
+            .all(|w| w.step != RolloutStep::TrustBeforeIdentity),
+        "nothing waits for d-1: {:?}",
+        status.rollout
+    );
+}
+
+#[test]
+fn an_unknown_name_carries_no_trust_and_is_no_identity() {
+    let mut h = gated(true);
+    let ca1 = issuer_of(&h.ready("web-1"));
+    // web-1 opens a third stream asking for a name meshca does not serve; nothing is ever sent on it, so
+    // it never ACKs.
+    let (odd, _) = h.try_connect("web-1", &[], &[("kuma.io/service", "web")]);
+    h.stream(odd.0, &["no-such-secret"], None);
+    h.update(SWITCHED).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    let g_trust = generation(&h);
+    h.ack(1, Some(g_trust));
+    h.ack(2, Some(g_trust));
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    let ca2 = ca_subject(&h, "ca-2");
+    assert_eq!(
+        issuer_of(&h.ready("web-1")),
+        ca2,
+        "trust before identity does not wait for the unknown name"
+    );
+    h.update(ONLY_CA2).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(3));
+    assert!(
+        bundle_subjects(&h).contains(&ca1),
+        "replacements not ACKed yet"
+    );
+    let g_identity = generation(&h);
+    h.ack(1, Some(g_identity));
+    h.ack(2, Some(g_identity));
+    h.owner.reconcile(t0() + Duration::from_secs(4));
+    assert_eq!(
+        bundle_subjects(&h),
+        [ca2],
+        "break last does not count the unknown name as a stream that must ACK the new certificate"
+    );
+    assert!(h.status.borrow().rollout.is_empty());
 }

@@ -7,19 +7,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use meshca_ca::{CertificateAuthority, SpiffeId, TemplateVars};
-use meshca_config::KeyAlgorithm;
+use meshca_ca::{CertificateAuthority, TemplateVars, WORKLOAD_LABEL};
+use meshca_config::SERVICE_TAG;
+use meshca_identity::KeyAlgorithm;
+use meshca_identity::SpiffeId;
 
-use super::world::{IdentityProvider, MeshState};
+use crate::snapshot::ClaimRule;
+use crate::world::{IdentityProvider, MeshState};
 
 /// Certificate lifetime when neither the backend nor the MeshIdentity says.
 pub const DEFAULT_CERT_LIFETIME: Duration = Duration::from_secs(24 * 3600);
-
-/// The label naming a dataplane's workload; defaults to the dataplane name.
-pub const WORKLOAD_LABEL: &str = "kuma.io/workload";
-
-/// The inbound tag naming a dataplane's service.
-pub const SERVICE_TAG: &str = "kuma.io/service";
 
 /// What is known of a dataplane, from its resource file or its token.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,7 +34,7 @@ pub struct DataplaneInfo {
 }
 
 /// Where a dataplane is described.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Origin {
     /// A Dataplane resource file.
@@ -103,6 +100,14 @@ impl DataplaneInfo {
             .map(String::as_str)
     }
 
+    /// What a token for this dataplane must not contradict: its labels and services.
+    pub fn claim_rule(&self) -> ClaimRule {
+        ClaimRule {
+            labels: self.labels.clone(),
+            services: self.services().map(str::to_owned).collect(),
+        }
+    }
+
     /// Whether one of its inbounds carries every tag of `selector`.
     pub fn has_inbound_with(&self, selector: &BTreeMap<String, String>) -> bool {
         self.inbound_tags
@@ -156,7 +161,7 @@ pub enum Decision {
     NoIdentity(String),
 }
 
-/// Decides the identity of `dp` in `mesh` (DESIGN §5 "Which identity a dataplane gets").
+/// Decides the identity of `dp` in `mesh` (docs/certificates.md, "Which identity a dataplane gets").
 pub fn decide(
     mesh: Option<&MeshState>,
     dp: &DataplaneInfo,

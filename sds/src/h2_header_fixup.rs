@@ -1,4 +1,4 @@
-//! Accepting grpc-core clients on the unix socket (STACK-NOTES pitfall 4).
+//! Accepting grpc-core clients on the unix socket.
 //!
 //! grpc-core (Python grpcio, C++, Ruby...) sends a `unix:` target's socket path, percent
 //! encoded, as the HTTP/2 `:authority` (e.g. `run%2Fmeshca%2Fsds.sock`). The HTTP/2 server
@@ -30,7 +30,7 @@ const MAX_HELD: usize = 1 << 20;
 const READ_CHUNK: usize = 16 * 1024;
 
 /// Wraps the server side of a connection, fixing `:authority` values in client headers.
-pub(crate) struct AuthorityFix<S> {
+pub(crate) struct UnixPathHeaderFix<S> {
     inner: S,
     /// Bytes read but not yet processed (an incomplete frame).
     raw: Vec<u8>,
@@ -44,7 +44,7 @@ pub(crate) struct AuthorityFix<S> {
     eof: bool,
 }
 
-impl<S> AuthorityFix<S> {
+impl<S> UnixPathHeaderFix<S> {
     pub(crate) fn new(inner: S) -> Self {
         Self {
             inner,
@@ -257,7 +257,7 @@ fn string(block: &[u8], at: usize) -> Option<(bool, std::ops::Range<usize>)> {
     (end <= block.len()).then_some((huffman, start..end))
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
+impl<S: AsyncRead + Unpin> AsyncRead for UnixPathHeaderFix<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -298,7 +298,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for AuthorityFix<S> {
+impl<S: AsyncWrite + Unpin> AsyncWrite for UnixPathHeaderFix<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

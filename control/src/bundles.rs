@@ -3,13 +3,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use meshca_config::{MeshService, ServiceIdentity};
-use meshca_sds::{MeshServiceTrust, MeshView, ProxyEntry, ProxyKey, Snapshot, TrustBundle};
-
 use meshca_ca::CertificateAuthority;
+use meshca_config::{MeshService, ServiceIdentity};
 
-use super::rollout::CaTrust;
-use super::world::{IdentityProvider, MeshState, World};
+use crate::gate::CaTrust;
+use crate::snapshot::{MeshServiceTrust, MeshView, ProxyEntry, ProxyKey, Snapshot, TrustBundle};
+use crate::world::{IdentityProvider, MeshState, World};
 
 /// (mesh, MeshService name) → the exact SPIFFE IDs its proxies present.
 pub type ServiceIds = HashMap<(String, String), BTreeSet<String>>;
@@ -32,10 +31,8 @@ pub fn ca_trust(mesh: &str, trust_domain: &str, ca: &CertificateAuthority) -> Ca
 /// mesh name), and the CAs of its MeshIdentities that create a MeshTrust.
 pub fn mesh_cas(mesh: &MeshState) -> Vec<CaTrust> {
     let backends = mesh
-        .enabled_backend
-        .iter()
-        .chain(&mesh.secondary_backends)
-        .flat_map(|b| &b.generations)
+        .backends()
+        .flat_map(|b| &b.trusted)
         .map(|g| ca_trust(&mesh.name, &mesh.name, &g.ca));
     let identities = mesh.identities.iter().filter_map(|i| match &i.provider {
         IdentityProvider::Bundled {
@@ -60,7 +57,7 @@ pub fn mesh_anchors(mesh: &MeshState, cas: &[CaTrust]) -> Anchors {
     }
     for trust in &mesh.trusts {
         anchors
-            .entry(trust.trust_domain.clone())
+            .entry(trust.trust_domain.to_string())
             .or_default()
             .extend(trust.pems.iter().cloned());
     }

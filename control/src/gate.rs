@@ -1,27 +1,18 @@
-//! The ordering gate of DESIGN §8: trust before identity, break last, bounded by `rollout.ackTimeout`.
+//! The rollout gate (docs/rotation.md): trust before identity, break last, bounded by
+//! `rollout.ackTimeout`.
 //!
-//! The gate decides, from what connected streams have ACKed, which CAs a mesh's bundles publish and which CAs
-//! may issue. It holds no certificates: the owner asks it and acts.
+//! The gate decides, from what connected streams have ACKed, which CAs a mesh's bundles publish and
+//! which CAs may issue. It holds no certificates: the owner asks it and acts.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use meshca_sds::{ProxyKey, StreamInfo};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::status::rfc3339;
-
-/// Where the gate learns what each connected stream subscribes to and has ACKed.
-pub trait StreamSource: Send + Sync + std::fmt::Debug {
-    /// Every open stream.
-    fn list(&self) -> Vec<StreamInfo>;
-}
-
-impl StreamSource for meshca_sds::StreamRegistry {
-    fn list(&self) -> Vec<StreamInfo> {
-        meshca_sds::StreamRegistry::list(self)
-    }
-}
+use crate::snapshot::ProxyKey;
+use crate::streams::Streams;
+use crate::timefmt::{rfc3339, seconds_until};
 
 /// A CA as it appears in a mesh's trust bundle.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,36 +29,42 @@ pub struct CaTrust {
     pub subject: String,
 }
 
-/// Whether a stream of a proxy in `stream_mesh` subscribed to `resource` receives `mesh`'s trust.
-pub fn carries_mesh_trust(stream_mesh: &str, resource: &str, mesh: &str) -> bool {
-    match resource {
-        "ALL" | "mesh_ca:secret:all" => true,
-        "system_trust_bundle" | "ROOTCA" => stream_mesh == mesh,
-        r if r.starts_with("meshservice:") => stream_mesh == mesh,
-        r => {
-            r.strip_prefix("system_trust_bundle_") == Some(mesh)
-                || r.strip_prefix("mesh_ca:secret:") == Some(mesh)
+/// A step of a rollout that can wait on ACKs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RolloutStep {
+    /// A new CA's bundle must be ACKed by every stream that carries it before the CA issues.
+    TrustBeforeIdentity,
+    /// A removed CA stays trusted until no connected proxy presents its certificates.
+    BreakLast,
+    /// A proxy must ACK its replacement certificate before its old CA stops being kept for it.
+    IdentityAck,
+}
+
+impl RolloutStep {
+    /// The spelling in status, logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RolloutStep::TrustBeforeIdentity => "trust-before-identity",
+            RolloutStep::BreakLast => "break-last",
+            RolloutStep::IdentityAck => "identity-ack",
         }
     }
 }
 
-/// Whether `resource` names a proxy's own identity (rather than trust).
-pub fn is_identity_resource(resource: &str) -> bool {
-    !(matches!(resource, "ALL" | "ROOTCA")
-        || resource.starts_with("system_trust_bundle")
-        || resource.starts_with("mesh_ca:secret:")
-        || resource.starts_with("meshservice:"))
+impl fmt::Display for RolloutStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// What a rollout step waits for, shown by `/api/` and `meshca status`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Wait {
     /// The mesh.
     pub mesh: String,
-    /// `trust-before-identity`: a new CA's bundle must be ACKed before it issues;
-    /// `break-last`: a removed CA stays trusted until no proxy presents its certificates;
-    /// `identity-ack`: a proxy must ACK its replacement certificate.
-    pub step: &'static str,
+    /// The step that waits.
+    pub step: RolloutStep,
     /// The CA concerned.
     pub ca: String,
     /// Since when (RFC 3339).
@@ -95,9 +92,9 @@ struct Published {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GateEvent {
     /// A rollout step began waiting.
-    WaitStarted(&'static str),
+    WaitStarted(RolloutStep),
     /// `rollout.ackTimeout` passed and the rollout proceeded without some proxies.
-    TimedOut(&'static str),
+    TimedOut(RolloutStep),
     /// The configuration removed a CA that connected proxies still present.
     RemovedWhilePresented,
 }
@@ -111,9 +108,9 @@ pub struct Gate {
     retained_since: HashMap<(String, String), SystemTime>,
     /// Meshes whose bundles a previous snapshot published: a CA new to an unpublished mesh needs no ACKs
     /// (no proxy can hold a bundle without it).
-    known_meshes: std::collections::HashSet<String>,
+    known_meshes: HashSet<String>,
     /// Removed CAs whose retention timed out: no longer retained, not reported again.
-    given_up: std::collections::HashSet<(String, String)>,
+    given_up: HashSet<(String, String)>,
     waits: Vec<Wait>,
     events: Vec<(String, GateEvent)>,
 }
@@ -128,8 +125,8 @@ impl Gate {
             ack_timeout,
             published: HashMap::new(),
             retained_since: HashMap::new(),
-            known_meshes: std::collections::HashSet::new(),
-            given_up: std::collections::HashSet::new(),
+            known_meshes: HashSet::new(),
+            given_up: HashSet::new(),
             waits: Vec::new(),
             events: Vec::new(),
         }
@@ -160,7 +157,7 @@ impl Gate {
     }
 
     /// Records a timeout.
-    pub fn timed_out(&mut self, mesh: &str, step: &'static str) {
+    pub fn timed_out(&mut self, mesh: &str, step: RolloutStep) {
         self.events
             .push((mesh.to_owned(), GateEvent::TimedOut(step)));
     }
@@ -177,15 +174,15 @@ impl Gate {
 
     /// Marks published CAs as confirmed once every stream that must carry them ACKed a snapshot that did,
     /// or once `ackTimeout` passed.
-    pub fn confirm(&mut self, streams: &[StreamInfo], now: SystemTime) {
+    pub fn confirm(&mut self, streams: &Streams, now: SystemTime) {
         let timeout = self.ack_timeout;
         let mut waits = Vec::new();
         let mut timeouts = Vec::new();
         for ((mesh, _), p) in self.published.iter_mut().filter(|(_, p)| !p.confirmed) {
-            let waiting = waiting_for(streams, p.since_generation, |s| {
+            let waiting = streams.waiting_for(p.since_generation, |s| {
                 s.resources
                     .iter()
-                    .any(|r| carries_mesh_trust(&s.proxy.mesh, r, mesh))
+                    .any(|r| r.carries_mesh_trust(s.asker(), mesh))
             });
             if waiting.is_empty() {
                 p.confirmed = true;
@@ -203,7 +200,7 @@ impl Gate {
             } else {
                 waits.push(Wait {
                     mesh: mesh.clone(),
-                    step: "trust-before-identity",
+                    step: RolloutStep::TrustBeforeIdentity,
                     ca: p.subject.clone(),
                     since: rfc3339(p.since),
                     timeout_in_seconds: remaining(p.since + timeout, now),
@@ -213,7 +210,7 @@ impl Gate {
             }
         }
         for mesh in timeouts {
-            self.timed_out(&mesh, "trust-before-identity");
+            self.timed_out(&mesh, RolloutStep::TrustBeforeIdentity);
         }
         self.waits.extend(waits);
     }
@@ -229,7 +226,7 @@ impl Gate {
         now: SystemTime,
     ) -> BTreeMap<String, Vec<CaTrust>> {
         let mut out: BTreeMap<String, Vec<CaTrust>> = BTreeMap::new();
-        let mut ids: std::collections::HashSet<(String, String)> = std::collections::HashSet::new();
+        let mut ids: HashSet<(String, String)> = HashSet::new();
         for ca in desired {
             if ids.insert((ca.mesh.clone(), ca.ca_id.clone())) {
                 out.entry(ca.mesh.clone()).or_default().push(ca);
@@ -259,7 +256,7 @@ impl Gate {
                     "a CA was removed from the configuration while proxies still present certificates from it; it stays trusted until they have ACKed replacements (at most rollout.ackTimeout)"
                 );
                 self.events.push((ca.mesh.clone(), GateEvent::RemovedWhilePresented));
-                self.events.push((ca.mesh.clone(), GateEvent::WaitStarted("break-last")));
+                self.events.push((ca.mesh.clone(), GateEvent::WaitStarted(RolloutStep::BreakLast)));
                 now
             });
             if self.given_up.contains(&key) {
@@ -273,13 +270,13 @@ impl Gate {
                     "rollout.ackTimeout passed: removing the CA although these proxies may still present its certificates"
                 );
                 self.events
-                    .push((ca.mesh.clone(), GateEvent::TimedOut("break-last")));
+                    .push((ca.mesh.clone(), GateEvent::TimedOut(RolloutStep::BreakLast)));
                 self.given_up.insert(key);
                 continue;
             }
             self.waits.push(Wait {
                 mesh: ca.mesh.clone(),
-                step: "break-last",
+                step: RolloutStep::BreakLast,
                 ca: ca.subject.clone(),
                 since: rfc3339(since),
                 timeout_in_seconds: remaining(since + self.ack_timeout, now),
@@ -289,7 +286,7 @@ impl Gate {
             out.entry(ca.mesh.clone()).or_default().push(ca);
         }
 
-        let published_now: std::collections::HashSet<(String, String)> = out
+        let published_now: HashSet<(String, String)> = out
             .values()
             .flatten()
             .map(|c| (c.mesh.clone(), c.ca_id.clone()))
@@ -350,43 +347,6 @@ impl Gate {
     }
 }
 
-/// Proxies (as `mesh.name`) of the streams `selected` picks that have not ACKed `generation`.
-pub fn waiting_for(
-    streams: &[StreamInfo],
-    generation: u64,
-    selected: impl Fn(&StreamInfo) -> bool,
-) -> Vec<String> {
-    let mut waiting: Vec<String> = streams
-        .iter()
-        .filter(|s| selected(s) && s.acked_generation.is_none_or(|g| g < generation))
-        .map(|s| s.proxy.to_string())
-        .collect();
-    waiting.sort();
-    waiting.dedup();
-    waiting
-}
-
 fn remaining(deadline: SystemTime, now: SystemTime) -> i64 {
-    super::status::seconds_until(deadline, now).max(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn which_resources_carry_which_trust() {
-        assert!(carries_mesh_trust("a", "system_trust_bundle", "a"));
-        assert!(!carries_mesh_trust("b", "system_trust_bundle", "a"));
-        assert!(carries_mesh_trust("b", "ALL", "a"));
-        assert!(carries_mesh_trust("b", "system_trust_bundle_a", "a"));
-        assert!(carries_mesh_trust("a", "mesh_ca:secret:a", "a"));
-        assert!(carries_mesh_trust("a", "meshservice:web", "a"));
-        assert!(!carries_mesh_trust("a", "default", "a"));
-        assert!(is_identity_resource("default"));
-        assert!(is_identity_resource("identity_cert:secret:a"));
-        assert!(is_identity_resource("spiffe://a/web"));
-        assert!(!is_identity_resource("ROOTCA"));
-        assert!(!is_identity_resource("system_trust_bundle_egress"));
-    }
+    seconds_until(deadline, now).max(0)
 }

@@ -4,9 +4,9 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &str| {
-    if let Ok(id) = meshca_ca::SpiffeId::parse(data) {
+    if let Ok(id) = meshca_identity::SpiffeId::parse(data) {
         assert_eq!(id.as_str(), data);
-        assert!(id.as_str().len() <= meshca_ca::MAX_ID_LEN);
+        assert!(id.as_str().len() <= meshca_identity::MAX_ID_LEN);
     }
-    let _ = meshca_ca::TrustDomain::parse(data);
+    let _ = meshca_identity::TrustDomain::parse(data);
 });

@@ -1,11 +1,12 @@
-//! Automatic rotation of builtin CAs: each CA generation's successor is generated and trusted at half its
-//! life, and issues from a sixth of its life before its expiry (SPIRE's schedule), so the successor's trust
-//! has long reached every proxy when it starts issuing. Which generation issues and which are trusted is a
-//! pure function of time, so a restart picks up exactly where the previous run was.
+//! Automatic rotation of builtin CAs (docs/rotation.md). A builtin backend's CAs form a lineage: the
+//! first CA and each successor. A successor is generated and trusted at half its predecessor's life,
+//! and issues from a sixth of that life before the predecessor's expiry, so its trust has long reached
+//! every proxy when it starts issuing. Which CA of the lineage issues and which are trusted is a pure
+//! function of time, so a restart picks up exactly where the previous run was.
 
 use std::time::SystemTime;
 
-/// The validity of one CA generation.
+/// The validity of one CA of a lineage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Validity {
     /// NotBefore.
@@ -32,12 +33,12 @@ impl Validity {
     }
 }
 
-/// What the generations of one CA do at some moment.
+/// What the CAs of one lineage do at some moment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lineage {
-    /// Index of the generation that issues.
+    /// Index of the CA that issues.
     pub active: usize,
-    /// Indices of the generations bundles carry (every unexpired one), in creation order.
+    /// Indices of the CAs bundles carry (every unexpired one), in creation order.
     pub trusted: Vec<usize>,
     /// Whether a successor must be generated now.
     pub needs_successor: bool,
@@ -45,26 +46,24 @@ pub struct Lineage {
     pub next_event: Option<SystemTime>,
 }
 
-/// Decides, at `now`, for generations in creation order. `None` when every generation expired.
-pub fn lineage(generations: &[Validity], now: SystemTime) -> Option<Lineage> {
-    let trusted: Vec<usize> = (0..generations.len())
-        .filter(|&i| generations[i].not_after > now)
-        .collect();
+/// Decides, at `now`, for the CAs of a lineage in creation order. `None` when every one expired.
+pub fn lineage(cas: &[Validity], now: SystemTime) -> Option<Lineage> {
+    let trusted: Vec<usize> = (0..cas.len()).filter(|&i| cas[i].not_after > now).collect();
     let first = *trusted.first()?;
     let mut active = first;
     while let Some(&next) = trusted.iter().find(|&&i| i > active) {
-        if now >= generations[active].hand_over_at() {
+        if now >= cas[active].hand_over_at() {
             active = next;
         } else {
             break;
         }
     }
     let last = *trusted.last()?;
-    let needs_successor = active == last && now >= generations[active].prepare_at();
+    let needs_successor = active == last && now >= cas[active].prepare_at();
     let next_event = trusted
         .iter()
         .flat_map(|&i| {
-            let v = generations[i];
+            let v = cas[i];
             [v.prepare_at(), v.hand_over_at(), v.not_after]
         })
         .filter(|t| *t > now)
@@ -126,7 +125,7 @@ mod tests {
         assert_eq!((l.active, l.trusted.clone()), (1, vec![0, 1]));
         let l = lineage(&gens, day(60)).expect("valid");
         assert_eq!((l.active, l.trusted.clone()), (1, vec![1]));
-        // The successor reaches its own half-life: the next generation is due.
+        // The successor reaches its own half-life: its successor is due.
         let l = lineage(&gens, day(60)).expect("valid");
         assert!(l.needs_successor);
     }

@@ -1,17 +1,42 @@
-//! What SDS serves: an immutable view of the mesh, published by one owner through
+//! What SDS serves: an immutable view of the mesh, published by the owner through
 //! `tokio::sync::watch` and read by every stream.
 //!
-//! Expensive protos derived from a trust bundle are built once per bundle and shared by
-//! every stream that serves it, so an owner should reuse the same `Arc<TrustBundle>` /
-//! `Arc<MeshServiceTrust>` across snapshots while their content does not change.
+//! Encodings derived from a trust bundle (SDS's protos) are built once per bundle and kept in
+//! it ([`Derived`]), shared by every stream that serves it; so the owner reuses the same
+//! `Arc<TrustBundle>` / `Arc<MeshServiceTrust>` across snapshots while their content does not
+//! change.
 
+use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use meshca_ca::WORKLOAD_LABEL;
+use meshca_config::SERVICE_TAG;
 use zeroize::Zeroizing;
 
-use crate::secret::ValidationCache;
+/// Data a consumer derives from an immutable value and keeps with it, built on first use. SDS keeps
+/// its encoded validation contexts here; this crate never looks inside.
+#[derive(Default)]
+pub struct Derived(OnceLock<Box<dyn Any + Send + Sync>>);
+
+impl Derived {
+    /// The consumer's `T`, created with `T::default()` on first use. `None` when a value of another
+    /// type was stored first: one consumer type per value (the consumer then works without a cache).
+    pub fn get_or_default<T: Any + Send + Sync + Default>(&self) -> Option<&T> {
+        self.0.get_or_init(|| Box::new(T::default())).downcast_ref()
+    }
+}
+
+impl fmt::Debug for Derived {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "Derived(built)"
+        } else {
+            "Derived(empty)"
+        })
+    }
+}
 
 /// Identifies one proxy: the mesh it belongs to and its name within the mesh.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -73,11 +98,6 @@ pub struct ClaimRule {
     /// The `kuma.io/service` of each of its inbounds.
     pub services: Vec<String>,
 }
-
-/// The label whose value defaults to the proxy name in tokens.
-const WORKLOAD_LABEL: &str = "kuma.io/workload";
-/// The inbound tag naming a service.
-const SERVICE_TAG: &str = "kuma.io/service";
 
 impl ClaimRule {
     /// Why `claims` contradict the rule, if they do. The implicit `kuma.io/workload` label
@@ -142,7 +162,7 @@ pub struct MeshView {
 /// can be cached inside and shared by every stream.
 pub struct TrustBundle {
     by_trust_domain: BTreeMap<String, Vec<String>>,
-    pub(crate) cache: ValidationCache,
+    derived: Derived,
 }
 
 impl TrustBundle {
@@ -150,7 +170,7 @@ impl TrustBundle {
     pub fn new(by_trust_domain: BTreeMap<String, Vec<String>>) -> Self {
         Self {
             by_trust_domain,
-            cache: ValidationCache::default(),
+            derived: Derived::default(),
         }
     }
 
@@ -162,6 +182,11 @@ impl TrustBundle {
     /// True when the bundle holds no certificate at all.
     pub fn is_empty(&self) -> bool {
         self.by_trust_domain.values().all(Vec::is_empty)
+    }
+
+    /// What consumers derived from this bundle.
+    pub fn derived(&self) -> &Derived {
+        &self.derived
     }
 }
 
@@ -183,7 +208,7 @@ impl fmt::Debug for TrustBundle {
 pub struct MeshServiceTrust {
     trust: Arc<TrustBundle>,
     spiffe_ids: BTreeSet<String>,
-    pub(crate) cache: ValidationCache,
+    derived: Derived,
 }
 
 impl MeshServiceTrust {
@@ -193,7 +218,7 @@ impl MeshServiceTrust {
         Self {
             trust,
             spiffe_ids,
-            cache: ValidationCache::default(),
+            derived: Derived::default(),
         }
     }
 
@@ -205,6 +230,11 @@ impl MeshServiceTrust {
     /// The accepted SPIFFE IDs.
     pub fn spiffe_ids(&self) -> &BTreeSet<String> {
         &self.spiffe_ids
+    }
+
+    /// What consumers derived from this context.
+    pub fn derived(&self) -> &Derived {
+        &self.derived
     }
 }
 
@@ -222,7 +252,8 @@ impl fmt::Debug for MeshServiceTrust {
 pub enum ProxyEntry {
     /// The proxy's identity is ready to serve.
     Ready(Arc<ProxyIdentity>),
-    /// The proxy is known and its identity is being prepared: streams wait.
+    /// The proxy's identity is being prepared (for example a new CA waits for its trust to be
+    /// ACKed): streams wait. A proxy absent from the snapshot is pending too.
     Pending,
     /// The proxy gets no identity (for example its SPIFFE ID template did not render):
     /// trust resources are still served, identity resources are not.

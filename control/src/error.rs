@@ -1,0 +1,147 @@
+//! Errors of the reconciler: what is wrong with a resource update, and why a CA or a certificate could
+//! not be had.
+
+use std::fmt;
+
+use meshca_ca::{CaError, IdentityError, IssueError, ProvidedCaError, VerifyError};
+use meshca_identity::{SpiffeIdError, TrustDomain};
+use meshca_keystore::KeystoreError;
+
+/// One problem with a resource update: where it is and what is wrong. An update with any of these is
+/// rejected whole.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct UpdateError {
+    /// The file the resource came from.
+    pub file: String,
+    /// `Type/mesh/name` of the resource.
+    pub resource: String,
+    /// Dotted path of the field to fix.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for UpdateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {}: {}: {}",
+            self.file, self.resource, self.field, self.message
+        )
+    }
+}
+
+impl std::error::Error for UpdateError {}
+
+impl From<&meshca_config::ResourceError> for UpdateError {
+    fn from(e: &meshca_config::ResourceError) -> Self {
+        UpdateError {
+            file: e.file.display().to_string(),
+            resource: e
+                .resource
+                .clone()
+                .unwrap_or_else(|| format!("document {}", e.document)),
+            field: e.field.clone(),
+            message: e.message.clone(),
+        }
+    }
+}
+
+/// Why a CA could not be loaded, generated or used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CaLoadError {
+    /// A builtin backend asks for an RSA size meshca does not generate.
+    #[error("conf.caCert.RSAbits: {0} is not supported (2048, 3072 or 4096)")]
+    RsaBits(u32),
+    /// A builtin backend's trust domain is its mesh name, which must be a valid trust domain.
+    #[error("mesh name is not a valid trust domain: {0}")]
+    MeshName(#[source] SpiffeIdError),
+    /// A provided CA's certificate or key could not be read from its data source.
+    #[error("cannot read the CA {what} ({source_name}): {error}")]
+    Read {
+        /// `certificate` or `key`.
+        what: &'static str,
+        /// The data source, as the resource names it.
+        source_name: String,
+        /// What went wrong.
+        error: std::io::Error,
+    },
+    /// A provided CA failed a check.
+    #[error(transparent)]
+    Provided(#[from] ProvidedCaError),
+    /// Generating a CA failed.
+    #[error(transparent)]
+    Generate(#[from] CaError),
+    /// The keystore could not be read or written.
+    #[error("keystore: {0}")]
+    Keystore(#[from] KeystoreError),
+    /// A CA the keystore holds cannot be loaded; meshca never replaces it silently.
+    #[error("the persisted CA in the keystore ({cert} with {key}) cannot be loaded: {error}; it is not replaced automatically, restore it or remove both files to generate a new CA")]
+    Persisted {
+        /// The certificate's keystore name.
+        cert: String,
+        /// The key's keystore name.
+        key: String,
+        /// Why it cannot be loaded.
+        error: Box<CaError>,
+    },
+    /// Only one of a CA's two keystore files exists.
+    #[error("the keystore holds only half of the CA at {path} (certificate or key missing); restore the missing file or remove both to generate a new CA")]
+    HalfPersisted {
+        /// The CA's keystore path.
+        path: String,
+    },
+    /// A MeshIdentity's CA signs for another trust domain than its SPIFFE IDs use.
+    #[error("the CA certificate is for trust domain {ca}, but spiffeID.trustDomain renders to {rendered}")]
+    TrustDomainMismatch {
+        /// The CA's trust domain.
+        ca: TrustDomain,
+        /// The MeshIdentity's.
+        rendered: TrustDomain,
+    },
+}
+
+/// Why a MeshIdentity cannot be used: the field to fix and what is wrong.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IdentityLoadError {
+    /// The SPIFFE ID templates do not parse.
+    #[error("{0}")]
+    Template(#[source] IdentityError),
+    /// The trust domain template does not render for this mesh and zone.
+    #[error("{0}")]
+    TrustDomain(#[source] IdentityError),
+    /// The identity's CA could not be had.
+    #[error("{0}")]
+    Ca(#[source] CaLoadError),
+}
+
+impl IdentityLoadError {
+    /// The field of the MeshIdentity resource to fix.
+    pub fn field(&self) -> &'static str {
+        match self {
+            IdentityLoadError::Template(_) => "spec.spiffeID",
+            IdentityLoadError::TrustDomain(_) => "spec.spiffeID.trustDomain",
+            IdentityLoadError::Ca(CaLoadError::TrustDomainMismatch { .. }) => {
+                "spec.provider.bundled.ca.certificate"
+            }
+            IdentityLoadError::Ca(CaLoadError::Read { .. } | CaLoadError::Provided(_)) => {
+                "spec.provider.bundled.ca"
+            }
+            IdentityLoadError::Ca(_) => "spec.provider.bundled.autogenerate",
+        }
+    }
+}
+
+/// Why a certificate was not issued (the proxy keeps what it has, the failure is logged and counted).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IssueFailure {
+    /// The CA could not issue.
+    #[error(transparent)]
+    Issue(#[from] IssueError),
+    /// The new certificate did not verify against its CA and SPIFFE ID, so it was not published.
+    #[error("the new certificate failed verification and was not published: {0}")]
+    Verify(#[from] VerifyError),
+}

@@ -1,0 +1,99 @@
+//! Issuing a proxy's certificate: when one is needed, and how it is made, checked and kept.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use super::{Issued, Owner};
+use crate::bundles;
+use crate::error::IssueFailure;
+use crate::plan::{self, Desired};
+use crate::snapshot::{ProxyIdentity, ProxyKey, SecretPem};
+use crate::standalone::issue_verified;
+
+impl Owner {
+    /// Whether `key` needs a new certificate to hold `desired`: it has none, its issuer, SPIFFE ID or
+    /// MeshIdentity changed, or it is due for renewal.
+    pub(super) fn needs_issue(&self, key: &ProxyKey, desired: &Desired, now: SystemTime) -> bool {
+        match self.issued.get(key) {
+            None => true,
+            Some(issued) => {
+                issued.ca_id != desired.ca.id()
+                    || issued.svid.spiffe_id != desired.spiffe_id
+                    || issued.identity_name != desired.identity_name
+                    || now >= issued.renew_at
+                    || now >= issued.svid.not_after
+            }
+        }
+    }
+
+    /// Issues, verifies against the issuing CA's bundle and the expected SPIFFE ID, then keeps the
+    /// certificate. Nothing is kept when either step fails.
+    pub(super) fn issue(
+        &mut self,
+        key: &ProxyKey,
+        desired: &Desired,
+        generation: u64,
+        now: SystemTime,
+    ) -> Result<(), IssueFailure> {
+        let started = std::time::Instant::now();
+        let svid = issue_verified(desired, now)?;
+        self.telemetry
+            .issued(&key.mesh, &desired.issuer, started.elapsed());
+        let renew_at = plan::renewal_time(
+            svid.not_before,
+            svid.not_after,
+            self.config.renew_at,
+            jitter(),
+        );
+        let old = self.issued.get(key);
+        let regenerations = old.map_or(0, |i| i.regenerations + 1);
+        let ca_trust = bundles::ca_trust(
+            &key.mesh,
+            svid.spiffe_id.trust_domain().as_str(),
+            &desired.ca,
+        );
+        // Break last: until the proxy ACKs this certificate, peers may still see the one it replaces.
+        let previous = match old {
+            Some(old) if self.gate.enabled() && old.ca_id != ca_trust.ca_id => {
+                Some(old.ca_trust.clone())
+            }
+            Some(old) => old.previous.clone(),
+            None => None,
+        };
+        let published = Arc::new(ProxyIdentity {
+            spiffe_id: svid.spiffe_id.to_string(),
+            identity_name: desired.identity_name.clone(),
+            chain_pem: svid.chain_pem.clone(),
+            key_pem: SecretPem::new(svid.key.to_pem().to_string()),
+        });
+        tracing::debug!(proxy = %key, spiffe_id = %svid.spiffe_id, issuer = %desired.issuer, serial = %svid.serial, "issued certificate");
+        self.issued.insert(
+            key.clone(),
+            Issued {
+                svid,
+                issuer: desired.issuer.clone(),
+                ca_id: desired.ca.id().to_owned(),
+                identity_name: desired.identity_name.clone(),
+                renew_at,
+                regenerations,
+                published,
+                ca_trust,
+                previous,
+                first_served_in: generation,
+                issued_at: now,
+            },
+        );
+        Ok(())
+    }
+}
+
+/// A uniform number in `[0, 1)` from the system's secure random source (0.5 if it fails: the jitter
+/// only spreads renewals).
+fn jitter() -> f64 {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; 8];
+    if ring::rand::SystemRandom::new().fill(&mut b).is_err() {
+        return 0.5;
+    }
+    (u64::from_le_bytes(b) >> 11) as f64 / (1u64 << 53) as f64
+}

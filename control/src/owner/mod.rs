@@ -1,0 +1,299 @@
+//! The owner: the one place that turns the accepted configuration, the connected proxies and the clock
+//! into an immutable [`Snapshot`] for SDS and a [`Status`] for operators.
+//!
+//! Only the owner changes its state, in [`Owner::on_event`] and [`Owner::reconcile`]; everything it
+//! shares is published whole through `watch` channels.
+
+mod issue;
+mod reconcile;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use meshca_auth::{Claims, ProxyType};
+use meshca_ca::Svid;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::bundles::BundleCache;
+use crate::error::UpdateError;
+use crate::events::StreamEvent;
+use crate::gate::{CaTrust, Gate, GateEvent};
+use crate::plan::{DataplaneInfo, Issuer};
+use crate::snapshot::{ClaimRule, ProxyIdentity, ProxyKey, Snapshot};
+use crate::status::Status;
+use crate::streams::Streams;
+use crate::timefmt::rfc3339;
+use crate::world::World;
+
+/// Where the owner reports what is worth a metric. The binary exports them to Prometheus; every method
+/// does nothing by default.
+pub trait Telemetry: Send + Sync + std::fmt::Debug {
+    /// A certificate was issued and verified in `took`.
+    fn issued(&self, _mesh: &str, _issuer: &Issuer, _took: Duration) {}
+    /// Issuing a certificate failed.
+    fn issue_failed(&self, _mesh: &str, _issuer: &Issuer) {}
+    /// A resource update was rejected.
+    fn rejected_update(&self) {}
+    /// The rollout gate started waiting, timed out, or kept a removed CA.
+    fn gate_event(&self, _mesh: &str, _event: GateEvent) {}
+    /// A new status was published for `world` at `now`.
+    fn published(&self, _status: &Status, _world: &World, _now: SystemTime) {}
+}
+
+/// Telemetry that goes nowhere.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoTelemetry;
+
+impl Telemetry for NoTelemetry {}
+
+/// A certificate the owner issued and keeps for a proxy.
+#[derive(Debug)]
+pub(crate) struct Issued {
+    /// The certificate and its key.
+    pub svid: Svid,
+    /// Who issued it.
+    pub issuer: Issuer,
+    /// The issuing CA's id.
+    pub ca_id: String,
+    /// The MeshIdentity name, when one issued it.
+    pub identity_name: Option<String>,
+    /// When it is renewed.
+    pub renew_at: SystemTime,
+    /// How many times it was replaced.
+    pub regenerations: u64,
+    /// What SDS serves.
+    pub published: Arc<ProxyIdentity>,
+    /// The issuing CA as bundles carry it.
+    pub ca_trust: CaTrust,
+    /// The CA of the certificate this one replaced, until the proxy ACKs this one (break last).
+    pub previous: Option<CaTrust>,
+    /// The snapshot generation that first served this certificate.
+    pub first_served_in: u64,
+    /// When it was issued.
+    pub issued_at: SystemTime,
+}
+
+/// What the owner remembers of a proxy beyond its certificate, for operators.
+#[derive(Debug, Default)]
+pub(crate) struct ProxyRecord {
+    /// Why the last token presented for this proxy was refused, if one was.
+    pub refused_token: Option<String>,
+    /// Responses it rejected.
+    pub nacks: u64,
+    /// Its last rejection message.
+    pub last_nack: Option<String>,
+}
+
+/// A rejected resource update, kept for the admin API and `meshca status`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Rejected {
+    /// When it was rejected (RFC 3339).
+    pub at: String,
+    /// Every error found.
+    pub errors: Vec<UpdateError>,
+}
+
+/// How an owner issues and rolls out.
+#[derive(Clone, Debug)]
+pub struct OwnerConfig {
+    /// `zone`, for `{{ .Zone }}` and for telling local MeshServices from others.
+    pub zone: String,
+    /// `issuance.keyAlgorithm`.
+    pub key_algorithm: meshca_identity::KeyAlgorithm,
+    /// `issuance.renewAt`.
+    pub renew_at: f64,
+    /// `rollout.ackTimeout`.
+    pub ack_timeout: Duration,
+    /// The rollout gate; only drills turn it off, to show what it prevents.
+    pub gate: bool,
+}
+
+impl OwnerConfig {
+    /// The configuration the settings describe, with the gate on.
+    pub fn from_settings(settings: &meshca_config::Settings) -> OwnerConfig {
+        OwnerConfig {
+            zone: settings.zone.clone(),
+            key_algorithm: settings.issuance.key_algorithm,
+            renew_at: settings.issuance.renew_at,
+            ack_timeout: settings.rollout.ack_timeout.as_std(),
+            gate: true,
+        }
+    }
+}
+
+/// The owner's state. Only [`Owner::reconcile`] and [`Owner::on_event`] change it.
+#[derive(Debug)]
+pub struct Owner {
+    config: OwnerConfig,
+    world: Arc<World>,
+    /// The claims each token-registered proxy presented when it first connected.
+    registrations: HashMap<ProxyKey, Claims>,
+    streams: Streams,
+    issued: HashMap<ProxyKey, Issued>,
+    /// Why each connected proxy without a certificate has none.
+    reasons: HashMap<ProxyKey, String>,
+    records: BTreeMap<ProxyKey, ProxyRecord>,
+    /// MeshServices whose `status.tls` is Ready: set once every selected dataplane holds a trusted
+    /// certificate, cleared only when the mesh's mTLS is switched off.
+    tls_ready: BTreeSet<(String, String)>,
+    last_rejected: Option<Rejected>,
+    /// The generation of the last published snapshot.
+    snapshot_generation: u64,
+    bundles: BundleCache,
+    gate: Gate,
+    /// Something waits on ACKs: ACK events trigger a reconcile.
+    waiting_on_acks: bool,
+    telemetry: Arc<dyn Telemetry>,
+    snapshot_tx: watch::Sender<Arc<Snapshot>>,
+    status_tx: watch::Sender<Arc<Status>>,
+}
+
+impl Owner {
+    /// An owner serving `world`, publishing on the given channels.
+    pub fn new(
+        config: OwnerConfig,
+        world: World,
+        telemetry: Arc<dyn Telemetry>,
+        snapshot_tx: watch::Sender<Arc<Snapshot>>,
+        status_tx: watch::Sender<Arc<Status>>,
+    ) -> Owner {
+        Owner {
+            gate: Gate::new(config.gate, config.ack_timeout),
+            config,
+            world: Arc::new(world),
+            registrations: HashMap::new(),
+            streams: Streams::default(),
+            issued: HashMap::new(),
+            reasons: HashMap::new(),
+            records: BTreeMap::new(),
+            tls_ready: BTreeSet::new(),
+            last_rejected: None,
+            snapshot_generation: 0,
+            bundles: BundleCache::default(),
+            waiting_on_acks: false,
+            telemetry,
+            snapshot_tx,
+            status_tx,
+        }
+    }
+
+    /// The configuration currently serving.
+    pub fn world(&self) -> &Arc<World> {
+        &self.world
+    }
+
+    /// Replaces the serving configuration with an accepted update.
+    pub fn accept(&mut self, world: World) {
+        self.replace_world(world);
+        self.last_rejected = None;
+    }
+
+    /// Replaces the serving configuration with the same resources re-evaluated (automatic CA
+    /// rotation).
+    pub fn replace_world(&mut self, world: World) {
+        self.world = Arc::new(world);
+    }
+
+    /// Records a rejected update; the current configuration keeps serving.
+    pub fn reject(&mut self, errors: Vec<UpdateError>, now: SystemTime) {
+        for e in &errors {
+            tracing::error!(file = %e.file, resource = %e.resource, field = %e.field, "rejected resource update: {}", e.message);
+        }
+        self.telemetry.rejected_update();
+        self.last_rejected = Some(Rejected {
+            at: rfc3339(now),
+            errors,
+        });
+    }
+
+    /// Applies one SDS stream event; returns whether the snapshot must be recomputed.
+    pub fn on_event(&mut self, event: StreamEvent) -> bool {
+        match event {
+            StreamEvent::Connected { stream, claims } => self.on_connected(stream, claims),
+            StreamEvent::Subscribed { stream, resources } => {
+                self.streams.subscribe(stream, resources) && self.waiting_on_acks
+            }
+            StreamEvent::Acked {
+                stream, generation, ..
+            } => {
+                // A rollout waiting on ACKs may proceed.
+                self.streams.ack(stream, generation) && self.waiting_on_acks
+            }
+            StreamEvent::Nacked {
+                stream, message, ..
+            } => {
+                if let Some(proxy) = self.streams.proxy_of(stream) {
+                    let record = self.records.entry(proxy.clone()).or_default();
+                    record.nacks += 1;
+                    record.last_nack = Some(message);
+                }
+                // Only the status changes.
+                true
+            }
+            // When its last stream leaves, the proxy stops being served; its registration and
+            // certificate are kept so that a reconnect within the certificate's life reuses them.
+            StreamEvent::Disconnected { stream } => self.streams.disconnect(stream).is_some(),
+        }
+    }
+
+    fn on_connected(&mut self, stream: crate::StreamId, claims: Claims) -> bool {
+        let key = ProxyKey::new(claims.mesh.clone(), claims.name.clone());
+        // A token that contradicts what the proxy was given (its Dataplane file, or the token that
+        // registered it and is still connected) neither changes the proxy nor counts as it: the stream
+        // refuses itself against the snapshot's claim rule.
+        if let Some(rule) = self.claim_rule(&key) {
+            if let Err(reason) = rule.check(&claims) {
+                tracing::warn!(proxy = %key, token = %claims.id, "refused a token: {reason}");
+                self.records.entry(key).or_default().refused_token = Some(reason);
+                // Only the status changes; the reconcile that publishes it issues nothing.
+                return true;
+            }
+        }
+        let zone_egress = claims.proxy_type == ProxyType::ZoneEgress;
+        if !self.streams.is_connected(&key) {
+            self.registrations.insert(key.clone(), claims);
+        }
+        self.streams.connect(stream, key, zone_egress)
+    }
+
+    /// What a token for `key` must not contradict: the Dataplane file, else the registering token while
+    /// its proxy is connected.
+    fn claim_rule(&self, key: &ProxyKey) -> Option<ClaimRule> {
+        if let Some(dp) = self.world.resources.dataplane(&key.mesh, &key.name) {
+            return Some(DataplaneInfo::from_file(dp).claim_rule());
+        }
+        if !self.streams.is_connected(key) {
+            return None;
+        }
+        let claims = self.registrations.get(key)?;
+        Some(DataplaneInfo::from_claims(claims).claim_rule())
+    }
+
+    /// The dataplanes meshca knows: from files, then from tokens of proxies that connected. A
+    /// dataplane whose token contradicts its file is an error naming the contradiction.
+    fn dataplanes(&self) -> BTreeMap<ProxyKey, Result<DataplaneInfo, String>> {
+        let mut out = BTreeMap::new();
+        for dp in &self.world.resources.dataplanes {
+            let key = ProxyKey::new(dp.mesh.clone(), dp.name.clone());
+            out.insert(key, Ok(DataplaneInfo::from_file(dp)));
+        }
+        for (key, claims) in &self.registrations {
+            match out.get(key) {
+                Some(Ok(file)) => {
+                    if let Err(reason) = file.claim_rule().check(claims) {
+                        out.insert(key.clone(), Err(reason));
+                    }
+                }
+                Some(Err(_)) => {}
+                None => {
+                    out.insert(key.clone(), Ok(DataplaneInfo::from_claims(claims)));
+                }
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,382 @@
+//! One reconcile: bring every connected proxy's certificate up to date, in the order the rollout gate
+//! allows, and publish what changed.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use meshca_auth::ProxyType;
+
+use super::Owner;
+use crate::bundles::{self, ServiceIds};
+use crate::gate::{CaTrust, RolloutStep, Wait};
+use crate::plan::{self, DataplaneInfo, Decision, Origin};
+use crate::resource_name::Target;
+use crate::snapshot::{ProxyEntry, ProxyKey};
+use crate::status::{self, Status};
+use crate::timefmt::{rfc3339, seconds_until};
+
+/// What is known of every dataplane: its description, or why its token was refused.
+type Dataplanes = BTreeMap<ProxyKey, Result<DataplaneInfo, String>>;
+
+/// How many proxies a wait names (the count says how many there are).
+const NAMED_WAITERS: usize = 20;
+
+impl Owner {
+    /// Brings every connected proxy's certificate up to date at `now`, in the order the rollout gate
+    /// allows, then publishes a snapshot (if its content changed) and a status.
+    ///
+    /// Returns the earliest time something is due: a renewal, a rollout timeout or a CA rotation step.
+    pub fn reconcile(&mut self, now: SystemTime) -> Option<SystemTime> {
+        let dataplanes = self.dataplanes();
+        let generation = self.snapshot_generation + 1;
+        self.gate.begin();
+        self.gate.confirm(&self.streams, now);
+        self.settle_previous(now);
+        let trust = self.plan_trust(generation, now);
+        // A CA that no connected stream must carry may issue at once.
+        self.gate.confirm(&self.streams, now);
+        let (entries, next_renewal) = self.serve_connected(&dataplanes, generation, now);
+        self.forget_vanished(&dataplanes);
+        let service_ids = self.service_identities(&dataplanes);
+        self.update_service_tls(&dataplanes, &trust);
+        self.publish_snapshot(generation, &trust, entries, &service_ids, &dataplanes);
+        self.report_gate_events();
+        self.publish_status(&dataplanes, &service_ids, now);
+        self.next_due(next_renewal)
+    }
+
+    /// Forgets the previous certificate of every proxy that ACKed its replacement on each stream it
+    /// receives its identity on, that disconnected, or whose `ackTimeout` passed.
+    fn settle_previous(&mut self, now: SystemTime) {
+        let timeout = self.gate.ack_timeout();
+        let mut waiting: BTreeMap<(String, String), (SystemTime, Vec<String>)> = BTreeMap::new();
+        for (key, issued) in self.issued.iter_mut() {
+            let Some(previous) = &issued.previous else {
+                continue;
+            };
+            let identity = Some(&*issued.published);
+            let unacked = self.streams.of(key).any(|s| {
+                !s.has_acked(issued.first_served_in)
+                    && s.resources
+                        .iter()
+                        .any(|r| r.target(s.asker(), identity) == Target::Identity)
+            });
+            if !unacked {
+                issued.previous = None;
+            } else if now >= issued.issued_at + timeout {
+                tracing::warn!(proxy = %key, "rollout.ackTimeout passed: the proxy has not ACKed its new certificate; no longer keeping its old CA trusted for it");
+                self.gate.timed_out(&key.mesh, RolloutStep::IdentityAck);
+                issued.previous = None;
+            } else {
+                let (since, proxies) = waiting
+                    .entry((key.mesh.clone(), previous.subject.clone()))
+                    .or_insert((issued.issued_at, Vec::new()));
+                *since = (*since).min(issued.issued_at);
+                proxies.push(key.to_string());
+            }
+        }
+        for ((mesh, ca), (since, mut proxies)) in waiting {
+            proxies.sort();
+            let waiting_count = proxies.len();
+            proxies.truncate(NAMED_WAITERS);
+            self.gate.wait(
+                Wait {
+                    mesh,
+                    step: RolloutStep::IdentityAck,
+                    ca,
+                    since: rfc3339(since),
+                    timeout_in_seconds: seconds_until(since + timeout, now).max(0),
+                    waiting_count,
+                    waiting_for: proxies,
+                },
+                false,
+            );
+        }
+    }
+
+    /// What each mesh's bundles carry: the configured CAs, plus (break last) removed CAs that connected
+    /// proxies still present, as the gate decides.
+    fn plan_trust(&mut self, generation: u64, now: SystemTime) -> BTreeMap<String, Vec<CaTrust>> {
+        let presented: Vec<(ProxyKey, CaTrust)> = self
+            .issued
+            .iter()
+            .filter(|(k, _)| self.streams.is_connected(k))
+            .flat_map(|(k, i)| {
+                std::iter::once(&i.ca_trust)
+                    .chain(i.previous.as_ref())
+                    .map(|ca| (k.clone(), ca.clone()))
+            })
+            .collect();
+        let desired = self
+            .world
+            .meshes
+            .values()
+            .flat_map(bundles::mesh_cas)
+            .collect();
+        self.gate.plan_trust(desired, &presented, generation, now)
+    }
+
+    /// Decides, issues (where the gate allows) and returns the snapshot entry of every connected
+    /// proxy, with the earliest renewal among them.
+    fn serve_connected(
+        &mut self,
+        dataplanes: &Dataplanes,
+        generation: u64,
+        now: SystemTime,
+    ) -> (HashMap<ProxyKey, ProxyEntry>, Option<SystemTime>) {
+        let mut entries = HashMap::new();
+        let mut next_renewal: Option<SystemTime> = None;
+        self.reasons.clear();
+        let connected: Vec<ProxyKey> = self.streams.proxies().cloned().collect();
+        for key in connected {
+            let entry = match dataplanes.get(&key) {
+                Some(Ok(info)) => self.serve_proxy(&key, info, generation, now),
+                Some(Err(reason)) => ProxyEntry::Refused {
+                    reason: reason.clone(),
+                },
+                None => continue,
+            };
+            match &entry {
+                ProxyEntry::Ready(_) => {
+                    if let Some(issued) = self.issued.get(&key) {
+                        next_renewal =
+                            Some(next_renewal.map_or(issued.renew_at, |t| t.min(issued.renew_at)));
+                    }
+                }
+                ProxyEntry::Pending => {
+                    self.reasons.insert(
+                        key.clone(),
+                        "waiting for connected proxies to ACK the new CA's trust bundle".into(),
+                    );
+                }
+                ProxyEntry::NoIdentity { reason } | ProxyEntry::Refused { reason } => {
+                    self.reasons.insert(key.clone(), reason.clone());
+                }
+            }
+            entries.insert(key, entry);
+        }
+        (entries, next_renewal)
+    }
+
+    /// One connected proxy: its decided identity, issued now if it needs a certificate and the gate
+    /// lets its CA issue.
+    fn serve_proxy(
+        &mut self,
+        key: &ProxyKey,
+        info: &DataplaneInfo,
+        generation: u64,
+        now: SystemTime,
+    ) -> ProxyEntry {
+        let zone_egress = self
+            .registrations
+            .get(key)
+            .is_some_and(|c| c.proxy_type == ProxyType::ZoneEgress);
+        let decision = if zone_egress {
+            Decision::NoIdentity("zone egress identities are not issued yet".into())
+        } else {
+            plan::decide(
+                self.world.meshes.get(&key.mesh),
+                info,
+                &self.config.zone,
+                self.config.key_algorithm,
+            )
+        };
+        let desired = match decision {
+            Decision::NoIdentity(reason) => return ProxyEntry::NoIdentity { reason },
+            Decision::Issue(desired) => desired,
+        };
+        // Trust before identity: a CA issues only once every stream that must trust it has ACKed it.
+        let gated = !self.gate.may_issue(&key.mesh, desired.ca.id());
+        if !gated && self.needs_issue(key, &desired, now) {
+            if let Err(e) = self.issue(key, &desired, generation, now) {
+                self.telemetry.issue_failed(&key.mesh, &desired.issuer);
+                tracing::error!(proxy = %key, issuer = %desired.issuer, "certificate not issued: {e}");
+            }
+        }
+        match self.issued.get(key) {
+            Some(issued) => ProxyEntry::Ready(issued.published.clone()),
+            None if gated => ProxyEntry::Pending,
+            None => ProxyEntry::NoIdentity {
+                reason: "issuance failed; see the daemon log".into(),
+            },
+        }
+    }
+
+    /// Certificates of dataplanes that no longer exist are dropped; those of disconnected proxies are
+    /// kept (a reconnect within their lifetime reuses them) but not served.
+    fn forget_vanished(&mut self, dataplanes: &Dataplanes) {
+        self.issued
+            .retain(|k, _| dataplanes.get(k).is_some_and(|d| d.is_ok()));
+    }
+
+    /// The SPIFFE IDs each MeshService's proxies present: `spec.identities` as given, plus, for
+    /// services of this zone, the identity meshca decides for every dataplane the service selects.
+    fn service_identities(&self, dataplanes: &Dataplanes) -> ServiceIds {
+        let mut out = ServiceIds::new();
+        for service in &self.world.resources.mesh_services {
+            let mut ids = bundles::service_spiffe_ids(&service.mesh, service);
+            let local = service.zone().is_none_or(|z| z == self.config.zone);
+            if let (true, Some(selector)) = (local, &service.dataplane_tags) {
+                let mesh = self.world.meshes.get(&service.mesh);
+                let selected = dataplanes
+                    .values()
+                    .flatten()
+                    .filter(|dp| dp.mesh == service.mesh && dp.has_inbound_with(selector));
+                for dp in selected {
+                    let decision =
+                        plan::decide(mesh, dp, &self.config.zone, self.config.key_algorithm);
+                    if let Decision::Issue(d) = decision {
+                        ids.insert(d.spiffe_id.to_string());
+                    }
+                }
+            }
+            out.insert((service.mesh.clone(), service.name.clone()), ids);
+        }
+        out
+    }
+
+    /// Updates MeshService `status.tls`: Ready once mTLS is on and every dataplane the service selects
+    /// holds a certificate from a CA its mesh trusts; then Ready until mTLS is switched off.
+    fn update_service_tls(
+        &mut self,
+        dataplanes: &Dataplanes,
+        trust: &BTreeMap<String, Vec<CaTrust>>,
+    ) {
+        for service in &self.world.resources.mesh_services {
+            let key = (service.mesh.clone(), service.name.clone());
+            let mtls_on = self
+                .world
+                .meshes
+                .get(&service.mesh)
+                .is_some_and(|m| m.mtls_on());
+            if !mtls_on {
+                self.tls_ready.remove(&key);
+                continue;
+            }
+            let Some(selector) = &service.dataplane_tags else {
+                continue;
+            };
+            if self.tls_ready.contains(&key) {
+                continue;
+            }
+            let trusted: HashSet<&str> = trust
+                .get(&service.mesh)
+                .into_iter()
+                .flatten()
+                .map(|c| c.ca_id.as_str())
+                .collect();
+            let mut selected = dataplanes
+                .iter()
+                .filter(|(_, d)| {
+                    d.as_ref()
+                        .is_ok_and(|d| d.mesh == service.mesh && d.has_inbound_with(selector))
+                })
+                .peekable();
+            if selected.peek().is_none() {
+                continue;
+            }
+            let all_hold = selected.all(|(k, _)| {
+                self.issued
+                    .get(k)
+                    .is_some_and(|i| trusted.contains(i.ca_id.as_str()))
+            });
+            if all_hold {
+                self.tls_ready.insert(key);
+            }
+        }
+        let services: HashSet<(&str, &str)> = self
+            .world
+            .resources
+            .mesh_services
+            .iter()
+            .map(|s| (s.mesh.as_str(), s.name.as_str()))
+            .collect();
+        self.tls_ready
+            .retain(|(m, s)| services.contains(&(m.as_str(), s.as_str())));
+    }
+
+    /// Builds the snapshot and publishes it when its content differs from the last one: every publish
+    /// wakes every stream, and streams whose content did not change report an ACK of the new
+    /// generation, which would wake a waiting rollout again.
+    fn publish_snapshot(
+        &mut self,
+        generation: u64,
+        trust: &BTreeMap<String, Vec<CaTrust>>,
+        entries: HashMap<ProxyKey, ProxyEntry>,
+        service_ids: &ServiceIds,
+        dataplanes: &Dataplanes,
+    ) {
+        let mut snapshot = bundles::snapshot(
+            generation,
+            &self.world,
+            trust,
+            entries,
+            service_ids,
+            &mut self.bundles,
+        );
+        // Every filed dataplane has a rule (a contradicting token is refused at once, connected or
+        // not); a token-registered one only while the registering proxy is connected.
+        snapshot.claim_rules = dataplanes
+            .iter()
+            .filter_map(|(k, d)| match d {
+                Ok(info) if info.origin == Origin::File || self.streams.is_connected(k) => {
+                    Some((k.clone(), Arc::new(info.claim_rule())))
+                }
+                _ => None,
+            })
+            .collect();
+        if !bundles::same_content(&snapshot, &self.snapshot_tx.borrow()) {
+            self.snapshot_generation = generation;
+            self.snapshot_tx.send_replace(Arc::new(snapshot));
+        }
+    }
+
+    /// Hands the gate's events to telemetry and notes whether ACKs must wake the owner.
+    fn report_gate_events(&mut self) {
+        for (mesh, event) in self.gate.take_events() {
+            self.telemetry.gate_event(&mesh, event);
+        }
+        self.waiting_on_acks =
+            self.gate.pending() || self.issued.values().any(|i| i.previous.is_some());
+    }
+
+    fn publish_status(&self, dataplanes: &Dataplanes, service_ids: &ServiceIds, now: SystemTime) {
+        let status: Status = status::build(&status::Inputs {
+            generation: self.snapshot_generation,
+            world: &self.world,
+            dataplanes,
+            service_ids,
+            streams: &self.streams,
+            issued: &self.issued,
+            reasons: &self.reasons,
+            records: &self.records,
+            last_rejected: self.last_rejected.as_ref(),
+            waits: self.gate.waits(),
+            tls_ready: &self.tls_ready,
+            now,
+        });
+        self.telemetry.published(&status, &self.world, now);
+        self.status_tx.send_replace(Arc::new(status));
+    }
+
+    /// The earliest of: the next renewal, a rollout timeout, the ACK timeout of a replaced
+    /// certificate, and the next automatic CA rotation step.
+    fn next_due(&self, next_renewal: Option<SystemTime>) -> Option<SystemTime> {
+        let previous_deadline = self
+            .issued
+            .values()
+            .filter(|i| i.previous.is_some())
+            .map(|i| i.issued_at + self.gate.ack_timeout())
+            .min();
+        [
+            next_renewal,
+            self.gate.next_deadline(),
+            previous_deadline,
+            self.world.next_rotation_event(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+}

@@ -1,0 +1,97 @@
+//! Issuing outside the daemon: `meshca issue --mesh M --name N` takes a certificate for one dataplane
+//! straight from the CAs of a [`World`], decided and checked exactly as the owner does.
+
+use std::time::SystemTime;
+
+use meshca_ca::{Svid, SvidRequest};
+use meshca_identity::KeyAlgorithm;
+
+use crate::bundles;
+use crate::error::IssueFailure;
+use crate::plan::{self, DataplaneInfo, Decision, Desired, Origin};
+use crate::world::World;
+
+/// A certificate for one dataplane and the trust of its mesh.
+#[derive(Debug)]
+pub struct Standalone {
+    /// The certificate, its chain and key.
+    pub svid: Svid,
+    /// Every CA the dataplane's mesh trusts, PEM, concatenated.
+    pub bundle_pem: String,
+}
+
+/// Why a standalone certificate could not be had.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StandaloneError {
+    /// The dataplane gets no identity in this configuration.
+    #[error("{mesh}/{name} gets no identity: {reason}")]
+    NoIdentity {
+        /// The mesh.
+        mesh: String,
+        /// The dataplane.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// Issuing or checking failed.
+    #[error(transparent)]
+    Issue(#[from] IssueFailure),
+}
+
+/// Issues and verifies the certificate of dataplane `name` in `mesh` at `now`. A dataplane without a
+/// resource file is taken as one with no labels and no tags.
+pub fn issue_standalone(
+    world: &World,
+    zone: &str,
+    key_algorithm: KeyAlgorithm,
+    mesh: &str,
+    name: &str,
+    now: SystemTime,
+) -> Result<Standalone, StandaloneError> {
+    let info = match world.resources.dataplane(mesh, name) {
+        Some(dp) => DataplaneInfo::from_file(dp),
+        None => DataplaneInfo::new(mesh, name, Default::default(), Vec::new(), Origin::Token),
+    };
+    let desired = match plan::decide(world.meshes.get(mesh), &info, zone, key_algorithm) {
+        Decision::Issue(desired) => desired,
+        Decision::NoIdentity(reason) => {
+            return Err(StandaloneError::NoIdentity {
+                mesh: mesh.to_owned(),
+                name: name.to_owned(),
+                reason,
+            })
+        }
+    };
+    let svid = issue_verified(&desired, now)?;
+    let bundle_pem = world
+        .meshes
+        .get(mesh)
+        .map(|m| {
+            bundles::mesh_anchors(m, &bundles::mesh_cas(m))
+                .values()
+                .flatten()
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Standalone { svid, bundle_pem })
+}
+
+/// Issues the certificate `desired` describes and verifies it against its CA's bundle and SPIFFE ID
+/// before anyone sees it.
+pub(crate) fn issue_verified(desired: &Desired, now: SystemTime) -> Result<Svid, IssueFailure> {
+    let request = SvidRequest {
+        spiffe_id: desired.spiffe_id.clone(),
+        key_algorithm: desired.key_algorithm,
+        lifetime: desired.lifetime,
+    };
+    let svid = desired.ca.issue(&request, now)?;
+    meshca_ca::verify_svid(
+        &svid.chain_der,
+        &desired.ca.bundle_der(),
+        &desired.spiffe_id,
+        now,
+    )?;
+    Ok(svid)
+}

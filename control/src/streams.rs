@@ -1,0 +1,173 @@
+//! The owner's table of open streams, kept from [`StreamEvent`](crate::StreamEvent)s: which proxy
+//! each stream speaks for, what it subscribes to, and the newest snapshot generation it ACKed. The
+//! rollout gate reads it to know whom a step waits for.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::events::StreamId;
+use crate::resource_name::{Asker, ResourceName};
+use crate::snapshot::ProxyKey;
+
+/// One open stream (or fetch, which subscribes to nothing).
+#[derive(Debug)]
+pub(crate) struct Stream {
+    /// The proxy at the other end.
+    pub proxy: ProxyKey,
+    /// Whether its token is a zone egress token.
+    pub zone_egress: bool,
+    /// What it subscribes to.
+    pub resources: Vec<ResourceName>,
+    /// The newest snapshot generation whose content it ACKed.
+    pub acked: Option<u64>,
+}
+
+impl Stream {
+    /// The stream's proxy as the resource-name table sees it.
+    pub fn asker(&self) -> Asker<'_> {
+        Asker {
+            key: &self.proxy,
+            zone_egress: self.zone_egress,
+        }
+    }
+
+    /// Whether it holds the content of `generation` (or newer).
+    pub fn has_acked(&self, generation: u64) -> bool {
+        self.acked.is_some_and(|g| g >= generation)
+    }
+}
+
+/// Every open stream, by id and by proxy.
+#[derive(Debug, Default)]
+pub(crate) struct Streams {
+    by_id: HashMap<StreamId, Stream>,
+    by_proxy: HashMap<ProxyKey, HashSet<StreamId>>,
+}
+
+impl Streams {
+    /// Records a new stream; returns whether its proxy was not connected before.
+    pub fn connect(&mut self, id: StreamId, proxy: ProxyKey, zone_egress: bool) -> bool {
+        let ids = self.by_proxy.entry(proxy.clone()).or_default();
+        let first = ids.is_empty();
+        ids.insert(id);
+        self.by_id.insert(
+            id,
+            Stream {
+                proxy,
+                zone_egress,
+                resources: Vec::new(),
+                acked: None,
+            },
+        );
+        first
+    }
+
+    /// Replaces a stream's subscription; false for a stream the table does not hold.
+    pub fn subscribe(&mut self, id: StreamId, resources: Vec<ResourceName>) -> bool {
+        match self.by_id.get_mut(&id) {
+            Some(stream) => {
+                stream.resources = resources;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Records an ACK; false for a stream the table does not hold.
+    pub fn ack(&mut self, id: StreamId, generation: u64) -> bool {
+        match self.by_id.get_mut(&id) {
+            Some(stream) => {
+                stream.acked = Some(stream.acked.map_or(generation, |g| g.max(generation)));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Forgets a stream; returns its proxy when that was its last stream.
+    pub fn disconnect(&mut self, id: StreamId) -> Option<ProxyKey> {
+        let stream = self.by_id.remove(&id)?;
+        let ids = self.by_proxy.get_mut(&stream.proxy)?;
+        ids.remove(&id);
+        if ids.is_empty() {
+            self.by_proxy.remove(&stream.proxy);
+            return Some(stream.proxy);
+        }
+        None
+    }
+
+    /// The proxy a stream speaks for.
+    pub fn proxy_of(&self, id: StreamId) -> Option<&ProxyKey> {
+        self.by_id.get(&id).map(|s| &s.proxy)
+    }
+
+    /// Whether `proxy` has an open stream or fetch.
+    pub fn is_connected(&self, proxy: &ProxyKey) -> bool {
+        self.by_proxy.contains_key(proxy)
+    }
+
+    /// Every connected proxy.
+    pub fn proxies(&self) -> impl Iterator<Item = &ProxyKey> {
+        self.by_proxy.keys()
+    }
+
+    /// How many streams and fetches `proxy` has open.
+    pub fn count(&self, proxy: &ProxyKey) -> usize {
+        self.by_proxy.get(proxy).map_or(0, HashSet::len)
+    }
+
+    /// The streams of `proxy`.
+    pub fn of<'a>(&'a self, proxy: &ProxyKey) -> impl Iterator<Item = &'a Stream> + 'a {
+        self.by_proxy
+            .get(proxy)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.by_id.get(id))
+    }
+
+    /// Proxies (as `mesh.name`, sorted, without repeats) of the streams `selected` picks that have not
+    /// ACKed `generation`.
+    pub fn waiting_for(&self, generation: u64, selected: impl Fn(&Stream) -> bool) -> Vec<String> {
+        let mut waiting: Vec<String> = self
+            .by_id
+            .values()
+            .filter(|s| !s.has_acked(generation) && selected(s))
+            .map(|s| s.proxy.to_string())
+            .collect();
+        waiting.sort();
+        waiting.dedup();
+        waiting
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_proxy_is_connected_while_any_of_its_streams_is_open() {
+        let mut streams = Streams::default();
+        let web = ProxyKey::new("m", "web");
+        assert!(streams.connect(StreamId(1), web.clone(), false));
+        assert!(!streams.connect(StreamId(2), web.clone(), false));
+        assert_eq!(streams.count(&web), 2);
+        assert_eq!(streams.disconnect(StreamId(1)), None);
+        assert!(streams.is_connected(&web));
+        assert_eq!(streams.disconnect(StreamId(2)), Some(web.clone()));
+        assert!(!streams.is_connected(&web));
+        assert_eq!(streams.disconnect(StreamId(2)), None, "already gone");
+    }
+
+    #[test]
+    fn acks_only_move_forward_and_unknown_streams_are_ignored() {
+        let mut streams = Streams::default();
+        let web = ProxyKey::new("m", "web");
+        streams.connect(StreamId(1), web.clone(), false);
+        assert!(streams.subscribe(StreamId(1), vec![ResourceName::parse("default")]));
+        assert!(streams.ack(StreamId(1), 5));
+        assert!(streams.ack(StreamId(1), 3));
+        assert_eq!(streams.waiting_for(5, |_| true), Vec::<String>::new());
+        assert_eq!(streams.waiting_for(6, |_| true), vec!["m.web".to_owned()]);
+        assert!(!streams.ack(StreamId(9), 1));
+        assert!(!streams.subscribe(StreamId(9), Vec::new()));
+    }
+}

@@ -1,0 +1,222 @@
+//! Building a [`World`] from resources: meshes and their backends, MeshIdentities, MeshTrusts.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use meshca_ca::{IdentityTemplate, TemplateVars};
+use meshca_config::{Mesh, MeshIdentity, MeshTrust, Provider, Resources, Settings};
+use meshca_keystore::Keystore;
+
+use super::cas::{self, split_certificates};
+use super::{IdentityProvider, MeshIdentityState, MeshState, MeshTrustState, World};
+use crate::error::{IdentityLoadError, UpdateError};
+
+/// Where the CAs of a [`World`] come from and go to.
+pub struct CaSource<'a> {
+    /// Persisted CAs.
+    pub keystore: &'a dyn Keystore,
+    /// Daemon settings (zone for trust-domain templates).
+    pub settings: &'a Settings,
+    /// The world currently serving: its CAs are reused rather than read again.
+    pub previous: Option<&'a World>,
+    /// Now, for provided-CA validity checks and new CAs.
+    pub now: SystemTime,
+}
+
+impl std::fmt::Debug for CaSource<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaSource")
+            .field("previous", &self.previous.is_some())
+            .field("now", &self.now)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reads and validates the resources directory of `settings` and loads every CA it needs. Every error
+/// of every stage is reported at once: CA and template checks run on whatever parsed, even when other
+/// files did not.
+pub fn load_world(
+    settings: &Settings,
+    keystore: &dyn Keystore,
+    previous: Option<&World>,
+    now: SystemTime,
+) -> Result<World, Vec<UpdateError>> {
+    let (resources, errors) = meshca_config::load_dir_lenient(&settings.resources);
+    check_world(
+        resources,
+        errors,
+        &CaSource {
+            keystore,
+            settings,
+            previous,
+            now,
+        },
+    )
+}
+
+/// Builds the world from `resources` unless `errors` (from parsing them) or the world's own checks
+/// found anything; returns all of those errors together.
+pub fn check_world(
+    resources: Resources,
+    errors: Vec<meshca_config::ResourceError>,
+    src: &CaSource<'_>,
+) -> Result<World, Vec<UpdateError>> {
+    let mut errors: Vec<UpdateError> = errors.iter().map(UpdateError::from).collect();
+    match World::load(resources, src) {
+        Ok(world) if errors.is_empty() => Ok(world),
+        Ok(_) => Err(errors),
+        Err(mut more) => {
+            errors.append(&mut more);
+            Err(errors)
+        }
+    }
+}
+
+impl World {
+    /// Builds the world for `resources`, loading or generating every CA it needs.
+    ///
+    /// Returns every error found; nothing of a failed load is used (CAs generated on the way stay in
+    /// the keystore and are reused by the corrected update).
+    pub fn load(resources: Resources, src: &CaSource<'_>) -> Result<World, Vec<UpdateError>> {
+        let mut errors = Vec::new();
+        let mut meshes: BTreeMap<String, MeshState> = resources
+            .meshes
+            .iter()
+            .map(|(name, mesh)| (name.clone(), load_mesh(name, mesh, src, &mut errors)))
+            .collect();
+
+        let mut identities: Vec<&MeshIdentity> = resources.mesh_identities.iter().collect();
+        identities.sort_by(|a, b| a.name.cmp(&b.name));
+        for identity in identities {
+            let Some(mesh) = meshes.get_mut(&identity.mesh) else {
+                continue;
+            };
+            match load_identity(identity, src) {
+                Ok(state) => mesh.identities.push(state),
+                Err(e) => errors.push(UpdateError {
+                    file: identity.source.file.display().to_string(),
+                    resource: format!("MeshIdentity/{}/{}", identity.mesh, identity.name),
+                    field: e.field().into(),
+                    message: e.to_string(),
+                }),
+            }
+        }
+
+        let mut trusts: Vec<&MeshTrust> = resources.mesh_trusts.iter().collect();
+        trusts.sort_by(|a, b| a.name.cmp(&b.name));
+        for trust in trusts {
+            if let Some(mesh) = meshes.get_mut(&trust.mesh) {
+                mesh.trusts.push(load_trust(trust, &mut errors));
+            }
+        }
+
+        if errors.is_empty() {
+            Ok(World {
+                resources: Arc::new(resources),
+                meshes,
+            })
+        } else {
+            Err(errors)
+        }
+    }
+}
+
+/// A mesh with its enabled and secondary backends loaded; a backend that fails is reported and left out.
+fn load_mesh(
+    name: &str,
+    mesh: &Mesh,
+    src: &CaSource<'_>,
+    errors: &mut Vec<UpdateError>,
+) -> MeshState {
+    let mut state = MeshState {
+        name: name.to_owned(),
+        enabled_backend: None,
+        secondary_backends: Vec::new(),
+        identities: Vec::new(),
+        trusts: Vec::new(),
+    };
+    let Some(mtls) = &mesh.mtls else {
+        return state;
+    };
+    let mut load = |backend_name: &str| {
+        let i = mtls.backends.iter().position(|b| b.name == backend_name)?;
+        match cas::load_backend(name, &mtls.backends[i], src) {
+            Ok(backend) => Some(backend),
+            Err(e) => {
+                errors.push(UpdateError {
+                    file: mesh.source.file.display().to_string(),
+                    resource: format!("Mesh/{name}"),
+                    field: format!("mtls.backends[{i}]"),
+                    message: format!("backend {backend_name}: {e}"),
+                });
+                None
+            }
+        }
+    };
+    if let Some(enabled) = &mtls.enabled_backend {
+        state.enabled_backend = load(enabled);
+    }
+    state.secondary_backends = mtls
+        .secondary_backends
+        .iter()
+        .filter_map(|secondary| load(secondary))
+        .collect();
+    state
+}
+
+fn load_identity(
+    identity: &MeshIdentity,
+    src: &CaSource<'_>,
+) -> Result<MeshIdentityState, IdentityLoadError> {
+    let template = IdentityTemplate::parse(
+        identity.spiffe_id.trust_domain.as_deref(),
+        identity.spiffe_id.path.as_deref(),
+    )
+    .map_err(IdentityLoadError::Template)?;
+    let no_labels = BTreeMap::new();
+    let vars = TemplateVars {
+        mesh: &identity.mesh,
+        zone: &src.settings.zone,
+        labels: &no_labels,
+    };
+    let trust_domain = template
+        .render_trust_domain(&vars)
+        .map_err(IdentityLoadError::TrustDomain)?;
+    let provider = match &identity.provider {
+        None => IdentityProvider::None,
+        Some(Provider::Spire) => IdentityProvider::Spire,
+        Some(Provider::Bundled(bundled)) => {
+            cas::load_identity_ca(identity, bundled, &trust_domain, src)
+                .map_err(IdentityLoadError::Ca)?
+        }
+    };
+    Ok(MeshIdentityState {
+        name: identity.name.clone(),
+        match_labels: identity.selector.clone(),
+        template,
+        trust_domain,
+        provider,
+    })
+}
+
+/// A MeshTrust's certificates (its trust domain was checked when the file was parsed).
+fn load_trust(trust: &MeshTrust, errors: &mut Vec<UpdateError>) -> MeshTrustState {
+    let mut pems = Vec::new();
+    for (i, bundle) in trust.ca_bundles.iter().enumerate() {
+        match split_certificates(bundle.as_bytes()) {
+            Ok(mut p) => pems.append(&mut p),
+            Err(message) => errors.push(UpdateError {
+                file: trust.source.file.display().to_string(),
+                resource: format!("MeshTrust/{}/{}", trust.mesh, trust.name),
+                field: format!("spec.caBundles[{i}].pem.value"),
+                message,
+            }),
+        }
+    }
+    MeshTrustState {
+        name: trust.name.clone(),
+        trust_domain: trust.trust_domain.clone(),
+        pems,
+    }
+}

@@ -1,0 +1,411 @@
+//! The one stream driver behind `StreamSecrets` and `DeltaSecrets`.
+//!
+//! The driver owns everything the two protocols share: authentication of the first request, the
+//! session, waiting for the proxy's identity, nonces, the ACK/NACK bookkeeping and its events, metrics,
+//! and following snapshots. A [`Protocol`] only says how its requests subscribe and how its responses
+//! carry resources.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use meshca_auth::Claims;
+use meshca_control::{ResourceName, Snapshot, StreamEvent};
+use tokio::sync::mpsc;
+use tonic::{Status, Streaming};
+
+use crate::authn;
+use crate::metrics::SdsMetrics;
+use crate::names::{self, Lookup, Resolved};
+use crate::registry::StreamKind;
+use crate::secret::SECRET_TYPE_URL;
+use crate::service::Shared;
+use crate::session::{self, Session};
+
+/// The reply part of a request: which response it answers and how.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    /// The nonce of the response it answers; empty on a request that answers none.
+    pub nonce: String,
+    /// The proxy's error message: a NACK.
+    pub error: Option<String>,
+    /// The version it says it holds, for protocols that ACK by version (state of the world); `None`
+    /// where the nonce alone ACKs (delta).
+    pub version: Option<String>,
+}
+
+/// What the driver reads from a request before the protocol applies it.
+pub(crate) struct Header<'a> {
+    pub node: Option<&'a Node>,
+    pub type_url: &'a str,
+    pub reply: Reply,
+}
+
+impl<'a> Header<'a> {
+    /// A header from a request's fields; `version` as [`Reply::version`].
+    pub(crate) fn new(
+        node: Option<&'a Node>,
+        type_url: &'a str,
+        nonce: &str,
+        error: Option<&RpcStatus>,
+        version: Option<&str>,
+    ) -> Self {
+        Header {
+            node,
+            type_url,
+            reply: Reply {
+                nonce: nonce.to_owned(),
+                error: error.map(|e| e.message.clone()),
+                version: version.map(str::to_owned),
+            },
+        }
+    }
+}
+
+/// The current content, as a protocol building a response sees it.
+pub(crate) struct Current<'a> {
+    resolve: &'a mut dyn FnMut(&ResourceName) -> Option<Resolved>,
+    /// The version of the last response sent.
+    pub last_version: Option<&'a str>,
+    /// Send even when the proxy holds the content already (a fresh request asks for it).
+    pub force: bool,
+}
+
+impl Current<'_> {
+    /// The secret `name` means now, or `None` when it has no content now (unknown names are logged).
+    pub(crate) fn resolve(&mut self, name: &ResourceName) -> Option<Resolved> {
+        (self.resolve)(name)
+    }
+}
+
+/// What a protocol wants sent, or why nothing is.
+pub(crate) enum Build<R> {
+    /// Send `response` (its nonce is set by the driver).
+    Send {
+        response: R,
+        /// The response's version.
+        version: String,
+        /// The resources it carries or removes, for logs.
+        resources: Vec<String>,
+    },
+    /// The proxy already holds the current content.
+    Unchanged,
+    /// There is nothing to send yet (no subscribed resource is available); the proxy keeps what it has.
+    Withheld,
+}
+
+/// What differs between the state-of-the-world and the delta protocol.
+pub(crate) trait Protocol: Default + Send + 'static {
+    type Request: Send + 'static;
+    type Response: Send + 'static;
+    const KIND: StreamKind;
+    /// A request whose nonce is stale is ignored whole (state of the world), or only its reply part
+    /// (delta, whose subscription changes apply whatever the nonce).
+    const STALE_IGNORES_SUBSCRIPTION: bool;
+
+    fn header(request: &Self::Request) -> Header<'_>;
+
+    /// Applies the subscription part of a request; returns the whole new subscription when it changed.
+    fn subscribe(&mut self, request: Self::Request, first: bool) -> Option<Vec<ResourceName>>;
+
+    /// Whether a request makes the stream respond, and whether the response must be sent even when the
+    /// proxy holds its content already (`Some(force)`).
+    fn responds(first: bool, fresh: bool, changed: bool) -> Option<bool>;
+
+    /// The response that brings the proxy to the current content.
+    fn build(&mut self, current: &mut Current<'_>) -> Build<Self::Response>;
+
+    fn set_nonce(response: &mut Self::Response, nonce: String);
+}
+
+type Outbound<R> = mpsc::Sender<Result<R, Status>>;
+
+/// Drives one stream until the proxy leaves or an error ends it (sent as the stream's status).
+pub(crate) async fn run<P: Protocol>(
+    shared: Arc<Shared>,
+    claims: Claims,
+    inbound: Streaming<P::Request>,
+    tx: Outbound<P::Response>,
+) where
+    P::Request: prost::Message + Default,
+{
+    if let Err(status) = serve::<P>(shared, claims, inbound, &tx).await {
+        // The proxy may already be gone; then there is nobody to tell.
+        let _ = tx.send(Err(status)).await;
+    }
+}
+
+async fn serve<P: Protocol>(
+    shared: Arc<Shared>,
+    claims: Claims,
+    mut inbound: Streaming<P::Request>,
+    tx: &Outbound<P::Response>,
+) -> Result<(), Status>
+where
+    P::Request: prost::Message + Default,
+{
+    let first = tokio::select! {
+        first = session::first_request(&shared, inbound.message()) => first?,
+        () = tx.closed() => return Ok(()),
+    };
+    let Some(first) = first else { return Ok(()) };
+    let node = P::header(&first).node;
+    authn::check_first_node(node, &authn::proxy_key(&claims))
+        .map_err(|status| shared.auth_failure(status))?;
+    let ctx = authn::proxy_context(&claims, node);
+    let mut session = Session::open(shared, claims, ctx, Some(P::KIND)).await;
+    let snapshot = tokio::select! {
+        snapshot = session.wait_for_identity() => snapshot?,
+        () = tx.closed() => return Ok(()),
+    };
+    let mut stream = Driver::<P>::new(session, tx.clone(), snapshot);
+    stream.on_request(first, true).await?;
+    loop {
+        tokio::select! {
+            () = tx.closed() => return Ok(()),
+            snapshot = stream.session.next_change() => stream.on_snapshot(snapshot?).await?,
+            received = inbound.message() => match received {
+                Ok(Some(request)) => stream.on_request(request, false).await?,
+                Ok(None) => return Ok(()),
+                Err(status) => {
+                    tracing::debug!(proxy = %stream.session.key(), %status, "stream ended");
+                    return Ok(());
+                }
+            },
+        }
+    }
+}
+
+/// The last response sent on a stream.
+struct Sent {
+    nonce: String,
+    version: String,
+    /// The resources it carried or removed.
+    resources: Vec<String>,
+    /// The newest snapshot generation whose content equals this response.
+    generation: u64,
+    /// When it was sent, for the ACK-lag metric.
+    sent_at: Instant,
+}
+
+struct Driver<P: Protocol> {
+    protocol: P,
+    session: Session,
+    tx: Outbound<P::Response>,
+    snapshot: Arc<Snapshot>,
+    last_sent: Option<Sent>,
+    acked: bool,
+    nonce_seq: u64,
+    logged_unknown: HashSet<String>,
+}
+
+impl<P: Protocol> Driver<P> {
+    fn new(session: Session, tx: Outbound<P::Response>, snapshot: Arc<Snapshot>) -> Self {
+        Self {
+            protocol: P::default(),
+            session,
+            tx,
+            snapshot,
+            last_sent: None,
+            acked: false,
+            nonce_seq: 0,
+            logged_unknown: HashSet::new(),
+        }
+    }
+
+    async fn on_request(&mut self, request: P::Request, first: bool) -> Result<(), Status> {
+        let Header {
+            node,
+            type_url,
+            reply,
+        } = P::header(&request);
+        if !first {
+            authn::check_later_node(node, self.session.key())
+                .map_err(|status| self.session.shared.auth_failure(status))?;
+        }
+        if !type_url.is_empty() && type_url != SECRET_TYPE_URL {
+            return Err(Status::invalid_argument(format!(
+                "this is a secret discovery service: type_url must be {SECRET_TYPE_URL:?}, not {type_url:?}",
+            )));
+        }
+        let fresh = reply.nonce.is_empty();
+        if !fresh {
+            let current = self
+                .last_sent
+                .as_ref()
+                .is_some_and(|sent| sent.nonce == reply.nonce);
+            if current {
+                self.on_reply(reply).await;
+            } else {
+                tracing::debug!(proxy = %self.session.key(), nonce = %reply.nonce, "ignoring the reply of a request with a stale nonce");
+                if P::STALE_IGNORES_SUBSCRIPTION {
+                    return Ok(());
+                }
+            }
+        }
+        let changed = match self.protocol.subscribe(request, first) {
+            Some(resources) => {
+                let listed: Vec<String> = resources.iter().map(|r| r.to_string()).collect();
+                self.session.update_info(|info| info.resources = listed);
+                self.session
+                    .emit(StreamEvent::Subscribed {
+                        stream: self.session.id,
+                        resources,
+                    })
+                    .await;
+                true
+            }
+            None => false,
+        };
+        if let Some(force) = P::responds(first, fresh, changed) {
+            self.respond(force).await?;
+        }
+        Ok(())
+    }
+
+    /// Handles the ACK or NACK of the last response.
+    async fn on_reply(&mut self, reply: Reply) {
+        let Some(sent) = &self.last_sent else { return };
+        let metrics = &self.session.shared.metrics;
+        if let Some(message) = reply.error {
+            SdsMetrics::incr(&metrics.nacks);
+            tracing::warn!(
+                proxy = %self.session.key(),
+                resources = ?sent.resources,
+                version = %sent.version,
+                message = %message,
+                "proxy rejected secrets (NACK); it keeps its previous ones"
+            );
+            self.acked = false;
+            let last = message.clone();
+            self.session.update_info(|info| {
+                info.nacks += 1;
+                info.last_nack = Some(last);
+            });
+            let event = StreamEvent::Nacked {
+                stream: self.session.id,
+                generation: sent.generation,
+                version: sent.version.clone(),
+                message,
+            };
+            self.session.emit(event).await;
+        } else if reply.version.as_ref().is_none_or(|v| *v == sent.version) {
+            SdsMetrics::incr(&metrics.acks);
+            metrics.ack_lag.observe(sent.sent_at.elapsed());
+            self.acked = true;
+            self.record_ack().await;
+        } else {
+            tracing::debug!(
+                proxy = %self.session.key(),
+                version = ?reply.version,
+                "reply to the last nonce with an unexpected version; not an ACK"
+            );
+        }
+    }
+
+    async fn record_ack(&self) {
+        let Some(sent) = &self.last_sent else { return };
+        let (version, generation) = (sent.version.clone(), sent.generation);
+        self.session.update_info(|info| {
+            info.last_acked_version = Some(version);
+            info.acked_generation = Some(generation);
+        });
+        let event = StreamEvent::Acked {
+            stream: self.session.id,
+            generation: sent.generation,
+            version: sent.version.clone(),
+        };
+        self.session.emit(event).await;
+    }
+
+    async fn on_snapshot(&mut self, snapshot: Arc<Snapshot>) -> Result<(), Status> {
+        self.snapshot = snapshot;
+        self.respond(false).await
+    }
+
+    /// Sends what the proxy lacks (everything, when `force`d). When it lacks nothing, the last response
+    /// is deemed to be of the current generation, and ACKed again if it was ACKed.
+    async fn respond(&mut self, force: bool) -> Result<(), Status> {
+        let built = {
+            let snapshot = self.snapshot.clone();
+            let (session, logged_unknown) = (&self.session, &mut self.logged_unknown);
+            let mut resolve = |name: &ResourceName| match names::resolve(
+                &snapshot,
+                &session.ctx,
+                name,
+            ) {
+                Lookup::Found(resolved) => Some(resolved),
+                Lookup::Unavailable(why) => {
+                    tracing::debug!(proxy = %session.key(), resource = %name, %why, "resource not available");
+                    None
+                }
+                Lookup::Unknown => {
+                    if logged_unknown.insert(name.to_string()) {
+                        tracing::warn!(
+                            proxy = %session.key(),
+                            resource = %name,
+                            "proxy asked for an unknown secret name; it is not served"
+                        );
+                    }
+                    None
+                }
+            };
+            let mut current = Current {
+                resolve: &mut resolve,
+                last_version: self.last_sent.as_ref().map(|s| s.version.as_str()),
+                force,
+            };
+            self.protocol.build(&mut current)
+        };
+        match built {
+            Build::Send {
+                response,
+                version,
+                resources,
+            } => self.send(response, version, resources).await,
+            Build::Unchanged => {
+                let generation = self.snapshot.generation;
+                if let Some(sent) = self.last_sent.as_mut() {
+                    if sent.generation != generation {
+                        sent.generation = generation;
+                        if self.acked {
+                            self.record_ack().await;
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Build::Withheld => Ok(()),
+        }
+    }
+
+    async fn send(
+        &mut self,
+        mut response: P::Response,
+        version: String,
+        resources: Vec<String>,
+    ) -> Result<(), Status> {
+        self.nonce_seq += 1;
+        let nonce = format!("{}-{}", self.session.id, self.nonce_seq);
+        P::set_nonce(&mut response, nonce.clone());
+        if self.tx.send(Ok(response)).await.is_err() {
+            return Err(Status::cancelled("the proxy went away"));
+        }
+        SdsMetrics::incr(&self.session.shared.metrics.responses_pushed);
+        tracing::debug!(proxy = %self.session.key(), %version, ?resources, "pushed secrets");
+        let sent_version = version.clone();
+        self.session
+            .update_info(|info| info.last_sent_version = sent_version);
+        self.last_sent = Some(Sent {
+            nonce,
+            version,
+            resources,
+            generation: self.snapshot.generation,
+            sent_at: Instant::now(),
+        });
+        self.acked = false;
+        Ok(())
+    }
+}

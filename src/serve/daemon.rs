@@ -1,0 +1,294 @@
+//! A running daemon: every listener bound, the owner loop, SDS and the admin API as tasks.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{anyhow, Context};
+use meshca_config::{ListenAddr, Settings};
+use meshca_control::{
+    load_world, Owner, OwnerConfig, OwnerLoop, ReloadOutcome, Snapshot, Status, StreamEvent, World,
+};
+use meshca_keystore::Keystore;
+use meshca_sds::{BoundListeners, Listener, SdsServer, ServerOptions};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::files::{ensure_resources, open_keystore, read_revocations, revocations_file};
+use super::reload::Reloader;
+use super::{admin, daemon_keys, metrics, watcher};
+use crate::InvalidInput;
+
+/// How long shutdown waits for streams and tasks to finish.
+const GRACE: Duration = Duration::from_secs(10);
+
+/// Reload requests queued for the owner loop; more are merged into one reload anyway.
+const RELOAD_QUEUE: usize = 16;
+
+/// Options of an in-process daemon that no settings file can set.
+#[derive(Clone, Copy, Debug)]
+pub struct DaemonOptions {
+    /// The rollout gate (docs/rotation.md). Only drills turn it off, to show what it prevents.
+    pub gate: bool,
+    /// Watch the resources directory and the revocation list.
+    pub watch_files: bool,
+}
+
+impl Default for DaemonOptions {
+    fn default() -> Self {
+        DaemonOptions {
+            gate: true,
+            watch_files: true,
+        }
+    }
+}
+
+/// A running daemon: its listeners, its status, and the handles to reload and stop it.
+pub struct Daemon {
+    /// Where SDS listens (real ports when 0 was asked).
+    pub sds_addrs: Vec<meshca_sds::BoundAddr>,
+    /// Where the admin API listens.
+    pub admin_addr: std::net::SocketAddr,
+    /// The owner's latest status.
+    pub status: watch::Receiver<Arc<Status>>,
+    signing_key: meshca_auth::SigningKey,
+    reloader: Reloader,
+    shutdown: CancellationToken,
+    tasks: tokio::task::JoinSet<anyhow::Result<()>>,
+    _watcher: Option<notify::RecommendedWatcher>,
+}
+
+impl std::fmt::Debug for Daemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Daemon")
+            .field("sds_addrs", &self.sds_addrs)
+            .field("admin_addr", &self.admin_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Daemon {
+    /// Loads everything, binds every listener and starts serving. Invalid resources are an
+    /// [`InvalidInput`] error; nothing is started then.
+    pub async fn start(settings: Settings, options: DaemonOptions) -> anyhow::Result<Daemon> {
+        let keystore: Arc<dyn Keystore> = Arc::new(open_keystore(&settings)?);
+        let world = load_initial_world(&settings, keystore.as_ref())?;
+        let signing_key = daemon_keys::token_signing_key(keystore.as_ref())?;
+        let revocations_path = revocations_file(&settings);
+        let (revocations_tx, revocations_rx) =
+            watch::channel(Arc::new(read_revocations(&revocations_path)?));
+        let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(Snapshot::empty()));
+        let (status_tx, status_rx) = watch::channel(Arc::new(Status::default()));
+        let (events_tx, events_rx) = mpsc::channel::<StreamEvent>(meshca_sds::EVENT_BUFFER);
+        let sds = SdsServer::new(
+            snapshot_rx,
+            signing_key.verifier(),
+            revocations_rx,
+            events_tx,
+            ServerOptions::default(),
+        );
+        let metrics = Arc::new(metrics::Metrics::new(sds.metrics()));
+        let bound = bind_sds(&settings, keystore.as_ref()).await?;
+        let sds_addrs = bound.local_addrs();
+        let admin_listener = admin::bind(settings.admin.listen).await?;
+        let admin_addr = admin_listener.local_addr()?;
+        tracing::info!(addr = %admin_addr, "admin API listening");
+
+        let shutdown = CancellationToken::new();
+        let (reload_tx, reload_rx) = mpsc::channel(RELOAD_QUEUE);
+        let reloader = Reloader::new(reload_tx, revocations_path.clone(), revocations_tx);
+        let watcher = match options.watch_files {
+            true => Some(watcher::watch(
+                &settings.resources,
+                &revocations_path,
+                reloader.clone(),
+            )?),
+            false => None,
+        };
+        let owner = Owner::new(
+            OwnerConfig {
+                gate: options.gate,
+                ..OwnerConfig::from_settings(&settings)
+            },
+            world,
+            metrics.clone(),
+            snapshot_tx,
+            status_tx,
+        );
+        let owner_loop = OwnerLoop::new(
+            owner,
+            settings,
+            keystore,
+            events_rx,
+            reload_rx,
+            shutdown.clone(),
+        );
+        let ready = Arc::new(AtomicBool::new(false));
+        let admin_state = admin::AdminState {
+            status: status_rx.clone(),
+            streams: sds.registry(),
+            metrics,
+            ready: ready.clone(),
+        };
+        let mut tasks = tokio::task::JoinSet::new();
+        tasks.spawn(async move {
+            owner_loop.run().await;
+            Ok(())
+        });
+        tasks.spawn(serve_sds(bound, sds, shutdown.clone()));
+        tasks.spawn(serve_admin(admin_listener, admin_state, shutdown.clone()));
+        ready.store(true, Ordering::Release);
+        tracing::info!("meshca is ready");
+        Ok(Daemon {
+            sds_addrs,
+            admin_addr,
+            status: status_rx,
+            signing_key,
+            reloader,
+            shutdown,
+            tasks,
+            _watcher: watcher,
+        })
+    }
+
+    /// The unix socket SDS listens on, as a client target (`unix:///path`), if any.
+    pub fn unix_target(&self) -> Option<String> {
+        self.sds_addrs.iter().find_map(|a| match a {
+            meshca_sds::BoundAddr::Unix(p) => Some(format!("unix://{}", p.display())),
+            _ => None,
+        })
+    }
+
+    /// Mints a proxy token with the daemon's key.
+    pub fn mint_token(&self, claims: &meshca_auth::Claims) -> anyhow::Result<String> {
+        self.signing_key
+            .mint(claims)
+            .map_err(|e| anyhow!("cannot sign a token: {e}"))
+    }
+
+    /// Reloads the resources directory now and waits for the outcome.
+    pub async fn reload_resources(&self) -> anyhow::Result<ReloadOutcome> {
+        self.reloader
+            .resources()
+            .await
+            .ok_or_else(|| anyhow!("the daemon stopped before applying the update"))
+    }
+
+    /// What reloads resources and revocations (SIGHUP and the file watcher use it).
+    pub fn reloader(&self) -> Reloader {
+        self.reloader.clone()
+    }
+
+    /// Waits until a daemon task fails (or ends, which is a failure too) or `shutdown` is cancelled.
+    pub async fn wait(&mut self) -> anyhow::Result<()> {
+        tokio::select! {
+            _ = self.shutdown.cancelled() => Ok(()),
+            done = self.tasks.join_next() => match done {
+                None => Ok(()),
+                Some(Ok(Ok(()))) => Err(anyhow!("a daemon task ended unexpectedly")),
+                Some(Ok(Err(e))) => Err(e),
+                Some(Err(e)) => Err(anyhow!("a daemon task panicked: {e}")),
+            },
+        }
+    }
+
+    /// Drains streams and stops every task, waiting at most the grace period.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        let drained = tokio::time::timeout(GRACE, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(grace = ?GRACE, "tasks still running after the grace period; exiting anyway");
+        }
+    }
+}
+
+/// The first world: the resources directory (seeded when empty) with every CA loaded. Invalid
+/// resources stop the start with every error listed.
+fn load_initial_world(settings: &Settings, keystore: &dyn Keystore) -> anyhow::Result<World> {
+    ensure_resources(&settings.resources)?;
+    let world = load_world(settings, keystore, None, SystemTime::now()).map_err(|errors| {
+        let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        anyhow::Error::new(InvalidInput(format!(
+            "the resources are invalid; nothing was started:\n  {}",
+            lines.join("\n  ")
+        )))
+    })?;
+    for (mesh, role, ca) in world.authorities() {
+        tracing::info!(mesh, ca = %role, id = %ca.ca.id(), "CA loaded");
+    }
+    Ok(world)
+}
+
+/// Binds every SDS listener of the settings.
+async fn bind_sds(settings: &Settings, keystore: &dyn Keystore) -> anyhow::Result<BoundListeners> {
+    let bound = meshca_sds::bind(sds_listeners(settings, keystore)?)
+        .await
+        .context("cannot start the SDS listeners (sds.listen)")?;
+    for addr in bound.local_addrs() {
+        tracing::info!(%addr, "SDS listening");
+    }
+    Ok(bound)
+}
+
+/// The SDS listeners of the settings; TCP ones get TLS from `sds.tls` or the daemon's own SDS CA.
+fn sds_listeners(settings: &Settings, keystore: &dyn Keystore) -> anyhow::Result<Vec<Listener>> {
+    let mut listeners = Vec::new();
+    let mut tls: Option<Arc<rustls::ServerConfig>> = None;
+    for addr in &settings.sds.listen {
+        let listener = match addr {
+            ListenAddr::Unix(path) => Listener::Unix(path.clone()),
+            ListenAddr::Tcp(addr) if settings.sds.insecure => Listener::InsecureLoopback(*addr),
+            ListenAddr::Tcp(addr) => {
+                let config = match &tls {
+                    Some(config) => config.clone(),
+                    None => tls.insert(server_tls(settings, keystore)?).clone(),
+                };
+                Listener::Tls {
+                    addr: *addr,
+                    config,
+                }
+            }
+        };
+        listeners.push(listener);
+    }
+    Ok(listeners)
+}
+
+/// The TLS server config of the SDS TCP listeners: `sds.tls` files, or a certificate from the daemon's
+/// own SDS CA.
+fn server_tls(
+    settings: &Settings,
+    keystore: &dyn Keystore,
+) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    let identity = match &settings.sds.tls {
+        Some(files) => daemon_keys::server_identity_from_files(&files.cert_file, &files.key_file)?,
+        None => {
+            daemon_keys::server_identity_generated(keystore, &settings.data_dir, SystemTime::now())?
+        }
+    };
+    daemon_keys::server_tls_config(identity)
+}
+
+async fn serve_sds(
+    bound: BoundListeners,
+    sds: SdsServer,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    bound
+        .serve(sds, shutdown)
+        .await
+        .map_err(|e| anyhow!("SDS server failed: {e}"))
+}
+
+async fn serve_admin(
+    listener: tokio::net::TcpListener,
+    state: admin::AdminState,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    admin::serve(listener, state, shutdown)
+        .await
+        .map_err(|e| anyhow!("admin API failed: {e}"))
+}

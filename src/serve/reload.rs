@@ -1,0 +1,103 @@
+//! What a file change or SIGHUP reloads: the resources go to the owner loop, the token revocation list
+//! is re-read here and published to every SDS stream.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use meshca_auth::RevocationList;
+use meshca_control::{Reload, ReloadOutcome};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::files::read_revocations;
+
+/// What changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// A file in the resources directory.
+    Resources,
+    /// The token revocation list.
+    Revocations,
+    /// Both (SIGHUP, or a burst touching both).
+    All,
+}
+
+impl Change {
+    /// The change covering both.
+    pub fn merge(self, other: Change) -> Change {
+        if self == other {
+            self
+        } else {
+            Change::All
+        }
+    }
+
+    fn resources(self) -> bool {
+        matches!(self, Change::Resources | Change::All)
+    }
+
+    fn revocations(self) -> bool {
+        matches!(self, Change::Revocations | Change::All)
+    }
+}
+
+/// Applies changes: cheap to clone, shared by the file watcher, SIGHUP and [`super::Daemon`].
+#[derive(Clone, Debug)]
+pub struct Reloader {
+    resources: mpsc::Sender<Reload>,
+    revocations_path: PathBuf,
+    revocations: Arc<watch::Sender<Arc<RevocationList>>>,
+}
+
+impl Reloader {
+    pub(super) fn new(
+        resources: mpsc::Sender<Reload>,
+        revocations_path: PathBuf,
+        revocations: watch::Sender<Arc<RevocationList>>,
+    ) -> Reloader {
+        Reloader {
+            resources,
+            revocations_path,
+            revocations: Arc::new(revocations),
+        }
+    }
+
+    /// Reloads what `change` names without waiting for the outcome; false once the daemon stopped.
+    pub async fn apply(&self, change: Change) -> bool {
+        if change.revocations() {
+            self.reload_revocations();
+        }
+        !change.resources() || self.resources.send(Reload::default()).await.is_ok()
+    }
+
+    /// [`Self::apply`] from a context that cannot wait (a signal handler's loop must not block): a
+    /// resources reload already queued covers this one.
+    pub fn try_apply(&self, change: Change) {
+        if change.revocations() {
+            self.reload_revocations();
+        }
+        if change.resources() {
+            let _ = self.resources.try_send(Reload::default());
+        }
+    }
+
+    /// Reloads the resources and waits until the update is served or rejected; `None` when the daemon
+    /// stopped first.
+    pub async fn resources(&self) -> Option<ReloadOutcome> {
+        let (tx, rx) = oneshot::channel();
+        let request = Reload { done: Some(tx) };
+        self.resources.send(request).await.ok()?;
+        rx.await.ok()
+    }
+
+    /// Re-reads the revocation list; an unreadable one leaves the previous list in force.
+    fn reload_revocations(&self) {
+        match read_revocations(&self.revocations_path) {
+            Ok(list) => {
+                self.revocations.send_replace(Arc::new(list));
+            }
+            Err(e) => tracing::error!(
+                "revocation list not reloaded, the previous one stays in force: {e}"
+            ),
+        }
+    }
+}
