@@ -11,7 +11,7 @@ use tonic::Status;
 use crate::authn;
 use crate::metrics::SdsMetrics;
 use crate::names::{self, Lookup};
-use crate::secret::SECRET_TYPE_URL;
+use crate::secret::{self, SECRET_TYPE_URL};
 use crate::service::Shared;
 use crate::session::Session;
 
@@ -23,12 +23,7 @@ pub(crate) async fn fetch(
 ) -> Result<DiscoveryResponse, Status> {
     authn::check_first_node(request.node.as_ref(), &authn::proxy_key(&claims))
         .map_err(|status| shared.auth_failure(status))?;
-    if !request.type_url.is_empty() && request.type_url != SECRET_TYPE_URL {
-        return Err(Status::invalid_argument(format!(
-            "this is a secret discovery service: type_url must be {SECRET_TYPE_URL:?}, not {:?}",
-            request.type_url
-        )));
-    }
+    secret::check_type_url(&request.type_url)?;
     let asked = parse_names(request.resource_names);
     if asked.is_empty() {
         return Err(Status::invalid_argument(

@@ -27,6 +27,16 @@ pub const SPIFFE_VALIDATOR_NAME: &str = "envoy.tls.cert_validator.spiffe";
 pub const SECRET_TYPE_URL: &str =
     "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
 
+/// Checks a request's type URL: empty (Envoy may omit it) or the secret type.
+pub(crate) fn check_type_url(type_url: &str) -> Result<(), tonic::Status> {
+    if type_url.is_empty() || type_url == SECRET_TYPE_URL {
+        return Ok(());
+    }
+    Err(tonic::Status::invalid_argument(format!(
+        "this is a secret discovery service: type_url must be {SECRET_TYPE_URL:?}, not {type_url:?}"
+    )))
+}
+
 /// How a validation context expresses its trust.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Form {

@@ -20,7 +20,7 @@ use crate::authn;
 use crate::metrics::SdsMetrics;
 use crate::names::{self, Lookup, Resolved};
 use crate::registry::StreamKind;
-use crate::secret::SECRET_TYPE_URL;
+use crate::secret;
 use crate::service::Shared;
 use crate::session::{self, Session};
 
@@ -225,11 +225,7 @@ impl<P: Protocol> Driver<P> {
             authn::check_later_node(node, self.session.key())
                 .map_err(|status| self.session.shared.auth_failure(status))?;
         }
-        if !type_url.is_empty() && type_url != SECRET_TYPE_URL {
-            return Err(Status::invalid_argument(format!(
-                "this is a secret discovery service: type_url must be {SECRET_TYPE_URL:?}, not {type_url:?}",
-            )));
-        }
+        secret::check_type_url(type_url)?;
         let fresh = reply.nonce.is_empty();
         if !fresh {
             let current = self

@@ -1,8 +1,8 @@
 //! The owner: the one place that turns the accepted configuration, the connected proxies and the clock
 //! into an immutable [`Snapshot`] for SDS and a [`Status`] for operators.
 //!
-//! Only the owner changes its state, in [`Owner::on_event`] and [`Owner::reconcile`]; everything it
-//! shares is published whole through `watch` channels.
+//! Only the owner changes its state (stream events, accepted or rejected updates, reconciles);
+//! everything it shares is published whole through `watch` channels.
 
 mod issue;
 mod reconcile;
@@ -125,7 +125,8 @@ impl OwnerConfig {
     }
 }
 
-/// The owner's state. Only [`Owner::reconcile`] and [`Owner::on_event`] change it.
+/// The owner's state: the serving configuration, connected proxies and their certificates. What it
+/// publishes changes only in [`Owner::reconcile`].
 #[derive(Debug)]
 pub struct Owner {
     config: OwnerConfig,
