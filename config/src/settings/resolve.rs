@@ -20,9 +20,10 @@ impl Settings {
     ///
     /// A variable's name is `MESHCA_` and the field's path, upper-cased and joined by `_`; a
     /// camelCase key may be glued or snake-cased (`MESHCA_DATADIR` or `MESHCA_DATA_DIR`). Lists
-    /// (`MESHCA_SDS_LISTEN`) are comma separated. Unknown keys in the file and unknown `MESHCA_*`
-    /// variables are errors, so the caller must not pass variables that are its own (for example
-    /// a `MESHCA_CONFIG` read by the command line parser). Relative paths stay relative to the
+    /// (`MESHCA_SDS_LISTEN`) are comma separated. Unknown keys in the file are errors; an unknown
+    /// `MESHCA_*` variable is logged as a warning and ignored, since other tools share the prefix
+    /// (the command line's own variables, such as `MESHCA_CONFIG`, are left out by the caller).
+    /// Relative paths stay relative to the
     /// working directory. If `dataDir` is set but `resources` or `sds.listen` are not, those
     /// follow `dataDir`.
     pub fn load(
