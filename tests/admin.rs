@@ -53,6 +53,12 @@ fn status_shows_the_mesh_and_the_connected_proxy() {
     assert_eq!(dp["serial"].as_str(), Some(serial.as_str()), "{dp}");
     assert_eq!(dp["origin"], "file", "{dp}");
 
+    // The document is valid for a strict reader: every key once (`meshca status` reads it so too).
+    let body = daemon.admin_get("/api/status").body;
+    let typed: meshca_control::Status =
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(typed.dataplanes.len(), 1, "{body}");
+
     let api = daemon.admin_json("/api/dataplanes/default/web-1");
     assert_eq!(api["spiffe_id"], "spiffe://default/web");
     assert_eq!(

@@ -174,7 +174,12 @@ impl Gate {
 
     /// Marks published CAs as confirmed once every stream that must carry them ACKed a snapshot that did,
     /// or once `ackTimeout` passed.
+    ///
+    /// Called more than once per reconcile: each call replaces the trust-before-identity waits of the
+    /// previous one, so a status lists every wait once.
     pub fn confirm(&mut self, streams: &Streams, now: SystemTime) {
+        self.waits
+            .retain(|w| w.step != RolloutStep::TrustBeforeIdentity);
         let timeout = self.ack_timeout;
         let mut waits = Vec::new();
         let mut timeouts = Vec::new();

@@ -725,12 +725,13 @@ fn trust_before_identity_waits_for_every_trust_subscriber_to_ack() {
     });
     assert_eq!(issuer_of(&h.ready("web-1")), ca1);
     let status = h.status.borrow().clone();
-    let wait = status
+    let waits: Vec<_> = status
         .rollout
         .iter()
-        .find(|w| w.step == RolloutStep::TrustBeforeIdentity)
-        .expect("waiting");
-    assert_eq!(wait.waiting_for, ["default.web-1", "default.web-2"]);
+        .filter(|w| w.step == RolloutStep::TrustBeforeIdentity)
+        .collect();
+    assert_eq!(waits.len(), 1, "one entry per wait: {:?}", status.rollout);
+    assert_eq!(waits[0].waiting_for, ["default.web-1", "default.web-2"]);
 
     h.ack(1, Some(g_trust));
     assert!(
@@ -747,6 +748,19 @@ fn trust_before_identity_waits_for_every_trust_subscriber_to_ack() {
         ca1,
         "web-2 has not ACKed the new trust yet"
     );
+    let status = h.status.borrow().clone();
+    let waits: Vec<_> = status
+        .rollout
+        .iter()
+        .filter(|w| w.step == RolloutStep::TrustBeforeIdentity)
+        .collect();
+    assert_eq!(
+        waits.len(),
+        1,
+        "a later reconcile lists the wait once: {:?}",
+        status.rollout
+    );
+    assert_eq!(waits[0].waiting_for, ["default.web-2"]);
     assert_eq!(issuer_of(&h.ready("web-2")), ca1);
 
     h.ack(2, Some(g_trust));
