@@ -84,6 +84,8 @@ struct Published {
     since: SystemTime,
     /// Every subscriber ACKed a version carrying it, or the timeout passed.
     confirmed: bool,
+    /// Some subscriber had to be waited for (counted once).
+    waited: bool,
     /// The CA's subject, for operators.
     subject: String,
 }
@@ -111,6 +113,10 @@ pub struct Gate {
     known_meshes: HashSet<String>,
     /// Removed CAs whose retention timed out: no longer retained, not reported again.
     given_up: HashSet<(String, String)>,
+    /// (mesh, CA) groups whose identity-ack wait the previous reconcile listed, and this one's: a group
+    /// new to this reconcile starts a wait.
+    identity_acks_before: HashSet<(String, String)>,
+    identity_acks_now: HashSet<(String, String)>,
     waits: Vec<Wait>,
     events: Vec<(String, GateEvent)>,
 }
@@ -127,6 +133,8 @@ impl Gate {
             retained_since: HashMap::new(),
             known_meshes: HashSet::new(),
             given_up: HashSet::new(),
+            identity_acks_before: HashSet::new(),
+            identity_acks_now: HashSet::new(),
             waits: Vec::new(),
             events: Vec::new(),
         }
@@ -145,14 +153,20 @@ impl Gate {
     /// Starts a reconcile: forgets the previous waits.
     pub fn begin(&mut self) {
         self.waits.clear();
+        self.identity_acks_before = std::mem::take(&mut self.identity_acks_now);
     }
 
-    /// Records a wait for the status (and its start for the metrics).
-    pub fn wait(&mut self, wait: Wait, started: bool) {
-        if started {
-            self.events
-                .push((wait.mesh.clone(), GateEvent::WaitStarted(wait.step)));
+    /// Records that proxies have not ACKed their replacement certificates (for the status), and counts
+    /// the wait as started when the previous reconcile did not have it.
+    pub fn identity_ack_wait(&mut self, wait: Wait) {
+        let group = (wait.mesh.clone(), wait.ca.clone());
+        if !self.identity_acks_before.contains(&group) {
+            self.events.push((
+                wait.mesh.clone(),
+                GateEvent::WaitStarted(RolloutStep::IdentityAck),
+            ));
         }
+        self.identity_acks_now.insert(group);
         self.waits.push(wait);
     }
 
@@ -183,6 +197,7 @@ impl Gate {
         let timeout = self.ack_timeout;
         let mut waits = Vec::new();
         let mut timeouts = Vec::new();
+        let mut started = Vec::new();
         for ((mesh, _), p) in self.published.iter_mut().filter(|(_, p)| !p.confirmed) {
             let waiting = streams.waiting_for(p.since_generation, |s| {
                 s.resources
@@ -191,7 +206,13 @@ impl Gate {
             });
             if waiting.is_empty() {
                 p.confirmed = true;
-            } else if now >= p.since + timeout {
+                continue;
+            }
+            if !p.waited {
+                p.waited = true;
+                started.push(mesh.clone());
+            }
+            if now >= p.since + timeout {
                 tracing::warn!(
                     mesh = %mesh,
                     ca = %p.subject,
@@ -213,6 +234,10 @@ impl Gate {
                     waiting_for: waiting.into_iter().take(NAMED_WAITERS).collect(),
                 });
             }
+        }
+        for mesh in started {
+            let event = GateEvent::WaitStarted(RolloutStep::TrustBeforeIdentity);
+            self.events.push((mesh, event));
         }
         for mesh in timeouts {
             self.timed_out(&mesh, RolloutStep::TrustBeforeIdentity);
@@ -306,6 +331,7 @@ impl Gate {
                     since_generation: generation,
                     since: now,
                     confirmed: !enabled || fresh_mesh,
+                    waited: false,
                     subject: ca.subject.clone(),
                 });
         }

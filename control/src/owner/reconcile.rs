@@ -80,18 +80,15 @@ impl Owner {
             proxies.sort();
             let waiting_count = proxies.len();
             proxies.truncate(NAMED_WAITERS);
-            self.gate.wait(
-                Wait {
-                    mesh,
-                    step: RolloutStep::IdentityAck,
-                    ca,
-                    since: rfc3339(since),
-                    timeout_in_seconds: seconds_until(since + timeout, now).max(0),
-                    waiting_count,
-                    waiting_for: proxies,
-                },
-                false,
-            );
+            self.gate.identity_ack_wait(Wait {
+                mesh,
+                step: RolloutStep::IdentityAck,
+                ca,
+                since: rfc3339(since),
+                timeout_in_seconds: seconds_until(since + timeout, now).max(0),
+                waiting_count,
+                waiting_for: proxies,
+            });
         }
     }
 

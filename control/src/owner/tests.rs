@@ -11,8 +11,8 @@ use meshca_config::{Resources, Settings};
 use meshca_keystore::MemoryKeystore;
 use tokio::sync::watch;
 
-use super::{NoTelemetry, Owner, OwnerConfig};
-use crate::gate::RolloutStep;
+use super::{NoTelemetry, Owner, OwnerConfig, Telemetry};
+use crate::gate::{GateEvent, RolloutStep};
 use crate::status::{ServiceTls, Status};
 use crate::world::{CaSource, World};
 use crate::{
@@ -655,6 +655,10 @@ fn gated(gate: bool) -> Harness {
 }
 
 fn replace_owner(h: &mut Harness, gate: bool) -> Owner {
+    replace_owner_with(h, gate, Arc::new(NoTelemetry))
+}
+
+fn replace_owner_with(h: &mut Harness, gate: bool, telemetry: Arc<dyn Telemetry>) -> Owner {
     let world = load(LEGACY, &h.keystore, &h.settings, None).expect("valid");
     let (snapshot_tx, snapshots) = watch::channel(Arc::new(Snapshot::empty()));
     let (status_tx, status) = watch::channel(Arc::new(Status::default()));
@@ -666,7 +670,7 @@ fn replace_owner(h: &mut Harness, gate: bool) -> Owner {
             ..OwnerConfig::from_settings(&h.settings)
         },
         world,
-        Arc::new(NoTelemetry),
+        telemetry,
         snapshot_tx,
         status_tx,
     )
@@ -1153,4 +1157,66 @@ fn an_unknown_name_carries_no_trust_and_is_no_identity() {
         "break last does not count the unknown name as a stream that must ACK the new certificate"
     );
     assert!(h.status.borrow().rollout.is_empty());
+}
+
+/// Telemetry that keeps the gate's events.
+#[derive(Debug, Default)]
+struct Recorder(std::sync::Mutex<Vec<(String, GateEvent)>>);
+
+impl Telemetry for Recorder {
+    fn gate_event(&self, mesh: &str, event: GateEvent) {
+        self.0
+            .lock()
+            .expect("not poisoned")
+            .push((mesh.to_owned(), event));
+    }
+}
+
+#[test]
+fn every_rollout_step_that_waits_is_counted_once() {
+    let recorder = Arc::new(Recorder::default());
+    let mut h = Harness::new(LEGACY);
+    h.owner = replace_owner_with(&mut h, true, recorder.clone());
+    h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    h.connect("web-2", &[], &[("kuma.io/service", "web")]);
+    let mut at = t0();
+    let mut reconcile = |h: &mut Harness| {
+        at += Duration::from_secs(1);
+        h.owner.reconcile(at);
+        generation(h)
+    };
+    let g = reconcile(&mut h);
+    h.ack(1, Some(g));
+    h.ack(2, Some(g));
+    h.update(SWITCHED).expect("valid");
+    reconcile(&mut h);
+    let g_trust = reconcile(&mut h);
+    h.ack(1, Some(g_trust));
+    h.ack(2, Some(g_trust));
+    reconcile(&mut h);
+    h.update(ONLY_CA2).expect("valid");
+    reconcile(&mut h);
+    let g_identity = reconcile(&mut h);
+    h.ack(1, Some(g_identity));
+    h.ack(2, Some(g_identity));
+    reconcile(&mut h);
+    assert!(h.status.borrow().rollout.is_empty(), "the rollout finished");
+    let events = recorder.0.lock().expect("not poisoned").clone();
+    for step in [
+        RolloutStep::TrustBeforeIdentity,
+        RolloutStep::IdentityAck,
+        RolloutStep::BreakLast,
+    ] {
+        let started = events
+            .iter()
+            .filter(|(mesh, e)| mesh == "default" && *e == GateEvent::WaitStarted(step))
+            .count();
+        assert_eq!(started, 1, "{step} waited once: {events:?}");
+    }
+    assert!(
+        !events
+            .iter()
+            .any(|(_, e)| matches!(e, GateEvent::TimedOut(_))),
+        "{events:?}"
+    );
 }
