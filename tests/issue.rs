@@ -136,3 +136,71 @@ fn issue_from_a_running_daemon_over_sds() {
         check_issued_files(&out);
     }
 }
+
+fn issue_into(env: &Env, out: &Path) -> common::Run {
+    env.cli(&[
+        "issue",
+        "--config",
+        env.cfg(),
+        "--out",
+        out.to_str().expect("UTF-8"),
+        "--mesh",
+        "default",
+        "--name",
+        "web-1",
+    ])
+}
+
+#[test]
+fn issue_never_writes_the_key_through_a_planted_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = env_with_web_1();
+    let out = env.root().join("out");
+    std::fs::create_dir(&out).expect("out");
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    // Someone plants the temporary names an earlier meshca used: a symlink to a file they can read,
+    // and a world-readable file.
+    let stolen = env.root().join("stolen.pem");
+    std::fs::write(&stolen, "").expect("stolen");
+    std::os::unix::fs::symlink(&stolen, out.join(".key.pem.tmp")).expect("symlink");
+    std::fs::write(out.join(".svid.pem.tmp"), "").expect("planted");
+    issue_into(&env, &out).ok();
+    check_issued_files(&out);
+    assert_eq!(
+        std::fs::read_to_string(&stolen).expect("stolen"),
+        "",
+        "the key went through the planted symlink"
+    );
+    let mode = std::fs::metadata(out.join("key.pem"))
+        .expect("key")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let leftovers: Vec<String> = std::fs::read_dir(&out)
+        .expect("out")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp") && n != ".key.pem.tmp" && n != ".svid.pem.tmp")
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+}
+
+#[test]
+fn issue_refuses_an_output_directory_others_can_write() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = env_with_web_1();
+    let out = env.root().join("shared-out");
+    std::fs::create_dir(&out).expect("out");
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let run = issue_into(&env, &out);
+    assert_eq!(run.code(), Some(2), "{run}");
+    assert!(run.stderr.contains("writable by other users"), "{run}");
+    assert!(
+        !out.join("key.pem").exists(),
+        "no key in a shared directory"
+    );
+    // Sticky and owned by the caller (like a private /tmp subdirectory) is fine.
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    issue_into(&env, &out).ok();
+    check_issued_files(&out);
+}

@@ -25,27 +25,72 @@ struct Files {
 }
 
 /// Writes `data` to `dir/name` atomically with `mode`.
+/// Writes `data` to `dir/name` atomically: a temporary file with a random name, created exclusively
+/// (never an existing file, never through a symlink) with `mode` from the start, written, synced, then
+/// renamed over the target, and the directory synced.
 fn write_atomic(dir: &Path, name: &str, data: &[u8], mode: u32) -> anyhow::Result<()> {
     let target = dir.join(name);
-    let tmp = dir.join(format!(".{name}.tmp"));
+    let tmp = dir.join(format!(".{name}.{}.tmp", random_suffix()?));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(mode)
         .open(&tmp)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    f.write_all(data)
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
+    let written = f
+        .write_all(data)
         .and_then(|_| f.sync_all())
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, &target)
-        .with_context(|| format!("cannot replace {}", target.display()))?;
+        .and_then(|_| std::fs::rename(&tmp, &target));
+    if let Err(e) = written {
+        // Nothing half-written is left behind.
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("cannot replace {}", target.display()));
+    }
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("cannot sync {}", dir.display()))?;
+    Ok(())
+}
+
+/// 16 random hex digits for a temporary file's name.
+fn random_suffix() -> anyhow::Result<String> {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 8];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .map_err(|_| anyhow!("the system's random source failed"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Refuses an output directory that someone else could write into (and so plant or swap files in),
+/// unless it is sticky and owned by the caller.
+fn check_out_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta =
+        std::fs::metadata(dir).with_context(|| format!("--out: cannot read {}", dir.display()))?;
+    if !meta.is_dir() {
+        return Err(InvalidInput(format!("--out: {} is not a directory", dir.display())).into());
+    }
+    let me = std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .with_context(|| "cannot tell which user runs meshca (/proc/self)")?;
+    let writable_by_others = meta.mode() & 0o022 != 0;
+    let sticky = meta.mode() & 0o1000 != 0;
+    if writable_by_others && !(sticky && meta.uid() == me) {
+        return Err(InvalidInput(format!(
+            "--out: {} is writable by other users (mode {:o}), who could read or replace the private key; use a directory only you can write to",
+            dir.display(),
+            meta.mode() & 0o7777
+        ))
+        .into());
+    }
     Ok(())
 }
 
 fn write_files(dir: &Path, files: &Files, exec: Option<&str>) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("--out: cannot create {}", dir.display()))?;
+    check_out_dir(dir)?;
     // The bundle first, then the key, then the certificate: a reader that sees the new certificate
     // already has the key and trust that go with it.
     write_atomic(dir, "bundle.pem", files.bundle.as_bytes(), 0o644)?;
