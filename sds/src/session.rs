@@ -3,9 +3,9 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use meshca_auth::{Claims, RevocationList};
+use meshca_auth::{Claims, RevocationList, CLOCK_SKEW_LEEWAY_SECS};
 use meshca_control::{ProxyEntry, ProxyKey, Snapshot, StreamEvent, StreamId};
 use tokio::sync::watch;
 use tonic::Status;
@@ -25,6 +25,8 @@ pub(crate) struct Session {
     snapshots: watch::Receiver<Arc<Snapshot>>,
     /// `None` once the revocation publisher is gone: the last list stays in force.
     revocations: Option<watch::Receiver<Arc<RevocationList>>>,
+    /// When the token stops being valid (its expiry plus the clock-skew leeway): the session ends then.
+    expires: tokio::time::Instant,
     registered: bool,
 }
 
@@ -38,6 +40,7 @@ impl Session {
         kind: Option<StreamKind>,
     ) -> Self {
         let id = shared.next_stream_id();
+        let expires = token_deadline(claims.expires_at);
         let mut revocations = shared.revocations.clone();
         revocations.mark_changed();
         let snapshots = shared.snapshots.clone();
@@ -70,6 +73,7 @@ impl Session {
             ctx,
             snapshots,
             revocations: Some(revocations),
+            expires,
             registered: kind.is_some(),
         }
     }
@@ -122,6 +126,7 @@ impl Session {
                 tokio::select! {
                     biased;
                     () = shutdown.cancelled() => Wake::Shutdown,
+                    () = tokio::time::sleep_until(self.expires) => Wake::Expired,
                     alive = revocation => Wake::Revocations { alive },
                     changed = snapshots.changed() => Wake::Snapshot { alive: changed.is_ok() },
                 }
@@ -130,6 +135,7 @@ impl Session {
                 Wake::Shutdown | Wake::Snapshot { alive: false } => {
                     return Err(Status::unavailable("the SDS server is shutting down"));
                 }
+                Wake::Expired => return Err(self.expired()),
                 Wake::Revocations { alive: true } => self.check_revocation()?,
                 Wake::Revocations { alive: false } => self.revocations = None,
                 Wake::Snapshot { alive: true } => {
@@ -140,6 +146,22 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// Fails once the token has expired: nothing may be sent for it after that.
+    pub(crate) fn check_expiry(&self) -> Result<(), Status> {
+        if tokio::time::Instant::now() >= self.expires {
+            return Err(self.expired());
+        }
+        Ok(())
+    }
+
+    fn expired(&self) -> Status {
+        self.shared.auth_failure(Status::unauthenticated(format!(
+            "token {} of proxy {} has expired; the proxy needs a new token",
+            self.claims.id,
+            self.key()
+        )))
     }
 
     fn check_revocation(&mut self) -> Result<(), Status> {
@@ -197,8 +219,24 @@ impl Drop for Session {
     }
 }
 
+/// The moment a token expiring at `expires_at` (Unix seconds) stops being accepted, with the same
+/// clock-skew leeway the verifier allows.
+fn token_deadline(expires_at: u64) -> tokio::time::Instant {
+    /// Far enough that a token valid longer is treated as never expiring on an open stream.
+    const FAR: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+    let deadline = UNIX_EPOCH
+        .checked_add(Duration::from_secs(
+            expires_at.saturating_add(CLOCK_SKEW_LEEWAY_SECS),
+        ))
+        .map_or(FAR, |t| {
+            t.duration_since(SystemTime::now()).unwrap_or_default()
+        });
+    tokio::time::Instant::now() + deadline.min(FAR)
+}
+
 enum Wake {
     Shutdown,
+    Expired,
     Revocations { alive: bool },
     Snapshot { alive: bool },
 }

@@ -383,6 +383,8 @@ impl<P: Protocol> Driver<P> {
         version: String,
         resources: Vec<String>,
     ) -> Result<(), Status> {
+        // A request handled in the same instant as the expiry must not get secrets either.
+        self.session.check_expiry()?;
         self.nonce_seq += 1;
         let nonce = format!("{}-{}", self.session.id, self.nonce_seq);
         P::set_nonce(&mut response, nonce.clone());

@@ -256,3 +256,32 @@ async fn a_token_contradicting_the_proxy_claim_rule_gets_nothing() {
         "the refusal says why: {error}"
     );
 }
+
+#[tokio::test]
+async fn an_open_stream_is_closed_when_its_token_expires() {
+    let harness = Harness::start().await;
+    // Valid for one to two more seconds: it expired 28 s ago, within the verifier's 30 s leeway.
+    let leeway = meshca_auth::CLOCK_SKEW_LEEWAY_SECS;
+    let issued = now_unix() - leeway;
+    let (token, _) = harness.token_with(
+        "default",
+        "web-1",
+        meshca_auth::ProxyType::Dataplane,
+        issued,
+        std::time::Duration::from_secs(2),
+    );
+    let mut stream = Sotw::open(
+        harness.tls_channel().await,
+        Some(&token),
+        first_request("default.web-1", &["default"]),
+    )
+    .await
+    .expect("the token is still accepted");
+    stream.expect_response().await;
+    // At the expiry (plus leeway) the stream ends; nothing more is sent for that token.
+    let status = stream.recv().await.expect_err("closed at expiry");
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(status.message().contains("expired"), "{status:?}");
+    let status = refused_fetch(&harness, Some(&token), "default.web-1").await;
+    assert_eq!(status.code(), Code::Unauthenticated);
+}
