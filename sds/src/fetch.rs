@@ -14,6 +14,7 @@ use crate::names::{self, Lookup};
 use crate::secret::{self, SECRET_TYPE_URL};
 use crate::service::Shared;
 use crate::session::Session;
+use crate::untrusted::shown;
 
 /// Serves one fetch for a proxy whose token was verified.
 pub(crate) async fn fetch(
@@ -42,16 +43,18 @@ pub(crate) async fn fetch(
             }
             Lookup::Unavailable(why) => {
                 return Err(Status::not_found(format!(
-                    "secret {name:?} is not available: {why}"
+                    "secret {} is not available: {why}",
+                    shown(name.as_str())
                 )))
             }
             Lookup::Unknown => {
                 return Err(Status::not_found(format!(
-                    "secret {name:?} is not a name proxy {} may fetch: expected \"default\", \
+                    "secret {} is not a name proxy {} may fetch: expected \"default\", \
                      its SPIFFE ID or MeshIdentity name, \"identity_cert:secret:{mesh}\", \
                      \"system_trust_bundle\", \"ROOTCA\", \"system_trust_bundle_{mesh}\", \
                      \"mesh_ca:secret:{mesh}\", \"ALL\", \"mesh_ca:secret:all\", \
                      \"system_trust_bundle_egress\" or \"meshservice:<name>\"",
+                    shown(name.as_str()),
                     session.key(),
                     mesh = session.key().mesh,
                 )))

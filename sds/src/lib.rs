@@ -24,6 +24,7 @@ mod service;
 mod session;
 mod sotw;
 mod stream;
+mod untrusted;
 
 pub use authn::DISABLE_SPIFFE_VALIDATION_KEY;
 pub use client::{connect_channel, decode_secrets, ClientTls, SdsClient};

@@ -23,6 +23,7 @@ use crate::registry::StreamKind;
 use crate::secret;
 use crate::service::Shared;
 use crate::session::{self, Session};
+use crate::untrusted::{bounded, shown};
 
 /// The reply part of a request: which response it answers and how.
 #[derive(Debug)]
@@ -267,11 +268,13 @@ impl<P: Protocol> Driver<P> {
         let metrics = &self.session.shared.metrics;
         if let Some(message) = reply.error {
             SdsMetrics::incr(&metrics.nacks);
+            // Logged, kept for the admin API and told the owner bounded, whatever the proxy sent.
+            let message = bounded(&message);
             tracing::warn!(
                 proxy = %self.session.key(),
                 resources = ?sent.resources,
                 version = %sent.version,
-                message = %message,
+                %message,
                 "proxy rejected secrets (NACK); it keeps its previous ones"
             );
             self.acked = false;
@@ -334,14 +337,14 @@ impl<P: Protocol> Driver<P> {
             ) {
                 Lookup::Found(resolved) => Some(resolved),
                 Lookup::Unavailable(why) => {
-                    tracing::debug!(proxy = %session.key(), resource = %name, %why, "resource not available");
+                    tracing::debug!(proxy = %session.key(), resource = %shown(name.as_str()), %why, "resource not available");
                     None
                 }
                 Lookup::Unknown => {
                     if logged_unknown.insert(name.to_string()) {
                         tracing::warn!(
                             proxy = %session.key(),
-                            resource = %name,
+                            resource = %shown(name.as_str()),
                             "proxy asked for an unknown secret name; it is not served"
                         );
                     }

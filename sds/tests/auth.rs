@@ -285,3 +285,31 @@ async fn an_open_stream_is_closed_when_its_token_expires() {
     let status = refused_fetch(&harness, Some(&token), "default.web-1").await;
     assert_eq!(status.code(), Code::Unauthenticated);
 }
+
+#[tokio::test]
+async fn an_enormous_name_is_not_found_and_not_echoed_whole() {
+    let harness = Harness::start().await;
+    let (token, _) = harness.token_for("default", "web-1");
+    for name in [
+        "x".repeat(1_000_000),
+        format!("evil\nforged log line{}", "y".repeat(5000)),
+    ] {
+        let request = authorized(first_request("default.web-1", &[name.as_str()]), &token);
+        let status = SecretDiscoveryServiceClient::new(harness.unix_channel().await)
+            .fetch_secrets(request)
+            .await
+            .expect_err("no such secret");
+        assert_eq!(status.code(), Code::NotFound, "{:.300}", status.message());
+        assert!(status.message().len() < 2_000, "{}", status.message().len());
+        assert!(
+            !status.message().contains('\n'),
+            "{:.300}",
+            status.message()
+        );
+        assert!(
+            status.message().contains("more bytes"),
+            "{:.300}",
+            status.message()
+        );
+    }
+}
