@@ -63,23 +63,26 @@ fn env_with_web_1() -> Env {
     env
 }
 
+/// `meshca issue --mesh default --name web-1 --out OUT` from the local keystore.
+fn issue_into(env: &Env, out: &Path) -> common::Run {
+    env.cli(&[
+        "issue",
+        "--config",
+        env.cfg(),
+        "--out",
+        out.to_str().expect("UTF-8"),
+        "--mesh",
+        "default",
+        "--name",
+        "web-1",
+    ])
+}
+
 #[test]
 fn issue_from_the_local_keystore_without_a_daemon() {
     let env = env_with_web_1();
     let out = env.root().join("out");
-    let run = env
-        .cli(&[
-            "issue",
-            "--config",
-            env.cfg(),
-            "--out",
-            out.to_str().expect("UTF-8"),
-            "--mesh",
-            "default",
-            "--name",
-            "web-1",
-        ])
-        .ok();
+    let run = issue_into(&env, &out).ok();
     assert!(run.stderr.contains("spiffe://default/web"), "{run}");
     check_issued_files(&out);
 
@@ -135,20 +138,6 @@ fn issue_from_a_running_daemon_over_sds() {
         .ok();
         check_issued_files(&out);
     }
-}
-
-fn issue_into(env: &Env, out: &Path) -> common::Run {
-    env.cli(&[
-        "issue",
-        "--config",
-        env.cfg(),
-        "--out",
-        out.to_str().expect("UTF-8"),
-        "--mesh",
-        "default",
-        "--name",
-        "web-1",
-    ])
 }
 
 #[test]
