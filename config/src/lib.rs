@@ -7,12 +7,14 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod bounded;
 mod duration;
 mod names;
 mod resources;
 mod settings;
 mod yaml;
 
+pub use bounded::LoadLimits;
 pub use duration::{Duration, DurationError};
 pub use resources::{
     default_resources_yaml, load_dir, load_dir_lenient, parse_str, Backend, BackendKind, Bundled,
@@ -22,7 +24,7 @@ pub use resources::{
 };
 pub use settings::{
     settings_env_vars, AdminSettings, Defaults, IssuanceSettings, KeystoreSettings, KeystoreType,
-    ListenAddr, ListenAddrError, RolloutSettings, SdsSettings, Settings, SettingsError, TlsFiles,
-    UnknownKeystoreType, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR,
+    Limits, ListenAddr, ListenAddrError, RolloutSettings, SdsSettings, Settings, SettingsError,
+    TlsFiles, UnknownKeystoreType, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR,
     DEFAULT_RENEW_AT, DEFAULT_SDS_TCP, DEFAULT_ZONE, ENV_PREFIX,
 };

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use meshca_config::{
-    default_resources_yaml, load_dir, BackendKind, DataSource, ResourceError, Resources,
+    default_resources_yaml, load_dir, BackendKind, DataSource, LoadLimits, ResourceError, Resources,
 };
 
 fn fixture(name: &str) -> PathBuf {
@@ -13,7 +13,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn load_err(dir: &Path) -> Vec<ResourceError> {
-    match load_dir(dir) {
+    match load_dir(dir, &Default::default()) {
         Ok(resources) => panic!("expected errors, got {resources:#?}"),
         Err(errors) => errors,
     }
@@ -22,7 +22,7 @@ fn load_err(dir: &Path) -> Vec<ResourceError> {
 #[test]
 fn good_directory_loads_and_ignores_other_files() {
     let dir = fixture("good");
-    let resources = load_dir(&dir).unwrap_or_else(|errors| {
+    let resources = load_dir(&dir, &Default::default()).unwrap_or_else(|errors| {
         panic!(
             "fixture must load: {:#?}",
             errors.iter().map(ToString::to_string).collect::<Vec<_>>()
@@ -48,7 +48,7 @@ fn good_directory_loads_and_ignores_other_files() {
     // Relative paths are resolved against the resource file's directory.
     assert_eq!(cert, &DataSource::File(dir.join("ca.pem")));
     assert!(cert
-        .read()
+        .read(1 << 20)
         .expect("fixture ca.pem")
         .starts_with(b"-----BEGIN CERTIFICATE-----"));
     assert_eq!(key, &DataSource::File("/etc/meshca/ca-key.pem".into()));
@@ -108,9 +108,12 @@ fn duplicates_across_files() {
 #[test]
 fn empty_directory_and_the_default_resources() {
     let dir = tempfile::tempdir().expect("temp dir");
-    assert_eq!(load_dir(dir.path()), Ok(Resources::default()));
+    assert_eq!(
+        load_dir(dir.path(), &Default::default()),
+        Ok(Resources::default())
+    );
     std::fs::write(dir.path().join("default.yaml"), default_resources_yaml()).expect("write");
-    let resources = load_dir(dir.path()).expect("the default resources load");
+    let resources = load_dir(dir.path(), &Default::default()).expect("the default resources load");
     assert!(resources.mesh("default").is_some());
     assert_eq!(resources.identities_in("default").count(), 1);
 }
@@ -126,4 +129,97 @@ fn missing_directory_is_an_error() {
         "{}",
         errors[0]
     );
+}
+
+fn only_error(dir: &Path, limits: &LoadLimits) -> String {
+    let errors = match load_dir(dir, limits) {
+        Ok(resources) => panic!("expected an error, got {resources:#?}"),
+        Err(errors) => errors,
+    };
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    errors[0].to_string()
+}
+
+#[test]
+fn hostile_files_are_refused_quickly_and_by_name() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Nested 50,000 deep: the YAML parser would take tens of seconds; the pre-scan refuses it.
+    let deep = format!("{}{}", "{a: ".repeat(50_000), "}".repeat(50_000));
+    std::fs::write(dir.path().join("deep.yaml"), &deep).expect("write");
+    let started = std::time::Instant::now();
+    let error = only_error(dir.path(), &LoadLimits::default());
+    assert!(
+        error.contains("deep.yaml") && error.contains("limits.yamlDepth"),
+        "{error}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    std::fs::remove_file(dir.path().join("deep.yaml")).expect("remove");
+
+    // Too large.
+    std::fs::write(dir.path().join("big.yaml"), "# padding\n".repeat(200)).expect("write");
+    let small = LoadLimits {
+        file_bytes: 1000,
+        ..LoadLimits::default()
+    };
+    let error = only_error(dir.path(), &small);
+    assert!(
+        error.contains("big.yaml") && error.contains("limits.resourceFileBytes"),
+        "{error}"
+    );
+    std::fs::remove_file(dir.path().join("big.yaml")).expect("remove");
+
+    // Too many files.
+    for i in 0..3 {
+        std::fs::write(dir.path().join(format!("{i}.yaml")), "").expect("write");
+    }
+    let few = LoadLimits {
+        files: 2,
+        ..LoadLimits::default()
+    };
+    let error = only_error(dir.path(), &few);
+    assert!(error.contains("limits.resourceFiles"), "{error}");
+    assert!(load_dir(dir.path(), &LoadLimits::default()).is_ok());
+
+    // A FIFO: refused, never opened for a blocking read.
+    let fifo = dir.path().join("pipe.yaml");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let error = only_error(dir.path(), &LoadLimits::default());
+    assert!(
+        error.contains("pipe.yaml") && error.contains("not a regular file"),
+        "{error}"
+    );
+}
+
+#[test]
+fn data_sources_are_bounded_and_regular() {
+    let big = DataSource::Inline(vec![b'x'; 100]);
+    let error = big.read(99).expect_err("over the limit");
+    assert!(
+        error.to_string().contains("limits.dataSourceBytes"),
+        "{error}"
+    );
+    assert_eq!(big.read(100).expect("at the limit").len(), 100);
+    let error = DataSource::File("/dev/zero".into())
+        .read(1 << 20)
+        .expect_err("a device is refused, not read until memory runs out");
+    assert!(error.to_string().contains("/dev/zero"), "{error}");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fifo = dir.path().join("key.pem");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let error = DataSource::File(fifo)
+        .read(1 << 20)
+        .expect_err("a FIFO is refused");
+    assert!(error.to_string().contains("a FIFO"), "{error}");
 }

@@ -33,7 +33,7 @@ pub use events::{StreamEvent, StreamId};
 pub use gate::{CaTrust, GateEvent, RolloutStep, Wait};
 pub use lineage::{lineage, Lineage, Validity};
 pub use owner::{NoTelemetry, Owner, OwnerConfig, Rejected, Telemetry};
-pub use owner_loop::{rotate_cas, OwnerLoop, Reload, ReloadOutcome};
+pub use owner_loop::{rotate_cas, LoopHealth, OwnerLoop, Reload, ReloadOutcome};
 pub use plan::{decide, renewal_time, DataplaneInfo, Decision, Desired, Issuer, Origin};
 pub use resource_name::{parse_names, Asker, NameKind, ResourceName, Target, TrustScope};
 pub use snapshot::{

@@ -1,12 +1,19 @@
 //! The owner's task: stream events, resource reloads, renewals and CA rotation steps, each followed by
 //! one reconcile.
+//!
+//! Reading and checking the resources directory (files, provided CAs, the keystore) runs on a
+//! blocking thread, never in the loop: while an update loads, streams are still served, ACKs
+//! counted and certificates renewed. The update is applied when it has loaded; reloads asked for
+//! meanwhile are gathered into one more load after it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use meshca_config::Settings;
 use meshca_keystore::Keystore;
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::UpdateError;
@@ -37,6 +44,52 @@ pub struct OwnerLoop {
     events: mpsc::Receiver<StreamEvent>,
     reloads: mpsc::Receiver<Reload>,
     shutdown: CancellationToken,
+    /// The update loading now, if any.
+    loading: Option<Loading>,
+    /// Requesters of a reload asked for while one was loading: served by the next load.
+    queued: Option<Vec<oneshot::Sender<ReloadOutcome>>>,
+    health: Arc<LoopHealth>,
+}
+
+/// A resource update loading on a blocking thread.
+#[derive(Debug)]
+struct Loading {
+    task: JoinHandle<ReloadResult>,
+    waiting: Vec<oneshot::Sender<ReloadOutcome>>,
+}
+
+type ReloadResult = Result<World, Vec<UpdateError>>;
+
+/// Whether the loop keeps turning, for `/ready`: when it started the work it is doing now.
+#[derive(Debug, Default)]
+pub struct LoopHealth {
+    /// Milliseconds since the Unix epoch when the current turn began; 0 between turns.
+    busy_since_ms: AtomicU64,
+}
+
+impl LoopHealth {
+    /// How long the loop has been busy with one turn (a reconcile, a CA rotation), if it is.
+    pub fn busy_for(&self, now: SystemTime) -> Option<Duration> {
+        let since = self.busy_since_ms.load(Ordering::Acquire);
+        (since != 0).then(|| {
+            let now_ms = millis(now);
+            Duration::from_millis(now_ms.saturating_sub(since))
+        })
+    }
+
+    fn begin(&self) {
+        self.busy_since_ms
+            .store(millis(SystemTime::now()).max(1), Ordering::Release);
+    }
+
+    fn end(&self) {
+        self.busy_since_ms.store(0, Ordering::Release);
+    }
+}
+
+fn millis(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 impl OwnerLoop {
@@ -56,7 +109,15 @@ impl OwnerLoop {
             events,
             reloads,
             shutdown,
+            loading: None,
+            queued: None,
+            health: Arc::default(),
         }
+    }
+
+    /// Whether the loop keeps turning; read by `/ready`.
+    pub fn health(&self) -> Arc<LoopHealth> {
+        self.health.clone()
     }
 
     /// Runs until `shutdown` fires or the event or reload channel closes.
@@ -74,7 +135,11 @@ impl OwnerLoop {
                 }
                 request = self.reloads.recv() => {
                     let Some(first) = request else { return };
-                    next_due = self.on_reloads(first);
+                    self.on_reload_requests(first);
+                    false
+                }
+                loaded = finished(&mut self.loading) => {
+                    next_due = self.on_loaded(loaded);
                     false
                 }
                 () = tokio::time::sleep(wait) => {
@@ -85,11 +150,13 @@ impl OwnerLoop {
             if dirty {
                 next_due = self.reconcile();
             }
+            self.health.end();
         }
     }
 
     /// Applies `first` and every event already queued behind it; whether a reconcile is needed.
     fn on_events(&mut self, first: StreamEvent) -> bool {
+        self.health.begin();
         let mut dirty = self.owner.on_event(first);
         while let Ok(event) = self.events.try_recv() {
             dirty |= self.owner.on_event(event);
@@ -97,23 +164,45 @@ impl OwnerLoop {
         dirty
     }
 
-    /// Reloads the resources once for `first` and every request queued behind it, reconciles, then
-    /// tells each requester the outcome (so a caller that waited sees the update served). Returns when
-    /// something is next due.
-    fn on_reloads(&mut self, first: Reload) -> Option<SystemTime> {
+    /// Starts loading the resources for `first` and every request queued behind it, or, while an
+    /// update is loading, queues them for one more load after it (the files may have changed since
+    /// it began).
+    fn on_reload_requests(&mut self, first: Reload) {
         let mut waiting: Vec<_> = first.done.into_iter().collect();
         while let Ok(more) = self.reloads.try_recv() {
             waiting.extend(more.done);
         }
-        let now = SystemTime::now();
-        let loaded = tokio::task::block_in_place(|| {
+        if self.loading.is_some() {
+            self.queued.get_or_insert_with(Vec::new).extend(waiting);
+        } else {
+            self.start_loading(waiting);
+        }
+    }
+
+    fn start_loading(&mut self, waiting: Vec<oneshot::Sender<ReloadOutcome>>) {
+        let settings = self.settings.clone();
+        let keystore = self.keystore.clone();
+        let previous = self.owner.world().clone();
+        let task = tokio::task::spawn_blocking(move || {
             load_world(
-                &self.settings,
-                self.keystore.as_ref(),
-                Some(self.owner.world()),
-                now,
+                &settings,
+                keystore.as_ref(),
+                Some(&previous),
+                SystemTime::now(),
             )
         });
+        self.loading = Some(Loading { task, waiting });
+    }
+
+    /// Applies a loaded update (or records its rejection), reconciles, tells each requester the
+    /// outcome (so a caller that waited sees the update served), and starts the queued reload if
+    /// any. Returns when something is next due.
+    fn on_loaded(
+        &mut self,
+        (loaded, waiting): (ReloadResult, Vec<oneshot::Sender<ReloadOutcome>>),
+    ) -> Option<SystemTime> {
+        self.health.begin();
+        let now = SystemTime::now();
         let outcome = match loaded {
             Ok(world) => {
                 tracing::info!("resource update applied");
@@ -130,11 +219,15 @@ impl OwnerLoop {
             // The requester may have stopped waiting.
             let _ = done.send(outcome.clone());
         }
+        if let Some(queued) = self.queued.take() {
+            self.start_loading(queued);
+        }
         next_due
     }
 
     /// Re-evaluates the serving resources when an automatic CA rotation step is due.
     fn rotate_if_due(&mut self) {
+        self.health.begin();
         let now = SystemTime::now();
         if self
             .owner
@@ -151,6 +244,27 @@ impl OwnerLoop {
     fn reconcile(&mut self) -> Option<SystemTime> {
         tokio::task::block_in_place(|| self.owner.reconcile(SystemTime::now()))
     }
+}
+
+/// Resolves when the loading update (if any) has loaded, with its result and its requesters; never
+/// while none is loading.
+async fn finished(
+    loading: &mut Option<Loading>,
+) -> (ReloadResult, Vec<oneshot::Sender<ReloadOutcome>>) {
+    let Some(current) = loading.as_mut() else {
+        return std::future::pending().await;
+    };
+    let joined = (&mut current.task).await;
+    let waiting = loading.take().map(|done| done.waiting).unwrap_or_default();
+    let result = joined.unwrap_or_else(|error| {
+        Err(vec![UpdateError {
+            file: String::new(),
+            resource: String::new(),
+            field: String::new(),
+            message: format!("loading the resources failed unexpectedly: {error}"),
+        }])
+    });
+    (result, waiting)
 }
 
 /// Re-evaluates the serving resources at `now`: builtin CAs whose successor is due get it (the gate

@@ -393,4 +393,49 @@ mod tests {
         let texts: Vec<&str> = names.iter().map(ResourceName::as_str).collect();
         assert_eq!(texts, ["b", "a"]);
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Names as a hostile proxy might send them: known prefixes with arbitrary tails, or anything.
+        fn any_name() -> impl Strategy<Value = String> {
+            let prefix = prop_oneof![
+                Just(""),
+                Just("default"),
+                Just("identity_cert:secret:"),
+                Just("system_trust_bundle"),
+                Just("system_trust_bundle_"),
+                Just("mesh_ca:secret:"),
+                Just("meshservice:"),
+                Just("spiffe://a/"),
+                Just("ALL"),
+            ];
+            (prefix, any::<String>()).prop_map(|(p, tail)| format!("{p}{tail}"))
+        }
+
+        proptest! {
+            #[test]
+            fn a_name_is_served_back_exactly_and_never_reaches_another_proxy_or_mesh(
+                text in any_name(),
+            ) {
+                let name = ResourceName::parse(text.clone());
+                prop_assert_eq!(name.as_str(), text.as_str());
+                prop_assert_eq!(ResourceName::parse(name.to_string()).kind(), name.kind());
+                let k = key("a");
+                let id = identity();
+                match name.target(sidecar(&k), Some(&id)) {
+                    Target::Identity => prop_assert!(
+                        ["default", "spiffe://a/web", "workloads", "identity_cert:secret:a"]
+                            .contains(&text.as_str()),
+                        "{text:?} means this proxy's identity"
+                    ),
+                    Target::Trust { scope: TrustScope::Mesh(mesh), .. } => {
+                        prop_assert_eq!(mesh, "a", "{:?} carries another mesh's trust", text);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
 }

@@ -1,5 +1,6 @@
 //! Authenticating proxies: the bearer token, the node id, the node's preferences.
 
+use crate::untrusted::shown;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::config::core::v3::Node;
@@ -72,9 +73,9 @@ pub(crate) fn check_later_node(node: Option<&Node>, key: &ProxyKey) -> Result<()
     match node {
         Some(node) if !node.id.is_empty() => check_node_id(&node.id, key).map_err(|_| {
             Status::permission_denied(format!(
-                "node id changed on the stream from {:?} to {:?}",
+                "node id changed on the stream from {:?} to {}",
                 key.node_id(),
-                node.id
+                shown(&node.id)
             ))
         }),
         _ => Ok(()),
@@ -87,7 +88,8 @@ fn check_node_id(node_id: &str, key: &ProxyKey) -> Result<(), Status> {
         Ok(())
     } else {
         Err(Status::permission_denied(format!(
-            "node id {node_id:?} does not match the token, which is for {expected:?}"
+            "node id {} does not match the token, which is for {expected:?}",
+            shown(node_id)
         )))
     }
 }

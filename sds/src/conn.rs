@@ -1,51 +1,165 @@
 //! One accepted connection, whatever the listener: the IO type given to tonic.
+//!
+//! Every connection holds a slot of its listener's connection limit until it closes, and has a
+//! deadline whenever no authenticated stream is open on it: a new connection must open its first
+//! stream within the connect timeout, and a connection whose streams have all ended is closed after
+//! the idle timeout. Without this, sockets that never send anything (or never send more than the
+//! HTTP/2 preface) would be held open forever, and enough of them exhaust the daemon's file
+//! descriptors.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
+use futures::task::AtomicWaker;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::{Instant, Sleep};
 use tokio_rustls::server::TlsStream;
 use tonic::transport::server::Connected;
 
 use crate::h2_header_fixup::UnixPathHeaderFix;
 
-/// An accepted connection.
-pub(crate) enum Conn {
+/// The transport under a connection.
+pub(crate) enum Io {
     /// Unix socket clients may be grpc-core ones: see [`crate::h2_header_fixup`].
     Unix(UnixPathHeaderFix<UnixStream>),
     Plain(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),
 }
 
+/// An accepted connection, with its slot in the listener's limit and its idle deadline.
+pub(crate) struct Conn {
+    io: Io,
+    tracker: Arc<ConnTracker>,
+    deadline: Pin<Box<Sleep>>,
+    /// Released when tonic drops the connection.
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Conn {
+    /// A connection accepted at `accepted`: it must open a stream before `accepted + connect_timeout`,
+    /// and is closed `idle_timeout` after its last stream ends.
+    pub(crate) fn new(
+        io: Io,
+        slot: OwnedSemaphorePermit,
+        accepted: Instant,
+        connect_timeout: Duration,
+        idle_timeout: Duration,
+    ) -> Self {
+        let first_deadline = accepted + connect_timeout;
+        Conn {
+            io,
+            tracker: Arc::new(ConnTracker {
+                state: Mutex::new(TrackerState {
+                    streams: 0,
+                    deadline: Some(first_deadline),
+                }),
+                idle_timeout,
+                waker: AtomicWaker::new(),
+            }),
+            deadline: Box::pin(tokio::time::sleep_until(first_deadline)),
+            _slot: slot,
+        }
+    }
+
+    fn io(self: Pin<&mut Self>) -> Pin<&mut Io> {
+        Pin::new(&mut self.get_mut().io)
+    }
+}
+
+/// Counts the authenticated streams of one connection; shared with every request on it through
+/// [`ConnInfo`].
+pub(crate) struct ConnTracker {
+    state: Mutex<TrackerState>,
+    idle_timeout: Duration,
+    /// The connection's reader, woken when its deadline changes.
+    waker: AtomicWaker,
+}
+
+struct TrackerState {
+    streams: usize,
+    /// When the connection closes unless a stream opens; `None` while a stream is open.
+    deadline: Option<Instant>,
+}
+
+impl ConnTracker {
+    /// Counts a stream as open until the returned guard is dropped.
+    pub(crate) fn stream_opened(self: &Arc<Self>) -> StreamGuard {
+        let mut state = self.lock();
+        state.streams += 1;
+        state.deadline = None;
+        StreamGuard {
+            tracker: self.clone(),
+        }
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.lock().deadline
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, TrackerState> {
+        // The state is two plain values, valid after any panic.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// An open stream of a connection (see [`ConnTracker::stream_opened`]).
+pub(crate) struct StreamGuard {
+    tracker: Arc<ConnTracker>,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        let mut state = self.tracker.lock();
+        state.streams = state.streams.saturating_sub(1);
+        if state.streams == 0 {
+            state.deadline = Some(Instant::now() + self.tracker.idle_timeout);
+            drop(state);
+            self.tracker.waker.wake();
+        }
+    }
+}
+
 /// What a request can learn about its connection (a request extension).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ConnInfo {
     /// The peer's address; `None` on a unix socket.
     pub remote_addr: Option<SocketAddr>,
     /// Whether the connection is TLS.
     pub tls: bool,
+    pub(crate) tracker: Arc<ConnTracker>,
+}
+
+impl std::fmt::Debug for ConnInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnInfo")
+            .field("remote_addr", &self.remote_addr)
+            .field("tls", &self.tls)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Connected for Conn {
     type ConnectInfo = ConnInfo;
 
     fn connect_info(&self) -> ConnInfo {
-        match self {
-            Conn::Unix(_) => ConnInfo {
-                remote_addr: None,
-                tls: false,
-            },
-            Conn::Plain(stream) => ConnInfo {
-                remote_addr: stream.peer_addr().ok(),
-                tls: false,
-            },
-            Conn::Tls(stream) => ConnInfo {
-                remote_addr: stream.get_ref().0.peer_addr().ok(),
-                tls: true,
-            },
+        let (remote_addr, tls) = match &self.io {
+            Io::Unix(_) => (None, false),
+            Io::Plain(stream) => (stream.peer_addr().ok(), false),
+            Io::Tls(stream) => (stream.get_ref().0.peer_addr().ok(), true),
+        };
+        ConnInfo {
+            remote_addr,
+            tls,
+            tracker: self.tracker.clone(),
         }
     }
 }
@@ -56,10 +170,34 @@ impl AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        // The HTTP/2 server always has a read pending, so this is where the deadline is kept.
+        let this = self.get_mut();
+        this.tracker.waker.register(cx.waker());
+        if let Some(deadline) = this.tracker.deadline() {
+            if this.deadline.deadline() != deadline {
+                this.deadline.as_mut().reset(deadline);
+            }
+            if this.deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no SDS stream opened in time: connection closed",
+                )));
+            }
+        }
+        Pin::new(this).io().poll_read(cx, buf)
+    }
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Conn::Unix(stream) => Pin::new(stream).poll_read(cx, buf),
-            Conn::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
-            Conn::Tls(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
+            Io::Unix(stream) => Pin::new(stream).poll_read(cx, buf),
+            Io::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
+            Io::Tls(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
         }
     }
 }
@@ -70,10 +208,40 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        self.io().poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.io().poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.io().poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.io().poll_shutdown(cx)
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Conn::Unix(stream) => Pin::new(stream).poll_write(cx, buf),
-            Conn::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
-            Conn::Tls(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
+            Io::Unix(stream) => Pin::new(stream).poll_write(cx, buf),
+            Io::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
+            Io::Tls(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
         }
     }
 
@@ -83,33 +251,98 @@ impl AsyncWrite for Conn {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Conn::Unix(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
-            Conn::Plain(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
-            Conn::Tls(stream) => Pin::new(stream.as_mut()).poll_write_vectored(cx, bufs),
+            Io::Unix(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
+            Io::Plain(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
+            Io::Tls(stream) => Pin::new(stream.as_mut()).poll_write_vectored(cx, bufs),
         }
     }
 
     fn is_write_vectored(&self) -> bool {
         match self {
-            Conn::Unix(stream) => stream.is_write_vectored(),
-            Conn::Plain(stream) => stream.is_write_vectored(),
-            Conn::Tls(stream) => stream.is_write_vectored(),
+            Io::Unix(stream) => stream.is_write_vectored(),
+            Io::Plain(stream) => stream.is_write_vectored(),
+            Io::Tls(stream) => stream.is_write_vectored(),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Conn::Unix(stream) => Pin::new(stream).poll_flush(cx),
-            Conn::Plain(stream) => Pin::new(stream).poll_flush(cx),
-            Conn::Tls(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
+            Io::Unix(stream) => Pin::new(stream).poll_flush(cx),
+            Io::Plain(stream) => Pin::new(stream).poll_flush(cx),
+            Io::Tls(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Conn::Unix(stream) => Pin::new(stream).poll_shutdown(cx),
-            Conn::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
-            Conn::Tls(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
+            Io::Unix(stream) => Pin::new(stream).poll_shutdown(cx),
+            Io::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
+            Io::Tls(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+    use tokio::sync::Semaphore;
+
+    const CONNECT: Duration = Duration::from_secs(10);
+    const IDLE: Duration = Duration::from_secs(60);
+
+    fn connection() -> (Conn, UnixStream) {
+        let (server, client) = UnixStream::pair().expect("a socket pair");
+        let slot = Arc::new(Semaphore::new(1))
+            .try_acquire_owned()
+            .expect("one slot");
+        let io = Io::Unix(UnixPathHeaderFix::new(server, 16 * 1024));
+        (Conn::new(io, slot, Instant::now(), CONNECT, IDLE), client)
+    }
+
+    /// Reads from the server side: the error that closed it, or `None` if it still waited after
+    /// `within`.
+    async fn closed_within(conn: &mut Conn, within: Duration) -> Option<io::ErrorKind> {
+        let mut buf = [0u8; 16];
+        match tokio::time::timeout(within, conn.read(&mut buf)).await {
+            Ok(Err(error)) => Some(error.kind()),
+            Ok(Ok(n)) => panic!("read {n} bytes from a silent peer"),
+            Err(_) => None,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_without_a_stream_closes_at_the_connect_deadline() {
+        let (mut conn, _client) = connection();
+        assert_eq!(closed_within(&mut conn, CONNECT / 2).await, None);
+        assert_eq!(
+            closed_within(&mut conn, CONNECT).await,
+            Some(io::ErrorKind::TimedOut)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_open_stream_keeps_the_connection_and_its_end_starts_the_idle_timeout() {
+        let (mut conn, _client) = connection();
+        let stream = conn.connect_info().tracker.stream_opened();
+        assert_eq!(
+            closed_within(&mut conn, CONNECT + IDLE * 3).await,
+            None,
+            "no deadline while a stream is open"
+        );
+        let second = conn.connect_info().tracker.stream_opened();
+        drop(stream);
+        assert_eq!(
+            closed_within(&mut conn, IDLE * 2).await,
+            None,
+            "one stream is still open"
+        );
+        drop(second);
+        assert_eq!(closed_within(&mut conn, IDLE / 2).await, None);
+        assert_eq!(
+            closed_within(&mut conn, IDLE).await,
+            Some(io::ErrorKind::TimedOut),
+            "closed once idle for the idle timeout"
+        );
     }
 }

@@ -37,6 +37,13 @@ impl Protocol for Delta {
     /// Subscriptions are changes (subscribe, unsubscribe), applied whatever the nonce.
     const STALE_IGNORES_SUBSCRIPTION: bool = false;
 
+    fn requested_names(request: &DeltaDiscoveryRequest) -> impl Iterator<Item = &str> {
+        let subscribe = request.resource_names_subscribe.iter();
+        let unsubscribe = request.resource_names_unsubscribe.iter();
+        let held = request.initial_resource_versions.keys();
+        subscribe.chain(unsubscribe).chain(held).map(String::as_str)
+    }
+
     fn subscribe(
         &mut self,
         request: DeltaDiscoveryRequest,

@@ -25,6 +25,7 @@ pub(crate) async fn fetch(
     authn::check_first_node(request.node.as_ref(), &authn::proxy_key(&claims))
         .map_err(|status| shared.auth_failure(status))?;
     secret::check_type_url(&request.type_url)?;
+    shared.check_names(request.resource_names.iter().map(String::as_str))?;
     let asked = parse_names(request.resource_names);
     if asked.is_empty() {
         return Err(Status::invalid_argument(
@@ -32,7 +33,7 @@ pub(crate) async fn fetch(
         ));
     }
     let ctx = authn::proxy_context(&claims, request.node.as_ref());
-    let mut session = Session::open(shared.clone(), claims, ctx, None).await;
+    let mut session = Session::open(shared.clone(), claims, ctx, None).await?;
     let snapshot = session.wait_for_identity().await?;
     let mut items = Vec::with_capacity(asked.len());
     for name in asked {

@@ -11,6 +11,11 @@
 //! `:authority` (static index 1 or a literal name) are rewritten, which is what grpc-core
 //! sends; any other bytes pass through untouched, and anything malformed is left for the
 //! HTTP/2 server to reject.
+//!
+//! What it holds back is bounded, because it runs before the HTTP/2 server's own limits:
+//! at most one frame of the advertised maximum size while it is incomplete, and a header
+//! block (HEADERS plus CONTINUATIONs) of at most the server's header list limit. A larger
+//! block closes the connection, as the HTTP/2 server would once it saw it.
 
 use std::io;
 use std::pin::Pin;
@@ -25,8 +30,10 @@ const CONTINUATION: u8 = 0x9;
 const END_HEADERS: u8 = 0x4;
 const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
-/// Frames larger than this are not held back; the reader falls back to passing through.
-const MAX_HELD: usize = 1 << 20;
+/// The largest frame payload a client may send: the HTTP/2 default, which the server keeps.
+/// A larger frame is not held back; the reader passes everything through from there on and
+/// the HTTP/2 server closes the connection with `FRAME_SIZE_ERROR`.
+pub(crate) const MAX_FRAME_SIZE: usize = 16 * 1024;
 const READ_CHUNK: usize = 16 * 1024;
 
 /// Wraps the server side of a connection, fixing `:authority` values in client headers.
@@ -40,12 +47,19 @@ pub(crate) struct UnixPathHeaderFix<S> {
     preface_left: usize,
     /// A HEADERS frame and its CONTINUATIONs, held until END_HEADERS.
     held: Vec<u8>,
+    /// The header block payload in `held`, in bytes.
+    held_block: usize,
+    /// The largest header block accepted: the HTTP/2 server's header list limit.
+    max_block: usize,
     passthrough: bool,
+    /// A header block went past `max_block`: the connection is closed.
+    overflow: bool,
     eof: bool,
 }
 
 impl<S> UnixPathHeaderFix<S> {
-    pub(crate) fn new(inner: S) -> Self {
+    /// Wraps `inner`; header blocks larger than `max_block` bytes close the connection.
+    pub(crate) fn new(inner: S, max_block: usize) -> Self {
         Self {
             inner,
             raw: Vec::new(),
@@ -53,7 +67,10 @@ impl<S> UnixPathHeaderFix<S> {
             out_pos: 0,
             preface_left: PREFACE_LEN,
             held: Vec::new(),
+            held_block: 0,
+            max_block,
             passthrough: false,
+            overflow: false,
             eof: false,
         }
     }
@@ -71,7 +88,7 @@ impl<S> UnixPathHeaderFix<S> {
             let len = usize::from(self.raw[0]) << 16
                 | usize::from(self.raw[1]) << 8
                 | usize::from(self.raw[2]);
-            if len > MAX_HELD {
+            if len > MAX_FRAME_SIZE {
                 self.passthrough = true;
                 break;
             }
@@ -82,7 +99,15 @@ impl<S> UnixPathHeaderFix<S> {
             let frame: Vec<u8> = self.raw.drain(..FRAME_HEADER_LEN + len).collect();
             if !self.held.is_empty() {
                 self.held.extend_from_slice(&frame);
+                self.held_block += len;
+                if self.held_block > self.max_block {
+                    self.overflow = true;
+                    self.held = Vec::new();
+                    self.raw = Vec::new();
+                    return;
+                }
                 if kind != CONTINUATION || flags & END_HEADERS != 0 {
+                    self.held_block = 0;
                     let mut held = std::mem::take(&mut self.held);
                     if kind == CONTINUATION {
                         fix_header_frames(&mut held);
@@ -91,6 +116,13 @@ impl<S> UnixPathHeaderFix<S> {
                 }
             } else if kind == HEADERS && flags & END_HEADERS == 0 {
                 self.held = frame;
+                self.held_block = len;
+                if len > self.max_block {
+                    self.overflow = true;
+                    self.held = Vec::new();
+                    self.raw = Vec::new();
+                    return;
+                }
             } else if kind == HEADERS {
                 let mut frame = frame;
                 fix_header_frames(&mut frame);
@@ -275,6 +307,15 @@ impl<S: AsyncRead + Unpin> AsyncRead for UnixPathHeaderFix<S> {
                 }
                 return Poll::Ready(Ok(()));
             }
+            if this.overflow {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "HTTP/2 header block larger than {} bytes: connection closed",
+                        this.max_block
+                    ),
+                )));
+            }
             if this.eof {
                 return Poll::Ready(Ok(()));
             }
@@ -331,6 +372,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for UnixPathHeaderFix<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     /// The header block grpcio 1.85 sent on a unix socket (captured).
     const GRPCIO_BLOCK: &str = "40053a70617468042f612f62400a3a617574686f7269747918746d70253246636170736f636b2532467364732e736f636b8386";
@@ -394,6 +436,163 @@ mod tests {
         ] {
             let mut copy = block.clone();
             fix_block(&mut copy);
+        }
+    }
+
+    /// A reader that hands out `data` in chunks of the given sizes (cycling), as a socket may.
+    struct Chunked {
+        data: Vec<u8>,
+        sizes: Vec<usize>,
+        at: usize,
+        turn: usize,
+    }
+
+    impl AsyncRead for Chunked {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let this = self.get_mut();
+            let size = this.sizes[this.turn % this.sizes.len()].max(1);
+            this.turn += 1;
+            let end = (this.at + size)
+                .min(this.data.len())
+                .min(this.at + buf.remaining());
+            buf.put_slice(&this.data[this.at..end]);
+            this.at = end;
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Everything the fixer yields for `data` read in `sizes` chunks, or the error that closed it;
+    /// checks its buffers stay bounded after every read.
+    fn run(data: &[u8], sizes: Vec<usize>, max_block: usize) -> Result<Vec<u8>, io::Error> {
+        use tokio::io::AsyncReadExt;
+        let chunked = Chunked {
+            data: data.to_vec(),
+            sizes,
+            at: 0,
+            turn: 0,
+        };
+        let mut fixer = UnixPathHeaderFix::new(chunked, max_block);
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = futures::executor::block_on(fixer.read(&mut buf))?;
+            assert!(fixer.raw.len() <= FRAME_HEADER_LEN + MAX_FRAME_SIZE + READ_CHUNK);
+            assert!(fixer.held.len() <= max_block + 2 * (FRAME_HEADER_LEN + MAX_FRAME_SIZE));
+            if n == 0 {
+                return Ok(out);
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+    }
+
+    fn frame(kind: u8, flags: u8, payload: &[u8]) -> Vec<u8> {
+        let len = payload.len();
+        let mut out = vec![
+            (len >> 16) as u8,
+            (len >> 8) as u8,
+            len as u8,
+            kind,
+            flags,
+            0,
+            0,
+            0,
+            1,
+        ];
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// A frame: mostly header frames carrying an `:authority` literal with arbitrary bytes.
+    fn any_frame() -> impl Strategy<Value = Vec<u8>> {
+        let authority = proptest::collection::vec(any::<u8>(), 0..40).prop_map(|value| {
+            let mut block = vec![0x41, value.len() as u8 & 0x7f];
+            block.extend_from_slice(&value[..value.len().min(0x7f)]);
+            block.push(0x82);
+            block
+        });
+        let payload = prop_oneof![authority, proptest::collection::vec(any::<u8>(), 0..64)];
+        let kind = prop_oneof![
+            Just(HEADERS),
+            Just(CONTINUATION),
+            Just(0u8),
+            Just(4u8),
+            any::<u8>()
+        ];
+        (kind, any::<u8>(), payload).prop_map(|(kind, flags, payload)| frame(kind, flags, &payload))
+    }
+
+    fn stream() -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::vec(any_frame(), 0..24).prop_map(|frames| {
+            let mut data = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+            for frame in frames {
+                data.extend(frame);
+            }
+            data
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn output_keeps_every_frame_and_does_not_depend_on_read_sizes(
+            data in stream(),
+            sizes in proptest::collection::vec(1usize..200, 1..8),
+        ) {
+            let whole = run(&data, vec![data.len()], 1 << 20).expect("under the limit");
+            let chunked = run(&data, sizes, 1 << 20).expect("under the limit");
+            prop_assert_eq!(&whole, &chunked);
+            prop_assert_eq!(whole.len(), data.len());
+            // Frame by frame: the same headers, and only header-block payloads may differ.
+            let mut at = PREFACE_LEN;
+            prop_assert_eq!(&whole[..at], &data[..at]);
+            while at + FRAME_HEADER_LEN <= data.len() {
+                let len = usize::from(data[at]) << 16 | usize::from(data[at + 1]) << 8 | usize::from(data[at + 2]);
+                let end = (at + FRAME_HEADER_LEN + len).min(data.len());
+                prop_assert_eq!(&whole[at..at + FRAME_HEADER_LEN], &data[at..at + FRAME_HEADER_LEN]);
+                if data[at + 3] != HEADERS && data[at + 3] != CONTINUATION {
+                    prop_assert_eq!(&whole[at..end], &data[at..end]);
+                }
+                at = end;
+            }
+        }
+
+        #[test]
+        fn a_header_block_over_the_limit_closes_and_nothing_else_does(
+            data in stream(),
+            max_block in 1usize..300,
+        ) {
+            let result = run(&data, vec![7], max_block);
+            // The largest header block the fixer must hold back, computed independently.
+            let (mut at, mut largest, mut open) = (PREFACE_LEN, 0usize, None::<usize>);
+            while at + FRAME_HEADER_LEN <= data.len() {
+                let len = usize::from(data[at]) << 16 | usize::from(data[at + 1]) << 8 | usize::from(data[at + 2]);
+                if at + FRAME_HEADER_LEN + len > data.len() {
+                    break;
+                }
+                let (kind, flags) = (data[at + 3], data[at + 4]);
+                open = match open {
+                    Some(size) => {
+                        let size = size + len;
+                        largest = largest.max(size);
+                        (kind == CONTINUATION && flags & END_HEADERS == 0).then_some(size)
+                    }
+                    // A block in one frame is not held back: the HTTP/2 server's own limit applies.
+                    None if kind == HEADERS && flags & END_HEADERS == 0 => {
+                        largest = largest.max(len);
+                        Some(len)
+                    }
+                    None => None,
+                };
+                at += FRAME_HEADER_LEN + len;
+            }
+            if largest > max_block {
+                prop_assert!(result.is_err(), "a {largest}-byte block passed a {max_block}-byte limit");
+            } else {
+                prop_assert!(result.is_ok(), "{:?}", result.err());
+            }
         }
     }
 }

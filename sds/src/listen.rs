@@ -13,18 +13,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, UnixListener, UnixStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
+use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::conn::Conn;
+use crate::conn::{Conn, Io};
 use crate::error::{ListenError, ServeError};
-use crate::h2_header_fixup::UnixPathHeaderFix;
-use crate::service::SdsServer;
+use crate::h2_header_fixup::{UnixPathHeaderFix, MAX_FRAME_SIZE};
+use crate::log_budget::LogBudget;
+use crate::metrics::SdsMetrics;
+use crate::service::{SdsLimits, SdsServer};
 
-/// How long a TLS client may take to complete its handshake.
-const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// HTTP/2 PING interval, so that dead peers are noticed and their streams closed.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// How long a PING may stay unanswered before the connection is closed.
@@ -33,6 +34,9 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
 /// Accepted connections waiting for the server to pick them up.
 const ACCEPT_QUEUE: usize = 128;
+/// The largest header list (HTTP/2 `SETTINGS_MAX_HEADER_LIST_SIZE`, HTTP/2's default for hyper): a
+/// request's headers, token included. The unix socket's header rewriter holds no more than this.
+const MAX_HEADER_LIST_SIZE: u32 = 16 * 1024;
 
 /// One place to serve SDS.
 #[derive(Clone)]
@@ -209,31 +213,33 @@ impl BoundListeners {
     /// Where each listener listens, in the order given to [`bind`] (actual ports when
     /// port 0 was asked).
     pub fn local_addrs(&self) -> Vec<BoundAddr> {
-        self.bound
-            .iter()
-            .map(|bound| match bound {
-                Bound::Unix { path, .. } => BoundAddr::Unix(path.clone()),
-                Bound::Tls { addr, .. } => BoundAddr::Tls(*addr),
-                Bound::Plain { addr, .. } => BoundAddr::InsecureLoopback(*addr),
-            })
-            .collect()
+        self.bound.iter().map(Bound::addr).collect()
     }
 
     /// Serves `server` on every listener until `shutdown` fires; then closes open streams
     /// with `UNAVAILABLE`, waits for connections to finish, and removes the unix socket
-    /// files. HTTP/2 keepalive pings close connections to dead peers.
+    /// files. HTTP/2 keepalive pings close connections to dead peers; the server's
+    /// [`SdsLimits`] bound connections per listener, streams per connection, and how long a
+    /// connection may stay open without a stream.
     pub async fn serve(
         self,
         server: SdsServer,
         shutdown: CancellationToken,
     ) -> Result<(), ServeError> {
         let (tx, rx) = mpsc::channel::<io::Result<Conn>>(ACCEPT_QUEUE);
+        let limits = server.limits().clone();
         let mut sockets = Vec::new();
         for bound in self.bound {
             if let Bound::Unix { path, .. } = &bound {
                 sockets.push(path.clone());
             }
-            tokio::spawn(accept_loop(bound, tx.clone(), shutdown.clone()));
+            let accepting = Accepting {
+                slots: Arc::new(Semaphore::new(limits.connections_per_listener)),
+                shed_logged: LogBudget::new(limits.warnings_per_minute),
+                limits: limits.clone(),
+                metrics: server.metrics(),
+            };
+            tokio::spawn(accept_loop(bound, accepting, tx.clone(), shutdown.clone()));
         }
         drop(tx);
         let closer = server.clone();
@@ -245,6 +251,9 @@ impl BoundListeners {
         let result = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
             .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+            .http2_max_header_list_size(Some(MAX_HEADER_LIST_SIZE))
+            .max_frame_size(Some(MAX_FRAME_SIZE as u32))
+            .max_concurrent_streams(Some(limits.streams_per_connection))
             .add_service(server.into_service())
             .serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown.cancelled_owned())
             .await;
@@ -259,31 +268,90 @@ impl BoundListeners {
     }
 }
 
+/// What one listener's accept loop needs besides the socket.
+struct Accepting {
+    /// One permit per open connection: [`SdsLimits::connections_per_listener`].
+    slots: Arc<Semaphore>,
+    shed_logged: LogBudget,
+    limits: SdsLimits,
+    metrics: Arc<SdsMetrics>,
+}
+
+impl Accepting {
+    fn connection(&self, io: Io, slot: tokio::sync::OwnedSemaphorePermit, at: Instant) -> Conn {
+        Conn::new(
+            io,
+            slot,
+            at,
+            self.limits.connect_timeout,
+            self.limits.idle_timeout,
+        )
+    }
+
+    /// Closes a connection the listener has no room for, saying so at most a few times a minute.
+    fn shed(&self, bound: &Bound, accepted: Accepted) {
+        drop(accepted);
+        SdsMetrics::incr(&self.metrics.connections_shed);
+        match self.shed_logged.admit() {
+            Some(suppressed) => tracing::warn!(
+                listener = %bound.addr(),
+                limit = self.limits.connections_per_listener,
+                suppressed,
+                "SDS listener is at its connection limit (limits.sdsConnections): new connections are closed at once until some close"
+            ),
+            None => SdsMetrics::incr(&self.metrics.log_lines_suppressed),
+        }
+    }
+}
+
 async fn accept_loop(
     bound: Bound,
+    accepting: Accepting,
     tx: mpsc::Sender<io::Result<Conn>>,
     shutdown: CancellationToken,
 ) {
+    let accepting = Arc::new(accepting);
     loop {
         let accepted = tokio::select! {
             () = shutdown.cancelled() => return,
             () = tx.closed() => return,
             accepted = accept(&bound) => accepted,
         };
+        let at = Instant::now();
+        let accepted = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, listener = %bound.addr(), "SDS listener failed to accept a connection");
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(ACCEPT_ERROR_BACKOFF) => {}
+                }
+                continue;
+            }
+        };
+        let Ok(slot) = accepting.slots.clone().try_acquire_owned() else {
+            accepting.shed(&bound, accepted);
+            continue;
+        };
         match accepted {
-            Ok(Accepted::Ready(conn)) => {
-                if tx.send(Ok(conn)).await.is_err() {
+            Accepted::Ready(io) => {
+                if tx
+                    .send(Ok(accepting.connection(io, slot, at)))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
-            Ok(Accepted::Handshake(acceptor, stream, peer)) => {
-                let tx = tx.clone();
+            Accepted::Handshake(acceptor, stream, peer) => {
+                let (tx, accepting) = (tx.clone(), accepting.clone());
+                let deadline = at + accepting.limits.connect_timeout;
                 tokio::spawn(async move {
-                    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
-                    {
+                    match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
                         Ok(Ok(tls)) => {
+                            let conn = accepting.connection(Io::Tls(Box::new(tls)), slot, at);
                             // The server may have stopped meanwhile; the connection is dropped.
-                            let _ = tx.send(Ok(Conn::Tls(Box::new(tls)))).await;
+                            let _ = tx.send(Ok(conn)).await;
                         }
                         Ok(Err(error)) => {
                             tracing::debug!(%peer, %error, "SDS TLS handshake failed");
@@ -292,32 +360,36 @@ async fn accept_loop(
                     }
                 });
             }
-            Err(error) => {
-                tracing::warn!(%error, "SDS listener failed to accept a connection");
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    () = tokio::time::sleep(ACCEPT_ERROR_BACKOFF) => {}
-                }
-            }
         }
     }
 }
 
 enum Accepted {
-    Ready(Conn),
+    Ready(Io),
     Handshake(TlsAcceptor, tokio::net::TcpStream, SocketAddr),
+}
+
+impl Bound {
+    fn addr(&self) -> BoundAddr {
+        match self {
+            Bound::Unix { path, .. } => BoundAddr::Unix(path.clone()),
+            Bound::Tls { addr, .. } => BoundAddr::Tls(*addr),
+            Bound::Plain { addr, .. } => BoundAddr::InsecureLoopback(*addr),
+        }
+    }
 }
 
 async fn accept(bound: &Bound) -> io::Result<Accepted> {
     match bound {
         Bound::Unix { listener, .. } => {
             let (stream, _) = listener.accept().await?;
-            Ok(Accepted::Ready(Conn::Unix(UnixPathHeaderFix::new(stream))))
+            let fixed = UnixPathHeaderFix::new(stream, MAX_HEADER_LIST_SIZE as usize);
+            Ok(Accepted::Ready(Io::Unix(fixed)))
         }
         Bound::Plain { listener, .. } => {
             let (stream, _) = listener.accept().await?;
             let _ = stream.set_nodelay(true);
-            Ok(Accepted::Ready(Conn::Plain(stream)))
+            Ok(Accepted::Ready(Io::Plain(stream)))
         }
         Bound::Tls {
             listener, acceptor, ..

@@ -58,6 +58,13 @@ pub struct SdsMetrics {
     pub nacks: AtomicU64,
     /// Requests refused for authentication or authorization reasons.
     pub auth_failures: AtomicU64,
+    /// Connections closed as soon as they were accepted: their listener was at its limit.
+    pub connections_shed: AtomicU64,
+    /// Streams and requests refused for going over a limit (streams per proxy, names per stream,
+    /// name length).
+    pub over_limit: AtomicU64,
+    /// Log lines left out by a rate limit.
+    pub log_lines_suppressed: AtomicU64,
     /// Time from a push to its ACK.
     pub ack_lag: AckLag,
 }

@@ -24,10 +24,13 @@ use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
 use meshca_control::{Snapshot, StreamEvent, StreamId};
 
+use crate::conn::ConnInfo;
 use crate::delta::Delta;
+use crate::log_budget::LogBudget;
 use crate::metrics::SdsMetrics;
 use crate::registry::StreamRegistry;
 use crate::sotw::Sotw;
+use crate::untrusted::shown;
 use crate::{authn, fetch, stream};
 
 /// Responses buffered per stream before the stream task waits for the proxy to read.
@@ -44,12 +47,15 @@ pub struct ServerOptions {
     /// How long a stream or fetch waits for the proxy's identity to become ready (or for
     /// the first request of a stream) before failing with `UNAVAILABLE`.
     pub identity_wait: Duration,
+    /// What one client can make the server hold or wait for.
+    pub limits: SdsLimits,
 }
 
 impl Default for ServerOptions {
     fn default() -> Self {
         Self {
             identity_wait: Duration::from_secs(15),
+            limits: SdsLimits::default(),
         }
     }
 }
@@ -59,6 +65,56 @@ impl ServerOptions {
     pub fn with_identity_wait(mut self, identity_wait: Duration) -> Self {
         self.identity_wait = identity_wait;
         self
+    }
+
+    /// Options with different limits.
+    pub fn with_limits(mut self, limits: SdsLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+}
+
+/// Bounds on what a client can make the SDS server hold or wait for (the daemon takes them from
+/// the `limits:` settings; the defaults here are the same).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SdsLimits {
+    /// Open connections per listener; more are closed as soon as they are accepted.
+    pub connections_per_listener: usize,
+    /// Time a new connection has to finish its TLS handshake and open its first authenticated
+    /// stream.
+    pub connect_timeout: Duration,
+    /// Time a connection may stay open without an authenticated stream once its streams ended.
+    pub idle_timeout: Duration,
+    /// Concurrent streams per connection (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`).
+    pub streams_per_connection: u32,
+    /// Concurrent streams of one proxy, over all connections.
+    pub streams_per_proxy: usize,
+    /// Resource names one stream may subscribe to.
+    pub names_per_stream: usize,
+    /// Resource names one proxy may subscribe to, over all its streams.
+    pub names_per_proxy: usize,
+    /// The longest resource name, in bytes.
+    pub name_bytes: usize,
+    /// The largest request message, in bytes.
+    pub request_bytes: usize,
+    /// Warnings logged per proxy, and per listener for refused peers, per minute.
+    pub warnings_per_minute: u32,
+}
+
+impl Default for SdsLimits {
+    fn default() -> Self {
+        SdsLimits {
+            connections_per_listener: 16_384,
+            connect_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            streams_per_connection: 100,
+            streams_per_proxy: 256,
+            names_per_stream: 256,
+            names_per_proxy: 4096,
+            name_bytes: 512,
+            request_bytes: 1024 * 1024,
+            warnings_per_minute: 10,
+        }
     }
 }
 
@@ -72,6 +128,8 @@ pub(crate) struct Shared {
     pub(crate) registry: StreamRegistry,
     pub(crate) metrics: Arc<SdsMetrics>,
     pub(crate) shutdown: CancellationToken,
+    /// Log lines about refused requests, which anyone who can connect can cause.
+    refusals_logged: LogBudget,
     next_id: AtomicU64,
 }
 
@@ -106,8 +164,49 @@ impl Shared {
 
     pub(crate) fn auth_failure(&self, status: Status) -> Status {
         SdsMetrics::incr(&self.metrics.auth_failures);
-        tracing::info!(code = ?status.code(), message = status.message(), "SDS request refused");
+        if let Some(suppressed) = self.refusals_logged.admit() {
+            tracing::info!(
+                code = ?status.code(),
+                message = status.message(),
+                suppressed,
+                "SDS request refused"
+            );
+        }
         status
+    }
+
+    /// Refuses a request carrying a name longer than [`SdsLimits::name_bytes`] (`INVALID_ARGUMENT`)
+    /// or more names than [`SdsLimits::names_per_stream`] (`RESOURCE_EXHAUSTED`).
+    pub(crate) fn check_names<'r>(
+        &self,
+        names: impl Iterator<Item = &'r str>,
+    ) -> Result<(), Status> {
+        let most_bytes = self.options.limits.name_bytes;
+        let mut count = 0;
+        for name in names {
+            count += 1;
+            if name.len() > most_bytes {
+                SdsMetrics::incr(&self.metrics.over_limit);
+                return Err(Status::invalid_argument(format!(
+                    "resource name {} is longer than {most_bytes} bytes (limits.nameBytes)",
+                    shown(name),
+                )));
+            }
+        }
+        self.check_name_count(count)
+    }
+
+    /// Refuses a subscription of more than [`SdsLimits::names_per_stream`] names.
+    pub(crate) fn check_name_count(&self, names: usize) -> Result<(), Status> {
+        let most = self.options.limits.names_per_stream;
+        if names > most {
+            SdsMetrics::incr(&self.metrics.over_limit);
+            return Err(Status::resource_exhausted(format!(
+                "{names} resource names in one subscription; at most {most} are served \
+                 (limits.namesPerStream)"
+            )));
+        }
+        Ok(())
     }
 
     /// Verifies the bearer token of a request against the current revocation list.
@@ -152,13 +251,19 @@ impl SdsServer {
                 verifier,
                 revocations,
                 events,
-                options,
                 registry: StreamRegistry::default(),
                 metrics: Arc::new(SdsMetrics::default()),
                 shutdown: CancellationToken::new(),
+                refusals_logged: LogBudget::new(options.limits.warnings_per_minute),
                 next_id: AtomicU64::new(1),
+                options,
             }),
         }
+    }
+
+    /// The limits the server enforces.
+    pub fn limits(&self) -> &SdsLimits {
+        &self.shared.options.limits
     }
 
     /// The open streams, for the admin API.
@@ -263,17 +368,21 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let server = self.server.clone();
+        let request_bytes = server.shared.options.limits.request_bytes;
         match request.uri().path() {
             STREAM_SECRETS => Box::pin(async move {
-                let mut grpc = tonic::server::Grpc::new(SdsCodec::default());
+                let mut grpc = tonic::server::Grpc::new(SdsCodec::default())
+                    .max_decoding_message_size(request_bytes);
                 Ok(grpc.streaming(StreamSecrets(server), request).await)
             }),
             DELTA_SECRETS => Box::pin(async move {
-                let mut grpc = tonic::server::Grpc::new(SdsCodec::default());
+                let mut grpc = tonic::server::Grpc::new(SdsCodec::default())
+                    .max_decoding_message_size(request_bytes);
                 Ok(grpc.streaming(DeltaSecrets(server), request).await)
             }),
             FETCH_SECRETS => Box::pin(async move {
-                let mut grpc = tonic::server::Grpc::new(SdsCodec::default());
+                let mut grpc = tonic::server::Grpc::new(SdsCodec::default())
+                    .max_decoding_message_size(request_bytes);
                 Ok(grpc.unary(FetchSecrets(server), request).await)
             }),
             _ => Box::pin(async move { Ok(Status::unimplemented("").into_http()) }),
@@ -330,14 +439,14 @@ impl SecretDiscoveryService for SdsServer {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamSecretsStream>, Status> {
+        let shared = self.shared.clone();
         let claims = self.shared.authenticate(request.metadata())?;
+        let open = opened_on_connection(&request);
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        tokio::spawn(stream::run::<Sotw>(
-            self.shared.clone(),
-            claims,
-            request.into_inner(),
-            tx,
-        ));
+        tokio::spawn(async move {
+            stream::run::<Sotw>(shared, claims, request.into_inner(), tx).await;
+            drop(open);
+        });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
@@ -345,14 +454,14 @@ impl SecretDiscoveryService for SdsServer {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaSecretsStream>, Status> {
+        let shared = self.shared.clone();
         let claims = self.shared.authenticate(request.metadata())?;
+        let open = opened_on_connection(&request);
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        tokio::spawn(stream::run::<Delta>(
-            self.shared.clone(),
-            claims,
-            request.into_inner(),
-            tx,
-        ));
+        tokio::spawn(async move {
+            stream::run::<Delta>(shared, claims, request.into_inner(), tx).await;
+            drop(open);
+        });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
@@ -361,10 +470,21 @@ impl SecretDiscoveryService for SdsServer {
         request: Request<DiscoveryRequest>,
     ) -> Result<Response<DiscoveryResponse>, Status> {
         let claims = self.shared.authenticate(request.metadata())?;
+        let _open = opened_on_connection(&request);
         fetch::fetch(&self.shared, claims, request.into_inner())
             .await
             .map(Response::new)
     }
+}
+
+/// Counts an authenticated request as a stream open on its connection (which keeps the connection
+/// from being closed as idle) until the guard drops. Requests that did not come through
+/// [`crate::bind`]'s listeners (a server embedded elsewhere) have no connection to count on.
+fn opened_on_connection<T>(request: &Request<T>) -> Option<crate::conn::StreamGuard> {
+    request
+        .extensions()
+        .get::<ConnInfo>()
+        .map(|info| info.tracker.stream_opened())
 }
 
 #[cfg(test)]

@@ -10,9 +10,10 @@ use meshca_control::{ProxyEntry, ProxyKey, Snapshot, StreamEvent, StreamId};
 use tokio::sync::watch;
 use tonic::Status;
 
+use crate::log_budget::LogBudget;
 use crate::metrics::SdsMetrics;
 use crate::names::ProxyContext;
-use crate::registry::{StreamInfo, StreamKind};
+use crate::registry::{StreamInfo, StreamKind, TooManyStreams};
 use crate::service::Shared;
 
 /// One authenticated proxy conversation. Dropping a registered session unregisters the
@@ -28,18 +29,59 @@ pub(crate) struct Session {
     /// When the token stops being valid (its expiry plus the clock-skew leeway): the session ends then.
     expires: tokio::time::Instant,
     registered: bool,
+    /// Warnings this proxy's streams may still log this minute (shared by its streams).
+    warnings: Arc<LogBudget>,
 }
 
 impl Session {
-    /// Starts a session for a proxy whose token and node id were checked: reports
-    /// `Connected`, and for streams (`kind` set) registers it and counts it open.
+    /// Starts a session for a proxy whose token and node id were checked: for streams (`kind`
+    /// set) registers it and counts it open, then reports `Connected`. A stream beyond the
+    /// proxy's limit ([`crate::SdsLimits::streams_per_proxy`]) is refused with
+    /// `RESOURCE_EXHAUSTED`.
     pub(crate) async fn open(
         shared: Arc<Shared>,
         claims: Claims,
         ctx: ProxyContext,
         kind: Option<StreamKind>,
-    ) -> Self {
+    ) -> Result<Self, Status> {
         let id = shared.next_stream_id();
+        let limits = &shared.options.limits;
+        let warnings = match kind {
+            Some(kind) => {
+                let info = StreamInfo {
+                    id,
+                    proxy: ctx.key.clone(),
+                    kind,
+                    connected_at: SystemTime::now(),
+                    resources: Vec::new(),
+                    last_sent_version: String::new(),
+                    last_acked_version: None,
+                    acked_generation: None,
+                    nacks: 0,
+                    last_nack: None,
+                };
+                let registered = shared.registry.insert(
+                    info,
+                    limits.streams_per_proxy,
+                    limits.warnings_per_minute,
+                );
+                match registered {
+                    Ok(warnings) => warnings,
+                    Err(TooManyStreams(open)) => {
+                        SdsMetrics::incr(&shared.metrics.over_limit);
+                        return Err(Status::resource_exhausted(format!(
+                            "proxy {} already has {open} open SDS streams, the most one proxy may \
+                             have (limits.streamsPerProxy)",
+                            ctx.key
+                        )));
+                    }
+                }
+            }
+            None => Arc::new(LogBudget::new(limits.warnings_per_minute)),
+        };
+        if kind.is_some() {
+            SdsMetrics::incr(&shared.metrics.streams_open);
+        }
         let expires = token_deadline(claims.expires_at);
         let mut revocations = shared.revocations.clone();
         revocations.mark_changed();
@@ -50,23 +92,8 @@ impl Session {
                 claims: claims.clone(),
             })
             .await;
-        if let Some(kind) = kind {
-            shared.registry.insert(StreamInfo {
-                id,
-                proxy: ctx.key.clone(),
-                kind,
-                connected_at: SystemTime::now(),
-                resources: Vec::new(),
-                last_sent_version: String::new(),
-                last_acked_version: None,
-                acked_generation: None,
-                nacks: 0,
-                last_nack: None,
-            });
-            SdsMetrics::incr(&shared.metrics.streams_open);
-        }
         tracing::debug!(stream = %id, proxy = %ctx.key, "proxy connected");
-        Self {
+        Ok(Self {
             shared,
             id,
             claims,
@@ -75,7 +102,18 @@ impl Session {
             revocations: Some(revocations),
             expires,
             registered: kind.is_some(),
+            warnings,
+        })
+    }
+
+    /// Whether a warning about this proxy may be logged now; counts it when not. `Some(n)`: `n`
+    /// were left out since the last one logged.
+    pub(crate) fn may_warn(&self) -> Option<u64> {
+        let admitted = self.warnings.admit();
+        if admitted.is_none() {
+            SdsMetrics::incr(&self.shared.metrics.log_lines_suppressed);
         }
+        admitted
     }
 
     pub(crate) fn key(&self) -> &ProxyKey {
@@ -198,6 +236,26 @@ impl Session {
         }
     }
 
+    /// Records the stream's new subscription; refuses it (`RESOURCE_EXHAUSTED`) when its proxy
+    /// would subscribe to more names than [`crate::SdsLimits::names_per_proxy`] over all its streams.
+    pub(crate) fn subscribe(&self, resources: Vec<String>) -> Result<(), Status> {
+        if !self.registered {
+            return Ok(());
+        }
+        let most = self.shared.options.limits.names_per_proxy;
+        self.shared
+            .registry
+            .subscribe(self.id, resources, most)
+            .map_err(|total| {
+                SdsMetrics::incr(&self.shared.metrics.over_limit);
+                Status::resource_exhausted(format!(
+                    "proxy {} would subscribe to {total} resource names over its streams; at most \
+                     {most} are served (limits.namesPerProxy)",
+                    self.key()
+                ))
+            })
+    }
+
     pub(crate) fn update_info(&self, change: impl FnOnce(&mut StreamInfo)) {
         if self.registered {
             self.shared.registry.update(self.id, change);
@@ -242,7 +300,7 @@ enum Wake {
 }
 
 /// Awaits the first request of a stream, bounded by the identity wait. `None` when the
-/// proxy went away first.
+/// proxy closed the stream first; the status when its request could not be read.
 pub(crate) async fn first_request<T, F>(shared: &Shared, next: F) -> Result<Option<T>, Status>
 where
     F: Future<Output = Result<Option<T>, Status>>,
@@ -251,9 +309,11 @@ where
     tokio::select! {
         received = next => match received {
             Ok(request) => Ok(request),
+            // A request that could not be read (too large, malformed): the proxy is told why, if
+            // it is still there.
             Err(status) => {
                 tracing::debug!(%status, "stream failed before its first request");
-                Ok(None)
+                Err(status)
             }
         },
         () = tokio::time::sleep(wait) => Err(Status::deadline_exceeded(format!(

@@ -37,6 +37,10 @@ impl Protocol for Sotw {
         )
     }
 
+    fn requested_names(request: &DiscoveryRequest) -> impl Iterator<Item = &str> {
+        request.resource_names.iter().map(String::as_str)
+    }
+
     fn subscribe(&mut self, request: DiscoveryRequest, _first: bool) -> Option<Vec<ResourceName>> {
         let names = parse_names(request.resource_names);
         if as_set(&names) == as_set(&self.names) {

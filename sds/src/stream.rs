@@ -108,6 +108,9 @@ pub(crate) trait Protocol: Default + Send + 'static {
 
     fn header(request: &Self::Request) -> Header<'_>;
 
+    /// Every resource name a request carries, to be checked against the limits before it applies.
+    fn requested_names(request: &Self::Request) -> impl Iterator<Item = &str>;
+
     /// Applies the subscription part of a request; returns the whole new subscription when it changed.
     fn subscribe(&mut self, request: Self::Request, first: bool) -> Option<Vec<ResourceName>>;
 
@@ -156,7 +159,7 @@ where
     authn::check_first_node(node, &authn::proxy_key(&claims))
         .map_err(|status| shared.auth_failure(status))?;
     let ctx = authn::proxy_context(&claims, node);
-    let mut session = Session::open(shared, claims, ctx, Some(P::KIND)).await;
+    let mut session = Session::open(shared, claims, ctx, Some(P::KIND)).await?;
     let snapshot = tokio::select! {
         snapshot = session.wait_for_identity() => snapshot?,
         () = tx.closed() => return Ok(()),
@@ -172,7 +175,7 @@ where
                 Ok(None) => return Ok(()),
                 Err(status) => {
                     tracing::debug!(proxy = %stream.session.key(), %status, "stream ended");
-                    return Ok(());
+                    return Err(status);
                 }
             },
         }
@@ -227,6 +230,7 @@ impl<P: Protocol> Driver<P> {
                 .map_err(|status| self.session.shared.auth_failure(status))?;
         }
         secret::check_type_url(type_url)?;
+        self.check_names(P::requested_names(&request))?;
         let fresh = reply.nonce.is_empty();
         if !fresh {
             let current = self
@@ -244,8 +248,11 @@ impl<P: Protocol> Driver<P> {
         }
         let changed = match self.protocol.subscribe(request, first) {
             Some(resources) => {
+                self.check_subscription(resources.len())?;
                 let listed: Vec<String> = resources.iter().map(|r| r.to_string()).collect();
-                self.session.update_info(|info| info.resources = listed);
+                self.session
+                    .subscribe(listed)
+                    .map_err(|status| self.over_limit(status))?;
                 self.session
                     .emit(StreamEvent::Subscribed {
                         stream: self.session.id,
@@ -262,6 +269,35 @@ impl<P: Protocol> Driver<P> {
         Ok(())
     }
 
+    /// Refuses a request with a name longer than the limit or more names than a stream may hold,
+    /// before any of it is kept.
+    fn check_names<'r>(&self, names: impl Iterator<Item = &'r str>) -> Result<(), Status> {
+        self.session
+            .shared
+            .check_names(names)
+            .map_err(|status| self.over_limit(status))
+    }
+
+    fn check_subscription(&self, names: usize) -> Result<(), Status> {
+        self.session
+            .shared
+            .check_name_count(names)
+            .map_err(|status| self.over_limit(status))
+    }
+
+    /// Logs, within the proxy's budget, why the stream is closed.
+    fn over_limit(&self, status: Status) -> Status {
+        if let Some(suppressed) = self.session.may_warn() {
+            tracing::warn!(
+                proxy = %self.session.key(),
+                message = status.message(),
+                suppressed,
+                "SDS stream closed: over a limit"
+            );
+        }
+        status
+    }
+
     /// Handles the ACK or NACK of the last response.
     async fn on_reply(&mut self, reply: Reply) {
         let Some(sent) = &self.last_sent else { return };
@@ -270,13 +306,16 @@ impl<P: Protocol> Driver<P> {
             SdsMetrics::incr(&metrics.nacks);
             // Logged, kept for the admin API and told the owner bounded, whatever the proxy sent.
             let message = bounded(&message);
-            tracing::warn!(
-                proxy = %self.session.key(),
-                resources = ?sent.resources,
-                version = %sent.version,
-                %message,
-                "proxy rejected secrets (NACK); it keeps its previous ones"
-            );
+            if let Some(suppressed) = self.session.may_warn() {
+                tracing::warn!(
+                    proxy = %self.session.key(),
+                    resources = ?sent.resources,
+                    version = %sent.version,
+                    %message,
+                    suppressed,
+                    "proxy rejected secrets (NACK); it keeps its previous ones"
+                );
+            }
             self.acked = false;
             let last = message.clone();
             self.session.update_info(|info| {
@@ -330,6 +369,7 @@ impl<P: Protocol> Driver<P> {
         let built = {
             let snapshot = self.snapshot.clone();
             let (session, logged_unknown) = (&self.session, &mut self.logged_unknown);
+            let most_names = session.shared.options.limits.names_per_stream;
             let mut resolve = |name: &ResourceName| match names::resolve(
                 &snapshot,
                 &session.ctx,
@@ -341,12 +381,19 @@ impl<P: Protocol> Driver<P> {
                     None
                 }
                 Lookup::Unknown => {
-                    if logged_unknown.insert(name.to_string()) {
-                        tracing::warn!(
-                            proxy = %session.key(),
-                            resource = %shown(name.as_str()),
-                            "proxy asked for an unknown secret name; it is not served"
-                        );
+                    // Once per name and stream (as many names as a stream may hold), within the
+                    // proxy's warning budget.
+                    let first = logged_unknown.len() < most_names
+                        && logged_unknown.insert(name.to_string());
+                    if first {
+                        if let Some(suppressed) = session.may_warn() {
+                            tracing::warn!(
+                                proxy = %session.key(),
+                                resource = %shown(name.as_str()),
+                                suppressed,
+                                "proxy asked for an unknown secret name; it is not served"
+                            );
+                        }
                     }
                     None
                 }

@@ -287,7 +287,7 @@ async fn an_open_stream_is_closed_when_its_token_expires() {
 }
 
 #[tokio::test]
-async fn an_enormous_name_is_not_found_and_not_echoed_whole() {
+async fn an_enormous_name_is_refused_and_not_echoed_whole() {
     let harness = Harness::start().await;
     let (token, _) = harness.token_for("default", "web-1");
     for name in [
@@ -298,8 +298,14 @@ async fn an_enormous_name_is_not_found_and_not_echoed_whole() {
         let status = SecretDiscoveryServiceClient::new(harness.unix_channel().await)
             .fetch_secrets(request)
             .await
-            .expect_err("no such secret");
-        assert_eq!(status.code(), Code::NotFound, "{:.300}", status.message());
+            .expect_err("longer than limits.nameBytes");
+        assert_eq!(
+            status.code(),
+            Code::InvalidArgument,
+            "{:.300}",
+            status.message()
+        );
+        assert!(status.message().contains("limits.nameBytes"));
         assert!(status.message().len() < 2_000, "{}", status.message().len());
         assert!(
             !status.message().contains('\n'),

@@ -361,7 +361,7 @@ mod tests {
         for switched in [false, true] {
             let dir = tempfile::tempdir().expect("a temp dir");
             std::fs::write(dir.path().join("mesh.yaml"), mesh_yaml(switched)).expect("writable");
-            if let Err(errors) = meshca_config::load_dir(dir.path()) {
+            if let Err(errors) = meshca_config::load_dir(dir.path(), &Default::default()) {
                 panic!("{errors:?}\n{}", mesh_yaml(switched));
             }
         }

@@ -42,7 +42,8 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
     };
     if let Some(settings) = &settings {
         for dir in &dirs {
-            let (resources, parse_errors) = meshca_config::load_dir_lenient(dir);
+            let (resources, parse_errors) =
+                meshca_config::load_dir_lenient(dir, &settings.limits.load());
             // Validation must not create CAs in the daemon's data directory: generated CAs go to memory.
             let keystore = MemoryKeystore::new();
             let src = CaSource {

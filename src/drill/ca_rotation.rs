@@ -293,7 +293,7 @@ mod tests {
         for step in [Step::Ca1, Step::Switch, Step::Ca2] {
             let dir = tempfile::tempdir().expect("a temp dir");
             std::fs::write(dir.path().join("mesh.yaml"), mesh_yaml(step)).expect("writable");
-            if let Err(errors) = meshca_config::load_dir(dir.path()) {
+            if let Err(errors) = meshca_config::load_dir(dir.path(), &Default::default()) {
                 panic!("{step:?}: {errors:?}\n{}", mesh_yaml(step));
             }
         }

@@ -9,13 +9,14 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use meshca_sds::{StreamInfo, StreamRegistry};
+use meshca_sds::{LogBudget, StreamInfo, StreamRegistry};
 use serde::Serialize;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::metrics::Metrics;
-use meshca_control::{DataplaneStatus, Status};
+use meshca_control::{DataplaneStatus, LoopHealth, Status};
 
 /// What the admin handlers read.
 #[derive(Clone, Debug)]
@@ -28,7 +29,12 @@ pub struct AdminState {
     pub metrics: Arc<Metrics>,
     /// Set once every CA is loaded and SDS listens.
     pub ready: Arc<AtomicBool>,
+    /// Whether the control loop keeps turning.
+    pub owner_health: Arc<LoopHealth>,
 }
+
+/// How long one turn of the control loop may take before `/ready` says the daemon is stuck.
+const LOOP_STALL: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A dataplane with its SDS streams.
 #[derive(Debug, Serialize)]
@@ -73,14 +79,23 @@ pub fn router(state: AdminState) -> Router {
 }
 
 async fn ready(State(s): State<AdminState>) -> Response {
-    if s.ready.load(Ordering::Acquire) {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        (
+    if !s.ready.load(Ordering::Acquire) {
+        return (
             StatusCode::SERVICE_UNAVAILABLE,
             "not ready: CAs loading or SDS not listening yet\n",
         )
-            .into_response()
+            .into_response();
+    }
+    match s.owner_health.busy_for(std::time::SystemTime::now()) {
+        Some(busy) if busy > LOOP_STALL => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "not ready: the control loop has been busy with one step for {}s; new proxies and renewals wait\n",
+                busy.as_secs()
+            ),
+        )
+            .into_response(),
+        _ => (StatusCode::OK, "ready\n").into_response(),
     }
 }
 
@@ -164,14 +179,83 @@ async fn rejected(State(s): State<AdminState>) -> Response {
 }
 
 /// Serves the admin API on `listener` until `shutdown`.
+///
+/// At most `limits.connections` connections are served at once (more are closed when accepted,
+/// with a warning a few times a minute), and a client that takes longer than `limits.head_timeout`
+/// to send a request's head (or to start the next one on a kept-alive connection) is disconnected.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AdminState,
+    limits: AdminLimits,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    let service = hyper_util::service::TowerToHyperService::new(router(state));
+    let slots = Arc::new(Semaphore::new(limits.connections));
+    let shed_logged = LogBudget::new(limits.warnings_per_minute);
+    let connections = TaskTracker::new();
+    loop {
+        let (stream, _) = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%error, "the admin API failed to accept a connection");
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = tokio::time::sleep(ACCEPT_ERROR_BACKOFF) => continue,
+                    }
+                }
+            },
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            drop(stream);
+            if let Some(suppressed) = shed_logged.admit() {
+                tracing::warn!(
+                    limit = limits.connections,
+                    suppressed,
+                    "the admin API is at its connection limit (limits.adminConnections): new connections are closed at once until some close"
+                );
+            }
+            continue;
+        };
+        let service = service.clone();
+        let shutdown = shutdown.clone();
+        connections.spawn(async move {
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.head_timeout)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            let result = tokio::select! {
+                result = connection.as_mut() => result,
+                () = shutdown.cancelled() => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(error) = result {
+                tracing::debug!(%error, "admin connection ended with an error");
+            }
+            drop(slot);
+        });
+    }
+    connections.close();
+    connections.wait().await;
+    Ok(())
+}
+
+/// Pause after a failed accept (e.g. out of file descriptors) before trying again.
+const ACCEPT_ERROR_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Bounds on admin API clients (the `limits:` settings).
+#[derive(Clone, Copy, Debug)]
+pub struct AdminLimits {
+    /// Connections served at once.
+    pub connections: usize,
+    /// Time a client has to send a request's head.
+    pub head_timeout: std::time::Duration,
+    /// Warnings about shed connections logged per minute.
+    pub warnings_per_minute: u32,
 }
 
 /// Binds the admin listener, naming the address on failure.

@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::files::{ensure_resources, open_keystore, read_revocations, revocations_file};
+use super::limits::ServeLimits;
 use super::reload::Reloader;
 use super::{admin, daemon_keys, metrics, watcher};
 use crate::InvalidInput;
@@ -71,6 +72,7 @@ impl Daemon {
     /// Loads everything, binds every listener and starts serving. Invalid resources are an
     /// [`InvalidInput`] error; nothing is started then.
     pub async fn start(settings: Settings, options: DaemonOptions) -> anyhow::Result<Daemon> {
+        let limits = ServeLimits::from_settings(&settings);
         let keystore: Arc<dyn Keystore> = Arc::new(open_keystore(&settings)?);
         let world = load_initial_world(&settings, keystore.as_ref())?;
         let signing_key = daemon_keys::token_signing_key(keystore.as_ref())?;
@@ -85,7 +87,7 @@ impl Daemon {
             signing_key.verifier(),
             revocations_rx,
             events_tx,
-            ServerOptions::default(),
+            ServerOptions::default().with_limits(limits.sds.clone()),
         );
         let metrics = Arc::new(metrics::Metrics::new(sds.metrics()));
         let bound = bind_sds(&settings, keystore.as_ref()).await?;
@@ -93,6 +95,12 @@ impl Daemon {
         let admin_listener = admin::bind(settings.admin.listen).await?;
         let admin_addr = admin_listener.local_addr()?;
         tracing::info!(addr = %admin_addr, "admin API listening");
+        if !admin_addr.ip().is_loopback() {
+            tracing::warn!(
+                addr = %admin_addr,
+                "the admin API listens beyond loopback (admin.listen): anyone who can reach {admin_addr} sees every proxy, certificate expiry and rotation state, without authentication; put it on 127.0.0.1 or behind a firewall"
+            );
+        }
 
         let shutdown = CancellationToken::new();
         let (reload_tx, reload_rx) = mpsc::channel(RELOAD_QUEUE);
@@ -129,6 +137,7 @@ impl Daemon {
             streams: sds.registry(),
             metrics,
             ready: ready.clone(),
+            owner_health: owner_loop.health(),
         };
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(async move {
@@ -136,7 +145,12 @@ impl Daemon {
             Ok(())
         });
         tasks.spawn(serve_sds(bound, sds, shutdown.clone()));
-        tasks.spawn(serve_admin(admin_listener, admin_state, shutdown.clone()));
+        tasks.spawn(serve_admin(
+            admin_listener,
+            admin_state,
+            limits.admin,
+            shutdown.clone(),
+        ));
         ready.store(true, Ordering::Release);
         tracing::info!("meshca is ready");
         Ok(Daemon {
@@ -286,9 +300,10 @@ async fn serve_sds(
 async fn serve_admin(
     listener: tokio::net::TcpListener,
     state: admin::AdminState,
+    limits: admin::AdminLimits,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    admin::serve(listener, state, shutdown)
+    admin::serve(listener, state, limits, shutdown)
         .await
         .map_err(|e| anyhow!("admin API failed: {e}"))
 }

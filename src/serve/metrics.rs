@@ -103,6 +103,21 @@ impl Collector for SdsCollector {
                 "SDS requests refused for authentication",
                 get(&m.auth_failures),
             ),
+            (
+                "meshca_sds_connections_shed",
+                "SDS connections closed on accept because their listener was at limits.sdsConnections",
+                get(&m.connections_shed),
+            ),
+            (
+                "meshca_sds_over_limit",
+                "SDS streams and requests refused for going over a limit (streams per proxy, names)",
+                get(&m.over_limit),
+            ),
+            (
+                "meshca_sds_log_lines_suppressed",
+                "Log lines about SDS clients left out by the per-minute warning limit",
+                get(&m.log_lines_suppressed),
+            ),
         ] {
             let counter = ConstCounter::new(value);
             counter.encode(encoder.encode_descriptor(

@@ -5,6 +5,7 @@ pub mod admin;
 mod daemon;
 pub mod daemon_keys;
 mod files;
+mod limits;
 pub mod metrics;
 mod reload;
 mod watcher;

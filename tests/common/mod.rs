@@ -383,12 +383,18 @@ impl Env {
 
     /// Starts `meshca serve` and waits until `/ready` answers 200.
     pub fn start(&self) -> Daemon {
-        Daemon::start(self, None)
+        Daemon::start(self, None, |_| {})
     }
 
     /// Starts `meshca serve` with `RUST_LOG` set, and waits until ready.
     pub fn start_logging(&self, rust_log: &str) -> Daemon {
-        Daemon::start(self, Some(rust_log))
+        Daemon::start(self, Some(rust_log), |_| {})
+    }
+
+    /// Starts `meshca serve` with its command adjusted by `configure` (e.g. an environment variable),
+    /// and waits until ready.
+    pub fn start_with(&self, configure: impl FnOnce(&mut Command)) -> Daemon {
+        Daemon::start(self, None, configure)
     }
 
     /// Starts `meshca issue --watch` over the unix socket with `token`: a workload holding an SDS stream

@@ -3,7 +3,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -84,7 +84,11 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    pub(super) fn start(env: &Env, rust_log: Option<&str>) -> Daemon {
+    pub(super) fn start(
+        env: &Env,
+        rust_log: Option<&str>,
+        configure: impl FnOnce(&mut Command),
+    ) -> Daemon {
         let n = env.runs.fetch_add(1, Ordering::Relaxed);
         let log = env.root().join(format!("daemon-{n}.log"));
         let err = std::fs::File::create(&log).expect("the temp dir is writable");
@@ -92,6 +96,7 @@ impl Daemon {
         if let Some(filter) = rust_log {
             cmd.env("RUST_LOG", filter);
         }
+        configure(&mut cmd);
         let child = cmd
             .stdout(Stdio::null())
             .stderr(err)
@@ -126,7 +131,30 @@ impl Daemon {
 
     /// The daemon's stderr so far, without colours.
     pub fn log(&self) -> String {
-        strip_ansi(&std::fs::read_to_string(&self.log).unwrap_or_default())
+        strip_ansi(&self.raw_log())
+    }
+
+    /// The daemon's stderr so far, exactly as written.
+    pub fn raw_log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("a running daemon").id()
+    }
+
+    /// The daemon's resident memory, in MiB (from `/proc`).
+    pub fn rss_mib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("the daemon's /proc entry");
+        let kib: u64 = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .expect("VmRSS in /proc/<pid>/status");
+        kib / 1024
     }
 
     /// SIGTERM, then waits for the exit (panics if it takes longer than [`TIMEOUT`]).

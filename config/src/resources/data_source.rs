@@ -11,6 +11,7 @@ use serde::Deserialize;
 use zeroize::Zeroize;
 
 use super::error::Report;
+use crate::bounded::read_regular;
 
 /// The bytes of a certificate or private key, or where to read them.
 ///
@@ -29,23 +30,37 @@ pub enum DataSource {
 }
 
 impl DataSource {
-    /// The bytes: reads the file or the environment variable, or copies the inline data.
-    /// Errors name the file or variable. The caller should zeroize the result once used if it
-    /// holds a private key.
-    pub fn read(&self) -> Result<Vec<u8>, io::Error> {
-        match self {
-            DataSource::File(path) => std::fs::read(path)
-                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
-            DataSource::Inline(bytes) => Ok(bytes.clone()),
-            DataSource::InlineString(text) => Ok(text.as_bytes().to_vec()),
-            DataSource::EnvVar(name) => std::env::var(name).map(String::into_bytes).map_err(|e| {
-                let kind = match e {
-                    std::env::VarError::NotPresent => io::ErrorKind::NotFound,
-                    std::env::VarError::NotUnicode(_) => io::ErrorKind::InvalidData,
-                };
-                io::Error::new(kind, format!("environment variable {name}: {e}"))
-            }),
+    /// The bytes: reads the file or the environment variable, or copies the inline data, refusing
+    /// more than `max_bytes` (`limits.dataSourceBytes`) and a file that is not a regular file (a
+    /// FIFO would block, `/dev/zero` never end). Errors name the file or variable. The caller
+    /// should zeroize the result once used if it holds a private key.
+    pub fn read(&self, max_bytes: u64) -> Result<Vec<u8>, io::Error> {
+        let bytes = match self {
+            DataSource::File(path) => {
+                return read_regular(path, max_bytes, "limits.dataSourceBytes")
+                    .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())));
+            }
+            DataSource::Inline(bytes) => bytes.clone(),
+            DataSource::InlineString(text) => text.as_bytes().to_vec(),
+            DataSource::EnvVar(name) => {
+                std::env::var(name).map(String::into_bytes).map_err(|e| {
+                    let kind = match e {
+                        std::env::VarError::NotPresent => io::ErrorKind::NotFound,
+                        std::env::VarError::NotUnicode(_) => io::ErrorKind::InvalidData,
+                    };
+                    io::Error::new(kind, format!("environment variable {name}: {e}"))
+                })?
+            }
+        };
+        if bytes.len() as u64 > max_bytes {
+            let mut bytes = bytes;
+            bytes.zeroize();
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{self}: larger than {max_bytes} bytes (limits.dataSourceBytes); refused"),
+            ));
         }
+        Ok(bytes)
     }
 }
 

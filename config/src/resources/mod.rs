@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 
 use zeroize::Zeroize;
 
+use crate::bounded::{nesting_depth, read_regular, LoadLimits};
+
 pub use data_source::DataSource;
 pub use dataplane::{Dataplane, Inbound, ZoneEgress, SERVICE_TAG};
 pub use defaults::default_resources_yaml;
@@ -164,6 +166,27 @@ pub fn parse_str(file: &Path, text: &str) -> Result<Vec<Resource>, Vec<ResourceE
     }
 }
 
+/// The text of one resource file, read within `limits` and checked for depth before parsing.
+fn read_resource_file(file: &Path, limits: &LoadLimits) -> Result<String, String> {
+    let bytes = read_regular(file, limits.file_bytes, "limits.resourceFileBytes")
+        .map_err(|e| format!("cannot read: {e}"))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        let mut bytes = e.into_bytes();
+        bytes.zeroize();
+        "cannot read: not UTF-8 text".to_owned()
+    })?;
+    let depth = nesting_depth(&text);
+    if depth > limits.depth {
+        let mut text = text;
+        text.zeroize();
+        return Err(format!(
+            "nests {depth} levels deep; at most {} are read (limits.yamlDepth)",
+            limits.depth
+        ));
+    }
+    Ok(text)
+}
+
 fn dir_error(path: &Path, message: String) -> ResourceError {
     ResourceError {
         file: path.to_owned(),
@@ -209,7 +232,11 @@ fn resource_files(dir: &Path) -> Result<Vec<PathBuf>, Vec<ResourceError>> {
         }
         match std::fs::metadata(&path) {
             Ok(meta) if meta.is_file() => files.push(path),
-            Ok(_) => {}
+            // A FIFO would block the reader and a device may never end: refused, and said so.
+            Ok(_) => errors.push(dir_error(
+                &path,
+                "cannot read: not a regular file; refused".to_owned(),
+            )),
             Err(e) => errors.push(dir_error(&path, format!("cannot read: {e}"))),
         }
     }
@@ -222,9 +249,11 @@ fn resource_files(dir: &Path) -> Result<Vec<PathBuf>, Vec<ResourceError>> {
 }
 
 /// Loads every resource file of `dir` (see [`parse_str`] for the format) and checks them as a
-/// whole. On failure, returns every error of every file, in file and document order.
-pub fn load_dir(dir: &Path) -> Result<Resources, Vec<ResourceError>> {
-    let (resources, errors) = load_dir_lenient(dir);
+/// whole. On failure, returns every error of every file, in file and document order. Files are
+/// read within `limits`: regular files only, none larger or nested deeper than allowed, and no
+/// more of them than allowed.
+pub fn load_dir(dir: &Path, limits: &LoadLimits) -> Result<Resources, Vec<ResourceError>> {
+    let (resources, errors) = load_dir_lenient(dir, limits);
     if errors.is_empty() {
         Ok(resources)
     } else {
@@ -234,19 +263,30 @@ pub fn load_dir(dir: &Path) -> Result<Resources, Vec<ResourceError>> {
 
 /// Like [`load_dir`], but also returns the resources that parsed when there are errors, so that checks of
 /// later stages (templates, CAs) can report their errors in the same pass. Never apply a result with errors.
-pub fn load_dir_lenient(dir: &Path) -> (Resources, Vec<ResourceError>) {
+pub fn load_dir_lenient(dir: &Path, limits: &LoadLimits) -> (Resources, Vec<ResourceError>) {
     let mut errors = Vec::new();
-    let files = resource_files(dir).unwrap_or_else(|mut e| {
+    let mut files = resource_files(dir).unwrap_or_else(|mut e| {
         errors.append(&mut e);
         Vec::new()
     });
+    if files.len() > limits.files {
+        errors.push(dir_error(
+            dir,
+            format!(
+                "holds {} resource files; at most {} are read (limits.resourceFiles)",
+                files.len(),
+                limits.files
+            ),
+        ));
+        files.clear();
+    }
     let mut resources = Vec::new();
     let mut broken_meshes = Vec::new();
     for file in files {
-        let mut text = match std::fs::read_to_string(&file) {
+        let mut text = match read_resource_file(&file, limits) {
             Ok(text) => text,
-            Err(e) => {
-                errors.push(dir_error(&file, format!("cannot read: {e}")));
+            Err(message) => {
+                errors.push(dir_error(&file, message));
                 continue;
             }
         };

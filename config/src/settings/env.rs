@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt::Display;
 use std::str::FromStr;
 
-use super::file::{Layer, FIELDS};
+use super::file::{fields, Layer};
 use super::SettingsError;
 
 /// The prefix of every settings environment variable.
@@ -37,9 +37,8 @@ fn variable_names(field: &str) -> Vec<String> {
 
 /// Every accepted variable name, mapped to the field it sets.
 fn variables() -> BTreeMap<String, &'static str> {
-    FIELDS
-        .iter()
-        .flat_map(|&field| {
+    fields()
+        .flat_map(|field| {
             variable_names(field)
                 .into_iter()
                 .map(move |name| (name, field))
@@ -49,8 +48,7 @@ fn variables() -> BTreeMap<String, &'static str> {
 
 /// The canonical (snake-cased) variable name of every field, for error messages and docs.
 pub fn settings_env_vars() -> Vec<String> {
-    FIELDS
-        .iter()
+    fields()
         .filter_map(|field| variable_names(field).pop())
         .collect()
 }
@@ -162,6 +160,9 @@ fn set(layer: &mut Layer, field: &str, value: &str) -> Result<(), String> {
             layer.rollout.get_or_insert_default().ack_timeout = Some(parse(value)?)
         }
         "keystore.type" => layer.keystore.get_or_insert_default().kind = Some(parse(value)?),
+        limit if limit.starts_with("limits.") => {
+            layer.limits.get_or_insert_default().set(limit, value)?;
+        }
         other => unreachable!("FIELDS and set() list the same fields; {other} is missing here"),
     }
     Ok(())
@@ -186,7 +187,7 @@ mod tests {
 
     #[test]
     fn every_field_can_be_set() {
-        for field in FIELDS {
+        for field in fields() {
             let mut layer = Layer::default();
             let value = match field {
                 "sds.listen" => "127.0.0.1:1,unix:///x",
@@ -196,6 +197,8 @@ mod tests {
                 "issuance.renewAt" => "0.5",
                 "rollout.ackTimeout" => "5s",
                 "keystore.type" => "file",
+                limit if limit.ends_with("Timeout") => "5s",
+                limit if limit.starts_with("limits.") => "3",
                 _ => "x",
             };
             assert_eq!(set(&mut layer, field, value), Ok(()), "{field}");

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use super::limits::{LimitsLayer, LIMIT_FIELDS};
 use super::{KeystoreType, ListenAddr};
 use crate::Duration;
 use meshca_identity::KeyAlgorithm;
@@ -22,6 +23,7 @@ pub(super) struct Layer {
     pub(super) issuance: Option<IssuanceLayer>,
     pub(super) rollout: Option<RolloutLayer>,
     pub(super) keystore: Option<KeystoreLayer>,
+    pub(super) limits: Option<LimitsLayer>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -71,9 +73,8 @@ pub(super) struct KeystoreLayer {
     pub(super) kind: Option<KeystoreType>,
 }
 
-/// Every settings field as written in the file (its dotted camelCase path). The environment
-/// variable names are derived from these.
-pub(super) const FIELDS: [&str; 13] = [
+/// The settings fields outside `limits:`, as written in the file (dotted camelCase paths).
+const BASE_FIELDS: [&str; 13] = [
     "zone",
     "dataDir",
     "resources",
@@ -89,8 +90,14 @@ pub(super) const FIELDS: [&str; 13] = [
     "keystore.type",
 ];
 
+/// Every settings field as written in the file (its dotted camelCase path). The environment
+/// variable names are derived from these.
+pub(super) fn fields() -> impl Iterator<Item = &'static str> {
+    BASE_FIELDS.into_iter().chain(LIMIT_FIELDS.iter().copied())
+}
+
 impl Layer {
-    /// Whether `field` (one of [`FIELDS`]) is set in this layer.
+    /// Whether `field` (one of [`fields`]) is set in this layer.
     pub(super) fn is_set(&self, field: &str) -> bool {
         let sds = self.sds.as_ref();
         let tls = sds.and_then(|s| s.tls.as_ref());
@@ -114,6 +121,9 @@ impl Layer {
                 .as_ref()
                 .is_some_and(|r| r.ack_timeout.is_some()),
             "keystore.type" => self.keystore.as_ref().is_some_and(|k| k.kind.is_some()),
+            limit if limit.starts_with("limits.") => {
+                self.limits.as_ref().is_some_and(|l| l.is_set(limit))
+            }
             _ => false,
         }
     }

@@ -3,12 +3,14 @@
 mod env;
 mod error;
 mod file;
+mod limits;
 mod listen;
 mod resolve;
 mod types;
 
 pub use env::{settings_env_vars, ENV_PREFIX};
 pub use error::SettingsError;
+pub use limits::Limits;
 pub use listen::{ListenAddr, ListenAddrError};
 pub use types::{
     AdminSettings, Defaults, IssuanceSettings, KeystoreSettings, KeystoreType, RolloutSettings,

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use super::file::{Layer, FIELDS};
+use super::file::{fields, Layer};
 use super::types::{
     AdminSettings, Defaults, IssuanceSettings, KeystoreSettings, RolloutSettings, SdsSettings,
     TlsFiles, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR, DEFAULT_RENEW_AT,
@@ -38,7 +38,7 @@ impl Settings {
                     source,
                 })?;
                 let layer = parse_file(path, &text)?;
-                for field in FIELDS.iter().filter(|f| layer.is_set(f)) {
+                for field in fields().filter(|f| layer.is_set(f)) {
                     origins.insert(field, path.display().to_string());
                 }
                 layer
@@ -153,6 +153,11 @@ fn resolve(
     if ack_timeout.0.is_zero() {
         return Err(origins.invalid("rollout.ackTimeout", "must be greater than zero"));
     }
+    let limits = layer
+        .limits
+        .unwrap_or_default()
+        .resolve()
+        .map_err(|(field, message)| origins.invalid(field, message))?;
     Ok(Settings {
         zone,
         resources,
@@ -167,6 +172,7 @@ fn resolve(
         keystore: KeystoreSettings {
             kind: layer.keystore.and_then(|k| k.kind).unwrap_or_default(),
         },
+        limits,
         data_dir,
     })
 }

@@ -404,3 +404,33 @@ mod never_panics {
         }
     }
 }
+
+#[test]
+fn limits_come_from_the_file_and_the_environment() {
+    let (_dir, s) = load_yaml(
+        "limits:\n  namesPerStream: 20\n  connectTimeout: 2s\n",
+        &[("MESHCA_LIMITS_STREAMS_PER_PROXY", "3")],
+    );
+    let limits = s.expect("valid").limits;
+    assert_eq!(limits.names_per_stream, 20);
+    assert_eq!(limits.connect_timeout, Duration::from_secs(2));
+    assert_eq!(limits.streams_per_proxy, 3);
+    assert_eq!(limits.idle_timeout, Limits::default().idle_timeout);
+
+    let (dir, s) = load_yaml("limits:\n  idleTimeout: 0s\n", &[]);
+    let e = err_text(s);
+    let file = dir.path().join("settings.yaml");
+    assert!(
+        e.contains(&file.display().to_string())
+            && e.contains("limits.idleTimeout: must be greater than zero"),
+        "{e}"
+    );
+    let (_dir, s) = load_yaml("limits:\n  maxEverything: 1\n", &[]);
+    assert!(err_text(s).contains("unknown field `maxEverything`"));
+    let (_dir, s) = load_yaml("", &[("MESHCA_LIMITS_NAME_BYTES", "many")]);
+    let e = err_text(s);
+    assert!(
+        e.contains("MESHCA_LIMITS_NAME_BYTES") && e.contains("expected a whole number"),
+        "{e}"
+    );
+}

@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use super::ListenAddr;
+use super::{Limits, ListenAddr};
 use crate::Duration;
 use meshca_identity::KeyAlgorithm;
 
@@ -37,6 +37,8 @@ pub struct Settings {
     pub rollout: RolloutSettings,
     /// Durable key storage.
     pub keystore: KeystoreSettings,
+    /// Bounds on what clients and resource files can make the daemon hold or wait for.
+    pub limits: Limits,
 }
 
 /// `defaults:` in the settings file.
@@ -215,6 +217,7 @@ impl Default for Settings {
                 ack_timeout: DEFAULT_ACK_TIMEOUT,
             },
             keystore: KeystoreSettings::default(),
+            limits: Limits::default(),
             data_dir,
         }
     }

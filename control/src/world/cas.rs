@@ -4,7 +4,7 @@
 //! meshca never silently replaces a persisted CA: one it cannot read is an error for the operator.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use meshca_ca::{CaParams, CertificateAuthority, ProvidedOptions};
 use meshca_config::{Backend, Bundled, BundledCa, DataSource, MeshIdentity};
@@ -69,7 +69,7 @@ pub(super) fn load_backend(
             builtin_backend(backend, dp_cert_lifetime, known, src, &base, &params)
         }
         meshca_config::BackendKind::Provided { cert, key } => {
-            let ca = load_provided(cert, key, true, src.now)?;
+            let ca = load_provided(cert, key, true, src)?;
             Ok(BackendState {
                 name: backend.name.clone(),
                 kind: BackendKind::Provided,
@@ -161,7 +161,7 @@ pub(super) fn load_identity_ca(
             certificate,
             private_key,
             bundled.insecure_allow_self_signed,
-            src.now,
+            src,
         )?,
     };
     if let Some(ca_td) = ca.ca.trust_domain() {
@@ -225,10 +225,12 @@ fn load_provided(
     cert: &DataSource,
     key: &DataSource,
     allow_self_signed: bool,
-    now: SystemTime,
+    src: &CaSource<'_>,
 ) -> Result<LoadedCa, CaLoadError> {
+    let now = src.now;
+    let max_bytes = src.settings.limits.data_source_bytes;
     let read = |source: &DataSource, what| {
-        source.read().map_err(|error| CaLoadError::Read {
+        source.read(max_bytes).map_err(|error| CaLoadError::Read {
             what,
             source_name: source.to_string(),
             error,

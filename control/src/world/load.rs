@@ -42,7 +42,8 @@ pub fn load_world(
     previous: Option<&World>,
     now: SystemTime,
 ) -> Result<World, Vec<UpdateError>> {
-    let (resources, errors) = meshca_config::load_dir_lenient(&settings.resources);
+    let (resources, errors) =
+        meshca_config::load_dir_lenient(&settings.resources, &settings.limits.load());
     check_world(
         resources,
         errors,

@@ -322,25 +322,27 @@ fn data_source_reads_its_bytes() {
     let path = dir.path().join("ca.pem");
     std::fs::write(&path, b"pem bytes").expect("write");
     assert_eq!(
-        DataSource::File(path).read().expect("readable"),
+        DataSource::File(path).read(1 << 20).expect("readable"),
         b"pem bytes"
     );
     assert_eq!(
-        DataSource::Inline(vec![1, 2]).read().expect("inline"),
+        DataSource::Inline(vec![1, 2])
+            .read(1 << 20)
+            .expect("inline"),
         [1, 2]
     );
     assert_eq!(
         DataSource::InlineString("ab".into())
-            .read()
+            .read(1 << 20)
             .expect("inline"),
         b"ab"
     );
     let missing = DataSource::File(dir.path().join("nope.pem"))
-        .read()
+        .read(1 << 20)
         .unwrap_err();
     assert!(missing.to_string().contains("nope.pem"), "{missing}");
     let unset = DataSource::EnvVar("MESHCA_TEST_VARIABLE_THAT_IS_NEVER_SET".into())
-        .read()
+        .read(1 << 20)
         .unwrap_err();
     assert_eq!(unset.kind(), std::io::ErrorKind::NotFound);
     assert!(
@@ -352,7 +354,9 @@ fn data_source_reads_its_bytes() {
     // PATH is set in any environment the tests run in; reading must not need it to be changed.
     if let Ok(path) = std::env::var("PATH") {
         assert_eq!(
-            DataSource::EnvVar("PATH".into()).read().expect("PATH"),
+            DataSource::EnvVar("PATH".into())
+                .read(1 << 20)
+                .expect("PATH"),
             path.into_bytes()
         );
     }

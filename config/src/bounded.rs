@@ -1,0 +1,187 @@
+//! Reading the operator's files without trusting what they turned out to be: only regular files,
+//! never more than a limit, never blocking on a FIFO or a device; and YAML that nests no deeper than
+//! a limit, checked before the parser sees it (its cost grows with the square of the depth).
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+/// Bounds on reading the resources directory (the `limits:` settings).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadLimits {
+    /// The largest resource file, in bytes.
+    pub file_bytes: u64,
+    /// The most resource files read.
+    pub files: usize,
+    /// How deeply a document may nest.
+    pub depth: usize,
+    /// The largest certificate or key a data source may hold, in bytes.
+    pub data_source_bytes: u64,
+}
+
+impl Default for LoadLimits {
+    fn default() -> Self {
+        crate::Limits::default().load()
+    }
+}
+
+impl crate::Limits {
+    /// The limits on reading resource files and data sources.
+    pub fn load(&self) -> LoadLimits {
+        LoadLimits {
+            file_bytes: self.resource_file_bytes,
+            files: usize::try_from(self.resource_files).unwrap_or(usize::MAX),
+            depth: usize::try_from(self.yaml_depth).unwrap_or(usize::MAX),
+            data_source_bytes: self.data_source_bytes,
+        }
+    }
+}
+
+/// Reads `path` whole if it is a regular file of at most `max_bytes`; `setting` names the limit
+/// in the error. Opening does not block (a FIFO without a writer would), and anything but a
+/// regular file is refused before a byte is read.
+pub(crate) fn read_regular(path: &Path, max_bytes: u64, setting: &str) -> io::Result<Vec<u8>> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("not a regular file ({}); refused", describe(kind)),
+        ));
+    }
+    read_at_most(file, max_bytes, setting)
+}
+
+fn read_at_most(file: File, max_bytes: u64, setting: &str) -> io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    file.take(max_bytes.saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("larger than {max_bytes} bytes ({setting}); refused"),
+        ));
+    }
+    Ok(bytes)
+}
+
+fn describe(kind: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "not a file"
+    }
+}
+
+/// An upper bound of how deeply the YAML in `text` nests: block levels (by indentation and `- `
+/// sequence entries) plus flow levels (`{`, `[`), counted without parsing. Brackets inside quoted
+/// strings or comments are counted too, so the bound is never below the real depth.
+pub(crate) fn nesting_depth(text: &str) -> usize {
+    let mut deepest = 0;
+    let mut indents: Vec<usize> = Vec::new();
+    let mut flow = 0usize;
+    for line in text.lines() {
+        let content = line.trim_start_matches(' ');
+        let indent = line.len() - content.len();
+        let blank = content.is_empty() || content.starts_with('#');
+        if flow == 0 && !blank {
+            while indents.last().is_some_and(|&top| top > indent) {
+                indents.pop();
+            }
+            if indents.last() != Some(&indent) {
+                indents.push(indent);
+            }
+        }
+        let mut rest = content;
+        let mut entries = 0;
+        while let Some(after) = rest.strip_prefix("- ") {
+            entries += 1;
+            rest = after.trim_start_matches(' ');
+        }
+        let mut line_deepest = flow;
+        for byte in rest.bytes() {
+            match byte {
+                b'{' | b'[' => {
+                    flow += 1;
+                    line_deepest = line_deepest.max(flow);
+                }
+                b'}' | b']' => flow = flow.saturating_sub(1),
+                _ => {}
+            }
+        }
+        deepest = deepest.max(indents.len() + entries + line_deepest);
+    }
+    deepest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn depth_of_block_flow_and_mixed_yaml() {
+        assert_eq!(nesting_depth(""), 0);
+        assert_eq!(nesting_depth("a: 1\nb: 2\n"), 1);
+        assert_eq!(nesting_depth("a:\n  b:\n    c: 1\nd: 2\n"), 3);
+        assert_eq!(nesting_depth("a: {b: {c: [1, 2]}}\n"), 4);
+        assert_eq!(nesting_depth("a:\n  - - x\n"), 4);
+        let deep = format!("{}{}", "{a: ".repeat(50_000), "}".repeat(50_000));
+        assert_eq!(
+            nesting_depth(&deep),
+            50_001,
+            "the document level and every brace"
+        );
+    }
+
+    #[test]
+    fn a_kuma_resource_is_shallow() {
+        let mesh = crate::default_resources_yaml();
+        assert!(nesting_depth(mesh) < 16, "{}", nesting_depth(mesh));
+    }
+
+    proptest! {
+        /// The pre-scan never reports less than the real depth of a flow document.
+        #[test]
+        fn never_below_the_real_flow_depth(depth in 0usize..40, noise in "[a-z :,]{0,20}") {
+            let text = format!("{}{noise}{}", "[".repeat(depth), "]".repeat(depth));
+            prop_assert!(nesting_depth(&text) >= depth);
+        }
+    }
+
+    #[test]
+    fn only_regular_files_of_bounded_size_are_read() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("a.yaml");
+        std::fs::write(&file, b"0123456789").expect("write");
+        assert_eq!(read_regular(&file, 10, "x").expect("fits"), b"0123456789");
+        let error = read_regular(&file, 9, "limits.x").expect_err("too large");
+        assert!(
+            error.to_string().contains("larger than 9 bytes (limits.x)"),
+            "{error}"
+        );
+        let error = read_regular(dir.path(), 10, "x").expect_err("a directory");
+        assert!(error.to_string().contains("a directory"), "{error}");
+        let fifo = dir.path().join("fifo.yaml");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo runs");
+        assert!(made.success());
+        let error = read_regular(&fifo, 10, "x").expect_err("a FIFO, refused without blocking");
+        assert!(error.to_string().contains("a FIFO"), "{error}");
+        let error = read_regular(Path::new("/dev/zero"), 10, "x").expect_err("a device");
+        assert!(error.to_string().contains("a device"), "{error}");
+    }
+}

@@ -1,0 +1,319 @@
+//! The daemon under hostile input, driven as an attacker would: through its sockets, with or without
+//! a token. Each test names the limit that stops the attack (SECURITY.md lists them all).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+
+use common::{Env, DATAPLANE_WEB_1, MESH_BUILTIN, TIMEOUT};
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+use meshca_sds::{SdsClient, SECRET_TYPE_URL};
+use tokio_stream::wrappers::ReceiverStream;
+
+/// Idle memory of a debug build is a few tens of MiB; the attacks below pushed it past 1 GiB.
+const RSS_CEILING_MIB: u64 = 200;
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len();
+    let mut out = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+fn mesh_env(settings: &str) -> Env {
+    let env = Env::with_settings(settings);
+    env.write_resource("mesh.yaml", MESH_BUILTIN);
+    env.write_resource("dataplanes.yaml", DATAPLANE_WEB_1);
+    env
+}
+
+/// Reads until the peer closes; `false` if it was still open after [`TIMEOUT`].
+fn closed_by_peer(stream: &mut impl Read) -> bool {
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(error) => {
+                return !matches!(
+                    error.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                )
+            }
+        }
+    }
+}
+
+#[test]
+fn continuation_frames_without_end_cannot_grow_memory_on_the_unix_socket() {
+    let env = mesh_env("");
+    let daemon = env.start();
+    let mut socket = UnixStream::connect(env.data.join("sds.sock")).expect("connect");
+    let mut start = PREFACE.to_vec();
+    start.extend(frame(0x4, 0, 0, &[]));
+    start.extend(frame(0x1, 0, 1, &[0x82; 64]));
+    socket.write_all(&start).expect("the preface is read");
+    let continuation = frame(0x9, 0, 1, &[0x82; 16 * 1024]);
+    let mut written = 0usize;
+    while written < 512 * 1024 * 1024 {
+        if socket.write_all(&continuation).is_err() {
+            break;
+        }
+        written += continuation.len();
+    }
+    assert!(
+        written < 8 * 1024 * 1024,
+        "the daemon read {written} bytes of one header block before closing the connection"
+    );
+    let rss = daemon.rss_mib();
+    assert!(rss < RSS_CEILING_MIB, "RSS {rss} MiB");
+}
+
+#[test]
+fn silent_connections_are_closed_on_every_listener() {
+    let env = mesh_env("limits: {connectTimeout: 1s}\n");
+    let _daemon = env.start();
+    let mut unix = UnixStream::connect(env.data.join("sds.sock")).expect("connect");
+    unix.set_read_timeout(Some(TIMEOUT)).expect("a timeout");
+    let mut tcp = TcpStream::connect(env.sds_tcp).expect("connect");
+    tcp.set_read_timeout(Some(TIMEOUT)).expect("a timeout");
+    // An admin request whose head never ends.
+    let mut admin = TcpStream::connect(env.admin).expect("connect");
+    admin
+        .write_all(b"GET /ready HTTP/1.1\r\nHost: meshca\r\nX-Slow: ")
+        .expect("write");
+    admin.set_read_timeout(Some(TIMEOUT)).expect("a timeout");
+    assert!(
+        closed_by_peer(&mut unix),
+        "the unix listener keeps a silent connection"
+    );
+    assert!(
+        closed_by_peer(&mut tcp),
+        "the TLS listener keeps a silent connection"
+    );
+    assert!(
+        closed_by_peer(&mut admin),
+        "the admin API keeps an unfinished request"
+    );
+}
+
+#[test]
+fn a_listener_at_its_connection_limit_sheds_and_says_so() {
+    let env = mesh_env("limits: {sdsConnections: 2, adminConnections: 2}\n");
+    let daemon = env.start();
+    let held: Vec<UnixStream> = (0..2)
+        .map(|_| UnixStream::connect(env.data.join("sds.sock")).expect("connect"))
+        .collect();
+    let mut third = UnixStream::connect(env.data.join("sds.sock")).expect("the kernel accepts");
+    third.set_read_timeout(Some(TIMEOUT)).expect("a timeout");
+    assert!(closed_by_peer(&mut third), "a third connection is served");
+    // The other SDS listener and the admin API have their own limits.
+    let token = env.token("default", "web-1", &[]);
+    let file = token.file.to_str().expect("UTF-8");
+    let server = env.sds_tcp.to_string();
+    env.cli(&[
+        "sds",
+        "fetch",
+        "--config",
+        env.cfg(),
+        "--server",
+        &server,
+        "--token-file",
+        file,
+        "default",
+    ])
+    .ok();
+    let metrics = daemon.admin_get("/metrics").body;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("meshca_sds_connections_shed_total 1")),
+        "{metrics}"
+    );
+    assert!(
+        daemon.log().contains("limits.sdsConnections"),
+        "{}",
+        daemon.log()
+    );
+    drop(held);
+}
+
+/// A stream held open.
+struct Open {
+    _requests: tokio::sync::mpsc::Sender<DiscoveryRequest>,
+    _responses: tonic::Streaming<envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse>,
+}
+
+/// Opens a state-of-the-world stream asking for `names` and returns the first response's resource
+/// count with the stream (held open while kept), or the refusal.
+async fn ask(
+    client: &SdsClient,
+    node: &str,
+    names: Vec<String>,
+) -> Result<(usize, Open), tonic::Status> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(DiscoveryRequest {
+        node: Some(Node {
+            id: node.to_owned(),
+            ..Default::default()
+        }),
+        resource_names: names,
+        type_url: SECRET_TYPE_URL.to_owned(),
+        ..Default::default()
+    })
+    .await
+    .expect("queued");
+    let mut call = tonic::Request::new(ReceiverStream::new(rx));
+    client.authorize(&mut call);
+    let mut stream = client.raw().stream_secrets(call).await?.into_inner();
+    let first = stream.message().await?;
+    let served = first.map_or(0, |response| response.resources.len());
+    Ok((
+        served,
+        Open {
+            _requests: tx,
+            _responses: stream,
+        },
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_token_cannot_exhaust_memory_with_subscriptions() {
+    let env = mesh_env("");
+    let daemon = tokio::task::block_in_place(|| env.start());
+    let token = tokio::task::block_in_place(|| env.token("default", "web-1", &[]));
+    let client = SdsClient::connect(&env.sds_unix(), None, token.token.clone())
+        .await
+        .expect("connect");
+    // What took the daemon past 1 GiB: 60 streams asking for 18,000 names of 200 characters.
+    let huge: Vec<String> = (0..18_000).map(|i| format!("{i:0200}")).collect();
+    let mut refused = 0;
+    for _ in 0..60 {
+        match ask(&client, "default.web-1", huge.clone()).await {
+            Ok((served, _)) => panic!("a stream of 18,000 names was served ({served} resources)"),
+            Err(_) => refused += 1,
+        }
+    }
+    assert_eq!(refused, 60);
+    // Within the per-stream limits, names add up over the proxy's open streams until refused.
+    let many = |stream: usize| -> Vec<String> {
+        let mut names: Vec<String> = (0..255).map(|i| format!("s{stream}-{i:0300}")).collect();
+        names.push("default".to_owned());
+        names
+    };
+    let mut held = Vec::new();
+    let mut over = None;
+    for stream in 0..20 {
+        match ask(&client, "default.web-1", many(stream)).await {
+            Ok((_, open)) => held.push(open),
+            Err(status) => {
+                over = Some(status);
+                break;
+            }
+        }
+    }
+    assert_eq!(held.len(), 16, "4096 names in 16 streams of 256");
+    let over = over.expect("the per-proxy name total is reached");
+    assert!(over.message().contains("limits.namesPerProxy"), "{over:?}");
+    let rss = daemon.rss_mib();
+    assert!(rss < RSS_CEILING_MIB, "RSS {rss} MiB");
+    let streams = daemon.admin_get("/api/streams").body;
+    assert!(streams.len() < 4 * 1024 * 1024, "{} bytes", streams.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_cannot_flood_or_forge_the_log() {
+    let env = mesh_env("");
+    // A log file, not a terminal: no colour codes, whatever NO_COLOR says.
+    let daemon = tokio::task::block_in_place(|| {
+        env.start_with(|cmd| {
+            cmd.env_remove("NO_COLOR");
+        })
+    });
+    let token = tokio::task::block_in_place(|| env.token("default", "web-1", &[]));
+    let client = SdsClient::connect(&env.sds_unix(), None, token.token.clone())
+        .await
+        .expect("connect");
+    let mut names: Vec<String> = (0..50).map(|i| format!("unknown-{i}")).collect();
+    names.insert(0, "forged\nINFO meshca: all good \u{1b}[31mred".to_owned());
+    names.push("default".to_owned());
+    let (served, first) = ask(&client, "default.web-1", names).await.expect("served");
+    assert_eq!(served, 1, "only `default` exists");
+    drop(first);
+    // Reconnecting does not buy a fresh budget.
+    for round in 0..5 {
+        let names = vec![format!("again-{round}"), "default".to_owned()];
+        let (_, open) = ask(&client, "default.web-1", names).await.expect("served");
+        drop(open);
+    }
+    let log = daemon.raw_log();
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes or a forged escape in a log file:\n{log}"
+    );
+    assert!(
+        !log.contains("\nINFO meshca: all good"),
+        "a forged line:\n{log}"
+    );
+    let warned = log.matches("unknown secret name").count();
+    assert_eq!(
+        warned, 10,
+        "one proxy's warnings are limited to limits.warningsPerMinute (10):\n{log}"
+    );
+}
+
+#[test]
+fn an_admin_api_beyond_loopback_is_a_loud_warning() {
+    let env = mesh_env("");
+    let port = env.admin.port();
+    let daemon = env.start_with(|cmd| {
+        cmd.env("MESHCA_ADMIN_LISTEN", format!("0.0.0.0:{port}"));
+    });
+    let log = daemon.log();
+    assert!(
+        log.contains("WARN") && log.contains("the admin API listens beyond loopback"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_fifo_or_a_deeply_nested_file_is_rejected_and_the_daemon_keeps_serving() {
+    let env = mesh_env("");
+    let daemon = env.start();
+    let fifo = env.root().join("ca.pem");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success());
+    // A provided CA read from a FIFO no one writes to: it used to hang the control loop forever.
+    env.write_resource(
+        "other.yaml",
+        &format!(
+            "type: Mesh\nname: other\nmtls:\n  enabledBackend: ext\n  backends:\n    - name: ext\n      type: provided\n      conf:\n        cert: {{file: {fifo}}}\n        key: {{file: {fifo}}}\n",
+            fifo = fifo.display()
+        ),
+    );
+    let rejected = daemon.wait_json("/api/rejected-update", "the FIFO to be refused", |v| {
+        (!v.is_null()).then(|| v.to_string())
+    });
+    assert!(rejected.contains("a FIFO"), "{rejected}");
+    // Flow mappings nested 50,000 deep: refused before the YAML parser spends minutes on them.
+    std::fs::remove_file(env.resources.join("other.yaml")).expect("remove");
+    let deep = format!("{}{}", "{a: ".repeat(50_000), "}".repeat(50_000));
+    env.write_resource("deep.yaml", &deep);
+    daemon.wait_json("/api/rejected-update", "the deep file to be refused", |v| {
+        v.to_string().contains("limits.yamlDepth").then_some(())
+    });
+    // Meanwhile the daemon serves, is ready, and stops when asked.
+    let token = env.token("default", "web-1", &[]);
+    assert!(env.fetch_identity(&token).contains("BEGIN CERTIFICATE"));
+    assert_eq!(daemon.admin_get("/ready").status, 200);
+    assert!(daemon.stop().success());
+}
