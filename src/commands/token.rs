@@ -57,6 +57,13 @@ pub fn run(args: TokenArgs) -> anyhow::Result<ExitCode> {
         .valid_for
         .parse()
         .map_err(|e| invalid(format!("--valid-for {:?}: {e}", args.valid_for)))?;
+    let max_valid_for = settings.tokens.max_valid_for;
+    if valid_for > max_valid_for {
+        return Err(invalid(format!(
+            "--valid-for {valid_for} is longer than tokens.maxValidFor ({max_valid_for}); mint a shorter \
+             token and replace it before it expires, or raise tokens.maxValidFor in the settings"
+        )));
+    }
     let labels = pairs("label", &args.labels)?;
     let tags = pairs("tag", &args.tags)?;
     let now = SystemTime::now()

@@ -162,6 +162,9 @@ fn set(layer: &mut Layer, field: &str, value: &str) -> Result<(), String> {
             layer.rollout.get_or_insert_default().ack_timeout = Some(parse(value)?)
         }
         "keystore.type" => layer.keystore.get_or_insert_default().kind = Some(parse(value)?),
+        "tokens.maxValidFor" => {
+            layer.tokens.get_or_insert_default().max_valid_for = Some(parse(value)?)
+        }
         other => unreachable!("FIELDS and set() list the same fields; {other} is missing here"),
     }
     Ok(())
@@ -196,6 +199,7 @@ mod tests {
                 "issuance.renewAt" => "0.5",
                 "rollout.ackTimeout" => "5s",
                 "keystore.type" => "file",
+                "tokens.maxValidFor" => "30d",
                 _ => "x",
             };
             assert_eq!(set(&mut layer, field, value), Ok(()), "{field}");

@@ -22,6 +22,7 @@ pub(super) struct Layer {
     pub(super) issuance: Option<IssuanceLayer>,
     pub(super) rollout: Option<RolloutLayer>,
     pub(super) keystore: Option<KeystoreLayer>,
+    pub(super) tokens: Option<TokensLayer>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -71,9 +72,15 @@ pub(super) struct KeystoreLayer {
     pub(super) kind: Option<KeystoreType>,
 }
 
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct TokensLayer {
+    pub(super) max_valid_for: Option<Duration>,
+}
+
 /// Every settings field as written in the file (its dotted camelCase path). The environment
 /// variable names are derived from these.
-pub(super) const FIELDS: [&str; 13] = [
+pub(super) const FIELDS: [&str; 14] = [
     "zone",
     "dataDir",
     "resources",
@@ -87,6 +94,7 @@ pub(super) const FIELDS: [&str; 13] = [
     "issuance.renewAt",
     "rollout.ackTimeout",
     "keystore.type",
+    "tokens.maxValidFor",
 ];
 
 impl Layer {
@@ -114,6 +122,10 @@ impl Layer {
                 .as_ref()
                 .is_some_and(|r| r.ack_timeout.is_some()),
             "keystore.type" => self.keystore.as_ref().is_some_and(|k| k.kind.is_some()),
+            "tokens.maxValidFor" => self
+                .tokens
+                .as_ref()
+                .is_some_and(|t| t.max_valid_for.is_some()),
             _ => false,
         }
     }

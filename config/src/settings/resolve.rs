@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use super::file::{Layer, FIELDS};
 use super::types::{
     AdminSettings, Defaults, IssuanceSettings, KeystoreSettings, RolloutSettings, SdsSettings,
-    TlsFiles, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR, DEFAULT_RENEW_AT,
-    DEFAULT_ZONE,
+    TlsFiles, TokensSettings, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR,
+    DEFAULT_RENEW_AT, DEFAULT_TOKEN_MAX_VALID_FOR, DEFAULT_ZONE,
 };
 use super::{env, ListenAddr, Settings, SettingsError};
 use crate::names::check_name;
@@ -153,6 +153,16 @@ fn resolve(
     if ack_timeout.0.is_zero() {
         return Err(origins.invalid("rollout.ackTimeout", "must be greater than zero"));
     }
+    let max_valid_for = layer
+        .tokens
+        .and_then(|t| t.max_valid_for)
+        .unwrap_or(DEFAULT_TOKEN_MAX_VALID_FOR);
+    if max_valid_for.as_std().as_secs() == 0 {
+        return Err(origins.invalid(
+            "tokens.maxValidFor",
+            "must be at least one second (a token's validity is counted in whole seconds)",
+        ));
+    }
     Ok(Settings {
         zone,
         resources,
@@ -167,6 +177,7 @@ fn resolve(
         keystore: KeystoreSettings {
             kind: layer.keystore.and_then(|k| k.kind).unwrap_or_default(),
         },
+        tokens: TokensSettings { max_valid_for },
         data_dir,
     })
 }

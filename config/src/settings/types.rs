@@ -37,6 +37,8 @@ pub struct Settings {
     pub rollout: RolloutSettings,
     /// Durable key storage.
     pub keystore: KeystoreSettings,
+    /// Proxy tokens (`meshca token`).
+    pub tokens: TokensSettings,
 }
 
 /// `defaults:` in the settings file.
@@ -94,6 +96,14 @@ pub struct IssuanceSettings {
 pub struct RolloutSettings {
     /// How long a rollout step waits for ACKs before it proceeds anyway (default 30s, never zero).
     pub ack_timeout: Duration,
+}
+
+/// `tokens:` in the settings file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TokensSettings {
+    /// The longest `meshca token --valid-for` accepted (default one year, never zero).
+    pub max_valid_for: Duration,
 }
 
 /// `keystore:` in the settings file.
@@ -175,6 +185,8 @@ pub const DEFAULT_ADMIN_LISTEN: SocketAddr =
 pub const DEFAULT_RENEW_AT: f64 = 0.8;
 /// The default rollout ACK timeout.
 pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(30);
+/// The default longest validity of a proxy token: one year (365 days).
+pub const DEFAULT_TOKEN_MAX_VALID_FOR: Duration = Duration::from_secs(365 * 24 * 3600);
 
 impl Settings {
     /// The resources directory for a data directory when none is configured.
@@ -215,6 +227,9 @@ impl Default for Settings {
                 ack_timeout: DEFAULT_ACK_TIMEOUT,
             },
             keystore: KeystoreSettings::default(),
+            tokens: TokensSettings {
+                max_valid_for: DEFAULT_TOKEN_MAX_VALID_FOR,
+            },
             data_dir,
         }
     }
