@@ -105,7 +105,7 @@ pub fn server_identity_generated(
     now: SystemTime,
 ) -> anyhow::Result<ServerIdentity> {
     let (ca_pem, ca_key) = sds_ca(keystore, now)?;
-    write_public_file(&sds_ca_file(data_dir), ca_pem.as_bytes())?;
+    crate::atomic_file::write_atomic_path(&sds_ca_file(data_dir), ca_pem.as_bytes(), 0o644)?;
     let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key)
         .map_err(|e| anyhow!("the SDS CA cannot sign: {e}"))?;
 
@@ -218,25 +218,6 @@ pub fn server_tls_config(identity: ServerIdentity) -> anyhow::Result<Arc<rustls:
     .context("the SDS TLS certificate and key do not form a usable pair")?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
-}
-
-/// Writes a public file atomically (temp file, fsync, rename), mode 0644.
-pub fn write_public_file(path: &Path, data: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o644)
-        .open(&tmp)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    f.write_all(data)
-        .and_then(|_| f.sync_all())
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot replace {}", path.display()))?;
-    Ok(())
 }
 
 /// `n` random bytes as lowercase hex.
