@@ -4,7 +4,64 @@
 
 mod common;
 
-use common::Env;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::Child;
+
+use common::{mode, pem_certs, wait_exit, wait_for, Env, DATAPLANE_WEB_1, MESH_BUILTIN};
+
+fn env_with_web_1() -> Env {
+    let env = Env::new();
+    env.write_resource("mesh.yaml", MESH_BUILTIN);
+    env.write_resource("dataplanes.yaml", DATAPLANE_WEB_1);
+    env
+}
+
+/// A `meshca` process started without waiting, its stdout and stderr in files.
+struct Spawned {
+    child: Child,
+    stdout: PathBuf,
+    stderr: PathBuf,
+}
+
+impl Spawned {
+    fn start(env: &Env, name: &str, args: &[&str]) -> Spawned {
+        let stdout = env.root().join(format!("{name}.out"));
+        let stderr = env.root().join(format!("{name}.err"));
+        let child = env
+            .command(args)
+            .stdout(std::fs::File::create(&stdout).expect("the temp dir is writable"))
+            .stderr(std::fs::File::create(&stderr).expect("the temp dir is writable"))
+            .spawn()
+            .expect("the meshca binary runs");
+        Spawned {
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Waits for the exit; panics unless it succeeded. Returns stdout.
+    fn success(mut self) -> String {
+        let status = wait_exit(&mut self.child).expect("meshca exits");
+        let stderr = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+        assert!(status.success(), "meshca failed ({status}): {stderr}");
+        std::fs::read_to_string(&self.stdout).expect("stdout was captured")
+    }
+
+    fn stderr(&self) -> String {
+        common::strip_ansi(&std::fs::read_to_string(&self.stderr).unwrap_or_default())
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            common::sigterm(self.child.id());
+            let _ = wait_exit(&mut self.child);
+        }
+    }
+}
 
 #[test]
 fn valid_for_above_the_configured_maximum_is_refused() {
@@ -46,4 +103,198 @@ fn valid_for_above_the_configured_maximum_is_refused() {
         "{run}"
     );
     env.token("default", "web-1", &["--valid-for", "1h"]);
+}
+
+#[test]
+fn the_data_directory_is_created_private() {
+    let env = env_with_web_1();
+    let daemon = env.start();
+    assert_eq!(mode(&env.data), 0o700, "a new data directory is 0700");
+    assert_eq!(daemon.stop().code(), Some(0));
+}
+
+#[test]
+fn a_data_directory_others_can_write_is_refused() {
+    let env = env_with_web_1();
+    std::fs::create_dir(&env.data).expect("the temp dir is writable");
+    std::fs::set_permissions(&env.data, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let data = env.data.display().to_string();
+    let token_args = [
+        "token",
+        "--config",
+        env.cfg(),
+        "--mesh",
+        "default",
+        "--name",
+        "web-1",
+    ];
+    for args in [&["serve", "--config", env.cfg()][..], &token_args[..]] {
+        let run = env.cli(args);
+        assert_eq!(run.code(), Some(1), "{run}");
+        assert!(
+            run.stderr
+                .contains(&format!("dataDir: {data} has mode 0777"))
+                && run.stderr.contains(&format!("chmod 700 {data}")),
+            "names the directory, its mode and the fix: {run}"
+        );
+    }
+    let left: Vec<_> = std::fs::read_dir(&env.data)
+        .expect("readable")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert!(left.is_empty(), "nothing was written into it: {left:?}");
+    assert_eq!(
+        mode(&env.data),
+        0o777,
+        "its mode is the operator's to change"
+    );
+
+    std::fs::set_permissions(&env.data, std::fs::Permissions::from_mode(0o750)).expect("chmod");
+    let daemon = env.start();
+    assert_eq!(
+        daemon.stop().code(),
+        Some(0),
+        "0750 (group search) is accepted"
+    );
+}
+
+#[test]
+fn a_second_daemon_on_a_locked_data_directory_exits_1() {
+    let env = env_with_web_1();
+    let _daemon = env.start();
+    let token = env.token("default", "web-1", &[]);
+    let run = env.cli(&["serve", "--config", env.cfg()]);
+    assert_eq!(run.code(), Some(1), "{run}");
+    assert!(
+        run.stderr.contains(&format!(
+            "is already running on the data directory {}",
+            env.data.display()
+        )) && run.stderr.contains("(pid "),
+        "names the data directory and the other daemon's pid: {run}"
+    );
+    // The refused daemon touched nothing the first one serves (its socket, its keys).
+    env.fetch_identity(&token);
+}
+
+#[test]
+fn two_daemons_started_together_leave_one_running() {
+    let env = env_with_web_1();
+    let args = ["serve", "--config", env.cfg()];
+    let mut daemons = [
+        Spawned::start(&env, "serve-a", &args),
+        Spawned::start(&env, "serve-b", &args),
+    ];
+    let (loser, status) = wait_for("one of the two daemons to exit", || {
+        daemons
+            .iter_mut()
+            .enumerate()
+            .find_map(|(i, d)| match d.child.try_wait() {
+                Ok(Some(status)) => Some((i, status)),
+                _ => None,
+            })
+    });
+    let stderr = daemons[loser].stderr();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("is already running on the data directory"),
+        "the loser stopped at the lock, before creating anything: {stderr}"
+    );
+    let winner = &mut daemons[1 - loser];
+    wait_for("the other daemon to be ready", || {
+        assert!(
+            matches!(winner.child.try_wait(), Ok(None)),
+            "the winner exited too: {}",
+            winner.stderr()
+        );
+        common::http_get(env.admin, "/ready")
+            .ok()
+            .filter(|r| r.status == 200)
+    });
+}
+
+#[test]
+fn concurrent_first_users_of_an_empty_data_directory_agree_on_keys_and_cas() {
+    // A daemon, `meshca token` and `meshca issue --mesh` started together on an empty data directory
+    // each generated the token key and the mesh's CA: tokens were refused, CAs differed.
+    let env = env_with_web_1();
+    let token_args = [
+        "token",
+        "--config",
+        env.cfg(),
+        "--mesh",
+        "default",
+        "--name",
+        "web-1",
+        "--output",
+        "json",
+    ];
+    let tokens: Vec<Spawned> = (0..4)
+        .map(|i| Spawned::start(&env, &format!("token-{i}"), &token_args))
+        .collect();
+    let outs: Vec<PathBuf> = (0..3)
+        .map(|i| env.root().join(format!("out-{i}")))
+        .collect();
+    let issues: Vec<Spawned> = outs
+        .iter()
+        .enumerate()
+        .map(|(i, out)| {
+            let out = out.to_str().expect("UTF-8");
+            let args = [
+                "issue",
+                "--config",
+                env.cfg(),
+                "--out",
+                out,
+                "--mesh",
+                "default",
+                "--name",
+                "web-1",
+            ];
+            Spawned::start(&env, &format!("issue-{i}"), &args)
+        })
+        .collect();
+    let _daemon = env.start();
+
+    let tokens: Vec<common::Token> = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(i, spawned)| {
+            let json: serde_json::Value =
+                serde_json::from_str(&spawned.success()).expect("token --output json");
+            let token = json["token"].as_str().expect("a token").to_owned();
+            let file = env.root().join(format!("token-{i}.jwt"));
+            std::fs::write(&file, &token).expect("the temp dir is writable");
+            common::Token {
+                id: json["id"].as_str().expect("an id").to_owned(),
+                token,
+                file,
+            }
+        })
+        .collect();
+    for spawned in issues {
+        spawned.success();
+    }
+    let persisted =
+        std::fs::read_to_string(env.keystore().join("ca/default/backend/ca-1/cert.pem"))
+            .expect("the mesh CA was persisted");
+    for out in &outs {
+        let bundle = std::fs::read_to_string(out.join("bundle.pem")).expect("bundle.pem");
+        assert_eq!(
+            pem_certs(&bundle),
+            pem_certs(&persisted),
+            "{} was issued by another CA than the persisted one",
+            out.display()
+        );
+    }
+    for token in &tokens {
+        let secrets = env.fetch_ok(token, &["mesh_ca:secret:default"]);
+        let served = secrets["mesh_ca:secret:default"]["validation_context"]["trusted_ca_pem"]
+            .as_str()
+            .expect("mesh_ca:secret:default is a plain trusted_ca");
+        assert_eq!(
+            pem_certs(served),
+            pem_certs(&persisted),
+            "the daemon accepts every token and serves the persisted CA"
+        );
+    }
 }

@@ -34,7 +34,7 @@ pub fn run(args: TokenArgs) -> anyhow::Result<ExitCode> {
                 "--revoke {id:?}: a token id is 32 hex digits (printed by `meshca token`)"
             )));
         }
-        std::fs::create_dir_all(&settings.data_dir)?;
+        crate::serve::DataDir::open(&settings.data_dir)?;
         let path = revocations_file(&settings);
         let mut f = std::fs::OpenOptions::new()
             .create(true)

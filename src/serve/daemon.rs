@@ -14,7 +14,8 @@ use meshca_sds::{BoundListeners, Listener, SdsServer, ServerOptions};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::files::{ensure_resources, open_keystore, read_revocations, revocations_file};
+use super::data_dir::{DaemonLock, DataDir};
+use super::files::{ensure_resources, read_revocations, revocations_file};
 use super::reload::Reloader;
 use super::{admin, daemon_keys, metrics, watcher};
 use crate::InvalidInput;
@@ -56,6 +57,8 @@ pub struct Daemon {
     shutdown: CancellationToken,
     tasks: tokio::task::JoinSet<anyhow::Result<()>>,
     _watcher: Option<notify::RecommendedWatcher>,
+    /// Held until the daemon is dropped (after [`Daemon::stop`] drained it).
+    _lock: DaemonLock,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -71,7 +74,10 @@ impl Daemon {
     /// Loads everything, binds every listener and starts serving. Invalid resources are an
     /// [`InvalidInput`] error; nothing is started then.
     pub async fn start(settings: Settings, options: DaemonOptions) -> anyhow::Result<Daemon> {
-        let keystore: Arc<dyn Keystore> = Arc::new(open_keystore(&settings)?);
+        // Before anything in the data directory is created or written: one daemon per directory.
+        let data_dir = DataDir::open(&settings.data_dir)?;
+        let lock = data_dir.lock_for_daemon()?;
+        let keystore: Arc<dyn Keystore> = Arc::new(data_dir.keystore()?);
         let world = load_initial_world(&settings, keystore.as_ref())?;
         let signing_key = daemon_keys::token_signing_key(keystore.as_ref())?;
         let revocations_path = revocations_file(&settings);
@@ -148,6 +154,7 @@ impl Daemon {
             shutdown,
             tasks,
             _watcher: watcher,
+            _lock: lock,
         })
     }
 

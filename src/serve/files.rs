@@ -8,16 +8,11 @@ use meshca_auth::RevocationList;
 use meshca_config::Settings;
 use meshca_keystore::FileKeystore;
 
-/// The keystore of a data directory.
+use super::data_dir::DataDir;
+
+/// The keystore of the data directory (created private, or checked: see [`DataDir::open`]).
 pub fn open_keystore(settings: &Settings) -> anyhow::Result<FileKeystore> {
-    std::fs::create_dir_all(&settings.data_dir)
-        .with_context(|| format!("dataDir: cannot create {}", settings.data_dir.display()))?;
-    FileKeystore::open(&settings.data_dir.join("keystore")).with_context(|| {
-        format!(
-            "dataDir: cannot open the keystore in {}",
-            settings.data_dir.display()
-        )
-    })
+    DataDir::open(&settings.data_dir)?.keystore()
 }
 
 /// The revocation list file: one revoked token id per line.

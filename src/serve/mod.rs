@@ -4,12 +4,14 @@
 pub mod admin;
 mod daemon;
 pub mod daemon_keys;
+mod data_dir;
 mod files;
 pub mod metrics;
 mod reload;
 mod watcher;
 
 pub use daemon::{Daemon, DaemonOptions};
+pub use data_dir::DataDir;
 pub use files::{open_keystore, revocations_file};
 use reload::Change;
 
