@@ -298,3 +298,174 @@ fn concurrent_first_users_of_an_empty_data_directory_agree_on_keys_and_cas() {
         );
     }
 }
+
+/// Polls until a fetch with `token` is refused, and returns that refusal.
+fn wait_refused(env: &Env, token: &common::Token) -> common::Run {
+    wait_for("fetches with the token to be refused", || {
+        let run = env.fetch(token, &["default"]);
+        (run.code() != Some(0)).then_some(run)
+    })
+}
+
+fn assert_revoked(run: &common::Run) {
+    assert!(
+        run.stderr.contains("Unauthenticated") && run.stderr.contains("revoked"),
+        "{run}"
+    );
+    assert!(!run.stdout.contains("BEGIN CERTIFICATE"), "{run}");
+}
+
+fn revoke(env: &Env, id: &str) -> common::Run {
+    env.cli(&["token", "--config", env.cfg(), "--revoke", id])
+}
+
+#[test]
+fn revoking_into_a_list_without_a_final_newline_keeps_both_ids() {
+    let env = env_with_web_1();
+    let first = env.token("default", "web-1", &[]);
+    let second = env.token("default", "web-1", &[]);
+    let list = env.data.join("revoked-tokens");
+    // Edited by hand, saved without a final newline.
+    std::fs::write(&list, format!("# by hand\n{}", first.id)).expect("writable");
+    let daemon = env.start();
+    assert_revoked(&env.fetch(&first, &["default"]));
+    env.fetch_identity(&second);
+
+    let run = revoke(&env, &second.id).ok();
+    assert!(run.stderr.contains("revoked token"), "{run}");
+    let text = std::fs::read_to_string(&list).expect("the list exists");
+    let parsed = meshca_auth::RevocationList::parse(&text).expect("the list stays valid");
+    assert!(
+        parsed.contains(&first.id) && parsed.contains(&second.id),
+        "{text}"
+    );
+    assert!(
+        text.starts_with("# by hand\n"),
+        "the operator's lines are kept: {text}"
+    );
+    assert_revoked(&wait_refused(&env, &second));
+    assert_revoked(&env.fetch(&first, &["default"]));
+
+    let again = revoke(&env, &second.id).ok();
+    assert!(again.stderr.contains("already revoked"), "{again}");
+    assert_eq!(
+        std::fs::read_to_string(&list).expect("the list exists"),
+        text
+    );
+    drop(daemon);
+
+    // Nothing was left behind by the rewrite but the list and its writers' lock.
+    let mut names: Vec<String> = std::fs::read_dir(&env.data)
+        .expect("readable")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("revoked"))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["revoked-tokens", "revoked-tokens.lock"]);
+}
+
+#[test]
+fn revoking_into_an_invalid_list_is_refused_naming_the_line() {
+    let env = env_with_web_1();
+    let token = env.token("default", "web-1", &[]);
+    let list = env.data.join("revoked-tokens");
+    let invalid = format!("{}\n{}\n", "f".repeat(32), &token.id[..31]);
+    std::fs::write(&list, &invalid).expect("writable");
+    let run = revoke(&env, &token.id);
+    assert_eq!(run.code(), Some(1), "{run}");
+    assert!(
+        run.stderr.contains(&list.display().to_string()) && run.stderr.contains("line 2"),
+        "names the file and the line: {run}"
+    );
+    assert!(!run.stderr.contains("revoked token"), "{run}");
+    assert_eq!(std::fs::read_to_string(&list).expect("exists"), invalid);
+}
+
+#[test]
+fn deleting_the_list_while_the_daemon_runs_keeps_tokens_revoked() {
+    let env = env_with_web_1();
+    let daemon = env.start();
+    let list = env.data.join("revoked-tokens");
+    let header =
+        std::fs::read_to_string(&list).expect("the daemon created the list at first start");
+    assert!(
+        header.starts_with("# meshca token revocation list"),
+        "with a header explaining it: {header}"
+    );
+    let token = env.token("default", "web-1", &[]);
+    let (mut watch, _) = env.hold_stream(&token);
+    revoke(&env, &token.id).ok();
+    assert_revoked(&wait_refused(&env, &token));
+    wait_for("the revoked stream to be closed", || watch.exited());
+
+    std::fs::remove_file(&list).expect("the list can be removed");
+    // The daemon notices (its watcher), logs and counts the failed reload, and keeps the list it had.
+    wait_for("the failed reload to be counted", || {
+        let metrics = daemon.admin_get("/metrics").body;
+        metrics
+            .contains("meshca_revocation_reload_failures_total 1")
+            .then_some(())
+    });
+    assert!(
+        daemon.log().contains("revocation list not reloaded")
+            && daemon.log().contains("is missing"),
+        "{}",
+        daemon.log()
+    );
+    assert_revoked(&env.fetch(&token, &["default"]));
+    let (mut watch, _) = {
+        let other = env.token("default", "web-1", &[]);
+        env.hold_stream(&other)
+    };
+    assert!(watch.exited().is_none(), "other tokens keep working");
+    let run = env.cli(&[
+        "issue",
+        "--config",
+        env.cfg(),
+        "--server",
+        &env.sds_unix(),
+        "--token-file",
+        token.file.to_str().expect("UTF-8"),
+        "--out",
+        env.root().join("revoked-out").to_str().expect("UTF-8"),
+    ]);
+    assert_ne!(
+        run.code(),
+        Some(0),
+        "a new stream with the revoked token is refused: {run}"
+    );
+    assert!(run.stderr.contains("revoked"), "{run}");
+
+    // Revoking while the list is missing would write a list with only the new id: refused.
+    let run = revoke(&env, &"e".repeat(32));
+    assert_eq!(run.code(), Some(1), "{run}");
+    assert!(run.stderr.contains("is missing"), "{run}");
+    assert!(!list.exists());
+}
+
+#[test]
+fn a_start_without_the_list_after_it_existed_is_refused() {
+    let env = env_with_web_1();
+    let token = env.token("default", "web-1", &[]);
+    let list = env.data.join("revoked-tokens");
+    assert!(
+        list.is_file(),
+        "minting the first token created the list with the key"
+    );
+    std::fs::remove_file(&list).expect("the list can be removed");
+
+    let run = env.cli(&["serve", "--config", env.cfg()]);
+    assert_eq!(run.code(), Some(1), "{run}");
+    assert!(
+        run.stderr.contains(&format!(
+            "the token revocation list {} is missing",
+            list.display()
+        )) && run.stderr.contains(&format!("touch {}", list.display())),
+        "says what is missing and how to start anyway on purpose: {run}"
+    );
+    assert!(!list.exists(), "the refused start did not recreate it");
+
+    std::fs::write(&list, "").expect("writable");
+    let _daemon = env.start();
+    env.fetch_identity(&token);
+}

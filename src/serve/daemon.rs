@@ -15,9 +15,9 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::data_dir::{DaemonLock, DataDir};
-use super::files::{ensure_resources, read_revocations, revocations_file};
+use super::files::{ensure_resources, token_signing_key};
 use super::reload::Reloader;
-use super::{admin, daemon_keys, metrics, watcher};
+use super::{admin, daemon_keys, metrics, revocations, watcher};
 use crate::InvalidInput;
 
 /// How long shutdown waits for streams and tasks to finish.
@@ -79,10 +79,11 @@ impl Daemon {
         let lock = data_dir.lock_for_daemon()?;
         let keystore: Arc<dyn Keystore> = Arc::new(data_dir.keystore()?);
         let world = load_initial_world(&settings, keystore.as_ref())?;
-        let signing_key = daemon_keys::token_signing_key(keystore.as_ref())?;
-        let revocations_path = revocations_file(&settings);
-        let (revocations_tx, revocations_rx) =
-            watch::channel(Arc::new(read_revocations(&revocations_path)?));
+        let signing_key = token_signing_key(&data_dir, keystore.as_ref())?;
+        // Fail closed: the list exists from the key's creation on, so missing or invalid stops the start.
+        let revocations_path = data_dir.revocation_list();
+        let revocations = revocations::read(&revocations_path).context("refusing to start")?;
+        let (revocations_tx, revocations_rx) = watch::channel(Arc::new(revocations));
         let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(Snapshot::empty()));
         let (status_tx, status_rx) = watch::channel(Arc::new(Status::default()));
         let (events_tx, events_rx) = mpsc::channel::<StreamEvent>(meshca_sds::EVENT_BUFFER);
@@ -102,7 +103,12 @@ impl Daemon {
 
         let shutdown = CancellationToken::new();
         let (reload_tx, reload_rx) = mpsc::channel(RELOAD_QUEUE);
-        let reloader = Reloader::new(reload_tx, revocations_path.clone(), revocations_tx);
+        let reloader = Reloader::new(
+            reload_tx,
+            revocations_path.clone(),
+            revocations_tx,
+            metrics.clone(),
+        );
         let watcher = match options.watch_files {
             true => Some(watcher::watch(
                 &settings.resources,

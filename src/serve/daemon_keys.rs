@@ -43,6 +43,11 @@ pub fn token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<SigningKey> 
     }
 }
 
+/// Whether the keystore holds a token signing key (tokens may have been minted with it).
+pub fn has_token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<bool> {
+    Ok(keystore.get_secret(TOKEN_KEY)?.is_some())
+}
+
 fn load_token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<Option<SigningKey>> {
     let Some(pkcs8) = keystore.get_secret(TOKEN_KEY)? else {
         return Ok(None);

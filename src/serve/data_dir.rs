@@ -47,6 +47,11 @@ impl DataDir {
         Ok(DataDir { path: path.into() })
     }
 
+    /// The token revocation list in it (`revoked-tokens`).
+    pub fn revocation_list(&self) -> PathBuf {
+        self.path.join(super::revocations::FILE_NAME)
+    }
+
     /// The keystore in it (`keystore/`).
     pub fn keystore(&self) -> anyhow::Result<FileKeystore> {
         FileKeystore::open(&self.path.join("keystore")).with_context(|| {

@@ -8,11 +8,12 @@ mod data_dir;
 mod files;
 pub mod metrics;
 mod reload;
+pub mod revocations;
 mod watcher;
 
 pub use daemon::{Daemon, DaemonOptions};
 pub use data_dir::DataDir;
-pub use files::{open_keystore, revocations_file};
+pub use files::{open_keystore, token_signing_key};
 use reload::Change;
 
 use meshca_config::Settings;
