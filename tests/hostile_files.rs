@@ -176,14 +176,73 @@ fn a_second_daemon_on_a_locked_data_directory_exits_1() {
     env.fetch_identity(&token);
 }
 
+/// Settings files that are FIFOs: a process given one blocks reading its settings until
+/// [`StartGate::release`], which lets every such process go at the same instant.
+struct StartGate {
+    fifos: Vec<PathBuf>,
+    settings: String,
+}
+
+impl StartGate {
+    fn new(env: &Env, count: usize) -> StartGate {
+        let fifos: Vec<PathBuf> = (0..count)
+            .map(|i| env.root().join(format!("gate-{i}.yaml")))
+            .collect();
+        for fifo in &fifos {
+            let status = std::process::Command::new("mkfifo")
+                .arg(fifo)
+                .status()
+                .expect("mkfifo runs");
+            assert!(status.success(), "mkfifo {}", fifo.display());
+        }
+        let settings = std::fs::read_to_string(&env.config).expect("the settings file");
+        StartGate { fifos, settings }
+    }
+
+    /// The settings argument of process `i`.
+    fn config(&self, i: usize) -> &str {
+        self.fifos[i].to_str().expect("UTF-8")
+    }
+
+    /// Waits until every process is blocked on its settings file, then releases them all at once.
+    fn release(self) {
+        use std::io::Write;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let fifos = self.fifos.clone();
+        // Opening a FIFO for writing waits for its reader; a thread keeps the wait bounded.
+        std::thread::spawn(move || {
+            let opened: Vec<std::fs::File> = fifos
+                .iter()
+                .map(|f| {
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(f)
+                        .expect("open FIFO")
+                })
+                .collect();
+            let _ = tx.send(opened);
+        });
+        let mut writers = rx
+            .recv_timeout(common::TIMEOUT)
+            .expect("every process opened its settings file");
+        for w in &mut writers {
+            w.write_all(self.settings.as_bytes())
+                .expect("write settings");
+        }
+        // Every reader sees the end of its settings file now.
+        drop(writers);
+    }
+}
+
 #[test]
 fn two_daemons_started_together_leave_one_running() {
     let env = env_with_web_1();
-    let args = ["serve", "--config", env.cfg()];
+    let gate = StartGate::new(&env, 2);
     let mut daemons = [
-        Spawned::start(&env, "serve-a", &args),
-        Spawned::start(&env, "serve-b", &args),
+        Spawned::start(&env, "serve-a", &["serve", "--config", gate.config(0)]),
+        Spawned::start(&env, "serve-b", &["serve", "--config", gate.config(1)]),
     ];
+    gate.release();
     let (loser, status) = wait_for("one of the two daemons to exit", || {
         daemons
             .iter_mut()
@@ -217,34 +276,39 @@ fn concurrent_first_users_of_an_empty_data_directory_agree_on_keys_and_cas() {
     // A daemon, `meshca token` and `meshca issue --mesh` started together on an empty data directory
     // each generated the token key and the mesh's CA: tokens were refused, CAs differed.
     let env = env_with_web_1();
-    let token_args = [
-        "token",
-        "--config",
-        env.cfg(),
-        "--mesh",
-        "default",
-        "--name",
-        "web-1",
-        "--output",
-        "json",
-    ];
-    let tokens: Vec<Spawned> = (0..4)
-        .map(|i| Spawned::start(&env, &format!("token-{i}"), &token_args))
+    const TOKENS: usize = 4;
+    const ISSUES: usize = 3;
+    let gate = StartGate::new(&env, 1 + TOKENS + ISSUES);
+    let mut daemon = Spawned::start(&env, "serve", &["serve", "--config", gate.config(0)]);
+    let tokens: Vec<Spawned> = (0..TOKENS)
+        .map(|i| {
+            let args = [
+                "token",
+                "--config",
+                gate.config(1 + i),
+                "--mesh",
+                "default",
+                "--name",
+                "web-1",
+                "--output",
+                "json",
+            ];
+            Spawned::start(&env, &format!("token-{i}"), &args)
+        })
         .collect();
-    let outs: Vec<PathBuf> = (0..3)
+    let outs: Vec<PathBuf> = (0..ISSUES)
         .map(|i| env.root().join(format!("out-{i}")))
         .collect();
     let issues: Vec<Spawned> = outs
         .iter()
         .enumerate()
         .map(|(i, out)| {
-            let out = out.to_str().expect("UTF-8");
             let args = [
                 "issue",
                 "--config",
-                env.cfg(),
+                gate.config(1 + TOKENS + i),
                 "--out",
-                out,
+                out.to_str().expect("UTF-8"),
                 "--mesh",
                 "default",
                 "--name",
@@ -253,7 +317,7 @@ fn concurrent_first_users_of_an_empty_data_directory_agree_on_keys_and_cas() {
             Spawned::start(&env, &format!("issue-{i}"), &args)
         })
         .collect();
-    let _daemon = env.start();
+    gate.release();
 
     let tokens: Vec<common::Token> = tokens
         .into_iter()
@@ -274,27 +338,41 @@ fn concurrent_first_users_of_an_empty_data_directory_agree_on_keys_and_cas() {
     for spawned in issues {
         spawned.success();
     }
+    wait_for("the daemon to be ready", || {
+        assert!(
+            matches!(daemon.child.try_wait(), Ok(None)),
+            "the daemon exited: {}",
+            daemon.stderr()
+        );
+        common::http_get(env.admin, "/ready")
+            .ok()
+            .filter(|r| r.status == 200)
+    });
     let persisted =
         std::fs::read_to_string(env.keystore().join("ca/default/backend/ca-1/cert.pem"))
             .expect("the mesh CA was persisted");
     for out in &outs {
         let bundle = std::fs::read_to_string(out.join("bundle.pem")).expect("bundle.pem");
-        assert_eq!(
-            pem_certs(&bundle),
-            pem_certs(&persisted),
+        assert!(
+            pem_certs(&bundle) == pem_certs(&persisted),
             "{} was issued by another CA than the persisted one",
             out.display()
         );
     }
     for token in &tokens {
-        let secrets = env.fetch_ok(token, &["mesh_ca:secret:default"]);
-        let served = secrets["mesh_ca:secret:default"]["validation_context"]["trusted_ca_pem"]
+        let run = env.fetch(token, &["mesh_ca:secret:default"]);
+        assert_eq!(
+            run.code(),
+            Some(0),
+            "the daemon refused a CLI-minted token: {run}"
+        );
+        let secrets = run.json();
+        let served = secrets[0]["validation_context"]["trusted_ca_pem"]
             .as_str()
             .expect("mesh_ca:secret:default is a plain trusted_ca");
-        assert_eq!(
-            pem_certs(served),
-            pem_certs(&persisted),
-            "the daemon accepts every token and serves the persisted CA"
+        assert!(
+            pem_certs(served) == pem_certs(&persisted),
+            "the daemon serves another CA than the persisted one"
         );
     }
 }
@@ -402,9 +480,13 @@ fn deleting_the_list_while_the_daemon_runs_keeps_tokens_revoked() {
     // The daemon notices (its watcher), logs and counts the failed reload, and keeps the list it had.
     wait_for("the failed reload to be counted", || {
         let metrics = daemon.admin_get("/metrics").body;
-        metrics
-            .contains("meshca_revocation_reload_failures_total 1")
-            .then_some(())
+        let failures: u64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("meshca_revocation_reload_failures_total "))?
+            .trim()
+            .parse()
+            .ok()?;
+        (failures >= 1).then_some(())
     });
     assert!(
         daemon.log().contains("revocation list not reloaded")
