@@ -1,6 +1,7 @@
 //! meshca: a certificate authority and SDS identity issuer for service meshes.
 #![forbid(unsafe_code)]
 
+mod atomic_file;
 mod bench;
 mod cli;
 mod commands;

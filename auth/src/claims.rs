@@ -76,6 +76,9 @@ pub struct Claims {
     pub tags: BTreeMap<String, String>,
     /// When the token was minted (`iat`), unix seconds.
     pub issued_at: u64,
+    /// When the token starts being accepted (`nbf`), unix seconds, if it says; `None` means from `iat`
+    /// (tokens meshca mints carry no `nbf`).
+    pub not_before: Option<u64>,
     /// When the token stops being accepted (`exp`), unix seconds.
     pub expires_at: u64,
     /// The token id (`jti`): 128 random bits as 32 lowercase hex digits; revocation lists name it.
@@ -120,6 +123,7 @@ impl Claims {
             labels,
             tags,
             issued_at: now_unix,
+            not_before: None,
             expires_at,
             id: random_token_id()?,
         };
@@ -166,6 +170,9 @@ impl Claims {
         }
         if self.expires_at <= self.issued_at {
             return Err(invalid("exp", "must be later than `iat`".to_owned()));
+        }
+        if self.not_before.is_some_and(|nbf| nbf >= self.expires_at) {
+            return Err(invalid("nbf", "must be earlier than `exp`".to_owned()));
         }
         if !is_token_id(&self.id) {
             return Err(invalid("jti", "must be 32 lowercase hex digits".to_owned()));

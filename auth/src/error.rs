@@ -40,6 +40,18 @@ pub enum AuthError {
         /// The verifier's clock, unix seconds.
         now: u64,
     },
+    /// The token's `nbf` lies further in the future than the clock-skew leeway allows.
+    #[error("token is not valid before unix time {not_before} (now {now}); wait until then, or check the clocks of the minting and the verifying host")]
+    NotBefore {
+        /// The token's `nbf`, unix seconds.
+        not_before: u64,
+        /// The verifier's clock, unix seconds.
+        now: u64,
+    },
+    /// The signature's `s` is in the upper half of the group order: a valid signature, but not the one
+    /// meshca mints (ECDSA signatures are malleable: `(r, n - s)` verifies as well as `(r, s)`).
+    #[error("token signature is not in canonical low-S form (s > n/2); meshca never mints such a signature, so the token was altered")]
+    HighS,
     /// The token's id is on the revocation list.
     #[error("token {id} has been revoked")]
     Revoked {

@@ -29,6 +29,8 @@ pub(crate) struct WireClaims {
     #[serde(default)]
     tags: BTreeMap<String, String>,
     iat: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    nbf: Option<u64>,
     exp: u64,
     jti: String,
 }
@@ -44,6 +46,7 @@ impl WireClaims {
             labels: claims.labels.clone(),
             tags: claims.tags.clone(),
             iat: claims.issued_at,
+            nbf: claims.not_before,
             exp: claims.expires_at,
             jti: claims.id.clone(),
         }
@@ -63,6 +66,7 @@ impl WireClaims {
             labels: self.labels,
             tags: self.tags,
             issued_at: self.iat,
+            not_before: self.nbf,
             expires_at: self.exp,
             id: self.jti,
         };

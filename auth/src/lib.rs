@@ -10,6 +10,7 @@ mod claims;
 mod error;
 mod jwt;
 mod label;
+mod low_s;
 mod revocation;
 mod signing;
 mod verify;

@@ -15,6 +15,15 @@ pub struct RevocationList {
 }
 
 impl RevocationList {
+    /// The text of a new list file: a comment header explaining the format, and no id.
+    pub const EMPTY_FILE: &'static str = "\
+# meshca token revocation list: one revoked token id (32 hex digits, printed by `meshca token`) per line.
+# `#` starts a comment; blank lines are ignored. A line that is not a token id makes the whole list invalid.
+# Add ids with `meshca token --revoke ID`, which rewrites this file atomically; the daemon reloads it.
+# Never delete this file: without it the daemon keeps its last list while running and refuses to start,
+# since every token revoked here would be accepted again. To start over with nothing revoked, empty it.
+";
+
     /// An empty list: nothing is revoked.
     pub fn new() -> RevocationList {
         RevocationList::default()
@@ -45,6 +54,42 @@ impl RevocationList {
             ids.insert(id);
         }
         Ok(RevocationList { ids })
+    }
+
+    /// The list file `text` with `id` added on a line of its own (lowercased), after a comment line
+    /// `# note` unless `note` is empty (control characters in it become spaces). `Ok(None)` when `id` is
+    /// revoked already: there is nothing to write.
+    ///
+    /// `text` is parsed whole first: an invalid list is an error naming its line, never extended, and
+    /// the result always parses, whether or not `text` ends with a newline. Comments are kept.
+    pub fn add_to_file(text: &str, id: &str, note: &str) -> Result<Option<String>, AuthError> {
+        let id = id.to_ascii_lowercase();
+        if !is_token_id(&id) {
+            return Err(AuthError::InvalidClaim {
+                field: "jti",
+                reason: format!("{} is not a token id (32 hex digits)", quote(&id)),
+            });
+        }
+        if RevocationList::parse(text)?.contains(&id) {
+            return Ok(None);
+        }
+        let mut out = String::with_capacity(text.len() + id.len() + note.len() + 8);
+        out.push_str(text);
+        if !out.is_empty() && !out.ends_with('\n') {
+            out.push('\n');
+        }
+        let note: String = note
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        if !note.trim().is_empty() {
+            out.push_str("# ");
+            out.push_str(note.trim());
+            out.push('\n');
+        }
+        out.push_str(&id);
+        out.push('\n');
+        Ok(Some(out))
     }
 
     /// Whether the token id is revoked.
@@ -94,6 +139,60 @@ mod tests {
         let list = RevocationList::parse("\n# nothing yet\n").expect("valid list");
         assert!(list.is_empty());
         assert_eq!(list, RevocationList::new());
+    }
+
+    #[test]
+    fn adding_to_a_file_without_a_final_newline_keeps_both_ids() {
+        // `meshca token --revoke` used to append, gluing the new id to a last line without a newline: the
+        // list became invalid, the daemon kept the old one, and the token stayed valid.
+        for text in [A.to_owned(), format!("# header\n{A}  # lost laptop")] {
+            let new = RevocationList::add_to_file(&text, B, "revoked at 12:00")
+                .expect("a valid list")
+                .expect("B is not revoked yet");
+            let list = RevocationList::parse(&new).expect("the new list is valid");
+            assert!(list.contains(A) && list.contains(B), "{new:?}");
+            assert_eq!(list.len(), 2, "{new:?}");
+            assert!(new.starts_with(&text), "the old text is kept: {new:?}");
+            assert!(
+                new.ends_with(&format!("\n# revoked at 12:00\n{B}\n")),
+                "{new:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn adding_to_an_empty_file_or_header_and_adding_twice() {
+        let new = RevocationList::add_to_file("", &B.to_uppercase(), "")
+            .expect("valid")
+            .expect("added");
+        assert_eq!(new, format!("{B}\n"), "lowercased, no empty comment");
+        let with_header = RevocationList::add_to_file(RevocationList::EMPTY_FILE, A, "a\nb")
+            .expect("valid")
+            .expect("added");
+        assert!(
+            with_header.ends_with(&format!("\n# a b\n{A}\n")),
+            "{with_header:?}"
+        );
+        assert!(RevocationList::parse(RevocationList::EMPTY_FILE)
+            .expect("the header alone is a valid, empty list")
+            .is_empty());
+        assert_eq!(
+            RevocationList::add_to_file(&with_header, &A.to_uppercase(), "again").expect("valid"),
+            None,
+            "revoking a revoked id changes nothing"
+        );
+    }
+
+    #[test]
+    fn adding_refuses_an_invalid_list_or_id() {
+        match RevocationList::add_to_file(&format!("{A}\n{}{B}\n", &A[..5]), B, "") {
+            Err(AuthError::InvalidRevocationList { line: 2, .. }) => {}
+            other => panic!("expected an error on line 2, got {other:?}"),
+        }
+        assert!(matches!(
+            RevocationList::add_to_file("", "xyz", ""),
+            Err(AuthError::InvalidClaim { field: "jti", .. })
+        ));
     }
 
     #[test]

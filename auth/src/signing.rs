@@ -9,6 +9,7 @@ use zeroize::Zeroizing;
 use crate::claims::Claims;
 use crate::error::AuthError;
 use crate::jwt::{self, WireClaims, HEADER_JSON};
+use crate::low_s;
 use crate::verify::{Verifier, MAX_TOKEN_LEN};
 
 /// An ECDSA P-256 key that mints proxy tokens (ES256).
@@ -91,20 +92,24 @@ impl SigningKey {
         Verifier::from_validated_public_key(self.pair.public_key().as_ref())
     }
 
-    /// Signs arbitrary header and payload bytes. Crate-private: tests use it to forge well-signed tokens with
-    /// wrong content.
+    /// Signs arbitrary header and payload bytes, always with a low-S signature. Crate-private: tests use it to
+    /// forge well-signed tokens with wrong content.
     pub(crate) fn sign(&self, header: &[u8], payload: &[u8]) -> Result<String, AuthError> {
         let signing_input = format!("{}.{}", jwt::encode(header), jwt::encode(payload));
+        let failed = |reason: &str| AuthError::Key {
+            reason: reason.to_owned(),
+        };
         let signature = self
             .pair
             .sign(&self.rng, signing_input.as_bytes())
-            .map_err(|_| AuthError::Key {
-                reason: "signing a token failed (system random source unavailable?)".to_owned(),
-            })?;
-        Ok(format!(
-            "{signing_input}.{}",
-            jwt::encode(signature.as_ref())
-        ))
+            .map_err(|_| failed("signing a token failed (system random source unavailable?)"))?;
+        // ring may return either of the two valid `s`; the verifier accepts only the low one.
+        let mut fixed: [u8; 64] = signature
+            .as_ref()
+            .try_into()
+            .map_err(|_| failed("ring returned an ES256 signature that is not 64 bytes"))?;
+        low_s::normalize(&mut fixed);
+        Ok(format!("{signing_input}.{}", jwt::encode(&fixed)))
     }
 }
 

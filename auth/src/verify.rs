@@ -9,9 +9,11 @@ use ring::signature::{UnparsedPublicKey, ECDSA_P256_SHA256_FIXED};
 use crate::claims::Claims;
 use crate::error::AuthError;
 use crate::jwt;
+use crate::low_s;
 use crate::revocation::RevocationList;
 
-/// Clock skew tolerated between the minting and the verifying host, on `exp` and on an `iat` in the future.
+/// Clock skew tolerated between the minting and the verifying host, on `exp` and on an `iat` or `nbf` in the
+/// future.
 pub const CLOCK_SKEW_LEEWAY_SECS: u64 = 30;
 
 /// The longest token accepted (bytes). Longer input is refused before any decoding.
@@ -64,8 +66,9 @@ impl Verifier {
 
     /// Checks a token and returns its claims.
     ///
-    /// Accepts only the header `{"alg":"ES256","typ":"JWT"}`, a valid signature by this key, `iss` = `meshca`,
-    /// `sub` = `<mesh>.<name>`, well-formed fields, `now_unix < exp + 30 s` and `iat <= now_unix + 30 s`
+    /// Accepts only the header `{"alg":"ES256","typ":"JWT"}`, a valid low-S signature by this key (`s <= n/2`,
+    /// so a token cannot be re-spelled), `iss` = `meshca`, `sub` = `<mesh>.<name>`, well-formed fields,
+    /// `now_unix < exp + 30 s`, `iat <= now_unix + 30 s` and, when the token has one, `nbf <= now_unix + 30 s`
     /// ([`CLOCK_SKEW_LEEWAY_SECS`]). The signature is checked before the claims are parsed. Never panics.
     pub fn verify(&self, token: &str, now_unix: u64) -> Result<Claims, AuthError> {
         if token.len() > MAX_TOKEN_LEN {
@@ -78,6 +81,9 @@ impl Verifier {
         let signature = jwt::decode(parts.signature, "signature")?;
         if signature.len() != ES256_SIGNATURE_LEN {
             return Err(AuthError::BadSignature);
+        }
+        if !low_s::is_low_s(&signature) {
+            return Err(AuthError::HighS);
         }
         UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, &*self.public_key)
             .verify(parts.signing_input.as_bytes(), &signature)
@@ -94,6 +100,14 @@ impl Verifier {
                 issued_at: claims.issued_at,
                 now: now_unix,
             });
+        }
+        if let Some(not_before) = claims.not_before {
+            if not_before > now_unix.saturating_add(CLOCK_SKEW_LEEWAY_SECS) {
+                return Err(AuthError::NotBefore {
+                    not_before,
+                    now: now_unix,
+                });
+            }
         }
         Ok(claims)
     }

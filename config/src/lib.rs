@@ -25,6 +25,7 @@ pub use resources::{
 pub use settings::{
     settings_env_vars, AdminSettings, Defaults, IssuanceSettings, KeystoreSettings, KeystoreType,
     Limits, ListenAddr, ListenAddrError, RolloutSettings, SdsSettings, Settings, SettingsError,
-    TlsFiles, UnknownKeystoreType, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR,
-    DEFAULT_RENEW_AT, DEFAULT_SDS_TCP, DEFAULT_ZONE, ENV_PREFIX,
+    TlsFiles, TokensSettings, UnknownKeystoreType, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN,
+    DEFAULT_DATA_DIR, DEFAULT_RENEW_AT, DEFAULT_SDS_TCP, DEFAULT_TOKEN_MAX_VALID_FOR, DEFAULT_ZONE,
+    ENV_PREFIX,
 };

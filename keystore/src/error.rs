@@ -38,6 +38,19 @@ pub enum KeystoreError {
         /// The offending path.
         path: PathBuf,
     },
+    /// Some entries of a group that is created together exist and others do not (see
+    /// [`crate::Keystore::create_if_absent`]); nothing was written.
+    #[error(
+        "the keystore holds {} but not {}: an earlier write was interrupted or a file was removed; restore the \
+         missing entries from a backup, or remove the others to have them created anew",
+        present.join(", "), missing.join(", ")
+    )]
+    PartlyPresent {
+        /// The entries that exist.
+        present: Vec<String>,
+        /// The entries that do not.
+        missing: Vec<String>,
+    },
     /// A filesystem operation failed.
     #[error("cannot {action} {}: {source}", path.display())]
     Io {

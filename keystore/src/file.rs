@@ -11,7 +11,7 @@ use crate::error::KeystoreError;
 use crate::fsops::{self, DIR_MODE, PUBLIC_MODE, SECRET_MODE};
 use crate::name::{split_prefix, validate_name, validate_prefix};
 use crate::secret::Secret;
-use crate::store::Keystore;
+use crate::store::{Creation, Keystore, NewEntry};
 
 /// A keystore in a directory: each entry is a file at its name's path.
 ///
@@ -80,7 +80,9 @@ impl FileKeystore {
         Ok(self.root.join(name))
     }
 
-    /// Takes the exclusive write lock; it is released when the returned file is dropped.
+    /// Takes the exclusive writers' lock (waiting for it); it is released when the returned file is dropped.
+    /// Every write takes it, so a check made under it ([`Keystore::create_if_absent`]) holds until the
+    /// writes that depend on it are done.
     fn lock(&self) -> Result<File, KeystoreError> {
         let file = fsops::open_lock_file(&self.root)?;
         file.lock()
@@ -91,6 +93,11 @@ impl FileKeystore {
     fn put(&self, name: &str, data: &[u8], mode: u32) -> Result<(), KeystoreError> {
         validate_name(name)?;
         let _lock = self.lock()?;
+        self.write_locked(name, data, mode)
+    }
+
+    /// Writes an entry; the caller holds the writers' lock and has checked the name.
+    fn write_locked(&self, name: &str, data: &[u8], mode: u32) -> Result<(), KeystoreError> {
         let (dirs, file_name) = name
             .rsplit_once('/')
             .map_or((None, name), |(d, f)| (Some(d), f));
@@ -183,6 +190,48 @@ impl Keystore for FileKeystore {
 
     fn put_public(&self, name: &str, data: &[u8]) -> Result<(), KeystoreError> {
         self.put(name, data, PUBLIC_MODE)
+    }
+
+    fn create_if_absent(&self, entries: &[NewEntry<'_>]) -> Result<Creation, KeystoreError> {
+        let paths = entries
+            .iter()
+            .map(|entry| self.path_of(entry.name()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let _lock = self.lock()?;
+        let (mut present, mut missing) = (Vec::new(), Vec::new());
+        for (entry, path) in entries.iter().zip(&paths) {
+            let exists = match fs::metadata(path) {
+                Ok(_) => true,
+                Err(err)
+                    if matches!(
+                        err.kind(),
+                        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+                    ) =>
+                {
+                    false
+                }
+                Err(err) => return Err(KeystoreError::io("inspect", path)(err)),
+            };
+            match exists {
+                true => present.push(entry.name().to_owned()),
+                false => missing.push(entry.name().to_owned()),
+            }
+        }
+        if missing.is_empty() {
+            return Ok(Creation::Existing);
+        }
+        if !present.is_empty() {
+            return Err(KeystoreError::PartlyPresent { present, missing });
+        }
+        for entry in entries {
+            let mode = if entry.is_secret() {
+                SECRET_MODE
+            } else {
+                PUBLIC_MODE
+            };
+            self.write_locked(entry.name(), entry.data(), mode)?;
+        }
+        Ok(Creation::Created)
     }
 
     fn delete(&self, name: &str) -> Result<(), KeystoreError> {

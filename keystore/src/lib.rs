@@ -19,4 +19,4 @@ pub use file::FileKeystore;
 pub use memory::MemoryKeystore;
 pub use name::validate_name;
 pub use secret::Secret;
-pub use store::Keystore;
+pub use store::{Creation, Keystore, NewEntry};

@@ -10,7 +10,7 @@ use zeroize::Zeroizing;
 use crate::error::KeystoreError;
 use crate::name::{validate_name, validate_prefix};
 use crate::secret::Secret;
-use crate::store::Keystore;
+use crate::store::{Creation, Keystore, NewEntry};
 
 /// A [`Keystore`] in process memory, for tests of code that uses a keystore. Nothing survives the process.
 ///
@@ -72,6 +72,34 @@ impl Keystore for MemoryKeystore {
 
     fn put_public(&self, name: &str, data: &[u8]) -> Result<(), KeystoreError> {
         self.put(name, data, false)
+    }
+
+    fn create_if_absent(&self, entries: &[NewEntry<'_>]) -> Result<Creation, KeystoreError> {
+        for entry in entries {
+            validate_name(entry.name())?;
+        }
+        let mut map = self.entries();
+        let (present, missing): (Vec<&NewEntry<'_>>, Vec<&NewEntry<'_>>) =
+            entries.iter().partition(|e| map.contains_key(e.name()));
+        if missing.is_empty() {
+            return Ok(Creation::Existing);
+        }
+        if !present.is_empty() {
+            let names =
+                |list: Vec<&NewEntry<'_>>| list.iter().map(|e| e.name().to_owned()).collect();
+            return Err(KeystoreError::PartlyPresent {
+                present: names(present),
+                missing: names(missing),
+            });
+        }
+        for entry in entries {
+            let stored = Entry {
+                data: Zeroizing::new(entry.data().to_vec()),
+                secret: entry.is_secret(),
+            };
+            map.insert(entry.name().to_owned(), stored);
+        }
+        Ok(Creation::Created)
     }
 
     fn delete(&self, name: &str) -> Result<(), KeystoreError> {

@@ -5,7 +5,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
-use meshca_keystore::{FileKeystore, Keystore, KeystoreError, MemoryKeystore};
+use meshca_keystore::{Creation, FileKeystore, Keystore, KeystoreError, MemoryKeystore, NewEntry};
 
 const KEY: &[u8] =
     b"-----BEGIN PRIVATE KEY-----\nTOP-SECRET-KEY-BYTES\n-----END PRIVATE KEY-----\n";
@@ -423,6 +423,123 @@ fn concurrent_writers_leave_one_complete_value() {
         .map(|e| e.expect("entry").file_name())
         .collect();
     assert_eq!(names, vec!["key.pem"], "no temporary file remains");
+}
+
+/// Creates a CA-shaped pair (`ca/key.pem` secret, `ca/cert.pem` public) holding `tag`, or finds one.
+fn create_pair(store: &dyn Keystore, tag: u8) -> Creation {
+    let key = vec![tag; 1024];
+    let cert = vec![tag; 512];
+    store
+        .create_if_absent(&[
+            NewEntry::secret("ca/key.pem", &key),
+            NewEntry::public("ca/cert.pem", &cert),
+        ])
+        .expect("create_if_absent")
+}
+
+/// The tag of the stored pair; panics unless key and certificate belong together.
+fn stored_pair(store: &dyn Keystore) -> u8 {
+    let key = store.get_secret("ca/key.pem").expect("get").expect("key");
+    let cert = store.get_public("ca/cert.pem").expect("get").expect("cert");
+    let tag = key.expose()[0];
+    assert_eq!(
+        key.expose(),
+        vec![tag; 1024].as_slice(),
+        "one writer's whole key"
+    );
+    assert_eq!(
+        cert,
+        vec![tag; 512],
+        "the certificate of the same writer as the key"
+    );
+    tag
+}
+
+#[test]
+fn concurrent_creators_agree_on_one_pair() {
+    // Each thread opens the keystore itself, as separate processes do: the lock is per open file.
+    for _ in 0..10 {
+        let tmp = temp_dir();
+        let start = std::sync::Barrier::new(8);
+        let outcomes: Vec<(u8, Creation)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (1..=8u8)
+                .map(|tag| {
+                    let (dir, start) = (tmp.path(), &start);
+                    scope.spawn(move || {
+                        let store = open(dir);
+                        start.wait();
+                        (tag, create_pair(&store, tag))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("creator thread"))
+                .collect()
+        });
+        let winners: Vec<u8> = outcomes
+            .iter()
+            .filter(|(_, c)| *c == Creation::Created)
+            .map(|(tag, _)| *tag)
+            .collect();
+        assert_eq!(winners.len(), 1, "exactly one creator: {outcomes:?}");
+        assert_eq!(
+            stored_pair(&open(tmp.path())),
+            winners[0],
+            "the stored pair is the winner's"
+        );
+    }
+}
+
+#[test]
+fn create_if_absent_finds_existing_entries_and_refuses_half_a_pair() {
+    let tmp = temp_dir();
+    let file = open(tmp.path());
+    let memory = MemoryKeystore::new();
+    for (store, on_disk) in [(&file as &dyn Keystore, true), (&memory, false)] {
+        assert_eq!(create_pair(store, 1), Creation::Created);
+        assert_eq!(create_pair(store, 2), Creation::Existing);
+        assert_eq!(stored_pair(store), 1, "the first pair is kept");
+        if on_disk {
+            assert_eq!(mode(&tmp.path().join("ca/key.pem")), 0o600);
+            assert_eq!(mode(&tmp.path().join("ca/cert.pem")), 0o644);
+        }
+
+        store.delete("ca/cert.pem").expect("delete");
+        let err = store
+            .create_if_absent(&[
+                NewEntry::secret("ca/key.pem", b"new key"),
+                NewEntry::public("ca/cert.pem", b"new cert"),
+            ])
+            .expect_err("half a pair is not completed");
+        match &err {
+            KeystoreError::PartlyPresent { present, missing } => {
+                assert_eq!(present, &["ca/key.pem"]);
+                assert_eq!(missing, &["ca/cert.pem"]);
+            }
+            other => panic!("expected PartlyPresent, got {other:?}"),
+        }
+        assert!(err.to_string().contains("ca/cert.pem"), "{err}");
+        assert!(store.get_public("ca/cert.pem").expect("get").is_none());
+        assert_eq!(
+            store
+                .get_secret("ca/key.pem")
+                .expect("get")
+                .expect("key")
+                .expose(),
+            vec![1u8; 1024].as_slice(),
+            "the existing key is untouched"
+        );
+        store.delete("ca/key.pem").expect("delete");
+    }
+    assert!(matches!(
+        memory.create_if_absent(&[NewEntry::public("../x", b"")]),
+        Err(KeystoreError::InvalidName { .. })
+    ));
+    assert_eq!(
+        format!("{:?}", NewEntry::secret("k", KEY)),
+        "NewEntry { name: \"k\", secret: true, .. }"
+    );
 }
 
 #[test]

@@ -1,8 +1,6 @@
 //! `meshca issue`: svid.pem, key.pem (0600) and bundle.pem for a workload that is not Envoy, from a running
 //! daemon over SDS or straight from the local keystore.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::SystemTime;
@@ -11,6 +9,7 @@ use anyhow::{anyhow, Context};
 use futures::StreamExt;
 use zeroize::Zeroizing;
 
+use crate::atomic_file::write_atomic;
 use crate::cli::IssueArgs;
 use meshca_control::{issue_standalone, load_world, renewal_time, rfc3339, StandaloneError};
 
@@ -22,44 +21,6 @@ struct Files {
     svid: String,
     key: Zeroizing<String>,
     bundle: String,
-}
-
-/// Writes `data` to `dir/name` atomically with `mode`.
-/// Writes `data` to `dir/name` atomically: a temporary file with a random name, created exclusively
-/// (never an existing file, never through a symlink) with `mode` from the start, written, synced, then
-/// renamed over the target, and the directory synced.
-fn write_atomic(dir: &Path, name: &str, data: &[u8], mode: u32) -> anyhow::Result<()> {
-    let target = dir.join(name);
-    let tmp = dir.join(format!(".{name}.{}.tmp", random_suffix()?));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)
-        .with_context(|| format!("cannot create {}", tmp.display()))?;
-    let written = f
-        .write_all(data)
-        .and_then(|_| f.sync_all())
-        .and_then(|_| std::fs::rename(&tmp, &target));
-    if let Err(e) = written {
-        // Nothing half-written is left behind.
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("cannot replace {}", target.display()));
-    }
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .with_context(|| format!("cannot sync {}", dir.display()))?;
-    Ok(())
-}
-
-/// 16 random hex digits for a temporary file's name.
-fn random_suffix() -> anyhow::Result<String> {
-    use ring::rand::SecureRandom;
-    let mut bytes = [0u8; 8];
-    ring::rand::SystemRandom::new()
-        .fill(&mut bytes)
-        .map_err(|_| anyhow!("the system's random source failed"))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Refuses an output directory that someone else could write into (and so plant or swap files in),

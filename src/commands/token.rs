@@ -1,15 +1,14 @@
 //! `meshca token`: mint a proxy token with the daemon's signing key, or revoke one.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use anyhow::Context;
 use meshca_auth::{Claims, ProxyType};
 
 use crate::cli::{Output, ProxyKind, TokenArgs};
-use crate::serve::{daemon_keys, open_keystore, revocations_file};
+use crate::serve::revocations::{self, Revoked};
+use crate::serve::{daemon_keys, token_signing_key, DataDir};
 use crate::InvalidInput;
 
 fn invalid(msg: String) -> anyhow::Error {
@@ -34,20 +33,20 @@ pub fn run(args: TokenArgs) -> anyhow::Result<ExitCode> {
                 "--revoke {id:?}: a token id is 32 hex digits (printed by `meshca token`)"
             )));
         }
-        std::fs::create_dir_all(&settings.data_dir)?;
-        let path = revocations_file(&settings);
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .with_context(|| format!("cannot open {}", path.display()))?;
-        writeln!(f, "{id}")
-            .and_then(|_| f.sync_all())
-            .with_context(|| format!("cannot write {}", path.display()))?;
-        eprintln!(
-            "revoked token {id} (listed in {}); a running daemon closes its streams",
-            path.display()
-        );
+        let data_dir = DataDir::open(&settings.data_dir)?;
+        let keystore = data_dir.keystore()?;
+        let key_exists = daemon_keys::has_token_signing_key(&keystore)?;
+        let path = data_dir.revocation_list();
+        match revocations::revoke(&path, id, key_exists)? {
+            Revoked::Added => eprintln!(
+                "revoked token {id} (listed in {}); a running daemon closes its streams",
+                path.display()
+            ),
+            Revoked::Already => eprintln!(
+                "token {id} was already revoked (listed in {})",
+                path.display()
+            ),
+        }
         return Ok(ExitCode::SUCCESS);
     }
     let (Some(mesh), Some(name)) = (args.mesh.clone(), args.name.clone()) else {
@@ -57,6 +56,13 @@ pub fn run(args: TokenArgs) -> anyhow::Result<ExitCode> {
         .valid_for
         .parse()
         .map_err(|e| invalid(format!("--valid-for {:?}: {e}", args.valid_for)))?;
+    let max_valid_for = settings.tokens.max_valid_for;
+    if valid_for > max_valid_for {
+        return Err(invalid(format!(
+            "--valid-for {valid_for} is longer than tokens.maxValidFor ({max_valid_for}); mint a shorter \
+             token and replace it before it expires, or raise tokens.maxValidFor in the settings"
+        )));
+    }
     let labels = pairs("label", &args.labels)?;
     let tags = pairs("tag", &args.tags)?;
     let now = SystemTime::now()
@@ -71,8 +77,9 @@ pub fn run(args: TokenArgs) -> anyhow::Result<ExitCode> {
         .map_err(|e| invalid(format!("{e}")))?;
     claims.proxy_type = proxy_type;
 
-    let keystore = open_keystore(&settings)?;
-    let key = daemon_keys::token_signing_key(&keystore)?;
+    let data_dir = DataDir::open(&settings.data_dir)?;
+    let keystore = data_dir.keystore()?;
+    let key = token_signing_key(&data_dir, &keystore)?;
     let token = key
         .mint(&claims)
         .map_err(|e| anyhow::anyhow!("cannot sign the token: {e}"))?;

@@ -14,10 +14,11 @@ use meshca_sds::{BoundListeners, Listener, SdsServer, ServerOptions};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::files::{ensure_resources, open_keystore, read_revocations, revocations_file};
+use super::data_dir::{DaemonLock, DataDir};
+use super::files::{ensure_resources, token_signing_key};
 use super::limits::ServeLimits;
 use super::reload::Reloader;
-use super::{admin, daemon_keys, metrics, watcher};
+use super::{admin, daemon_keys, metrics, revocations, watcher};
 use crate::InvalidInput;
 
 /// How long shutdown waits for streams and tasks to finish.
@@ -57,6 +58,8 @@ pub struct Daemon {
     shutdown: CancellationToken,
     tasks: tokio::task::JoinSet<anyhow::Result<()>>,
     _watcher: Option<notify::RecommendedWatcher>,
+    /// Held until the daemon is dropped (after [`Daemon::stop`] drained it).
+    _lock: DaemonLock,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -72,13 +75,17 @@ impl Daemon {
     /// Loads everything, binds every listener and starts serving. Invalid resources are an
     /// [`InvalidInput`] error; nothing is started then.
     pub async fn start(settings: Settings, options: DaemonOptions) -> anyhow::Result<Daemon> {
+        // Before anything in the data directory is created or written: one daemon per directory.
+        let data_dir = DataDir::open(&settings.data_dir)?;
+        let lock = data_dir.lock_for_daemon()?;
+        let keystore: Arc<dyn Keystore> = Arc::new(data_dir.keystore()?);
         let limits = ServeLimits::from_settings(&settings);
-        let keystore: Arc<dyn Keystore> = Arc::new(open_keystore(&settings)?);
         let world = load_initial_world(&settings, keystore.as_ref())?;
-        let signing_key = daemon_keys::token_signing_key(keystore.as_ref())?;
-        let revocations_path = revocations_file(&settings);
-        let (revocations_tx, revocations_rx) =
-            watch::channel(Arc::new(read_revocations(&revocations_path)?));
+        let signing_key = token_signing_key(&data_dir, keystore.as_ref())?;
+        // Fail closed: the list exists from the key's creation on, so missing or invalid stops the start.
+        let revocations_path = data_dir.revocation_list();
+        let revocations = revocations::read(&revocations_path).context("refusing to start")?;
+        let (revocations_tx, revocations_rx) = watch::channel(Arc::new(revocations));
         let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(Snapshot::empty()));
         let (status_tx, status_rx) = watch::channel(Arc::new(Status::default()));
         let (events_tx, events_rx) = mpsc::channel::<StreamEvent>(meshca_sds::EVENT_BUFFER);
@@ -104,7 +111,12 @@ impl Daemon {
 
         let shutdown = CancellationToken::new();
         let (reload_tx, reload_rx) = mpsc::channel(RELOAD_QUEUE);
-        let reloader = Reloader::new(reload_tx, revocations_path.clone(), revocations_tx);
+        let reloader = Reloader::new(
+            reload_tx,
+            revocations_path.clone(),
+            revocations_tx,
+            metrics.clone(),
+        );
         let watcher = match options.watch_files {
             true => Some(watcher::watch(
                 &settings.resources,
@@ -162,6 +174,7 @@ impl Daemon {
             shutdown,
             tasks,
             _watcher: watcher,
+            _lock: lock,
         })
     }
 

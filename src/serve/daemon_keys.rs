@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{anyhow, Context};
 use meshca_auth::SigningKey;
-use meshca_keystore::Keystore;
+use meshca_keystore::{Creation, Keystore, KeystoreError, NewEntry};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
@@ -22,17 +22,42 @@ pub fn sds_ca_file(data_dir: &Path) -> PathBuf {
     data_dir.join("sds-ca.pem")
 }
 
-/// Loads the token signing key, generating and persisting it the first time.
+/// Loads the token signing key, generating and persisting it the first time. Of concurrent first callers
+/// (the daemon, `meshca token`), one creates the key and every other loads that one.
 pub fn token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<SigningKey> {
-    if let Some(pkcs8) = keystore.get_secret(TOKEN_KEY)? {
-        return SigningKey::from_pkcs8(pkcs8.expose())
-            .map_err(|e| anyhow!("the token signing key in the keystore ({TOKEN_KEY}) cannot be loaded: {e}; it is not replaced automatically (that would invalidate every token)"));
+    if let Some(key) = load_token_signing_key(keystore)? {
+        return Ok(key);
     }
     let (key, pkcs8) = SigningKey::generate()
         .map_err(|e| anyhow!("cannot generate the token signing key: {e}"))?;
-    keystore.put_secret(TOKEN_KEY, &pkcs8)?;
-    tracing::info!("generated the token signing key");
-    Ok(key)
+    match keystore.create_if_absent(&[NewEntry::secret(TOKEN_KEY, &pkcs8)])? {
+        Creation::Created => {
+            tracing::info!("generated the token signing key");
+            Ok(key)
+        }
+        Creation::Existing => load_token_signing_key(keystore)?.ok_or_else(|| {
+            anyhow!(
+                "the token signing key ({TOKEN_KEY}) was created by another process, then removed"
+            )
+        }),
+    }
+}
+
+/// Whether the keystore holds a token signing key (tokens may have been minted with it).
+pub fn has_token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<bool> {
+    Ok(keystore.get_secret(TOKEN_KEY)?.is_some())
+}
+
+fn load_token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<Option<SigningKey>> {
+    let Some(pkcs8) = keystore.get_secret(TOKEN_KEY)? else {
+        return Ok(None);
+    };
+    SigningKey::from_pkcs8(pkcs8.expose()).map(Some).map_err(|e| {
+        anyhow!(
+            "the token signing key in the keystore ({TOKEN_KEY}) cannot be loaded: {e}; it is not replaced \
+             automatically (that would invalidate every token)"
+        )
+    })
 }
 
 /// A certificate chain and key for the SDS TLS listener.
@@ -84,31 +109,8 @@ pub fn server_identity_generated(
     data_dir: &Path,
     now: SystemTime,
 ) -> anyhow::Result<ServerIdentity> {
-    let (ca_pem, ca_key) = match (keystore.get_public(SDS_CA_CERT)?, keystore.get_secret(SDS_CA_KEY)?) {
-        (Some(cert), Some(key)) => {
-            let cert = String::from_utf8(cert).map_err(|_| anyhow!("{SDS_CA_CERT} in the keystore is not text"))?;
-            let key_text = std::str::from_utf8(key.expose()).map_err(|_| anyhow!("{SDS_CA_KEY} in the keystore is not text"))?;
-            let key = KeyPair::from_pem(key_text).map_err(|e| anyhow!("{SDS_CA_KEY} in the keystore cannot be loaded: {e}"))?;
-            (cert, key)
-        }
-        (None, None) => {
-            let key = KeyPair::generate().map_err(|e| anyhow!("cannot generate the SDS CA key: {e}"))?;
-            let mut params = CertificateParams::default();
-            params.distinguished_name.push(DnType::CommonName, format!("meshca SDS CA {}", random_hex(6)));
-            params.distinguished_name.push(DnType::OrganizationName, "meshca");
-            params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-            params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-            params.not_before = (now - Duration::from_secs(10)).into();
-            params.not_after = (now + Duration::from_secs(10 * 365 * 24 * 3600)).into();
-            params.serial_number = Some(random_hex(16).as_bytes().to_vec().into());
-            let cert = params.self_signed(&key).map_err(|e| anyhow!("cannot create the SDS CA: {e}"))?;
-            keystore.put_secret(SDS_CA_KEY, key.serialize_pem().as_bytes())?;
-            keystore.put_public(SDS_CA_CERT, cert.pem().as_bytes())?;
-            (cert.pem(), key)
-        }
-        _ => return Err(anyhow!("the keystore holds only half of the SDS CA (daemon/sds-ca): restore it or remove both files")),
-    };
-    write_public_file(&sds_ca_file(data_dir), ca_pem.as_bytes())?;
+    let (ca_pem, ca_key) = sds_ca(keystore, now)?;
+    crate::atomic_file::write_atomic_path(&sds_ca_file(data_dir), ca_pem.as_bytes(), 0o644)?;
     let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key)
         .map_err(|e| anyhow!("the SDS CA cannot sign: {e}"))?;
 
@@ -151,6 +153,64 @@ pub fn server_identity_generated(
     })
 }
 
+/// The SDS CA (certificate PEM and key) from the keystore, created the first time. Of concurrent
+/// creators, one persists its CA and every other loads that one.
+fn sds_ca(keystore: &dyn Keystore, now: SystemTime) -> anyhow::Result<(String, KeyPair)> {
+    if let Some(ca) = load_sds_ca(keystore)? {
+        return Ok(ca);
+    }
+    let key = KeyPair::generate().map_err(|e| anyhow!("cannot generate the SDS CA key: {e}"))?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name.push(
+        DnType::CommonName,
+        format!("meshca SDS CA {}", random_hex(6)),
+    );
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, "meshca");
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    params.not_before = (now - Duration::from_secs(10)).into();
+    params.not_after = (now + Duration::from_secs(10 * 365 * 24 * 3600)).into();
+    params.serial_number = Some(random_hex(16).as_bytes().to_vec().into());
+    let cert = params
+        .self_signed(&key)
+        .map_err(|e| anyhow!("cannot create the SDS CA: {e}"))?;
+    let key_pem = zeroize::Zeroizing::new(key.serialize_pem());
+    let created = keystore.create_if_absent(&[
+        NewEntry::secret(SDS_CA_KEY, key_pem.as_bytes()),
+        NewEntry::public(SDS_CA_CERT, cert.pem().as_bytes()),
+    ]);
+    match created {
+        Ok(Creation::Created) => Ok((cert.pem(), key)),
+        Ok(Creation::Existing) => load_sds_ca(keystore)?.ok_or_else(|| {
+            anyhow!("the SDS CA (daemon/sds-ca) was created by another process, then removed")
+        }),
+        Err(KeystoreError::PartlyPresent { .. }) => Err(anyhow!(
+            "the keystore holds only half of the SDS CA (daemon/sds-ca): restore it or remove both files"
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The persisted SDS CA; `None` when it is missing or only half of it is there (a creator may be between
+/// its two writes: [`sds_ca`] decides under the keystore's lock).
+fn load_sds_ca(keystore: &dyn Keystore) -> anyhow::Result<Option<(String, KeyPair)>> {
+    let (Some(cert), Some(key)) = (
+        keystore.get_public(SDS_CA_CERT)?,
+        keystore.get_secret(SDS_CA_KEY)?,
+    ) else {
+        return Ok(None);
+    };
+    let cert = String::from_utf8(cert)
+        .map_err(|_| anyhow!("{SDS_CA_CERT} in the keystore is not text"))?;
+    let key_text = std::str::from_utf8(key.expose())
+        .map_err(|_| anyhow!("{SDS_CA_KEY} in the keystore is not text"))?;
+    let key = KeyPair::from_pem(key_text)
+        .map_err(|e| anyhow!("{SDS_CA_KEY} in the keystore cannot be loaded: {e}"))?;
+    Ok(Some((cert, key)))
+}
+
 /// The rustls server configuration of the SDS TCP listener (ring provider, ALPN h2).
 pub fn server_tls_config(identity: ServerIdentity) -> anyhow::Result<Arc<rustls::ServerConfig>> {
     let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
@@ -165,25 +225,6 @@ pub fn server_tls_config(identity: ServerIdentity) -> anyhow::Result<Arc<rustls:
     Ok(Arc::new(config))
 }
 
-/// Writes a public file atomically (temp file, fsync, rename), mode 0644.
-pub fn write_public_file(path: &Path, data: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o644)
-        .open(&tmp)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    f.write_all(data)
-        .and_then(|_| f.sync_all())
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot replace {}", path.display()))?;
-    Ok(())
-}
-
 /// `n` random bytes as lowercase hex.
 pub fn random_hex(n: usize) -> String {
     use ring::rand::SecureRandom;
@@ -191,4 +232,70 @@ pub fn random_hex(n: usize) -> String {
     // SystemRandom only fails when the OS has no entropy source; a fixed value then still yields valid names.
     let _ = ring::rand::SystemRandom::new().fill(&mut b);
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use meshca_keystore::MemoryKeystore;
+    use std::sync::Barrier;
+
+    /// Runs `f` on 8 threads released together against one keystore; returns each result.
+    fn concurrently<T: Send>(keystore: &MemoryKeystore, f: fn(&dyn Keystore) -> T) -> Vec<T> {
+        const THREADS: usize = 8;
+        let start = Barrier::new(THREADS);
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    let start = &start;
+                    scope.spawn(move || {
+                        start.wait();
+                        f(keystore)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("creator thread"))
+                .collect()
+        })
+    }
+
+    #[test]
+    fn concurrent_first_uses_share_one_token_signing_key() {
+        // `meshca token` and a starting daemon once each generated a key: tokens minted by the loser were
+        // refused by the daemon.
+        // Generating a key takes microseconds: several rounds make a lost race likely to show.
+        for _ in 0..10 {
+            let keystore = MemoryKeystore::new();
+            let keys = concurrently(&keystore, |ks| {
+                token_signing_key(ks)
+                    .expect("the key loads or is created")
+                    .verifier()
+            });
+            let stored = token_signing_key(&keystore)
+                .expect("the key loads")
+                .verifier();
+            for key in &keys {
+                assert_eq!(key, &stored, "every caller uses the persisted key");
+            }
+        }
+    }
+
+    #[test]
+    fn concurrent_first_uses_share_one_sds_ca() {
+        let keystore = MemoryKeystore::new();
+        let cas = concurrently(&keystore, |ks| {
+            sds_ca(ks, SystemTime::now())
+                .expect("the SDS CA loads or is created")
+                .0
+        });
+        let stored = load_sds_ca(&keystore)
+            .expect("the SDS CA loads")
+            .expect("the SDS CA was persisted")
+            .0;
+        for ca in &cas {
+            assert_eq!(ca, &stored, "every caller uses the persisted SDS CA");
+        }
+    }
 }

@@ -1,45 +1,31 @@
-//! The daemon's files: the keystore in the data directory, the token revocation list, and the
-//! resources directory (seeded with defaults when empty).
+//! The daemon's files: the keystore in the data directory, the token signing key with its revocation
+//! list, and the resources directory (seeded with defaults when empty).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use anyhow::{anyhow, Context};
-use meshca_auth::RevocationList;
+use anyhow::Context;
+use meshca_auth::SigningKey;
 use meshca_config::Settings;
-use meshca_keystore::FileKeystore;
+use meshca_keystore::{FileKeystore, Keystore};
 
-/// The keystore of a data directory.
+use super::data_dir::DataDir;
+use super::{daemon_keys, revocations};
+
+/// The keystore of the data directory (created private, or checked: see [`DataDir::open`]).
 pub fn open_keystore(settings: &Settings) -> anyhow::Result<FileKeystore> {
-    std::fs::create_dir_all(&settings.data_dir)
-        .with_context(|| format!("dataDir: cannot create {}", settings.data_dir.display()))?;
-    FileKeystore::open(&settings.data_dir.join("keystore")).with_context(|| {
-        format!(
-            "dataDir: cannot open the keystore in {}",
-            settings.data_dir.display()
-        )
-    })
+    DataDir::open(&settings.data_dir)?.keystore()
 }
 
-/// The revocation list file: one revoked token id per line.
-pub fn revocations_file(settings: &Settings) -> PathBuf {
-    settings.data_dir.join("revoked-tokens")
-}
-
-/// Reads the revocation list; a missing file is an empty list.
-pub fn read_revocations(path: &Path) -> anyhow::Result<RevocationList> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => RevocationList::parse(&text).map_err(|e| {
-            anyhow!(
-                "the token revocation list {} is invalid: {e}",
-                path.display()
-            )
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(RevocationList::default()),
-        Err(e) => Err(anyhow!(
-            "cannot read the token revocation list {}: {e}",
-            path.display()
-        )),
+/// The token signing key, created on first use together with the revocation list (the list first: a data
+/// directory with a key always has a list, so a missing list is a loss to report, never a fresh start).
+pub fn token_signing_key(
+    data_dir: &DataDir,
+    keystore: &dyn Keystore,
+) -> anyhow::Result<SigningKey> {
+    if !daemon_keys::has_token_signing_key(keystore)? {
+        revocations::create_if_missing(&data_dir.revocation_list())?;
     }
+    daemon_keys::token_signing_key(keystore)
 }
 
 /// Creates the resources directory with the default Mesh and MeshIdentity when it holds no resource

@@ -37,6 +37,7 @@ pub struct Metrics {
     failed: Family<IssuerLabels, Counter>,
     issuance_seconds: Histogram,
     rejected_updates: Counter,
+    revocation_reload_failures: Counter,
     earliest_cert_expiry: Gauge,
     earliest_ca_expiry: Gauge,
     connected_proxies: Family<MeshLabels, Gauge>,
@@ -169,6 +170,12 @@ impl Metrics {
             "Resource updates rejected as invalid",
             rejected_updates.clone(),
         );
+        let revocation_reload_failures = Counter::default();
+        registry.register(
+            "meshca_revocation_reload_failures",
+            "Reloads of the token revocation list that failed (missing, unreadable or invalid); the previous list stays in force",
+            revocation_reload_failures.clone(),
+        );
         let earliest_cert_expiry = Gauge::default();
         registry.register(
             "meshca_earliest_certificate_expiry_seconds",
@@ -224,6 +231,7 @@ impl Metrics {
             failed,
             issuance_seconds,
             rejected_updates,
+            revocation_reload_failures,
             earliest_cert_expiry,
             earliest_ca_expiry,
             connected_proxies,
@@ -233,6 +241,11 @@ impl Metrics {
             removed_while_presented,
             ca_expiry,
         }
+    }
+
+    /// Counts a failed reload of the token revocation list.
+    pub fn revocation_reload_failed(&self) {
+        self.revocation_reload_failures.inc();
     }
 
     /// The Prometheus text exposition.
@@ -372,6 +385,7 @@ mod tests {
             "meshca_earliest_certificate_expiry_seconds",
             "meshca_earliest_ca_expiry_seconds",
             "meshca_rejected_updates_total",
+            "meshca_revocation_reload_failures_total 0",
             "meshca_rollout_waits_total{mesh=\"default\",step=\"break-last\"} 1",
             "meshca_rollout_timeouts_total{mesh=\"default\",step=\"identity-ack\"} 1",
             "meshca_ca_removed_while_presented_total{mesh=\"default\"} 1",

@@ -4,14 +4,17 @@
 pub mod admin;
 mod daemon;
 pub mod daemon_keys;
+mod data_dir;
 mod files;
 mod limits;
 pub mod metrics;
 mod reload;
+pub mod revocations;
 mod watcher;
 
 pub use daemon::{Daemon, DaemonOptions};
-pub use files::{open_keystore, revocations_file};
+pub use data_dir::DataDir;
+pub use files::{open_keystore, token_signing_key};
 use reload::Change;
 
 use meshca_config::Settings;

@@ -8,7 +8,8 @@ use meshca_auth::RevocationList;
 use meshca_control::{Reload, ReloadOutcome};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::files::read_revocations;
+use super::metrics::Metrics;
+use super::revocations;
 
 /// What changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,6 +47,7 @@ pub struct Reloader {
     resources: mpsc::Sender<Reload>,
     revocations_path: PathBuf,
     revocations: Arc<watch::Sender<Arc<RevocationList>>>,
+    metrics: Arc<Metrics>,
 }
 
 impl Reloader {
@@ -53,11 +55,13 @@ impl Reloader {
         resources: mpsc::Sender<Reload>,
         revocations_path: PathBuf,
         revocations: watch::Sender<Arc<RevocationList>>,
+        metrics: Arc<Metrics>,
     ) -> Reloader {
         Reloader {
             resources,
             revocations_path,
             revocations: Arc::new(revocations),
+            metrics,
         }
     }
 
@@ -89,15 +93,19 @@ impl Reloader {
         rx.await.ok()
     }
 
-    /// Re-reads the revocation list; an unreadable one leaves the previous list in force.
+    /// Re-reads the revocation list. A missing, unreadable or invalid one leaves the previous list in
+    /// force (fail closed: deleting the file must not un-revoke anything), logged and counted.
     fn reload_revocations(&self) {
-        match read_revocations(&self.revocations_path) {
+        match revocations::read(&self.revocations_path) {
             Ok(list) => {
                 self.revocations.send_replace(Arc::new(list));
             }
-            Err(e) => tracing::error!(
-                "revocation list not reloaded, the previous one stays in force: {e}"
-            ),
+            Err(e) => {
+                self.metrics.revocation_reload_failed();
+                tracing::error!(
+                    "revocation list not reloaded, the previous one stays in force: {e:#}"
+                );
+            }
         }
     }
 }

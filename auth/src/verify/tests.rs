@@ -188,3 +188,85 @@ fn clock_skew_leeway_boundaries() {
         Err(AuthError::NotYetValid { issued_at, .. }) if issued_at == NOW
     ));
 }
+
+#[test]
+fn nbf_in_the_future_is_refused_beyond_the_leeway() {
+    let key = key();
+    let verifier = key.verifier();
+    let with_nbf = |nbf: u64| {
+        let mut payload = good_payload();
+        payload["nbf"] = json!(nbf);
+        forge(&key, HEADER, &payload)
+    };
+    let later = NOW + 600;
+    match verifier.verify(&with_nbf(later), NOW) {
+        Err(err @ AuthError::NotBefore { not_before, now }) => {
+            assert_eq!((not_before, now), (later, NOW));
+            assert!(err.to_string().contains("not valid before"), "{err}");
+        }
+        other => panic!("a token not valid for 10 minutes was accepted: {other:?}"),
+    }
+    let edge = NOW + CLOCK_SKEW_LEEWAY_SECS;
+    assert!(matches!(
+        verifier.verify(&with_nbf(edge + 1), NOW),
+        Err(AuthError::NotBefore { .. })
+    ));
+    let claims = verifier
+        .verify(&with_nbf(edge), NOW)
+        .expect("an nbf within the clock-skew leeway is accepted");
+    assert_eq!(claims.not_before, Some(edge));
+    assert!(
+        verifier.verify(&with_nbf(NOW - 60), NOW).is_ok(),
+        "an nbf in the past is accepted"
+    );
+    assert!(
+        verifier.verify(&with_nbf(later), later).is_ok(),
+        "the same token is accepted once its nbf is reached"
+    );
+}
+
+/// The token with its signature's `s` replaced by `n - s`.
+fn flip_s(token: &str) -> String {
+    let (signing_input, signature) = token.rsplit_once('.').expect("three segments");
+    let mut signature = crate::jwt::decode(signature, "signature").expect("base64url");
+    let flipped = crate::low_s::order_minus(&signature[32..]);
+    signature[32..].copy_from_slice(&flipped);
+    format!("{signing_input}.{}", crate::jwt::encode(&signature))
+}
+
+#[test]
+fn high_s_signature_is_refused() {
+    use ring::signature::{UnparsedPublicKey, ECDSA_P256_SHA256_FIXED};
+    let key = key();
+    let verifier = key.verifier();
+    let token = forge(&key, HEADER, &good_payload());
+    verifier
+        .verify(&token, NOW)
+        .expect("the minted token verifies");
+    let flipped = flip_s(&token);
+    assert_ne!(flipped, token);
+    // The flipped signature is mathematically valid (ring accepts it): only the low-S rule refuses it.
+    let (input, signature) = flipped.rsplit_once('.').expect("three segments");
+    UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, verifier.public_key())
+        .verify(
+            input.as_bytes(),
+            &crate::jwt::decode(signature, "signature").expect("base64url"),
+        )
+        .expect("(r, n - s) is a valid ECDSA signature");
+    let err = verifier.verify(&flipped, NOW).expect_err("high S refused");
+    assert!(matches!(err, AuthError::HighS), "{err:?}");
+    assert!(err.to_string().contains("low-S"), "{err}");
+}
+
+#[test]
+fn minted_signatures_are_always_low_s() {
+    // ring picks a random nonce, so about half of its raw signatures have a high S: 64 mints without one
+    // normalised would be a 2^-64 accident.
+    let key = key();
+    for _ in 0..64 {
+        let token = forge(&key, HEADER, &good_payload());
+        let signature = token.rsplit_once('.').expect("three segments").1;
+        let signature = crate::jwt::decode(signature, "signature").expect("base64url");
+        assert!(crate::low_s::is_low_s(&signature), "{token}");
+    }
+}

@@ -160,6 +160,9 @@ fn set(layer: &mut Layer, field: &str, value: &str) -> Result<(), String> {
             layer.rollout.get_or_insert_default().ack_timeout = Some(parse(value)?)
         }
         "keystore.type" => layer.keystore.get_or_insert_default().kind = Some(parse(value)?),
+        "tokens.maxValidFor" => {
+            layer.tokens.get_or_insert_default().max_valid_for = Some(parse(value)?)
+        }
         limit if limit.starts_with("limits.") => {
             layer.limits.get_or_insert_default().set(limit, value)?;
         }
@@ -197,6 +200,7 @@ mod tests {
                 "issuance.renewAt" => "0.5",
                 "rollout.ackTimeout" => "5s",
                 "keystore.type" => "file",
+                "tokens.maxValidFor" => "30d",
                 limit if limit.ends_with("Timeout") => "5s",
                 limit if limit.starts_with("limits.") => "3",
                 _ => "x",

@@ -23,6 +23,7 @@ pub(super) struct Layer {
     pub(super) issuance: Option<IssuanceLayer>,
     pub(super) rollout: Option<RolloutLayer>,
     pub(super) keystore: Option<KeystoreLayer>,
+    pub(super) tokens: Option<TokensLayer>,
     pub(super) limits: Option<LimitsLayer>,
 }
 
@@ -73,8 +74,14 @@ pub(super) struct KeystoreLayer {
     pub(super) kind: Option<KeystoreType>,
 }
 
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct TokensLayer {
+    pub(super) max_valid_for: Option<Duration>,
+}
+
 /// The settings fields outside `limits:`, as written in the file (dotted camelCase paths).
-const BASE_FIELDS: [&str; 13] = [
+const BASE_FIELDS: [&str; 14] = [
     "zone",
     "dataDir",
     "resources",
@@ -88,6 +95,7 @@ const BASE_FIELDS: [&str; 13] = [
     "issuance.renewAt",
     "rollout.ackTimeout",
     "keystore.type",
+    "tokens.maxValidFor",
 ];
 
 /// Every settings field as written in the file (its dotted camelCase path). The environment
@@ -121,6 +129,10 @@ impl Layer {
                 .as_ref()
                 .is_some_and(|r| r.ack_timeout.is_some()),
             "keystore.type" => self.keystore.as_ref().is_some_and(|k| k.kind.is_some()),
+            "tokens.maxValidFor" => self
+                .tokens
+                .as_ref()
+                .is_some_and(|t| t.max_valid_for.is_some()),
             limit if limit.starts_with("limits.") => {
                 self.limits.as_ref().is_some_and(|l| l.is_set(limit))
             }

@@ -14,8 +14,9 @@ pub use limits::Limits;
 pub use listen::{ListenAddr, ListenAddrError};
 pub use types::{
     AdminSettings, Defaults, IssuanceSettings, KeystoreSettings, KeystoreType, RolloutSettings,
-    SdsSettings, Settings, TlsFiles, UnknownKeystoreType, DEFAULT_ACK_TIMEOUT,
-    DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR, DEFAULT_RENEW_AT, DEFAULT_SDS_TCP, DEFAULT_ZONE,
+    SdsSettings, Settings, TlsFiles, TokensSettings, UnknownKeystoreType, DEFAULT_ACK_TIMEOUT,
+    DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR, DEFAULT_RENEW_AT, DEFAULT_SDS_TCP,
+    DEFAULT_TOKEN_MAX_VALID_FOR, DEFAULT_ZONE,
 };
 
 #[cfg(test)]

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use super::file::{fields, Layer};
 use super::types::{
     AdminSettings, Defaults, IssuanceSettings, KeystoreSettings, RolloutSettings, SdsSettings,
-    TlsFiles, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR, DEFAULT_RENEW_AT,
-    DEFAULT_ZONE,
+    TlsFiles, TokensSettings, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR,
+    DEFAULT_RENEW_AT, DEFAULT_TOKEN_MAX_VALID_FOR, DEFAULT_ZONE,
 };
 use super::{env, ListenAddr, Settings, SettingsError};
 use crate::names::check_name;
@@ -158,6 +158,16 @@ fn resolve(
         .unwrap_or_default()
         .resolve()
         .map_err(|(field, message)| origins.invalid(field, message))?;
+    let max_valid_for = layer
+        .tokens
+        .and_then(|t| t.max_valid_for)
+        .unwrap_or(DEFAULT_TOKEN_MAX_VALID_FOR);
+    if max_valid_for.as_std().as_secs() == 0 {
+        return Err(origins.invalid(
+            "tokens.maxValidFor",
+            "must be at least one second (a token's validity is counted in whole seconds)",
+        ));
+    }
     Ok(Settings {
         zone,
         resources,
@@ -172,6 +182,7 @@ fn resolve(
         keystore: KeystoreSettings {
             kind: layer.keystore.and_then(|k| k.kind).unwrap_or_default(),
         },
+        tokens: TokensSettings { max_valid_for },
         limits,
         data_dir,
     })

@@ -60,6 +60,7 @@ fn defaults_match_the_design() {
     assert_eq!(s.issuance.renew_at, 0.8);
     assert_eq!(s.rollout.ack_timeout, Duration::from_secs(30));
     assert_eq!(s.keystore.kind, KeystoreType::File);
+    assert_eq!(s.tokens.max_valid_for, Duration::from_secs(365 * 24 * 3600));
 }
 
 #[test]
@@ -83,6 +84,8 @@ rollout:
   ackTimeout: 1m30s
 keystore:
   type: file
+tokens:
+  maxValidFor: 30d
 "#,
         &[],
     );
@@ -109,6 +112,7 @@ keystore:
     assert_eq!(s.issuance.key_algorithm, KeyAlgorithm::Rsa3072);
     assert_eq!(s.issuance.renew_at, 0.5);
     assert_eq!(s.rollout.ack_timeout, Duration::from_secs(90));
+    assert_eq!(s.tokens.max_valid_for, Duration::from_secs(30 * 24 * 3600));
 }
 
 #[test]
@@ -318,6 +322,28 @@ fn env_values_are_checked() {
 }
 
 #[test]
+fn token_validity_cap_comes_from_file_or_env_and_is_never_zero() {
+    let (_dir, s) = load_yaml("tokens:\n  maxValidFor: 2h\n", &[]);
+    assert_eq!(
+        s.expect("valid").tokens.max_valid_for,
+        Duration::from_secs(7200)
+    );
+    let s = Settings::load(None, env(&[("MESHCA_TOKENS_MAX_VALID_FOR", "90d")])).expect("valid");
+    assert_eq!(s.tokens.max_valid_for, Duration::from_secs(90 * 86_400));
+    let (_dir, s) = load_yaml("tokens:\n  maxValidFor: 500ms\n", &[]);
+    let e = err_text(s);
+    assert!(
+        e.ends_with("tokens.maxValidFor: must be at least one second (a token's validity is counted in whole seconds)"),
+        "{e}"
+    );
+    let (_dir, s) = load_yaml("tokens:\n  maxValidity: 1d\n", &[]);
+    assert!(
+        err_text(s).contains("tokens.maxValidity: unknown field `maxValidity`"),
+        "unknown keys under tokens are refused"
+    );
+}
+
+#[test]
 fn both_spellings_of_one_field_conflict() {
     let e = err_text(Settings::load(
         None,
@@ -386,6 +412,7 @@ fn serializes_in_file_spelling() {
     assert_eq!(json["issuance"]["keyAlgorithm"], "ecdsa-p256");
     assert_eq!(json["rollout"]["ackTimeout"], "30s");
     assert_eq!(json["keystore"]["type"], "file");
+    assert_eq!(json["tokens"]["maxValidFor"], "365d");
     assert_eq!(json["admin"]["listen"], "127.0.0.1:5681");
 }
 

@@ -39,6 +39,8 @@ pub struct Settings {
     pub keystore: KeystoreSettings,
     /// Bounds on what clients and resource files can make the daemon hold or wait for.
     pub limits: Limits,
+    /// Proxy tokens (`meshca token`).
+    pub tokens: TokensSettings,
 }
 
 /// `defaults:` in the settings file.
@@ -96,6 +98,14 @@ pub struct IssuanceSettings {
 pub struct RolloutSettings {
     /// How long a rollout step waits for ACKs before it proceeds anyway (default 30s, never zero).
     pub ack_timeout: Duration,
+}
+
+/// `tokens:` in the settings file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TokensSettings {
+    /// The longest `meshca token --valid-for` accepted (default one year, never zero).
+    pub max_valid_for: Duration,
 }
 
 /// `keystore:` in the settings file.
@@ -177,6 +187,8 @@ pub const DEFAULT_ADMIN_LISTEN: SocketAddr =
 pub const DEFAULT_RENEW_AT: f64 = 0.8;
 /// The default rollout ACK timeout.
 pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(30);
+/// The default longest validity of a proxy token: one year (365 days).
+pub const DEFAULT_TOKEN_MAX_VALID_FOR: Duration = Duration::from_secs(365 * 24 * 3600);
 
 impl Settings {
     /// The resources directory for a data directory when none is configured.
@@ -218,6 +230,9 @@ impl Default for Settings {
             },
             keystore: KeystoreSettings::default(),
             limits: Limits::default(),
+            tokens: TokensSettings {
+                max_valid_for: DEFAULT_TOKEN_MAX_VALID_FOR,
+            },
             data_dir,
         }
     }

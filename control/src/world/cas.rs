@@ -9,6 +9,7 @@ use std::time::Duration;
 use meshca_ca::{CaParams, CertificateAuthority, ProvidedOptions};
 use meshca_config::{Backend, Bundled, BundledCa, DataSource, MeshIdentity};
 use meshca_identity::{KeyAlgorithm, TrustDomain};
+use meshca_keystore::{Creation, KeystoreError, NewEntry};
 
 use super::{BackendKind, BackendState, CaSource, IdentityProvider, LoadedCa};
 use crate::error::CaLoadError;
@@ -251,6 +252,10 @@ fn load_provided(
 }
 
 /// Loads a generated CA from the keystore, or generates and persists it the first time.
+///
+/// Another process (a second daemon, `meshca issue --mesh`) may generate the same CA at the same time:
+/// the keystore lets exactly one persist its CA, and every other caller loads that one, so all of them
+/// serve one CA.
 fn load_or_generate(
     src: &CaSource<'_>,
     path: &str,
@@ -258,33 +263,58 @@ fn load_or_generate(
 ) -> Result<LoadedCa, CaLoadError> {
     let cert_name = format!("{path}/cert.pem");
     let key_name = format!("{path}/key.pem");
-    let cert = src.keystore.get_public(&cert_name)?;
-    let key = src.keystore.get_secret(&key_name)?;
-    let ca = match (cert, key) {
-        (Some(cert), Some(key)) => CertificateAuthority::from_persisted(&cert, key.expose())
-            .map_err(|error| CaLoadError::Persisted {
-                cert: cert_name,
-                key: key_name,
-                error: Box::new(error),
-            })?,
-        (None, None) => {
-            let ca = CertificateAuthority::generate(params, src.now)?;
-            let (chain, key) = ca.to_pem();
-            // Key first: a crash between the two writes leaves a key without a cert, reported on the
-            // next start rather than a cert whose key is lost.
-            src.keystore.put_secret(&key_name, key.as_bytes())?;
-            src.keystore.put_public(&cert_name, chain.as_bytes())?;
-            tracing::info!(ca = %params.name, trust_domain = %params.trust_domain, id = %ca.id(), "generated a new CA");
-            ca
-        }
-        (Some(_), None) | (None, Some(_)) => {
-            return Err(CaLoadError::HalfPersisted {
-                path: path.to_owned(),
-            })
-        }
-    };
-    Ok(LoadedCa {
+    let loaded = |ca| LoadedCa {
         ca: Arc::new(ca),
         generated: true,
-    })
+    };
+    if let Some(ca) = load_persisted(src, &cert_name, &key_name)? {
+        return Ok(loaded(ca));
+    }
+    // Missing, or half written by a creator still at work: decided under the keystore's lock.
+    let ca = CertificateAuthority::generate(params, src.now)?;
+    let (chain, key) = ca.to_pem();
+    // Key first: a crash between the two writes leaves a key without a cert, reported on the next start
+    // rather than a cert whose key is lost.
+    let created = src.keystore.create_if_absent(&[
+        NewEntry::secret(&key_name, key.as_bytes()),
+        NewEntry::public(&cert_name, chain.as_bytes()),
+    ]);
+    match created {
+        Ok(Creation::Created) => {
+            tracing::info!(ca = %params.name, trust_domain = %params.trust_domain, id = %ca.id(), "generated a new CA");
+            Ok(loaded(ca))
+        }
+        Ok(Creation::Existing) => load_persisted(src, &cert_name, &key_name)?
+            .map(loaded)
+            .ok_or_else(|| CaLoadError::HalfPersisted {
+                path: path.to_owned(),
+            }),
+        Err(KeystoreError::PartlyPresent { .. }) => Err(CaLoadError::HalfPersisted {
+            path: path.to_owned(),
+        }),
+        Err(e) => Err(e.into()),
+    }
 }
+
+/// The persisted CA with this certificate and key, if both exist.
+fn load_persisted(
+    src: &CaSource<'_>,
+    cert_name: &str,
+    key_name: &str,
+) -> Result<Option<CertificateAuthority>, CaLoadError> {
+    let cert = src.keystore.get_public(cert_name)?;
+    let key = src.keystore.get_secret(key_name)?;
+    let (Some(cert), Some(key)) = (cert, key) else {
+        return Ok(None);
+    };
+    CertificateAuthority::from_persisted(&cert, key.expose())
+        .map(Some)
+        .map_err(|error| CaLoadError::Persisted {
+            cert: cert_name.to_owned(),
+            key: key_name.to_owned(),
+            error: Box::new(error),
+        })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,221 @@
+//! The token revocation list file, `<dataDir>/revoked-tokens`: created with the token signing key, rewritten
+//! atomically under a lock shared by every writer, and read fail-closed (a list that existed and is now
+//! missing or invalid never means "nothing revoked").
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use anyhow::{anyhow, Context};
+use meshca_auth::RevocationList;
+
+use crate::atomic_file::write_atomic_path;
+
+/// Mode of the list: the daemon's user writes it, anyone who can reach the data directory may read it.
+const LIST_MODE: u32 = 0o644;
+
+/// The list file's name in the data directory.
+pub const FILE_NAME: &str = "revoked-tokens";
+
+/// The writers' lock beside it (the daemon creating the list, `meshca token --revoke`).
+const LOCK_NAME: &str = "revoked-tokens.lock";
+
+/// What [`revoke`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Revoked {
+    /// The id was added.
+    Added,
+    /// The id was on the list already; the file is unchanged.
+    Already,
+}
+
+/// Reads and parses the list. Missing, unreadable and invalid are all errors naming the file: the caller
+/// keeps what it had (a running daemon) or stops (a starting one).
+pub fn read(path: &Path) -> anyhow::Result<RevocationList> {
+    let text = std::fs::read_to_string(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => anyhow!("{}", missing_message(path)),
+        _ => anyhow!(
+            "cannot read the token revocation list {}: {e}",
+            path.display()
+        ),
+    })?;
+    RevocationList::parse(&text).map_err(|e| {
+        anyhow!(
+            "the token revocation list {} is invalid: {e}",
+            path.display()
+        )
+    })
+}
+
+/// Creates the list, empty with its explanatory header, unless it exists. Called whenever the token
+/// signing key is about to be created, so that a data directory with a key always has a list and a
+/// missing list is a loss, never a fresh start.
+pub fn create_if_missing(path: &Path) -> anyhow::Result<()> {
+    let _lock = lock(path)?;
+    if path_exists(path)? {
+        return Ok(());
+    }
+    write_atomic_path(path, RevocationList::EMPTY_FILE.as_bytes(), LIST_MODE)?;
+    tracing::info!(file = %path.display(), "created the empty token revocation list");
+    Ok(())
+}
+
+/// Adds `id` to the list: reads and parses the current list (an invalid one is refused, naming its line),
+/// adds the id on its own line and replaces the file atomically, all under the writers' lock.
+///
+/// A missing list is created when `key_exists` is false (no token was ever minted here); otherwise it is
+/// an error, since writing a list with only this id would un-revoke every token of the lost one.
+pub fn revoke(path: &Path, id: &str, key_exists: bool) -> anyhow::Result<Revoked> {
+    let _lock = lock(path)?;
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !key_exists => {
+            RevocationList::EMPTY_FILE.to_owned()
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(anyhow!("{}", missing_message(path)))
+        }
+        Err(e) => {
+            return Err(e).with_context(|| {
+                format!("cannot read the token revocation list {}", path.display())
+            })
+        }
+    };
+    let note = format!("revoked {}", meshca_control::rfc3339(SystemTime::now()));
+    let updated = RevocationList::add_to_file(&text, id, &note).map_err(|e| {
+        anyhow!(
+            "the token revocation list {} is invalid, so nothing was revoked: {e}; fix that line first",
+            path.display()
+        )
+    })?;
+    match updated {
+        None => Ok(Revoked::Already),
+        Some(text) => {
+            write_atomic_path(path, text.as_bytes(), LIST_MODE)?;
+            Ok(Revoked::Added)
+        }
+    }
+}
+
+/// Why a missing list is an error, and how to recover on purpose.
+fn missing_message(path: &Path) -> String {
+    format!(
+        "the token revocation list {path} is missing, but this data directory has a token signing key: every \
+         token revoked in it would be accepted again. Restore it from a backup; or, to start with no revoked \
+         tokens on purpose, create it empty (`touch {path}`)",
+        path = path.display()
+    )
+}
+
+/// Takes the writers' lock of the list at `path` (waiting for it); released when the file is dropped.
+fn lock(path: &Path) -> anyhow::Result<File> {
+    let lock_path = lock_path(path);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&lock_path)
+        .with_context(|| format!("cannot open {}", lock_path.display()))?;
+    file.lock()
+        .with_context(|| format!("cannot lock {}", lock_path.display()))?;
+    Ok(file)
+}
+
+fn lock_path(path: &Path) -> PathBuf {
+    path.with_file_name(LOCK_NAME)
+}
+
+fn path_exists(path: &Path) -> anyhow::Result<bool> {
+    path.try_exists()
+        .with_context(|| format!("cannot inspect {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "0123456789abcdef0123456789abcdef";
+    const B: &str = "fedcba9876543210fedcba9876543210";
+
+    fn list_in(dir: &tempfile::TempDir) -> PathBuf {
+        dir.path().join(FILE_NAME)
+    }
+
+    #[test]
+    fn revoking_into_a_file_without_a_final_newline_keeps_both_ids() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = list_in(&dir);
+        std::fs::write(&path, A).expect("writable");
+        assert_eq!(revoke(&path, B, true).expect("revokes"), Revoked::Added);
+        let list = read(&path).expect("the rewritten list is valid");
+        assert!(list.contains(A) && list.contains(B), "{list:?}");
+        assert_eq!(
+            revoke(&path, B, true).expect("revoking twice is fine"),
+            Revoked::Already
+        );
+        assert_eq!(read(&path).expect("valid"), list);
+    }
+
+    #[test]
+    fn an_invalid_list_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = list_in(&dir);
+        let invalid = format!("{A}\nnot-an-id\n");
+        std::fs::write(&path, &invalid).expect("writable");
+        let message = format!("{:#}", revoke(&path, B, true).expect_err("refused"));
+        assert!(
+            message.contains(&path.display().to_string()) && message.contains("line 2"),
+            "{message}"
+        );
+        assert_eq!(std::fs::read_to_string(&path).expect("readable"), invalid);
+    }
+
+    #[test]
+    fn a_missing_list_is_created_only_where_no_token_key_exists() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = list_in(&dir);
+        let message = format!("{:#}", revoke(&path, A, true).expect_err("refused"));
+        assert!(
+            message.contains("is missing")
+                && message.contains(&format!("touch {}", path.display())),
+            "{message}"
+        );
+        assert!(!path.exists(), "no list with only the new id");
+        assert!(read(&path).is_err(), "reading a missing list is an error");
+
+        assert_eq!(revoke(&path, A, false).expect("revokes"), Revoked::Added);
+        let text = std::fs::read_to_string(&path).expect("created");
+        assert!(text.starts_with(RevocationList::EMPTY_FILE), "{text}");
+        assert!(read(&path).expect("valid").contains(A));
+    }
+
+    #[test]
+    fn create_if_missing_writes_the_header_once() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = list_in(&dir);
+        create_if_missing(&path).expect("creates");
+        assert!(read(&path).expect("valid").is_empty());
+        revoke(&path, A, true).expect("revokes");
+        create_if_missing(&path).expect("finds it");
+        assert!(read(&path).expect("valid").contains(A), "never overwritten");
+    }
+
+    #[test]
+    fn concurrent_revocations_all_land() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = list_in(&dir);
+        create_if_missing(&path).expect("creates");
+        let ids: Vec<String> = (0..8).map(|i| format!("{i:032x}")).collect();
+        std::thread::scope(|scope| {
+            for id in &ids {
+                let path = &path;
+                scope.spawn(move || revoke(path, id, true).expect("revokes"));
+            }
+        });
+        let list = read(&path).expect("valid");
+        assert_eq!(list.len(), ids.len(), "no revocation was lost: {list:?}");
+    }
+}
