@@ -252,7 +252,23 @@ async fn a_proxy_cannot_flood_or_forge_the_log() {
         let (_, open) = ask(&client, "default.web-1", names).await.expect("served");
         drop(open);
     }
+    // Without a token: every request is refused, and the log says so a few times a minute.
+    let stranger = SdsClient::connect(&env.sds_unix(), None, "not-a-token".to_owned())
+        .await
+        .expect("connect");
+    for _ in 0..30 {
+        let refused = ask(&stranger, "default.web-1", vec!["default".to_owned()]).await;
+        assert!(
+            refused.is_err(),
+            "a request without a valid token was served"
+        );
+    }
     let log = daemon.raw_log();
+    let refusals = log.matches("SDS request refused").count();
+    assert_eq!(
+        refusals, 10,
+        "refusals are logged within the budget:\n{log}"
+    );
     assert!(
         !log.contains('\u{1b}'),
         "colour codes or a forged escape in a log file:\n{log}"
@@ -316,4 +332,24 @@ fn a_fifo_or_a_deeply_nested_file_is_rejected_and_the_daemon_keeps_serving() {
     assert!(env.fetch_identity(&token).contains("BEGIN CERTIFICATE"));
     assert_eq!(daemon.admin_get("/ready").status, 200);
     assert!(daemon.stop().success());
+}
+
+#[test]
+fn a_huge_name_in_a_resource_file_is_not_echoed_whole() {
+    let env = mesh_env("");
+    let daemon = env.start();
+    let name = "x".repeat(10_000);
+    env.write_resource(
+        "huge.yaml",
+        &format!("type: Mesh\nname: {name}\nmtls: {{}}\n"),
+    );
+    let rejected = daemon.wait_json("/api/rejected-update", "the huge name to be refused", |v| {
+        (!v.is_null()).then(|| v.to_string())
+    });
+    assert!(rejected.contains("10000 bytes long"), "{rejected:.500}");
+    assert!(
+        rejected.len() < 4_000,
+        "{} bytes: {rejected:.500}",
+        rejected.len()
+    );
 }

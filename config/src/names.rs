@@ -3,6 +3,20 @@
 /// The longest name accepted (a DNS subdomain).
 pub(crate) const MAX_NAME_LEN: usize = 253;
 
+/// How much of a value from a file is quoted back in an error.
+pub(crate) const ECHO_CHARS: usize = 64;
+
+/// `text`, or its first `max` characters and how many bytes were left out: a value quoted in an
+/// error must not make the error (or the admin API showing it) as large as the value.
+pub(crate) fn cut(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(max) {
+        None => std::borrow::Cow::Borrowed(text),
+        Some((at, _)) => {
+            std::borrow::Cow::Owned(format!("{}… ({} more bytes)", &text[..at], text.len() - at))
+        }
+    }
+}
+
 /// Checks a DNS-1123-style name: `[a-z0-9]([-a-z0-9.]*[a-z0-9])?`, at most 253 bytes.
 /// Returns a message saying what is wrong, for the caller to place in its own error.
 pub(crate) fn check_name(name: &str) -> Result<(), String> {
@@ -11,7 +25,8 @@ pub(crate) fn check_name(name: &str) -> Result<(), String> {
     }
     if name.len() > MAX_NAME_LEN {
         return Err(format!(
-            "{name:?} is {} bytes long; at most {MAX_NAME_LEN} are allowed",
+            "{:?} is {} bytes long; at most {MAX_NAME_LEN} are allowed",
+            cut(name, ECHO_CHARS),
             name.len()
         ));
     }
@@ -24,7 +39,8 @@ pub(crate) fn check_name(name: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "{name:?} is not a valid name: use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+            "{:?} is not a valid name: use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit",
+            cut(name, ECHO_CHARS)
         ))
     }
 }
@@ -62,5 +78,14 @@ mod tests {
         ] {
             assert!(check_name(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn long_values_are_cut_in_errors() {
+        assert_eq!(cut("short", 10), "short");
+        assert_eq!(cut("abcdef", 3), "abc… (3 more bytes)");
+        let error = check_name(&"X".repeat(10_000)).expect_err("too long");
+        assert!(error.len() < 200, "{error}");
+        assert!(error.contains("10000 bytes long"), "{error}");
     }
 }

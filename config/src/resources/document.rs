@@ -14,7 +14,7 @@ use super::mesh::MeshDoc;
 use super::service::ServiceSpec;
 use super::trust::TrustSpec;
 use super::{Dataplane, Labels, Mesh, MeshIdentity, MeshService, MeshTrust, ZoneEgress};
-use crate::names::check_name;
+use crate::names::{check_name, cut, MAX_NAME_LEN};
 use crate::yaml;
 
 /// Any resource meshca reads.
@@ -324,8 +324,10 @@ fn parse_header(value: &yaml_serde::Value, report: &mut Report) -> Result<Option
         }
         None => {}
         Some(name) => {
-            report.resource =
-                Some(kind.id(mesh.as_deref().filter(|_| kind.is_mesh_scoped()), name));
+            // Named in every error of the document: cut, in case the name is what is wrong.
+            let mesh = mesh.as_deref().filter(|_| kind.is_mesh_scoped());
+            let mesh = mesh.map(|m| cut(m, MAX_NAME_LEN));
+            report.resource = Some(kind.id(mesh.as_deref(), &cut(name, MAX_NAME_LEN)));
             if let Err(m) = check_name(name) {
                 report.error("name", m);
                 ok = false;

@@ -1,6 +1,8 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::names::cut;
+
 /// Where a resource was defined, so that errors found later (a provided CA that fails its
 /// checks) can name the file.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -53,6 +55,9 @@ impl fmt::Display for ResourceError {
 
 impl std::error::Error for ResourceError {}
 
+/// The longest message (and field path) an error keeps, in characters.
+const MAX_MESSAGE_CHARS: usize = 1000;
+
 /// Collects the errors of one document, all tagged with its file, index and resource.
 #[derive(Debug)]
 pub(crate) struct Report {
@@ -70,14 +75,16 @@ impl Report {
         }
     }
 
-    /// Records an error about `field` (a dotted path, empty for the whole document).
+    /// Records an error about `field` (a dotted path, empty for the whole document). A message
+    /// longer than [`MAX_MESSAGE_CHARS`] (it may quote a value from the file) is cut.
     pub(crate) fn error(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        let message: String = message.into();
         self.errors.push(ResourceError {
             file: self.source.file.clone(),
             document: self.source.document,
             resource: self.resource.clone(),
-            field: field.into(),
-            message: message.into(),
+            field: cut(&field.into(), MAX_MESSAGE_CHARS).into_owned(),
+            message: cut(&message, MAX_MESSAGE_CHARS).into_owned(),
         });
     }
 
