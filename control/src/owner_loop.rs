@@ -291,3 +291,191 @@ pub fn rotate_cas(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::{Condvar, Mutex};
+
+    use meshca_auth::Claims;
+    use meshca_keystore::{Creation, KeystoreError, MemoryKeystore, NewEntry, Secret};
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::owner::{NoTelemetry, OwnerConfig};
+    use crate::status::Status;
+    use crate::{ProxyEntry, ProxyKey, Snapshot, StreamId};
+
+    /// A keystore whose key creation can be held back, to stand for a slow load.
+    #[derive(Debug, Default)]
+    struct HeldKeystore {
+        inner: MemoryKeystore,
+        /// (hold creations?, a creation is waiting)
+        state: Mutex<(bool, bool)>,
+        changed: Condvar,
+    }
+
+    impl HeldKeystore {
+        fn set_hold(&self, hold: bool) {
+            self.state.lock().expect("not poisoned").0 = hold;
+            self.changed.notify_all();
+        }
+
+        /// Blocks until a creation waits behind the hold.
+        fn wait_for_blocked_creation(&self) {
+            let state = self.state.lock().expect("not poisoned");
+            let _waiting = self
+                .changed
+                .wait_while(state, |(_, waiting)| !*waiting)
+                .expect("not poisoned");
+        }
+    }
+
+    impl Keystore for HeldKeystore {
+        fn get_secret(&self, name: &str) -> Result<Option<Secret>, KeystoreError> {
+            self.inner.get_secret(name)
+        }
+        fn put_secret(&self, name: &str, data: &[u8]) -> Result<(), KeystoreError> {
+            self.inner.put_secret(name, data)
+        }
+        fn get_public(&self, name: &str) -> Result<Option<Vec<u8>>, KeystoreError> {
+            self.inner.get_public(name)
+        }
+        fn put_public(&self, name: &str, data: &[u8]) -> Result<(), KeystoreError> {
+            self.inner.put_public(name, data)
+        }
+        fn create_if_absent(&self, entries: &[NewEntry<'_>]) -> Result<Creation, KeystoreError> {
+            let mut state = self.state.lock().expect("not poisoned");
+            state.1 = true;
+            self.changed.notify_all();
+            let mut state = self
+                .changed
+                .wait_while(state, |(hold, _)| *hold)
+                .expect("not poisoned");
+            state.1 = false;
+            drop(state);
+            self.inner.create_if_absent(entries)
+        }
+        fn delete(&self, name: &str) -> Result<(), KeystoreError> {
+            self.inner.delete(name)
+        }
+        fn list(&self, prefix: &str) -> Result<Vec<String>, KeystoreError> {
+            self.inner.list(prefix)
+        }
+    }
+
+    const MESH: &str = "type: Mesh\nname: default\nmtls:\n  enabledBackend: ca-1\n  backends:\n    - name: ca-1\n      type: builtin\n";
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn proxies_are_served_while_an_update_loads() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("mesh.yaml"), MESH).expect("write");
+        let settings = Settings {
+            resources: dir.path().to_path_buf(),
+            ..Settings::default()
+        };
+        let keystore = Arc::new(HeldKeystore::default());
+        let world = load_world(&settings, keystore.as_ref(), None, SystemTime::now())
+            .expect("valid resources");
+        let (snapshot_tx, mut snapshots) = watch::channel(Arc::new(Snapshot::empty()));
+        let (status_tx, _status) = watch::channel(Arc::new(Status::default()));
+        let owner = Owner::new(
+            OwnerConfig::from_settings(&settings),
+            world,
+            Arc::new(NoTelemetry),
+            snapshot_tx,
+            status_tx,
+        );
+        let (events_tx, events) = mpsc::channel(16);
+        let (reload_tx, reloads) = mpsc::channel(4);
+        let shutdown = CancellationToken::new();
+        let owner_loop = OwnerLoop::new(
+            owner,
+            settings,
+            keystore.clone(),
+            events,
+            reloads,
+            shutdown.clone(),
+        );
+        tokio::spawn(owner_loop.run());
+
+        // An update whose new mesh needs a CA, held back while it is being created.
+        let other = MESH.replace("name: default", "name: other");
+        std::fs::write(dir.path().join("other.yaml"), other).expect("write");
+        keystore.set_hold(true);
+        let (done_tx, done) = oneshot::channel();
+        reload_tx
+            .send(Reload {
+                done: Some(done_tx),
+            })
+            .await
+            .expect("the loop listens");
+        let held = keystore.clone();
+        tokio::task::spawn_blocking(move || held.wait_for_blocked_creation())
+            .await
+            .expect("the load reaches the keystore");
+
+        // Meanwhile a proxy connects, and gets its identity.
+        let tags = BTreeMap::from([("kuma.io/service".to_owned(), "web".to_owned())]);
+        let claims = Claims::new_dataplane(
+            "default",
+            "web-1",
+            BTreeMap::new(),
+            tags,
+            Duration::from_secs(3600),
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .expect("after 1970")
+                .as_secs(),
+        )
+        .expect("valid claims");
+        events_tx
+            .send(StreamEvent::Connected {
+                stream: StreamId(1),
+                claims,
+            })
+            .await
+            .expect("the loop listens");
+        let web = ProxyKey::new("default", "web-1");
+        // Waits for any decision about it, so that a wrong one fails here rather than hanging.
+        let decided = snapshots.wait_for(|s| {
+            s.proxies
+                .get(&web)
+                .is_some_and(|e| !matches!(e, ProxyEntry::Pending))
+        });
+        let snapshot = tokio::time::timeout(Duration::from_secs(60), decided)
+            .await
+            .expect("the proxy is decided while the update loads")
+            .expect("the owner publishes")
+            .clone();
+        assert!(
+            matches!(snapshot.proxies.get(&web), Some(ProxyEntry::Ready(_))),
+            "{:?}",
+            snapshot.proxies.get(&web)
+        );
+
+        let mut done = done;
+        assert_eq!(
+            done.try_recv(),
+            Err(oneshot::error::TryRecvError::Empty),
+            "the held update is still loading"
+        );
+        keystore.set_hold(false);
+        assert_eq!(done.await.expect("the outcome is sent"), Ok(()));
+        shutdown.cancel();
+    }
+
+    #[test]
+    fn loop_health_says_how_long_a_turn_has_run() {
+        let health = LoopHealth::default();
+        let now = SystemTime::now();
+        assert_eq!(health.busy_for(now), None, "idle");
+        health.begin();
+        let later = now + Duration::from_secs(45);
+        assert!(health
+            .busy_for(later)
+            .is_some_and(|busy| busy >= Duration::from_secs(44)));
+        health.end();
+        assert_eq!(health.busy_for(later), None);
+    }
+}
