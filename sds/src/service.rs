@@ -107,7 +107,7 @@ impl Default for SdsLimits {
             connections_per_listener: 16_384,
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
-            streams_per_connection: 100,
+            streams_per_connection: 1024,
             streams_per_proxy: 256,
             names_per_stream: 256,
             names_per_proxy: 4096,

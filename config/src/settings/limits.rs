@@ -118,8 +118,8 @@ limits! {
     connect_timeout: Duration = Duration::from_secs(10), "connectTimeout";
     /// Time an SDS connection may stay open with no stream (default 60s).
     idle_timeout: Duration = Duration::from_secs(60), "idleTimeout";
-    /// Concurrent streams on one SDS connection, advertised to the client (default 100).
-    streams_per_connection: u32 = 100, "streamsPerConnection";
+    /// Concurrent streams on one SDS connection, advertised to the client (default 1024: one connection may carry many proxies, as a shared client or a bench does).
+    streams_per_connection: u32 = 1024, "streamsPerConnection";
     /// Concurrent SDS streams of one proxy, over all its connections (default 256: Envoy opens
     /// one stream per secret).
     streams_per_proxy: u32 = 256, "streamsPerProxy";
