@@ -42,7 +42,10 @@ impl Background {
 impl Drop for Background {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            sigterm(child.id());
+            // A child already reaped has no pid of its own any more: signal only a running one.
+            if matches!(child.try_wait(), Ok(None)) {
+                sigterm(child.id());
+            }
             let _ = wait_exit(&mut child);
         }
     }
@@ -199,7 +202,10 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            sigterm(child.id());
+            // A child already reaped has no pid of its own any more: signal only a running one.
+            if matches!(child.try_wait(), Ok(None)) {
+                sigterm(child.id());
+            }
             let _ = wait_exit(&mut child);
         }
     }
