@@ -57,6 +57,38 @@ pub enum Command {
     Bench(BenchCommand),
     /// Play a rotation or migration against live simulated proxies.
     Drill(DrillArgs),
+    /// Print an Envoy bootstrap (YAML) for the proxy a token names.
+    Bootstrap(BootstrapArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BootstrapArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// File holding the proxy token (`meshca token`); it goes into the bootstrap.
+    #[arg(long)]
+    pub token_file: PathBuf,
+    /// SDS address: `unix:///path` or `host:port` (TLS); default: the first unix listener in the settings.
+    #[arg(long)]
+    pub server: Option<String>,
+    /// PEM file of the CA that signs meshca's SDS certificate, for `--server host:port`
+    /// (default: `<dataDir>/sds-ca.pem`).
+    #[arg(long)]
+    pub sds_ca: Option<PathBuf>,
+    /// Envoy's admin port, on 127.0.0.1.
+    #[arg(long, default_value_t = 9901)]
+    pub admin_port: u16,
+    /// `PORT:APP_PORT`: an mTLS listener on PORT forwarding to the local app on APP_PORT (repeatable).
+    #[arg(long, value_name = "PORT:APP_PORT")]
+    pub inbound: Vec<crate::bootstrap::Inbound>,
+    /// `LOCAL_PORT=HOST:PORT[@SPIFFE_ID]`: a loopback listener whose cluster originates mTLS to HOST:PORT,
+    /// accepting only SPIFFE_ID when given (repeatable).
+    #[arg(long, value_name = "LOCAL_PORT=HOST:PORT[@SPIFFE_ID]")]
+    pub outbound: Vec<crate::bootstrap::Outbound>,
+    /// Open a new upstream connection (a new mTLS handshake) for every outbound request, as the drills
+    /// do to see every certificate change at once.
+    #[arg(long)]
+    pub one_request_per_connection: bool,
 }
 
 #[derive(Debug, Args)]

@@ -3,6 +3,7 @@
 
 mod atomic_file;
 mod bench;
+mod bootstrap;
 mod cli;
 mod commands;
 mod drill;

@@ -64,6 +64,20 @@ impl Verifier {
             .collect()
     }
 
+    /// Reads the claims of a token *without checking its signature or times*: for a tool that only needs
+    /// to know which proxy its own token names (`meshca bootstrap`). Never use the result to decide what
+    /// a peer may have. The format is checked as strictly as by [`Verifier::verify`].
+    pub fn read_unverified(token: &str) -> Result<Claims, AuthError> {
+        if token.len() > MAX_TOKEN_LEN {
+            return Err(AuthError::Malformed {
+                reason: format!("longer than {MAX_TOKEN_LEN} bytes"),
+            });
+        }
+        let parts = jwt::split(token)?;
+        jwt::check_header(parts.header)?;
+        jwt::decode_claims(parts.payload)?.into_claims()
+    }
+
     /// Checks a token and returns its claims.
     ///
     /// Accepts only the header `{"alg":"ES256","typ":"JWT"}`, a valid low-S signature by this key (`s <= n/2`,

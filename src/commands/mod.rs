@@ -1,6 +1,7 @@
 //! One module per subcommand; `run` dispatches.
 
 mod bench;
+mod bootstrap;
 mod drill;
 mod inspect;
 mod issue;
@@ -35,6 +36,7 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Bench(crate::cli::BenchCommand::Sds(args)) => crate::bench::sds::run(args).await,
         Command::Bench(crate::cli::BenchCommand::SdsClient) => crate::bench::child::serve().await,
         Command::Drill(args) => drill::run(args).await,
+        Command::Bootstrap(args) => bootstrap::run(args),
     }
 }
 

@@ -80,6 +80,12 @@ class Daemon:
         out = self.cli("token", "--config", str(self.config), "--mesh", mesh, "--name", name, *extra)
         return out.stdout.strip()
 
+    def write_resource(self, name, text):
+        """Writes a resource file atomically (beside the directory, then renamed in)."""
+        staging = self.root / f".staging-{name}"
+        staging.write_text(text)
+        staging.rename(self.resources / name)
+
     def unix_channel(self):
         return grpc.insecure_channel(f"unix://{self.socket}")
 

@@ -270,3 +270,26 @@ fn minted_signatures_are_always_low_s() {
         assert!(crate::low_s::is_low_s(&signature), "{token}");
     }
 }
+
+#[test]
+fn unverified_reading_names_the_proxy_but_still_checks_the_format() {
+    let key = key();
+    let token = forge(&key, HEADER, &good_payload());
+    let claims = crate::Verifier::read_unverified(&token).expect("well-formed");
+    assert_eq!(claims.node_id(), "default.web");
+    assert_eq!(
+        claims.tags.get("kuma.io/service").map(String::as_str),
+        Some("web")
+    );
+    // Expired, or signed by any key: still read (it is not a verification).
+    let mut expired = good_payload();
+    expired["exp"] = json!(NOW - 1);
+    expired["iat"] = json!(NOW - 10);
+    let other = self::key();
+    assert!(crate::Verifier::read_unverified(&forge(&other, HEADER, &expired)).is_ok());
+    // Malformed ones are not.
+    assert!(crate::Verifier::read_unverified("a.b").is_err());
+    let mut bad = good_payload();
+    bad["sub"] = json!("other.web");
+    assert!(crate::Verifier::read_unverified(&forge(&key, HEADER, &bad)).is_err());
+}
