@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from envoy import Backend, Envoy, RequestLoop, free_port, http_get, validate, wait_until
+from sidecars import Backend, Envoy, RequestLoop, free_port, http_get, validate, wait_until
 
 MESH_TWO_CAS = """\
 type: Mesh
