@@ -287,9 +287,13 @@ pub struct DrillArgs {
     /// Seeds the proxies' apply delays and the handshake pairs.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// The least number of handshakes over all phases.
+    /// The least number of handshakes over all phases (with `--envoy`, requests: each is a new handshake).
     #[arg(long, default_value_t = 10_000)]
     pub handshakes: u64,
+    /// Run real Envoy sidecars (this Envoy binary) started from `meshca bootstrap` output instead of
+    /// simulated proxies; some of them are made late on purpose, as slow proxies are.
+    #[arg(long, value_name = "PATH")]
+    pub envoy: Option<std::path::PathBuf>,
     #[arg(long, value_enum, default_value_t)]
     pub output: Output,
 }

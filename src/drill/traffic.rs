@@ -37,7 +37,7 @@ pub struct PhaseTally {
 }
 
 impl PhaseTally {
-    fn new(name: &'static str) -> Self {
+    pub(super) fn new(name: &'static str) -> Self {
         PhaseTally {
             name,
             handshakes: 0,
@@ -49,7 +49,7 @@ impl PhaseTally {
         }
     }
 
-    fn record(&mut self, outcome: Result<(), (String, String)>) {
+    pub(super) fn record(&mut self, outcome: Result<(), (String, String)>) {
         self.handshakes += 1;
         if let Err((message, reason)) = outcome {
             self.failed += 1;

@@ -1,0 +1,440 @@
+//! Drills with real Envoy sidecars (`meshca drill SCENARIO --envoy PATH`): a ring of Envoys started from
+//! `meshca bootstrap` output, each with an mTLS inbound listener in front of one small HTTP app and an
+//! outbound listener pinned to the next Envoy's SPIFFE ID, and HTTP requests through every pair, each on a
+//! new upstream connection (a new mTLS handshake). Some Envoys are laggards: a relay in front of meshca's
+//! SDS socket delays what meshca sends them by a seeded amount, as slow proxies in a real mesh are late.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::process::{Child, Command};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use super::rng::SplitMix64;
+use super::traffic::PhaseTally;
+use crate::bootstrap::{Bootstrap, Inbound, Outbound, SdsTarget};
+
+/// How long one request through a pair may take before it counts as failed.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the Envoys may take to start and hold their certificates.
+const START_TIMEOUT: Duration = Duration::from_secs(90);
+/// The shortest and longest delay a laggard's SDS relay adds (seeded in between).
+const LAG: (Duration, Duration) = (Duration::from_millis(1500), Duration::from_millis(3000));
+
+/// One sidecar of the ring.
+#[derive(Debug)]
+pub struct Sidecar {
+    /// `p-<i>`.
+    pub name: String,
+    /// The SPIFFE ID it must present.
+    pub spiffe_id: String,
+    admin: SocketAddr,
+    /// Where the app sends requests to the next sidecar.
+    outbound: SocketAddr,
+    child: Child,
+    log: PathBuf,
+}
+
+/// What the ring is made of: its members' names, services and expected IDs.
+#[derive(Clone, Debug)]
+pub struct RingMember {
+    /// `p-<i>`.
+    pub name: String,
+    /// Its `kuma.io/service`.
+    pub service: String,
+    /// The SPIFFE ID it must present.
+    pub spiffe_id: String,
+}
+
+/// The Envoys, the app behind them and the laggards' relays.
+#[derive(Debug)]
+pub struct EnvoyRing {
+    /// The sidecars, in ring order (`p-<i>` calls `p-<i+1>`).
+    pub sidecars: Vec<Sidecar>,
+    /// Which sidecars lag, with their delay.
+    pub laggards: Vec<(String, Duration)>,
+    tasks: JoinSet<()>,
+}
+
+/// Mints a token for a member (the daemon's key).
+pub type MintToken<'a> = &'a dyn Fn(&RingMember) -> anyhow::Result<String>;
+
+impl EnvoyRing {
+    /// Starts the app, the laggards' relays and one Envoy per member, and waits until every Envoy is LIVE
+    /// and presents its SPIFFE ID.
+    pub async fn start(
+        envoy: &Path,
+        dir: &Path,
+        sds_socket: &Path,
+        members: &[RingMember],
+        mint: MintToken<'_>,
+        seed: u64,
+    ) -> anyhow::Result<EnvoyRing> {
+        let mut tasks = JoinSet::new();
+        let app = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let app_port = app.local_addr()?.port();
+        tasks.spawn(serve_app(app));
+        let mut rng = SplitMix64::new(seed ^ 0x1a66_0000_0000_0000);
+        let count = members.len();
+        // About a quarter of the ring lags, at least one sidecar.
+        let laggard_count = (count / 4).max(1);
+        let mut laggards = Vec::new();
+        let ports: Vec<(u16, u16, u16)> = (0..count)
+            .map(|_| Ok((free_port()?, free_port()?, free_port()?)))
+            .collect::<anyhow::Result<_>>()?;
+        let mut sidecars = Vec::with_capacity(count);
+        for (i, member) in members.iter().enumerate() {
+            let (admin_port, inbound_port, outbound_port) = ports[i];
+            let next = (i + 1) % count;
+            let sds = if i < laggard_count {
+                let span = (LAG.1 - LAG.0).as_millis() as u64;
+                let delay = LAG.0 + Duration::from_millis(rng.below(span.max(1)));
+                let relay = dir.join(format!("relay-{i}.sock"));
+                let listener = UnixListener::bind(&relay)
+                    .with_context(|| format!("cannot bind the relay {}", relay.display()))?;
+                tasks.spawn(relay_with_delay(listener, sds_socket.to_path_buf(), delay));
+                laggards.push((member.name.clone(), delay));
+                relay
+            } else {
+                sds_socket.to_path_buf()
+            };
+            let token = mint(member)?;
+            let bootstrap = Bootstrap {
+                claims: meshca_auth::Verifier::read_unverified(&token)?,
+                token,
+                sds: SdsTarget::Unix(sds),
+                admin_port,
+                inbound: vec![Inbound {
+                    port: inbound_port,
+                    app_port,
+                }],
+                outbound: vec![Outbound {
+                    local_port: outbound_port,
+                    host: "127.0.0.1".to_owned(),
+                    port: ports[next].1,
+                    spiffe_id: Some(
+                        meshca_identity::SpiffeId::parse(&members[next].spiffe_id)
+                            .map_err(|e| anyhow!("{e}"))?,
+                    ),
+                }],
+                one_request_per_connection: true,
+            };
+            let config = dir.join(format!("envoy-{i}.yaml"));
+            std::fs::write(&config, bootstrap.to_yaml()?)
+                .with_context(|| format!("cannot write {}", config.display()))?;
+            let log = dir.join(format!("envoy-{i}.log"));
+            let out = std::fs::File::create(&log)?;
+            let child = Command::new(envoy)
+                .arg("-c")
+                .arg(&config)
+                .args([
+                    "--disable-hot-restart",
+                    "--concurrency",
+                    "1",
+                    "--log-level",
+                    "error",
+                ])
+                .stdout(out.try_clone()?)
+                .stderr(out)
+                .stdin(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .with_context(|| format!("cannot start Envoy {}", envoy.display()))?;
+            sidecars.push(Sidecar {
+                name: member.name.clone(),
+                spiffe_id: member.spiffe_id.clone(),
+                admin: SocketAddr::from(([127, 0, 0, 1], admin_port)),
+                outbound: SocketAddr::from(([127, 0, 0, 1], outbound_port)),
+                child,
+                log,
+            });
+        }
+        let mut ring = EnvoyRing {
+            sidecars,
+            laggards,
+            tasks,
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        for i in 0..ring.sidecars.len() {
+            loop {
+                let sidecar = &mut ring.sidecars[i];
+                if let Ok(Some(status)) = sidecar.child.try_wait() {
+                    let log = std::fs::read_to_string(&sidecar.log).unwrap_or_default();
+                    return Err(anyhow!("Envoy {} exited ({status}):\n{log}", sidecar.name));
+                }
+                if sidecar.presents_its_identity().await {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(anyhow!(
+                        "Envoy {} did not go LIVE holding {} within {START_TIMEOUT:?} (log: {})",
+                        sidecar.name,
+                        sidecar.spiffe_id,
+                        sidecar.log.display()
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(ring)
+    }
+
+    /// The serial numbers each sidecar presents now (from its admin `/certs`).
+    pub async fn presented_serials(&self) -> Vec<Option<String>> {
+        let mut serials = Vec::with_capacity(self.sidecars.len());
+        for sidecar in &self.sidecars {
+            serials.push(sidecar.presented_serial().await);
+        }
+        serials
+    }
+
+    /// Stops every Envoy, the app and the relays.
+    pub async fn stop(mut self) {
+        for sidecar in &mut self.sidecars {
+            let _ = sidecar.child.kill().await;
+        }
+        self.tasks.shutdown().await;
+    }
+}
+
+impl Sidecar {
+    async fn presents_its_identity(&self) -> bool {
+        let live =
+            matches!(admin_get(self.admin, "/ready").await, Some(body) if body.trim() == "LIVE");
+        live && admin_get(self.admin, "/certs")
+            .await
+            .is_some_and(|certs| certs.contains(&self.spiffe_id))
+    }
+
+    async fn presented_serial(&self) -> Option<String> {
+        let body = admin_get(self.admin, "/certs").await?;
+        let certs: serde_json::Value = serde_json::from_str(&body).ok()?;
+        certs["certificates"].as_array()?.iter().find_map(|entry| {
+            entry["cert_chain"][0]["serial_number"]
+                .as_str()
+                .map(str::to_owned)
+        })
+    }
+}
+
+/// The app behind every inbound listener: 200 with the caller's identity (`x-forwarded-client-cert`).
+async fn serve_app(listener: tokio::net::TcpListener) {
+    let app = axum::Router::new().fallback(|headers: axum::http::HeaderMap| async move {
+        headers
+            .get("x-forwarded-client-cert")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    });
+    if let Err(error) = axum::serve(listener, app).await {
+        tracing::warn!(%error, "drill: the app behind the Envoys stopped");
+    }
+}
+
+/// Forwards connections from `listener` to meshca's SDS socket, holding back everything meshca sends by
+/// `delay` (in order), so the Envoy behind it sees every secret late and ACKs late.
+async fn relay_with_delay(listener: UnixListener, upstream: PathBuf, delay: Duration) {
+    loop {
+        let Ok((client, _)) = listener.accept().await else {
+            return;
+        };
+        let upstream = upstream.clone();
+        tokio::spawn(async move {
+            let Ok(server) = UnixStream::connect(&upstream).await else {
+                return;
+            };
+            let (mut client_read, mut client_write) = client.into_split();
+            let (mut server_read, mut server_write) = server.into_split();
+            let to_server = tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+            });
+            let (tx, mut rx) = mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+            let reader = tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                loop {
+                    match server_read.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => {
+                            let due = tokio::time::Instant::now() + delay;
+                            if tx.send((due, buf[..n].to_vec())).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+            while let Some((due, chunk)) = rx.recv().await {
+                tokio::time::sleep_until(due).await;
+                if client_write.write_all(&chunk).await.is_err() {
+                    break;
+                }
+            }
+            reader.abort();
+            to_server.abort();
+        });
+    }
+}
+
+/// Requests through every pair of the ring, counted per phase.
+#[derive(Debug)]
+pub struct RingTraffic {
+    tally: Arc<watch::Sender<Vec<PhaseTally>>>,
+    view: watch::Receiver<Vec<PhaseTally>>,
+    workers: JoinSet<()>,
+}
+
+/// Where one worker sends requests: per sidecar, its outbound address, its name, and the next one's.
+#[derive(Clone, Debug)]
+struct Route {
+    outbound: SocketAddr,
+    caller: String,
+    caller_id: String,
+    callee: String,
+}
+
+impl RingTraffic {
+    /// Starts `workers` request loops over the ring's pairs, counting into `first_phase`.
+    pub fn start(ring: &EnvoyRing, seed: u64, workers: usize, first_phase: &'static str) -> Self {
+        let (tally, view) = watch::channel(vec![PhaseTally::new(first_phase)]);
+        let tally = Arc::new(tally);
+        let count = ring.sidecars.len();
+        let routes: Arc<Vec<Route>> = Arc::new(
+            ring.sidecars
+                .iter()
+                .enumerate()
+                .map(|(i, s)| Route {
+                    outbound: s.outbound,
+                    caller: s.name.clone(),
+                    caller_id: s.spiffe_id.clone(),
+                    callee: ring.sidecars[(i + 1) % count].name.clone(),
+                })
+                .collect(),
+        );
+        let mut set = JoinSet::new();
+        for worker in 0..workers as u64 {
+            let rng = SplitMix64::new(seed ^ 0x2e9e_0000_0000_0000 ^ worker);
+            set.spawn(request_loop(routes.clone(), tally.clone(), rng));
+        }
+        RingTraffic {
+            tally,
+            view,
+            workers: set,
+        }
+    }
+
+    /// Ends the current phase and counts from now on into `name`.
+    pub fn begin_phase(&self, name: &'static str) {
+        self.tally.send_modify(|phases| {
+            if let Some(current) = phases.last_mut() {
+                current.ended = Some(Instant::now());
+            }
+            phases.push(PhaseTally::new(name));
+        });
+    }
+
+    /// Waits until the current phase has counted at least `requests`.
+    pub async fn wait_requests(&mut self, requests: u64) -> anyhow::Result<()> {
+        self.view
+            .wait_for(|phases| phases.last().is_some_and(|p| p.handshakes >= requests))
+            .await
+            .map(|_| ())
+            .map_err(|_| anyhow!("the request workers stopped"))
+    }
+
+    /// Stops the workers and returns every phase's tally.
+    pub async fn stop(mut self) -> Vec<PhaseTally> {
+        self.workers.shutdown().await;
+        let mut phases = self.tally.borrow().clone();
+        if let Some(last) = phases.last_mut() {
+            last.ended.get_or_insert_with(Instant::now);
+        }
+        phases
+    }
+}
+
+async fn request_loop(
+    routes: Arc<Vec<Route>>,
+    tally: Arc<watch::Sender<Vec<PhaseTally>>>,
+    mut rng: SplitMix64,
+) {
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(0)
+        .build_http();
+    loop {
+        let route = &routes[rng.below(routes.len() as u64) as usize];
+        let phase = tally.borrow().len() - 1;
+        let outcome = request(&client, route).await;
+        tally.send_modify(|phases| {
+            if let Some(p) = phases.get_mut(phase) {
+                p.record(outcome);
+            }
+        });
+    }
+}
+
+/// One request `caller → callee`; the error is the report message and the bare reason (Envoy's).
+async fn request(
+    client: &Client<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>>,
+    route: &Route,
+) -> Result<(), (String, String)> {
+    let pair = format!("{} → {}", route.caller, route.callee);
+    let uri: hyper::Uri = match format!("http://{}/", route.outbound).parse() {
+        Ok(uri) => uri,
+        Err(error) => return Err((format!("{pair}: {error}"), error.to_string())),
+    };
+    let sent = tokio::time::timeout(REQUEST_TIMEOUT, async {
+        let response = client.get(uri).await.map_err(|e| e.to_string())?;
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok::<_, String>((status, String::from_utf8_lossy(&body).into_owned()))
+    })
+    .await;
+    let reason = match sent {
+        Err(_) => format!("no response within {REQUEST_TIMEOUT:?}"),
+        Ok(Err(error)) => format!("the caller's Envoy did not answer: {error}"),
+        Ok(Ok((status, body))) if status.is_success() => {
+            let expected = format!("URI={}", route.caller_id);
+            if body.contains(&expected) {
+                return Ok(());
+            }
+            format!("the app saw another caller: {body:.200}")
+        }
+        Ok(Ok((status, body))) => format!("{status}: {}", body.trim()),
+    };
+    Err((format!("{pair}: {reason}"), reason))
+}
+
+async fn admin_get(addr: SocketAddr, path: &str) -> Option<String> {
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let uri: hyper::Uri = format!("http://{addr}{path}").parse().ok()?;
+    let response = tokio::time::timeout(Duration::from_secs(5), client.get(uri))
+        .await
+        .ok()?
+        .ok()?;
+    if !response.status().is_success() {
+        return None;
+    }
+    let body = response.into_body().collect().await.ok()?.to_bytes();
+    Some(String::from_utf8_lossy(&body).into_owned())
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
