@@ -45,13 +45,18 @@ impl ServeLimits {
         if let Some(open_files) = raise_open_file_limit() {
             let fitted = fit_connections(open_files, listeners, &sds, &admin);
             if fitted < sds.connections_per_listener {
-                tracing::warn!(
-                    configured = sds.connections_per_listener,
-                    lowered_to = fitted,
-                    open_file_limit = open_files,
-                    sds_listeners = listeners,
-                    "limits.sdsConnections does not fit the open-file limit: each SDS listener takes at most {fitted} connections; raise the limit (systemd LimitNOFILE=, ulimit -n) to allow more"
+                // The default adapts quietly; a value the operator chose is worth a warning.
+                let chosen =
+                    limits.sds_connections != meshca_config::Limits::default().sds_connections;
+                let message = format!(
+                    "limits.sdsConnections ({}) does not fit the open-file limit ({open_files}): each of the {listeners} SDS listeners takes at most {fitted} connections; raise the limit (systemd LimitNOFILE=, ulimit -n) to allow more",
+                    sds.connections_per_listener
                 );
+                if chosen {
+                    tracing::warn!("{message}");
+                } else {
+                    tracing::info!("{message}");
+                }
                 sds.connections_per_listener = fitted;
             }
         }
