@@ -105,17 +105,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
     if let Some(envoy) = options.envoy.clone() {
         return run_with_envoy(options, envoy).await;
     }
-    let sandbox = Sandbox::new()?;
-    tracing::info!(dir = %sandbox.root().display(), "drill: starting an in-process daemon");
-    sandbox.write_resource("mesh.yaml", &mesh_yaml(Step::Ca1))?;
-    let daemon = Daemon::start(
-        sandbox.settings(),
-        DaemonOptions {
-            gate: options.gate,
-            watch_files: false,
-        },
-    )
-    .await?;
+    let (sandbox, daemon) = start_daemon(options.gate).await?;
     let mut fleet = match Fleet::start(&daemon, MESH, &members(options.proxies), options.seed) {
         Ok(fleet) => fleet,
         Err(error) => {
@@ -127,6 +117,22 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
     fleet.stop().await;
     daemon.stop().await;
     result
+}
+
+/// A sandbox with the steady-state mesh (ca-1) and an in-process daemon serving it.
+async fn start_daemon(gate: bool) -> anyhow::Result<(Sandbox, Daemon)> {
+    let sandbox = Sandbox::new()?;
+    tracing::info!(dir = %sandbox.root().display(), "drill: starting an in-process daemon");
+    sandbox.write_resource("mesh.yaml", &mesh_yaml(Step::Ca1))?;
+    let daemon = Daemon::start(
+        sandbox.settings(),
+        DaemonOptions {
+            gate,
+            watch_files: false,
+        },
+    )
+    .await?;
+    Ok((sandbox, daemon))
 }
 
 async fn play(
@@ -207,17 +213,7 @@ async fn play(
 
 /// The same scenario with real Envoy sidecars in a ring (see [`super::envoy`]).
 async fn run_with_envoy(options: Options, envoy: PathBuf) -> anyhow::Result<Report> {
-    let sandbox = Sandbox::new()?;
-    tracing::info!(dir = %sandbox.root().display(), "drill: starting an in-process daemon and Envoy sidecars");
-    sandbox.write_resource("mesh.yaml", &mesh_yaml(Step::Ca1))?;
-    let daemon = Daemon::start(
-        sandbox.settings(),
-        DaemonOptions {
-            gate: options.gate,
-            watch_files: false,
-        },
-    )
-    .await?;
+    let (sandbox, daemon) = start_daemon(options.gate).await?;
     let members: Vec<RingMember> = members(options.proxies)
         .into_iter()
         .map(|m| RingMember {

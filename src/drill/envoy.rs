@@ -18,11 +18,11 @@ use hyper_util::rt::TokioExecutor;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::process::{Child, Command};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::rng::SplitMix64;
-use super::traffic::PhaseTally;
+use super::traffic::{current_phase, record, PhaseTally, Phases, Recorder};
 use crate::bootstrap::{Bootstrap, Inbound, Outbound, SdsTarget};
 
 /// How long one request through a pair may take before it counts as failed.
@@ -289,8 +289,7 @@ async fn relay_with_delay(listener: UnixListener, upstream: PathBuf, delay: Dura
 /// Requests through every pair of the ring, counted per phase.
 #[derive(Debug)]
 pub struct RingTraffic {
-    tally: Arc<watch::Sender<Vec<PhaseTally>>>,
-    view: watch::Receiver<Vec<PhaseTally>>,
+    phases: Phases,
     workers: JoinSet<()>,
 }
 
@@ -306,8 +305,7 @@ struct Route {
 impl RingTraffic {
     /// Starts `workers` request loops over the ring's pairs, counting into `first_phase`.
     pub fn start(ring: &EnvoyRing, seed: u64, workers: usize, first_phase: &'static str) -> Self {
-        let (tally, view) = watch::channel(vec![PhaseTally::new(first_phase)]);
-        let tally = Arc::new(tally);
+        let phases = Phases::new(first_phase);
         let count = ring.sidecars.len();
         let routes: Arc<Vec<Route>> = Arc::new(
             ring.sidecars
@@ -324,62 +322,40 @@ impl RingTraffic {
         let mut set = JoinSet::new();
         for worker in 0..workers as u64 {
             let rng = SplitMix64::new(seed ^ 0x2e9e_0000_0000_0000 ^ worker);
-            set.spawn(request_loop(routes.clone(), tally.clone(), rng));
+            set.spawn(request_loop(routes.clone(), phases.recorder(), rng));
         }
         RingTraffic {
-            tally,
-            view,
+            phases,
             workers: set,
         }
     }
 
     /// Ends the current phase and counts from now on into `name`.
     pub fn begin_phase(&self, name: &'static str) {
-        self.tally.send_modify(|phases| {
-            if let Some(current) = phases.last_mut() {
-                current.ended = Some(Instant::now());
-            }
-            phases.push(PhaseTally::new(name));
-        });
+        self.phases.begin_phase(name);
     }
 
     /// Waits until the current phase has counted at least `requests`.
     pub async fn wait_requests(&mut self, requests: u64) -> anyhow::Result<()> {
-        self.view
-            .wait_for(|phases| phases.last().is_some_and(|p| p.handshakes >= requests))
-            .await
-            .map(|_| ())
-            .map_err(|_| anyhow!("the request workers stopped"))
+        self.phases.wait_count(requests).await
     }
 
-    /// Stops the workers and returns every phase's tally.
+    /// Stops the workers (a request in flight is not counted) and returns every phase's tally.
     pub async fn stop(mut self) -> Vec<PhaseTally> {
         self.workers.shutdown().await;
-        let mut phases = self.tally.borrow().clone();
-        if let Some(last) = phases.last_mut() {
-            last.ended.get_or_insert_with(Instant::now);
-        }
-        phases
+        self.phases.finish()
     }
 }
 
-async fn request_loop(
-    routes: Arc<Vec<Route>>,
-    tally: Arc<watch::Sender<Vec<PhaseTally>>>,
-    mut rng: SplitMix64,
-) {
+async fn request_loop(routes: Arc<Vec<Route>>, tally: Recorder, mut rng: SplitMix64) {
     let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(0)
         .build_http();
     loop {
         let route = &routes[rng.below(routes.len() as u64) as usize];
-        let phase = tally.borrow().len() - 1;
+        let phase = current_phase(&tally);
         let outcome = request(&client, route).await;
-        tally.send_modify(|phases| {
-            if let Some(p) = phases.get_mut(phase) {
-                p.record(outcome);
-            }
-        });
+        record(&tally, phase, outcome);
     }
 }
 

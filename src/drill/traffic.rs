@@ -37,7 +37,7 @@ pub struct PhaseTally {
 }
 
 impl PhaseTally {
-    pub(super) fn new(name: &'static str) -> Self {
+    fn new(name: &'static str) -> Self {
         PhaseTally {
             name,
             handshakes: 0,
@@ -49,7 +49,7 @@ impl PhaseTally {
         }
     }
 
-    pub(super) fn record(&mut self, outcome: Result<(), (String, String)>) {
+    fn record(&mut self, outcome: Result<(), (String, String)>) {
         self.handshakes += 1;
         if let Err((message, reason)) = outcome {
             self.failed += 1;
@@ -66,36 +66,29 @@ impl PhaseTally {
     }
 }
 
-/// Handshake workers and the tallies they keep.
+/// The tallies of a drill's phases, shared by the workers that count into the current one.
 #[derive(Debug)]
-pub struct Traffic {
+pub struct Phases {
     tally: Arc<watch::Sender<Vec<PhaseTally>>>,
     view: watch::Receiver<Vec<PhaseTally>>,
-    workers: JoinSet<()>,
 }
 
-impl Traffic {
-    /// Starts `workers` concurrent handshake loops over `members` (at least two), counting into
-    /// `first_phase`. Worker `w` picks its pairs from `seed`, `w` and a constant.
-    pub fn start(
-        members: Vec<Member>,
-        seed: u64,
-        workers: usize,
-        first_phase: &'static str,
-    ) -> Traffic {
-        let (tally, view) = watch::channel(vec![PhaseTally::new(first_phase)]);
-        let tally = Arc::new(tally);
-        let members = Arc::new(members);
-        let mut set = JoinSet::new();
-        for worker in 0..workers as u64 {
-            let rng = SplitMix64::new(seed ^ 0x7a11_0000_0000_0000 ^ worker);
-            set.spawn(work(members.clone(), tally.clone(), rng));
-        }
-        Traffic {
-            tally,
+/// What a worker counts into: the current phase of a [`Phases`].
+pub type Recorder = Arc<watch::Sender<Vec<PhaseTally>>>;
+
+impl Phases {
+    /// Tallies starting with the phase `first`.
+    pub fn new(first: &'static str) -> Phases {
+        let (tally, view) = watch::channel(vec![PhaseTally::new(first)]);
+        Phases {
+            tally: Arc::new(tally),
             view,
-            workers: set,
         }
+    }
+
+    /// A handle for a worker (see [`current_phase`] and [`record`]).
+    pub fn recorder(&self) -> Recorder {
+        self.tally.clone()
     }
 
     /// Ends the current phase and counts from now on into `name`.
@@ -109,18 +102,17 @@ impl Traffic {
         });
     }
 
-    /// Waits until the current phase has counted at least `handshakes`.
-    pub async fn wait_handshakes(&mut self, handshakes: u64) -> anyhow::Result<()> {
+    /// Waits until the current phase has counted at least `count` attempts.
+    pub async fn wait_count(&mut self, count: u64) -> anyhow::Result<()> {
         self.view
-            .wait_for(|phases| phases.last().is_some_and(|p| p.handshakes >= handshakes))
+            .wait_for(|phases| phases.last().is_some_and(|p| p.handshakes >= count))
             .await
             .map(|_| ())
-            .map_err(|_| anyhow::anyhow!("the handshake workers stopped"))
+            .map_err(|_| anyhow::anyhow!("the workers stopped"))
     }
 
-    /// Stops the workers (a handshake in flight is not counted) and returns every phase's tally.
-    pub async fn stop(mut self) -> Vec<PhaseTally> {
-        self.workers.shutdown().await;
+    /// Every phase's tally, the last one ended now.
+    pub fn finish(self) -> Vec<PhaseTally> {
         let mut phases = self.tally.borrow().clone();
         if let Some(last) = phases.last_mut() {
             last.ended.get_or_insert_with(Instant::now);
@@ -129,12 +121,68 @@ impl Traffic {
     }
 }
 
+/// The phase a worker's next attempt counts into (read before the attempt starts).
+pub fn current_phase(recorder: &Recorder) -> usize {
+    recorder.borrow().len() - 1
+}
+
+/// Counts an attempt that started in `phase`.
+pub fn record(recorder: &Recorder, phase: usize, outcome: Result<(), (String, String)>) {
+    recorder.send_modify(|phases| {
+        if let Some(p) = phases.get_mut(phase) {
+            p.record(outcome);
+        }
+    });
+}
+
+/// Handshake workers and the tallies they keep.
+#[derive(Debug)]
+pub struct Traffic {
+    phases: Phases,
+    workers: JoinSet<()>,
+}
+
+impl Traffic {
+    /// Starts `workers` concurrent handshake loops over `members` (at least two), counting into
+    /// `first_phase`. Worker `w` picks its pairs from `seed`, `w` and a constant.
+    pub fn start(
+        members: Vec<Member>,
+        seed: u64,
+        workers: usize,
+        first_phase: &'static str,
+    ) -> Traffic {
+        let phases = Phases::new(first_phase);
+        let members = Arc::new(members);
+        let mut set = JoinSet::new();
+        for worker in 0..workers as u64 {
+            let rng = SplitMix64::new(seed ^ 0x7a11_0000_0000_0000 ^ worker);
+            set.spawn(work(members.clone(), phases.recorder(), rng));
+        }
+        Traffic {
+            phases,
+            workers: set,
+        }
+    }
+
+    /// Ends the current phase and counts from now on into `name`.
+    pub fn begin_phase(&self, name: &'static str) {
+        self.phases.begin_phase(name);
+    }
+
+    /// Waits until the current phase has counted at least `handshakes`.
+    pub async fn wait_handshakes(&mut self, handshakes: u64) -> anyhow::Result<()> {
+        self.phases.wait_count(handshakes).await
+    }
+
+    /// Stops the workers (a handshake in flight is not counted) and returns every phase's tally.
+    pub async fn stop(mut self) -> Vec<PhaseTally> {
+        self.workers.shutdown().await;
+        self.phases.finish()
+    }
+}
+
 /// One worker: handshake after handshake between random distinct pairs, until aborted.
-async fn work(
-    members: Arc<Vec<Member>>,
-    tally: Arc<watch::Sender<Vec<PhaseTally>>>,
-    mut rng: SplitMix64,
-) {
+async fn work(members: Arc<Vec<Member>>, tally: Recorder, mut rng: SplitMix64) {
     let n = members.len() as u64;
     if n < 2 {
         return;
@@ -143,13 +191,9 @@ async fn work(
         let c = rng.below(n);
         let s = (c + 1 + rng.below(n - 1)) % n;
         let (client, server) = (&members[c as usize], &members[s as usize]);
-        let phase = tally.borrow().len() - 1;
+        let phase = current_phase(&tally);
         let outcome = one(client, server).await;
-        tally.send_modify(|phases| {
-            if let Some(p) = phases.get_mut(phase) {
-                p.record(outcome);
-            }
-        });
+        record(&tally, phase, outcome);
         // Keeps a worker from monopolising its thread when handshakes fail without awaiting.
         tokio::task::yield_now().await;
     }
