@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use super::{Issued, Owner};
+use super::{Issued, Owner, Previous};
 use crate::bundles;
 use crate::error::IssueFailure;
 use crate::plan::{self, Desired};
@@ -52,16 +52,24 @@ impl Owner {
             svid.spiffe_id.trust_domain().as_str(),
             &desired.ca,
         );
-        // Break last: until the proxy ACKs this certificate, peers may still see the one it replaces.
+        // Break last: until the proxy ACKs this certificate, peers may still see the one it replaces,
+        // from another CA or with another SPIFFE ID.
+        let spiffe_id = svid.spiffe_id.to_string();
         let previous = match old {
-            Some(old) if self.gate.enabled() && old.ca_id != ca_trust.ca_id => {
-                Some(old.ca_trust.clone())
+            Some(old)
+                if self.gate.enabled()
+                    && (old.ca_id != ca_trust.ca_id || old.published.spiffe_id != spiffe_id) =>
+            {
+                Some(Previous {
+                    ca_trust: old.ca_trust.clone(),
+                    spiffe_id: old.published.spiffe_id.clone(),
+                })
             }
             Some(old) => old.previous.clone(),
             None => None,
         };
         let published = Arc::new(ProxyIdentity {
-            spiffe_id: svid.spiffe_id.to_string(),
+            spiffe_id,
             identity_name: desired.identity_name.clone(),
             chain_pem: svid.chain_pem.clone(),
             key_pem: SecretPem::new(svid.key.to_pem().to_string()),

@@ -69,12 +69,23 @@ pub(crate) struct Issued {
     pub published: Arc<ProxyIdentity>,
     /// The issuing CA as bundles carry it.
     pub ca_trust: CaTrust,
-    /// The CA of the certificate this one replaced, until the proxy ACKs this one (break last).
-    pub previous: Option<CaTrust>,
+    /// The certificate this one replaced (its CA and SPIFFE ID), until the proxy ACKs this one: peers
+    /// may still see it, so its CA stays in the bundles and its ID in `meshservice:` contexts (break
+    /// last).
+    pub previous: Option<Previous>,
     /// The snapshot generation that first served this certificate.
     pub first_served_in: u64,
     /// When it was issued.
     pub issued_at: SystemTime,
+}
+
+/// A replaced certificate a proxy may still present.
+#[derive(Clone, Debug)]
+pub(crate) struct Previous {
+    /// Its CA, as bundles carry it.
+    pub ca_trust: CaTrust,
+    /// Its SPIFFE ID.
+    pub spiffe_id: String,
 }
 
 /// What the owner remembers of a proxy beyond its certificate, for operators.

@@ -70,7 +70,7 @@ impl Owner {
                 issued.previous = None;
             } else {
                 let (since, proxies) = waiting
-                    .entry((key.mesh.clone(), previous.subject.clone()))
+                    .entry((key.mesh.clone(), previous.ca_trust.subject.clone()))
                     .or_insert((issued.issued_at, Vec::new()));
                 *since = (*since).min(issued.issued_at);
                 proxies.push(key.to_string());
@@ -101,7 +101,7 @@ impl Owner {
             .filter(|(k, _)| self.streams.is_connected(k))
             .flat_map(|(k, i)| {
                 std::iter::once(&i.ca_trust)
-                    .chain(i.previous.as_ref())
+                    .chain(i.previous.as_ref().map(|p| &p.ca_trust))
                     .map(|ca| (k.clone(), ca.clone()))
             })
             .collect();
@@ -208,7 +208,9 @@ impl Owner {
     }
 
     /// The SPIFFE IDs each MeshService's proxies present: `spec.identities` as given, plus, for
-    /// services of this zone, the identity meshca decides for every dataplane the service selects.
+    /// services of this zone, the identity meshca decides for every dataplane the service selects and
+    /// (break last) every ID a connected one of them may still present: the certificate served now and
+    /// the one it replaced, until the proxy has ACKed its replacement.
     fn service_identities(&self, dataplanes: &Dataplanes) -> ServiceIds {
         let mut out = ServiceIds::new();
         for service in &self.world.resources.mesh_services {
@@ -216,15 +218,23 @@ impl Owner {
             let local = service.zone().is_none_or(|z| z == self.config.zone);
             if let (true, Some(selector)) = (local, &service.dataplane_tags) {
                 let mesh = self.world.meshes.get(&service.mesh);
-                let selected = dataplanes
-                    .values()
-                    .flatten()
-                    .filter(|dp| dp.mesh == service.mesh && dp.has_inbound_with(selector));
-                for dp in selected {
+                let selected = dataplanes.iter().filter_map(|(key, dp)| {
+                    let dp = dp.as_ref().ok()?;
+                    (dp.mesh == service.mesh && dp.has_inbound_with(selector)).then_some((key, dp))
+                });
+                for (key, dp) in selected {
                     let decision =
                         plan::decide(mesh, dp, &self.config.zone, self.config.key_algorithm);
                     if let Decision::Issue(d) = decision {
                         ids.insert(d.spiffe_id.to_string());
+                    }
+                    let presented = self
+                        .issued
+                        .get(key)
+                        .filter(|_| self.streams.is_connected(key));
+                    if let Some(issued) = presented {
+                        ids.insert(issued.published.spiffe_id.clone());
+                        ids.extend(issued.previous.as_ref().map(|p| p.spiffe_id.clone()));
                     }
                 }
             }

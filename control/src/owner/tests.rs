@@ -1220,3 +1220,70 @@ fn every_rollout_step_that_waits_is_counted_once() {
         "{events:?}"
     );
 }
+
+#[test]
+fn a_changed_spiffe_id_leaves_its_service_context_only_once_the_proxy_acked_its_replacement() {
+    let services = r#"
+---
+type: Dataplane
+mesh: default
+name: web-1
+labels: {app: web}
+networking:
+  inbound: [{port: 8080, tags: {kuma.io/service: web}}]
+---
+type: MeshService
+name: web
+mesh: default
+spec:
+  selector: {dataplaneTags: {kuma.io/service: web}}
+  ports: [{port: 80, targetPort: 8080}]
+"#;
+    let identity = r#"
+---
+type: MeshIdentity
+name: workloads
+mesh: default
+spec:
+  selector: {dataplane: {matchLabels: {}}}
+  spiffeID: {trustDomain: default, path: "/workload/{{ .Workload }}"}
+  provider: {type: Bundled, bundled: {meshTrustCreation: Enabled, autogenerate: {enabled: true}}}
+"#;
+    let context = |h: &Harness| -> Vec<String> {
+        let snapshot = h.snapshots.borrow().clone();
+        snapshot.meshes["default"].mesh_services["web"]
+            .spiffe_ids()
+            .iter()
+            .cloned()
+            .collect()
+    };
+    let mut h = Harness::new(&format!("{LEGACY}{services}"));
+    h.connect("web-1", &[("app", "web")], &[("kuma.io/service", "web")]);
+    h.owner.reconcile(t0());
+    h.ack(1, Some(generation(&h)));
+    h.owner.reconcile(t0());
+    assert_eq!(context(&h), ["spiffe://default/web"]);
+
+    // The MeshIdentity gives web-1 another SPIFFE ID: until it ACKs the new certificate, it may still
+    // present the old one, so clients of `web` must keep accepting both.
+    h.update(&format!("{LEGACY}{services}{identity}"))
+        .expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    // Trust before identity: the new CA issues once web-1 ACKed the bundle that carries it.
+    h.ack(1, Some(generation(&h)));
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    let new_id = h.ready("web-1").spiffe_id.clone();
+    assert_ne!(new_id, "spiffe://default/web");
+    assert_eq!(
+        context(&h),
+        ["spiffe://default/web".to_owned(), new_id.clone()]
+    );
+
+    h.ack(1, Some(generation(&h)));
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    assert_eq!(
+        context(&h),
+        [new_id],
+        "the old ID leaves once nobody presents it"
+    );
+}
