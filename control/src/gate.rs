@@ -10,6 +10,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+use crate::bundles::ServiceIds;
+use crate::resource_name::Target;
 use crate::snapshot::ProxyKey;
 use crate::streams::Streams;
 use crate::timefmt::{rfc3339, seconds_until};
@@ -39,6 +41,9 @@ pub enum RolloutStep {
     BreakLast,
     /// A proxy must ACK its replacement certificate before its old CA stops being kept for it.
     IdentityAck,
+    /// A new SPIFFE ID must be ACKed in every `meshservice:` context that must accept it before a proxy
+    /// presents it.
+    SansBeforeIdentity,
 }
 
 impl RolloutStep {
@@ -48,6 +53,7 @@ impl RolloutStep {
             RolloutStep::TrustBeforeIdentity => "trust-before-identity",
             RolloutStep::BreakLast => "break-last",
             RolloutStep::IdentityAck => "identity-ack",
+            RolloutStep::SansBeforeIdentity => "sans-before-identity",
         }
     }
 }
@@ -107,6 +113,8 @@ pub struct Gate {
     enabled: bool,
     ack_timeout: Duration,
     published: HashMap<(String, String), Published>,
+    /// (mesh, MeshService, SPIFFE ID) → when the ID entered the service's `meshservice:` context.
+    sans: HashMap<(String, String, String), Published>,
     retained_since: HashMap<(String, String), SystemTime>,
     /// Meshes whose bundles a previous snapshot published: a CA new to an unpublished mesh needs no ACKs
     /// (no proxy can hold a bundle without it).
@@ -130,6 +138,7 @@ impl Gate {
             enabled,
             ack_timeout,
             published: HashMap::new(),
+            sans: HashMap::new(),
             retained_since: HashMap::new(),
             known_meshes: HashSet::new(),
             given_up: HashSet::new(),
@@ -192,8 +201,10 @@ impl Gate {
     /// Called more than once per reconcile: each call replaces the trust-before-identity waits of the
     /// previous one, so a status lists every wait once.
     pub fn confirm(&mut self, streams: &Streams, now: SystemTime) {
-        self.waits
-            .retain(|w| w.step != RolloutStep::TrustBeforeIdentity);
+        self.waits.retain(|w| {
+            w.step != RolloutStep::TrustBeforeIdentity && w.step != RolloutStep::SansBeforeIdentity
+        });
+        self.confirm_sans(streams, now);
         let timeout = self.ack_timeout;
         let mut waits = Vec::new();
         let mut timeouts = Vec::new();
@@ -243,6 +254,93 @@ impl Gate {
             self.timed_out(&mesh, RolloutStep::TrustBeforeIdentity);
         }
         self.waits.extend(waits);
+    }
+
+    /// Confirms new SPIFFE IDs of `meshservice:` contexts: each once every stream subscribed to that
+    /// context has ACKed a version carrying it, or once `ackTimeout` passed.
+    fn confirm_sans(&mut self, streams: &Streams, now: SystemTime) {
+        let timeout = self.ack_timeout;
+        let mut waits = Vec::new();
+        let mut events = Vec::new();
+        for ((mesh, service, id), p) in self.sans.iter_mut().filter(|(_, p)| !p.confirmed) {
+            let waiting = streams.waiting_for(p.since_generation, |s| {
+                s.resources.iter().any(|r| {
+                    matches!(r.target(s.asker(), None), Target::MeshService { mesh: m, service: n } if m == mesh && n == service)
+                })
+            });
+            if waiting.is_empty() {
+                p.confirmed = true;
+                continue;
+            }
+            if !p.waited {
+                p.waited = true;
+                events.push((
+                    mesh.clone(),
+                    GateEvent::WaitStarted(RolloutStep::SansBeforeIdentity),
+                ));
+            }
+            if now >= p.since + timeout {
+                tracing::warn!(
+                    mesh = %mesh,
+                    service = %service,
+                    spiffe_id = %id,
+                    proxies = ?waiting.iter().take(NAMED_WAITERS).collect::<Vec<_>>(),
+                    count = waiting.len(),
+                    "rollout.ackTimeout passed: these proxies have not ACKed the service's new SPIFFE ID; presenting it anyway"
+                );
+                p.confirmed = true;
+                events.push((
+                    mesh.clone(),
+                    GateEvent::TimedOut(RolloutStep::SansBeforeIdentity),
+                ));
+            } else {
+                waits.push(Wait {
+                    mesh: mesh.clone(),
+                    step: RolloutStep::SansBeforeIdentity,
+                    ca: format!("{id} in meshservice:{service}"),
+                    since: rfc3339(p.since),
+                    timeout_in_seconds: remaining(p.since + timeout, now),
+                    waiting_count: waiting.len(),
+                    waiting_for: waiting.into_iter().take(NAMED_WAITERS).collect(),
+                });
+            }
+        }
+        self.events.extend(events);
+        self.waits.extend(waits);
+    }
+
+    /// Records what each `meshservice:` context of the snapshot about to be published (`generation`)
+    /// carries: an ID new to a context starts unconfirmed; IDs that left are forgotten.
+    pub fn plan_sans(&mut self, service_ids: &ServiceIds, generation: u64, now: SystemTime) {
+        self.sans.retain(|(mesh, service, id), _| {
+            service_ids
+                .get(&(mesh.clone(), service.clone()))
+                .is_some_and(|ids| ids.contains(id))
+        });
+        let enabled = self.enabled;
+        for ((mesh, service), ids) in service_ids {
+            for id in ids {
+                self.sans
+                    .entry((mesh.clone(), service.clone(), id.clone()))
+                    .or_insert_with(|| Published {
+                        since_generation: generation,
+                        since: now,
+                        confirmed: !enabled,
+                        waited: false,
+                        subject: id.clone(),
+                    });
+            }
+        }
+    }
+
+    /// Whether a proxy of `service` may present `spiffe_id`: every stream subscribed to the service's
+    /// `meshservice:` context has ACKed a version carrying it (or the timeout passed).
+    pub fn may_present(&self, mesh: &str, service: &str, spiffe_id: &str) -> bool {
+        !self.enabled
+            || self
+                .sans
+                .get(&(mesh.to_owned(), service.to_owned(), spiffe_id.to_owned()))
+                .is_none_or(|p| p.confirmed)
     }
 
     /// Decides what each mesh's bundles carry: every CA the configuration publishes, plus (break last) the
@@ -353,6 +451,7 @@ impl Gate {
     pub fn pending(&self) -> bool {
         self.enabled
             && (self.published.values().any(|p| !p.confirmed)
+                || self.sans.values().any(|p| !p.confirmed)
                 || self
                     .retained_since
                     .keys()
@@ -364,6 +463,7 @@ impl Gate {
         let unconfirmed = self
             .published
             .values()
+            .chain(self.sans.values())
             .filter(|p| !p.confirmed)
             .map(|p| p.since);
         let retained = self

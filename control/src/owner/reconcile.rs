@@ -34,11 +34,14 @@ impl Owner {
         self.gate.confirm(&self.streams, now);
         self.settle_previous(now);
         let trust = self.plan_trust(generation, now);
-        // A CA that no connected stream must carry may issue at once.
+        // SANs before identity: the contexts of this snapshot carry every ID decided now, and the gate
+        // tracks when each entered them. (Issuing below adds no ID: it presents decided ones.)
+        let service_ids = self.service_identities(&dataplanes);
+        self.gate.plan_sans(&service_ids, generation, now);
+        // A CA or an ID that no connected stream must carry may be used at once.
         self.gate.confirm(&self.streams, now);
         let (entries, next_renewal) = self.serve_connected(&dataplanes, generation, now);
         self.forget_vanished(&dataplanes);
-        let service_ids = self.service_identities(&dataplanes);
         self.update_service_tls(&dataplanes, &trust);
         self.publish_snapshot(generation, &trust, entries, &service_ids, &dataplanes);
         self.report_gate_events();
@@ -184,7 +187,10 @@ impl Owner {
             Decision::Issue(desired) => desired,
         };
         // Trust before identity: a CA issues only once every stream that must trust it has ACKed it.
-        let gated = !self.gate.may_issue(&key.mesh, desired.ca.id());
+        // SANs before identity: a proxy changes its SPIFFE ID only once the `meshservice:` contexts of
+        // its services, as their subscribers hold them, accept the new one.
+        let gated = !self.gate.may_issue(&key.mesh, desired.ca.id())
+            || !self.may_present_id(key, info, &desired.spiffe_id.to_string());
         if !gated && self.needs_issue(key, &desired, now) {
             if let Err(e) = self.issue(key, &desired, generation, now) {
                 self.telemetry.issue_failed(&key.mesh, &desired.issuer);
@@ -198,6 +204,28 @@ impl Owner {
                 reason: "issuance failed; see the daemon log".into(),
             },
         }
+    }
+
+    /// Whether the proxy may present `spiffe_id`: it already does, or every local MeshService that
+    /// selects it has had the ID confirmed in its context.
+    fn may_present_id(&self, key: &ProxyKey, info: &DataplaneInfo, spiffe_id: &str) -> bool {
+        let presents = self
+            .issued
+            .get(key)
+            .is_none_or(|issued| issued.published.spiffe_id == spiffe_id);
+        presents
+            || self
+                .world
+                .resources
+                .mesh_services
+                .iter()
+                .filter(|s| s.mesh == info.mesh && s.zone().is_none_or(|z| z == self.config.zone))
+                .filter(|s| {
+                    s.dataplane_tags
+                        .as_ref()
+                        .is_some_and(|t| info.has_inbound_with(t))
+                })
+                .all(|s| self.gate.may_present(&s.mesh, &s.name, spiffe_id))
     }
 
     /// Certificates of dataplanes that no longer exist are dropped; those of disconnected proxies are

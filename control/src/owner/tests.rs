@@ -1287,3 +1287,117 @@ spec:
         "the old ID leaves once nobody presents it"
     );
 }
+
+#[test]
+fn a_new_spiffe_id_waits_for_the_meshservice_subscribers_before_it_is_presented() {
+    let resources = |path: &str| {
+        format!(
+            r#"
+type: Mesh
+name: default
+---
+type: MeshIdentity
+name: workloads
+mesh: default
+spec:
+  selector: {{dataplane: {{matchLabels: {{}}}}}}
+  spiffeID: {{trustDomain: default, path: "{path}"}}
+  provider: {{type: Bundled, bundled: {{meshTrustCreation: Enabled, autogenerate: {{enabled: true}}}}}}
+---
+type: Dataplane
+mesh: default
+name: web-1
+networking:
+  inbound: [{{port: 8080, tags: {{kuma.io/service: web}}}}]
+---
+type: MeshService
+name: web
+mesh: default
+spec:
+  selector: {{dataplaneTags: {{kuma.io/service: web}}}}
+  ports: [{{port: 80, targetPort: 8080}}]
+"#
+        )
+    };
+    let subscriptions = ["default", "system_trust_bundle", "meshservice:web"];
+    let mut h = Harness::new(&resources("/a/{{ .Workload }}"));
+    h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    h.connect("client-1", &[], &[("kuma.io/service", "client")]);
+    h.owner.reconcile(t0());
+    h.ack(1, Some(generation(&h)));
+    h.stream(2, &subscriptions, Some(generation(&h)));
+    h.owner.reconcile(t0());
+    let old_id = h.ready("web-1").spiffe_id.clone();
+    assert_eq!(old_id, "spiffe://default/a/web-1");
+
+    // Same CA, another path: only the SPIFFE ID changes.
+    h.update(&resources("/b/{{ .Workload }}")).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    let new_id = "spiffe://default/b/web-1";
+    let context = |h: &Harness| -> Vec<String> {
+        let snapshot = h.snapshots.borrow().clone();
+        snapshot.meshes["default"].mesh_services["web"]
+            .spiffe_ids()
+            .iter()
+            .cloned()
+            .collect()
+    };
+    assert_eq!(
+        context(&h),
+        [old_id.clone(), new_id.to_owned()],
+        "the new ID is accepted first"
+    );
+    assert_eq!(h.ready("web-1").spiffe_id, old_id, "and not presented yet");
+    let status = h.status.borrow().clone();
+    let wait = status
+        .rollout
+        .iter()
+        .find(|w| w.step == RolloutStep::SansBeforeIdentity)
+        .expect("the wait is shown");
+    assert_eq!(wait.waiting_for, ["default.client-1"]);
+
+    // web-1's own ACK is not what the step waits for; client-1's is.
+    h.ack(1, Some(generation(&h)));
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    assert_eq!(h.ready("web-1").spiffe_id, old_id);
+    h.stream(2, &subscriptions, Some(generation(&h)));
+    h.owner.reconcile(t0() + Duration::from_secs(3));
+    assert_eq!(h.ready("web-1").spiffe_id, new_id);
+    assert!(h
+        .status
+        .borrow()
+        .rollout
+        .iter()
+        .all(|w| w.step != RolloutStep::SansBeforeIdentity));
+    // Break last: the old ID stays until web-1 has ACKed the certificate with the new one.
+    assert_eq!(context(&h), [old_id, new_id.to_owned()]);
+    h.ack(1, Some(generation(&h)));
+    h.owner.reconcile(t0() + Duration::from_secs(4));
+    assert_eq!(context(&h), [new_id.to_owned()]);
+}
+
+#[test]
+fn a_subscriber_that_never_acks_holds_a_new_spiffe_id_back_only_until_the_ack_timeout() {
+    let resources = |path: &str| {
+        format!(
+            "type: Mesh\nname: default\n---\ntype: MeshIdentity\nname: workloads\nmesh: default\nspec:\n  selector: {{dataplane: {{matchLabels: {{}}}}}}\n  spiffeID: {{trustDomain: default, path: \"{path}\"}}\n  provider: {{type: Bundled, bundled: {{autogenerate: {{enabled: true}}}}}}\n---\ntype: Dataplane\nmesh: default\nname: web-1\nnetworking:\n  inbound: [{{port: 8080, tags: {{kuma.io/service: web}}}}]\n---\ntype: MeshService\nname: web\nmesh: default\nspec:\n  selector: {{dataplaneTags: {{kuma.io/service: web}}}}\n  ports: [{{port: 80, targetPort: 8080}}]\n"
+        )
+    };
+    let mut h = Harness::new(&resources("/a/{{ .Workload }}"));
+    h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    h.connect("client-1", &[], &[("kuma.io/service", "client")]);
+    h.owner.reconcile(t0());
+    h.ack(1, Some(generation(&h)));
+    h.stream(2, &["meshservice:web"], Some(generation(&h)));
+    h.owner.reconcile(t0());
+    h.update(&resources("/b/{{ .Workload }}")).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    assert_eq!(h.ready("web-1").spiffe_id, "spiffe://default/a/web-1");
+    let timeout = h.owner.gate.ack_timeout();
+    h.owner.reconcile(t0() + Duration::from_secs(1) + timeout);
+    assert_eq!(
+        h.ready("web-1").spiffe_id,
+        "spiffe://default/b/web-1",
+        "rollout.ackTimeout bounds the wait"
+    );
+}
