@@ -10,7 +10,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from envoy.config.core.v3 import base_pb2
-from envoy.extensions.transport_sockets.tls.v3 import secret_pb2, tls_spiffe_validator_config_pb2
+from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2, tls_spiffe_validator_config_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.secret.v3 import sds_pb2_grpc
 from spiffe import X509Svid
@@ -292,3 +292,49 @@ def test_provided_intermediate_ca_chain_verifies_to_its_root(daemon):
     )
     verified = verifier.verify(leaf, [served_inter])
     assert [s.value for s in verified.subjects] == ["spiffe://default/web"]
+
+
+MESH_SERVICES = """\
+---
+type: MeshService
+name: web
+mesh: default
+spec:
+  selector: {dataplaneTags: {kuma.io/service: web}}
+  ports: [{port: 80, targetPort: 8080}]
+  identities: [{type: SpiffeID, value: "spiffe://partner.example/web"}]
+---
+type: Dataplane
+mesh: default
+name: web-1
+networking:
+  address: 10.0.0.1
+  inbound: [{port: 8080, tags: {kuma.io/service: web}}]
+"""
+
+
+def test_a_meshservice_context_decodes_with_exactly_the_services_identities(daemon):
+    daemon.write_resource("services.yaml", MESH_SERVICES)
+    token = daemon.token("client-1", "default", "--tag", "kuma.io/service=client")
+    # The daemon applies the file within a second; until then the name means nothing and nothing is sent.
+    deadline = time.monotonic() + 30
+    while True:
+        stream = Stream(daemon.unix_channel(), token, "default.client-1")
+        stream.send(["meshservice:web"])
+        try:
+            resp = stream.recv(timeout=2)
+            break
+        except queue.Empty:
+            stream.close()
+            assert time.monotonic() < deadline, "meshservice:web was never served"
+    assert [unpack(r).name for r in resp.resources] == ["meshservice:web"]
+    secret = unpack(resp.resources[0])
+    ctx = secret.validation_context
+    # Envoy's own decoding: the mesh's SPIFFE trust, and exact URI SAN matchers for the service's identities:
+    # the one its dataplane gets, and the one its spec lists.
+    assert ctx.custom_validator_config.name == SPIFFE_VALIDATOR
+    assert "default" in spiffe_bundles(secret)
+    matchers = sorted((m.san_type, m.matcher.exact) for m in ctx.match_typed_subject_alt_names)
+    uri = common_pb2.SubjectAltNameMatcher.URI
+    assert matchers == [(uri, "spiffe://default/web"), (uri, "spiffe://partner.example/web")], matchers
+    stream.close()
