@@ -232,6 +232,34 @@ pub fn decide(
     }
 }
 
+/// The SPIFFE ID every MeshIdentity of `mesh` that selects `dp` gives it, with or without a provider:
+/// what a `meshservice:` context must accept for `dp`'s services while identities are staged (a
+/// provider-less MeshIdentity publishes its SPIFFE IDs before any certificate carries them). IDs that
+/// do not render are left out (the identity's own status says why).
+pub fn selected_identity_ids(
+    mesh: Option<&MeshState>,
+    dp: &DataplaneInfo,
+    zone: &str,
+) -> Vec<SpiffeId> {
+    let Some(mesh) = mesh else {
+        return Vec::new();
+    };
+    let vars = TemplateVars {
+        mesh: &dp.mesh,
+        zone,
+        labels: &dp.labels,
+    };
+    mesh.identities
+        .iter()
+        .filter(|i| {
+            i.match_labels
+                .as_ref()
+                .is_some_and(|wanted| wanted.iter().all(|(k, v)| dp.labels.get(k) == Some(v)))
+        })
+        .filter_map(|i| i.template.render(&vars).ok())
+        .collect()
+}
+
 /// When a certificate valid from `not_before` to `not_after` is renewed: at `renew_at` of its lifetime, minus
 /// up to 5% of the lifetime chosen by `jitter` (a number in `[0, 1)`), so that proxies issued together do not
 /// all renew in the same instant. Always before expiry.

@@ -256,6 +256,12 @@ impl Owner {
                     if let Decision::Issue(d) = decision {
                         ids.insert(d.spiffe_id.to_string());
                     }
+                    // Staged migrations: every MeshIdentity selecting it, provider-less ones included.
+                    ids.extend(
+                        plan::selected_identity_ids(mesh, dp, &self.config.zone)
+                            .iter()
+                            .map(ToString::to_string),
+                    );
                     let presented = self
                         .issued
                         .get(key)

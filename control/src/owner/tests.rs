@@ -1401,3 +1401,70 @@ fn a_subscriber_that_never_acks_holds_a_new_spiffe_id_back_only_until_the_ack_ti
         "rollout.ackTimeout bounds the wait"
     );
 }
+
+#[test]
+fn a_provider_less_mesh_identity_publishes_its_spiffe_ids_in_service_contexts_and_issues_nothing() {
+    let yaml = format!(
+        "{LEGACY}{}",
+        r#"---
+type: Dataplane
+mesh: default
+name: web-1
+labels: {app: web}
+networking:
+  inbound: [{port: 8080, tags: {kuma.io/service: web}}]
+---
+type: MeshService
+name: web
+mesh: default
+spec:
+  selector: {dataplaneTags: {kuma.io/service: web}}
+  ports: [{port: 80, targetPort: 8080}]
+---
+type: MeshIdentity
+name: staged
+mesh: default
+spec:
+  selector: {dataplane: {matchLabels: {app: web}}}
+  spiffeID: {trustDomain: default, path: "/staged/{{ .Workload }}"}
+---
+type: MeshIdentity
+name: elsewhere
+mesh: default
+spec:
+  selector: {dataplane: {matchLabels: {app: db}}}
+  spiffeID: {trustDomain: default, path: "/db/{{ .Workload }}"}
+"#
+    );
+    let mut h = Harness::new(&yaml);
+    h.connect("web-1", &[("app", "web")], &[("kuma.io/service", "web")]);
+    h.owner.reconcile(t0());
+    assert_eq!(
+        h.ready("web-1").spiffe_id,
+        "spiffe://default/web",
+        "the legacy backend still issues"
+    );
+    let snapshot = h.snapshots.borrow().clone();
+    let ids: Vec<&String> = snapshot.meshes["default"].mesh_services["web"]
+        .spiffe_ids()
+        .iter()
+        .collect();
+    assert_eq!(
+        ids,
+        ["spiffe://default/staged/web-1", "spiffe://default/web"],
+        "the staged ID is accepted before anyone presents it; a MeshIdentity that does not select web-1 adds nothing"
+    );
+    let status = h.status.borrow().clone();
+    let staged = status.meshes[0]
+        .mesh_identities
+        .iter()
+        .find(|i| i.name == "staged")
+        .expect("listed");
+    let messages: Vec<(&str, &str)> = staged
+        .conditions
+        .iter()
+        .map(|c| (c.kind.as_str(), c.message.as_str()))
+        .collect();
+    assert!(messages.contains(&("SpiffeIDProvider", "Providing only SpiffeIDs for services.")));
+    assert!(messages.contains(&("Ready", "Running in SpiffeID providing only mode.")));
+}
