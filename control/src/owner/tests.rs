@@ -1223,40 +1223,12 @@ fn every_rollout_step_that_waits_is_counted_once() {
 
 #[test]
 fn a_changed_spiffe_id_leaves_its_service_context_only_once_the_proxy_acked_its_replacement() {
-    let services = r#"
----
-type: Dataplane
-mesh: default
-name: web-1
-labels: {app: web}
-networking:
-  inbound: [{port: 8080, tags: {kuma.io/service: web}}]
----
-type: MeshService
-name: web
-mesh: default
-spec:
-  selector: {dataplaneTags: {kuma.io/service: web}}
-  ports: [{port: 80, targetPort: 8080}]
-"#;
-    let identity = r#"
----
-type: MeshIdentity
-name: workloads
-mesh: default
-spec:
-  selector: {dataplane: {matchLabels: {}}}
-  spiffeID: {trustDomain: default, path: "/workload/{{ .Workload }}"}
-  provider: {type: Bundled, bundled: {meshTrustCreation: Enabled, autogenerate: {enabled: true}}}
-"#;
-    let context = |h: &Harness| -> Vec<String> {
-        let snapshot = h.snapshots.borrow().clone();
-        snapshot.meshes["default"].mesh_services["web"]
-            .spiffe_ids()
-            .iter()
-            .cloned()
-            .collect()
-    };
+    let services = format!("---\n{WEB_SERVICE}");
+    let identity = format!(
+        "---\n{}",
+        workloads_identity("/workload/{{ .Workload }}", true)
+    );
+    let context = |h: &Harness| service_context(h, "web");
     let mut h = Harness::new(&format!("{LEGACY}{services}"));
     h.connect("web-1", &[("app", "web")], &[("kuma.io/service", "web")]);
     h.owner.reconcile(t0());
@@ -1292,31 +1264,8 @@ spec:
 fn a_new_spiffe_id_waits_for_the_meshservice_subscribers_before_it_is_presented() {
     let resources = |path: &str| {
         format!(
-            r#"
-type: Mesh
-name: default
----
-type: MeshIdentity
-name: workloads
-mesh: default
-spec:
-  selector: {{dataplane: {{matchLabels: {{}}}}}}
-  spiffeID: {{trustDomain: default, path: "{path}"}}
-  provider: {{type: Bundled, bundled: {{meshTrustCreation: Enabled, autogenerate: {{enabled: true}}}}}}
----
-type: Dataplane
-mesh: default
-name: web-1
-networking:
-  inbound: [{{port: 8080, tags: {{kuma.io/service: web}}}}]
----
-type: MeshService
-name: web
-mesh: default
-spec:
-  selector: {{dataplaneTags: {{kuma.io/service: web}}}}
-  ports: [{{port: 80, targetPort: 8080}}]
-"#
+            "type: Mesh\nname: default\n---\n{}---\n{WEB_SERVICE}",
+            workloads_identity(path, true)
         )
     };
     let subscriptions = ["default", "system_trust_bundle", "meshservice:web"];
@@ -1334,14 +1283,7 @@ spec:
     h.update(&resources("/b/{{ .Workload }}")).expect("valid");
     h.owner.reconcile(t0() + Duration::from_secs(1));
     let new_id = "spiffe://default/b/web-1";
-    let context = |h: &Harness| -> Vec<String> {
-        let snapshot = h.snapshots.borrow().clone();
-        snapshot.meshes["default"].mesh_services["web"]
-            .spiffe_ids()
-            .iter()
-            .cloned()
-            .collect()
-    };
+    let context = |h: &Harness| service_context(h, "web");
     assert_eq!(
         context(&h),
         [old_id.clone(), new_id.to_owned()],
@@ -1380,7 +1322,8 @@ spec:
 fn a_subscriber_that_never_acks_holds_a_new_spiffe_id_back_only_until_the_ack_timeout() {
     let resources = |path: &str| {
         format!(
-            "type: Mesh\nname: default\n---\ntype: MeshIdentity\nname: workloads\nmesh: default\nspec:\n  selector: {{dataplane: {{matchLabels: {{}}}}}}\n  spiffeID: {{trustDomain: default, path: \"{path}\"}}\n  provider: {{type: Bundled, bundled: {{autogenerate: {{enabled: true}}}}}}\n---\ntype: Dataplane\nmesh: default\nname: web-1\nnetworking:\n  inbound: [{{port: 8080, tags: {{kuma.io/service: web}}}}]\n---\ntype: MeshService\nname: web\nmesh: default\nspec:\n  selector: {{dataplaneTags: {{kuma.io/service: web}}}}\n  ports: [{{port: 80, targetPort: 8080}}]\n"
+            "type: Mesh\nname: default\n---\n{}---\n{WEB_SERVICE}",
+            workloads_identity(path, false)
         )
     };
     let mut h = Harness::new(&resources("/a/{{ .Workload }}"));
@@ -1405,22 +1348,8 @@ fn a_subscriber_that_never_acks_holds_a_new_spiffe_id_back_only_until_the_ack_ti
 #[test]
 fn a_provider_less_mesh_identity_publishes_its_spiffe_ids_in_service_contexts_and_issues_nothing() {
     let yaml = format!(
-        "{LEGACY}{}",
+        "{LEGACY}---\n{WEB_SERVICE}{}",
         r#"---
-type: Dataplane
-mesh: default
-name: web-1
-labels: {app: web}
-networking:
-  inbound: [{port: 8080, tags: {kuma.io/service: web}}]
----
-type: MeshService
-name: web
-mesh: default
-spec:
-  selector: {dataplaneTags: {kuma.io/service: web}}
-  ports: [{port: 80, targetPort: 8080}]
----
 type: MeshIdentity
 name: staged
 mesh: default
@@ -1444,13 +1373,8 @@ spec:
         "spiffe://default/web",
         "the legacy backend still issues"
     );
-    let snapshot = h.snapshots.borrow().clone();
-    let ids: Vec<&String> = snapshot.meshes["default"].mesh_services["web"]
-        .spiffe_ids()
-        .iter()
-        .collect();
     assert_eq!(
-        ids,
+        service_context(&h, "web"),
         ["spiffe://default/staged/web-1", "spiffe://default/web"],
         "the staged ID is accepted before anyone presents it; a MeshIdentity that does not select web-1 adds nothing"
     );
@@ -1467,4 +1391,30 @@ spec:
         .collect();
     assert!(messages.contains(&("SpiffeIDProvider", "Providing only SpiffeIDs for services.")));
     assert!(messages.contains(&("Ready", "Running in SpiffeID providing only mode.")));
+}
+
+/// Dataplane `web-1` (labelled `app: web`, serving `web`) and the MeshService `web` selecting it.
+const WEB_SERVICE: &str = "type: Dataplane\nmesh: default\nname: web-1\nlabels: {app: web}\nnetworking:\n  inbound: [{port: 8080, tags: {kuma.io/service: web}}]\n---\ntype: MeshService\nname: web\nmesh: default\nspec:\n  selector: {dataplaneTags: {kuma.io/service: web}}\n  ports: [{port: 80, targetPort: 8080}]\n";
+
+/// MeshIdentity `workloads` selecting every dataplane of mesh `default`, with SPIFFE ID path `path` and
+/// an autogenerated CA (whose trust the mesh bundles carry when `mesh_trust`).
+fn workloads_identity(path: &str, mesh_trust: bool) -> String {
+    let creation = if mesh_trust {
+        "meshTrustCreation: Enabled, "
+    } else {
+        ""
+    };
+    format!(
+        "type: MeshIdentity\nname: workloads\nmesh: default\nspec:\n  selector: {{dataplane: {{matchLabels: {{}}}}}}\n  spiffeID: {{trustDomain: default, path: \"{path}\"}}\n  provider: {{type: Bundled, bundled: {{{creation}autogenerate: {{enabled: true}}}}}}\n"
+    )
+}
+
+/// The SPIFFE IDs the `meshservice:<service>` context of mesh `default` accepts now.
+fn service_context(h: &Harness, service: &str) -> Vec<String> {
+    let snapshot = h.snapshots.borrow().clone();
+    snapshot.meshes["default"].mesh_services[service]
+        .spiffe_ids()
+        .iter()
+        .cloned()
+        .collect()
 }
