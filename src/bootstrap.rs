@@ -42,8 +42,8 @@ pub struct Inbound {
     pub app_port: u16,
 }
 
-/// `--outbound LOCAL_PORT=HOST:PORT[@SPIFFE_ID]`: a loopback listener whose cluster originates mTLS to
-/// HOST:PORT, accepting only the peer `spiffe_id` when given.
+/// `--outbound LOCAL_PORT=HOST:PORT[@SPIFFE_ID|@meshservice:NAME]`: a loopback listener whose cluster
+/// originates mTLS to HOST:PORT and checks the peer as [`Peer`] says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outbound {
     /// The port Envoy listens on (127.0.0.1).
@@ -52,8 +52,21 @@ pub struct Outbound {
     pub host: String,
     /// The peer's port.
     pub port: u16,
-    /// The only SPIFFE ID the peer may present.
-    pub spiffe_id: Option<SpiffeId>,
+    /// What the peer must present.
+    pub peer: Peer,
+}
+
+/// How an outbound cluster checks the server it connects to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// Any certificate the mesh trusts (`system_trust_bundle`).
+    AnyInMesh,
+    /// A certificate the mesh trusts carrying exactly this SPIFFE ID.
+    SpiffeId(SpiffeId),
+    /// A certificate carrying one of the SPIFFE IDs of this MeshService, validated with its
+    /// `meshservice:<name>` context (trust and SAN matchers both come from meshca, so they follow a
+    /// migration as the service's identities change).
+    MeshService(String),
 }
 
 /// Everything a bootstrap is made of.
@@ -129,15 +142,21 @@ impl Bootstrap {
         })
     }
 
-    /// The proxy's certificate and the mesh's trust over SDS; a peer pinned to `spiffe_id` when given.
-    fn tls_context(&self, spiffe_id: Option<&SpiffeId>) -> Value {
+    /// The proxy's certificate and the peer's validation context over SDS.
+    fn tls_context(&self, peer: &Peer) -> Value {
         let trust = json!({"name": "system_trust_bundle", "sds_config": self.sds_config()});
         let mut context = json!({
             "tls_certificate_sds_secret_configs": [{"name": "default", "sds_config": self.sds_config()}],
         });
-        match spiffe_id {
-            None => context["validation_context_sds_secret_config"] = trust,
-            Some(id) => {
+        match peer {
+            Peer::AnyInMesh => context["validation_context_sds_secret_config"] = trust,
+            Peer::MeshService(name) => {
+                context["validation_context_sds_secret_config"] = json!({
+                    "name": format!("meshservice:{name}"),
+                    "sds_config": self.sds_config(),
+                });
+            }
+            Peer::SpiffeId(id) => {
                 context["combined_validation_context"] = json!({
                     "default_validation_context": {
                         "match_typed_subject_alt_names": [
@@ -197,7 +216,7 @@ impl Bootstrap {
         let name = format!("inbound_{}", inbound.port);
         let tls = json!({
             "require_client_certificate": true,
-            "common_tls_context": self.tls_context(None),
+            "common_tls_context": self.tls_context(&Peer::AnyInMesh),
         });
         let mut manager = http_connection_manager(&name, &cluster_name);
         // The app learns who called: the client certificate's URI SAN, set by Envoy, never forwarded.
@@ -222,7 +241,7 @@ impl Bootstrap {
 
     fn outbound(&self, outbound: &Outbound) -> (Value, Value) {
         let name = format!("outbound_{}", outbound.local_port);
-        let mut tls = json!({"common_tls_context": self.tls_context(outbound.spiffe_id.as_ref())});
+        let mut tls = json!({"common_tls_context": self.tls_context(&outbound.peer)});
         if outbound.host.parse::<std::net::IpAddr>().is_err() {
             tls["sni"] = json!(outbound.host);
         }
@@ -341,21 +360,31 @@ impl FromStr for Inbound {
 impl FromStr for Outbound {
     type Err = PortSpecError;
 
-    /// `LOCAL_PORT=HOST:PORT[@SPIFFE_ID]`; HOST may be a name, an IPv4 address or `[IPv6]`.
+    /// `LOCAL_PORT=HOST:PORT[@SPIFFE_ID|@meshservice:NAME]`; HOST may be a name, an IPv4 address or
+    /// `[IPv6]`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let expected = || {
             PortSpecError(format!(
-                "{s:?}: expected LOCAL_PORT=HOST:PORT[@SPIFFE_ID], e.g. 15001=10.0.0.2:15006@spiffe://default/web"
+                "{s:?}: expected LOCAL_PORT=HOST:PORT[@SPIFFE_ID|@meshservice:NAME], e.g. 15001=10.0.0.2:15006@spiffe://default/web or 15001=10.0.0.2:15006@meshservice:web"
             ))
         };
-        let (local, peer) = s.split_once('=').ok_or_else(expected)?;
-        let (address, spiffe_id) = match peer.split_once('@') {
+        let (local, peer_spec) = s.split_once('=').ok_or_else(expected)?;
+        let (address, peer) = match peer_spec.split_once('@') {
+            Some((address, service)) if service.starts_with(MESHSERVICE_PREFIX) => {
+                let name = &service[MESHSERVICE_PREFIX.len()..];
+                if !is_resource_name(name) {
+                    return Err(PortSpecError(format!(
+                        "{s:?}: {service:?} does not name a MeshService (lowercase letters, digits, '-' and '.', at most 253)"
+                    )));
+                }
+                (address, Peer::MeshService(name.to_owned()))
+            }
             Some((address, id)) => {
                 let id = SpiffeId::parse(id)
                     .map_err(|e| PortSpecError(format!("{s:?}: SPIFFE_ID {id:?}: {e}")))?;
-                (address, Some(id))
+                (address, Peer::SpiffeId(id))
             }
-            None => (peer, None),
+            None => (peer_spec, Peer::AnyInMesh),
         };
         let (host, peer_port) = address.rsplit_once(':').ok_or_else(expected)?;
         let host = host.trim_start_matches('[').trim_end_matches(']');
@@ -366,9 +395,24 @@ impl FromStr for Outbound {
             local_port: port(local, "LOCAL_PORT")?,
             host: host.to_owned(),
             port: port(peer_port, "PORT")?,
-            spiffe_id,
+            peer,
         })
     }
+}
+
+/// How `--outbound` names a MeshService to validate the peer with.
+const MESHSERVICE_PREFIX: &str = "meshservice:";
+
+/// A Kuma resource name: lowercase letters, digits, `-` and `.`, starting and ending with a letter or
+/// digit, at most 253 bytes.
+fn is_resource_name(name: &str) -> bool {
+    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 253
+        && bytes.iter().all(|&b| alnum(b) || b == b'-' || b == b'.')
+        && bytes.first().copied().is_some_and(alnum)
+        && bytes.last().copied().is_some_and(alnum)
 }
 
 #[cfg(test)]
@@ -447,6 +491,30 @@ mod tests {
     }
 
     #[test]
+    fn a_meshservice_peer_is_validated_with_its_meshservice_context() {
+        let mut b = bootstrap(SdsTarget::Unix("/run/meshca/sds.sock".into()));
+        b.outbound = vec!["15001=127.0.0.1:15006@meshservice:api"
+            .parse()
+            .expect("valid")];
+        let value = b.render();
+        let outbound = &value["static_resources"]["clusters"][2];
+        let context = &outbound["transport_socket"]["typed_config"]["common_tls_context"];
+        assert_eq!(
+            context["validation_context_sds_secret_config"]["name"],
+            "meshservice:api"
+        );
+        assert!(
+            context.get("combined_validation_context").is_none(),
+            "the SAN matchers come from meshca with the context: {context}"
+        );
+        assert!(
+            context["validation_context_sds_secret_config"]["sds_config"]
+                .to_string()
+                .contains("Bearer TOKEN")
+        );
+    }
+
+    #[test]
     fn sds_over_tls_checks_meshcas_certificate() {
         let value = bootstrap(SdsTarget::Tls {
             host: "127.0.0.1".to_owned(),
@@ -476,12 +544,22 @@ mod tests {
         );
         let outbound: Outbound = "1=[::1]:2".parse().expect("IPv6");
         assert_eq!((outbound.host.as_str(), outbound.port), ("::1", 2));
-        assert!(outbound.spiffe_id.is_none());
+        assert_eq!(outbound.peer, Peer::AnyInMesh);
+        let outbound: Outbound = "1=h:2@meshservice:web-api".parse().expect("a MeshService");
+        assert_eq!(outbound.peer, Peer::MeshService("web-api".to_owned()));
         for bad in ["8080", "0:1", "1:70000", "a:b"] {
             let error = bad.parse::<Inbound>().expect_err(bad).to_string();
             assert!(error.contains("PORT"), "{error}");
         }
-        for bad in ["1", "1=host", "1=:2", "1=h:2@not-spiffe"] {
+        for bad in [
+            "1",
+            "1=host",
+            "1=:2",
+            "1=h:2@not-spiffe",
+            "1=h:2@meshservice:",
+            "1=h:2@meshservice:Web",
+            "1=h:2@meshservice:-web",
+        ] {
             assert!(bad.parse::<Outbound>().is_err(), "{bad}");
         }
     }

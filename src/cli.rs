@@ -81,9 +81,13 @@ pub struct BootstrapArgs {
     /// `PORT:APP_PORT`: an mTLS listener on PORT forwarding to the local app on APP_PORT (repeatable).
     #[arg(long, value_name = "PORT:APP_PORT")]
     pub inbound: Vec<crate::bootstrap::Inbound>,
-    /// `LOCAL_PORT=HOST:PORT[@SPIFFE_ID]`: a loopback listener whose cluster originates mTLS to HOST:PORT,
-    /// accepting only SPIFFE_ID when given (repeatable).
-    #[arg(long, value_name = "LOCAL_PORT=HOST:PORT[@SPIFFE_ID]")]
+    /// `LOCAL_PORT=HOST:PORT[@SPIFFE_ID|@meshservice:NAME]`: a loopback listener whose cluster originates
+    /// mTLS to HOST:PORT, accepting only SPIFFE_ID, or the identities of MeshService NAME through its
+    /// `meshservice:NAME` validation context, when given (repeatable).
+    #[arg(
+        long,
+        value_name = "LOCAL_PORT=HOST:PORT[@SPIFFE_ID|@meshservice:NAME]"
+    )]
     pub outbound: Vec<crate::bootstrap::Outbound>,
     /// Open a new upstream connection (a new mTLS handshake) for every outbound request, as the drills
     /// do to see every certificate change at once.
@@ -294,6 +298,10 @@ pub struct DrillArgs {
     /// simulated proxies; some of them are made late on purpose, as slow proxies are.
     #[arg(long, value_name = "PATH")]
     pub envoy: Option<std::path::PathBuf>,
+    /// Follow the staged, provider-less migration flow step by step, waiting for every proxy between
+    /// steps, instead of the one-step edit (migrate-to-meshidentity and trust-domain).
+    #[arg(long)]
+    pub staged: bool,
     #[arg(long, value_enum, default_value_t)]
     pub output: Output,
 }
@@ -303,6 +311,13 @@ pub struct DrillArgs {
 pub enum DrillScenario {
     /// Switch a mesh from builtin CA ca-1 to ca-2 in one edit, then remove ca-1 at once.
     CaRotation,
+    /// Add a MeshIdentity with a provider selecting every dataplane to a legacy mTLS mesh, then switch
+    /// legacy mTLS off at once; clients validate servers with `meshservice:` contexts.
+    #[value(name = "migrate-to-meshidentity")]
+    MigrateToMeshidentity,
+    /// Move the mesh's MeshIdentity to another trust domain in one edit; clients validate servers with
+    /// `meshservice:` contexts.
+    TrustDomain,
 }
 
 /// On or off.

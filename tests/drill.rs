@@ -1,5 +1,6 @@
-//! `meshca drill ca-rotation` end to end, small: the drill must see the failures the ordering gate
-//! prevents when the gate is off, and none when it is on. Assertions are on outcomes, never timings.
+//! `meshca drill` end to end, small: each scenario must see the failures the ordering gate prevents
+//! when the gate is off, and none when it is on; the staged migrations none either way. Assertions are
+//! on outcomes, never timings.
 
 mod common;
 
@@ -7,9 +8,7 @@ use common::Env;
 use serde_json::Value;
 
 /// A size that still makes every proxy pair meet during the rotation window.
-const ARGS: [&str; 9] = [
-    "drill",
-    "ca-rotation",
+const ARGS: [&str; 8] = [
     "--proxies",
     "12",
     "--handshakes",
@@ -17,15 +16,52 @@ const ARGS: [&str; 9] = [
     "--seed",
     "3",
     "--output",
+    "json",
 ];
 
-fn drill(gate: &str) -> (common::Run, Value) {
+fn drill_with(scenario: &str, gate: &str, more: &[&str]) -> (common::Run, Value) {
     let env = Env::new();
-    let mut args = ARGS.to_vec();
-    args.extend(["json", "--gate", gate]);
+    let mut args = vec!["drill", scenario, "--gate", gate];
+    args.extend(ARGS);
+    args.extend(more);
     let run = env.cli(&args);
     let report = run.json();
     (run, report)
+}
+
+fn drill(gate: &str) -> (common::Run, Value) {
+    drill_with("ca-rotation", gate, &[])
+}
+
+/// A clean run: exit 0, no failed handshake, no NACK, converged, the phases named.
+fn assert_clean(run: &common::Run, report: &Value, change: &str) {
+    assert_eq!(run.code(), Some(0), "{run}");
+    assert_eq!(report["ok"], true, "{run}");
+    assert_eq!(total(report, "failed"), 0, "{run}");
+    assert!(total(report, "handshakes") >= 1500, "{run}");
+    assert_eq!(phase_names(report), ["steady", change, "converged"]);
+    assert!(report["converge_seconds"].is_number(), "{run}");
+    assert_eq!(report["nacks"], 0, "{run}");
+}
+
+/// Failures only during the change, each naming who rejected whom and why, and exit 1.
+fn assert_breaks(run: &common::Run, report: &Value, reason: &str) {
+    assert_eq!(run.code(), Some(1), "{run}");
+    assert_eq!(report["ok"], false, "{run}");
+    assert_eq!(report["phases"][0]["failed"], 0, "steady is steady: {run}");
+    let change = &report["phases"][1];
+    assert!(change["failed"].as_u64().unwrap_or(0) > 0, "{run}");
+    let failures = change["failures"].as_array().expect("a list");
+    assert!(
+        failures.iter().any(|f| f
+            .as_str()
+            .is_some_and(|f| f.contains("rejected") && f.contains(reason))),
+        "{run}"
+    );
+    assert_eq!(
+        report["phases"][2]["failed"], 0,
+        "converged is clean: {run}"
+    );
 }
 
 fn total(report: &Value, field: &str) -> u64 {
@@ -79,14 +115,41 @@ fn without_the_gate_the_drill_reports_failed_handshakes_and_exits_1() {
 #[test]
 fn with_the_gate_no_handshake_fails_and_the_drill_exits_0() {
     let (run, report) = drill("on");
-    assert_eq!(run.code(), Some(0), "{run}");
     assert_eq!(report["gate"], true);
-    assert_eq!(report["ok"], true, "{run}");
-    assert_eq!(total(&report, "failed"), 0, "{run}");
-    assert!(total(&report, "handshakes") >= 1500, "{run}");
-    assert_eq!(phase_names(&report), ["steady", "rotation", "converged"]);
-    assert!(report["converge_seconds"].is_number(), "{run}");
-    assert_eq!(report["nacks"], 0, "{run}");
+    assert_clean(&run, &report, "rotation");
+}
+
+#[test]
+fn migrating_to_meshidentity_in_one_step_breaks_nothing_with_the_gate_and_breaks_handshakes_without(
+) {
+    let (run, report) = drill_with("migrate-to-meshidentity", "on", &[]);
+    assert_eq!(report["scenario"], "migrate-to-meshidentity");
+    assert_clean(&run, &report, "migration");
+    let (run, report) = drill_with("migrate-to-meshidentity", "off", &[]);
+    assert_breaks(&run, &report, "UnknownIssuer");
+}
+
+#[test]
+fn moving_to_a_new_trust_domain_in_one_step_breaks_nothing_with_the_gate_and_breaks_handshakes_without(
+) {
+    let (run, report) = drill_with("trust-domain", "on", &[]);
+    assert_eq!(report["scenario"], "trust-domain");
+    assert_clean(&run, &report, "migration");
+    let (run, report) = drill_with("trust-domain", "off", &[]);
+    assert_breaks(&run, &report, "UnknownIssuer");
+}
+
+#[test]
+fn the_staged_flows_break_nothing_even_without_the_gate() {
+    for scenario in ["migrate-to-meshidentity", "trust-domain"] {
+        for gate in ["on", "off"] {
+            let (run, report) = drill_with(scenario, gate, &["--staged"]);
+            assert_clean(&run, &report, "migration");
+            for step in ["provider-less MeshIdentity", "selects every dataplane"] {
+                assert!(run.stderr.contains(step), "{scenario}, gate {gate}: {run}");
+            }
+        }
+    }
 }
 
 #[test]
@@ -122,4 +185,7 @@ fn bad_sizes_are_usage_errors() {
     assert!(run.stderr.contains("--proxies"), "{run}");
     let run = env.cli(&["drill", "nonsense"]);
     assert_eq!(run.code(), Some(2), "{run}");
+    let run = env.cli(&["drill", "ca-rotation", "--staged"]);
+    assert_eq!(run.code(), Some(2), "{run}");
+    assert!(run.stderr.contains("--staged"), "{run}");
 }

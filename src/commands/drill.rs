@@ -3,7 +3,8 @@
 use std::process::ExitCode;
 
 use crate::cli::{DrillArgs, DrillScenario, Output, Switch};
-use crate::drill::ca_rotation;
+use crate::drill::play;
+use crate::drill::scenario::Script;
 use crate::InvalidInput;
 
 /// The most proxies a drill simulates (each is an SDS stream and a set of TLS configs).
@@ -38,18 +39,20 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
     if args.handshakes == 0 {
         return Err(InvalidInput("--handshakes must be at least 1".into()).into());
     }
-    let report = match args.scenario {
-        DrillScenario::CaRotation => {
-            ca_rotation::run(ca_rotation::Options {
-                proxies: args.proxies,
-                gate: args.gate == Switch::On,
-                seed: args.seed,
-                handshakes: args.handshakes,
-                envoy: args.envoy.clone(),
-            })
-            .await?
-        }
+    if args.staged && args.scenario == DrillScenario::CaRotation {
+        return Err(InvalidInput(
+            "--staged applies to migrate-to-meshidentity and trust-domain; ca-rotation has one flow".into(),
+        )
+        .into());
+    }
+    let options = play::Options {
+        proxies: args.proxies,
+        gate: args.gate == Switch::On,
+        seed: args.seed,
+        handshakes: args.handshakes,
+        envoy: args.envoy.clone(),
     };
+    let report = play::run(Script::new(args.scenario, args.staged), options).await?;
     match args.output {
         Output::Human => print!("{}", report.human()),
         Output::Json => super::print_json(&report)?,

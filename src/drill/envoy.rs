@@ -1,6 +1,7 @@
 //! Drills with real Envoy sidecars (`meshca drill SCENARIO --envoy PATH`): a ring of Envoys started from
 //! `meshca bootstrap` output, each with an mTLS inbound listener in front of one small HTTP app and an
-//! outbound listener pinned to the next Envoy's SPIFFE ID, and HTTP requests through every pair, each on a
+//! outbound listener that validates the next Envoy (pinned to its SPIFFE ID, or with the
+//! `meshservice:` context of its service), and HTTP requests through every pair, each on a
 //! new upstream connection (a new mTLS handshake). Some Envoys are laggards: a relay in front of meshca's
 //! SDS socket delays what meshca sends them by a seeded amount, as slow proxies in a real mesh are late.
 
@@ -23,7 +24,7 @@ use tokio::task::JoinSet;
 
 use super::rng::SplitMix64;
 use super::traffic::{current_phase, record, PhaseTally, Phases, Recorder};
-use crate::bootstrap::{Bootstrap, Inbound, Outbound, SdsTarget};
+use crate::bootstrap::{Bootstrap, Inbound, Outbound, Peer, SdsTarget};
 
 /// How long one request through a pair may take before it counts as failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -37,8 +38,12 @@ const LAG: (Duration, Duration) = (Duration::from_millis(1500), Duration::from_m
 pub struct Sidecar {
     /// `p-<i>`.
     pub name: String,
-    /// The SPIFFE ID it must present.
-    pub spiffe_id: String,
+    /// The SPIFFE ID it presents in the steady state.
+    pub initial_id: String,
+    /// The SPIFFE ID it presents once the scenario has converged.
+    pub final_id: String,
+    /// The MeshService whose `meshservice:` context its outbound validates the next sidecar with.
+    pub validates_with: Option<String>,
     admin: SocketAddr,
     /// Where the app sends requests to the next sidecar.
     outbound: SocketAddr,
@@ -46,15 +51,17 @@ pub struct Sidecar {
     log: PathBuf,
 }
 
-/// What the ring is made of: its members' names, services and expected IDs.
+/// What the ring is made of: its members' names, services and IDs.
 #[derive(Clone, Debug)]
 pub struct RingMember {
     /// `p-<i>`.
     pub name: String,
     /// Its `kuma.io/service`.
     pub service: String,
-    /// The SPIFFE ID it must present.
-    pub spiffe_id: String,
+    /// The SPIFFE ID it presents in the steady state.
+    pub initial_id: String,
+    /// The SPIFFE ID it presents once the scenario has converged.
+    pub final_id: String,
 }
 
 /// The Envoys, the app behind them and the laggards' relays.
@@ -72,12 +79,14 @@ pub type MintToken<'a> = &'a dyn Fn(&RingMember) -> anyhow::Result<String>;
 
 impl EnvoyRing {
     /// Starts the app, the laggards' relays and one Envoy per member, and waits until every Envoy is LIVE
-    /// and presents its SPIFFE ID.
+    /// and presents its initial SPIFFE ID. With `by_service`, each Envoy validates the next one with the
+    /// `meshservice:` context of its service; otherwise it pins the next one's initial SPIFFE ID.
     pub async fn start(
         envoy: &Path,
         dir: &Path,
         sds_socket: &Path,
         members: &[RingMember],
+        by_service: bool,
         mint: MintToken<'_>,
         seed: u64,
     ) -> anyhow::Result<EnvoyRing> {
@@ -123,10 +132,14 @@ impl EnvoyRing {
                     local_port: outbound_port,
                     host: "127.0.0.1".to_owned(),
                     port: ports[next].1,
-                    spiffe_id: Some(
-                        meshca_identity::SpiffeId::parse(&members[next].spiffe_id)
-                            .map_err(|e| anyhow!("{e}"))?,
-                    ),
+                    peer: if by_service {
+                        Peer::MeshService(members[next].service.clone())
+                    } else {
+                        Peer::SpiffeId(
+                            meshca_identity::SpiffeId::parse(&members[next].initial_id)
+                                .map_err(|e| anyhow!("{e}"))?,
+                        )
+                    },
                 }],
                 one_request_per_connection: true,
             };
@@ -153,7 +166,9 @@ impl EnvoyRing {
                 .with_context(|| format!("cannot start Envoy {}", envoy.display()))?;
             sidecars.push(Sidecar {
                 name: member.name.clone(),
-                spiffe_id: member.spiffe_id.clone(),
+                initial_id: member.initial_id.clone(),
+                final_id: member.final_id.clone(),
+                validates_with: by_service.then(|| members[next].service.clone()),
                 admin: SocketAddr::from(([127, 0, 0, 1], admin_port)),
                 outbound: SocketAddr::from(([127, 0, 0, 1], outbound_port)),
                 child,
@@ -173,14 +188,14 @@ impl EnvoyRing {
                     let log = std::fs::read_to_string(&sidecar.log).unwrap_or_default();
                     return Err(anyhow!("Envoy {} exited ({status}):\n{log}", sidecar.name));
                 }
-                if sidecar.presents_its_identity().await {
+                if sidecar.is_live().await && sidecar.presents(&sidecar.initial_id).await {
                     break;
                 }
                 if Instant::now() > deadline {
                     return Err(anyhow!(
                         "Envoy {} did not go LIVE holding {} within {START_TIMEOUT:?} (log: {})",
                         sidecar.name,
-                        sidecar.spiffe_id,
+                        sidecar.initial_id,
                         sidecar.log.display()
                     ));
                 }
@@ -209,12 +224,26 @@ impl EnvoyRing {
 }
 
 impl Sidecar {
-    async fn presents_its_identity(&self) -> bool {
-        let live =
-            matches!(admin_get(self.admin, "/ready").await, Some(body) if body.trim() == "LIVE");
-        live && admin_get(self.admin, "/certs")
+    async fn is_live(&self) -> bool {
+        matches!(admin_get(self.admin, "/ready").await, Some(body) if body.trim() == "LIVE")
+    }
+
+    /// Whether the certificate Envoy holds (admin `/certs`) carries `spiffe_id`.
+    pub async fn presents(&self, spiffe_id: &str) -> bool {
+        admin_get(self.admin, "/certs")
             .await
-            .is_some_and(|certs| certs.contains(&self.spiffe_id))
+            .is_some_and(|certs| certs.contains(spiffe_id))
+    }
+
+    /// The secret `name` as Envoy applied it (admin `/config_dump`, its active dynamic secrets), as JSON.
+    pub async fn applied_secret(&self, name: &str) -> Option<serde_json::Value> {
+        let body = admin_get(self.admin, "/config_dump?resource=dynamic_active_secrets").await?;
+        let dump: serde_json::Value = serde_json::from_str(&body).ok()?;
+        dump["configs"]
+            .as_array()?
+            .iter()
+            .find(|secret| secret["name"] == name)
+            .cloned()
     }
 
     async fn presented_serial(&self) -> Option<String> {
@@ -293,12 +322,13 @@ pub struct RingTraffic {
     workers: JoinSet<()>,
 }
 
-/// Where one worker sends requests: per sidecar, its outbound address, its name, and the next one's.
+/// Where one worker sends requests: per sidecar, its outbound address, its name and IDs, and the next
+/// one's name.
 #[derive(Clone, Debug)]
 struct Route {
     outbound: SocketAddr,
     caller: String,
-    caller_id: String,
+    caller_ids: [String; 2],
     callee: String,
 }
 
@@ -314,7 +344,7 @@ impl RingTraffic {
                 .map(|(i, s)| Route {
                     outbound: s.outbound,
                     caller: s.name.clone(),
-                    caller_id: s.spiffe_id.clone(),
+                    caller_ids: [s.initial_id.clone(), s.final_id.clone()],
                     callee: ring.sidecars[(i + 1) % count].name.clone(),
                 })
                 .collect(),
@@ -385,8 +415,10 @@ async fn request(
         Err(_) => format!("no response within {REQUEST_TIMEOUT:?}"),
         Ok(Err(error)) => format!("the caller's Envoy did not answer: {error}"),
         Ok(Ok((status, body))) if status.is_success() => {
-            let expected = format!("URI={}", route.caller_id);
-            if body.contains(&expected) {
+            // The caller presents its initial or its final SPIFFE ID; the app sees which in the
+            // `x-forwarded-client-cert` the callee's Envoy sets (`…;URI=<id>`, to the end or a `;`).
+            let seen = body.split(';').find_map(|part| part.strip_prefix("URI="));
+            if seen.is_some_and(|id| route.caller_ids.iter().any(|c| c == id)) {
                 return Ok(());
             }
             format!("the app saw another caller: {body:.200}")

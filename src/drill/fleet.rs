@@ -1,6 +1,6 @@
 //! A fleet of simulated proxies connected to an in-process daemon, and waiting on what they applied.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::proxy::{self, ProxySpec, ProxyTls};
+use super::tls::{ClientIds, PeerCheck};
 use crate::serve::Daemon;
 
 /// How long the drill's tokens are valid: far longer than any drill runs.
@@ -22,8 +23,12 @@ pub struct MemberSpec {
     pub name: String,
     /// Its `kuma.io/service` tag.
     pub service: String,
-    /// The SPIFFE ID its peers expect it to present.
-    pub expected_id: String,
+    /// Its labels (fixed in its token).
+    pub labels: BTreeMap<String, String>,
+    /// The SPIFFE ID it presents in the steady state.
+    pub initial_id: String,
+    /// The SPIFFE ID it presents once the scenario has converged.
+    pub final_id: String,
 }
 
 /// A running simulated proxy, as its peers see it.
@@ -31,9 +36,15 @@ pub struct MemberSpec {
 pub struct Member {
     /// Its name.
     pub name: String,
-    /// The SPIFFE ID its peers expect.
-    pub expected_id: String,
-    /// What it has applied (`None` until it holds an identity and a bundle).
+    /// The SPIFFE ID it presents in the steady state.
+    pub initial_id: String,
+    /// The SPIFFE ID it presents once the scenario has converged.
+    pub final_id: String,
+    /// How clients check it as a server.
+    pub check: PeerCheck,
+    /// What servers accept from it as a client: its initial or its final ID.
+    pub ids: ClientIds,
+    /// What it has applied (`None` until it holds every secret it subscribes to).
     pub state: watch::Receiver<Option<Arc<ProxyTls>>>,
 }
 
@@ -51,12 +62,15 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// Mints a token per member (labels none, tag `kuma.io/service`) and connects each to the
-    /// daemon's unix socket. Member `i` draws its apply delays from `seed ^ i`.
+    /// Mints a token per member (its labels, tag `kuma.io/service`) and connects each to the daemon's
+    /// unix socket. Member `i` draws its apply delays from `seed ^ i`. With `services`, every member
+    /// subscribes to their `meshservice:` contexts and clients check servers with the one of the
+    /// server's service; without, against the server's initial SPIFFE ID.
     pub fn start(
         daemon: &Daemon,
         mesh: &str,
         specs: &[MemberSpec],
+        services: &[String],
         seed: u64,
     ) -> anyhow::Result<Fleet> {
         let target = daemon
@@ -76,7 +90,7 @@ impl Fleet {
             let claims = meshca_auth::Claims::new_dataplane(
                 mesh,
                 spec.name.clone(),
-                BTreeMap::new(),
+                spec.labels.clone(),
                 tags,
                 TOKEN_LIFETIME,
                 now_unix,
@@ -91,14 +105,24 @@ impl Fleet {
                     token,
                     target: target.clone(),
                     seed: seed ^ index as u64,
+                    services: services.to_vec(),
                 },
                 state_tx,
                 applied_tx.clone(),
                 nacks.clone(),
             ));
+            let check = if services.is_empty() {
+                PeerCheck::Exact(spec.initial_id.clone())
+            } else {
+                PeerCheck::Service(spec.service.clone())
+            };
+            let ids = BTreeSet::from([spec.initial_id.clone(), spec.final_id.clone()]);
             members.push(Member {
                 name: spec.name.clone(),
-                expected_id: spec.expected_id.clone(),
+                initial_id: spec.initial_id.clone(),
+                final_id: spec.final_id.clone(),
+                check,
+                ids: ClientIds(ids),
                 state,
             });
         }

@@ -3,16 +3,18 @@
 //!
 //! The pieces: [`proxy`] (one SDS stream per proxy, Envoy-like delayed apply then ACK), [`tls`]
 //! (rustls configs from what a proxy applied, SPIFFE ID checks), [`traffic`] (handshakes between
-//! random pairs, counted per phase), [`fleet`] (the proxies and waiting on their state) and one
-//! module per scenario. With `--envoy`, [`envoy`] runs real Envoy sidecars instead of the simulated
-//! proxies and counts HTTP requests through them, each a new mTLS handshake.
+//! random pairs, counted per phase), [`fleet`] (the proxies and waiting on their state), [`scenario`]
+//! (each drill as a script of resource edits) and [`play`] (which plays a script). With `--envoy`,
+//! [`envoy`] runs real Envoy sidecars instead of the simulated proxies and counts HTTP requests through
+//! them, each a new mTLS handshake.
 
-pub mod ca_rotation;
 pub mod envoy;
 pub mod fleet;
+pub mod play;
 pub mod proxy;
 pub mod report;
 pub mod rng;
 pub mod sandbox;
+pub mod scenario;
 pub mod tls;
 pub mod traffic;

@@ -1,9 +1,10 @@
-//! A simulated Envoy sidecar: one SDS `StreamSecrets` stream for `default` and
-//! `system_trust_bundle`. Like Envoy it applies each response in order, only after a delay (the time
+//! A simulated Envoy sidecar: one SDS `StreamSecrets` stream for `default`, `system_trust_bundle` and,
+//! when the drill's clients validate servers per MeshService, a `meshservice:<name>` context per
+//! service. Like Envoy it applies each response in order, only after a delay (the time
 //! a real proxy takes to hand new secrets to its workers; here 0–500 ms from a seeded PRNG), and only
 //! then ACKs. What it has applied is published as an immutable [`ProxyTls`] through a watch channel.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::sync::watch;
 
 use super::rng::SplitMix64;
-use super::tls::{self, Endpoint, ANY_TRUST_DOMAIN};
+use super::tls::{self, Bundle, Endpoint, ServiceContext, ANY_TRUST_DOMAIN};
 
 /// The identity secret a proxy asks for.
 pub const IDENTITY: &str = "default";
@@ -27,6 +28,9 @@ pub const IDENTITY: &str = "default";
 pub const TRUST: &str = "system_trust_bundle";
 /// The longest simulated apply delay.
 const MAX_APPLY_DELAY_MS: u64 = 500;
+
+/// The prefix of MeshService validation contexts.
+pub const MESHSERVICE: &str = "meshservice:";
 
 /// What a proxy has applied: its SVID and the CAs it trusts, with the TLS configs built from them.
 #[derive(Debug)]
@@ -36,7 +40,9 @@ pub struct ProxyTls {
     /// Its certificate chain, leaf first.
     pub chain: Vec<CertificateDer<'static>>,
     /// Trust domain → CA certificates (from the SPIFFE validator config).
-    pub bundle: BTreeMap<String, Vec<CertificateDer<'static>>>,
+    pub bundle: Bundle,
+    /// The `meshservice:` contexts, by MeshService name.
+    pub services: BTreeMap<String, ServiceContext>,
     /// The rustls configs; they hold the private key (as rustls' signing key) and nothing else does.
     pub endpoint: Endpoint,
 }
@@ -61,22 +67,36 @@ pub struct ProxySpec {
     pub target: String,
     /// Seeds its apply delays.
     pub seed: u64,
+    /// The MeshServices whose `meshservice:` contexts it subscribes to.
+    pub services: Vec<String>,
 }
 
-/// Secrets received but not yet necessarily usable together (a response may hold only one).
-#[derive(Default)]
+/// Secrets received but not yet necessarily usable together (a response may hold only some).
 struct Held {
     identity: Option<(String, SecretPem)>,
-    bundle: Option<BTreeMap<String, Vec<CertificateDer<'static>>>>,
+    bundle: Option<Bundle>,
+    services: BTreeMap<String, ServiceContext>,
+    /// How many contexts it subscribes to: the state is usable once all of them arrived.
+    wanted_services: usize,
 }
 
 impl Held {
-    /// Takes a response in; returns the new state to publish once both halves are known.
+    fn new(wanted_services: usize) -> Held {
+        Held {
+            identity: None,
+            bundle: None,
+            services: BTreeMap::new(),
+            wanted_services,
+        }
+    }
+
+    /// Takes a response in; returns the new state to publish once every secret is known.
     /// On error nothing changes (the proxy NACKs and keeps what it had, as Envoy does).
     fn apply(&mut self, response: &DiscoveryResponse) -> anyhow::Result<Option<ProxyTls>> {
         let secrets = decode_secrets(response)?;
         let mut identity = self.identity.clone();
         let mut bundle = self.bundle.clone();
+        let mut services = self.services.clone();
         for secret in &secrets {
             match secret.name.as_str() {
                 IDENTITY => {
@@ -87,22 +107,44 @@ impl Held {
                     })?);
                 }
                 TRUST => bundle = Some(parse_bundle(describe(secret).kind)?),
-                other => return Err(anyhow!("unexpected secret {other:?} in the response")),
+                name => match name.strip_prefix(MESHSERVICE) {
+                    Some(service) => {
+                        let context = parse_service(describe(secret).kind)
+                            .with_context(|| format!("{name:?}"))?;
+                        services.insert(service.to_owned(), context);
+                    }
+                    None => return Err(anyhow!("unexpected secret {name:?} in the response")),
+                },
             }
         }
         let state = match (&identity, &bundle) {
-            (Some((chain_pem, key)), Some(bundle)) => Some(build(chain_pem, key, bundle.clone())?),
+            (Some((chain_pem, key)), Some(bundle)) if services.len() == self.wanted_services => {
+                Some(build(chain_pem, key, bundle.clone(), services.clone())?)
+            }
             _ => None,
         };
         self.identity = identity;
         self.bundle = bundle;
+        self.services = services;
         Ok(state)
     }
 }
 
-fn parse_bundle(
-    kind: SecretKindView,
-) -> anyhow::Result<BTreeMap<String, Vec<CertificateDer<'static>>>> {
+/// A `meshservice:` context: its SAN matchers and CAs.
+fn parse_service(kind: SecretKindView) -> anyhow::Result<ServiceContext> {
+    let ids = match &kind {
+        SecretKindView::ValidationContext {
+            subject_alt_names, ..
+        } => subject_alt_names.iter().cloned().collect(),
+        _ => BTreeSet::new(),
+    };
+    Ok(ServiceContext {
+        ids,
+        bundle: parse_bundle(kind)?,
+    })
+}
+
+fn parse_bundle(kind: SecretKindView) -> anyhow::Result<Bundle> {
     let parse = |pem: &str| -> anyhow::Result<Vec<CertificateDer<'static>>> {
         CertificateDer::pem_slice_iter(pem.as_bytes())
             .collect::<Result<Vec<_>, _>>()
@@ -130,7 +172,8 @@ fn parse_bundle(
 fn build(
     chain_pem: &str,
     key: &SecretPem,
-    bundle: BTreeMap<String, Vec<CertificateDer<'static>>>,
+    bundle: Bundle,
+    services: BTreeMap<String, ServiceContext>,
 ) -> anyhow::Result<ProxyTls> {
     let chain = CertificateDer::pem_slice_iter(chain_pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
@@ -141,11 +184,12 @@ fn build(
     let spiffe_id = tls::spiffe_id(leaf).map_err(|e| anyhow!("own certificate: {e}"))?;
     let key = PrivateKeyDer::from_pem_slice(key.expose().as_bytes())
         .map_err(|e| anyhow!("the private key does not decode: {e}"))?;
-    let endpoint = Endpoint::new(chain.clone(), key, &bundle)?;
+    let endpoint = Endpoint::new(chain.clone(), key, &bundle, &services)?;
     Ok(ProxyTls {
         spiffe_id,
         chain,
         bundle,
+        services,
         endpoint,
     })
 }
@@ -163,14 +207,15 @@ pub async fn run(
         .await
         .with_context(|| format!("{}: cannot connect to SDS", spec.name))?;
     let node_id = format!("{}.{}", spec.mesh, spec.name);
-    let names = vec![IDENTITY.to_owned(), TRUST.to_owned()];
+    let mut names = vec![IDENTITY.to_owned(), TRUST.to_owned()];
+    names.extend(spec.services.iter().map(|s| format!("{MESHSERVICE}{s}")));
     let (requests, mut responses) = client
         .open_stream(&node_id, &names, None, 4)
         .await
         .with_context(|| format!("{}: StreamSecrets refused", spec.name))?;
 
     let mut rng = SplitMix64::new(spec.seed);
-    let mut held = Held::default();
+    let mut held = Held::new(spec.services.len());
     let mut applied_version = String::new();
     loop {
         let response = responses

@@ -35,7 +35,8 @@ pub struct Report {
 /// One phase of a drill.
 #[derive(Clone, Debug, Serialize)]
 pub struct PhaseReport {
-    /// `steady`, `rotation` or `converged`.
+    /// `steady`; `rotation` or `migration` (the edits, convergence, and on to its minimum count); then
+    /// `converged`.
     pub name: &'static str,
     /// Handshakes made.
     pub handshakes: u64,
@@ -145,13 +146,14 @@ impl Report {
             "drill {}: {} {kind}, gate {gate}, seed {}",
             self.scenario, self.proxies, self.seed
         );
-        for phase in &self.phases {
+        for (i, phase) in self.phases.iter().enumerate() {
             let _ = write!(
                 out,
                 "{}: {} handshakes, {} failed",
                 phase.name, phase.handshakes, phase.failed
             );
-            if phase.name == "rotation" {
+            // The second phase is the change (`rotation` or `migration`).
+            if i == 1 {
                 match self.converge_seconds {
                     Some(s) => {
                         let _ = write!(out, ", converged in {s:.2} s");

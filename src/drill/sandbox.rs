@@ -63,6 +63,12 @@ impl Sandbox {
             .with_context(|| format!("cannot replace {}", target.display()))
     }
 
+    /// Removes a resource file.
+    pub fn remove_resource(&self, name: &str) -> anyhow::Result<()> {
+        let target = self.resources().join(name);
+        std::fs::remove_file(&target).with_context(|| format!("cannot remove {}", target.display()))
+    }
+
     /// The sandbox root.
     pub fn root(&self) -> &Path {
         &self.root

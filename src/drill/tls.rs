@@ -2,11 +2,13 @@
 //!
 //! The server side requires a client certificate that chains to the proxy's bundle (rustls' stock
 //! client verifier does that well) and checks the client's SPIFFE ID after the handshake. The client
-//! side needs its own verifier: rustls' stock server verifier insists on a DNS name or IP address and
-//! SVIDs carry only a URI SAN, which rustls' stock server verifier (it wants a DNS name) rejects. Like Envoy's SPIFFE validator, it picks the
-//! anchors of the expected peer's trust domain, checks the chain for serverAuth and then the URI SAN.
+//! side needs its own verifier, since SVIDs carry only a URI SAN and rustls' stock server verifier
+//! wants a DNS name. Like Envoy's SPIFFE validator, it picks the anchors of the trust domain of the ID
+//! the server presents, checks the chain for serverAuth and then the URI SAN: against one pinned ID,
+//! or against the IDs of a `meshservice:` context the client applied.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -39,6 +41,12 @@ pub enum TlsSetupError {
         domain: String,
         /// What rustls/webpki said.
         reason: String,
+    },
+    /// A client was asked to check a server with a `meshservice:` context it has not applied.
+    #[error("no meshservice:{name} context applied")]
+    NoServiceContext {
+        /// The MeshService.
+        name: String,
     },
     /// The certificate chain and key do not make a usable identity.
     #[error("the identity secret is unusable: {reason}")]
@@ -93,23 +101,87 @@ pub fn trust_domain(id: &str) -> Option<&str> {
     id.strip_prefix("spiffe://")?.split('/').next()
 }
 
-/// The rustls side of one applied state: a server config, and client configs per expected peer ID.
+/// Trust domain → CA certificates, as a validation context carries them (the SPIFFE validator's form;
+/// a plain `trusted_ca` context is filed under [`ANY_TRUST_DOMAIN`]).
+pub type Bundle = BTreeMap<String, Vec<CertificateDer<'static>>>;
+
+/// A `meshservice:<name>` validation context as a proxy applied it: the SPIFFE IDs a server of the
+/// service may present, and the CAs that vouch for them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceContext {
+    /// The SAN matchers: exactly these IDs are accepted.
+    pub ids: BTreeSet<String>,
+    /// The CAs, per trust domain.
+    pub bundle: Bundle,
+}
+
+/// How a client checks the server it connects to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum PeerCheck {
+    /// Chains to the proxy's mesh bundle and carries exactly this SPIFFE ID (a pinned outbound).
+    Exact(String),
+    /// Passes the `meshservice:<name>` context the client applied: chains to its CAs and carries one of
+    /// its IDs (how clients validate servers while a service's identities change).
+    Service(String),
+}
+
+impl fmt::Display for PeerCheck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PeerCheck::Exact(id) => f.write_str(id),
+            PeerCheck::Service(name) => write!(f, "meshservice:{name}"),
+        }
+    }
+}
+
+/// What a client accepts from a server: IDs, and the anchors per trust domain.
+#[derive(Clone, Debug)]
+struct Acceptance {
+    ids: BTreeSet<String>,
+    anchors: BTreeMap<String, Arc<RootCertStore>>,
+}
+
+/// The rustls side of one applied state: a server config, and client configs per peer check.
 #[derive(Debug)]
 pub struct Endpoint {
     server: Arc<ServerConfig>,
     identity: Arc<FixedIdentity>,
     anchors: BTreeMap<String, Arc<RootCertStore>>,
-    /// One client config per expected server SPIFFE ID, made on first use (a drill has a handful of
-    /// services). Only held while looking up or inserting, never across an await.
-    clients: Mutex<HashMap<String, Arc<ClientConfig>>>,
+    services: BTreeMap<String, Acceptance>,
+    /// One client config per peer check, made on first use (a drill has a handful of services). Only
+    /// held while looking up or inserting, never across an await.
+    clients: Mutex<HashMap<PeerCheck, Arc<ClientConfig>>>,
+}
+
+/// One root store per trust domain of `bundle`, and one of every CA.
+fn stores(
+    bundle: &Bundle,
+) -> Result<(BTreeMap<String, Arc<RootCertStore>>, RootCertStore), TlsSetupError> {
+    let mut all = RootCertStore::empty();
+    let mut anchors = BTreeMap::new();
+    for (domain, certs) in bundle {
+        let mut store = RootCertStore::empty();
+        for cert in certs {
+            let bad_anchor = |e: rustls::Error| TlsSetupError::BadAnchor {
+                domain: domain.clone(),
+                reason: e.to_string(),
+            };
+            store.add(cert.clone()).map_err(bad_anchor)?;
+            all.add(cert.clone()).map_err(bad_anchor)?;
+        }
+        anchors.insert(domain.clone(), Arc::new(store));
+    }
+    Ok((anchors, all))
 }
 
 impl Endpoint {
-    /// Builds the configs from a chain (leaf first), its key and the bundle (trust domain → CAs).
+    /// Builds the configs from a chain (leaf first), its key, the mesh bundle and the `meshservice:`
+    /// contexts applied (by MeshService name).
     pub fn new(
         chain: Vec<CertificateDer<'static>>,
         key: PrivateKeyDer<'static>,
-        bundle: &BTreeMap<String, Vec<CertificateDer<'static>>>,
+        bundle: &Bundle,
+        services: &BTreeMap<String, ServiceContext>,
     ) -> Result<Endpoint, TlsSetupError> {
         let bad_identity = |reason: String| TlsSetupError::BadIdentity { reason };
         if chain.is_empty() {
@@ -119,23 +191,18 @@ impl Endpoint {
             .map_err(|e| bad_identity(e.to_string()))?;
         let identity = Arc::new(FixedIdentity(Arc::new(certified)));
 
-        let mut all = RootCertStore::empty();
-        let mut anchors = BTreeMap::new();
-        for (domain, certs) in bundle {
-            let mut store = RootCertStore::empty();
-            for cert in certs {
-                let bad_anchor = |e: rustls::Error| TlsSetupError::BadAnchor {
-                    domain: domain.clone(),
-                    reason: e.to_string(),
-                };
-                store.add(cert.clone()).map_err(bad_anchor)?;
-                all.add(cert.clone()).map_err(bad_anchor)?;
-            }
-            anchors.insert(domain.clone(), Arc::new(store));
-        }
+        let (anchors, all) = stores(bundle)?;
         if all.is_empty() {
             return Err(TlsSetupError::EmptyBundle);
         }
+        let services = services
+            .iter()
+            .map(|(name, context)| {
+                let (anchors, _) = stores(&context.bundle)?;
+                let ids = context.ids.clone();
+                Ok((name.clone(), Acceptance { ids, anchors }))
+            })
+            .collect::<Result<_, TlsSetupError>>()?;
         let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(all), PROVIDER.clone())
             .build()
             .map_err(|e| TlsSetupError::BadAnchor {
@@ -154,6 +221,7 @@ impl Endpoint {
             server: Arc::new(server),
             identity,
             anchors,
+            services,
             clients: Mutex::new(HashMap::new()),
         })
     }
@@ -163,20 +231,26 @@ impl Endpoint {
         self.server.clone()
     }
 
-    /// A client config that accepts only a server presenting `expected` (a SPIFFE ID).
-    pub fn client_for(&self, expected: &str) -> Result<Arc<ClientConfig>, TlsSetupError> {
+    /// A client config that accepts only a server that passes `check`.
+    pub fn client_for(&self, check: &PeerCheck) -> Result<Arc<ClientConfig>, TlsSetupError> {
         let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(config) = clients.get(expected) {
+        if let Some(config) = clients.get(check) {
             return Ok(config.clone());
         }
-        let roots = trust_domain(expected)
-            .and_then(|domain| self.anchors.get(domain))
-            .or_else(|| self.anchors.get(ANY_TRUST_DOMAIN))
-            .cloned()
-            .unwrap_or_else(|| Arc::new(RootCertStore::empty()));
+        let acceptance = match check {
+            PeerCheck::Exact(id) => Acceptance {
+                ids: BTreeSet::from([id.clone()]),
+                anchors: self.anchors.clone(),
+            },
+            PeerCheck::Service(name) => self
+                .services
+                .get(name)
+                .cloned()
+                .ok_or_else(|| TlsSetupError::NoServiceContext { name: name.clone() })?,
+        };
         let verifier = Arc::new(SpiffeServerVerifier {
-            expected: expected.to_owned(),
-            roots,
+            check: check.clone(),
+            acceptance,
         });
         let mut config = ClientConfig::builder_with_provider(PROVIDER.clone())
             .with_safe_default_protocol_versions()
@@ -188,7 +262,7 @@ impl Endpoint {
             .with_client_cert_resolver(self.identity.clone());
         config.resumption = Resumption::disabled();
         let config = Arc::new(config);
-        clients.insert(expected.to_owned(), config.clone());
+        clients.insert(check.clone(), config.clone());
         Ok(config)
     }
 }
@@ -218,23 +292,27 @@ impl rustls::server::ResolvesServerCert for FixedIdentity {
 #[error("{0}")]
 struct PeerIdRejected(String);
 
-/// Compares the SPIFFE ID of a peer's leaf certificate with the one expected of it.
-pub fn check_peer_id(leaf: &[u8], expected: &str) -> Result<(), String> {
+/// Checks that a peer's leaf certificate carries one of the SPIFFE IDs `accepted`; `what` names them
+/// in the error (an ID, or the context they come from).
+pub fn check_peer_id(
+    leaf: &[u8],
+    accepted: &BTreeSet<String>,
+    what: &dyn fmt::Display,
+) -> Result<(), String> {
     match spiffe_id(leaf) {
-        Ok(presented) if presented == expected => Ok(()),
-        Ok(presented) => Err(format!(
-            "the peer presents {presented}, expected {expected}"
-        )),
-        Err(reason) => Err(format!("{reason} (expected {expected})")),
+        Ok(presented) if accepted.contains(&presented) => Ok(()),
+        Ok(presented) => Err(format!("the peer presents {presented}, expected {what}")),
+        Err(reason) => Err(format!("{reason} (expected {what})")),
     }
 }
 
-/// Checks a server's SVID: chain to the anchors of the expected trust domain for serverAuth, then
-/// the URI SAN equal to the expected SPIFFE ID. The TLS server name is not used.
+/// Checks a server's SVID as Envoy's SPIFFE validator does: the anchors of the trust domain of the
+/// presented SPIFFE ID, the chain for serverAuth, then the URI SAN among the accepted IDs. The TLS server
+/// name is not used.
 #[derive(Debug)]
 struct SpiffeServerVerifier {
-    expected: String,
-    roots: Arc<RootCertStore>,
+    check: PeerCheck,
+    acceptance: Acceptance,
 }
 
 impl ServerCertVerifier for SpiffeServerVerifier {
@@ -246,15 +324,24 @@ impl ServerCertVerifier for SpiffeServerVerifier {
         _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
+        let anchors = &self.acceptance.anchors;
+        let presented = spiffe_id(end_entity).ok();
+        let roots = presented
+            .as_deref()
+            .and_then(trust_domain)
+            .and_then(|domain| anchors.get(domain))
+            .or_else(|| anchors.get(ANY_TRUST_DOMAIN))
+            .cloned()
+            .unwrap_or_else(|| Arc::new(RootCertStore::empty()));
         let parsed = ParsedCertificate::try_from(end_entity)?;
         verify_server_cert_signed_by_trust_anchor(
             &parsed,
-            &self.roots,
+            &roots,
             intermediates,
             now,
             PROVIDER.signature_verification_algorithms.all,
         )?;
-        check_peer_id(end_entity, &self.expected).map_err(|reason| {
+        check_peer_id(end_entity, &self.acceptance.ids, &self.check).map_err(|reason| {
             rustls::Error::Other(rustls::OtherError(Arc::new(PeerIdRejected(reason))))
         })?;
         Ok(ServerCertVerified::assertion())
@@ -316,19 +403,36 @@ pub struct HandshakeFailure {
 /// Size of the in-memory pipe: a whole handshake flight fits, so neither side blocks on the other.
 const PIPE_BYTES: usize = 64 * 1024;
 
-/// One real mutual-TLS handshake over an in-memory pipe: `client` expects the server to present
-/// `server_id`, `server` expects `client_id` from the client. Both ends run to completion; the
+/// What a server accepts from a client: a certificate its mesh bundle vouches for, carrying one of
+/// these SPIFFE IDs (what the client may legitimately present, before and after a migration).
+#[derive(Clone, Debug)]
+pub struct ClientIds(pub BTreeSet<String>);
+
+impl fmt::Display for ClientIds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ids: Vec<&str> = self.0.iter().map(String::as_str).collect();
+        match ids.as_slice() {
+            [one] => f.write_str(one),
+            many => write!(f, "one of {}", many.join(", ")),
+        }
+    }
+}
+
+/// One real mutual-TLS handshake over an in-memory pipe: `client` checks the server with
+/// `server_check`, `server` accepts `client_ids` from the client. Both ends run to completion; the
 /// failure reported is the one detected locally (not the alert the other end merely received).
 pub async fn handshake(
     client: &Endpoint,
     server: &Endpoint,
-    server_id: &str,
-    client_id: &str,
+    server_check: &PeerCheck,
+    client_ids: &ClientIds,
 ) -> Result<(), HandshakeFailure> {
-    let client_config = client.client_for(server_id).map_err(|e| HandshakeFailure {
-        side: Side::Client,
-        reason: e.to_string(),
-    })?;
+    let client_config = client
+        .client_for(server_check)
+        .map_err(|e| HandshakeFailure {
+            side: Side::Client,
+            reason: e.to_string(),
+        })?;
     let connector = tokio_rustls::TlsConnector::from(client_config);
     let acceptor = tokio_rustls::TlsAcceptor::from(server.server());
     let (client_io, server_io) = tokio::io::duplex(PIPE_BYTES);
@@ -343,7 +447,7 @@ pub async fn handshake(
             .peer_certificates()
             .and_then(|certs| certs.first())
             .ok_or_else(|| std::io::Error::other("the client presented no certificate"))?;
-        check_peer_id(leaf, client_id).map_err(std::io::Error::other)?;
+        check_peer_id(leaf, &client_ids.0, client_ids).map_err(std::io::Error::other)?;
         Ok::<_, std::io::Error>(tls)
     });
     let failure = |side, error: &std::io::Error| HandshakeFailure {

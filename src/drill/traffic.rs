@@ -212,8 +212,8 @@ async fn one(client: &Member, server: &Member) -> Result<(), (String, String)> {
     let attempt = tls::handshake(
         &client_state.endpoint,
         &server_state.endpoint,
-        &server.expected_id,
-        &client.expected_id,
+        &server.check,
+        &client.ids,
     );
     let failure = match tokio::time::timeout(HANDSHAKE_TIMEOUT, attempt).await {
         Ok(Ok(())) => return Ok(()),

@@ -1,0 +1,571 @@
+//! Plays a [`Script`] against an in-process daemon: the steady state, the edits (waiting where a staged
+//! script says so), convergence, with handshakes counted throughout. Simulated proxies by default, real
+//! Envoy sidecars with `--envoy`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::anyhow;
+use meshca_auth::Claims;
+use rustls_pki_types::CertificateDer;
+
+use super::envoy::{EnvoyRing, RingMember, RingTraffic, Sidecar};
+use super::fleet::{Fleet, Member, MemberSpec, States};
+use super::proxy::ProxyTls;
+use super::report::{Header, Outcome, Report};
+use super::sandbox::Sandbox;
+use super::scenario::{Edit, Script, Wait, MESH};
+use super::tls::issued_by;
+use super::traffic::Traffic;
+use crate::serve::{Daemon, DaemonOptions};
+
+/// Concurrent handshake workers.
+const WORKERS: usize = 4;
+/// How long the fleet may take to reach the steady state, to satisfy a staged wait, and to converge
+/// after the edits.
+const CONVERGE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What to drill.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// How many proxies (at least 2).
+    pub proxies: usize,
+    /// The daemon's ordering gate.
+    pub gate: bool,
+    /// Seeds apply delays and handshake pairs.
+    pub seed: u64,
+    /// Minimum handshakes over the three phases.
+    pub handshakes: u64,
+    /// Real Envoy sidecars from this binary instead of simulated proxies.
+    pub envoy: Option<PathBuf>,
+}
+
+impl Options {
+    /// Minimum handshakes per phase: a fifth for `steady` and `converged`, the rest for the change.
+    fn phase_minimums(&self) -> [u64; 3] {
+        let edge = (self.handshakes / 5).max(1);
+        let middle = self.handshakes.saturating_sub(2 * edge).max(1);
+        [edge, middle, edge]
+    }
+
+    fn header(&self, script: &Script) -> Header {
+        Header {
+            scenario: script.name,
+            gate: self.gate,
+            proxies: self.proxies,
+            envoy: self.envoy.is_some(),
+            seed: self.seed,
+        }
+    }
+}
+
+/// Plays `script` and reports. An error means the drill could not even start (or reach its steady
+/// state); problems after that are in the report.
+pub async fn run(script: Script, options: Options) -> anyhow::Result<Report> {
+    let (sandbox, daemon) = start_daemon(&script, options.gate).await?;
+    let result = match options.envoy.clone() {
+        Some(envoy) => with_envoy(&script, &options, &daemon, &sandbox, envoy).await,
+        None => simulated(&script, &options, &daemon, &sandbox).await,
+    };
+    daemon.stop().await;
+    result
+}
+
+/// A sandbox with the steady-state resources and an in-process daemon serving them.
+async fn start_daemon(script: &Script, gate: bool) -> anyhow::Result<(Sandbox, Daemon)> {
+    let sandbox = Sandbox::new()?;
+    tracing::info!(dir = %sandbox.root().display(), scenario = script.name, "drill: starting an in-process daemon");
+    for (name, yaml) in &script.initial {
+        sandbox.write_resource(name, yaml)?;
+    }
+    let daemon = Daemon::start(
+        sandbox.settings(),
+        DaemonOptions {
+            gate,
+            watch_files: false,
+        },
+    )
+    .await?;
+    Ok((sandbox, daemon))
+}
+
+async fn simulated(
+    script: &Script,
+    options: &Options,
+    daemon: &Daemon,
+    sandbox: &Sandbox,
+) -> anyhow::Result<Report> {
+    let specs: Vec<MemberSpec> = script
+        .members(options.proxies)
+        .into_iter()
+        .map(|(name, service, labels)| {
+            let (initial, last) = script.ids_of(&service);
+            MemberSpec {
+                initial_id: initial.to_owned(),
+                final_id: last.to_owned(),
+                name,
+                service,
+                labels,
+            }
+        })
+        .collect();
+    let mut fleet = Fleet::start(daemon, MESH, &specs, &script.services(), options.seed)?;
+    let result = play_simulated(script, options, daemon, sandbox, &mut fleet).await;
+    fleet.stop().await;
+    result
+}
+
+async fn play_simulated(
+    script: &Script,
+    options: &Options,
+    daemon: &Daemon,
+    sandbox: &Sandbox,
+    fleet: &mut Fleet,
+) -> anyhow::Result<Report> {
+    let members = fleet.members.clone();
+    // Steady: every proxy presents its initial ID, and accepts every service's initial ID (proxies that
+    // connected early learn the IDs of later ones from pushes they apply one by one).
+    let steady = fleet
+        .wait_until(CONVERGE_TIMEOUT, |states| {
+            every(&members, states, |m, s| {
+                s.spiffe_id == m.initial_id && accepts(script, s, Stage::Initial)
+            })
+        })
+        .await?;
+    if !steady {
+        return Err(anyhow!(
+            "the steady state was not reached: within {CONVERGE_TIMEOUT:?} not every proxy applied its identity (e.g. {}) and its trust",
+            members.first().map_or("", |m| m.initial_id.as_str())
+        ));
+    }
+    let old_ca = single_ca(&fleet.states())?;
+    tracing::info!(proxies = options.proxies, "drill: steady state");
+
+    let [steady_min, change_min, converged_min] = options.phase_minimums();
+    let mut traffic = Traffic::start(members.clone(), options.seed, WORKERS, "steady");
+    let mut outcome = Outcome::default();
+    let change = async {
+        traffic.wait_handshakes(steady_min).await?;
+        traffic.begin_phase(script.change_phase);
+        let started = Instant::now();
+        for edit in &script.edits {
+            apply(daemon, sandbox, edit).await?;
+            if let Some(wait) = &edit.wait {
+                let done = fleet
+                    .wait_until(CONVERGE_TIMEOUT, |states| {
+                        every(&members, states, |m, s| satisfies(wait, script, m, s))
+                    })
+                    .await?;
+                if !done {
+                    return Err(anyhow!(
+                        "staged: within {CONVERGE_TIMEOUT:?} not every proxy reached {wait:?}"
+                    ));
+                }
+                tracing::info!(?wait, "drill: every proxy is there");
+            }
+        }
+        tracing::info!("drill: every edit applied by the daemon; waiting for the proxies");
+        let converged = fleet
+            .wait_until(CONVERGE_TIMEOUT, |states| {
+                is_converged(&members, states, &old_ca)
+            })
+            .await?;
+        if !converged {
+            return Err(anyhow!(
+                "no convergence within {CONVERGE_TIMEOUT:?}: {}; the daemon counts proxies by issuer as {}",
+                progress(&members, &fleet.states(), &old_ca),
+                issuers(daemon)
+            ));
+        }
+        outcome.converge_seconds = Some(started.elapsed().as_secs_f64());
+        tracing::info!(seconds = ?started.elapsed(), "drill: converged");
+        traffic.wait_handshakes(change_min).await?;
+        traffic.begin_phase("converged");
+        traffic.wait_handshakes(converged_min).await
+    };
+    if let Err(error) = change.await {
+        outcome.error = Some(format!("{error:#}"));
+    }
+    let phases = traffic.stop().await;
+    outcome.nacks = fleet.nacks();
+    Ok(Report::new(options.header(script), phases, outcome))
+}
+
+/// Whether `check` holds for every member's applied state (none missing).
+fn every(members: &[Member], states: &States, check: impl Fn(&Member, &ProxyTls) -> bool) -> bool {
+    members
+        .iter()
+        .zip(states)
+        .all(|(member, state)| state.as_ref().is_some_and(|s| check(member, s)))
+}
+
+/// The initial or the final IDs of a script.
+#[derive(Clone, Copy, Debug)]
+enum Stage {
+    Initial,
+    Final,
+}
+
+/// The initial or final SPIFFE ID of `service`'s proxies.
+fn id_of<'a>(script: &'a Script, service: &str, stage: Stage) -> &'a str {
+    let (initial, last) = script.ids_of(service);
+    match stage {
+        Stage::Initial => initial,
+        Stage::Final => last,
+    }
+}
+
+/// Whether every `meshservice:` context a proxy applied accepts the `stage` ID of its service.
+fn accepts(script: &Script, state: &ProxyTls, stage: Stage) -> bool {
+    script.services().iter().all(|service| {
+        state
+            .services
+            .get(service)
+            .is_some_and(|context| context.ids.contains(id_of(script, service, stage)))
+    })
+}
+
+/// Whether a proxy has reached what a staged edit waits for.
+fn satisfies(wait: &Wait, script: &Script, member: &Member, state: &ProxyTls) -> bool {
+    match wait {
+        Wait::FinalIdsAccepted => accepts(script, state, Stage::Final),
+        Wait::DomainTrusted(domain) => state.bundle.contains_key(*domain),
+        Wait::FinalIdPresented => state.spiffe_id == member.final_id,
+    }
+}
+
+/// Writes and removes the files of `edit` and has the daemon apply them (snapshot published, not yet
+/// delivered).
+async fn apply(daemon: &Daemon, sandbox: &Sandbox, edit: &Edit) -> anyhow::Result<()> {
+    for (name, content) in &edit.files {
+        match content {
+            Some(yaml) => sandbox.write_resource(name, yaml)?,
+            None => sandbox.remove_resource(name)?,
+        }
+    }
+    match daemon.reload_resources().await? {
+        Ok(()) => {
+            tracing::info!(edit = edit.what, "drill: resource update applied");
+            Ok(())
+        }
+        Err(errors) => {
+            let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            Err(anyhow!(
+                "the daemon rejected the drill's edit ({}): {}",
+                edit.what,
+                lines.join("; ")
+            ))
+        }
+    }
+}
+
+/// The one CA every proxy trusts in the steady state.
+fn single_ca(states: &States) -> anyhow::Result<CertificateDer<'static>> {
+    let mut found: Option<&CertificateDer<'static>> = None;
+    for state in states.iter().flatten() {
+        let cas: Vec<_> = state.cas().collect();
+        match (cas.as_slice(), found) {
+            ([ca], None) => found = Some(ca),
+            ([ca], Some(seen)) if *ca == seen => {}
+            _ => {
+                return Err(anyhow!(
+                    "steady state: every proxy should trust exactly one and the same CA, one trusts {} CAs or another one",
+                    cas.len()
+                ))
+            }
+        }
+    }
+    found
+        .cloned()
+        .ok_or_else(|| anyhow!("steady state: no proxy holds a bundle"))
+}
+
+/// Converged: every proxy presents its final SPIFFE ID in a certificate from the same new CA, the only
+/// one it trusts.
+fn is_converged(members: &[Member], states: &States, old: &CertificateDer<'_>) -> bool {
+    let mut new: Option<&CertificateDer<'static>> = None;
+    members.iter().zip(states).all(|(member, state)| {
+        let Some(state) = state else { return false };
+        let cas: Vec<_> = state.cas().collect();
+        let [ca] = cas.as_slice() else { return false };
+        let same = *new.get_or_insert(ca) == *ca;
+        let top = state.chain.last();
+        same && *ca != old
+            && state.spiffe_id == member.final_id
+            && top.is_some_and(|cert| issued_by(cert, ca))
+    })
+}
+
+/// Where the fleet stands, for a timeout message.
+fn progress(members: &[Member], states: &States, old: &CertificateDer<'_>) -> String {
+    let mut missing = 0;
+    let mut presenting_old = 0;
+    let mut trusting_old = 0;
+    let mut not_final = 0;
+    for (member, state) in members.iter().zip(states) {
+        let Some(state) = state else {
+            missing += 1;
+            continue;
+        };
+        if state.chain.last().is_some_and(|cert| issued_by(cert, old)) {
+            presenting_old += 1;
+        }
+        if state.cas().any(|ca| ca == old) {
+            trusting_old += 1;
+        }
+        if state.spiffe_id != member.final_id {
+            not_final += 1;
+        }
+    }
+    format!(
+        "of {} proxies, {presenting_old} still present a certificate from the old CA, {trusting_old} still trust it, {not_final} do not present their final SPIFFE ID, {missing} hold nothing",
+        states.len()
+    )
+}
+
+/// The daemon's count of connected proxies by issuer, for messages.
+fn issuers(daemon: &Daemon) -> String {
+    let status = daemon.status.borrow();
+    status
+        .meshes
+        .iter()
+        .find(|m| m.name == MESH)
+        .map(|m| format!("{:?}", m.proxies_by_issuer))
+        .unwrap_or_default()
+}
+
+/// The daemon's view: every connected proxy of the mesh holds (has ACKed) a certificate from
+/// `final_issuer`, and no rollout step waits.
+fn daemon_converged(daemon: &Daemon, final_issuer: &str, proxies: usize) -> bool {
+    let status = daemon.status.borrow();
+    let Some(mesh) = status.meshes.iter().find(|m| m.name == MESH) else {
+        return false;
+    };
+    let expected = BTreeMap::from([(final_issuer.to_owned(), proxies)]);
+    mesh.proxies_by_issuer == expected && status.rollout.is_empty()
+}
+
+/// The same scenario with real Envoy sidecars in a ring (see [`super::envoy`]).
+async fn with_envoy(
+    script: &Script,
+    options: &Options,
+    daemon: &Daemon,
+    sandbox: &Sandbox,
+    envoy: PathBuf,
+) -> anyhow::Result<Report> {
+    let members: Vec<RingMember> = script
+        .members(options.proxies)
+        .into_iter()
+        .map(|(name, service, _)| {
+            let (initial, last) = script.ids_of(&service);
+            RingMember {
+                name,
+                initial_id: initial.to_owned(),
+                final_id: last.to_owned(),
+                service,
+            }
+        })
+        .collect();
+    let labels: BTreeMap<String, BTreeMap<String, String>> = script
+        .members(options.proxies)
+        .into_iter()
+        .map(|(name, _, labels)| (name, labels))
+        .collect();
+    let mint = |member: &RingMember| -> anyhow::Result<String> {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
+        let tags = BTreeMap::from([("kuma.io/service".to_owned(), member.service.clone())]);
+        let claims = Claims::new_dataplane(
+            MESH,
+            &member.name,
+            labels.get(&member.name).cloned().unwrap_or_default(),
+            tags,
+            Duration::from_secs(24 * 3600),
+            now,
+        )?;
+        daemon.mint_token(&claims)
+    };
+    let socket = sandbox.root().join("sds.sock");
+    let ring = EnvoyRing::start(
+        &envoy,
+        sandbox.root(),
+        &socket,
+        &members,
+        script.by_service,
+        &mint,
+        options.seed,
+    )
+    .await?;
+    for (name, delay) in &ring.laggards {
+        tracing::info!(proxy = %name, ?delay, "drill: this Envoy's SDS is relayed late");
+    }
+    let result = play_envoy(script, options, daemon, sandbox, &ring).await;
+    ring.stop().await;
+    result
+}
+
+async fn play_envoy(
+    script: &Script,
+    options: &Options,
+    daemon: &Daemon,
+    sandbox: &Sandbox,
+    ring: &EnvoyRing,
+) -> anyhow::Result<Report> {
+    poll_until(
+        "every Envoy to accept every service's initial SPIFFE ID",
+        || async {
+            for sidecar in &ring.sidecars {
+                if !envoy_accepts(script, sidecar, Stage::Initial).await {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await?;
+    let before = ring.presented_serials().await;
+    let [steady_min, change_min, converged_min] = options.phase_minimums();
+    let mut traffic = RingTraffic::start(ring, options.seed, WORKERS, "steady");
+    let mut outcome = Outcome::default();
+    let change = async {
+        traffic.wait_requests(steady_min).await?;
+        traffic.begin_phase(script.change_phase);
+        let started = Instant::now();
+        for edit in &script.edits {
+            apply(daemon, sandbox, edit).await?;
+            if let Some(wait) = &edit.wait {
+                poll_until(&format!("every Envoy to reach {wait:?}"), || async {
+                    for sidecar in &ring.sidecars {
+                        if !envoy_satisfies(wait, sidecar, script).await {
+                            return false;
+                        }
+                    }
+                    true
+                })
+                .await?;
+                tracing::info!(?wait, "drill: every Envoy is there");
+            }
+        }
+        tracing::info!("drill: every edit applied by the daemon; waiting for the Envoys");
+        let proxies = ring.sidecars.len();
+        poll_until("every Envoy to present its final identity", || async {
+            let serials = ring.presented_serials().await;
+            let renewed = serials
+                .iter()
+                .zip(&before)
+                .all(|(now, then)| now.is_some() && now != then);
+            let mut finals = true;
+            for sidecar in &ring.sidecars {
+                finals = finals && sidecar.presents(&sidecar.final_id).await;
+            }
+            renewed && finals && daemon_converged(daemon, script.final_issuer, proxies)
+        })
+        .await
+        .map_err(|e| {
+            anyhow!(
+                "{e}; the daemon counts proxies by issuer as {}",
+                issuers(daemon)
+            )
+        })?;
+        outcome.converge_seconds = Some(started.elapsed().as_secs_f64());
+        tracing::info!(seconds = ?started.elapsed(), "drill: every Envoy presents its final certificate");
+        traffic.wait_requests(change_min).await?;
+        traffic.begin_phase("converged");
+        traffic.wait_requests(converged_min).await
+    };
+    if let Err(error) = change.await {
+        outcome.error = Some(format!("{error:#}"));
+    }
+    let phases = traffic.stop().await;
+    Ok(Report::new(options.header(script), phases, outcome))
+}
+
+/// Whether an Envoy has reached what a staged edit waits for, from its admin interface.
+async fn envoy_satisfies(wait: &Wait, sidecar: &Sidecar, script: &Script) -> bool {
+    match wait {
+        Wait::FinalIdsAccepted => envoy_accepts(script, sidecar, Stage::Final).await,
+        Wait::DomainTrusted(domain) => sidecar
+            .applied_secret("system_trust_bundle")
+            .await
+            .is_some_and(|bundle| names_domain(&bundle, domain)),
+        Wait::FinalIdPresented => sidecar.presents(&sidecar.final_id).await,
+    }
+}
+
+/// Whether the `meshservice:` context an Envoy's outbound validates with (Envoy asks only for what a
+/// cluster uses) accepts the `stage` ID of its service. True for a sidecar that pins an ID.
+async fn envoy_accepts(script: &Script, sidecar: &Sidecar, stage: Stage) -> bool {
+    let Some(service) = &sidecar.validates_with else {
+        return true;
+    };
+    let id = format!("\"{}\"", id_of(script, service, stage));
+    sidecar
+        .applied_secret(&format!("meshservice:{service}"))
+        .await
+        .is_some_and(|context| context.to_string().contains(&id))
+}
+
+/// Whether a secret's JSON holds an object named `domain` (a SPIFFE validator trust domain entry).
+fn names_domain(value: &serde_json::Value, domain: &str) -> bool {
+    match value {
+        serde_json::Value::Object(map) => {
+            map.get("name").is_some_and(|name| name == domain)
+                || map.values().any(|v| names_domain(v, domain))
+        }
+        serde_json::Value::Array(items) => items.iter().any(|v| names_domain(v, domain)),
+        _ => false,
+    }
+}
+
+/// Polls `done` every 100 ms (Envoy's admin interface has nothing to wait on) until it holds, or fails
+/// after [`CONVERGE_TIMEOUT`] naming `what`.
+async fn poll_until<F, Fut>(what: &str, done: F) -> anyhow::Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        if done().await {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(anyhow!("waited {CONVERGE_TIMEOUT:?} for {what}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phase_minimums_add_up_to_the_total() {
+        let options = Options {
+            proxies: 50,
+            gate: true,
+            seed: 1,
+            handshakes: 10_000,
+            envoy: None,
+        };
+        assert_eq!(options.phase_minimums(), [2000, 6000, 2000]);
+        let tiny = Options {
+            handshakes: 1,
+            ..options.clone()
+        };
+        assert_eq!(tiny.phase_minimums(), [1, 1, 1]);
+    }
+
+    #[test]
+    fn a_trust_domain_is_found_anywhere_in_a_secret() {
+        let secret = serde_json::json!({
+            "name": "system_trust_bundle",
+            "secret": {"validation_context": {"custom_validator_config": {"typed_config": {
+                "trust_domains": [{"name": "old.example"}, {"name": "new.example"}]
+            }}}}
+        });
+        assert!(names_domain(&secret, "new.example"));
+        assert!(!names_domain(&secret, "other.example"));
+    }
+}
