@@ -108,11 +108,19 @@ impl DataplaneInfo {
         }
     }
 
-    /// Whether one of its inbounds carries every tag of `selector`.
-    pub fn has_inbound_with(&self, selector: &BTreeMap<String, String>) -> bool {
+    /// The tags of each inbound that carries every tag of `selector`.
+    pub fn inbounds_with<'a>(
+        &'a self,
+        selector: &'a BTreeMap<String, String>,
+    ) -> impl Iterator<Item = &'a BTreeMap<String, String>> + 'a {
         self.inbound_tags
             .iter()
-            .any(|tags| selector.iter().all(|(k, v)| tags.get(k) == Some(v)))
+            .filter(|tags| selector.iter().all(|(k, v)| tags.get(k) == Some(v)))
+    }
+
+    /// Whether one of its inbounds carries every tag of `selector`.
+    pub fn has_inbound_with(&self, selector: &BTreeMap<String, String>) -> bool {
+        self.inbounds_with(selector).next().is_some()
     }
 }
 

@@ -36,5 +36,5 @@ pub use listen::{bind, BoundAddr, BoundListeners, Listener};
 pub use log_budget::LogBudget;
 pub use metrics::{AckLag, SdsMetrics, ACK_LAG_BOUNDS};
 pub use registry::{StreamInfo, StreamKind, StreamRegistry};
-pub use secret::{SECRET_TYPE_URL, SPIFFE_VALIDATOR_NAME};
+pub use secret::{NO_IDENTITY_SAN, SECRET_TYPE_URL, SPIFFE_VALIDATOR_NAME};
 pub use service::{SdsLimits, SdsServer, ServerOptions, EVENT_BUFFER};

@@ -117,13 +117,23 @@ pub(crate) fn bundle_secret(bundle: &TrustBundle, form: Form) -> Arc<EncodedSecr
     ValidationCache::get_or_build(bundle.derived(), form, || validation_context(bundle, form))
 }
 
+/// The one SAN matcher of a `meshservice:` context whose service has no identity yet. Envoy treats an
+/// empty matcher list as "any SAN", which would let every workload of the mesh pass as the service; this
+/// URI is no SPIFFE ID, so no certificate meshca issues carries it and the context accepts nobody.
+pub const NO_IDENTITY_SAN: &str = "meshca:no-identity-yet";
+
 /// The validation context of a MeshService in `form`, cached in it.
 pub(crate) fn mesh_service_secret(service: &MeshServiceTrust, form: Form) -> Arc<EncodedSecret> {
     ValidationCache::get_or_build(service.derived(), form, || {
         let mut context = validation_context(service.trust(), form);
-        context.match_typed_subject_alt_names = service
-            .spiffe_ids()
-            .iter()
+        let none = [NO_IDENTITY_SAN.to_owned()];
+        let ids: Vec<&String> = if service.spiffe_ids().is_empty() {
+            none.iter().collect()
+        } else {
+            service.spiffe_ids().iter().collect()
+        };
+        context.match_typed_subject_alt_names = ids
+            .into_iter()
             .map(|id| SubjectAltNameMatcher {
                 san_type: SanType::Uri as i32,
                 matcher: Some(StringMatcher {

@@ -197,6 +197,22 @@ async fn meshservice_context_has_exact_uri_san_matchers() {
 }
 
 #[tokio::test]
+async fn a_meshservice_without_identities_accepts_nobody() {
+    let harness = Harness::start().await;
+    let mut client = client(&harness, "default", "web-1").await;
+    let secret = fetch_one(&mut client, "default.web-1", "meshservice:idle", None).await;
+    let SecretKindView::ValidationContext {
+        subject_alt_names, ..
+    } = describe(&secret).kind
+    else {
+        panic!("a validation context")
+    };
+    // An empty matcher list would let Envoy accept any SAN the mesh's CAs vouch for.
+    assert_eq!(subject_alt_names, [meshca_sds::NO_IDENTITY_SAN]);
+    assert!(!meshca_sds::NO_IDENTITY_SAN.starts_with("spiffe://"));
+}
+
+#[tokio::test]
 async fn node_metadata_can_ask_for_plain_trusted_ca() {
     let harness = Harness::start().await;
     let mut client = client(&harness, "default", "web-1").await;

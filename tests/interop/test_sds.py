@@ -302,7 +302,15 @@ mesh: default
 spec:
   selector: {dataplaneTags: {kuma.io/service: web}}
   ports: [{port: 80, targetPort: 8080}]
-  identities: [{type: SpiffeID, value: "spiffe://partner.example/web"}]
+---
+type: MeshService
+name: partner
+mesh: default
+labels: {kuma.io/zone: zone-2}
+spec:
+  selector: {dataplaneTags: {kuma.io/service: partner}}
+  ports: [{port: 80, targetPort: 8080}]
+  identities: [{type: SpiffeID, value: "spiffe://partner.example/web"}, {type: ServiceTag, value: partner}]
 ---
 type: Dataplane
 mesh: default
@@ -313,28 +321,40 @@ networking:
 """
 
 
-def test_a_meshservice_context_decodes_with_exactly_the_services_identities(daemon):
-    daemon.write_resource("services.yaml", MESH_SERVICES)
-    token = daemon.token("client-1", "default", "--tag", "kuma.io/service=client")
+def meshservice_context(daemon, token, name):
+    """The `meshservice:<name>` secret, asked for on a stream until the daemon has applied the file."""
     # The daemon applies the file within a second; until then the name means nothing and nothing is sent.
     deadline = time.monotonic() + 30
     while True:
         stream = Stream(daemon.unix_channel(), token, "default.client-1")
-        stream.send(["meshservice:web"])
+        stream.send([name])
         try:
             resp = stream.recv(timeout=2)
             break
         except queue.Empty:
             stream.close()
-            assert time.monotonic() < deadline, "meshservice:web was never served"
-    assert [unpack(r).name for r in resp.resources] == ["meshservice:web"]
-    secret = unpack(resp.resources[0])
-    ctx = secret.validation_context
-    # Envoy's own decoding: the mesh's SPIFFE trust, and exact URI SAN matchers for the service's identities:
-    # the one its dataplane gets, and the one its spec lists.
-    assert ctx.custom_validator_config.name == SPIFFE_VALIDATOR
-    assert "default" in spiffe_bundles(secret)
-    matchers = sorted((m.san_type, m.matcher.exact) for m in ctx.match_typed_subject_alt_names)
-    uri = common_pb2.SubjectAltNameMatcher.URI
-    assert matchers == [(uri, "spiffe://default/web"), (uri, "spiffe://partner.example/web")], matchers
+            assert time.monotonic() < deadline, f"{name} was never served"
     stream.close()
+    assert [unpack(r).name for r in resp.resources] == [name]
+    return unpack(resp.resources[0])
+
+
+def san_matchers(secret):
+    uri = common_pb2.SubjectAltNameMatcher.URI
+    ctx = secret.validation_context
+    assert all(m.san_type == uri for m in ctx.match_typed_subject_alt_names)
+    return sorted(m.matcher.exact for m in ctx.match_typed_subject_alt_names)
+
+
+def test_a_meshservice_context_decodes_with_exactly_the_services_identities(daemon):
+    daemon.write_resource("services.yaml", MESH_SERVICES)
+    token = daemon.token("client-1", "default", "--tag", "kuma.io/service=client")
+    # Envoy's own decoding: the mesh's SPIFFE trust, and exact URI SAN matchers for the service's identities.
+    # A service of this zone: computed from its dataplane (its ServiceTag, the legacy ID it is issued).
+    web = meshservice_context(daemon, token, "meshservice:web")
+    assert web.validation_context.custom_validator_config.name == SPIFFE_VALIDATOR
+    assert "default" in spiffe_bundles(web)
+    assert san_matchers(web) == ["spiffe://default/web"]
+    # A service of another zone: exactly the identities it arrived with.
+    partner = meshservice_context(daemon, token, "meshservice:partner")
+    assert san_matchers(partner) == ["spiffe://default/partner", "spiffe://partner.example/web"]

@@ -1,11 +1,12 @@
 //! One reconcile: bring every connected proxy's certificate up to date, in the order the rollout gate
 //! allows, and publish what changed.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use meshca_auth::ProxyType;
+use meshca_config::SERVICE_TAG;
 
 use super::Owner;
 use crate::bundles::{self, ServiceIds};
@@ -235,41 +236,55 @@ impl Owner {
             .retain(|k, _| dataplanes.get(k).is_some_and(|d| d.is_ok()));
     }
 
-    /// The SPIFFE IDs each MeshService's proxies present: `spec.identities` as given, plus, for
-    /// services of this zone, the identity meshca decides for every dataplane the service selects and
-    /// (break last) every ID a connected one of them may still present: the certificate served now and
-    /// the one it replaced, until the proxy has ACKed its replacement.
+    /// The SPIFFE IDs each MeshService's proxies present. For a service of another zone (or one without
+    /// a dataplane selector), `spec.identities` as given. For a local service, computed whatever its file
+    /// says: for every dataplane the service selects, the ServiceTag of its matching inbounds, the ID
+    /// meshca decides for it, the IDs of every MeshIdentity selecting it (staged migrations), and (break
+    /// last), while its proxy is connected, the ID of the certificate served now and of the one it
+    /// replaced, until the proxy has ACKed its replacement.
     fn service_identities(&self, dataplanes: &Dataplanes) -> ServiceIds {
         let mut out = ServiceIds::new();
         for service in &self.world.resources.mesh_services {
-            let mut ids = bundles::service_spiffe_ids(&service.mesh, service);
             let local = service.zone().is_none_or(|z| z == self.config.zone);
-            if let (true, Some(selector)) = (local, &service.dataplane_tags) {
-                let mesh = self.world.meshes.get(&service.mesh);
-                let selected = dataplanes.iter().filter_map(|(key, dp)| {
-                    let dp = dp.as_ref().ok()?;
-                    (dp.mesh == service.mesh && dp.has_inbound_with(selector)).then_some((key, dp))
-                });
-                for (key, dp) in selected {
-                    let decision =
-                        plan::decide(mesh, dp, &self.config.zone, self.config.key_algorithm);
-                    if let Decision::Issue(d) = decision {
-                        ids.insert(d.spiffe_id.to_string());
-                    }
-                    // Staged migrations: every MeshIdentity selecting it, provider-less ones included.
-                    ids.extend(
-                        plan::selected_identity_ids(mesh, dp, &self.config.zone)
-                            .iter()
-                            .map(ToString::to_string),
-                    );
-                    let presented = self
-                        .issued
-                        .get(key)
-                        .filter(|_| self.streams.is_connected(key));
-                    if let Some(issued) = presented {
-                        ids.insert(issued.published.spiffe_id.clone());
-                        ids.extend(issued.previous.as_ref().map(|p| p.spiffe_id.clone()));
-                    }
+            let computed = local.then_some(service.dataplane_tags.as_ref()).flatten();
+            let Some(selector) = computed else {
+                // Another zone's service (or one that selects nothing): its identities as given.
+                let ids = bundles::service_spiffe_ids(&service.mesh, service);
+                out.insert((service.mesh.clone(), service.name.clone()), ids);
+                continue;
+            };
+            // A local service's identities are computed, whatever its file lists: the ServiceTag of
+            // each selected inbound, the ID each selected dataplane is issued, the IDs of every
+            // MeshIdentity that selects it, and what its connected proxies still present.
+            let mut ids = BTreeSet::new();
+            let mesh = self.world.meshes.get(&service.mesh);
+            let selected = dataplanes.iter().filter_map(|(key, dp)| {
+                let dp = dp.as_ref().ok()?;
+                (dp.mesh == service.mesh && dp.has_inbound_with(selector)).then_some((key, dp))
+            });
+            for (key, dp) in selected {
+                ids.extend(
+                    dp.inbounds_with(selector)
+                        .filter_map(|tags| tags.get(SERVICE_TAG))
+                        .map(|tag| format!("spiffe://{}/{tag}", service.mesh)),
+                );
+                let decision = plan::decide(mesh, dp, &self.config.zone, self.config.key_algorithm);
+                if let Decision::Issue(d) = decision {
+                    ids.insert(d.spiffe_id.to_string());
+                }
+                // Staged migrations: every MeshIdentity selecting it, provider-less ones included.
+                ids.extend(
+                    plan::selected_identity_ids(mesh, dp, &self.config.zone)
+                        .iter()
+                        .map(ToString::to_string),
+                );
+                let presented = self
+                    .issued
+                    .get(key)
+                    .filter(|_| self.streams.is_connected(key));
+                if let Some(issued) = presented {
+                    ids.insert(issued.published.spiffe_id.clone());
+                    ids.extend(issued.previous.as_ref().map(|p| p.spiffe_id.clone()));
                 }
             }
             out.insert((service.mesh.clone(), service.name.clone()), ids);

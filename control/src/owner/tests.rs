@@ -615,6 +615,52 @@ spec:
     assert_eq!(remote, ["spiffe://zone-2.mesh.local/workload/remote"]);
 }
 
+#[test]
+fn a_local_meshservice_gets_computed_identities_whatever_its_file_lists() {
+    let yaml = format!(
+        "{LEGACY}---\n{}",
+        r#"
+type: Dataplane
+mesh: default
+name: web-1
+labels: {app: web}
+networking:
+  inbound:
+    - {port: 8080, tags: {kuma.io/service: web-main}}
+    - {port: 9090, tags: {kuma.io/service: web-admin}}
+---
+type: MeshIdentity
+name: staged
+mesh: default
+spec:
+  selector: {dataplane: {matchLabels: {app: web}}}
+  spiffeID: {trustDomain: next.example, path: '/app/{{ label "app" }}'}
+---
+type: MeshService
+name: web-admin
+mesh: default
+spec:
+  selector: {dataplaneTags: {kuma.io/service: web-admin}}
+  ports: [{port: 90, targetPort: 9090}]
+  identities: [{type: SpiffeID, value: "spiffe://stale.example/listed"}]
+"#
+    );
+    let mut h = Harness::new(&yaml);
+    h.owner.reconcile(t0());
+    assert_eq!(
+        service_context(&h, "web-admin"),
+        [
+            // The ServiceTag of the inbound the service selects.
+            "spiffe://default/web-admin",
+            // The legacy ID the dataplane is issued: that of its first inbound.
+            "spiffe://default/web-main",
+            // The provider-less MeshIdentity that selects the dataplane.
+            "spiffe://next.example/app/web",
+        ],
+        "sorted, and without the identity the file lists"
+    );
+}
+
 const SWITCHED: &str = r#"
 type: Mesh
 name: default
@@ -1255,8 +1301,8 @@ fn a_changed_spiffe_id_leaves_its_service_context_only_once_the_proxy_acked_its_
     h.owner.reconcile(t0() + Duration::from_secs(2));
     assert_eq!(
         context(&h),
-        [new_id],
-        "the old ID leaves once nobody presents it"
+        ["spiffe://default/web".to_owned(), new_id],
+        "the legacy ID stays: it is also the ServiceTag identity of the service's dataplanes"
     );
 }
 
@@ -1284,9 +1330,10 @@ fn a_new_spiffe_id_waits_for_the_meshservice_subscribers_before_it_is_presented(
     h.owner.reconcile(t0() + Duration::from_secs(1));
     let new_id = "spiffe://default/b/web-1";
     let context = |h: &Harness| service_context(h, "web");
+    let service_tag = "spiffe://default/web";
     assert_eq!(
         context(&h),
-        [old_id.clone(), new_id.to_owned()],
+        [old_id.as_str(), new_id, service_tag],
         "the new ID is accepted first"
     );
     assert_eq!(h.ready("web-1").spiffe_id, old_id, "and not presented yet");
@@ -1312,10 +1359,10 @@ fn a_new_spiffe_id_waits_for_the_meshservice_subscribers_before_it_is_presented(
         .iter()
         .all(|w| w.step != RolloutStep::SansBeforeIdentity));
     // Break last: the old ID stays until web-1 has ACKed the certificate with the new one.
-    assert_eq!(context(&h), [old_id, new_id.to_owned()]);
+    assert_eq!(context(&h), [old_id.as_str(), new_id, service_tag]);
     h.ack(1, Some(generation(&h)));
     h.owner.reconcile(t0() + Duration::from_secs(4));
-    assert_eq!(context(&h), [new_id.to_owned()]);
+    assert_eq!(context(&h), [new_id, service_tag]);
 }
 
 #[test]

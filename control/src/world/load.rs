@@ -112,6 +112,17 @@ impl World {
             }
         }
 
+        for service in &resources.mesh_services {
+            let local = service.zone().is_none_or(|z| z == src.settings.zone);
+            if local && service.dataplane_tags.is_some() && !service.identities.is_empty() {
+                tracing::warn!(
+                    file = %service.source.file.display(),
+                    resource = %format!("MeshService/{}/{}", service.mesh, service.name),
+                    "spec.identities of a MeshService of this zone is computed by meshca from the dataplanes it selects; the identities the file lists are ignored"
+                );
+            }
+        }
+
         if errors.is_empty() {
             Ok(World {
                 resources: Arc::new(resources),

@@ -160,7 +160,16 @@ impl World {
             "default".to_owned(),
             MeshView {
                 trust: self.default_trust.clone(),
-                mesh_services: HashMap::from([("web".to_owned(), self.web_service.clone())]),
+                mesh_services: HashMap::from([
+                    ("web".to_owned(), self.web_service.clone()),
+                    (
+                        "idle".to_owned(),
+                        Arc::new(MeshServiceTrust::new(
+                            self.default_trust.clone(),
+                            BTreeSet::new(),
+                        )),
+                    ),
+                ]),
             },
         );
         meshes.insert(
