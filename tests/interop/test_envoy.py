@@ -34,7 +34,7 @@ class Pair:
     """A server sidecar (inbound mTLS to a backend) and a client sidecar (outbound mTLS to the server, pinned to
     its SPIFFE ID, plus a second listener pinned to a wrong one), both from `meshca bootstrap`."""
 
-    def __init__(self, daemon, root, server_flags=(), client_patch=None):
+    def __init__(self, daemon, root, server_flags=(), client_patch=None, client_flags=()):
         self.backend = Backend()
         self.envoys = []
         api_token = root / "api.token"
@@ -50,6 +50,7 @@ class Pair:
             daemon, web_token, free_port(), *server_flags, "--one-request-per-connection",
             "--outbound", f"{self.outbound}=127.0.0.1:{self.inbound}@spiffe://default/api",
             "--outbound", f"{self.wrong}=127.0.0.1:{self.inbound}@spiffe://default/not-api",
+            *(flag.format(inbound=self.inbound) for flag in client_flags),
         )
         for name, text in (("server", server), ("client", client)):
             path = root / f"validate-{name}.yaml"
@@ -114,6 +115,44 @@ def test_a_bootstrapped_pair_carries_mtls_traffic_and_pins_the_peer(daemon, tmp_
     for envoy in pair.envoys:
         assert set(envoy.sds_update_rejections().values()) == {0}
         assert {"default", "system_trust_bundle"} <= envoy.active_secret_names()
+
+
+MESH_SERVICES = """\
+type: MeshService
+name: api
+mesh: default
+spec:
+  selector: {dataplaneTags: {kuma.io/service: api}}
+  ports: [{port: 80, targetPort: 8080}]
+---
+type: MeshService
+name: web
+mesh: default
+spec:
+  selector: {dataplaneTags: {kuma.io/service: web}}
+  ports: [{port: 80, targetPort: 8080}]
+"""
+
+
+def test_a_meshservice_outbound_accepts_exactly_the_services_identities(daemon, tmp_path, pairs):
+    daemon.write_resource("services.yaml", MESH_SERVICES)
+    wait_until("the MeshServices to be loaded", lambda: {"api", "web"} <= {
+        s["name"] for m in daemon.api("/api/meshes") for s in m["mesh_services"]})
+    as_api, as_web = free_port(), free_port()
+    pair = Pair(daemon, tmp_path, client_flags=(
+        f"--outbound={as_api}=127.0.0.1:{{inbound}}@meshservice:api",
+        f"--outbound={as_web}=127.0.0.1:{{inbound}}@meshservice:web",
+    ))
+    pairs.append(pair)
+    # Validated with meshservice:api, whose SAN matchers are api's identities: the server passes.
+    status, body = http_get(f"http://127.0.0.1:{as_api}/")
+    assert status == 200, body
+    assert "URI=spiffe://default/web" in body, body
+    # The same server validated as web: the CA is trusted, but its SPIFFE ID is not web's.
+    status, body = http_get(f"http://127.0.0.1:{as_web}/")
+    assert status != 200, body
+    assert {"meshservice:api", "meshservice:web"} <= pair.client.active_secret_names()
+    assert set(pair.client.sds_update_rejections().values()) == {0}
 
 
 def _sds_configs(node):
