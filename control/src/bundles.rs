@@ -59,7 +59,7 @@ pub fn mesh_anchors(mesh: &MeshState, cas: &[CaTrust]) -> Anchors {
         anchors
             .entry(trust.trust_domain.to_string())
             .or_default()
-            .extend(trust.pems.iter().cloned());
+            .extend(trust.certificates.iter().map(|c| c.pem.clone()));
     }
     anchors
 }

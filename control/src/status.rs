@@ -413,7 +413,7 @@ fn trust_statuses(mesh: &MeshState) -> Vec<TrustStatus> {
         name: t.name.clone(),
         trust_domain: t.trust_domain.to_string(),
         origin: TrustOrigin::Resource,
-        certificates: t.pems.len(),
+        certificates: t.certificates.len(),
     });
     let created = mesh.identities.iter().filter_map(|id| match &id.provider {
         IdentityProvider::Bundled {

@@ -4,11 +4,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use meshca_ca::{IdentityTemplate, TemplateVars};
+use meshca_ca::{IdentityTemplate, TemplateVars, TrustAnchor};
 use meshca_config::{Mesh, MeshIdentity, MeshTrust, Provider, Resources, Settings};
 use meshca_keystore::Keystore;
 
-use super::cas::{self, split_certificates};
+use super::cas;
 use super::{IdentityProvider, MeshIdentityState, MeshState, MeshTrustState, World};
 use crate::error::{IdentityLoadError, UpdateError};
 
@@ -201,23 +201,24 @@ fn load_identity(
     })
 }
 
-/// A MeshTrust's certificates (its trust domain was checked when the file was parsed).
+/// A MeshTrust with its certificates, each decoded as X.509 and checked to be a CA (its trust domain and
+/// PEM block types were checked when the file was parsed).
 fn load_trust(trust: &MeshTrust, errors: &mut Vec<UpdateError>) -> MeshTrustState {
-    let mut pems = Vec::new();
+    let mut certificates = Vec::new();
     for (i, bundle) in trust.ca_bundles.iter().enumerate() {
-        match split_certificates(bundle.as_bytes()) {
-            Ok(mut p) => pems.append(&mut p),
-            Err(message) => errors.push(UpdateError {
+        match TrustAnchor::parse_pem(bundle.as_bytes()) {
+            Ok(mut anchors) => certificates.append(&mut anchors),
+            Err(e) => errors.push(UpdateError {
                 file: trust.source.file.display().to_string(),
                 resource: format!("MeshTrust/{}/{}", trust.mesh, trust.name),
                 field: format!("spec.caBundles[{i}].pem.value"),
-                message,
+                message: e.to_string(),
             }),
         }
     }
     MeshTrustState {
         name: trust.name.clone(),
         trust_domain: trust.trust_domain.clone(),
-        pems,
+        certificates,
     }
 }

@@ -11,11 +11,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use meshca_ca::{CertificateAuthority, IdentityTemplate};
+use meshca_ca::{CertificateAuthority, IdentityTemplate, TrustAnchor};
 use meshca_config::Resources;
 use meshca_identity::TrustDomain;
 
-pub use cas::split_certificates;
 pub use load::{check_world, load_world, CaSource};
 
 /// A loaded certificate authority and where it came from.
@@ -107,8 +106,8 @@ pub struct MeshTrustState {
     pub name: String,
     /// The trust domain its CAs sign for.
     pub trust_domain: TrustDomain,
-    /// PEM certificates, one per entry.
-    pub pems: Vec<String>,
+    /// Its CA certificates, in the order of `spec.caBundles`.
+    pub certificates: Vec<TrustAnchor>,
 }
 
 /// One mesh of an accepted configuration.
@@ -180,3 +179,6 @@ impl World {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;
