@@ -86,3 +86,45 @@ fn mesh_trust_certificates_must_decode_and_be_cas() {
     assert_eq!(trust.certificates.len(), 1);
     assert_eq!(trust.certificates[0].subject, "CN=Partner Root");
 }
+
+/// MeshIdentity `web` of mesh `default` selecting every dataplane, Bundled with the given `bundled` fields.
+fn identity(trust_domain: &str, bundled: &str) -> String {
+    format!(
+        "type: MeshIdentity\nname: web\nmesh: default\nspec:\n  selector: {{dataplane: {{matchLabels: {{}}}}}}\n  spiffeID: {{trustDomain: {trust_domain}}}\n  provider:\n    type: Bundled\n    bundled: {{{bundled}}}\n"
+    )
+}
+
+#[test]
+fn a_self_signed_provided_ca_needs_insecure_allow_self_signed() {
+    let ca = test_certs::ca("Lonely Root", t0());
+    let strict = format!(
+        "type: Mesh\nname: default\n---\n{}",
+        identity("web.example", &test_certs::provided(&ca))
+    );
+    let errors = load(&strict, &MemoryKeystore::new(), None).expect_err("refused");
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    let e = &errors[0];
+    assert_eq!(
+        (e.file.as_str(), e.resource.as_str(), e.field.as_str()),
+        (
+            "test.yaml",
+            "MeshIdentity/default/web",
+            "spec.provider.bundled.ca"
+        )
+    );
+    assert!(
+        e.message.contains("self-signed") && e.message.contains("insecureAllowSelfSigned"),
+        "{e}"
+    );
+    let lax = format!(
+        "type: Mesh\nname: default\n---\n{}",
+        identity(
+            "web.example",
+            &format!(
+                "insecureAllowSelfSigned: true, {}",
+                test_certs::provided(&ca)
+            )
+        )
+    );
+    load(&lax, &MemoryKeystore::new(), None).expect("accepted with the switch");
+}

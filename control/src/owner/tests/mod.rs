@@ -1418,3 +1418,5 @@ fn service_context(h: &Harness, service: &str) -> Vec<String> {
         .cloned()
         .collect()
 }
+
+mod selection;
