@@ -1420,3 +1420,4 @@ fn service_context(h: &Harness, service: &str) -> Vec<String> {
 }
 
 mod selection;
+mod trust;
