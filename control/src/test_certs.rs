@@ -54,6 +54,29 @@ pub fn ca(cn: &str, now: SystemTime) -> TestCa {
     self_signed(params(cn, true, None, now))
 }
 
+/// A root CA `root_cn` and, signed by it, an intermediate CA `cn` whose PEM is the intermediate followed by
+/// the root (with the intermediate's key), both without URI SAN.
+pub fn intermediate(root_cn: &str, cn: &str, now: SystemTime) -> (TestCa, TestCa) {
+    let root_params = params(root_cn, true, None, now);
+    let root_key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("keygen");
+    let root = root_params.self_signed(&root_key).expect("self-signed");
+    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("keygen");
+    let issuer = rcgen::Issuer::from_params(&root_params, &root_key);
+    let cert = params(cn, true, None, now)
+        .signed_by(&key, &issuer)
+        .expect("signed");
+    (
+        TestCa {
+            cert_pem: root.pem(),
+            key_pem: root_key.serialize_pem(),
+        },
+        TestCa {
+            cert_pem: format!("{}{}", cert.pem(), root.pem()),
+            key_pem: key.serialize_pem(),
+        },
+    )
+}
+
 /// A self-signed certificate that is not a CA.
 pub fn leaf(cn: &str, now: SystemTime) -> TestCa {
     self_signed(params(cn, false, None, now))

@@ -146,3 +146,111 @@ fn a_trust_domain_change_of_a_ca_without_uri_san_is_trusted_before_it_is_issued_
     assert_eq!(bundle(&h), expect(&[("b.example", &["CN=Corp CA"])]));
     assert!(h.status.borrow().rollout.is_empty());
 }
+
+/// The served chain of `name`, as DER.
+fn chain(h: &Harness, name: &str) -> Vec<Vec<u8>> {
+    ::pem::parse_many(h.ready(name).chain_pem.as_bytes())
+        .expect("pem")
+        .iter()
+        .map(|b| b.contents().to_vec())
+        .collect()
+}
+
+/// The anchors of `trust_domain` in mesh `default`'s bundle, as DER.
+fn anchors(h: &Harness, trust_domain: &str) -> Vec<Vec<u8>> {
+    let snapshot = h.snapshots.borrow().clone();
+    snapshot.meshes["default"].trust.by_trust_domain()[trust_domain]
+        .iter()
+        .map(|p| ::pem::parse(p).expect("pem").contents().to_vec())
+        .collect()
+}
+
+#[test]
+fn a_mesh_trust_resource_is_trusted_before_the_identity_it_makes_trusted_issues_and_leaves_break_last(
+) {
+    // Kuma's staged flow: the operator's CA (an intermediate under their root) issues for a MeshIdentity
+    // that creates no MeshTrust; the operator publishes the root with a MeshTrust of their own.
+    let (root, intermediate) = test_certs::intermediate("Corp Root", "Corp Issuing", t0());
+    let partner = test_certs::ca("Partner Root", t0());
+    let identity = format!(
+        "---\n{}",
+        provided_identity(
+            "corp.example",
+            &intermediate,
+            "meshTrustCreation: Disabled, "
+        )
+        .replace("matchLabels: {}", "matchLabels: {app: web}")
+    );
+    let trusts = format!(
+        "---\n{}---\n{}",
+        test_certs::mesh_trust("corp", "corp.example", &[&root.cert_pem]),
+        test_certs::mesh_trust("partner", "partner.example", &[&partner.cert_pem])
+    );
+    let mut h = Harness::new(LEGACY);
+    h.connect("web-1", &[("app", "web")], &[("kuma.io/service", "web")]);
+    h.connect("client-1", &[], &[("kuma.io/service", "client")]);
+    h.owner.reconcile(t0());
+    let g = generation(&h);
+    h.ack(1, Some(g));
+    h.ack(2, Some(g));
+
+    h.update(&format!("{LEGACY}{identity}{trusts}"))
+        .expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    let g_trust = generation(&h);
+    let published = bundle(&h);
+    assert_eq!(published["corp.example"], ["CN=Corp Root"]);
+    assert_eq!(published["partner.example"], ["CN=Partner Root"]);
+    assert_eq!(
+        h.ready("web-1").spiffe_id,
+        "spiffe://default/web",
+        "the MeshTrust must be ACKed before its CA's certificates are presented"
+    );
+    let wait = waits(&h, RolloutStep::TrustBeforeIdentity);
+    assert!(
+        wait.iter()
+            .any(|w| w.ca == "CN=Corp Root"
+                && w.waiting_for == ["default.client-1", "default.web-1"]),
+        "{wait:?}"
+    );
+
+    h.ack(1, Some(g_trust));
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    assert_eq!(
+        h.ready("web-1").spiffe_id,
+        "spiffe://default/web",
+        "client-1 withholds its ACK"
+    );
+    h.ack(2, Some(g_trust));
+    h.owner.reconcile(t0() + Duration::from_secs(3));
+    let expected = "spiffe://corp.example/workload/web-1";
+    assert_eq!(h.ready("web-1").spiffe_id, expected);
+    meshca_ca::verify_svid(
+        &chain(&h, "web-1"),
+        &anchors(&h, "corp.example"),
+        &expected.parse().expect("valid id"),
+        t0() + Duration::from_secs(3),
+    )
+    .expect("what web-1 presents verifies against the MeshTrust its peers hold");
+    let g_identity = generation(&h);
+    h.ack(1, Some(g_identity));
+    h.ack(2, Some(g_identity));
+    h.owner.reconcile(t0() + Duration::from_secs(4));
+
+    // Both MeshTrusts go: nobody presents a partner certificate, so it leaves at once; web-1 presents a
+    // certificate under Corp Root, so that one stays (break last).
+    h.update(&format!("{LEGACY}{identity}")).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(5));
+    let published = bundle(&h);
+    assert!(!published.contains_key("partner.example"), "{published:?}");
+    assert_eq!(published["corp.example"], ["CN=Corp Root"]);
+    let wait = waits(&h, RolloutStep::BreakLast);
+    assert_eq!(wait.len(), 1, "{wait:?}");
+    assert_eq!(
+        (wait[0].ca.as_str(), wait[0].waiting_for.as_slice()),
+        ("CN=Corp Root", ["default.web-1".to_owned()].as_slice())
+    );
+    assert!(h.disconnect(1));
+    h.owner.reconcile(t0() + Duration::from_secs(6));
+    assert!(!bundle(&h).contains_key("corp.example"));
+}
