@@ -8,7 +8,7 @@ use meshca_config::{MeshService, ServiceIdentity};
 
 use crate::gate::CaTrust;
 use crate::snapshot::{MeshServiceTrust, MeshView, ProxyEntry, ProxyKey, Snapshot, TrustBundle};
-use crate::world::{IdentityProvider, MeshState, World};
+use crate::world::{MeshState, World};
 
 /// (mesh, MeshService name) → the exact SPIFFE IDs its proxies present.
 pub type ServiceIds = HashMap<(String, String), BTreeSet<String>>;
@@ -28,27 +28,25 @@ pub fn ca_trust(mesh: &str, trust_domain: &str, ca: &CertificateAuthority) -> Ca
 }
 
 /// Everything `mesh`'s bundles publish, as the rollout gate orders it: its enabled and secondary backends
-/// (trust domain: the mesh name), the CAs of its MeshIdentities that create a MeshTrust, and every
-/// certificate of its MeshTrust resources.
+/// (trust domain: the mesh name), every certificate of the MeshTrusts meshca keeps for its MeshIdentities
+/// with `meshTrustCreation: Enabled` (their current CAs among them), and every certificate of its
+/// MeshTrust resources.
 pub fn mesh_cas(mesh: &MeshState) -> Vec<CaTrust> {
     let backends = mesh
         .backends()
         .flat_map(|b| &b.trusted)
         .map(|g| ca_trust(&mesh.name, &mesh.name, &g.ca));
-    let identities = mesh.identities.iter().filter_map(|i| match &i.provider {
-        IdentityProvider::Bundled {
-            ca,
-            mesh_trust_creation: true,
-            ..
-        } => Some(ca_trust(&mesh.name, i.trust_domain.as_str(), &ca.ca)),
-        _ => None,
+    let created = mesh.created_trusts.iter().flat_map(|t| {
+        t.certificates
+            .iter()
+            .map(|c| anchor_trust(&mesh.name, t.trust_domain.as_str(), c))
     });
     let trusts = mesh.trusts.iter().flat_map(|t| {
         t.certificates
             .iter()
             .map(|c| anchor_trust(&mesh.name, t.trust_domain.as_str(), c))
     });
-    backends.chain(identities).chain(trusts).collect()
+    backends.chain(created).chain(trusts).collect()
 }
 
 /// A MeshTrust certificate as a mesh's bundles carry it.

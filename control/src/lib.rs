@@ -49,6 +49,6 @@ pub use status::{
 };
 pub use timefmt::{rfc3339, seconds_until};
 pub use world::{
-    check_world, load_world, BackendKind, BackendState, CaSource, IdentityProvider, LoadedCa,
-    MeshIdentityState, MeshState, MeshTrustState, World,
+    check_world, load_world, record_path, BackendKind, BackendState, CaSource, CreatedTrust,
+    IdentityProvider, LoadedCa, MeshIdentityState, MeshState, MeshTrustState, World,
 };

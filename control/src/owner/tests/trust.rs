@@ -2,6 +2,8 @@
 //! MeshTrusts meshca creates, all through the rollout gate.
 
 use super::*;
+use meshca_keystore::Keystore;
+
 use crate::test_certs::{self, TestCa};
 
 /// The trust domains of mesh `default`'s bundle, each with the subjects of its certificates.
@@ -253,4 +255,136 @@ fn a_mesh_trust_resource_is_trusted_before_the_identity_it_makes_trusted_issues_
     assert!(h.disconnect(1));
     h.owner.reconcile(t0() + Duration::from_secs(6));
     assert!(!bundle(&h).contains_key("corp.example"));
+}
+
+#[test]
+fn replacing_a_provided_ca_appends_it_to_the_created_mesh_trust_and_both_stay_trusted() {
+    let (x, y) = (test_certs::ca("CA X", t0()), test_certs::ca("CA Y", t0()));
+    let resources = |ca: &TestCa| {
+        format!(
+            "type: Mesh\nname: default\n---\n{}",
+            provided_identity(
+                "corp.example",
+                ca,
+                "meshTrustCreation: Enabled, insecureAllowSelfSigned: true, "
+            )
+        )
+    };
+    let mut h = Harness::new(&resources(&x));
+    h.connect("web-1", &[], &[]);
+    h.connect("web-2", &[], &[]);
+    h.owner.reconcile(t0());
+    let g = generation(&h);
+    h.ack(1, Some(g));
+    h.ack(2, Some(g));
+    assert_eq!(bundle(&h), expect(&[("corp.example", &["CN=CA X"])]));
+
+    h.update(&resources(&y)).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    assert_eq!(
+        bundle(&h),
+        expect(&[("corp.example", &["CN=CA X", "CN=CA Y"])])
+    );
+    assert_eq!(
+        issuer_of(&h.ready("web-1")),
+        "CN=CA X",
+        "Y is new to the bundles: trust before identity"
+    );
+    let g_trust = generation(&h);
+    h.ack(1, Some(g_trust));
+    h.ack(2, Some(g_trust));
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    assert_eq!(issuer_of(&h.ready("web-1")), "CN=CA Y");
+    let g_identity = generation(&h);
+    h.ack(1, Some(g_identity));
+    h.ack(2, Some(g_identity));
+    h.owner.reconcile(t0() + Duration::from_secs(3));
+    assert_eq!(
+        bundle(&h),
+        expect(&[("corp.example", &["CN=CA X", "CN=CA Y"])]),
+        "X stays until the operator removes it from the record"
+    );
+    assert!(h.status.borrow().rollout.is_empty());
+
+    let status = h.status.borrow().clone();
+    let listed = &status.meshes[0].mesh_trusts;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(
+        (
+            listed[0].name.as_str(),
+            listed[0].origin,
+            listed[0].certificates,
+            listed[0].keystore_path.as_deref()
+        ),
+        (
+            "web",
+            crate::TrustOrigin::Meshca,
+            2,
+            Some("meshtrust/default/web.yaml")
+        )
+    );
+    let record = h
+        .keystore
+        .get_public("meshtrust/default/web.yaml")
+        .expect("readable")
+        .expect("written");
+    let record = String::from_utf8(record).expect("UTF-8");
+    assert_eq!(record.matches("BEGIN CERTIFICATE").count(), 2, "{record}");
+
+    // The operator removes X from the record; the next load publishes Y alone.
+    let x_pem = meshca_ca::TrustAnchor::parse_pem(x.cert_pem.as_bytes()).expect("a CA")[0]
+        .pem
+        .clone();
+    let x_entry: String = x_pem.lines().map(|l| format!("          {l}\n")).collect();
+    let without_x = record.replace(
+        &format!("    # CN=CA X\n    - type: Pem\n      pem:\n        value: |\n{x_entry}"),
+        "",
+    );
+    assert_ne!(without_x, record);
+    h.keystore
+        .put_public("meshtrust/default/web.yaml", without_x.as_bytes())
+        .expect("written");
+    h.update(&resources(&y)).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(4));
+    assert_eq!(bundle(&h), expect(&[("corp.example", &["CN=CA Y"])]));
+}
+
+#[test]
+fn a_corrupt_created_mesh_trust_rejects_the_update_and_the_previous_world_keeps_serving() {
+    let yaml = format!(
+        "type: Mesh\nname: default\n---\n{}",
+        workloads_identity("/workload/{{ .Workload }}", true)
+    );
+    let mut h = Harness::new(&yaml);
+    h.connect("web-1", &[], &[]);
+    h.owner.reconcile(t0());
+    let served = h.ready("web-1");
+    let trusted = bundle(&h);
+    h.keystore
+        .put_public(
+            "meshtrust/default/workloads.yaml",
+            b"type: MeshTrust\nname: [",
+        )
+        .expect("written");
+    let errors = h.update(&yaml).expect_err("the record is corrupt");
+    assert!(
+        errors.iter().any(
+            |e| e.file == "keystore entry meshtrust/default/workloads.yaml"
+                && e.resource == "MeshTrust/default/workloads"
+        ),
+        "{errors:?}"
+    );
+    h.owner.reject(errors, t0() + Duration::from_secs(1));
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    assert_eq!(h.ready("web-1").chain_pem, served.chain_pem);
+    assert_eq!(bundle(&h), trusted);
+    let status = h.status.borrow().clone();
+    let rejected = status.last_rejected_update.as_ref().expect("shown");
+    assert!(
+        rejected.errors[0].to_string().starts_with(
+            "keystore entry meshtrust/default/workloads.yaml: MeshTrust/default/workloads"
+        ),
+        "{}",
+        rejected.errors[0]
+    );
 }
