@@ -53,6 +53,24 @@ fn restart_reuses_every_ca_and_keystore_permissions_are_strict() {
         domains.contains_key("default.zone-1.mesh.local"),
         "the MeshIdentity's CA (meshTrustCreation: Enabled) is trusted in the mesh: {before:?}"
     );
+    // The MeshTrust meshca created for the MeshIdentity: in the keystore, and listed by the admin API.
+    let record = env.keystore().join("meshtrust/default/api-id.yaml");
+    let text = std::fs::read_to_string(&record).expect("the created MeshTrust is in the keystore");
+    assert!(
+        text.contains("type: MeshTrust") && text.contains("trustDomain: default.zone-1.mesh.local"),
+        "{text}"
+    );
+    let meshes = daemon.admin_json("/api/meshes");
+    let created = meshes[0]["mesh_trusts"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["origin"] == "meshca"))
+        .unwrap_or_else(|| panic!("no created MeshTrust listed: {meshes}"));
+    assert_eq!(created["name"], "api-id", "{created}");
+    assert_eq!(created["certificates"], 1, "{created}");
+    assert_eq!(
+        created["keystore_path"], "meshtrust/default/api-id.yaml",
+        "{created}"
+    );
     let ca_files_before: Vec<(std::path::PathBuf, Vec<u8>)> = walk(&env.keystore())
         .into_iter()
         .filter(|p| p.is_file())

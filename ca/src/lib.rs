@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod anchor;
 mod authority;
 mod bench;
 mod certs;
@@ -21,6 +22,7 @@ mod template;
 mod test_fixtures;
 mod verify;
 
+pub use anchor::{AnchorError, TrustAnchor};
 pub use authority::{CaError, CaParams, CertificateAuthority};
 pub use bench::{floor_once, FloorError};
 pub use identity::{IdentityError, IdentityTemplate, DEFAULT_PATH, DEFAULT_TRUST_DOMAIN};

@@ -3,12 +3,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use meshca_ca::CertificateAuthority;
+use meshca_ca::{CertificateAuthority, TrustAnchor};
 use meshca_config::{MeshService, ServiceIdentity};
 
 use crate::gate::CaTrust;
 use crate::snapshot::{MeshServiceTrust, MeshView, ProxyEntry, ProxyKey, Snapshot, TrustBundle};
-use crate::world::{IdentityProvider, MeshState, World};
+use crate::world::{MeshState, World};
 
 /// (mesh, MeshService name) → the exact SPIFFE IDs its proxies present.
 pub type ServiceIds = HashMap<(String, String), BTreeSet<String>>;
@@ -27,39 +27,48 @@ pub fn ca_trust(mesh: &str, trust_domain: &str, ca: &CertificateAuthority) -> Ca
     }
 }
 
-/// The CAs meshca runs that `mesh`'s bundles publish: its enabled and secondary backends (trust domain: the
-/// mesh name), and the CAs of its MeshIdentities that create a MeshTrust.
+/// Everything `mesh`'s bundles publish, as the rollout gate orders it: its enabled and secondary backends
+/// (trust domain: the mesh name), every certificate of the MeshTrusts meshca keeps for its MeshIdentities
+/// with `meshTrustCreation: Enabled` (their current CAs among them), and every certificate of its
+/// MeshTrust resources.
 pub fn mesh_cas(mesh: &MeshState) -> Vec<CaTrust> {
     let backends = mesh
         .backends()
         .flat_map(|b| &b.trusted)
         .map(|g| ca_trust(&mesh.name, &mesh.name, &g.ca));
-    let identities = mesh.identities.iter().filter_map(|i| match &i.provider {
-        IdentityProvider::Bundled {
-            ca,
-            mesh_trust_creation: true,
-            ..
-        } => Some(ca_trust(&mesh.name, i.trust_domain.as_str(), &ca.ca)),
-        _ => None,
+    let created = mesh.created_trusts.iter().flat_map(|t| {
+        t.certificates
+            .iter()
+            .map(|c| anchor_trust(&mesh.name, t.trust_domain.as_str(), c))
     });
-    backends.chain(identities).collect()
+    let trusts = mesh.trusts.iter().flat_map(|t| {
+        t.certificates
+            .iter()
+            .map(|c| anchor_trust(&mesh.name, t.trust_domain.as_str(), c))
+    });
+    backends.chain(created).chain(trusts).collect()
 }
 
-/// Everything `mesh` trusts: the CAs `cas` (what [`mesh_cas`] gives, as the rollout gate publishes it) and the
-/// mesh's MeshTrust resources.
-pub fn mesh_anchors(mesh: &MeshState, cas: &[CaTrust]) -> Anchors {
+/// A MeshTrust certificate as a mesh's bundles carry it.
+fn anchor_trust(mesh: &str, trust_domain: &str, anchor: &TrustAnchor) -> CaTrust {
+    CaTrust {
+        mesh: mesh.to_owned(),
+        ca_id: anchor.id.clone(),
+        trust_domain: trust_domain.to_owned(),
+        pems: vec![anchor.pem.clone()],
+        subject: anchor.subject.clone(),
+    }
+}
+
+/// Everything a mesh trusts, by trust domain: the CAs `cas` (what [`mesh_cas`] gives, as the rollout gate
+/// publishes it).
+pub fn mesh_anchors(cas: &[CaTrust]) -> Anchors {
     let mut anchors = Anchors::new();
     for ca in cas {
         anchors
             .entry(ca.trust_domain.clone())
             .or_default()
             .extend(ca.pems.iter().cloned());
-    }
-    for trust in &mesh.trusts {
-        anchors
-            .entry(trust.trust_domain.to_string())
-            .or_default()
-            .extend(trust.pems.iter().cloned());
     }
     anchors
 }
@@ -137,7 +146,7 @@ pub fn snapshot(
     let mut meshes = HashMap::new();
     for mesh in world.meshes.values() {
         let cas = trust.get(&mesh.name).map(Vec::as_slice).unwrap_or_default();
-        let anchors = mesh_anchors(mesh, cas);
+        let anchors = mesh_anchors(cas);
         for (td, pems) in &anchors {
             all.entry(td.clone())
                 .or_default()

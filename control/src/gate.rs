@@ -4,10 +4,11 @@
 //! The gate decides, from what connected streams have ACKed, which CAs a mesh's bundles publish and
 //! which CAs may issue. It holds no certificates: the owner asks it and acts.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
+use meshca_ca::CertificateAuthority;
 use serde::{Deserialize, Serialize};
 
 use crate::bundles::ServiceIds;
@@ -29,6 +30,21 @@ pub struct CaTrust {
     pub pems: Vec<String>,
     /// Its subject, for operators.
     pub subject: String,
+}
+
+/// What the gate tells CAs apart by: (mesh, trust domain, CA id). One CA published for two trust domains
+/// is two entries, each ordered on its own.
+pub(crate) type TrustKey = (String, String, String);
+
+impl CaTrust {
+    /// Its key in the gate.
+    pub(crate) fn key(&self) -> TrustKey {
+        (
+            self.mesh.clone(),
+            self.trust_domain.clone(),
+            self.ca_id.clone(),
+        )
+    }
 }
 
 /// A step of a rollout that can wait on ACKs.
@@ -96,6 +112,13 @@ struct Published {
     subject: String,
 }
 
+/// A CA the bundles carry, and where its rollout stands.
+#[derive(Clone, Debug)]
+struct PublishedCa {
+    ca: CaTrust,
+    state: Published,
+}
+
 /// Events worth a metric.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GateEvent {
@@ -112,15 +135,16 @@ pub enum GateEvent {
 pub struct Gate {
     enabled: bool,
     ack_timeout: Duration,
-    published: HashMap<(String, String), Published>,
+    /// Every CA the last plan published, by (mesh, trust domain, CA id).
+    published: BTreeMap<TrustKey, PublishedCa>,
     /// (mesh, MeshService, SPIFFE ID) → when the ID entered the service's `meshservice:` context.
     sans: HashMap<(String, String, String), Published>,
-    retained_since: HashMap<(String, String), SystemTime>,
+    retained_since: HashMap<TrustKey, SystemTime>,
     /// Meshes whose bundles a previous snapshot published: a CA new to an unpublished mesh needs no ACKs
     /// (no proxy can hold a bundle without it).
     known_meshes: HashSet<String>,
     /// Removed CAs whose retention timed out: no longer retained, not reported again.
-    given_up: HashSet<(String, String)>,
+    given_up: HashSet<TrustKey>,
     /// (mesh, CA) groups whose identity-ack wait the previous reconcile listed, and this one's: a group
     /// new to this reconcile starts a wait.
     identity_acks_before: HashSet<(String, String)>,
@@ -137,7 +161,7 @@ impl Gate {
         Gate {
             enabled,
             ack_timeout,
-            published: HashMap::new(),
+            published: BTreeMap::new(),
             sans: HashMap::new(),
             retained_since: HashMap::new(),
             known_meshes: HashSet::new(),
@@ -209,7 +233,11 @@ impl Gate {
         let mut waits = Vec::new();
         let mut timeouts = Vec::new();
         let mut started = Vec::new();
-        for ((mesh, _), p) in self.published.iter_mut().filter(|(_, p)| !p.confirmed) {
+        for ((mesh, _, _), PublishedCa { state: p, .. }) in self
+            .published
+            .iter_mut()
+            .filter(|(_, p)| !p.state.confirmed)
+        {
             let waiting = streams.waiting_for(p.since_generation, |s| {
                 s.resources
                     .iter()
@@ -344,8 +372,12 @@ impl Gate {
     }
 
     /// Decides what each mesh's bundles carry: every CA the configuration publishes, plus (break last) the
-    /// CAs it removed that connected proxies still present, until they stop or `ackTimeout` passes.
-    /// `generation` is the snapshot about to be published; CAs new to it start unconfirmed.
+    /// published CAs it removed that a connected proxy's certificate still chains to, until the proxies stop
+    /// presenting such certificates or `ackTimeout` passes. `generation` is the snapshot about to be
+    /// published; CAs new to it start unconfirmed.
+    ///
+    /// A CA is told apart by mesh, trust domain and id: the same CA published for another trust domain is
+    /// a new entry, ordered on its own, and its entry for the old trust domain leaves only by break last.
     pub fn plan_trust(
         &mut self,
         desired: Vec<CaTrust>,
@@ -354,23 +386,38 @@ impl Gate {
         now: SystemTime,
     ) -> BTreeMap<String, Vec<CaTrust>> {
         let mut out: BTreeMap<String, Vec<CaTrust>> = BTreeMap::new();
-        let mut ids: HashSet<(String, String)> = HashSet::new();
-        for ca in desired {
-            if ids.insert((ca.mesh.clone(), ca.ca_id.clone())) {
-                out.entry(ca.mesh.clone()).or_default().push(ca);
+        let mut keys: HashSet<TrustKey> = HashSet::new();
+        // (mesh, trust domain, anchor PEM) the configuration publishes.
+        let mut anchors: HashSet<(&str, &str, &str)> = HashSet::new();
+        for ca in &desired {
+            anchors.extend(
+                ca.pems
+                    .iter()
+                    .map(|p| (ca.mesh.as_str(), ca.trust_domain.as_str(), p.as_str())),
+            );
+        }
+        let mut retained: BTreeMap<TrustKey, (CaTrust, BTreeSet<String>)> = BTreeMap::new();
+        if self.enabled {
+            let desired_keys: HashSet<TrustKey> = desired.iter().map(CaTrust::key).collect();
+            for (proxy, ca) in presented {
+                for (key, p) in self.published_for(&ca.mesh, &ca.trust_domain) {
+                    let still_carried = desired_keys.contains(key)
+                        || p.ca.pems.iter().all(|pem| {
+                            anchors.contains(&(&ca.mesh, &ca.trust_domain, pem.as_str()))
+                        });
+                    if !still_carried && covers(&p.ca, ca.ca_id.as_str(), &ca.pems) {
+                        retained
+                            .entry(key.clone())
+                            .or_insert_with(|| (p.ca.clone(), BTreeSet::new()))
+                            .1
+                            .insert(proxy.to_string());
+                    }
+                }
             }
         }
-        let mut retained: BTreeMap<(String, String), (CaTrust, Vec<String>)> = BTreeMap::new();
-        if self.enabled {
-            for (proxy, ca) in presented {
-                let key = (ca.mesh.clone(), ca.ca_id.clone());
-                if !ids.contains(&key) {
-                    retained
-                        .entry(key)
-                        .or_insert_with(|| (ca.clone(), Vec::new()))
-                        .1
-                        .push(proxy.to_string());
-                }
+        for ca in desired {
+            if keys.insert(ca.key()) {
+                out.entry(ca.mesh.clone()).or_default().push(ca);
             }
         }
         self.retained_since.retain(|k, _| retained.contains_key(k));
@@ -379,6 +426,7 @@ impl Gate {
             let since = *self.retained_since.entry(key.clone()).or_insert_with(|| {
                 tracing::warn!(
                     mesh = %ca.mesh,
+                    trust_domain = %ca.trust_domain,
                     ca = %ca.subject,
                     proxies = holders.len(),
                     "a CA was removed from the configuration while proxies still present certificates from it; it stays trusted until they have ACKed replacements (at most rollout.ackTimeout)"
@@ -393,6 +441,7 @@ impl Gate {
             if now >= since + self.ack_timeout {
                 tracing::warn!(
                     mesh = %ca.mesh,
+                    trust_domain = %ca.trust_domain,
                     ca = %ca.subject,
                     proxies = ?holders.iter().take(NAMED_WAITERS).collect::<Vec<_>>(),
                     "rollout.ackTimeout passed: removing the CA although these proxies may still present its certificates"
@@ -414,43 +463,69 @@ impl Gate {
             out.entry(ca.mesh.clone()).or_default().push(ca);
         }
 
-        let published_now: HashSet<(String, String)> = out
-            .values()
-            .flatten()
-            .map(|c| (c.mesh.clone(), c.ca_id.clone()))
-            .collect();
+        let published_now: HashSet<TrustKey> = out.values().flatten().map(CaTrust::key).collect();
         self.published.retain(|k, _| published_now.contains(k));
         let enabled = self.enabled;
         for ca in out.values().flatten() {
             let fresh_mesh = !self.known_meshes.contains(&ca.mesh);
             self.published
-                .entry((ca.mesh.clone(), ca.ca_id.clone()))
-                .or_insert_with(|| Published {
-                    since_generation: generation,
-                    since: now,
-                    confirmed: !enabled || fresh_mesh,
-                    waited: false,
-                    subject: ca.subject.clone(),
+                .entry(ca.key())
+                .or_insert_with(|| PublishedCa {
+                    ca: ca.clone(),
+                    state: Published {
+                        since_generation: generation,
+                        since: now,
+                        confirmed: !enabled || fresh_mesh,
+                        waited: false,
+                        subject: ca.subject.clone(),
+                    },
                 });
         }
         self.known_meshes = out.keys().cloned().collect();
         out
     }
 
-    /// Whether `ca_id` may issue in `mesh`: its bundle was ACKed by every stream that must carry it (or the
-    /// timeout passed). A CA no bundle of the mesh publishes is not gated (its trust is managed elsewhere).
-    pub fn may_issue(&self, mesh: &str, ca_id: &str) -> bool {
-        !self.enabled
-            || self
-                .published
-                .get(&(mesh.to_owned(), ca_id.to_owned()))
-                .is_none_or(|p| p.confirmed)
+    /// The published CAs of one trust domain of a mesh.
+    fn published_for<'a>(
+        &'a self,
+        mesh: &'a str,
+        trust_domain: &'a str,
+    ) -> impl Iterator<Item = (&'a TrustKey, &'a PublishedCa)> + 'a {
+        let from = (mesh.to_owned(), trust_domain.to_owned(), String::new());
+        self.published
+            .range(from..)
+            .take_while(move |((m, td, _), _)| m == mesh && td == trust_domain)
+    }
+
+    /// Whether `ca` may issue certificates in `trust_domain` of `mesh`: a published CA that the bundles
+    /// carry for that trust domain and that its certificates chain to (the CA itself, or an entry holding its
+    /// trust anchor, such as a MeshTrust with its root) was ACKed by every stream that must carry it, or the
+    /// timeout passed. A CA that no such entry carries is not gated (its trust is managed elsewhere).
+    pub fn may_issue(&self, mesh: &str, trust_domain: &str, ca: &CertificateAuthority) -> bool {
+        if !self.enabled {
+            return true;
+        }
+        let mut anchors: Option<Vec<String>> = None;
+        let mut carried = false;
+        for (_, p) in self.published_for(mesh, trust_domain) {
+            let chains = p.ca.ca_id == ca.id() || {
+                let anchors = anchors.get_or_insert_with(|| ca.bundle_pems());
+                covers(&p.ca, ca.id(), anchors)
+            };
+            if chains {
+                if p.state.confirmed {
+                    return true;
+                }
+                carried = true;
+            }
+        }
+        !carried
     }
 
     /// Whether anything waits on ACKs (so ACK events must trigger a reconcile).
     pub fn pending(&self) -> bool {
         self.enabled
-            && (self.published.values().any(|p| !p.confirmed)
+            && (self.published.values().any(|p| !p.state.confirmed)
                 || self.sans.values().any(|p| !p.confirmed)
                 || self
                     .retained_since
@@ -463,6 +538,7 @@ impl Gate {
         let unconfirmed = self
             .published
             .values()
+            .map(|p| &p.state)
             .chain(self.sans.values())
             .filter(|p| !p.confirmed)
             .map(|p| p.since);
@@ -476,6 +552,12 @@ impl Gate {
             .map(|t| t + self.ack_timeout)
             .min()
     }
+}
+
+/// Whether certificates of the CA with id `ca_id` and trust anchors `anchors` chain to `entry`: it is
+/// that CA, or it carries one of those anchors.
+pub(crate) fn covers(entry: &CaTrust, ca_id: &str, anchors: &[String]) -> bool {
+    entry.ca_id == ca_id || entry.pems.iter().any(|p| anchors.contains(p))
 }
 
 fn remaining(deadline: SystemTime, now: SystemTime) -> i64 {

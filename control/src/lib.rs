@@ -25,6 +25,8 @@ mod snapshot;
 mod standalone;
 mod status;
 mod streams;
+#[cfg(test)]
+mod test_certs;
 mod timefmt;
 mod world;
 
@@ -47,6 +49,6 @@ pub use status::{
 };
 pub use timefmt::{rfc3339, seconds_until};
 pub use world::{
-    check_world, load_world, split_certificates, BackendKind, BackendState, CaSource,
+    check_world, load_world, record_path, BackendKind, BackendState, CaSource, CreatedTrust,
     IdentityProvider, LoadedCa, MeshIdentityState, MeshState, MeshTrustState, World,
 };

@@ -68,7 +68,7 @@ pub fn issue_standalone(
         .meshes
         .get(mesh)
         .map(|m| {
-            bundles::mesh_anchors(m, &bundles::mesh_cas(m))
+            bundles::mesh_anchors(&bundles::mesh_cas(m))
                 .values()
                 .flatten()
                 .cloned()

@@ -189,6 +189,9 @@ pub struct TrustStatus {
     pub origin: TrustOrigin,
     /// How many CA certificates it holds.
     pub certificates: usize,
+    /// For the ones meshca created: the keystore entry that holds it, in Kuma's universal format.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keystore_path: Option<String>,
 }
 
 /// MeshService `status.tls`.
@@ -407,26 +410,21 @@ fn identity_status(id: &MeshIdentityState, now: SystemTime) -> IdentityStatus {
     }
 }
 
-/// The mesh's MeshTrust resources, then the MeshTrusts meshca creates for its MeshIdentities.
+/// The mesh's MeshTrust resources, then the MeshTrusts meshca keeps for its MeshIdentities.
 fn trust_statuses(mesh: &MeshState) -> Vec<TrustStatus> {
     let resources = mesh.trusts.iter().map(|t| TrustStatus {
         name: t.name.clone(),
         trust_domain: t.trust_domain.to_string(),
         origin: TrustOrigin::Resource,
-        certificates: t.pems.len(),
+        certificates: t.certificates.len(),
+        keystore_path: None,
     });
-    let created = mesh.identities.iter().filter_map(|id| match &id.provider {
-        IdentityProvider::Bundled {
-            ca,
-            mesh_trust_creation: true,
-            ..
-        } => Some(TrustStatus {
-            name: id.name.clone(),
-            trust_domain: id.trust_domain.to_string(),
-            origin: TrustOrigin::Meshca,
-            certificates: ca.ca.bundle_pems().len(),
-        }),
-        _ => None,
+    let created = mesh.created_trusts.iter().map(|t| TrustStatus {
+        name: t.name.clone(),
+        trust_domain: t.trust_domain.to_string(),
+        origin: TrustOrigin::Meshca,
+        certificates: t.certificates.len(),
+        keystore_path: Some(t.keystore_path.clone()),
     });
     resources.chain(created).collect()
 }

@@ -105,8 +105,13 @@ fn print_mesh(mesh: &MeshStatus) {
         );
     }
     for t in &mesh.mesh_trusts {
+        let kept_in = t
+            .keystore_path
+            .as_ref()
+            .map(|p| format!(", keystore {p}"))
+            .unwrap_or_default();
         println!(
-            "  MeshTrust {} ({}): {} ({} CA)",
+            "  MeshTrust {} ({}): {} ({} CA{kept_in})",
             t.name,
             t.origin.as_str(),
             t.trust_domain,

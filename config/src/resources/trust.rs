@@ -19,8 +19,8 @@ pub struct MeshTrust {
     pub labels: Labels,
     /// `spec.trustDomain`, a valid SPIFFE trust domain.
     pub trust_domain: TrustDomain,
-    /// `spec.caBundles[].pem.value`: PEM text, each with at least one CERTIFICATE block; never
-    /// empty.
+    /// `spec.caBundles[].pem.value`: PEM text, each with at least one CERTIFICATE block and no other
+    /// block; never empty.
     pub ca_bundles: Vec<String>,
     /// Where it was defined.
     pub source: Source,
@@ -55,14 +55,26 @@ struct RawPem {
     value: String,
 }
 
-/// Checks that `text` holds at least one PEM CERTIFICATE block.
+/// Checks that `text` holds PEM CERTIFICATE blocks and nothing else. Everything in a MeshTrust is
+/// published to every proxy of its mesh, so any other block (a private key pasted by mistake) is refused,
+/// named by its label only, never quoted.
 fn check_pem(text: &str) -> Result<(), String> {
     let blocks = ::pem::parse_many(text).map_err(|e| format!("not valid PEM: {e}"))?;
-    if blocks.iter().any(|b| b.tag() == "CERTIFICATE") {
-        Ok(())
-    } else {
-        Err("no -----BEGIN CERTIFICATE----- block found".to_owned())
+    if let Some((i, block)) = blocks
+        .iter()
+        .enumerate()
+        .find(|(_, b)| b.tag() != "CERTIFICATE")
+    {
+        return Err(format!(
+            "PEM block {} is labelled {}: only CERTIFICATE blocks are accepted, because everything in a MeshTrust is published to every proxy of the mesh",
+            i + 1,
+            block.tag()
+        ));
     }
+    if blocks.is_empty() {
+        return Err("no -----BEGIN CERTIFICATE----- block found".to_owned());
+    }
+    Ok(())
 }
 
 impl TrustSpec {

@@ -10,7 +10,7 @@ use meshca_config::SERVICE_TAG;
 
 use super::Owner;
 use crate::bundles::{self, ServiceIds};
-use crate::gate::{CaTrust, RolloutStep, Wait};
+use crate::gate::{covers, CaTrust, RolloutStep, Wait};
 use crate::plan::{self, DataplaneInfo, Decision, Origin};
 use crate::resource_name::Target;
 use crate::snapshot::{ProxyEntry, ProxyKey};
@@ -190,7 +190,8 @@ impl Owner {
         // Trust before identity: a CA issues only once every stream that must trust it has ACKed it.
         // SANs before identity: a proxy changes its SPIFFE ID only once the `meshservice:` contexts of
         // its services, as their subscribers hold them, accept the new one.
-        let gated = !self.gate.may_issue(&key.mesh, desired.ca.id())
+        let trust_domain = desired.spiffe_id.trust_domain().as_str();
+        let gated = !self.gate.may_issue(&key.mesh, trust_domain, &desired.ca)
             || !self.may_present_id(key, info, &desired.spiffe_id.to_string());
         if !gated && self.needs_issue(key, &desired, now) {
             if let Err(e) = self.issue(key, &desired, generation, now) {
@@ -316,12 +317,10 @@ impl Owner {
             if self.tls_ready.contains(&key) {
                 continue;
             }
-            let trusted: HashSet<&str> = trust
+            let trusted = trust
                 .get(&service.mesh)
-                .into_iter()
-                .flatten()
-                .map(|c| c.ca_id.as_str())
-                .collect();
+                .map(Vec::as_slice)
+                .unwrap_or_default();
             let mut selected = dataplanes
                 .iter()
                 .filter(|(_, d)| {
@@ -332,10 +331,14 @@ impl Owner {
             if selected.peek().is_none() {
                 continue;
             }
+            // Trusted: the bundle of its trust domain carries its CA or the CA's trust anchor.
             let all_hold = selected.all(|(k, _)| {
-                self.issued
-                    .get(k)
-                    .is_some_and(|i| trusted.contains(i.ca_id.as_str()))
+                self.issued.get(k).is_some_and(|i| {
+                    trusted.iter().any(|t| {
+                        t.trust_domain == i.ca_trust.trust_domain
+                            && covers(t, &i.ca_id, &i.ca_trust.pems)
+                    })
+                })
             });
             if all_hold {
                 self.tls_ready.insert(key);

@@ -18,20 +18,6 @@ use crate::lineage::{self, Validity};
 /// Validity of a CA meshca generates when the resource does not say.
 const DEFAULT_CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
-/// Splits PEM text into its CERTIFICATE blocks, each re-encoded on its own.
-pub fn split_certificates(pem_text: &[u8]) -> Result<Vec<String>, String> {
-    let blocks = ::pem::parse_many(pem_text).map_err(|e| format!("not valid PEM: {e}"))?;
-    let certs: Vec<String> = blocks
-        .iter()
-        .filter(|b| b.tag() == "CERTIFICATE")
-        .map(|b| ::pem::encode(b).replace("\r\n", "\n"))
-        .collect();
-    if certs.is_empty() {
-        return Err("holds no CERTIFICATE block".into());
-    }
-    Ok(certs)
-}
-
 /// Loads an enabled or secondary backend of `mesh` with its CA (for builtin ones: its whole lineage).
 pub(super) fn load_backend(
     mesh: &str,

@@ -8,8 +8,8 @@ use meshca_ca::{IdentityTemplate, TemplateVars};
 use meshca_config::{Mesh, MeshIdentity, MeshTrust, Provider, Resources, Settings};
 use meshca_keystore::Keystore;
 
-use super::cas::{self, split_certificates};
-use super::{IdentityProvider, MeshIdentityState, MeshState, MeshTrustState, World};
+use super::{cas, trust};
+use super::{IdentityProvider, MeshIdentityState, MeshState, World};
 use crate::error::{IdentityLoadError, UpdateError};
 
 /// Where the CAs of a [`World`] come from and go to.
@@ -64,8 +64,11 @@ pub fn check_world(
     src: &CaSource<'_>,
 ) -> Result<World, Vec<UpdateError>> {
     let mut errors: Vec<UpdateError> = errors.iter().map(UpdateError::from).collect();
-    match World::load(resources, src) {
-        Ok(world) if errors.is_empty() => Ok(world),
+    match World::build(resources, src) {
+        Ok(world) if errors.is_empty() => {
+            trust::persist(&world, src.keystore)?;
+            Ok(world)
+        }
         Ok(_) => Err(errors),
         Err(mut more) => {
             errors.append(&mut more);
@@ -75,11 +78,19 @@ pub fn check_world(
 }
 
 impl World {
-    /// Builds the world for `resources`, loading or generating every CA it needs.
+    /// Builds the world for `resources`, loading or generating every CA it needs, and then writes the
+    /// MeshTrusts it creates that changed.
     ///
-    /// Returns every error found; nothing of a failed load is used (CAs generated on the way stay in
-    /// the keystore and are reused by the corrected update).
+    /// Returns every error found; nothing of a failed load is used and no created MeshTrust is written
+    /// (CAs generated on the way stay in the keystore and are reused by the corrected update).
     pub fn load(resources: Resources, src: &CaSource<'_>) -> Result<World, Vec<UpdateError>> {
+        let world = World::build(resources, src)?;
+        trust::persist(&world, src.keystore)?;
+        Ok(world)
+    }
+
+    /// Builds the world without writing anything but the CAs it generates.
+    fn build(resources: Resources, src: &CaSource<'_>) -> Result<World, Vec<UpdateError>> {
         let mut errors = Vec::new();
         let mut meshes: BTreeMap<String, MeshState> = resources
             .meshes
@@ -106,9 +117,32 @@ impl World {
 
         let mut trusts: Vec<&MeshTrust> = resources.mesh_trusts.iter().collect();
         trusts.sort_by(|a, b| a.name.cmp(&b.name));
-        for trust in trusts {
-            if let Some(mesh) = meshes.get_mut(&trust.mesh) {
-                mesh.trusts.push(load_trust(trust, &mut errors));
+        for resource in trusts {
+            if let Some(mesh) = meshes.get_mut(&resource.mesh) {
+                mesh.trusts.push(trust::load_trust(resource, &mut errors));
+            }
+        }
+
+        for mesh in meshes.values_mut() {
+            for identity in &mesh.identities {
+                let IdentityProvider::Bundled {
+                    ca,
+                    mesh_trust_creation: true,
+                    ..
+                } = &identity.provider
+                else {
+                    continue;
+                };
+                match trust::created_trust(
+                    &mesh.name,
+                    &identity.name,
+                    &identity.trust_domain,
+                    ca,
+                    src.keystore,
+                ) {
+                    Ok(created) => mesh.created_trusts.push(created),
+                    Err(mut e) => errors.append(&mut e),
+                }
             }
         }
 
@@ -147,6 +181,7 @@ fn load_mesh(
         secondary_backends: Vec::new(),
         identities: Vec::new(),
         trusts: Vec::new(),
+        created_trusts: Vec::new(),
     };
     let Some(mtls) = &mesh.mtls else {
         return state;
@@ -210,25 +245,4 @@ fn load_identity(
         trust_domain,
         provider,
     })
-}
-
-/// A MeshTrust's certificates (its trust domain was checked when the file was parsed).
-fn load_trust(trust: &MeshTrust, errors: &mut Vec<UpdateError>) -> MeshTrustState {
-    let mut pems = Vec::new();
-    for (i, bundle) in trust.ca_bundles.iter().enumerate() {
-        match split_certificates(bundle.as_bytes()) {
-            Ok(mut p) => pems.append(&mut p),
-            Err(message) => errors.push(UpdateError {
-                file: trust.source.file.display().to_string(),
-                resource: format!("MeshTrust/{}/{}", trust.mesh, trust.name),
-                field: format!("spec.caBundles[{i}].pem.value"),
-                message,
-            }),
-        }
-    }
-    MeshTrustState {
-        name: trust.name.clone(),
-        trust_domain: trust.trust_domain.clone(),
-        pems,
-    }
 }

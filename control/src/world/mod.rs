@@ -6,17 +6,18 @@
 
 mod cas;
 mod load;
+mod trust;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use meshca_ca::{CertificateAuthority, IdentityTemplate};
+use meshca_ca::{CertificateAuthority, IdentityTemplate, TrustAnchor};
 use meshca_config::Resources;
 use meshca_identity::TrustDomain;
 
-pub use cas::split_certificates;
 pub use load::{check_world, load_world, CaSource};
+pub use trust::record_path;
 
 /// A loaded certificate authority and where it came from.
 #[derive(Debug, Clone)]
@@ -107,8 +108,25 @@ pub struct MeshTrustState {
     pub name: String,
     /// The trust domain its CAs sign for.
     pub trust_domain: TrustDomain,
-    /// PEM certificates, one per entry.
-    pub pems: Vec<String>,
+    /// Its CA certificates, in the order of `spec.caBundles`.
+    pub certificates: Vec<TrustAnchor>,
+}
+
+/// The MeshTrust meshca keeps for a Bundled MeshIdentity with `meshTrustCreation: Enabled`: every CA the
+/// identity had in its current trust domain, persisted in the keystore ([`record_path`]) so that a CA
+/// replaced in the MeshIdentity stays trusted until the operator removes it there.
+#[derive(Debug, Clone)]
+pub struct CreatedTrust {
+    /// The MeshIdentity's name, which the MeshTrust shares.
+    pub name: String,
+    /// The trust domain its CAs sign for: the MeshIdentity's.
+    pub trust_domain: TrustDomain,
+    /// Its CA certificates, oldest first; the MeshIdentity's current trust anchors are among them.
+    pub certificates: Vec<TrustAnchor>,
+    /// The keystore entry that holds it.
+    pub keystore_path: String,
+    /// The record to write once the world is accepted, when it differs from the keystore's.
+    pending: Option<trust::Pending>,
 }
 
 /// One mesh of an accepted configuration.
@@ -124,6 +142,8 @@ pub struct MeshState {
     pub identities: Vec<MeshIdentityState>,
     /// MeshTrusts, sorted by name.
     pub trusts: Vec<MeshTrustState>,
+    /// The MeshTrusts meshca keeps for its MeshIdentities, sorted by name.
+    pub created_trusts: Vec<CreatedTrust>,
 }
 
 impl MeshState {
@@ -180,3 +200,6 @@ impl World {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

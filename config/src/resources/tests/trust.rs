@@ -40,7 +40,7 @@ fn bundles_must_hold_certificates() {
     assert_error(
         &errors[0],
         "spec.caBundles[1].pem.value",
-        "no -----BEGIN CERTIFICATE----- block found",
+        "PEM block 1 is labelled PRIVATE KEY: only CERTIFICATE blocks are accepted",
     );
     assert_error(
         &errors[1],
@@ -94,4 +94,22 @@ fn trust_domain_syntax_is_checked_when_the_file_is_parsed() {
         ));
         assert_error(&e, "spec.trustDomain", why);
     }
+}
+
+#[test]
+fn a_key_pasted_after_a_certificate_is_refused_without_quoting_it() {
+    let key =
+        "-----BEGIN EC PRIVATE KEY-----\nc2VjcmV0LWtleS1ieXRlcw==\n-----END EC PRIVATE KEY-----\n";
+    let text = trust_doc(&format!(
+        "{}{}",
+        pem_bundle(CERT),
+        pem_bundle(&format!("{CERT}{key}"))
+    ));
+    let e = one_error(&text);
+    assert_error(
+        &e,
+        "spec.caBundles[1].pem.value",
+        "PEM block 2 is labelled EC PRIVATE KEY: only CERTIFICATE blocks are accepted, because everything in a MeshTrust is published to every proxy of the mesh",
+    );
+    assert!(!e.message.contains("c2VjcmV0"), "{e}");
 }

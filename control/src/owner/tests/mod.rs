@@ -1465,3 +1465,6 @@ fn service_context(h: &Harness, service: &str) -> Vec<String> {
         .cloned()
         .collect()
 }
+
+mod selection;
+mod trust;

@@ -1,0 +1,102 @@
+//! Which MeshIdentity a dataplane gets: selectors, and Spire identities that meshca must not shadow.
+
+use super::*;
+
+/// web-1 (`app: web`, service `web`) and s-1 (`app: web, team: spire`, service `s`).
+fn connect_both(h: &mut Harness) {
+    h.connect("web-1", &[("app", "web")], &[("kuma.io/service", "web")]);
+    h.connect(
+        "s-1",
+        &[("app", "web"), ("team", "spire")],
+        &[("kuma.io/service", "s")],
+    );
+}
+
+#[test]
+fn a_dataplane_whose_best_identity_is_spire_gets_no_certificate_from_meshca() {
+    let yaml = format!(
+        "{LEGACY}---\n{}---\n{}",
+        workloads_identity("/workload/{{ .Workload }}", true),
+        r#"type: MeshIdentity
+name: spire
+mesh: default
+spec:
+  selector: {dataplane: {matchLabels: {team: spire}}}
+  provider: {type: Spire}
+"#
+    );
+    let mut h = Harness::new(&yaml);
+    connect_both(&mut h);
+    h.owner.reconcile(t0());
+    assert_eq!(
+        h.ready("web-1").identity_name.as_deref(),
+        Some("workloads"),
+        "the broader Bundled identity issues where Spire does not select"
+    );
+    // Neither the less specific MeshIdentity nor the legacy backend issues for s-1.
+    let reason = h.reason("s-1");
+    assert!(
+        reason.contains("MeshIdentity spire") && reason.contains("SPIRE"),
+        "{reason}"
+    );
+    let status = h.status.borrow().clone();
+    let spire = status.meshes[0]
+        .mesh_identities
+        .iter()
+        .find(|i| i.name == "spire")
+        .expect("listed");
+    assert_eq!(spire.provider, "Spire");
+    assert!(
+        spire
+            .conditions
+            .iter()
+            .any(|c| c.kind == "Ready" && c.status == "True" && c.reason == "ManagedExternally"),
+        "{:?}",
+        spire.conditions
+    );
+    assert_eq!(
+        status.meshes[0].proxies_by_issuer.values().sum::<usize>(),
+        1,
+        "s-1 holds no meshca certificate: {:?}",
+        status.meshes[0].proxies_by_issuer
+    );
+}
+
+#[test]
+fn empty_match_labels_select_every_dataplane_and_an_empty_selector_selects_none() {
+    let bundled = "provider: {type: Bundled, bundled: {autogenerate: {enabled: true}}}";
+    let none = format!(
+        "type: MeshIdentity\nname: empty-selector\nmesh: default\nspec:\n  selector: {{}}\n  {bundled}\n---\ntype: MeshIdentity\nname: no-selector\nmesh: default\nspec:\n  {bundled}\n"
+    );
+    let mut h = Harness::new(&format!("{LEGACY}---\n{none}"));
+    connect_both(&mut h);
+    h.owner.reconcile(t0());
+    for name in ["web-1", "s-1"] {
+        let id = h.ready(name);
+        assert_eq!(
+            id.identity_name, None,
+            "{name}: no MeshIdentity selects it, the legacy backend issues"
+        );
+    }
+
+    let all = format!(
+        "type: MeshIdentity\nname: all\nmesh: default\nspec:\n  selector: {{dataplane: {{matchLabels: {{}}}}}}\n  {bundled}\n"
+    );
+    h.update(&format!("{LEGACY}---\n{none}---\n{all}"))
+        .expect("valid");
+    for step in 1..=2 {
+        let now = t0() + Duration::from_secs(step);
+        h.owner.reconcile(now);
+        let g = generation(&h);
+        h.ack(1, Some(g));
+        h.ack(2, Some(g));
+    }
+    h.owner.reconcile(t0() + Duration::from_secs(3));
+    for name in ["web-1", "s-1"] {
+        assert_eq!(
+            h.ready(name).identity_name.as_deref(),
+            Some("all"),
+            "{name}: matchLabels: {{}} selects it"
+        );
+    }
+}
