@@ -6,6 +6,7 @@ use std::sync::Arc;
 use meshca_ca::{CertificateAuthority, TrustAnchor};
 use meshca_config::{MeshService, ServiceIdentity};
 
+use crate::egress::{EGRESS_BUNDLE, EGRESS_SERVICE};
 use crate::gate::CaTrust;
 use crate::snapshot::{MeshServiceTrust, MeshView, ProxyEntry, ProxyKey, Snapshot, TrustBundle};
 use crate::world::{MeshState, World};
@@ -179,13 +180,23 @@ pub fn snapshot(
         );
     }
     let all = cache.bundle("all", &all);
+    // The zone egress bundle: the CAs of the egress identity, as the gate publishes them, and the egress
+    // SPIFFE IDs as SAN matchers, so that a sidecar's egress context accepts the egress and nothing else.
+    let egress = trust.get(EGRESS_BUNDLE).map(|cas| {
+        let bundle = cache.bundle("egress", &mesh_anchors(cas));
+        let ids = service_ids
+            .get(&(EGRESS_BUNDLE.to_owned(), EGRESS_SERVICE.to_owned()))
+            .cloned()
+            .unwrap_or_default();
+        cache.service(EGRESS_BUNDLE, EGRESS_SERVICE, &bundle, ids)
+    });
     Snapshot {
         claim_rules: HashMap::new(),
         generation,
         proxies,
         meshes,
         all,
-        egress: None,
+        egress,
     }
 }
 

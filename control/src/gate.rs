@@ -12,7 +12,8 @@ use meshca_ca::CertificateAuthority;
 use serde::{Deserialize, Serialize};
 
 use crate::bundles::ServiceIds;
-use crate::resource_name::Target;
+use crate::egress::EGRESS_BUNDLE;
+use crate::resource_name::{Target, TrustScope};
 use crate::snapshot::ProxyKey;
 use crate::streams::Streams;
 use crate::timefmt::{rfc3339, seconds_until};
@@ -292,8 +293,17 @@ impl Gate {
         let mut events = Vec::new();
         for ((mesh, service, id), p) in self.sans.iter_mut().filter(|(_, p)| !p.confirmed) {
             let waiting = streams.waiting_for(p.since_generation, |s| {
-                s.resources.iter().any(|r| {
-                    matches!(r.target(s.asker(), None), Target::MeshService { mesh: m, service: n } if m == mesh && n == service)
+                s.resources.iter().any(|r| match r.target(s.asker(), None) {
+                    Target::MeshService {
+                        mesh: m,
+                        service: n,
+                    } => m == mesh && n == service,
+                    // The zone egress's IDs are gated in the egress bundle's SAN matchers.
+                    Target::Trust {
+                        scope: TrustScope::Egress,
+                        ..
+                    } => mesh == EGRESS_BUNDLE,
+                    _ => false,
                 })
             });
             if waiting.is_empty() {

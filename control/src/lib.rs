@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 mod bundles;
+mod egress;
 mod error;
 mod events;
 mod gate;
@@ -30,6 +31,7 @@ mod test_certs;
 mod timefmt;
 mod world;
 
+pub use egress::{EgressIssuer, EgressPlan, MeshChoice, EGRESS_BUNDLE, EGRESS_SERVICE};
 pub use error::{CaLoadError, IdentityLoadError, IssueFailure, UpdateError};
 pub use events::{StreamEvent, StreamId};
 pub use gate::{CaTrust, GateEvent, RolloutStep, Wait};
@@ -44,8 +46,8 @@ pub use snapshot::{
 };
 pub use standalone::{issue_standalone, Standalone, StandaloneError};
 pub use status::{
-    BackendRole, BackendStatus, CaStatus, Condition, DataplaneStatus, IdentityStatus, MeshStatus,
-    MtlsStatus, ServiceStatus, ServiceTls, Status, TrustOrigin, TrustStatus,
+    BackendRole, BackendStatus, CaStatus, Condition, DataplaneStatus, EgressStatus, IdentityStatus,
+    MeshStatus, MtlsStatus, ServiceStatus, ServiceTls, Status, TrustOrigin, TrustStatus,
 };
 pub use timefmt::{rfc3339, seconds_until};
 pub use world::{

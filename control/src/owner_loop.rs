@@ -33,6 +33,9 @@ pub type ReloadOutcome = Result<(), Vec<UpdateError>>;
 pub struct Reload {
     /// Told the outcome, if someone waits.
     pub done: Option<oneshot::Sender<ReloadOutcome>>,
+    /// A new `defaults.mesh` (the mesh whose identity the zone egress uses) to serve from this reload
+    /// on; `None` keeps the current one.
+    pub default_mesh: Option<Option<String>>,
 }
 
 /// The owner and everything it listens to. [`OwnerLoop::run`] is the daemon's reconciler task.
@@ -168,9 +171,16 @@ impl OwnerLoop {
     /// update is loading, queues them for one more load after it (the files may have changed since
     /// it began).
     fn on_reload_requests(&mut self, first: Reload) {
-        let mut waiting: Vec<_> = first.done.into_iter().collect();
-        while let Ok(more) = self.reloads.try_recv() {
-            waiting.extend(more.done);
+        let mut waiting = Vec::new();
+        let mut request = Some(first);
+        while let Some(Reload { done, default_mesh }) = request {
+            waiting.extend(done);
+            if let Some(mesh) = default_mesh {
+                tracing::info!(mesh = ?mesh, "defaults.mesh changed");
+                self.settings.defaults.mesh = mesh.clone();
+                self.owner.set_default_mesh(mesh);
+            }
+            request = self.reloads.try_recv().ok();
         }
         if self.loading.is_some() {
             self.queued.get_or_insert_with(Vec::new).extend(waiting);
@@ -407,6 +417,7 @@ mod tests {
         reload_tx
             .send(Reload {
                 done: Some(done_tx),
+                default_mesh: None,
             })
             .await
             .expect("the loop listens");

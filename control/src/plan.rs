@@ -13,7 +13,7 @@ use meshca_identity::KeyAlgorithm;
 use meshca_identity::SpiffeId;
 
 use crate::snapshot::ClaimRule;
-use crate::world::{IdentityProvider, MeshState};
+use crate::world::{BackendState, IdentityProvider, MeshIdentityState, MeshState};
 
 /// Certificate lifetime when neither the backend nor the MeshIdentity says.
 pub const DEFAULT_CERT_LIFETIME: Duration = Duration::from_secs(24 * 3600);
@@ -72,6 +72,17 @@ impl DataplaneInfo {
             &dp.name,
             dp.labels.clone(),
             inbounds,
+            Origin::File,
+        )
+    }
+
+    /// A zone egress described by its ZoneEgress file, connected with a token of `mesh`.
+    pub fn from_zone_egress(mesh: &str, egress: &meshca_config::ZoneEgress) -> DataplaneInfo {
+        DataplaneInfo::new(
+            mesh,
+            &egress.name,
+            egress.labels.clone(),
+            Vec::new(),
             Origin::File,
         )
     }
@@ -154,6 +165,9 @@ pub struct Desired {
     pub spiffe_id: SpiffeId,
     /// The MeshIdentity name (an SDS alias of `default`), when one issues.
     pub identity_name: Option<String>,
+    /// Whose bundles must trust the CA before it issues this certificate (the rollout gate's key): the
+    /// dataplane's mesh, or [`crate::egress::EGRESS_BUNDLE`] for the zone egress.
+    pub trusted_in: String,
     /// Key algorithm of the leaf.
     pub key_algorithm: KeyAlgorithm,
     /// Requested lifetime.
@@ -184,35 +198,15 @@ pub fn decide(
         .iter()
         .filter(|i| !matches!(i.provider, IdentityProvider::None))
         .map(|i| (i.name.as_str(), i.match_labels.as_ref(), i));
+    let by = Issuance {
+        mesh: &mesh.name,
+        labels: &dp.labels,
+        zone,
+        key_algorithm,
+        trusted_in: &dp.mesh,
+    };
     if let Some(identity) = meshca_ca::select(with_provider, &dp.labels) {
-        return match &identity.provider {
-            IdentityProvider::Bundled { ca, expiry, .. } => {
-                let vars = TemplateVars { mesh: &dp.mesh, zone, labels: &dp.labels };
-                match identity.template.render(&vars) {
-                    Ok(spiffe_id) => Decision::Issue(Box::new(Desired {
-                        issuer: Issuer::MeshIdentity(identity.name.clone()),
-                        ca: ca.ca.clone(),
-                        spiffe_id,
-                        identity_name: Some(identity.name.clone()),
-                        key_algorithm,
-                        lifetime: expiry.unwrap_or(DEFAULT_CERT_LIFETIME),
-                    })),
-                    Err(e) => Decision::NoIdentity(format!(
-                        "MeshIdentity {}: the SPIFFE ID does not render: {e}",
-                        identity.name
-                    )),
-                }
-            }
-            IdentityProvider::Spire => Decision::NoIdentity(format!(
-                "MeshIdentity {} uses the Spire provider: its identity is managed by SPIRE, not meshca",
-                identity.name
-            )),
-            // Not selected above; kept total so a new provider kind cannot panic here.
-            IdentityProvider::None => Decision::NoIdentity(format!(
-                "MeshIdentity {} has no provider: it publishes SPIFFE IDs only",
-                identity.name
-            )),
-        };
+        return by.identity(identity);
     }
     let Some(backend) = &mesh.enabled_backend else {
         return Decision::NoIdentity(format!(
@@ -226,17 +220,76 @@ pub fn decide(
             backend.name
         ));
     };
-    let id = format!("spiffe://{}/{}", mesh.name, service);
-    match id.parse::<SpiffeId>() {
-        Ok(spiffe_id) => Decision::Issue(Box::new(Desired {
-            issuer: Issuer::Backend(backend.name.clone()),
-            ca: backend.ca.ca.clone(),
-            spiffe_id,
-            identity_name: None,
-            key_algorithm,
-            lifetime: backend.dp_cert_lifetime.unwrap_or(DEFAULT_CERT_LIFETIME),
-        })),
-        Err(e) => Decision::NoIdentity(format!("the legacy SPIFFE ID {id} is not valid: {e}")),
+    by.backend(backend, service)
+}
+
+/// What a certificate is issued for: a proxy with `labels`, identified in `mesh`, whose CA must be
+/// trusted in the bundles of `trusted_in` first.
+pub(crate) struct Issuance<'a> {
+    /// The mesh the identity belongs to.
+    pub mesh: &'a str,
+    /// The proxy's labels, for the SPIFFE ID templates.
+    pub labels: &'a BTreeMap<String, String>,
+    /// `{{ .Zone }}`.
+    pub zone: &'a str,
+    /// The leaf's key algorithm.
+    pub key_algorithm: KeyAlgorithm,
+    /// See [`Desired::trusted_in`].
+    pub trusted_in: &'a str,
+}
+
+impl Issuance<'_> {
+    /// The certificate `identity` issues, if meshca issues for it.
+    pub(crate) fn identity(&self, identity: &MeshIdentityState) -> Decision {
+        match &identity.provider {
+            IdentityProvider::Bundled { ca, expiry, .. } => {
+                let vars = TemplateVars {
+                    mesh: self.mesh,
+                    zone: self.zone,
+                    labels: self.labels,
+                };
+                match identity.template.render(&vars) {
+                    Ok(spiffe_id) => Decision::Issue(Box::new(Desired {
+                        issuer: Issuer::MeshIdentity(identity.name.clone()),
+                        ca: ca.ca.clone(),
+                        spiffe_id,
+                        identity_name: Some(identity.name.clone()),
+                        trusted_in: self.trusted_in.to_owned(),
+                        key_algorithm: self.key_algorithm,
+                        lifetime: expiry.unwrap_or(DEFAULT_CERT_LIFETIME),
+                    })),
+                    Err(e) => Decision::NoIdentity(format!(
+                        "MeshIdentity {}: the SPIFFE ID does not render: {e}",
+                        identity.name
+                    )),
+                }
+            }
+            IdentityProvider::Spire => Decision::NoIdentity(format!(
+                "MeshIdentity {} uses the Spire provider: its identity is managed by SPIRE, not meshca",
+                identity.name
+            )),
+            IdentityProvider::None => Decision::NoIdentity(format!(
+                "MeshIdentity {} has no provider: it publishes SPIFFE IDs only",
+                identity.name
+            )),
+        }
+    }
+
+    /// The legacy certificate `spiffe://<mesh>/<service>` from `backend`.
+    pub(crate) fn backend(&self, backend: &BackendState, service: &str) -> Decision {
+        let id = format!("spiffe://{}/{service}", self.mesh);
+        match id.parse::<SpiffeId>() {
+            Ok(spiffe_id) => Decision::Issue(Box::new(Desired {
+                issuer: Issuer::Backend(backend.name.clone()),
+                ca: backend.ca.ca.clone(),
+                spiffe_id,
+                identity_name: None,
+                trusted_in: self.trusted_in.to_owned(),
+                key_algorithm: self.key_algorithm,
+                lifetime: backend.dp_cert_lifetime.unwrap_or(DEFAULT_CERT_LIFETIME),
+            })),
+            Err(e) => Decision::NoIdentity(format!("the legacy SPIFFE ID {id} is not valid: {e}")),
+        }
     }
 }
 

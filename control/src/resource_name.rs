@@ -6,13 +6,14 @@
 
 use std::fmt;
 
+use crate::egress::EGRESS_BUNDLE;
 use crate::snapshot::{ProxyIdentity, ProxyKey};
 
 const DEFAULT: &str = "default";
 const SYSTEM_TRUST_BUNDLE: &str = "system_trust_bundle";
 const ROOTCA: &str = "ROOTCA";
 const SYSTEM_TRUST_BUNDLE_PREFIX: &str = "system_trust_bundle_";
-const EGRESS_BUNDLE: &str = "system_trust_bundle_egress";
+const EGRESS_BUNDLE_NAME: &str = "system_trust_bundle_egress";
 const ALL: &str = "ALL";
 const MESH_CA_ALL: &str = "mesh_ca:secret:all";
 const MESH_CA_PREFIX: &str = "mesh_ca:secret:";
@@ -65,13 +66,14 @@ pub enum TrustScope<'a> {
 }
 
 impl TrustScope<'_> {
-    /// Whether a context of this scope must carry a CA that `mesh` trusts.
+    /// Whether a context of this scope must carry a CA that the bundles of `mesh` publish (`mesh` may be
+    /// [`EGRESS_BUNDLE`], the gate's key of the zone egress bundle).
     pub fn carries_mesh(&self, mesh: &str) -> bool {
         match self {
             TrustScope::Mesh(m) => *m == mesh,
-            TrustScope::All => true,
+            TrustScope::All => mesh != EGRESS_BUNDLE,
             // The egress bundle carries the egress identity's CAs only, never a mesh's whole trust.
-            TrustScope::Egress => false,
+            TrustScope::Egress => mesh == EGRESS_BUNDLE,
         }
     }
 }
@@ -116,7 +118,7 @@ impl ResourceName {
         let kind = match text.as_str() {
             DEFAULT => NameKind::Identity,
             SYSTEM_TRUST_BUNDLE | ROOTCA => NameKind::OwnMeshTrust,
-            EGRESS_BUNDLE => NameKind::EgressTrust,
+            EGRESS_BUNDLE_NAME => NameKind::EgressTrust,
             ALL => NameKind::AllTrust,
             MESH_CA_ALL => NameKind::LegacyAllTrust,
             t if t.starts_with(IDENTITY_CERT_PREFIX) => NameKind::LegacyIdentity,

@@ -80,9 +80,9 @@ pub struct Snapshot {
     pub meshes: HashMap<String, MeshView>,
     /// The trust of every mesh and trust domain (`ALL`, `mesh_ca:secret:all`).
     pub all: Arc<TrustBundle>,
-    /// The CAs that validate the zone egress identity (`system_trust_bundle_egress`), if
-    /// an egress identity exists.
-    pub egress: Option<Arc<TrustBundle>>,
+    /// `system_trust_bundle_egress`: the CAs that validate the zone egress identity and the egress's
+    /// SPIFFE IDs as SAN matchers, if an egress identity exists.
+    pub egress: Option<Arc<MeshServiceTrust>>,
     /// What a token must not contradict to be served as a proxy (its Dataplane resource, or
     /// the token that registered it). Checked by every stream against its own token, so a
     /// token claiming other labels never receives the proxy's secrets.

@@ -9,6 +9,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use crate::bundles::ServiceIds;
+use crate::egress::{EgressPlan, MeshChoice, EGRESS_BUNDLE, EGRESS_SERVICE};
 use crate::gate::Wait;
 use crate::owner::{Issued, ProxyRecord, Rejected};
 use crate::plan::{DataplaneInfo, Origin};
@@ -34,6 +35,24 @@ pub struct Status {
     pub earliest_cert_expiry_seconds: Option<i64>,
     /// Seconds until the earliest CA expires.
     pub earliest_ca_expiry_seconds: Option<i64>,
+    /// The zone egress identity: where it comes from, or why there is none.
+    #[serde(default)]
+    pub egress: EgressStatus,
+}
+
+/// The zone egress identity (one for every mesh).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct EgressStatus {
+    /// The mesh whose identity the egress uses.
+    pub mesh: Option<String>,
+    /// How that mesh was chosen.
+    pub chosen_by: Option<MeshChoice>,
+    /// Who issues it in that mesh (`MeshIdentity <name>` or `backend <name>`).
+    pub issuer: Option<String>,
+    /// Why there is no egress identity, when there is none.
+    pub reason: Option<String>,
+    /// The SPIFFE IDs `system_trust_bundle_egress` accepts, sorted.
+    pub spiffe_ids: Vec<String>,
 }
 
 /// One mesh.
@@ -265,6 +284,7 @@ pub(crate) struct Inputs<'a> {
     pub last_rejected: Option<&'a Rejected>,
     pub waits: &'a [Wait],
     pub tls_ready: &'a BTreeSet<(String, String)>,
+    pub egress: Option<&'a Result<EgressPlan, String>>,
     pub now: SystemTime,
 }
 
@@ -291,6 +311,30 @@ pub(crate) fn build(i: &Inputs<'_>) -> Status {
             .authorities()
             .map(|(_, _, ca)| seconds_until(ca.ca.not_after(), i.now))
             .min(),
+        egress: egress_status(i),
+    }
+}
+
+fn egress_status(i: &Inputs<'_>) -> EgressStatus {
+    let spiffe_ids = i
+        .service_ids
+        .get(&(EGRESS_BUNDLE.to_owned(), EGRESS_SERVICE.to_owned()))
+        .map(|ids| ids.iter().cloned().collect())
+        .unwrap_or_default();
+    match i.egress {
+        Some(Ok(plan)) => EgressStatus {
+            mesh: Some(plan.mesh.clone()),
+            chosen_by: Some(plan.chosen_by),
+            issuer: Some(plan.issuer.to_string()),
+            reason: None,
+            spiffe_ids,
+        },
+        Some(Err(reason)) => EgressStatus {
+            reason: Some(reason.clone()),
+            spiffe_ids,
+            ..EgressStatus::default()
+        },
+        None => EgressStatus::default(),
     }
 }
 

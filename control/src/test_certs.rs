@@ -1,4 +1,5 @@
-//! Certificates made for tests (rcgen), and the YAML that carries them into resources.
+//! Test support: certificates made for tests (rcgen), the YAML that carries them into resources, and a
+//! capture of what a piece of code logs.
 
 use std::time::{Duration, SystemTime};
 
@@ -105,4 +106,29 @@ pub fn mesh_trust(name: &str, trust_domain: &str, pems: &[&str]) -> String {
     format!(
         "type: MeshTrust\nname: {name}\nmesh: default\nspec:\n  trustDomain: {trust_domain}\n  caBundles:\n{bundles}"
     )
+}
+
+/// Runs `f` and returns what it logged at WARN and above, without ANSI colours.
+pub fn warnings<T>(f: impl FnOnce() -> T) -> (T, String) {
+    #[derive(Clone, Default)]
+    struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("not poisoned").extend_from_slice(data);
+            Ok(data.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer::default();
+    let writer = buffer.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    let out = tracing::subscriber::with_default(subscriber, f);
+    let logged = String::from_utf8(buffer.0.lock().expect("not poisoned").clone()).expect("UTF-8");
+    (out, logged)
 }

@@ -84,7 +84,12 @@ pub(crate) fn resolve(snapshot: &Snapshot, ctx: &ProxyContext, name: &ResourceNa
                 },
                 TrustScope::All => trust(&snapshot.all, form, "the trust of all meshes"),
                 TrustScope::Egress => match &snapshot.egress {
-                    Some(bundle) => trust(bundle, form, "the zone egress trust bundle"),
+                    Some(egress) if !egress.trust().is_empty() => Lookup::Found(
+                        Resolved::Validation(secret::mesh_service_secret(egress, form)),
+                    ),
+                    Some(_) => Lookup::Unavailable(
+                        "the zone egress trust bundle holds no CA certificate".into(),
+                    ),
                     None => Lookup::Unavailable("no zone egress identity exists".into()),
                 },
             }

@@ -132,8 +132,13 @@ async fn legacy_and_all_names() {
     let world = harness.snapshots.borrow().clone();
     let default_ca = world.meshes["default"].trust.by_trust_domain()["default.zone"][0].clone();
     let other_ca = world.meshes["other"].trust.by_trust_domain()["other.zone"][0].clone();
-    let egress_ca =
-        world.egress.as_ref().expect("egress").by_trust_domain()["egress.zone"][0].clone();
+    let egress_ca = world
+        .egress
+        .as_ref()
+        .expect("egress")
+        .trust()
+        .by_trust_domain()["egress.zone"][0]
+        .clone();
     let mut client = client(&harness, "default", "web-1").await;
 
     let legacy = fetch_one(&mut client, "default.web-1", "mesh_ca:secret:default", None).await;
@@ -164,6 +169,14 @@ async fn legacy_and_all_names() {
         pem_line(&spiffe_domains(&egress)["egress.zone"]),
         pem_line(&egress_ca)
     );
+    // Only the egress passes: its SPIFFE ID is the one SAN matcher.
+    let SecretKindView::ValidationContext {
+        subject_alt_names, ..
+    } = describe(&egress).kind
+    else {
+        panic!("a validation context")
+    };
+    assert_eq!(subject_alt_names, ["spiffe://egress.zone/egress"]);
 }
 
 #[tokio::test]

@@ -312,8 +312,11 @@ async fn nothing_available_sends_nothing_until_it_is() {
         .event(|event| matches!(event, StreamEvent::Connected { .. }).then_some(()))
         .await;
     let mut with_egress = world.snapshot(2);
-    with_egress.egress = Some(Arc::new(meshca_control::TrustBundle::new(
-        [("egress.zone".to_owned(), vec![ca_pem("egress.zone")])].into(),
+    with_egress.egress = Some(Arc::new(meshca_control::MeshServiceTrust::new(
+        Arc::new(meshca_control::TrustBundle::new(
+            [("egress.zone".to_owned(), vec![ca_pem("egress.zone")])].into(),
+        )),
+        ["spiffe://egress.zone/egress".to_owned()].into(),
     )));
     harness.publish(with_egress);
     let response = stream.expect_response().await;

@@ -23,7 +23,7 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Serve(args) => {
             let settings = load_settings(args.config.as_deref())?;
-            crate::serve::run(settings).await?;
+            crate::serve::run(settings, args.config.clone()).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Validate(args) => validate::run(args),

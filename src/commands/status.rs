@@ -6,7 +6,9 @@ use anyhow::{anyhow, Context};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use meshca_control::{DataplaneStatus, MeshStatus, Rejected, Status, Wait};
+use meshca_control::{
+    DataplaneStatus, EgressStatus, MeshStatus, Rejected, Status, Wait, EGRESS_BUNDLE,
+};
 use serde_json::Value;
 
 use crate::cli::{Output, StatusArgs};
@@ -59,6 +61,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     for mesh in &status.meshes {
         print_mesh(mesh);
     }
+    print_egress(&status.egress);
     println!();
     print_dataplanes(&status.dataplanes);
     print_rollout(&status.rollout);
@@ -164,6 +167,25 @@ fn print_dataplanes(dataplanes: &[DataplaneStatus]) {
     }
 }
 
+fn print_egress(egress: &EgressStatus) {
+    match (&egress.mesh, &egress.reason) {
+        (Some(mesh), _) => println!(
+            "zone egress identity: mesh {mesh} ({}), {}; accepted IDs: {}",
+            egress
+                .chosen_by
+                .map_or_else(|| "-".to_owned(), |c| c.to_string()),
+            or_dash(egress.issuer.as_deref()),
+            if egress.spiffe_ids.is_empty() {
+                "none yet".to_owned()
+            } else {
+                egress.spiffe_ids.join(", ")
+            }
+        ),
+        (None, Some(reason)) => println!("zone egress identity: none: {reason}"),
+        (None, None) => {}
+    }
+}
+
 fn print_rollout(waits: &[Wait]) {
     if waits.is_empty() {
         return;
@@ -171,9 +193,13 @@ fn print_rollout(waits: &[Wait]) {
     println!();
     println!("rollout in progress:");
     for w in waits {
+        let scope = if w.mesh == EGRESS_BUNDLE {
+            "the zone egress bundle".to_owned()
+        } else {
+            format!("mesh {}", w.mesh)
+        };
         println!(
-            "  mesh {}: {} for CA {} since {}: waiting for {} prox{} ({}); proceeds anyway in {}",
-            w.mesh,
+            "  {scope}: {} for CA {} since {}: waiting for {} prox{} ({}); proceeds anyway in {}",
             w.step,
             w.ca,
             w.since,

@@ -17,19 +17,25 @@ pub use data_dir::DataDir;
 pub use files::{open_keystore, token_signing_key};
 use reload::Change;
 
+use std::path::{Path, PathBuf};
+
 use meshca_config::Settings;
 
-/// Runs the daemon until SIGTERM/SIGINT.
-pub async fn run(settings: Settings) -> anyhow::Result<()> {
-    let mut daemon = Daemon::start(settings, DaemonOptions::default()).await?;
-    let result = wait_for_signals(&mut daemon).await;
+/// Runs the daemon (with `settings`, read from `config` and the environment) until SIGTERM/SIGINT.
+pub async fn run(settings: Settings, config: Option<PathBuf>) -> anyhow::Result<()> {
+    let mut daemon = Daemon::start(settings.clone(), DaemonOptions::default()).await?;
+    let result = wait_for_signals(&mut daemon, settings, config).await;
     daemon.stop().await;
     result
 }
 
 /// Waits for SIGTERM/SIGINT (clean exit), applies SIGHUP as a reload, and returns early if a task
 /// fails.
-async fn wait_for_signals(daemon: &mut Daemon) -> anyhow::Result<()> {
+async fn wait_for_signals(
+    daemon: &mut Daemon,
+    mut settings: Settings,
+    config: Option<PathBuf>,
+) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -40,10 +46,38 @@ async fn wait_for_signals(daemon: &mut Daemon) -> anyhow::Result<()> {
             _ = term.recv() => { tracing::info!("SIGTERM: draining"); return Ok(()) }
             _ = int.recv() => { tracing::info!("SIGINT: draining"); return Ok(()) }
             _ = hup.recv() => {
-                tracing::info!("SIGHUP: reloading resources and revocations");
-                reloader.try_apply(Change::All);
+                tracing::info!("SIGHUP: reloading defaults.mesh, resources and revocations");
+                let default_mesh = reread_default_mesh(config.as_deref(), &mut settings);
+                reloader.try_apply_with(Change::All, default_mesh);
             }
             result = daemon.wait() => return result,
         }
     }
+}
+
+/// Reads the settings again (file and environment) for SIGHUP: returns the new `defaults.mesh` if it
+/// changed, the one setting applied while serving. Other changes are reported as waiting for a restart;
+/// settings that do not load change nothing.
+fn reread_default_mesh(config: Option<&Path>, current: &mut Settings) -> Option<Option<String>> {
+    let new = match crate::commands::load_settings(config) {
+        Ok(new) => new,
+        Err(error) => {
+            tracing::error!("settings not reloaded, the running ones stay: {error:#}");
+            return None;
+        }
+    };
+    let others_changed = Settings {
+        defaults: current.defaults.clone(),
+        ..new.clone()
+    } != *current;
+    if others_changed {
+        tracing::warn!(
+            "settings other than defaults.mesh changed; they take effect when meshca restarts"
+        );
+    }
+    if new.defaults == current.defaults {
+        return None;
+    }
+    current.defaults = new.defaults.clone();
+    Some(new.defaults.mesh)
 }

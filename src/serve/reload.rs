@@ -74,12 +74,23 @@ impl Reloader {
     }
 
     /// [`Self::apply`] from a context that cannot wait (a signal handler's loop must not block): a
-    /// resources reload already queued covers this one.
-    pub fn try_apply(&self, change: Change) {
+    /// resources reload already queued covers this one. With `default_mesh`, serves it as
+    /// `defaults.mesh` from this reload on (that request is queued even when the queue is full, so it is
+    /// never lost).
+    pub fn try_apply_with(&self, change: Change, default_mesh: Option<Option<String>>) {
         if change.revocations() {
             self.reload_revocations();
         }
-        if change.resources() {
+        if default_mesh.is_some() {
+            let resources = self.resources.clone();
+            tokio::spawn(async move {
+                let request = Reload {
+                    done: None,
+                    default_mesh,
+                };
+                let _ = resources.send(request).await;
+            });
+        } else if change.resources() {
             let _ = self.resources.try_send(Reload::default());
         }
     }
@@ -88,7 +99,10 @@ impl Reloader {
     /// stopped first.
     pub async fn resources(&self) -> Option<ReloadOutcome> {
         let (tx, rx) = oneshot::channel();
-        let request = Reload { done: Some(tx) };
+        let request = Reload {
+            done: Some(tx),
+            default_mesh: None,
+        };
         self.resources.send(request).await.ok()?;
         rx.await.ok()
     }

@@ -48,7 +48,7 @@ impl Owner {
         let old = self.issued.get(key);
         let regenerations = old.map_or(0, |i| i.regenerations + 1);
         let ca_trust = bundles::ca_trust(
-            &key.mesh,
+            &desired.trusted_in,
             svid.spiffe_id.trust_domain().as_str(),
             &desired.ca,
         );

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::bundles::BundleCache;
+use crate::egress::EgressPlan;
 use crate::error::UpdateError;
 use crate::events::StreamEvent;
 use crate::gate::{CaTrust, Gate, GateEvent};
@@ -121,6 +122,8 @@ pub struct OwnerConfig {
     pub ack_timeout: Duration,
     /// The rollout gate; only drills turn it off, to show what it prevents.
     pub gate: bool,
+    /// `defaults.mesh`: the mesh whose identity the zone egress uses (`None`: meshca chooses).
+    pub default_mesh: Option<String>,
 }
 
 impl OwnerConfig {
@@ -132,6 +135,7 @@ impl OwnerConfig {
             renew_at: settings.issuance.renew_at,
             ack_timeout: settings.rollout.ack_timeout.as_std(),
             gate: true,
+            default_mesh: settings.defaults.mesh.clone(),
         }
     }
 }
@@ -159,6 +163,8 @@ pub struct Owner {
     gate: Gate,
     /// Something waits on ACKs: ACK events trigger a reconcile.
     waiting_on_acks: bool,
+    /// Where the zone egress identity comes from, as of the last reconcile (logged when it changes).
+    egress: Option<Result<EgressPlan, String>>,
     telemetry: Arc<dyn Telemetry>,
     snapshot_tx: watch::Sender<Arc<Snapshot>>,
     status_tx: watch::Sender<Arc<Status>>,
@@ -187,6 +193,7 @@ impl Owner {
             snapshot_generation: 0,
             bundles: BundleCache::default(),
             waiting_on_acks: false,
+            egress: None,
             telemetry,
             snapshot_tx,
             status_tx,
@@ -208,6 +215,12 @@ impl Owner {
     /// rotation).
     pub fn replace_world(&mut self, world: World) {
         self.world = Arc::new(world);
+    }
+
+    /// Changes `defaults.mesh` (the mesh whose identity the zone egress uses) while serving; the next
+    /// reconcile moves the egress to it, in the order the rollout gate allows.
+    pub fn set_default_mesh(&mut self, mesh: Option<String>) {
+        self.config.default_mesh = mesh;
     }
 
     /// Records a rejected update; the current configuration keeps serving.
@@ -285,8 +298,9 @@ impl Owner {
         Some(DataplaneInfo::from_claims(claims).claim_rule())
     }
 
-    /// The dataplanes meshca knows: from files, then from tokens of proxies that connected. A
-    /// dataplane whose token contradicts its file is an error naming the contradiction.
+    /// The dataplanes meshca knows: from files, then from tokens of proxies that connected (a zone
+    /// egress described by a ZoneEgress file takes its labels from the file). A dataplane whose token
+    /// contradicts its file is an error naming the contradiction.
     fn dataplanes(&self) -> BTreeMap<ProxyKey, Result<DataplaneInfo, String>> {
         let mut out = BTreeMap::new();
         for dp in &self.world.resources.dataplanes {
@@ -294,6 +308,18 @@ impl Owner {
             out.insert(key, Ok(DataplaneInfo::from_file(dp)));
         }
         for (key, claims) in &self.registrations {
+            let egress_file = (claims.proxy_type == ProxyType::ZoneEgress)
+                .then(|| self.world.resources.zone_egress(&key.name))
+                .flatten();
+            if let (Some(egress), None) = (egress_file, out.get(key)) {
+                let info = DataplaneInfo::from_zone_egress(&key.mesh, egress);
+                let described = match info.claim_rule().check(claims) {
+                    Ok(()) => Ok(info),
+                    Err(reason) => Err(reason),
+                };
+                out.insert(key.clone(), described);
+                continue;
+            }
             match out.get(key) {
                 Some(Ok(file)) => {
                     if let Err(reason) = file.claim_rule().check(claims) {
@@ -307,5 +333,12 @@ impl Owner {
             }
         }
         out
+    }
+
+    /// Whether `key` is a zone egress (its token says so).
+    fn is_zone_egress(&self, key: &ProxyKey) -> bool {
+        self.registrations
+            .get(key)
+            .is_some_and(|c| c.proxy_type == ProxyType::ZoneEgress)
     }
 }

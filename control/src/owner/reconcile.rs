@@ -10,6 +10,7 @@ use meshca_config::SERVICE_TAG;
 
 use super::Owner;
 use crate::bundles::{self, ServiceIds};
+use crate::egress::{self, MeshChoice, EGRESS_BUNDLE, EGRESS_SERVICE};
 use crate::gate::{covers, CaTrust, RolloutStep, Wait};
 use crate::plan::{self, DataplaneInfo, Decision, Origin};
 use crate::resource_name::Target;
@@ -30,6 +31,7 @@ impl Owner {
     /// Returns the earliest time something is due: a renewal, a rollout timeout or a CA rotation step.
     pub fn reconcile(&mut self, now: SystemTime) -> Option<SystemTime> {
         let dataplanes = self.dataplanes();
+        self.plan_egress();
         let generation = self.snapshot_generation + 1;
         self.gate.begin();
         self.gate.confirm(&self.streams, now);
@@ -96,8 +98,35 @@ impl Owner {
         }
     }
 
-    /// What each mesh's bundles carry: the configured CAs, plus (break last) removed CAs that connected
-    /// proxies still present, as the gate decides.
+    /// Chooses where the zone egress identity comes from, and says so when that changes.
+    fn plan_egress(&mut self) {
+        let plan = egress::choose(&self.world, self.config.default_mesh.as_deref());
+        if self.egress.as_ref() == Some(&plan) {
+            return;
+        }
+        let egress_known = self
+            .registrations
+            .values()
+            .any(|c| c.proxy_type == ProxyType::ZoneEgress)
+            || !self.world.resources.zone_egresses.is_empty();
+        match &plan {
+            Ok(p) if p.chosen_by == MeshChoice::FirstWithIdentity => tracing::warn!(
+                mesh = %p.mesh,
+                issuer = %p.issuer,
+                "zone egress identity from {}: there is no defaults.mesh, no mesh named default, and more than one mesh",
+                p.chosen_by
+            ),
+            Ok(p) => {
+                tracing::info!(mesh = %p.mesh, issuer = %p.issuer, "zone egress identity from {}", p.chosen_by)
+            }
+            Err(reason) if egress_known => tracing::warn!("no zone egress identity: {reason}"),
+            Err(reason) => tracing::info!("no zone egress identity: {reason}"),
+        }
+        self.egress = Some(plan);
+    }
+
+    /// What each mesh's bundles, and the zone egress bundle, carry: the configured CAs, plus (break
+    /// last) removed CAs that connected proxies still present, as the gate decides.
     fn plan_trust(&mut self, generation: u64, now: SystemTime) -> BTreeMap<String, Vec<CaTrust>> {
         let presented: Vec<(ProxyKey, CaTrust)> = self
             .issued
@@ -109,12 +138,15 @@ impl Owner {
                     .map(|ca| (k.clone(), ca.clone()))
             })
             .collect();
-        let desired = self
+        let mut desired: Vec<CaTrust> = self
             .world
             .meshes
             .values()
             .flat_map(bundles::mesh_cas)
             .collect();
+        if let Some(Ok(plan)) = &self.egress {
+            desired.extend(egress::egress_cas(&self.world, plan));
+        }
         self.gate.plan_trust(desired, &presented, generation, now)
     }
 
@@ -169,20 +201,7 @@ impl Owner {
         generation: u64,
         now: SystemTime,
     ) -> ProxyEntry {
-        let zone_egress = self
-            .registrations
-            .get(key)
-            .is_some_and(|c| c.proxy_type == ProxyType::ZoneEgress);
-        let decision = if zone_egress {
-            Decision::NoIdentity("zone egress identities are not issued yet".into())
-        } else {
-            plan::decide(
-                self.world.meshes.get(&key.mesh),
-                info,
-                &self.config.zone,
-                self.config.key_algorithm,
-            )
-        };
+        let decision = self.decide(key, info);
         let desired = match decision {
             Decision::NoIdentity(reason) => return ProxyEntry::NoIdentity { reason },
             Decision::Issue(desired) => desired,
@@ -191,7 +210,9 @@ impl Owner {
         // SANs before identity: a proxy changes its SPIFFE ID only once the `meshservice:` contexts of
         // its services, as their subscribers hold them, accept the new one.
         let trust_domain = desired.spiffe_id.trust_domain().as_str();
-        let gated = !self.gate.may_issue(&key.mesh, trust_domain, &desired.ca)
+        let gated = !self
+            .gate
+            .may_issue(&desired.trusted_in, trust_domain, &desired.ca)
             || !self.may_present_id(key, info, &desired.spiffe_id.to_string());
         if !gated && self.needs_issue(key, &desired, now) {
             if let Err(e) = self.issue(key, &desired, generation, now) {
@@ -208,13 +229,40 @@ impl Owner {
         }
     }
 
+    /// The certificate `key` should hold: the zone egress identity for an egress, else its dataplane
+    /// identity.
+    fn decide(&self, key: &ProxyKey, info: &DataplaneInfo) -> Decision {
+        if !self.is_zone_egress(key) {
+            let mesh = self.world.meshes.get(&key.mesh);
+            return plan::decide(mesh, info, &self.config.zone, self.config.key_algorithm);
+        }
+        match &self.egress {
+            Some(Ok(plan)) => egress::decide(
+                &self.world,
+                plan,
+                info,
+                &self.config.zone,
+                self.config.key_algorithm,
+            ),
+            Some(Err(reason)) => Decision::NoIdentity(format!("no zone egress identity: {reason}")),
+            None => Decision::NoIdentity("the zone egress identity is not chosen yet".into()),
+        }
+    }
+
     /// Whether the proxy may present `spiffe_id`: it already does, or every local MeshService that
-    /// selects it has had the ID confirmed in its context.
+    /// selects it (for the zone egress: the egress bundle's SAN matchers) has had the ID confirmed in its
+    /// context.
     fn may_present_id(&self, key: &ProxyKey, info: &DataplaneInfo, spiffe_id: &str) -> bool {
         let presents = self
             .issued
             .get(key)
             .is_none_or(|issued| issued.published.spiffe_id == spiffe_id);
+        if self.is_zone_egress(key) {
+            return presents
+                || self
+                    .gate
+                    .may_present(EGRESS_BUNDLE, EGRESS_SERVICE, spiffe_id);
+        }
         presents
             || self
                 .world
@@ -290,7 +338,50 @@ impl Owner {
             }
             out.insert((service.mesh.clone(), service.name.clone()), ids);
         }
+        out.insert(
+            (EGRESS_BUNDLE.to_owned(), EGRESS_SERVICE.to_owned()),
+            self.egress_identities(dataplanes),
+        );
         out
+    }
+
+    /// The SPIFFE IDs the zone egress bundle accepts: the egress identity of every known egress (each
+    /// ZoneEgress file, each egress token that connected) and, while an egress is connected, the IDs it
+    /// may still present (break last).
+    fn egress_identities(&self, dataplanes: &Dataplanes) -> BTreeSet<String> {
+        let mut ids = BTreeSet::new();
+        let mut decided = |info: &DataplaneInfo| {
+            if let Some(Ok(plan)) = &self.egress {
+                let (zone, algorithm) = (&self.config.zone, self.config.key_algorithm);
+                if let Decision::Issue(d) = egress::decide(&self.world, plan, info, zone, algorithm)
+                {
+                    ids.insert(d.spiffe_id.to_string());
+                }
+            }
+        };
+        for egress in &self.world.resources.zone_egresses {
+            let mesh = self.egress.as_ref().and_then(|p| p.as_ref().ok());
+            let mesh = mesh.map_or("", |p| p.mesh.as_str());
+            decided(&DataplaneInfo::from_zone_egress(mesh, egress));
+        }
+        let egresses = dataplanes
+            .iter()
+            .filter(|(key, _)| self.is_zone_egress(key))
+            .filter_map(|(key, info)| Some((key, info.as_ref().ok()?)));
+        for (_, info) in egresses.clone() {
+            decided(info);
+        }
+        for (key, _) in egresses {
+            let presented = self
+                .issued
+                .get(key)
+                .filter(|_| self.streams.is_connected(key));
+            if let Some(issued) = presented {
+                ids.insert(issued.published.spiffe_id.clone());
+                ids.extend(issued.previous.as_ref().map(|p| p.spiffe_id.clone()));
+            }
+        }
+        ids
     }
 
     /// Updates MeshService `status.tls`: Ready once mTLS is on and every dataplane the service selects
@@ -413,6 +504,7 @@ impl Owner {
             last_rejected: self.last_rejected.as_ref(),
             waits: self.gate.waits(),
             tls_ready: &self.tls_ready,
+            egress: self.egress.as_ref(),
             now,
         });
         self.telemetry.published(&status, &self.world, now);

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use meshca_config::{Resources, Settings};
 use meshca_keystore::{Creation, Keystore, KeystoreError, MemoryKeystore, NewEntry};
 
-use crate::test_certs::{self, mesh_trust};
+use crate::test_certs::{self, mesh_trust, warnings};
 use crate::world::{CaSource, IdentityProvider, World};
 use crate::UpdateError;
 
@@ -256,31 +256,6 @@ fn a_created_mesh_trust_is_recorded_in_kuma_format_and_reused_after_a_restart() 
         again.meshes["default"].created_trusts[0].certificates,
         created[0].certificates
     );
-}
-
-/// Runs `f` and returns what it logged at WARN and above, without ANSI colours.
-fn warnings<T>(f: impl FnOnce() -> T) -> (T, String) {
-    #[derive(Clone, Default)]
-    struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Buffer {
-        fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().expect("not poisoned").extend_from_slice(data);
-            Ok(data.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buffer = Buffer::default();
-    let writer = buffer.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::WARN)
-        .finish();
-    let out = tracing::subscriber::with_default(subscriber, f);
-    let logged = String::from_utf8(buffer.0.lock().expect("not poisoned").clone()).expect("UTF-8");
-    (out, logged)
 }
 
 #[test]

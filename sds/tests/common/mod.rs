@@ -102,7 +102,7 @@ pub struct World {
     pub default_trust: Arc<TrustBundle>,
     pub other_trust: Arc<TrustBundle>,
     pub all: Arc<TrustBundle>,
-    pub egress: Arc<TrustBundle>,
+    pub egress: Arc<MeshServiceTrust>,
     pub web_service: Arc<MeshServiceTrust>,
 }
 
@@ -117,7 +117,10 @@ impl World {
             ("default.zone", &[&default_ca]),
             ("other.zone", &[&other_ca]),
         ]);
-        let egress = bundle(&[("egress.zone", &[&egress_ca])]);
+        let egress = Arc::new(MeshServiceTrust::new(
+            bundle(&[("egress.zone", &[&egress_ca])]),
+            BTreeSet::from(["spiffe://egress.zone/egress".to_owned()]),
+        ));
         let web_service = Arc::new(MeshServiceTrust::new(
             default_trust.clone(),
             BTreeSet::from([

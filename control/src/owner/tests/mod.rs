@@ -1466,5 +1466,6 @@ fn service_context(h: &Harness, service: &str) -> Vec<String> {
         .collect()
 }
 
+mod egress;
 mod selection;
 mod trust;
