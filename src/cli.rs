@@ -318,6 +318,9 @@ pub enum DrillScenario {
     /// Move the mesh's MeshIdentity to another trust domain in one edit; clients validate servers with
     /// `meshservice:` contexts.
     TrustDomain,
+    /// Sidecars of two meshes call a zone egress while the default mesh's CA is rotated and the default
+    /// mesh is switched to the other one.
+    Egress,
 }
 
 /// On or off.

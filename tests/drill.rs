@@ -140,6 +140,20 @@ fn moving_to_a_new_trust_domain_in_one_step_breaks_nothing_with_the_gate_and_bre
 }
 
 #[test]
+fn the_egress_drill_breaks_nothing_with_the_gate_and_breaks_handshakes_without() {
+    let (run, report) = drill_with("egress", "on", &[]);
+    assert_eq!(report["scenario"], "egress");
+    assert_clean(&run, &report, "rotation");
+    assert!(
+        run.stderr
+            .contains("defaults.mesh switched to the other mesh"),
+        "{run}"
+    );
+    let (run, report) = drill_with("egress", "off", &[]);
+    assert_breaks(&run, &report, "UnknownIssuer");
+}
+
+#[test]
 fn the_staged_flows_break_nothing_even_without_the_gate() {
     for scenario in ["migrate-to-meshidentity", "trust-domain"] {
         for gate in ["on", "off"] {
@@ -185,7 +199,9 @@ fn bad_sizes_are_usage_errors() {
     assert!(run.stderr.contains("--proxies"), "{run}");
     let run = env.cli(&["drill", "nonsense"]);
     assert_eq!(run.code(), Some(2), "{run}");
-    let run = env.cli(&["drill", "ca-rotation", "--staged"]);
-    assert_eq!(run.code(), Some(2), "{run}");
-    assert!(run.stderr.contains("--staged"), "{run}");
+    for scenario in ["ca-rotation", "egress"] {
+        let run = env.cli(&["drill", scenario, "--staged"]);
+        assert_eq!(run.code(), Some(2), "{run}");
+        assert!(run.stderr.contains("--staged"), "{run}");
+    }
 }

@@ -39,10 +39,15 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
     if args.handshakes == 0 {
         return Err(InvalidInput("--handshakes must be at least 1".into()).into());
     }
-    if args.staged && args.scenario == DrillScenario::CaRotation {
-        return Err(InvalidInput(
-            "--staged applies to migrate-to-meshidentity and trust-domain; ca-rotation has one flow".into(),
-        )
+    let staged_flow = matches!(
+        args.scenario,
+        DrillScenario::MigrateToMeshidentity | DrillScenario::TrustDomain
+    );
+    if args.staged && !staged_flow {
+        return Err(InvalidInput(format!(
+            "--staged applies to migrate-to-meshidentity and trust-domain; {} has one flow",
+            Script::new(args.scenario, false).name
+        ))
         .into());
     }
     let options = play::Options {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, Context};
+use meshca_auth::ProxyType;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -19,9 +20,11 @@ const TOKEN_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 /// One proxy to simulate.
 #[derive(Clone, Debug)]
 pub struct MemberSpec {
+    /// Its mesh (of its token).
+    pub mesh: String,
     /// Its name, e.g. `p-3`.
     pub name: String,
-    /// Its `kuma.io/service` tag.
+    /// Its `kuma.io/service` tag (none for a zone egress).
     pub service: String,
     /// Its labels (fixed in its token).
     pub labels: BTreeMap<String, String>,
@@ -29,6 +32,10 @@ pub struct MemberSpec {
     pub initial_id: String,
     /// The SPIFFE ID it presents once the scenario has converged.
     pub final_id: String,
+    /// How clients check it as a server.
+    pub check: PeerCheck,
+    /// A zone egress (a `zone-egress` token; it validates sidecars with `ALL`) rather than a sidecar.
+    pub egress: bool,
 }
 
 /// A running simulated proxy, as its peers see it.
@@ -62,15 +69,13 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// Mints a token per member (its labels, tag `kuma.io/service`) and connects each to the daemon's
-    /// unix socket. Member `i` draws its apply delays from `seed ^ i`. With `services`, every member
-    /// subscribes to their `meshservice:` contexts and clients check servers with the one of the
-    /// server's service; without, against the server's initial SPIFFE ID.
+    /// Mints a token per member (its mesh and labels, tag `kuma.io/service`) and connects each to the
+    /// daemon's unix socket. Member `i` draws its apply delays from `seed ^ i`. Sidecars subscribe to
+    /// `contexts` (the validation contexts with SAN matchers they check servers with).
     pub fn start(
         daemon: &Daemon,
-        mesh: &str,
         specs: &[MemberSpec],
-        services: &[String],
+        contexts: &[String],
         seed: u64,
     ) -> anyhow::Result<Fleet> {
         let target = daemon
@@ -86,9 +91,15 @@ impl Fleet {
         let mut tasks = JoinSet::new();
         let mut members = Vec::with_capacity(specs.len());
         for (index, spec) in specs.iter().enumerate() {
-            let tags = BTreeMap::from([("kuma.io/service".to_owned(), spec.service.clone())]);
-            let claims = meshca_auth::Claims::new_dataplane(
-                mesh,
+            let (kind, tags) = if spec.egress {
+                (ProxyType::ZoneEgress, BTreeMap::new())
+            } else {
+                let tags = BTreeMap::from([("kuma.io/service".to_owned(), spec.service.clone())]);
+                (ProxyType::Dataplane, tags)
+            };
+            let claims = meshca_auth::Claims::new(
+                kind,
+                spec.mesh.clone(),
                 spec.name.clone(),
                 spec.labels.clone(),
                 tags,
@@ -100,28 +111,33 @@ impl Fleet {
             let (state_tx, state) = watch::channel(None);
             tasks.spawn(proxy::run(
                 ProxySpec {
-                    mesh: mesh.to_owned(),
+                    mesh: spec.mesh.clone(),
                     name: spec.name.clone(),
                     token,
                     target: target.clone(),
                     seed: seed ^ index as u64,
-                    services: services.to_vec(),
+                    trust: if spec.egress {
+                        proxy::ALL
+                    } else {
+                        proxy::TRUST
+                    }
+                    .to_owned(),
+                    contexts: if spec.egress {
+                        Vec::new()
+                    } else {
+                        contexts.to_vec()
+                    },
                 },
                 state_tx,
                 applied_tx.clone(),
                 nacks.clone(),
             ));
-            let check = if services.is_empty() {
-                PeerCheck::Exact(spec.initial_id.clone())
-            } else {
-                PeerCheck::Service(spec.service.clone())
-            };
             let ids = BTreeSet::from([spec.initial_id.clone(), spec.final_id.clone()]);
             members.push(Member {
                 name: spec.name.clone(),
                 initial_id: spec.initial_id.clone(),
                 final_id: spec.final_id.clone(),
-                check,
+                check: spec.check.clone(),
                 ids: ClientIds(ids),
                 state,
             });

@@ -11,12 +11,12 @@ use meshca_auth::Claims;
 use rustls_pki_types::CertificateDer;
 
 use super::envoy::{EnvoyRing, RingMember, RingTraffic, Sidecar};
-use super::fleet::{Fleet, Member, MemberSpec, States};
+use super::fleet::{Fleet, Member, States};
 use super::proxy::ProxyTls;
 use super::report::{Header, Outcome, Report};
 use super::sandbox::Sandbox;
 use super::scenario::{Edit, Script, Wait, MESH};
-use super::tls::issued_by;
+use super::tls::{issued_by, PeerCheck};
 use super::traffic::Traffic;
 use crate::serve::{Daemon, DaemonOptions};
 
@@ -96,21 +96,9 @@ async fn simulated(
     daemon: &Daemon,
     sandbox: &Sandbox,
 ) -> anyhow::Result<Report> {
-    let specs: Vec<MemberSpec> = script
-        .members(options.proxies)
-        .into_iter()
-        .map(|(name, service, labels)| {
-            let (initial, last) = script.ids_of(&service);
-            MemberSpec {
-                initial_id: initial.to_owned(),
-                final_id: last.to_owned(),
-                name,
-                service,
-                labels,
-            }
-        })
-        .collect();
-    let mut fleet = Fleet::start(daemon, MESH, &specs, &script.services(), options.seed)?;
+    let specs = script.members(options.proxies);
+    let contexts: Vec<String> = script.contexts().into_keys().collect();
+    let mut fleet = Fleet::start(daemon, &specs, &contexts, options.seed)?;
     let result = play_simulated(script, options, daemon, sandbox, &mut fleet).await;
     fleet.stop().await;
     result
@@ -139,11 +127,17 @@ async fn play_simulated(
             members.first().map_or("", |m| m.initial_id.as_str())
         ));
     }
-    let old_ca = single_ca(&fleet.states())?;
+    let old_ca = steady_ca(&fleet.states())?;
     tracing::info!(proxies = options.proxies, "drill: steady state");
 
     let [steady_min, change_min, converged_min] = options.phase_minimums();
-    let mut traffic = Traffic::start(members.clone(), options.seed, WORKERS, "steady");
+    let mut traffic = Traffic::start(
+        members.clone(),
+        script.hubs(),
+        options.seed,
+        WORKERS,
+        "steady",
+    );
     let mut outcome = Outcome::default();
     let change = async {
         traffic.wait_handshakes(steady_min).await?;
@@ -168,7 +162,7 @@ async fn play_simulated(
         tracing::info!("drill: every edit applied by the daemon; waiting for the proxies");
         let converged = fleet
             .wait_until(CONVERGE_TIMEOUT, |states| {
-                is_converged(&members, states, &old_ca)
+                is_converged(&members, &script.hubs(), states, &old_ca)
             })
             .await?;
         if !converged {
@@ -207,23 +201,31 @@ enum Stage {
     Final,
 }
 
-/// The initial or final SPIFFE ID of `service`'s proxies.
-fn id_of<'a>(script: &'a Script, service: &str, stage: Stage) -> &'a str {
-    let (initial, last) = script.ids_of(service);
-    match stage {
+/// The `stage` SPIFFE ID of the servers checked with `context`, as the script says.
+fn id_of(script: &Script, context: &str, stage: Stage) -> Option<String> {
+    let (initial, last) = script.contexts().remove(context)?;
+    Some(match stage {
         Stage::Initial => initial,
         Stage::Final => last,
-    }
+    })
 }
 
-/// Whether every `meshservice:` context a proxy applied accepts the `stage` ID of its service.
+/// Whether every context with SAN matchers a proxy applied accepts the `stage` ID of its servers (a
+/// zone egress applies none).
 fn accepts(script: &Script, state: &ProxyTls, stage: Stage) -> bool {
-    script.services().iter().all(|service| {
-        state
-            .services
-            .get(service)
-            .is_some_and(|context| context.ids.contains(id_of(script, service, stage)))
-    })
+    script
+        .contexts()
+        .into_iter()
+        .all(|(name, (initial, last))| {
+            let id = match stage {
+                Stage::Initial => initial,
+                Stage::Final => last,
+            };
+            state
+                .services
+                .get(&name)
+                .is_none_or(|context| context.ids.contains(&id))
+        })
 }
 
 /// Whether a proxy has reached what a staged edit waits for.
@@ -235,8 +237,8 @@ fn satisfies(wait: &Wait, script: &Script, member: &Member, state: &ProxyTls) ->
     }
 }
 
-/// Writes and removes the files of `edit` and has the daemon apply them (snapshot published, not yet
-/// delivered).
+/// Writes and removes the files of `edit` (or changes `defaults.mesh`) and has the daemon apply them
+/// (snapshot published, not yet delivered).
 async fn apply(daemon: &Daemon, sandbox: &Sandbox, edit: &Edit) -> anyhow::Result<()> {
     for (name, content) in &edit.files {
         match content {
@@ -244,7 +246,11 @@ async fn apply(daemon: &Daemon, sandbox: &Sandbox, edit: &Edit) -> anyhow::Resul
             None => sandbox.remove_resource(name)?,
         }
     }
-    match daemon.reload_resources().await? {
+    let outcome = match edit.default_mesh {
+        Some(mesh) => daemon.set_default_mesh(Some(mesh.to_owned())).await?,
+        None => daemon.reload_resources().await?,
+    };
+    match outcome {
         Ok(()) => {
             tracing::info!(edit = edit.what, "drill: resource update applied");
             Ok(())
@@ -260,41 +266,93 @@ async fn apply(daemon: &Daemon, sandbox: &Sandbox, edit: &Edit) -> anyhow::Resul
     }
 }
 
-/// The one CA every proxy trusts in the steady state.
-fn single_ca(states: &States) -> anyhow::Result<CertificateDer<'static>> {
-    let mut found: Option<&CertificateDer<'static>> = None;
-    for state in states.iter().flatten() {
-        let cas: Vec<_> = state.cas().collect();
-        match (cas.as_slice(), found) {
-            ([ca], None) => found = Some(ca),
-            ([ca], Some(seen)) if *ca == seen => {}
-            _ => {
-                return Err(anyhow!(
-                    "steady state: every proxy should trust exactly one and the same CA, one trusts {} CAs or another one",
-                    cas.len()
-                ))
-            }
-        }
-    }
-    found
+/// The CA that issued the first proxy's certificate in the steady state: the one the scenario replaces.
+fn steady_ca(states: &States) -> anyhow::Result<CertificateDer<'static>> {
+    let first = states
+        .first()
+        .and_then(Option::as_ref)
+        .ok_or_else(|| anyhow!("steady state: the first proxy holds nothing"))?;
+    let top = first
+        .chain
+        .last()
+        .ok_or_else(|| anyhow!("steady state: the first proxy's chain is empty"))?;
+    first
+        .cas()
+        .find(|ca| issued_by(top, ca))
         .cloned()
-        .ok_or_else(|| anyhow!("steady state: no proxy holds a bundle"))
+        .ok_or_else(|| {
+            anyhow!("steady state: the first proxy does not trust the CA of its own certificate")
+        })
 }
 
-/// Converged: every proxy presents its final SPIFFE ID in a certificate from the same new CA, the only
-/// one it trusts.
-fn is_converged(members: &[Member], states: &States, old: &CertificateDer<'_>) -> bool {
-    let mut new: Option<&CertificateDer<'static>> = None;
-    members.iter().zip(states).all(|(member, state)| {
-        let Some(state) = state else { return false };
-        let cas: Vec<_> = state.cas().collect();
-        let [ca] = cas.as_slice() else { return false };
-        let same = *new.get_or_insert(ca) == *ca;
-        let top = state.chain.last();
-        same && *ca != old
-            && state.spiffe_id == member.final_id
-            && top.is_some_and(|cert| issued_by(cert, ca))
-    })
+/// Whether `state` trusts `ca` anywhere: its bundle or a context with SAN matchers.
+fn trusts(state: &ProxyTls, ca: &CertificateDer<'_>) -> bool {
+    state.cas().any(|c| c == ca)
+        || state
+            .services
+            .values()
+            .flat_map(|context| context.bundle.values().flatten())
+            .any(|c| c == ca)
+}
+
+/// Converged: every proxy presents its final SPIFFE ID in a certificate from a CA it trusts, neither
+/// presents a certificate from the old CA nor trusts it any more, and every pair the traffic makes would
+/// handshake now (the client's check accepts the server's certificate, the server's bundle the client's).
+fn is_converged(
+    members: &[Member],
+    hubs: &[usize],
+    states: &States,
+    old: &CertificateDer<'_>,
+) -> bool {
+    let Some(states) = states
+        .iter()
+        .map(Option::as_deref)
+        .collect::<Option<Vec<_>>>()
+    else {
+        return false;
+    };
+    // The CA each proxy's certificate comes from, found in its own bundle.
+    let Some(issuers) = states
+        .iter()
+        .map(|state| {
+            let top = state.chain.last()?;
+            state.cas().find(|ca| issued_by(top, ca))
+        })
+        .collect::<Option<Vec<_>>>()
+    else {
+        return false;
+    };
+    let settled = members
+        .iter()
+        .zip(&states)
+        .zip(&issuers)
+        .all(|((member, state), issuer)| {
+            state.spiffe_id == member.final_id && *issuer != old && !trusts(state, old)
+        });
+    // The pairs the traffic makes: any two proxies, or any proxy calling a hub.
+    let all: Vec<usize> = (0..members.len()).collect();
+    let servers = if hubs.is_empty() { &all[..] } else { hubs };
+    let is_client = |c: usize| !hubs.contains(&c);
+    settled
+        && servers.iter().all(|&s| {
+            (0..members.len())
+                .filter(|&c| c != s && is_client(c))
+                .all(|c| {
+                    let (client, server) = (states[c], states[s]);
+                    let accepted = match &members[s].check {
+                        PeerCheck::Exact(id) => {
+                            *id == server.spiffe_id && client.cas().any(|ca| ca == issuers[s])
+                        }
+                        PeerCheck::Context(name) => {
+                            client.services.get(name).is_some_and(|context| {
+                                context.ids.contains(&server.spiffe_id)
+                                    && context.bundle.values().flatten().any(|ca| ca == issuers[s])
+                            })
+                        }
+                    };
+                    accepted && server.cas().any(|ca| ca == issuers[c])
+                })
+        })
 }
 
 /// Where the fleet stands, for a timeout message.
@@ -311,7 +369,7 @@ fn progress(members: &[Member], states: &States, old: &CertificateDer<'_>) -> St
         if state.chain.last().is_some_and(|cert| issued_by(cert, old)) {
             presenting_old += 1;
         }
-        if state.cas().any(|ca| ca == old) {
+        if trusts(state, old) {
             trusting_old += 1;
         }
         if state.spiffe_id != member.final_id {
@@ -354,31 +412,34 @@ async fn with_envoy(
     sandbox: &Sandbox,
     envoy: PathBuf,
 ) -> anyhow::Result<Report> {
-    let members: Vec<RingMember> = script
-        .members(options.proxies)
-        .into_iter()
-        .map(|(name, service, _)| {
-            let (initial, last) = script.ids_of(&service);
-            RingMember {
-                name,
-                initial_id: initial.to_owned(),
-                final_id: last.to_owned(),
-                service,
-            }
+    if !script.hubs().is_empty() {
+        return Err(anyhow!(
+            "drill {} does not run with --envoy yet: only the simulated proxies play it",
+            script.name
+        ));
+    }
+    let specs = script.members(options.proxies);
+    let members: Vec<RingMember> = specs
+        .iter()
+        .map(|m| RingMember {
+            name: m.name.clone(),
+            initial_id: m.initial_id.clone(),
+            final_id: m.final_id.clone(),
+            service: m.service.clone(),
         })
         .collect();
-    let labels: BTreeMap<String, BTreeMap<String, String>> = script
-        .members(options.proxies)
-        .into_iter()
-        .map(|(name, _, labels)| (name, labels))
-        .collect();
+    let labels: BTreeMap<&str, &BTreeMap<String, String>> =
+        specs.iter().map(|m| (m.name.as_str(), &m.labels)).collect();
     let mint = |member: &RingMember| -> anyhow::Result<String> {
         let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
         let tags = BTreeMap::from([("kuma.io/service".to_owned(), member.service.clone())]);
         let claims = Claims::new_dataplane(
             MESH,
             &member.name,
-            labels.get(&member.name).cloned().unwrap_or_default(),
+            labels
+                .get(member.name.as_str())
+                .map(|l| (*l).clone())
+                .unwrap_or_default(),
             tags,
             Duration::from_secs(24 * 3600),
             now,
@@ -391,7 +452,7 @@ async fn with_envoy(
         sandbox.root(),
         &socket,
         &members,
-        script.by_service,
+        script.by_service(),
         &mint,
         options.seed,
     )
@@ -498,9 +559,13 @@ async fn envoy_accepts(script: &Script, sidecar: &Sidecar, stage: Stage) -> bool
     let Some(service) = &sidecar.validates_with else {
         return true;
     };
-    let id = format!("\"{}\"", id_of(script, service, stage));
+    let name = format!("meshservice:{service}");
+    let Some(id) = id_of(script, &name, stage) else {
+        return false;
+    };
+    let id = format!("\"{id}\"");
     sidecar
-        .applied_secret(&format!("meshservice:{service}"))
+        .applied_secret(&name)
         .await
         .is_some_and(|context| context.to_string().contains(&id))
 }

@@ -1,6 +1,6 @@
-//! A simulated Envoy sidecar: one SDS `StreamSecrets` stream for `default`, `system_trust_bundle` and,
-//! when the drill's clients validate servers per MeshService, a `meshservice:<name>` context per
-//! service. Like Envoy it applies each response in order, only after a delay (the time
+//! A simulated Envoy proxy: one SDS `StreamSecrets` stream for `default`, its trust (`system_trust_bundle`
+//! for a sidecar, `ALL` for a zone egress) and the validation contexts with SAN matchers it checks servers
+//! with (`meshservice:<name>`, `system_trust_bundle_egress`). Like Envoy it applies each response in order, only after a delay (the time
 //! a real proxy takes to hand new secrets to its workers; here 0–500 ms from a seeded PRNG), and only
 //! then ACKs. What it has applied is published as an immutable [`ProxyTls`] through a watch channel.
 
@@ -24,13 +24,12 @@ use super::tls::{self, Bundle, Endpoint, ServiceContext, ANY_TRUST_DOMAIN};
 
 /// The identity secret a proxy asks for.
 pub const IDENTITY: &str = "default";
-/// The validation context a proxy asks for.
+/// The validation context a sidecar validates its peers' chains with.
 pub const TRUST: &str = "system_trust_bundle";
+/// The validation context a zone egress validates the sidecars of every mesh with.
+pub const ALL: &str = "ALL";
 /// The longest simulated apply delay.
 const MAX_APPLY_DELAY_MS: u64 = 500;
-
-/// The prefix of MeshService validation contexts.
-pub const MESHSERVICE: &str = "meshservice:";
 
 /// What a proxy has applied: its SVID and the CAs it trusts, with the TLS configs built from them.
 #[derive(Debug)]
@@ -41,7 +40,7 @@ pub struct ProxyTls {
     pub chain: Vec<CertificateDer<'static>>,
     /// Trust domain → CA certificates (from the SPIFFE validator config).
     pub bundle: Bundle,
-    /// The `meshservice:` contexts, by MeshService name.
+    /// The contexts with SAN matchers, by resource name.
     pub services: BTreeMap<String, ServiceContext>,
     /// The rustls configs; they hold the private key (as rustls' signing key) and nothing else does.
     pub endpoint: Endpoint,
@@ -67,26 +66,38 @@ pub struct ProxySpec {
     pub target: String,
     /// Seeds its apply delays.
     pub seed: u64,
-    /// The MeshServices whose `meshservice:` contexts it subscribes to.
-    pub services: Vec<String>,
+    /// The validation context its chains are checked with ([`TRUST`] or [`ALL`]).
+    pub trust: String,
+    /// The validation contexts with SAN matchers it checks servers with.
+    pub contexts: Vec<String>,
+}
+
+impl ProxySpec {
+    /// Every name its stream subscribes to.
+    fn names(&self) -> Vec<String> {
+        let mut names = vec![IDENTITY.to_owned(), self.trust.clone()];
+        names.extend(self.contexts.iter().cloned());
+        names
+    }
 }
 
 /// Secrets received but not yet necessarily usable together (a response may hold only some).
 struct Held {
+    trust_name: String,
+    context_names: Vec<String>,
     identity: Option<(String, SecretPem)>,
     bundle: Option<Bundle>,
     services: BTreeMap<String, ServiceContext>,
-    /// How many contexts it subscribes to: the state is usable once all of them arrived.
-    wanted_services: usize,
 }
 
 impl Held {
-    fn new(wanted_services: usize) -> Held {
+    fn new(spec: &ProxySpec) -> Held {
         Held {
+            trust_name: spec.trust.clone(),
+            context_names: spec.contexts.clone(),
             identity: None,
             bundle: None,
             services: BTreeMap::new(),
-            wanted_services,
         }
     }
 
@@ -106,19 +117,21 @@ impl Held {
                         )
                     })?);
                 }
-                TRUST => bundle = Some(parse_bundle(describe(secret).kind)?),
-                name => match name.strip_prefix(MESHSERVICE) {
-                    Some(service) => {
-                        let context = parse_service(describe(secret).kind)
-                            .with_context(|| format!("{name:?}"))?;
-                        services.insert(service.to_owned(), context);
-                    }
-                    None => return Err(anyhow!("unexpected secret {name:?} in the response")),
-                },
+                name if name == self.trust_name => {
+                    bundle = Some(parse_bundle(describe(secret).kind)?);
+                }
+                name if self.context_names.iter().any(|c| c == name) => {
+                    let context = parse_service(describe(secret).kind)
+                        .with_context(|| format!("{name:?}"))?;
+                    services.insert(name.to_owned(), context);
+                }
+                name => return Err(anyhow!("unexpected secret {name:?} in the response")),
             }
         }
         let state = match (&identity, &bundle) {
-            (Some((chain_pem, key)), Some(bundle)) if services.len() == self.wanted_services => {
+            (Some((chain_pem, key)), Some(bundle))
+                if services.len() == self.context_names.len() =>
+            {
                 Some(build(chain_pem, key, bundle.clone(), services.clone())?)
             }
             _ => None,
@@ -130,7 +143,7 @@ impl Held {
     }
 }
 
-/// A `meshservice:` context: its SAN matchers and CAs.
+/// A context with SAN matchers: its IDs and CAs.
 fn parse_service(kind: SecretKindView) -> anyhow::Result<ServiceContext> {
     let ids = match &kind {
         SecretKindView::ValidationContext {
@@ -165,7 +178,7 @@ fn parse_bundle(kind: SecretKindView) -> anyhow::Result<Bundle> {
             ANY_TRUST_DOMAIN.to_owned(),
             parse(&pem)?,
         )])),
-        _ => Err(anyhow!("{TRUST:?} is not a validation context with CAs")),
+        _ => Err(anyhow!("not a validation context with CAs")),
     }
 }
 
@@ -207,15 +220,14 @@ pub async fn run(
         .await
         .with_context(|| format!("{}: cannot connect to SDS", spec.name))?;
     let node_id = format!("{}.{}", spec.mesh, spec.name);
-    let mut names = vec![IDENTITY.to_owned(), TRUST.to_owned()];
-    names.extend(spec.services.iter().map(|s| format!("{MESHSERVICE}{s}")));
+    let names = spec.names();
     let (requests, mut responses) = client
         .open_stream(&node_id, &names, None, 4)
         .await
         .with_context(|| format!("{}: StreamSecrets refused", spec.name))?;
 
     let mut rng = SplitMix64::new(spec.seed);
-    let mut held = Held::new(spec.services.len());
+    let mut held = Held::new(&spec);
     let mut applied_version = String::new();
     loop {
         let response = responses

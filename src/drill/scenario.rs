@@ -11,11 +11,18 @@
 //!   a provider-less MeshIdentity for the new trust domain, then a second MeshIdentity with a provider
 //!   that selects nothing, then selecting everything, then clean-up.
 //!
+//! - `egress`: a zone egress and sidecars of two meshes with their own CAs; the sidecars call the egress
+//!   (each side validating the other) while the default mesh's CA is rotated and, at once, the default
+//!   mesh is switched to the other one (`defaults.mesh`, as SIGHUP applies it).
+//!
 //! In the migrations clients check servers the way Kuma's sidecars do with MeshServices: through the
-//! `meshservice:<service>` context, whose SPIFFE IDs meshca keeps current.
+//! `meshservice:<service>` context, whose SPIFFE IDs meshca keeps current; sidecars check the egress with
+//! `system_trust_bundle_egress`.
 
 use std::collections::BTreeMap;
 
+use super::fleet::MemberSpec;
+use super::tls::PeerCheck;
 use crate::cli::DrillScenario;
 
 /// The mesh every drill runs in.
@@ -39,16 +46,33 @@ pub enum Wait {
     FinalIdPresented,
 }
 
-/// One edit of the resources directory: files replaced (`Some`) or removed (`None`), then an
+/// One edit: resource files replaced (`Some`) or removed (`None`), or `defaults.mesh` changed; then an
 /// optional wait before the next edit.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Edit {
     /// What the edit does, for the log.
     pub what: &'static str,
     /// File name → its new content, or `None` to remove it.
     pub files: Vec<(&'static str, Option<String>)>,
+    /// A new `defaults.mesh`, applied as SIGHUP applies it, instead of a file change.
+    pub default_mesh: Option<&'static str>,
     /// What to wait for before the next edit.
     pub wait: Option<Wait>,
+}
+
+/// Who takes part.
+#[derive(Clone, Debug)]
+enum Roster {
+    /// `p-<i>` of mesh `default` serving `svc-<i % SERVICES>`; `ids` per service: (initial, final).
+    /// Clients validate servers with the `meshservice:` context of the server's service when
+    /// `by_service`, else against its pinned initial ID.
+    Services {
+        ids: BTreeMap<String, (String, String)>,
+        by_service: bool,
+    },
+    /// Zone egress `egress-1` (the one server, with these initial and final IDs), then sidecars `p-<i>`
+    /// of meshes `default` and `other` in turn.
+    Egress { egress: (String, String) },
 }
 
 /// A scenario, ready to play.
@@ -62,10 +86,7 @@ pub struct Script {
     pub initial: Vec<(&'static str, String)>,
     /// The edits, in order.
     pub edits: Vec<Edit>,
-    /// Whether clients check servers with `meshservice:` contexts (else: pinned to the initial ID).
-    pub by_service: bool,
-    /// `kuma.io/service` → (initial ID, final ID) of its proxies.
-    ids: BTreeMap<String, (String, String)>,
+    roster: Roster,
     /// Who issues every proxy's certificate at the end, as the daemon's status names it.
     pub final_issuer: &'static str,
 }
@@ -77,37 +98,104 @@ impl Script {
             DrillScenario::CaRotation => ca_rotation(),
             DrillScenario::MigrateToMeshidentity => migrate_to_meshidentity(staged),
             DrillScenario::TrustDomain => trust_domain(staged),
+            DrillScenario::Egress => egress(),
         }
     }
 
-    /// The MeshServices whose contexts the proxies subscribe to (none when clients pin IDs).
-    pub fn services(&self) -> Vec<String> {
-        if self.by_service {
-            self.ids.keys().cloned().collect()
-        } else {
-            Vec::new()
+    /// Whether clients check servers with `meshservice:` contexts (else: a pinned ID, or the egress).
+    pub fn by_service(&self) -> bool {
+        matches!(
+            self.roster,
+            Roster::Services {
+                by_service: true,
+                ..
+            }
+        )
+    }
+
+    /// The validation contexts with SAN matchers every sidecar subscribes to, each with the SPIFFE ID
+    /// (initial, final) of the servers it must accept.
+    pub fn contexts(&self) -> BTreeMap<String, (String, String)> {
+        match &self.roster {
+            Roster::Services {
+                ids,
+                by_service: true,
+            } => ids
+                .iter()
+                .map(|(service, pair)| (format!("meshservice:{service}"), pair.clone()))
+                .collect(),
+            Roster::Services { .. } => BTreeMap::new(),
+            Roster::Egress { egress } => {
+                BTreeMap::from([(EGRESS_CONTEXT.to_owned(), egress.clone())])
+            }
         }
     }
 
-    /// The initial and final SPIFFE IDs of `service`'s proxies.
-    pub fn ids_of(&self, service: &str) -> (&str, &str) {
-        self.ids
-            .get(service)
-            .map_or(("", ""), |(a, b)| (a.as_str(), b.as_str()))
+    /// The indices of the members that serve (every member when empty): the egress.
+    pub fn hubs(&self) -> Vec<usize> {
+        match self.roster {
+            Roster::Services { .. } => Vec::new(),
+            Roster::Egress { .. } => vec![0],
+        }
     }
 
-    /// Proxy `p-<i>` serves `svc-<i % SERVICES>`, labelled `kuma.io/workload: svc-<i % SERVICES>` (the
-    /// MeshIdentities' path template reads it).
-    pub fn members(&self, count: usize) -> Vec<(String, String, BTreeMap<String, String>)> {
-        (0..count)
-            .map(|i| {
-                let service = service_name(i % SERVICES);
-                let labels = BTreeMap::from([("kuma.io/workload".to_owned(), service.clone())]);
-                (format!("p-{i}"), service, labels)
-            })
-            .collect()
+    /// The members for `count` proxies. Sidecar `p-<i>` serves `svc-<i % SERVICES>`, labelled
+    /// `kuma.io/workload: svc-<i % SERVICES>` (the MeshIdentities' path template reads it). The egress
+    /// drill adds its egress first.
+    pub fn members(&self, count: usize) -> Vec<MemberSpec> {
+        let sidecar = |mesh: &str, i: usize, ids: (String, String), check: PeerCheck| {
+            let service = service_name(i % SERVICES);
+            MemberSpec {
+                mesh: mesh.to_owned(),
+                name: format!("p-{i}"),
+                labels: BTreeMap::from([("kuma.io/workload".to_owned(), service.clone())]),
+                service,
+                initial_id: ids.0,
+                final_id: ids.1,
+                check,
+                egress: false,
+            }
+        };
+        match &self.roster {
+            Roster::Services { ids, by_service } => (0..count)
+                .map(|i| {
+                    let service = service_name(i % SERVICES);
+                    let pair = ids.get(&service).cloned().unwrap_or_default();
+                    let check = if *by_service {
+                        PeerCheck::Context(format!("meshservice:{service}"))
+                    } else {
+                        PeerCheck::Exact(pair.0.clone())
+                    };
+                    sidecar(MESH, i, pair, check)
+                })
+                .collect(),
+            Roster::Egress { egress } => {
+                let hub = MemberSpec {
+                    mesh: MESH.to_owned(),
+                    name: "egress-1".to_owned(),
+                    service: String::new(),
+                    labels: BTreeMap::new(),
+                    initial_id: egress.0.clone(),
+                    final_id: egress.1.clone(),
+                    check: PeerCheck::Context(EGRESS_CONTEXT.to_owned()),
+                    egress: true,
+                };
+                let sidecars = (1..count.max(2)).map(|i| {
+                    let mesh = if i % 2 == 1 { MESH } else { OTHER_MESH };
+                    let id = legacy_id_in(mesh, &service_name(i % SERVICES));
+                    // Sidecars only call the egress: nobody checks them as servers.
+                    sidecar(mesh, i, (id.clone(), id.clone()), PeerCheck::Exact(id))
+                });
+                std::iter::once(hub).chain(sidecars).collect()
+            }
+        }
     }
 }
+
+/// The second mesh of the egress drill.
+pub const OTHER_MESH: &str = "other";
+/// The validation context sidecars check the zone egress with.
+const EGRESS_CONTEXT: &str = "system_trust_bundle_egress";
 
 fn service_name(i: usize) -> String {
     format!("svc-{i}")
@@ -128,7 +216,11 @@ fn ids(
 }
 
 fn legacy_id(service: &str) -> String {
-    format!("spiffe://{MESH}/{service}")
+    legacy_id_in(MESH, service)
+}
+
+fn legacy_id_in(mesh: &str, service: &str) -> String {
+    format!("spiffe://{mesh}/{service}")
 }
 
 fn workload_id(domain: &str, service: &str) -> String {
@@ -141,14 +233,24 @@ fn backend(name: &str) -> String {
     )
 }
 
-/// The Mesh with legacy mTLS: `enabled` issues, `secondary` stays trusted, `backends` defined.
+/// Mesh `default` with legacy mTLS: `enabled` issues, `secondary` stays trusted, `backends` defined.
 fn legacy_mesh(enabled: &str, secondary: Option<&str>, backends: &[&str]) -> String {
+    legacy_mesh_named(MESH, enabled, secondary, backends)
+}
+
+/// A Mesh with legacy mTLS.
+fn legacy_mesh_named(
+    mesh: &str,
+    enabled: &str,
+    secondary: Option<&str>,
+    backends: &[&str],
+) -> String {
     let secondary = secondary
         .map(|s| format!("  secondaryBackends: [{s}]\n"))
         .unwrap_or_default();
     let backends: String = backends.iter().map(|b| backend(b)).collect();
     format!(
-        "type: Mesh\nname: {MESH}\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}"
+        "type: Mesh\nname: {mesh}\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}"
     )
 }
 
@@ -207,15 +309,19 @@ fn ca_rotation() -> Script {
                     Some(legacy_mesh("ca-2", Some("ca-1"), &["ca-1", "ca-2"])),
                 )],
                 wait: None,
+                default_mesh: None,
             },
             Edit {
                 what: "ca-1 removed",
                 files: vec![("mesh.yaml", Some(legacy_mesh("ca-2", None, &["ca-2"])))],
                 wait: None,
+                default_mesh: None,
             },
         ],
-        by_service: false,
-        ids: ids(legacy_id, legacy_id),
+        roster: Roster::Services {
+            ids: ids(legacy_id, legacy_id),
+            by_service: false,
+        },
         final_issuer: "backend ca-2",
     }
 }
@@ -237,6 +343,7 @@ fn migrate_to_meshidentity(staged: bool) -> Script {
                     )),
                 )],
                 wait: Some(Wait::FinalIdsAccepted),
+                default_mesh: None,
             },
             Edit {
                 what: "the MeshIdentity with a provider, selecting nothing yet, publishes its CA",
@@ -245,11 +352,13 @@ fn migrate_to_meshidentity(staged: bool) -> Script {
                     Some(identity("workloads", MIGRATED_DOMAIN, Selects::None, true)),
                 )],
                 wait: Some(Wait::DomainTrusted(MIGRATED_DOMAIN)),
+                default_mesh: None,
             },
             Edit {
                 what: "the MeshIdentity selects every dataplane",
                 files: vec![("identity.yaml", issuing)],
                 wait: Some(Wait::FinalIdPresented),
+                default_mesh: None,
             },
             Edit {
                 what: "legacy mTLS and the provider-less MeshIdentity removed",
@@ -258,6 +367,7 @@ fn migrate_to_meshidentity(staged: bool) -> Script {
                     ("spiffe-only.yaml", None),
                 ],
                 wait: None,
+                default_mesh: None,
             },
         ]
     } else {
@@ -266,11 +376,13 @@ fn migrate_to_meshidentity(staged: bool) -> Script {
                 what: "a MeshIdentity with a provider selects every dataplane",
                 files: vec![("identity.yaml", issuing)],
                 wait: None,
+                default_mesh: None,
             },
             Edit {
                 what: "legacy mTLS removed",
                 files: vec![("mesh.yaml", Some(plain_mesh()))],
                 wait: None,
+                default_mesh: None,
             },
         ]
     };
@@ -279,8 +391,10 @@ fn migrate_to_meshidentity(staged: bool) -> Script {
         change_phase: "migration",
         initial: vec![("mesh.yaml", legacy), ("services.yaml", mesh_services())],
         edits,
-        by_service: true,
-        ids: ids(legacy_id, |s| workload_id(MIGRATED_DOMAIN, s)),
+        roster: Roster::Services {
+            ids: ids(legacy_id, |s| workload_id(MIGRATED_DOMAIN, s)),
+            by_service: true,
+        },
         final_issuer: "MeshIdentity workloads",
     }
 }
@@ -305,6 +419,7 @@ fn trust_domain(staged: bool) -> Script {
                     Some(identity("next-spiffe-only", NEW_DOMAIN, Selects::All, false)),
                 )],
                 wait: Some(Wait::FinalIdsAccepted),
+                default_mesh: None,
             },
             Edit {
                 what: "a MeshIdentity for the new trust domain, selecting nothing yet, publishes its CA",
@@ -313,6 +428,7 @@ fn trust_domain(staged: bool) -> Script {
                     Some(identity("next", NEW_DOMAIN, Selects::None, true)),
                 )],
                 wait: Some(Wait::DomainTrusted(NEW_DOMAIN)),
+                default_mesh: None,
             },
             Edit {
                 what: "the new MeshIdentity selects every dataplane",
@@ -321,11 +437,13 @@ fn trust_domain(staged: bool) -> Script {
                     Some(identity("next", NEW_DOMAIN, Selects::All, true)),
                 )],
                 wait: Some(Wait::FinalIdPresented),
+                default_mesh: None,
             },
             Edit {
                 what: "the old MeshIdentity and the provider-less one removed",
                 files: vec![("identity.yaml", None), ("next-spiffe-only.yaml", None)],
                 wait: None,
+                default_mesh: None,
             },
         ];
         (edits, "MeshIdentity next")
@@ -337,6 +455,7 @@ fn trust_domain(staged: bool) -> Script {
                 Some(identity("workloads", NEW_DOMAIN, Selects::All, true)),
             )],
             wait: None,
+            default_mesh: None,
         }];
         (edits, "MeshIdentity workloads")
     };
@@ -345,12 +464,55 @@ fn trust_domain(staged: bool) -> Script {
         change_phase: "migration",
         initial,
         edits,
-        by_service: true,
-        ids: ids(
-            |s| workload_id(OLD_DOMAIN, s),
-            |s| workload_id(NEW_DOMAIN, s),
-        ),
+        roster: Roster::Services {
+            ids: ids(
+                |s| workload_id(OLD_DOMAIN, s),
+                |s| workload_id(NEW_DOMAIN, s),
+            ),
+            by_service: true,
+        },
         final_issuer,
+    }
+}
+
+fn egress() -> Script {
+    Script {
+        name: "egress",
+        change_phase: "rotation",
+        initial: vec![
+            ("mesh.yaml", legacy_mesh("ca-1", None, &["ca-1"])),
+            (
+                "other.yaml",
+                legacy_mesh_named(OTHER_MESH, "other-1", None, &["other-1"]),
+            ),
+        ],
+        edits: vec![
+            Edit {
+                what: "the default mesh's ca-2 issues, ca-1 stays trusted",
+                files: vec![(
+                    "mesh.yaml",
+                    Some(legacy_mesh("ca-2", Some("ca-1"), &["ca-1", "ca-2"])),
+                )],
+                ..Edit::default()
+            },
+            Edit {
+                what: "ca-1 removed",
+                files: vec![("mesh.yaml", Some(legacy_mesh("ca-2", None, &["ca-2"])))],
+                ..Edit::default()
+            },
+            Edit {
+                what: "defaults.mesh switched to the other mesh",
+                default_mesh: Some(OTHER_MESH),
+                ..Edit::default()
+            },
+        ],
+        roster: Roster::Egress {
+            egress: (
+                legacy_id_in(MESH, "zone-egress"),
+                legacy_id_in(OTHER_MESH, "zone-egress"),
+            ),
+        },
+        final_issuer: "backend other-1",
     }
 }
 
@@ -365,6 +527,7 @@ mod tests {
             DrillScenario::CaRotation,
             DrillScenario::MigrateToMeshidentity,
             DrillScenario::TrustDomain,
+            DrillScenario::Egress,
         ];
         for scenario in scenarios {
             for staged in [false, true] {
@@ -397,19 +560,49 @@ mod tests {
     fn members_spread_over_five_services() {
         let script = Script::new(DrillScenario::MigrateToMeshidentity, false);
         let members = script.members(7);
-        assert_eq!(members[3].0, "p-3");
-        assert_eq!(members[6].1, "svc-1");
-        assert_eq!(members[6].2["kuma.io/workload"], "svc-1");
+        assert_eq!(members[3].name, "p-3");
+        assert_eq!(members[6].service, "svc-1");
+        assert_eq!(members[6].labels["kuma.io/workload"], "svc-1");
         assert_eq!(
-            script.ids_of("svc-1"),
+            (members[6].initial_id.as_str(), members[6].final_id.as_str()),
             (
                 "spiffe://default/svc-1",
                 "spiffe://default.drill.local/workload/svc-1"
             )
         );
-        assert_eq!(script.services().len(), SERVICES);
-        assert!(Script::new(DrillScenario::CaRotation, false)
-            .services()
-            .is_empty());
+        assert_eq!(
+            members[6].check,
+            PeerCheck::Context("meshservice:svc-1".into())
+        );
+        assert_eq!(script.contexts().len(), SERVICES);
+        assert!(script.hubs().is_empty());
+        let pinned = Script::new(DrillScenario::CaRotation, false);
+        assert!(pinned.contexts().is_empty());
+        assert_eq!(
+            pinned.members(2)[1].check,
+            PeerCheck::Exact("spiffe://default/svc-1".into())
+        );
+    }
+
+    #[test]
+    fn the_egress_drill_has_one_egress_and_sidecars_of_both_meshes() {
+        let script = Script::new(DrillScenario::Egress, false);
+        let members = script.members(5);
+        assert_eq!(members.len(), 5);
+        assert!(members[0].egress && !members[1].egress);
+        assert_eq!(script.hubs(), [0]);
+        let meshes: Vec<&str> = members[1..].iter().map(|m| m.mesh.as_str()).collect();
+        assert_eq!(meshes, ["default", "other", "default", "other"]);
+        assert_eq!(
+            script.contexts()["system_trust_bundle_egress"],
+            (
+                "spiffe://default/zone-egress".to_owned(),
+                "spiffe://other/zone-egress".to_owned()
+            )
+        );
+        assert_eq!(
+            script.edits.last().and_then(|e| e.default_mesh),
+            Some("other")
+        );
     }
 }

@@ -42,10 +42,10 @@ pub enum TlsSetupError {
         /// What rustls/webpki said.
         reason: String,
     },
-    /// A client was asked to check a server with a `meshservice:` context it has not applied.
-    #[error("no meshservice:{name} context applied")]
-    NoServiceContext {
-        /// The MeshService.
+    /// A client was asked to check a server with a validation context it has not applied.
+    #[error("no {name} context applied")]
+    NoContext {
+        /// The context's resource name.
         name: String,
     },
     /// The certificate chain and key do not make a usable identity.
@@ -105,8 +105,8 @@ pub fn trust_domain(id: &str) -> Option<&str> {
 /// a plain `trusted_ca` context is filed under [`ANY_TRUST_DOMAIN`]).
 pub type Bundle = BTreeMap<String, Vec<CertificateDer<'static>>>;
 
-/// A `meshservice:<name>` validation context as a proxy applied it: the SPIFFE IDs a server of the
-/// service may present, and the CAs that vouch for them.
+/// A validation context with SAN matchers as a proxy applied it (`meshservice:<name>`,
+/// `system_trust_bundle_egress`): the SPIFFE IDs a server may present, and the CAs that vouch for them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceContext {
     /// The SAN matchers: exactly these IDs are accepted.
@@ -120,16 +120,17 @@ pub struct ServiceContext {
 pub enum PeerCheck {
     /// Chains to the proxy's mesh bundle and carries exactly this SPIFFE ID (a pinned outbound).
     Exact(String),
-    /// Passes the `meshservice:<name>` context the client applied: chains to its CAs and carries one of
-    /// its IDs (how clients validate servers while a service's identities change).
-    Service(String),
+    /// Passes the validation context the client applied under this resource name (`meshservice:<name>`,
+    /// `system_trust_bundle_egress`): chains to its CAs and carries one of its IDs (how clients validate
+    /// servers while their identities change).
+    Context(String),
 }
 
 impl fmt::Display for PeerCheck {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             PeerCheck::Exact(id) => f.write_str(id),
-            PeerCheck::Service(name) => write!(f, "meshservice:{name}"),
+            PeerCheck::Context(name) => f.write_str(name),
         }
     }
 }
@@ -175,8 +176,8 @@ fn stores(
 }
 
 impl Endpoint {
-    /// Builds the configs from a chain (leaf first), its key, the mesh bundle and the `meshservice:`
-    /// contexts applied (by MeshService name).
+    /// Builds the configs from a chain (leaf first), its key, the bundle and the contexts with SAN
+    /// matchers applied (by resource name).
     pub fn new(
         chain: Vec<CertificateDer<'static>>,
         key: PrivateKeyDer<'static>,
@@ -242,11 +243,11 @@ impl Endpoint {
                 ids: BTreeSet::from([id.clone()]),
                 anchors: self.anchors.clone(),
             },
-            PeerCheck::Service(name) => self
+            PeerCheck::Context(name) => self
                 .services
                 .get(name)
                 .cloned()
-                .ok_or_else(|| TlsSetupError::NoServiceContext { name: name.clone() })?,
+                .ok_or_else(|| TlsSetupError::NoContext { name: name.clone() })?,
         };
         let verifier = Arc::new(SpiffeServerVerifier {
             check: check.clone(),

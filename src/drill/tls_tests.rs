@@ -188,7 +188,7 @@ fn with_api_context(
         ids: api_ids.iter().map(|id| (*id).to_owned()).collect(),
         bundle: api_trust,
     };
-    let services = BTreeMap::from([("api".to_owned(), context)]);
+    let services = BTreeMap::from([("meshservice:api".to_owned(), context)]);
     Endpoint::new(chain, key, &bundle(trusted), &services).expect("a usable identity")
 }
 
@@ -200,7 +200,7 @@ async fn a_meshservice_context_accepts_exactly_its_ids_under_their_trust_domains
     let new = Ca::new("identity", "new.example");
     let server = endpoint(&new, API_NEW, &[&legacy]);
     let clients = ClientIds(BTreeSet::from([WEB.to_owned()]));
-    let api = PeerCheck::Service("api".to_owned());
+    let api = PeerCheck::Context("meshservice:api".to_owned());
     let both_domains = BTreeMap::from([
         ("default".to_owned(), vec![legacy.der()]),
         ("new.example".to_owned(), vec![new.der()]),

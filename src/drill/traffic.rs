@@ -144,19 +144,22 @@ pub struct Traffic {
 
 impl Traffic {
     /// Starts `workers` concurrent handshake loops over `members` (at least two), counting into
-    /// `first_phase`. Worker `w` picks its pairs from `seed`, `w` and a constant.
+    /// `first_phase`: between any two members, or with `hubs`, from any other member to one of the
+    /// members at those indices. Worker `w` picks its pairs from `seed`, `w` and a constant.
     pub fn start(
         members: Vec<Member>,
+        hubs: Vec<usize>,
         seed: u64,
         workers: usize,
         first_phase: &'static str,
     ) -> Traffic {
         let phases = Phases::new(first_phase);
         let members = Arc::new(members);
+        let hubs = Arc::new(hubs);
         let mut set = JoinSet::new();
         for worker in 0..workers as u64 {
             let rng = SplitMix64::new(seed ^ 0x7a11_0000_0000_0000 ^ worker);
-            set.spawn(work(members.clone(), phases.recorder(), rng));
+            set.spawn(work(members.clone(), hubs.clone(), phases.recorder(), rng));
         }
         Traffic {
             phases,
@@ -181,16 +184,28 @@ impl Traffic {
     }
 }
 
-/// One worker: handshake after handshake between random distinct pairs, until aborted.
-async fn work(members: Arc<Vec<Member>>, tally: Recorder, mut rng: SplitMix64) {
+/// One worker: handshake after handshake between random distinct pairs (a client and one of `hubs`
+/// when there are hubs), until aborted.
+async fn work(
+    members: Arc<Vec<Member>>,
+    hubs: Arc<Vec<usize>>,
+    tally: Recorder,
+    mut rng: SplitMix64,
+) {
     let n = members.len() as u64;
-    if n < 2 {
+    let clients: Vec<usize> = (0..members.len()).filter(|i| !hubs.contains(i)).collect();
+    if n < 2 || clients.is_empty() {
         return;
     }
     loop {
-        let c = rng.below(n);
-        let s = (c + 1 + rng.below(n - 1)) % n;
-        let (client, server) = (&members[c as usize], &members[s as usize]);
+        let (c, s) = if hubs.is_empty() {
+            let c = rng.below(n);
+            (c as usize, ((c + 1 + rng.below(n - 1)) % n) as usize)
+        } else {
+            let s = hubs[rng.below(hubs.len() as u64) as usize];
+            (clients[rng.below(clients.len() as u64) as usize], s)
+        };
+        let (client, server) = (&members[c], &members[s]);
         let phase = current_phase(&tally);
         let outcome = one(client, server).await;
         record(&tally, phase, outcome);

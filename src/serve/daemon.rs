@@ -201,6 +201,15 @@ impl Daemon {
             .ok_or_else(|| anyhow!("the daemon stopped before applying the update"))
     }
 
+    /// Serves `mesh` as `defaults.mesh` (the mesh whose identity the zone egress uses) from now on, as
+    /// SIGHUP does after the settings file changed, and waits until the reload it comes with is served.
+    pub async fn set_default_mesh(&self, mesh: Option<String>) -> anyhow::Result<ReloadOutcome> {
+        self.reloader
+            .default_mesh(mesh)
+            .await
+            .ok_or_else(|| anyhow!("the daemon stopped before applying defaults.mesh"))
+    }
+
     /// What reloads resources and revocations (SIGHUP and the file watcher use it).
     pub fn reloader(&self) -> Reloader {
         self.reloader.clone()

@@ -107,6 +107,18 @@ impl Reloader {
         rx.await.ok()
     }
 
+    /// Serves `mesh` as `defaults.mesh` from now on and waits until the reload it comes with is served
+    /// or rejected; `None` when the daemon stopped first.
+    pub async fn default_mesh(&self, mesh: Option<String>) -> Option<ReloadOutcome> {
+        let (tx, rx) = oneshot::channel();
+        let request = Reload {
+            done: Some(tx),
+            default_mesh: Some(mesh),
+        };
+        self.resources.send(request).await.ok()?;
+        rx.await.ok()
+    }
+
     /// Re-reads the revocation list. A missing, unreadable or invalid one leaves the previous list in
     /// force (fail closed: deleting the file must not un-revoke anything), logged and counted.
     fn reload_revocations(&self) {
