@@ -7,7 +7,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use meshca_auth::Claims;
+use meshca_auth::{Claims, ProxyType};
 use meshca_identity::SpiffeId;
 use serde_json::{json, Value};
 
@@ -42,8 +42,8 @@ pub struct Inbound {
     pub app_port: u16,
 }
 
-/// `--outbound LOCAL_PORT=HOST:PORT[@SPIFFE_ID|@meshservice:NAME]`: a loopback listener whose cluster
-/// originates mTLS to HOST:PORT and checks the peer as [`Peer`] says.
+/// `--outbound LOCAL_PORT=HOST:PORT[@SPIFFE_ID|@meshservice:NAME|@zone-egress]`: a loopback listener whose
+/// cluster originates mTLS to HOST:PORT and checks the peer as [`Peer`] says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outbound {
     /// The port Envoy listens on (127.0.0.1).
@@ -56,11 +56,15 @@ pub struct Outbound {
     pub peer: Peer,
 }
 
-/// How an outbound cluster checks the server it connects to.
+/// How an outbound cluster checks the server it connects to (and an inbound listener its clients).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Peer {
     /// Any certificate the mesh trusts (`system_trust_bundle`).
     AnyInMesh,
+    /// Any certificate of any mesh (`ALL`): how a zone egress checks the sidecars that call it.
+    AnyMesh,
+    /// The zone egress: its CAs and SPIFFE IDs (`system_trust_bundle_egress`).
+    ZoneEgress,
     /// A certificate the mesh trusts carrying exactly this SPIFFE ID.
     SpiffeId(SpiffeId),
     /// A certificate carrying one of the SPIFFE IDs of this MeshService, validated with its
@@ -148,13 +152,17 @@ impl Bootstrap {
         let mut context = json!({
             "tls_certificate_sds_secret_configs": [{"name": "default", "sds_config": self.sds_config()}],
         });
+        let named = |name: String| json!({"name": name, "sds_config": self.sds_config()});
         match peer {
             Peer::AnyInMesh => context["validation_context_sds_secret_config"] = trust,
+            Peer::AnyMesh => context["validation_context_sds_secret_config"] = named("ALL".into()),
+            Peer::ZoneEgress => {
+                context["validation_context_sds_secret_config"] =
+                    named("system_trust_bundle_egress".into());
+            }
             Peer::MeshService(name) => {
-                context["validation_context_sds_secret_config"] = json!({
-                    "name": format!("meshservice:{name}"),
-                    "sds_config": self.sds_config(),
-                });
+                context["validation_context_sds_secret_config"] =
+                    named(format!("meshservice:{name}"));
             }
             Peer::SpiffeId(id) => {
                 context["combined_validation_context"] = json!({
@@ -214,9 +222,15 @@ impl Bootstrap {
     fn inbound(&self, inbound: &Inbound) -> (Value, Value) {
         let cluster_name = format!("inbound_app_{}", inbound.app_port);
         let name = format!("inbound_{}", inbound.port);
+        // A zone egress is called by the sidecars of every mesh.
+        let clients = if self.claims.proxy_type == ProxyType::ZoneEgress {
+            Peer::AnyMesh
+        } else {
+            Peer::AnyInMesh
+        };
         let tls = json!({
             "require_client_certificate": true,
-            "common_tls_context": self.tls_context(&Peer::AnyInMesh),
+            "common_tls_context": self.tls_context(&clients),
         });
         let mut manager = http_connection_manager(&name, &cluster_name);
         // The app learns who called: the client certificate's URI SAN, set by Envoy, never forwarded.
@@ -360,16 +374,17 @@ impl FromStr for Inbound {
 impl FromStr for Outbound {
     type Err = PortSpecError;
 
-    /// `LOCAL_PORT=HOST:PORT[@SPIFFE_ID|@meshservice:NAME]`; HOST may be a name, an IPv4 address or
-    /// `[IPv6]`.
+    /// `LOCAL_PORT=HOST:PORT[@SPIFFE_ID|@meshservice:NAME|@zone-egress]`; HOST may be a name, an IPv4
+    /// address or `[IPv6]`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let expected = || {
             PortSpecError(format!(
-                "{s:?}: expected LOCAL_PORT=HOST:PORT[@SPIFFE_ID|@meshservice:NAME], e.g. 15001=10.0.0.2:15006@spiffe://default/web or 15001=10.0.0.2:15006@meshservice:web"
+                "{s:?}: expected LOCAL_PORT=HOST:PORT[@SPIFFE_ID|@meshservice:NAME|@zone-egress], e.g. 15001=10.0.0.2:15006@spiffe://default/web or 15001=10.0.0.2:15006@meshservice:web"
             ))
         };
         let (local, peer_spec) = s.split_once('=').ok_or_else(expected)?;
         let (address, peer) = match peer_spec.split_once('@') {
+            Some((address, ZONE_EGRESS)) => (address, Peer::ZoneEgress),
             Some((address, service)) if service.starts_with(MESHSERVICE_PREFIX) => {
                 let name = &service[MESHSERVICE_PREFIX.len()..];
                 if !is_resource_name(name) {
@@ -402,6 +417,8 @@ impl FromStr for Outbound {
 
 /// How `--outbound` names a MeshService to validate the peer with.
 const MESHSERVICE_PREFIX: &str = "meshservice:";
+/// How `--outbound` names the zone egress as the peer.
+const ZONE_EGRESS: &str = "zone-egress";
 
 /// A Kuma resource name: lowercase letters, digits, `-` and `.`, starting and ending with a letter or
 /// digit, at most 253 bytes.
@@ -491,6 +508,45 @@ mod tests {
     }
 
     #[test]
+    fn a_zone_egress_accepts_every_mesh_and_sidecars_validate_it_with_the_egress_bundle() {
+        let mut egress = bootstrap(SdsTarget::Unix("/run/meshca/sds.sock".into()));
+        egress.claims = Claims::new(
+            ProxyType::ZoneEgress,
+            "default",
+            "egress-1",
+            BTreeMap::new(),
+            BTreeMap::new(),
+            Duration::from_secs(3600),
+            1_800_000_000,
+        )
+        .expect("valid claims");
+        egress.outbound.clear();
+        let value = egress.render();
+        let inbound = &value["static_resources"]["listeners"][0]["filter_chains"][0];
+        let context = &inbound["transport_socket"]["typed_config"]["common_tls_context"];
+        assert_eq!(
+            context["validation_context_sds_secret_config"]["name"],
+            "ALL"
+        );
+
+        let mut sidecar = bootstrap(SdsTarget::Unix("/run/meshca/sds.sock".into()));
+        sidecar.outbound = vec!["15001=10.0.0.9:10002@zone-egress".parse().expect("valid")];
+        let value = sidecar.render();
+        let inbound = &value["static_resources"]["listeners"][0]["filter_chains"][0];
+        let context = &inbound["transport_socket"]["typed_config"]["common_tls_context"];
+        assert_eq!(
+            context["validation_context_sds_secret_config"]["name"], "system_trust_bundle",
+            "a sidecar's inbound accepts its own mesh"
+        );
+        let outbound = &value["static_resources"]["clusters"][2];
+        let context = &outbound["transport_socket"]["typed_config"]["common_tls_context"];
+        assert_eq!(
+            context["validation_context_sds_secret_config"]["name"],
+            "system_trust_bundle_egress"
+        );
+    }
+
+    #[test]
     fn a_meshservice_peer_is_validated_with_its_meshservice_context() {
         let mut b = bootstrap(SdsTarget::Unix("/run/meshca/sds.sock".into()));
         b.outbound = vec!["15001=127.0.0.1:15006@meshservice:api"
@@ -547,6 +603,8 @@ mod tests {
         assert_eq!(outbound.peer, Peer::AnyInMesh);
         let outbound: Outbound = "1=h:2@meshservice:web-api".parse().expect("a MeshService");
         assert_eq!(outbound.peer, Peer::MeshService("web-api".to_owned()));
+        let outbound: Outbound = "1=h:2@zone-egress".parse().expect("the egress");
+        assert_eq!(outbound.peer, Peer::ZoneEgress);
         for bad in ["8080", "0:1", "1:70000", "a:b"] {
             let error = bad.parse::<Inbound>().expect_err(bad).to_string();
             assert!(error.contains("PORT"), "{error}");
