@@ -151,6 +151,15 @@ fn the_egress_drill_breaks_nothing_with_the_gate_and_breaks_handshakes_without()
     );
     let (run, report) = drill_with("egress", "off", &[]);
     assert_breaks(&run, &report, "UnknownIssuer");
+    // The egress calls nobody: it is only ever the server of a handshake.
+    let failures = report["phases"][1]["failures"].as_array().expect("a list");
+    assert!(
+        failures
+            .iter()
+            .filter_map(Value::as_str)
+            .all(|f| f.contains("→ egress-1")),
+        "{run}"
+    );
 }
 
 #[test]

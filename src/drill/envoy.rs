@@ -1,7 +1,8 @@
 //! Drills with real Envoy sidecars (`meshca drill SCENARIO --envoy PATH`): a ring of Envoys started from
 //! `meshca bootstrap` output, each with an mTLS inbound listener in front of one small HTTP app and an
 //! outbound listener that validates the next Envoy (pinned to its SPIFFE ID, or with the
-//! `meshservice:` context of its service), and HTTP requests through every pair, each on a
+//! `meshservice:` context of its service); or a star, where every sidecar calls the first Envoy, a zone
+//! egress, and validates it with `system_trust_bundle_egress`. HTTP requests through every pair, each on a
 //! new upstream connection (a new mTLS handshake). Some Envoys are laggards: a relay in front of meshca's
 //! SDS socket delays what meshca sends them by a seeded amount, as slow proxies in a real mesh are late.
 
@@ -42,11 +43,13 @@ pub struct Sidecar {
     pub initial_id: String,
     /// The SPIFFE ID it presents once the scenario has converged.
     pub final_id: String,
+    /// Whether the scenario gives it a new certificate (its serial must change).
+    pub renews: bool,
     /// The MeshService whose `meshservice:` context its outbound validates the next sidecar with.
     pub validates_with: Option<String>,
     admin: SocketAddr,
-    /// Where the app sends requests to the next sidecar.
-    outbound: SocketAddr,
+    /// Where the app sends requests through it, and to whom (none for the hub of a star).
+    outbound: Option<(SocketAddr, usize)>,
     child: Child,
     log: PathBuf,
 }
@@ -56,6 +59,14 @@ pub struct Sidecar {
 pub struct RingMember {
     /// `p-<i>`.
     pub name: String,
+    /// The mesh of its token.
+    pub mesh: String,
+    /// A zone egress (a `zone-egress` token) rather than a sidecar.
+    pub egress: bool,
+    /// Its labels (fixed in its token).
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Whether the scenario gives it a new certificate.
+    pub renews: bool,
     /// Its `kuma.io/service`.
     pub service: String,
     /// The SPIFFE ID it presents in the steady state.
@@ -64,10 +75,45 @@ pub struct RingMember {
     pub final_id: String,
 }
 
+/// Who calls whom.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Topology {
+    /// Member `i` calls member `i + 1` (the last calls the first), validating it with the `meshservice:`
+    /// context of its service when `by_service`, else pinned to its initial SPIFFE ID.
+    Ring {
+        /// Validate by MeshService context.
+        by_service: bool,
+    },
+    /// Every member calls the first one, a zone egress, validating it with `system_trust_bundle_egress`.
+    Star,
+}
+
+impl Topology {
+    /// Whom member `i` of `members` calls, and how it checks that peer.
+    fn target(self, i: usize, members: &[RingMember]) -> anyhow::Result<Option<(usize, Peer)>> {
+        match self {
+            Topology::Ring { by_service } => {
+                let next = (i + 1) % members.len();
+                let peer = if by_service {
+                    Peer::MeshService(members[next].service.clone())
+                } else {
+                    Peer::SpiffeId(
+                        meshca_identity::SpiffeId::parse(&members[next].initial_id)
+                            .map_err(|e| anyhow!("{e}"))?,
+                    )
+                };
+                Ok(Some((next, peer)))
+            }
+            Topology::Star if i == 0 => Ok(None),
+            Topology::Star => Ok(Some((0, Peer::ZoneEgress))),
+        }
+    }
+}
+
 /// The Envoys, the app behind them and the laggards' relays.
 #[derive(Debug)]
 pub struct EnvoyRing {
-    /// The sidecars, in ring order (`p-<i>` calls `p-<i+1>`).
+    /// The sidecars (and the egress, first in a star), in member order.
     pub sidecars: Vec<Sidecar>,
     /// Which sidecars lag, with their delay.
     pub laggards: Vec<(String, Duration)>,
@@ -78,15 +124,14 @@ pub struct EnvoyRing {
 pub type MintToken<'a> = &'a dyn Fn(&RingMember) -> anyhow::Result<String>;
 
 impl EnvoyRing {
-    /// Starts the app, the laggards' relays and one Envoy per member, and waits until every Envoy is LIVE
-    /// and presents its initial SPIFFE ID. With `by_service`, each Envoy validates the next one with the
-    /// `meshservice:` context of its service; otherwise it pins the next one's initial SPIFFE ID.
+    /// Starts the app, the laggards' relays and one Envoy per member, calling each other as `topology`
+    /// says, and waits until every Envoy is LIVE and presents its initial SPIFFE ID.
     pub async fn start(
         envoy: &Path,
         dir: &Path,
         sds_socket: &Path,
         members: &[RingMember],
-        by_service: bool,
+        topology: Topology,
         mint: MintToken<'_>,
         seed: u64,
     ) -> anyhow::Result<EnvoyRing> {
@@ -105,7 +150,7 @@ impl EnvoyRing {
         let mut sidecars = Vec::with_capacity(count);
         for (i, member) in members.iter().enumerate() {
             let (admin_port, inbound_port, outbound_port) = ports[i];
-            let next = (i + 1) % count;
+            let target = topology.target(i, members)?;
             let sds = if i < laggard_count {
                 let span = (LAG.1 - LAG.0).as_millis() as u64;
                 let delay = LAG.0 + Duration::from_millis(rng.below(span.max(1)));
@@ -128,19 +173,15 @@ impl EnvoyRing {
                     port: inbound_port,
                     app_port,
                 }],
-                outbound: vec![Outbound {
-                    local_port: outbound_port,
-                    host: "127.0.0.1".to_owned(),
-                    port: ports[next].1,
-                    peer: if by_service {
-                        Peer::MeshService(members[next].service.clone())
-                    } else {
-                        Peer::SpiffeId(
-                            meshca_identity::SpiffeId::parse(&members[next].initial_id)
-                                .map_err(|e| anyhow!("{e}"))?,
-                        )
-                    },
-                }],
+                outbound: target
+                    .iter()
+                    .map(|(to, peer)| Outbound {
+                        local_port: outbound_port,
+                        host: "127.0.0.1".to_owned(),
+                        port: ports[*to].1,
+                        peer: peer.clone(),
+                    })
+                    .collect(),
                 one_request_per_connection: true,
             };
             let config = dir.join(format!("envoy-{i}.yaml"));
@@ -168,9 +209,14 @@ impl EnvoyRing {
                 name: member.name.clone(),
                 initial_id: member.initial_id.clone(),
                 final_id: member.final_id.clone(),
-                validates_with: by_service.then(|| members[next].service.clone()),
+                renews: member.renews,
+                validates_with: match &target {
+                    Some((_, Peer::MeshService(service))) => Some(service.clone()),
+                    _ => None,
+                },
                 admin: SocketAddr::from(([127, 0, 0, 1], admin_port)),
-                outbound: SocketAddr::from(([127, 0, 0, 1], outbound_port)),
+                outbound: target
+                    .map(|(to, _)| (SocketAddr::from(([127, 0, 0, 1], outbound_port)), to)),
                 child,
                 log,
             });
@@ -336,16 +382,17 @@ impl RingTraffic {
     /// Starts `workers` request loops over the ring's pairs, counting into `first_phase`.
     pub fn start(ring: &EnvoyRing, seed: u64, workers: usize, first_phase: &'static str) -> Self {
         let phases = Phases::new(first_phase);
-        let count = ring.sidecars.len();
         let routes: Arc<Vec<Route>> = Arc::new(
             ring.sidecars
                 .iter()
-                .enumerate()
-                .map(|(i, s)| Route {
-                    outbound: s.outbound,
-                    caller: s.name.clone(),
-                    caller_ids: [s.initial_id.clone(), s.final_id.clone()],
-                    callee: ring.sidecars[(i + 1) % count].name.clone(),
+                .filter_map(|s| {
+                    let (outbound, to) = s.outbound?;
+                    Some(Route {
+                        outbound,
+                        caller: s.name.clone(),
+                        caller_ids: [s.initial_id.clone(), s.final_id.clone()],
+                        callee: ring.sidecars[to].name.clone(),
+                    })
                 })
                 .collect(),
         );

@@ -36,6 +36,8 @@ pub struct MemberSpec {
     pub check: PeerCheck,
     /// A zone egress (a `zone-egress` token; it validates sidecars with `ALL`) rather than a sidecar.
     pub egress: bool,
+    /// Whether the scenario gives it a new certificate.
+    pub renews: bool,
 }
 
 /// A running simulated proxy, as its peers see it.

@@ -7,10 +7,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::anyhow;
-use meshca_auth::Claims;
+use meshca_auth::{Claims, ProxyType};
 use rustls_pki_types::CertificateDer;
 
-use super::envoy::{EnvoyRing, RingMember, RingTraffic, Sidecar};
+use super::envoy::{EnvoyRing, RingMember, RingTraffic, Sidecar, Topology};
 use super::fleet::{Fleet, Member, States};
 use super::proxy::ProxyTls;
 use super::report::{Header, Outcome, Report};
@@ -393,15 +393,17 @@ fn issuers(daemon: &Daemon) -> String {
         .unwrap_or_default()
 }
 
-/// The daemon's view: every connected proxy of the mesh holds (has ACKed) a certificate from
-/// `final_issuer`, and no rollout step waits.
-fn daemon_converged(daemon: &Daemon, final_issuer: &str, proxies: usize) -> bool {
+/// The daemon's view: no rollout step waits, and (when the script names one issuer for everybody) every
+/// connected proxy of the mesh holds a certificate from `final_issuer`.
+fn daemon_converged(daemon: &Daemon, final_issuer: Option<&str>, proxies: usize) -> bool {
     let status = daemon.status.borrow();
     let Some(mesh) = status.meshes.iter().find(|m| m.name == MESH) else {
         return false;
     };
-    let expected = BTreeMap::from([(final_issuer.to_owned(), proxies)]);
-    mesh.proxies_by_issuer == expected && status.rollout.is_empty()
+    let issuers_done = final_issuer.is_none_or(|issuer| {
+        mesh.proxies_by_issuer == BTreeMap::from([(issuer.to_owned(), proxies)])
+    });
+    issuers_done && status.rollout.is_empty()
 }
 
 /// The same scenario with real Envoy sidecars in a ring (see [`super::envoy`]).
@@ -412,39 +414,45 @@ async fn with_envoy(
     sandbox: &Sandbox,
     envoy: PathBuf,
 ) -> anyhow::Result<Report> {
-    if !script.hubs().is_empty() {
-        return Err(anyhow!(
-            "drill {} does not run with --envoy yet: only the simulated proxies play it",
-            script.name
-        ));
-    }
-    let specs = script.members(options.proxies);
-    let members: Vec<RingMember> = specs
-        .iter()
+    let members: Vec<RingMember> = script
+        .members(options.proxies)
+        .into_iter()
         .map(|m| RingMember {
-            name: m.name.clone(),
-            initial_id: m.initial_id.clone(),
-            final_id: m.final_id.clone(),
-            service: m.service.clone(),
+            name: m.name,
+            mesh: m.mesh,
+            egress: m.egress,
+            labels: m.labels,
+            renews: m.renews,
+            service: m.service,
+            initial_id: m.initial_id,
+            final_id: m.final_id,
         })
         .collect();
-    let labels: BTreeMap<&str, &BTreeMap<String, String>> =
-        specs.iter().map(|m| (m.name.as_str(), &m.labels)).collect();
     let mint = |member: &RingMember| -> anyhow::Result<String> {
         let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
-        let tags = BTreeMap::from([("kuma.io/service".to_owned(), member.service.clone())]);
-        let claims = Claims::new_dataplane(
-            MESH,
+        let (kind, tags) = if member.egress {
+            (ProxyType::ZoneEgress, BTreeMap::new())
+        } else {
+            let tags = BTreeMap::from([("kuma.io/service".to_owned(), member.service.clone())]);
+            (ProxyType::Dataplane, tags)
+        };
+        let claims = Claims::new(
+            kind,
+            &member.mesh,
             &member.name,
-            labels
-                .get(member.name.as_str())
-                .map(|l| (*l).clone())
-                .unwrap_or_default(),
+            member.labels.clone(),
             tags,
             Duration::from_secs(24 * 3600),
             now,
         )?;
         daemon.mint_token(&claims)
+    };
+    let topology = if script.hubs().is_empty() {
+        Topology::Ring {
+            by_service: script.by_service(),
+        }
+    } else {
+        Topology::Star
     };
     let socket = sandbox.root().join("sds.sock");
     let ring = EnvoyRing::start(
@@ -452,7 +460,7 @@ async fn with_envoy(
         sandbox.root(),
         &socket,
         &members,
-        script.by_service(),
+        topology,
         &mint,
         options.seed,
     )
@@ -514,7 +522,8 @@ async fn play_envoy(
             let renewed = serials
                 .iter()
                 .zip(&before)
-                .all(|(now, then)| now.is_some() && now != then);
+                .zip(&ring.sidecars)
+                .all(|((now, then), sidecar)| now.is_some() && (!sidecar.renews || now != then));
             let mut finals = true;
             for sidecar in &ring.sidecars {
                 finals = finals && sidecar.presents(&sidecar.final_id).await;

@@ -53,21 +53,19 @@ impl Owner {
             &desired.ca,
         );
         // Break last: until the proxy ACKs this certificate, peers may still see the one it replaces,
-        // from another CA or with another SPIFFE ID.
+        // from another CA or with another SPIFFE ID, or any it was issued before and has not ACKed.
         let spiffe_id = svid.spiffe_id.to_string();
-        let previous = match old {
-            Some(old)
-                if self.gate.enabled()
-                    && (old.ca_id != ca_trust.ca_id || old.published.spiffe_id != spiffe_id) =>
-            {
-                Some(Previous {
-                    ca_trust: old.ca_trust.clone(),
-                    spiffe_id: old.published.spiffe_id.clone(),
-                })
+        let mut previous = old.map(|o| o.previous.clone()).unwrap_or_default();
+        if let Some(old) = old.filter(|_| self.gate.enabled()) {
+            let replaced = Previous {
+                ca_trust: old.ca_trust.clone(),
+                spiffe_id: old.published.spiffe_id.clone(),
+            };
+            let changes = old.ca_trust != ca_trust || replaced.spiffe_id != spiffe_id;
+            if changes && !previous.contains(&replaced) {
+                previous.push(replaced);
             }
-            Some(old) => old.previous.clone(),
-            None => None,
-        };
+        }
         let published = Arc::new(ProxyIdentity {
             spiffe_id,
             identity_name: desired.identity_name.clone(),

@@ -70,10 +70,11 @@ pub(crate) struct Issued {
     pub published: Arc<ProxyIdentity>,
     /// The issuing CA as bundles carry it.
     pub ca_trust: CaTrust,
-    /// The certificate this one replaced (its CA and SPIFFE ID), until the proxy ACKs this one: peers
-    /// may still see it, so its CA stays in the bundles and its ID in `meshservice:` contexts (break
-    /// last).
-    pub previous: Option<Previous>,
+    /// The certificates this one replaced since the proxy last ACKed one (their CAs and SPIFFE IDs),
+    /// until the proxy ACKs this one: peers may still see any of them (a slow proxy that was issued two
+    /// certificates in a row still presents the first one's predecessor), so their CAs stay in the
+    /// bundles and their IDs in the contexts with SAN matchers (break last).
+    pub previous: Vec<Previous>,
     /// The snapshot generation that first served this certificate.
     pub first_served_in: u64,
     /// When it was issued.
@@ -81,7 +82,7 @@ pub(crate) struct Issued {
 }
 
 /// A replaced certificate a proxy may still present.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Previous {
     /// Its CA, as bundles carry it.
     pub ca_trust: CaTrust,

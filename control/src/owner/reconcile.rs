@@ -58,9 +58,9 @@ impl Owner {
         let timeout = self.gate.ack_timeout();
         let mut waiting: BTreeMap<(String, String), (SystemTime, Vec<String>)> = BTreeMap::new();
         for (key, issued) in self.issued.iter_mut() {
-            let Some(previous) = &issued.previous else {
+            if issued.previous.is_empty() {
                 continue;
-            };
+            }
             let identity = Some(&*issued.published);
             let unacked = self.streams.of(key).any(|s| {
                 !s.has_acked(issued.first_served_in)
@@ -69,17 +69,21 @@ impl Owner {
                         .any(|r| r.target(s.asker(), identity) == Target::Identity)
             });
             if !unacked {
-                issued.previous = None;
+                issued.previous.clear();
             } else if now >= issued.issued_at + timeout {
                 tracing::warn!(proxy = %key, "rollout.ackTimeout passed: the proxy has not ACKed its new certificate; no longer keeping its old CA trusted for it");
                 self.gate.timed_out(&key.mesh, RolloutStep::IdentityAck);
-                issued.previous = None;
+                issued.previous.clear();
             } else {
-                let (since, proxies) = waiting
-                    .entry((key.mesh.clone(), previous.ca_trust.subject.clone()))
-                    .or_insert((issued.issued_at, Vec::new()));
-                *since = (*since).min(issued.issued_at);
-                proxies.push(key.to_string());
+                for previous in &issued.previous {
+                    let (since, proxies) = waiting
+                        .entry((key.mesh.clone(), previous.ca_trust.subject.clone()))
+                        .or_insert((issued.issued_at, Vec::new()));
+                    *since = (*since).min(issued.issued_at);
+                    if !proxies.contains(&key.to_string()) {
+                        proxies.push(key.to_string());
+                    }
+                }
             }
         }
         for ((mesh, ca), (since, mut proxies)) in waiting {
@@ -134,7 +138,7 @@ impl Owner {
             .filter(|(k, _)| self.streams.is_connected(k))
             .flat_map(|(k, i)| {
                 std::iter::once(&i.ca_trust)
-                    .chain(i.previous.as_ref().map(|p| &p.ca_trust))
+                    .chain(i.previous.iter().map(|p| &p.ca_trust))
                     .map(|ca| (k.clone(), ca.clone()))
             })
             .collect();
@@ -333,7 +337,7 @@ impl Owner {
                     .filter(|_| self.streams.is_connected(key));
                 if let Some(issued) = presented {
                     ids.insert(issued.published.spiffe_id.clone());
-                    ids.extend(issued.previous.as_ref().map(|p| p.spiffe_id.clone()));
+                    ids.extend(issued.previous.iter().map(|p| p.spiffe_id.clone()));
                 }
             }
             out.insert((service.mesh.clone(), service.name.clone()), ids);
@@ -378,7 +382,7 @@ impl Owner {
                 .filter(|_| self.streams.is_connected(key));
             if let Some(issued) = presented {
                 ids.insert(issued.published.spiffe_id.clone());
-                ids.extend(issued.previous.as_ref().map(|p| p.spiffe_id.clone()));
+                ids.extend(issued.previous.iter().map(|p| p.spiffe_id.clone()));
             }
         }
         ids
@@ -488,7 +492,7 @@ impl Owner {
             self.telemetry.gate_event(&mesh, event);
         }
         self.waiting_on_acks =
-            self.gate.pending() || self.issued.values().any(|i| i.previous.is_some());
+            self.gate.pending() || self.issued.values().any(|i| !i.previous.is_empty());
     }
 
     fn publish_status(&self, dataplanes: &Dataplanes, service_ids: &ServiceIds, now: SystemTime) {
@@ -517,7 +521,7 @@ impl Owner {
         let previous_deadline = self
             .issued
             .values()
-            .filter(|i| i.previous.is_some())
+            .filter(|i| !i.previous.is_empty())
             .map(|i| i.issued_at + self.gate.ack_timeout())
             .min();
         [

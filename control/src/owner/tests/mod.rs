@@ -1469,3 +1469,67 @@ fn service_context(h: &Harness, service: &str) -> Vec<String> {
 mod egress;
 mod selection;
 mod trust;
+
+/// Mesh `default` on builtin backends: `enabled` issues, `secondary` stays trusted; ca-1 to ca-3 defined
+/// unless `without` names one.
+fn three_cas(enabled: &str, secondary: Option<&str>, without: Option<&str>) -> String {
+    let backends: String = ["ca-1", "ca-2", "ca-3"]
+        .iter()
+        .filter(|b| Some(**b) != without)
+        .map(|b| format!("    - {{name: {b}, type: builtin}}\n"))
+        .collect();
+    let secondary = secondary
+        .map(|s| format!("  secondaryBackends: [{s}]\n"))
+        .unwrap_or_default();
+    format!("type: Mesh\nname: default\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}")
+}
+
+#[test]
+fn a_proxy_reissued_twice_before_acking_keeps_the_ca_it_still_presents_trusted() {
+    let mut h = Harness::new(&three_cas("ca-1", None, None));
+    // web-1 takes its identity on one stream and the mesh trust on another; only the trust stream ACKs
+    // from the steady state on, as a slow proxy whose certificate updates lag behind.
+    h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    // A second stream of a connected proxy changes nothing by itself.
+    h.try_connect("web-1", &[], &[("kuma.io/service", "web")]);
+    h.owner.reconcile(t0());
+    let g = generation(&h);
+    h.stream(1, &["default"], Some(g));
+    h.stream(2, &["system_trust_bundle"], Some(g));
+    h.owner.reconcile(t0());
+    let ca1 = ca_subject(&h, "ca-1");
+    assert_eq!(issuer_of(&h.ready("web-1")), ca1);
+
+    // ca-2 issues; web-1 is given a ca-2 certificate but does not ACK it.
+    h.update(&three_cas("ca-2", Some("ca-1"), None))
+        .expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.stream(2, &["system_trust_bundle"], Some(generation(&h)));
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    assert_eq!(issuer_of(&h.ready("web-1")), ca_subject(&h, "ca-2"));
+
+    // ca-3 issues and ca-1 is removed; web-1 is given a ca-3 certificate, still without ACKing.
+    h.update(&three_cas("ca-3", Some("ca-2"), Some("ca-1")))
+        .expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.stream(2, &["system_trust_bundle"], Some(generation(&h)));
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    assert_eq!(issuer_of(&h.ready("web-1")), ca_subject(&h, "ca-3"));
+    // web-1 still presents its ca-1 certificate (it ACKed nothing since): ca-1 stays trusted, in this
+    // snapshot and the next ones.
+    h.stream(2, &["system_trust_bundle"], Some(generation(&h)));
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    assert!(
+        bundle_subjects(&h).contains(&ca1),
+        "{:?}",
+        bundle_subjects(&h)
+    );
+
+    h.stream(1, &["default"], Some(generation(&h)));
+    h.owner.reconcile(t0() + Duration::from_secs(3));
+    assert!(
+        !bundle_subjects(&h).contains(&ca1),
+        "{:?}",
+        bundle_subjects(&h)
+    );
+}
