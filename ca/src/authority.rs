@@ -1,6 +1,8 @@
 //! A loaded certificate authority: the signing certificate, the chain above it, its key, ready to issue.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use meshca_identity::KeyAlgorithm;
@@ -15,6 +17,7 @@ use crate::certs::{self, KeyKind};
 use crate::key::{KeyError, PrivateKey};
 use crate::pem_out;
 use crate::provided::ProvidedCaError;
+use crate::verify::{verify_structure, verify_with, IssuerFacts, VerifyError};
 use meshca_identity::{SpiffeId, TrustDomain};
 
 /// How far NotBefore is backdated to tolerate clock skew between peers.
@@ -76,6 +79,10 @@ impl rcgen::SigningKey for CaSigner {
     }
 }
 
+/// One SVID in this many (the first of each run) has its signature verified before it is published; see
+/// [`CertificateAuthority::verify_issued`].
+pub const FULL_CHECK_EVERY: u64 = 1024;
+
 /// A certificate authority ready to issue SVIDs. `Debug` shows no key material.
 pub struct CertificateAuthority {
     pub(crate) cert_der: Vec<u8>,
@@ -92,6 +99,11 @@ pub struct CertificateAuthority {
     pub(crate) not_before: SystemTime,
     pub(crate) not_after: SystemTime,
     pub(crate) id: String,
+    /// What the check before publishing compares leaves with, read on first use.
+    pub(crate) facts: OnceLock<Result<IssuerFacts, VerifyError>>,
+    /// How many SVIDs of this CA were checked: the first of every [`FULL_CHECK_EVERY`] is verified in
+    /// full, signature included.
+    pub(crate) checked: AtomicU64,
 }
 
 impl fmt::Debug for CertificateAuthority {
@@ -207,8 +219,36 @@ impl CertificateAuthority {
             key,
             trust_domain,
             subject,
+            facts: OnceLock::new(),
+            checked: AtomicU64::new(0),
         };
         Ok(ca)
+    }
+
+    /// Checks an SVID this CA issued before it is published. Every SVID: everything but the signature
+    /// ([`crate::verify_structure`]): the rules, the SPIFFE ID, issuer name and key identifier, validity
+    /// and chain. The first SVID of the CA, and one in every [`FULL_CHECK_EVERY`] after it, also in full:
+    /// the chain and its signatures verified to the CA's anchors ([`crate::verify_with`]), which proves the
+    /// CA's key, certificate and signer agree. Verifying an ECDSA signature costs more than issuing the
+    /// certificate; a signature ring just made with that proven key is not re-verified every time.
+    pub fn verify_issued(
+        &self,
+        chain_der: &[Vec<u8>],
+        expected: &SpiffeId,
+        now: SystemTime,
+    ) -> Result<(), VerifyError> {
+        let facts = self
+            .facts
+            .get_or_init(|| {
+                IssuerFacts::read(&self.cert_der, &self.after_leaf_der, &self.bundle_der())
+            })
+            .as_ref()
+            .map_err(Clone::clone)?;
+        let n = self.checked.fetch_add(1, Ordering::Relaxed);
+        if n.is_multiple_of(FULL_CHECK_EVERY) {
+            verify_with(chain_der, &facts.anchors, expected, now)?;
+        }
+        verify_structure(chain_der, facts, expected, now)
     }
 
     /// The CA's id: lowercase hex SHA-256 of the signing certificate's DER.

@@ -23,7 +23,7 @@ mod test_fixtures;
 mod verify;
 
 pub use anchor::{AnchorError, TrustAnchor};
-pub use authority::{CaError, CaParams, CertificateAuthority};
+pub use authority::{CaError, CaParams, CertificateAuthority, FULL_CHECK_EVERY};
 pub use bench::{floor_once, FloorError};
 pub use identity::{IdentityError, IdentityTemplate, DEFAULT_PATH, DEFAULT_TRUST_DOMAIN};
 pub use inspect::{inspect_pem, CertInfo, InspectError};
@@ -35,4 +35,6 @@ pub use select::select;
 pub use template::{
     Template, TemplateError, TemplateVars, NAMESPACE_LABEL, SERVICE_ACCOUNT_LABEL, WORKLOAD_LABEL,
 };
-pub use verify::{check_svid_rules, verify_svid, VerifyError};
+pub use verify::{
+    check_svid_rules, verify_structure, verify_svid, verify_with, Anchors, IssuerFacts, VerifyError,
+};

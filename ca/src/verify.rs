@@ -2,7 +2,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use rustls_pki_types::{CertificateDer, UnixTime};
+use rustls_pki_types::{CertificateDer, TrustAnchor, UnixTime};
 use webpki::{EndEntityCert, KeyUsage};
 use x509_parser::certificate::X509Certificate;
 use x509_parser::x509::X509Version;
@@ -54,6 +54,38 @@ pub enum VerifyError {
     Rules(Vec<String>),
 }
 
+/// Trust anchors read once, to verify many SVIDs against them: each in webpki's form, with the subject
+/// and NotAfter the "within its issuer" check reads.
+#[derive(Debug)]
+pub struct Anchors {
+    webpki: Vec<TrustAnchor<'static>>,
+    /// (raw subject, NotAfter in Unix seconds) of each anchor.
+    issuers: Vec<(Vec<u8>, i64)>,
+}
+
+impl Anchors {
+    /// Reads `anchors_der`; an anchor webpki or x509-parser cannot use is an error naming its position.
+    pub fn parse(anchors_der: &[Vec<u8>]) -> Result<Anchors, VerifyError> {
+        let mut webpki = Vec::with_capacity(anchors_der.len());
+        let mut issuers = Vec::with_capacity(anchors_der.len());
+        for (i, der) in anchors_der.iter().enumerate() {
+            let bad = |reason: String| VerifyError::BadAnchor {
+                position: i + 1,
+                reason,
+            };
+            let cert = CertificateDer::from(der.as_slice());
+            let anchor = webpki::anchor_from_trusted_cert(&cert).map_err(|e| bad(e.to_string()))?;
+            webpki.push(anchor.to_owned());
+            let parsed = certs::parse(der).map_err(bad)?;
+            issuers.push((
+                parsed.subject().as_raw().to_vec(),
+                parsed.validity().not_after.timestamp(),
+            ));
+        }
+        Ok(Anchors { webpki, issuers })
+    }
+}
+
 /// Verifies an SVID chain (leaf first, then intermediates) before it is published: webpki path
 /// validation to `anchors_der` at `now` for both clientAuth and serverAuth, exactly one URI SAN equal to
 /// `expected`, NotAfter within the issuer's, and every leaf rule of [`check_svid_rules`].
@@ -63,23 +95,148 @@ pub fn verify_svid(
     expected: &SpiffeId,
     now: SystemTime,
 ) -> Result<(), VerifyError> {
-    let (leaf_der, rest) = chain_der.split_first().ok_or(VerifyError::EmptyChain)?;
-    check_svid_rules(leaf_der).map_err(VerifyError::Rules)?;
+    verify_with(chain_der, &Anchors::parse(anchors_der)?, expected, now)
+}
 
-    let anchor_certs: Vec<CertificateDer<'_>> = anchors_der
-        .iter()
-        .map(|d| CertificateDer::from(d.as_slice()))
-        .collect();
-    let anchors = anchor_certs
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            webpki::anchor_from_trusted_cert(c).map_err(|e| VerifyError::BadAnchor {
-                position: i + 1,
-                reason: e.to_string(),
-            })
+/// What the check of every SVID compares a leaf with: its issuing CA's anchors, and the facts of the
+/// CA's signing certificate and chain, read once per CA.
+#[derive(Debug)]
+pub struct IssuerFacts {
+    /// The trust anchors, for full chain verification.
+    pub anchors: Anchors,
+    /// The signing certificate's raw subject (every leaf's issuer).
+    subject: Vec<u8>,
+    /// Its subjectKeyIdentifier, if it has one (every leaf's authorityKeyIdentifier).
+    key_id: Option<Vec<u8>>,
+    /// Its NotBefore and NotAfter, Unix seconds.
+    validity: (i64, i64),
+    /// What follows the leaf in every chain it issues.
+    chain_after_leaf: Vec<Vec<u8>>,
+}
+
+impl IssuerFacts {
+    /// Reads the facts of a CA: its signing certificate, what follows a leaf, and its anchors.
+    pub fn read(
+        signing_der: &[u8],
+        chain_after_leaf: &[Vec<u8>],
+        anchors_der: &[Vec<u8>],
+    ) -> Result<IssuerFacts, VerifyError> {
+        let anchors = Anchors::parse(anchors_der)?;
+        let bad = |reason: String| VerifyError::BadAnchor {
+            position: 0,
+            reason: format!("the signing certificate: {reason}"),
+        };
+        let cert = certs::parse(signing_der).map_err(bad)?;
+        let key_id = cert
+            .iter_extensions()
+            .find_map(|ext| match ext.parsed_extension() {
+                x509_parser::extensions::ParsedExtension::SubjectKeyIdentifier(id) => {
+                    Some(id.0.to_vec())
+                }
+                _ => None,
+            });
+        let validity = cert.validity();
+        Ok(IssuerFacts {
+            anchors,
+            subject: cert.subject().as_raw().to_vec(),
+            key_id,
+            validity: (
+                validity.not_before.timestamp(),
+                validity.not_after.timestamp(),
+            ),
+            chain_after_leaf: chain_after_leaf.to_vec(),
         })
-        .collect::<Result<Vec<_>, _>>()?;
+    }
+}
+
+/// The check of an SVID its CA just issued, once that CA's signatures have been verified in full
+/// ([`verify_with`] on its first SVID): the leaf parsed once and held to every SVID rule and the expected
+/// SPIFFE ID, issued by the CA (issuer name, authorityKeyIdentifier), within the CA's validity and valid
+/// at `now`, followed by exactly the CA's chain. The signature itself is ring's, made a moment ago with
+/// the key whose signatures were verified on that first SVID.
+pub fn verify_structure(
+    chain_der: &[Vec<u8>],
+    facts: &IssuerFacts,
+    expected: &SpiffeId,
+    now: SystemTime,
+) -> Result<(), VerifyError> {
+    let (leaf_der, rest) = chain_der.split_first().ok_or(VerifyError::EmptyChain)?;
+    let leaf = certs::parse(leaf_der)
+        .map_err(|e| VerifyError::Rules(vec![format!("the certificate does not parse: {e}")]))?;
+    check_rules(&leaf).map_err(VerifyError::Rules)?;
+    let uris = certs::uri_sans(&leaf).map_err(|e| VerifyError::Rules(vec![e]))?;
+    if uris.as_slice() != [expected.as_str()] {
+        return Err(VerifyError::WrongId {
+            expected: expected.clone(),
+            found: uris.iter().map(|u| (*u).to_owned()).collect(),
+        });
+    }
+    let not_issued = |reason: &str| VerifyError::Chain {
+        usage: "clientAuth",
+        reason: reason.to_owned(),
+    };
+    if leaf.issuer().as_raw() != facts.subject.as_slice() {
+        return Err(not_issued("the issuer name is not the CA's subject"));
+    }
+    if let Some(key_id) = &facts.key_id {
+        let aki = leaf
+            .iter_extensions()
+            .find_map(|ext| match ext.parsed_extension() {
+                x509_parser::extensions::ParsedExtension::AuthorityKeyIdentifier(aki) => {
+                    aki.key_identifier.as_ref().map(|k| k.0)
+                }
+                _ => None,
+            });
+        if aki != Some(key_id.as_slice()) {
+            return Err(not_issued(
+                "the authorityKeyIdentifier is not the CA's subjectKeyIdentifier",
+            ));
+        }
+    }
+    if rest != facts.chain_after_leaf.as_slice() {
+        return Err(not_issued("the chain after the leaf is not the CA's"));
+    }
+    let validity = leaf.validity();
+    let now_secs = now
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    if now_secs < validity.not_before.timestamp() || now_secs > validity.not_after.timestamp() {
+        return Err(not_issued("the certificate is not valid now"));
+    }
+    if validity.not_before.timestamp() < facts.validity.0 {
+        return Err(not_issued("the certificate starts before its CA"));
+    }
+    if validity.not_after.timestamp() > facts.validity.1 {
+        return Err(VerifyError::OutlivesIssuer {
+            leaf: certs::rfc3339(certs::system_time(validity.not_after)),
+            issuer: rfc3339_unix(facts.validity.1),
+        });
+    }
+    Ok(())
+}
+
+/// [`verify_svid`] against anchors read once. The leaf is parsed once and its chain verified once: the
+/// leaf rules require both serverAuth and clientAuth in its extendedKeyUsage, so one webpki pass (for
+/// clientAuth) proves the signatures; a second pass, for serverAuth, runs only when intermediates could
+/// restrict usages on the way.
+pub fn verify_with(
+    chain_der: &[Vec<u8>],
+    anchors: &Anchors,
+    expected: &SpiffeId,
+    now: SystemTime,
+) -> Result<(), VerifyError> {
+    let (leaf_der, rest) = chain_der.split_first().ok_or(VerifyError::EmptyChain)?;
+    let leaf = certs::parse(leaf_der)
+        .map_err(|e| VerifyError::Rules(vec![format!("the certificate does not parse: {e}")]))?;
+    check_rules(&leaf).map_err(VerifyError::Rules)?;
+    let uris = certs::uri_sans(&leaf).map_err(|e| VerifyError::Rules(vec![e]))?;
+    if uris.as_slice() != [expected.as_str()] {
+        return Err(VerifyError::WrongId {
+            expected: expected.clone(),
+            found: uris.iter().map(|u| (*u).to_owned()).collect(),
+        });
+    }
+
     let intermediates: Vec<CertificateDer<'_>> = rest
         .iter()
         .map(|d| CertificateDer::from(d.as_slice()))
@@ -91,32 +248,28 @@ pub fn verify_svid(
     };
     let end_entity = EndEntityCert::try_from(&leaf_cert).map_err(|e| chain_err("clientAuth", e))?;
     let time = UnixTime::since_unix_epoch(now.duration_since(UNIX_EPOCH).unwrap_or_default());
-    for (name, usage) in [
-        ("clientAuth", KeyUsage::client_auth()),
-        ("serverAuth", KeyUsage::server_auth()),
-    ] {
+    let usages: &[(&str, KeyUsage)] = if intermediates.is_empty() {
+        &[("clientAuth", KeyUsage::client_auth())]
+    } else {
+        &[
+            ("clientAuth", KeyUsage::client_auth()),
+            ("serverAuth", KeyUsage::server_auth()),
+        ]
+    };
+    for (name, usage) in usages {
         end_entity
             .verify_for_usage(
                 webpki::ALL_VERIFICATION_ALGS,
-                &anchors,
+                &anchors.webpki,
                 &intermediates,
                 time,
-                usage,
+                *usage,
                 None,
                 None,
             )
             .map_err(|e| chain_err(name, e))?;
     }
-
-    let leaf = certs::parse(leaf_der).map_err(|e| VerifyError::Rules(vec![e]))?;
-    let uris = certs::uri_sans(&leaf).map_err(|e| VerifyError::Rules(vec![e]))?;
-    if uris.as_slice() != [expected.as_str()] {
-        return Err(VerifyError::WrongId {
-            expected: expected.clone(),
-            found: uris.iter().map(|u| (*u).to_owned()).collect(),
-        });
-    }
-    check_within_issuer(&leaf, rest.first().map(Vec::as_slice), anchors_der)
+    check_within_issuer(&leaf, rest.first().map(Vec::as_slice), &anchors.issuers)
 }
 
 /// The leaf's NotAfter must not be later than its issuer's: the first intermediate, or the anchor whose
@@ -124,29 +277,43 @@ pub fn verify_svid(
 fn check_within_issuer(
     leaf: &X509Certificate<'_>,
     intermediate: Option<&[u8]>,
-    anchors_der: &[Vec<u8>],
+    anchors: &[(Vec<u8>, i64)],
 ) -> Result<(), VerifyError> {
-    let candidates: Vec<&[u8]> = match intermediate {
-        Some(der) => vec![der],
-        None => anchors_der.iter().map(Vec::as_slice).collect(),
+    let parsed_intermediate;
+    let candidates: Vec<(&[u8], i64)> = match intermediate {
+        Some(der) => {
+            parsed_intermediate = certs::parse(der).ok();
+            parsed_intermediate
+                .iter()
+                .map(|c| (c.subject().as_raw(), c.validity().not_after.timestamp()))
+                .collect()
+        }
+        None => anchors
+            .iter()
+            .map(|(subject, end)| (subject.as_slice(), *end))
+            .collect(),
     };
-    let leaf_end = leaf.validity().not_after;
-    for der in candidates {
-        let Ok(issuer) = certs::parse(der) else {
-            continue;
-        };
-        if issuer.subject().as_raw() != leaf.issuer().as_raw() {
+    let leaf_end = leaf.validity().not_after.timestamp();
+    for (subject, issuer_end) in candidates {
+        if subject != leaf.issuer().as_raw() {
             continue;
         }
-        let issuer_end = issuer.validity().not_after;
-        if leaf_end.timestamp() > issuer_end.timestamp() {
+        if leaf_end > issuer_end {
             return Err(VerifyError::OutlivesIssuer {
-                leaf: certs::rfc3339(certs::system_time(leaf_end)),
-                issuer: certs::rfc3339(certs::system_time(issuer_end)),
+                leaf: certs::rfc3339(certs::system_time(leaf.validity().not_after)),
+                issuer: rfc3339_unix(issuer_end),
             });
         }
     }
     Ok(())
+}
+
+/// RFC 3339 of a Unix time in seconds.
+fn rfc3339_unix(secs: i64) -> String {
+    let t = u64::try_from(secs)
+        .map(|s| UNIX_EPOCH + std::time::Duration::from_secs(s))
+        .unwrap_or(UNIX_EPOCH);
+    certs::rfc3339(t)
 }
 
 /// Checks every X.509-SVID leaf rule (docs/certificates.md) with x509-parser, independently of how the leaf was
@@ -154,12 +321,17 @@ fn check_within_issuer(
 pub fn check_svid_rules(leaf_der: &[u8]) -> Result<(), Vec<String>> {
     let cert =
         certs::parse(leaf_der).map_err(|e| vec![format!("the certificate does not parse: {e}")])?;
+    check_rules(&cert)
+}
+
+/// The rules of [`check_svid_rules`] on a parsed leaf.
+fn check_rules(cert: &X509Certificate<'_>) -> Result<(), Vec<String>> {
     let mut broken = Vec::new();
     if cert.version() != X509Version::V3 {
         broken.push("it is not an X.509 v3 certificate".to_owned());
     }
-    check_san(&cert, &mut broken);
-    check_basic_constraints(&cert, &mut broken);
+    check_san(cert, &mut broken);
+    check_basic_constraints(cert, &mut broken);
     let is_rsa = matches!(
         certs::key_kind(cert.public_key()),
         KeyKind::Supported(alg) if alg.rsa_bits().is_some()
@@ -167,7 +339,7 @@ pub fn check_svid_rules(leaf_der: &[u8]) -> Result<(), Vec<String>> {
     if let KeyKind::Unsupported(found) = certs::key_kind(cert.public_key()) {
         broken.push(format!("its key type {found} is not supported"));
     }
-    check_key_usage(&cert, is_rsa, &mut broken);
+    check_key_usage(cert, is_rsa, &mut broken);
     match cert.extended_key_usage() {
         Ok(Some(eku)) if eku.value.server_auth && eku.value.client_auth => {}
         Ok(_) => broken.push("extendedKeyUsage must include serverAuth and clientAuth".to_owned()),

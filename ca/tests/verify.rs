@@ -4,7 +4,8 @@ mod common;
 
 use common::*;
 use meshca_ca::{
-    check_svid_rules, inspect_pem, verify_svid, InspectError, KeyAlgorithm, VerifyError,
+    check_svid_rules, inspect_pem, verify_structure, verify_svid, InspectError, IssuerFacts,
+    KeyAlgorithm, VerifyError,
 };
 use rcgen::{
     DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, KeyUsagePurpose, SanType,
@@ -301,4 +302,90 @@ fn inspect_decodes_chains_and_skips_keys() {
         inspect_pem(junk.as_bytes()),
         Err(InspectError::Unparsable { position: 1, .. })
     ));
+}
+
+#[test]
+fn a_ca_verifies_its_own_svids_with_anchors_read_once_and_the_same_verdicts() {
+    let ca = generated("td", KeyAlgorithm::EcdsaP256);
+    let req = request("spiffe://td/web", KeyAlgorithm::EcdsaP256, HOUR);
+    let svid = ca.issue(&req, now()).expect("issues");
+    for _ in 0..2 {
+        ca.verify_issued(&svid.chain_der, &req.spiffe_id, now())
+            .expect("verifies, first with fresh anchors then with the ones kept");
+    }
+    let err = ca
+        .verify_issued(&svid.chain_der, &id("spiffe://td/api"), now())
+        .expect_err("wrong id");
+    assert!(matches!(err, VerifyError::WrongId { .. }), "{err}");
+    let other = generated("td", KeyAlgorithm::EcdsaP256);
+    let foreign = other.issue(&req, now()).expect("issues");
+    let err = ca
+        .verify_issued(&foreign.chain_der, &req.spiffe_id, now())
+        .expect_err("another CA's SVID");
+    assert!(matches!(err, VerifyError::Chain { .. }), "{err}");
+    let err = ca
+        .verify_issued(&svid.chain_der, &req.spiffe_id, now() + 2 * HOUR)
+        .expect_err("expired");
+    assert!(matches!(err, VerifyError::Chain { .. }), "{err}");
+}
+
+#[test]
+fn an_intermediate_that_allows_only_client_auth_fails_the_server_auth_pass() {
+    let root = self_signed(ca_cert_params("Root", None));
+    let mut p = ca_cert_params("Client-only Intermediate", None);
+    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let intermediate = signed_by(p, &root);
+    let leaf = leaf_with(&intermediate, |_| {});
+    let err = verify_svid(
+        &[leaf, intermediate.der.clone()],
+        std::slice::from_ref(&root.der),
+        &id("spiffe://corp.example/w"),
+        now(),
+    )
+    .expect_err("the chain may not serve serverAuth");
+    assert!(
+        matches!(
+            err,
+            VerifyError::Chain {
+                usage: "serverAuth",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_structural_check_holds_a_leaf_to_its_ca_without_the_signature() {
+    let ca = generated("td", KeyAlgorithm::EcdsaP256);
+    let req = request("spiffe://td/web", KeyAlgorithm::EcdsaP256, HOUR);
+    let svid = ca.issue(&req, now()).expect("issues");
+    let facts = IssuerFacts::read(ca.cert_der(), ca.chain_after_leaf_der(), &ca.bundle_der())
+        .expect("the CA's facts");
+    verify_structure(&svid.chain_der, &facts, &req.spiffe_id, now()).expect("its own SVID");
+
+    let err = verify_structure(&svid.chain_der, &facts, &id("spiffe://td/api"), now())
+        .expect_err("wrong id");
+    assert!(matches!(err, VerifyError::WrongId { .. }), "{err}");
+    let err = verify_structure(&svid.chain_der, &facts, &req.spiffe_id, now() + 2 * HOUR)
+        .expect_err("expired");
+    assert!(matches!(err, VerifyError::Chain { .. }), "{err}");
+    let other = generated("td", KeyAlgorithm::EcdsaP256);
+    let foreign = other.issue(&req, now()).expect("issues");
+    let err = verify_structure(&foreign.chain_der, &facts, &req.spiffe_id, now())
+        .expect_err("another CA's SVID");
+    assert!(err.to_string().contains("issuer name"), "{err}");
+    let mut longer = svid.chain_der.clone();
+    longer.push(other.cert_der().to_vec());
+    let err = verify_structure(&longer, &facts, &req.spiffe_id, now()).expect_err("extra chain");
+    assert!(err.to_string().contains("chain after the leaf"), "{err}");
+
+    // An impostor CA with the very same subject but another key: the key identifier gives it away.
+    let real = self_signed(ca_cert_params("Twin", None));
+    let impostor = self_signed(ca_cert_params("Twin", None));
+    let facts = IssuerFacts::read(&real.der, &[], std::slice::from_ref(&real.der)).expect("facts");
+    let leaf = leaf_with(&impostor, |_| {});
+    let err = verify_structure(&[leaf], &facts, &id("spiffe://corp.example/w"), now())
+        .expect_err("impostor");
+    assert!(err.to_string().contains("authorityKeyIdentifier"), "{err}");
 }

@@ -87,11 +87,8 @@ pub(crate) fn issue_verified(desired: &Desired, now: SystemTime) -> Result<Svid,
         lifetime: desired.lifetime,
     };
     let svid = desired.ca.issue(&request, now)?;
-    meshca_ca::verify_svid(
-        &svid.chain_der,
-        &desired.ca.bundle_der(),
-        &desired.spiffe_id,
-        now,
-    )?;
+    desired
+        .ca
+        .verify_issued(&svid.chain_der, &desired.spiffe_id, now)?;
     Ok(svid)
 }

@@ -110,6 +110,11 @@ pub fn mesh_trust(name: &str, trust_domain: &str, pems: &[&str]) -> String {
 
 /// Runs `f` and returns what it logged at WARN and above, without ANSI colours.
 pub fn warnings<T>(f: impl FnOnce() -> T) -> (T, String) {
+    logged(tracing::Level::WARN, f)
+}
+
+/// Runs `f` and returns what it logged at `level` and above, without ANSI colours.
+pub fn logged<T>(level: tracing::Level, f: impl FnOnce() -> T) -> (T, String) {
     #[derive(Clone, Default)]
     struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
     impl std::io::Write for Buffer {
@@ -126,7 +131,7 @@ pub fn warnings<T>(f: impl FnOnce() -> T) -> (T, String) {
     let subscriber = tracing_subscriber::fmt()
         .with_writer(move || writer.clone())
         .with_ansi(false)
-        .with_max_level(tracing::Level::WARN)
+        .with_max_level(level)
         .finish();
     let out = tracing::subscriber::with_default(subscriber, f);
     let logged = String::from_utf8(buffer.0.lock().expect("not poisoned").clone()).expect("UTF-8");

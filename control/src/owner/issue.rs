@@ -37,8 +37,14 @@ impl Owner {
     ) -> Result<(), IssueFailure> {
         let started = std::time::Instant::now();
         let svid = issue_verified(desired, now)?;
-        self.telemetry
-            .issued(&key.mesh, &desired.issuer, started.elapsed());
+        let took = started.elapsed();
+        self.telemetry.issued(&key.mesh, &desired.issuer, took);
+        let wave = self
+            .wave
+            .entry((key.mesh.clone(), desired.issuer.to_string()))
+            .or_default();
+        wave.0 += 1;
+        wave.1 += took;
         let renew_at = plan::renewal_time(
             svid.not_before,
             svid.not_after,

@@ -166,6 +166,8 @@ pub struct Owner {
     waiting_on_acks: bool,
     /// Where the zone egress identity comes from, as of the last reconcile (logged when it changes).
     egress: Option<Result<EgressPlan, String>>,
+    /// Certificates issued in the current reconcile, per (mesh, issuer): how many, and the time spent.
+    wave: BTreeMap<(String, String), (u64, Duration)>,
     telemetry: Arc<dyn Telemetry>,
     snapshot_tx: watch::Sender<Arc<Snapshot>>,
     status_tx: watch::Sender<Arc<Status>>,
@@ -195,6 +197,7 @@ impl Owner {
             bundles: BundleCache::default(),
             waiting_on_acks: false,
             egress: None,
+            wave: BTreeMap::new(),
             telemetry,
             snapshot_tx,
             status_tx,

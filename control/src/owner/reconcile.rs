@@ -193,7 +193,23 @@ impl Owner {
             }
             entries.insert(key, entry);
         }
+        self.log_wave();
         (entries, next_renewal)
+    }
+
+    /// One INFO line per mesh and issuer that issued in this reconcile (how many, how long); the line
+    /// per certificate is DEBUG.
+    fn log_wave(&mut self) {
+        for ((mesh, issuer), (count, took)) in std::mem::take(&mut self.wave) {
+            tracing::info!(
+                mesh = %mesh,
+                issuer = %issuer,
+                certificates = count,
+                millis = took.as_millis() as u64,
+                "issued {count} certificate{}",
+                if count == 1 { "" } else { "s" }
+            );
+        }
     }
 
     /// One connected proxy: its decided identity, issued now if it needs a certificate and the gate

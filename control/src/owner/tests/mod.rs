@@ -1533,3 +1533,42 @@ fn a_proxy_reissued_twice_before_acking_keeps_the_ca_it_still_presents_trusted()
         bundle_subjects(&h)
     );
 }
+
+#[test]
+fn a_wave_of_issuance_is_one_info_line_per_mesh_and_issuer() {
+    let mut h = Harness::new(LEGACY);
+    for name in ["web-1", "web-2", "web-3"] {
+        h.connect(name, &[], &[("kuma.io/service", "web")]);
+    }
+    let ((), info) = crate::test_certs::logged(tracing::Level::INFO, || {
+        h.owner.reconcile(t0());
+    });
+    let lines: Vec<&str> = info.lines().filter(|l| l.contains("issued")).collect();
+    assert_eq!(lines.len(), 1, "{info}");
+    assert!(
+        lines[0].contains("issued 3 certificates")
+            && lines[0].contains("mesh=default")
+            && lines[0].contains("backend ca-1"),
+        "{info}"
+    );
+    // Nothing to issue: nothing logged.
+    let ((), info) = crate::test_certs::logged(tracing::Level::INFO, || {
+        h.owner.reconcile(t0() + Duration::from_secs(1));
+    });
+    assert!(!info.contains("issued"), "{info}");
+}
+
+#[test]
+fn a_reload_that_changes_nothing_issues_nothing_and_pushes_nothing() {
+    let mut h = gated(true);
+    h.owner.reconcile(t0());
+    let before = generation(&h);
+    let served = h.ready("web-1");
+    h.update(LEGACY).expect("the same resources again");
+    let ((), info) = crate::test_certs::logged(tracing::Level::INFO, || {
+        h.owner.reconcile(t0() + Duration::from_secs(1));
+    });
+    assert_eq!(generation(&h), before, "nothing new to push");
+    assert!(Arc::ptr_eq(&h.ready("web-1"), &served), "nothing reissued");
+    assert!(!info.contains("issued"), "{info}");
+}
