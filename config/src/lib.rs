@@ -27,5 +27,5 @@ pub use settings::{
     Limits, ListenAddr, ListenAddrError, RolloutSettings, SdsSettings, Settings, SettingsError,
     TlsFiles, TokensSettings, UnknownKeystoreType, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN,
     DEFAULT_DATA_DIR, DEFAULT_RENEW_AT, DEFAULT_SDS_TCP, DEFAULT_TOKEN_MAX_VALID_FOR, DEFAULT_ZONE,
-    ENV_PREFIX,
+    ENV_PREFIX, MAX_ISSUANCE_WORKERS,
 };

@@ -21,6 +21,7 @@ mod lineage;
 mod owner;
 mod owner_loop;
 mod plan;
+mod pool;
 mod resource_name;
 mod snapshot;
 mod standalone;

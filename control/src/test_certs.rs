@@ -133,7 +133,12 @@ pub fn logged<T>(level: tracing::Level, f: impl FnOnce() -> T) -> (T, String) {
         .with_ansi(false)
         .with_max_level(level)
         .finish();
-    let out = tracing::subscriber::with_default(subscriber, f);
+    let out = tracing::subscriber::with_default(subscriber, || {
+        // Callsites another test thread registered while no subscriber of this thread existed may have
+        // cached "never interested"; recompute, now that this one exists.
+        tracing::callsite::rebuild_interest_cache();
+        f()
+    });
     let logged = String::from_utf8(buffer.0.lock().expect("not poisoned").clone()).expect("UTF-8");
     (out, logged)
 }

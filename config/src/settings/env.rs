@@ -156,6 +156,11 @@ fn set(layer: &mut Layer, field: &str, value: &str) -> Result<(), String> {
                 parse::<f64>(value).map_err(|_| format!("expected a number, got {value:?}"))?;
             layer.issuance.get_or_insert_default().renew_at = Some(renew_at);
         }
+        "issuance.workers" => {
+            let workers = parse::<usize>(value)
+                .map_err(|_| format!("expected a whole number, got {value:?}"))?;
+            layer.issuance.get_or_insert_default().workers = Some(workers);
+        }
         "rollout.ackTimeout" => {
             layer.rollout.get_or_insert_default().ack_timeout = Some(parse(value)?)
         }
@@ -198,6 +203,7 @@ mod tests {
                 "sds.insecure" => "true",
                 "issuance.keyAlgorithm" => "rsa-2048",
                 "issuance.renewAt" => "0.5",
+                "issuance.workers" => "2",
                 "rollout.ackTimeout" => "5s",
                 "keystore.type" => "file",
                 "tokens.maxValidFor" => "30d",

@@ -59,6 +59,7 @@ pub(super) struct AdminLayer {
 pub(super) struct IssuanceLayer {
     pub(super) key_algorithm: Option<KeyAlgorithm>,
     pub(super) renew_at: Option<f64>,
+    pub(super) workers: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -81,7 +82,7 @@ pub(super) struct TokensLayer {
 }
 
 /// The settings fields outside `limits:`, as written in the file (dotted camelCase paths).
-const BASE_FIELDS: [&str; 14] = [
+const BASE_FIELDS: [&str; 15] = [
     "zone",
     "dataDir",
     "resources",
@@ -93,6 +94,7 @@ const BASE_FIELDS: [&str; 14] = [
     "admin.listen",
     "issuance.keyAlgorithm",
     "issuance.renewAt",
+    "issuance.workers",
     "rollout.ackTimeout",
     "keystore.type",
     "tokens.maxValidFor",
@@ -124,6 +126,7 @@ impl Layer {
                 .as_ref()
                 .is_some_and(|i| i.key_algorithm.is_some()),
             "issuance.renewAt" => self.issuance.as_ref().is_some_and(|i| i.renew_at.is_some()),
+            "issuance.workers" => self.issuance.as_ref().is_some_and(|i| i.workers.is_some()),
             "rollout.ackTimeout" => self
                 .rollout
                 .as_ref()

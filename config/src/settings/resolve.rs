@@ -7,7 +7,7 @@ use super::file::{fields, Layer};
 use super::types::{
     AdminSettings, Defaults, IssuanceSettings, KeystoreSettings, RolloutSettings, SdsSettings,
     TlsFiles, TokensSettings, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR,
-    DEFAULT_RENEW_AT, DEFAULT_TOKEN_MAX_VALID_FOR, DEFAULT_ZONE,
+    DEFAULT_RENEW_AT, DEFAULT_TOKEN_MAX_VALID_FOR, DEFAULT_ZONE, MAX_ISSUANCE_WORKERS,
 };
 use super::{env, ListenAddr, Settings, SettingsError};
 use crate::names::check_name;
@@ -146,6 +146,13 @@ fn resolve(
             format!("must be between 0 and 1 (exclusive), got {renew_at}"),
         ));
     }
+    let workers = issuance.workers.unwrap_or(0);
+    if workers > MAX_ISSUANCE_WORKERS {
+        return Err(origins.invalid(
+            "issuance.workers",
+            format!("must be at most {MAX_ISSUANCE_WORKERS} (0 means one per core), got {workers}"),
+        ));
+    }
     let ack_timeout = layer
         .rollout
         .and_then(|r| r.ack_timeout)
@@ -177,6 +184,7 @@ fn resolve(
         issuance: IssuanceSettings {
             key_algorithm: issuance.key_algorithm.unwrap_or_default(),
             renew_at,
+            workers,
         },
         rollout: RolloutSettings { ack_timeout },
         keystore: KeystoreSettings {

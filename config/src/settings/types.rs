@@ -90,7 +90,12 @@ pub struct IssuanceSettings {
     pub key_algorithm: KeyAlgorithm,
     /// The fraction of a certificate's lifetime after which it is renewed, in (0, 1) (default 0.8).
     pub renew_at: f64,
+    /// How many threads issue certificates in parallel; 0 (the default) means one per core.
+    pub workers: usize,
 }
+
+/// The most threads `issuance.workers` may ask for.
+pub const MAX_ISSUANCE_WORKERS: usize = 1024;
 
 /// `rollout:` in the settings file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -224,6 +229,7 @@ impl Default for Settings {
             issuance: IssuanceSettings {
                 key_algorithm: KeyAlgorithm::default(),
                 renew_at: DEFAULT_RENEW_AT,
+                workers: 0,
             },
             rollout: RolloutSettings {
                 ack_timeout: DEFAULT_ACK_TIMEOUT,

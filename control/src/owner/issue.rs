@@ -1,12 +1,14 @@
 //! Issuing a proxy's certificate: when one is needed, and how it is made, checked and kept.
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
+
+use meshca_ca::Svid;
 
 use super::{Issued, Owner, Previous};
 use crate::bundles;
-use crate::error::IssueFailure;
 use crate::plan::{self, Desired};
+use crate::pool;
 use crate::snapshot::{ProxyIdentity, ProxyKey, SecretPem};
 use crate::standalone::issue_verified;
 
@@ -26,18 +28,40 @@ impl Owner {
         }
     }
 
-    /// Issues, verifies against the issuing CA's bundle and the expected SPIFFE ID, then keeps the
-    /// certificate. Nothing is kept when either step fails.
-    pub(super) fn issue(
+    /// Issues every certificate of `jobs` on the issuance pool (new key, signature and the check before
+    /// publishing, in parallel), then keeps them in job order. A certificate that fails either step is
+    /// counted and logged, and nothing is kept for its proxy.
+    pub(super) fn issue_all(
+        &mut self,
+        jobs: &[(ProxyKey, &Desired)],
+        generation: u64,
+        now: SystemTime,
+    ) {
+        let made = pool::run_all(jobs, self.config.workers, |(_, desired)| {
+            let started = Instant::now();
+            (issue_verified(desired, now), started.elapsed())
+        });
+        for ((key, desired), (result, took)) in jobs.iter().zip(made) {
+            match result {
+                Ok(svid) => self.keep(key, desired, svid, took, generation, now),
+                Err(e) => {
+                    self.telemetry.issue_failed(&key.mesh, &desired.issuer);
+                    tracing::error!(proxy = %key, issuer = %desired.issuer, "certificate not issued: {e}");
+                }
+            }
+        }
+    }
+
+    /// Keeps a certificate issued and checked for `key`, remembering what it replaces (break last).
+    fn keep(
         &mut self,
         key: &ProxyKey,
         desired: &Desired,
+        svid: Svid,
+        took: Duration,
         generation: u64,
         now: SystemTime,
-    ) -> Result<(), IssueFailure> {
-        let started = std::time::Instant::now();
-        let svid = issue_verified(desired, now)?;
-        let took = started.elapsed();
+    ) {
         self.telemetry.issued(&key.mesh, &desired.issuer, took);
         let wave = self
             .wave
@@ -95,7 +119,6 @@ impl Owner {
                 issued_at: now,
             },
         );
-        Ok(())
     }
 }
 

@@ -125,6 +125,8 @@ pub struct OwnerConfig {
     pub gate: bool,
     /// `defaults.mesh`: the mesh whose identity the zone egress uses (`None`: meshca chooses).
     pub default_mesh: Option<String>,
+    /// How many threads issue a wave of certificates (`issuance.workers`, resolved: at least 1).
+    pub workers: usize,
 }
 
 impl OwnerConfig {
@@ -137,6 +139,7 @@ impl OwnerConfig {
             ack_timeout: settings.rollout.ack_timeout.as_std(),
             gate: true,
             default_mesh: settings.defaults.mesh.clone(),
+            workers: crate::pool::worker_count(settings.issuance.workers),
         }
     }
 }

@@ -12,7 +12,7 @@ use super::Owner;
 use crate::bundles::{self, ServiceIds};
 use crate::egress::{self, MeshChoice, EGRESS_BUNDLE, EGRESS_SERVICE};
 use crate::gate::{covers, CaTrust, RolloutStep, Wait};
-use crate::plan::{self, DataplaneInfo, Decision, Origin};
+use crate::plan::{self, DataplaneInfo, Decision, Desired, Origin};
 use crate::resource_name::Target;
 use crate::snapshot::{ProxyEntry, ProxyKey};
 use crate::status::{self, Status};
@@ -20,6 +20,21 @@ use crate::timefmt::{rfc3339, seconds_until};
 
 /// What is known of every dataplane: its description, or why its token was refused.
 type Dataplanes = BTreeMap<ProxyKey, Result<DataplaneInfo, String>>;
+
+/// How one connected proxy is served this reconcile.
+enum Served {
+    /// Without a certificate decision: refused, or no identity.
+    Entry(ProxyEntry),
+    /// With a decided identity.
+    Decided {
+        /// What it should hold.
+        desired: Box<Desired>,
+        /// The gate holds its new certificate back.
+        gated: bool,
+        /// A certificate is issued for it now.
+        issue: bool,
+    },
+}
 
 /// How many proxies a wait names (the count says how many there are).
 const NAMED_WAITERS: usize = 20;
@@ -165,14 +180,42 @@ impl Owner {
         let mut entries = HashMap::new();
         let mut next_renewal: Option<SystemTime> = None;
         self.reasons.clear();
+        // Decide every connected proxy first, then issue what the gate allows on every core at once,
+        // then serve.
         let connected: Vec<ProxyKey> = self.streams.proxies().cloned().collect();
+        let mut plans: Vec<(ProxyKey, Served)> = Vec::with_capacity(connected.len());
         for key in connected {
-            let entry = match dataplanes.get(&key) {
-                Some(Ok(info)) => self.serve_proxy(&key, info, generation, now),
-                Some(Err(reason)) => ProxyEntry::Refused {
+            let served = match dataplanes.get(&key) {
+                Some(Ok(info)) => self.plan_proxy(&key, info, now),
+                Some(Err(reason)) => Served::Entry(ProxyEntry::Refused {
                     reason: reason.clone(),
-                },
+                }),
                 None => continue,
+            };
+            plans.push((key, served));
+        }
+        let jobs: Vec<(ProxyKey, &Desired)> = plans
+            .iter()
+            .filter_map(|(key, served)| match served {
+                Served::Decided {
+                    desired,
+                    issue: true,
+                    ..
+                } => Some((key.clone(), &**desired)),
+                _ => None,
+            })
+            .collect();
+        self.issue_all(&jobs, generation, now);
+        for (key, served) in plans {
+            let entry = match served {
+                Served::Entry(entry) => entry,
+                Served::Decided { gated, .. } => match self.issued.get(&key) {
+                    Some(issued) => ProxyEntry::Ready(issued.published.clone()),
+                    None if gated => ProxyEntry::Pending,
+                    None => ProxyEntry::NoIdentity {
+                        reason: "issuance failed; see the daemon log".into(),
+                    },
+                },
             };
             match &entry {
                 ProxyEntry::Ready(_) => {
@@ -212,18 +255,13 @@ impl Owner {
         }
     }
 
-    /// One connected proxy: its decided identity, issued now if it needs a certificate and the gate
-    /// lets its CA issue.
-    fn serve_proxy(
-        &mut self,
-        key: &ProxyKey,
-        info: &DataplaneInfo,
-        generation: u64,
-        now: SystemTime,
-    ) -> ProxyEntry {
-        let decision = self.decide(key, info);
-        let desired = match decision {
-            Decision::NoIdentity(reason) => return ProxyEntry::NoIdentity { reason },
+    /// One connected proxy: its decided identity, whether the gate holds it back, and whether it needs a
+    /// certificate issued now.
+    fn plan_proxy(&self, key: &ProxyKey, info: &DataplaneInfo, now: SystemTime) -> Served {
+        let desired = match self.decide(key, info) {
+            Decision::NoIdentity(reason) => {
+                return Served::Entry(ProxyEntry::NoIdentity { reason })
+            }
             Decision::Issue(desired) => desired,
         };
         // Trust before identity: a CA issues only once every stream that must trust it has ACKed it.
@@ -234,18 +272,11 @@ impl Owner {
             .gate
             .may_issue(&desired.trusted_in, trust_domain, &desired.ca)
             || !self.may_present_id(key, info, &desired.spiffe_id.to_string());
-        if !gated && self.needs_issue(key, &desired, now) {
-            if let Err(e) = self.issue(key, &desired, generation, now) {
-                self.telemetry.issue_failed(&key.mesh, &desired.issuer);
-                tracing::error!(proxy = %key, issuer = %desired.issuer, "certificate not issued: {e}");
-            }
-        }
-        match self.issued.get(key) {
-            Some(issued) => ProxyEntry::Ready(issued.published.clone()),
-            None if gated => ProxyEntry::Pending,
-            None => ProxyEntry::NoIdentity {
-                reason: "issuance failed; see the daemon log".into(),
-            },
+        let issue = !gated && self.needs_issue(key, &desired, now);
+        Served::Decided {
+            desired,
+            gated,
+            issue,
         }
     }
 

@@ -1572,3 +1572,35 @@ fn a_reload_that_changes_nothing_issues_nothing_and_pushes_nothing() {
     assert!(Arc::ptr_eq(&h.ready("web-1"), &served), "nothing reissued");
     assert!(!info.contains("issued"), "{info}");
 }
+
+#[test]
+fn a_wave_issued_on_several_threads_gives_every_proxy_its_own_certificate() {
+    let mut h = Harness::new(LEGACY);
+    let mut config = OwnerConfig::from_settings(&h.settings);
+    config.workers = 4;
+    let (snapshot_tx, snapshots) = watch::channel(Arc::new(Snapshot::empty()));
+    let (status_tx, status) = watch::channel(Arc::new(Status::default()));
+    h.owner = Owner::new(
+        config,
+        (**h.owner.world()).clone(),
+        Arc::new(NoTelemetry),
+        snapshot_tx,
+        status_tx,
+    );
+    h.snapshots = snapshots;
+    h.status = status;
+    let names: Vec<String> = (0..20).map(|i| format!("svc-{i}")).collect();
+    for name in &names {
+        h.connect(name, &[], &[("kuma.io/service", name)]);
+    }
+    h.owner.reconcile(t0());
+    let mut keys = std::collections::HashSet::new();
+    for name in &names {
+        let served = h.ready(name);
+        assert_eq!(served.spiffe_id, format!("spiffe://default/{name}"));
+        assert!(
+            keys.insert(served.key_pem.expose().to_owned()),
+            "a key served twice"
+        );
+    }
+}
