@@ -90,6 +90,11 @@ pub struct Outcome {
     pub client_rss_idle: Option<u64>,
     /// How long `reload_resources` took (load, reconcile, publish).
     pub reload_seconds: f64,
+    /// How long a reload of unchanged resources took, with every stream idle: a per-event cost that
+    /// should not grow with the fleet.
+    pub noop_reload_seconds: f64,
+    /// Whether that reload published a snapshot (it should not: nothing changed).
+    pub noop_reload_published: bool,
     /// How the rotation reached the streams.
     pub reach: Reach,
     /// Snapshots the daemon published while the streams opened, and during the rotation.
@@ -258,21 +263,18 @@ async fn play(
     tokio::time::sleep(options.idle).await;
     let rss_idle = rss_bytes(None)?;
     drop(kept);
+    // One event that touches nothing: the same resources again.
+    let before_noop = generation();
+    let noop_started = Instant::now();
+    reload(daemon, "the unchanged resources").await?;
+    let noop_reload_seconds = noop_started.elapsed().as_secs_f64();
+    let noop_reload_published = generation() != before_noop;
     let idle_generation = generation();
 
     sandbox.write_resource("mesh.yaml", &mesh_yaml(true))?;
     fleet.arm().await?;
     let reload_started = Instant::now();
-    match daemon.reload_resources().await? {
-        Ok(()) => {}
-        Err(errors) => {
-            let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
-            return Err(anyhow!(
-                "the daemon rejected the switch to ca-2: {}",
-                lines.join("; ")
-            ));
-        }
-    }
+    reload(daemon, "the switch to ca-2").await?;
     let reload_seconds = reload_started.elapsed().as_secs_f64();
     let reach = fleet.wait_reached(options.timeout).await?;
     let generations = (
@@ -286,8 +288,21 @@ async fn play(
         rss_idle,
         client_rss_idle,
         reload_seconds,
+        noop_reload_seconds,
+        noop_reload_published,
         reach,
     })
+}
+
+/// Has the daemon reload its resources; an error when it rejects them (`what` names the edit).
+async fn reload(daemon: &Daemon, what: &str) -> anyhow::Result<()> {
+    match daemon.reload_resources().await? {
+        Ok(()) => Ok(()),
+        Err(errors) => {
+            let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            Err(anyhow!("the daemon rejected {what}: {}", lines.join("; ")))
+        }
+    }
 }
 
 fn round(value: f64, places: i32) -> f64 {
@@ -317,6 +332,8 @@ fn report(options: &Options, outcome: &Outcome) -> serde_json::Value {
         "bytes_per_idle_stream": per_stream.round(),
         "client_rss_idle_bytes": outcome.client_rss_idle,
         "reload_seconds": ms(Some(outcome.reload_seconds)),
+        "noop_reload_seconds": ms(Some(outcome.noop_reload_seconds)),
+        "noop_reload_published": outcome.noop_reload_published,
         "rotation_p50_seconds": ms(quantile(&reach.latencies, 0.5)),
         "rotation_p99_seconds": ms(quantile(&reach.latencies, 0.99)),
         "rotation_max_seconds": ms(reach.latencies.last().copied()),
@@ -387,7 +404,12 @@ mod tests {
         assert_eq!(reach.identity_streams, 50);
         assert_eq!(reach.identity_reached, 50);
         assert!(outcome.rss_idle > 0 && outcome.rss_before > 0);
+        assert!(
+            !outcome.noop_reload_published,
+            "a reload that changes nothing pushes nothing"
+        );
         let line = report(&options, &outcome);
+        assert_eq!(line["noop_reload_published"], false);
         assert_eq!(line["reached"], 200);
         assert_eq!(line["bench"], "sds");
     }
