@@ -149,18 +149,11 @@ impl IssuerFacts {
     }
 }
 
-/// The check of an SVID its CA just issued, once that CA's signatures have been verified in full
-/// ([`verify_with`] on its first SVID): the leaf parsed once and held to every SVID rule and the expected
-/// SPIFFE ID, issued by the CA (issuer name, authorityKeyIdentifier), within the CA's validity and valid
-/// at `now`, followed by exactly the CA's chain. The signature itself is ring's, made a moment ago with
-/// the key whose signatures were verified on that first SVID.
-pub fn verify_structure(
-    chain_der: &[Vec<u8>],
-    facts: &IssuerFacts,
+/// The leaf of an SVID, parsed once, held to every SVID rule and carrying exactly `expected`.
+fn checked_leaf<'a>(
+    leaf_der: &'a [u8],
     expected: &SpiffeId,
-    now: SystemTime,
-) -> Result<(), VerifyError> {
-    let (leaf_der, rest) = chain_der.split_first().ok_or(VerifyError::EmptyChain)?;
+) -> Result<X509Certificate<'a>, VerifyError> {
     let leaf = certs::parse(leaf_der)
         .map_err(|e| VerifyError::Rules(vec![format!("the certificate does not parse: {e}")]))?;
     check_rules(&leaf).map_err(VerifyError::Rules)?;
@@ -171,6 +164,23 @@ pub fn verify_structure(
             found: uris.iter().map(|u| (*u).to_owned()).collect(),
         });
     }
+    Ok(leaf)
+}
+
+/// The check of an SVID its CA just issued, everything but the signature: the leaf parsed once and held
+/// to every SVID rule and the expected SPIFFE ID, issued by the CA (issuer name,
+/// authorityKeyIdentifier), within the CA's validity and valid at `now`, followed by exactly the CA's
+/// chain. The signature is ring's, made a moment ago with the CA's key, whose signatures
+/// [`crate::CertificateAuthority::verify_issued`] verifies in full on the CA's first SVID and one in
+/// [`crate::FULL_CHECK_EVERY`] after it.
+pub fn verify_structure(
+    chain_der: &[Vec<u8>],
+    facts: &IssuerFacts,
+    expected: &SpiffeId,
+    now: SystemTime,
+) -> Result<(), VerifyError> {
+    let (leaf_der, rest) = chain_der.split_first().ok_or(VerifyError::EmptyChain)?;
+    let leaf = checked_leaf(leaf_der, expected)?;
     let not_issued = |reason: &str| VerifyError::Chain {
         usage: "clientAuth",
         reason: reason.to_owned(),
@@ -226,16 +236,7 @@ pub fn verify_with(
     now: SystemTime,
 ) -> Result<(), VerifyError> {
     let (leaf_der, rest) = chain_der.split_first().ok_or(VerifyError::EmptyChain)?;
-    let leaf = certs::parse(leaf_der)
-        .map_err(|e| VerifyError::Rules(vec![format!("the certificate does not parse: {e}")]))?;
-    check_rules(&leaf).map_err(VerifyError::Rules)?;
-    let uris = certs::uri_sans(&leaf).map_err(|e| VerifyError::Rules(vec![e]))?;
-    if uris.as_slice() != [expected.as_str()] {
-        return Err(VerifyError::WrongId {
-            expected: expected.clone(),
-            found: uris.iter().map(|u| (*u).to_owned()).collect(),
-        });
-    }
+    let leaf = checked_leaf(leaf_der, expected)?;
 
     let intermediates: Vec<CertificateDer<'_>> = rest
         .iter()
