@@ -400,29 +400,31 @@ impl Owner {
     /// ZoneEgress file, each egress token that connected) and, while an egress is connected, the IDs it
     /// may still present (break last).
     fn egress_identities(&self, dataplanes: &Dataplanes) -> BTreeSet<String> {
-        let mut ids = BTreeSet::new();
-        let mut decided = |info: &DataplaneInfo| {
-            if let Some(Ok(plan)) = &self.egress {
-                let (zone, algorithm) = (&self.config.zone, self.config.key_algorithm);
-                if let Decision::Issue(d) = egress::decide(&self.world, plan, info, zone, algorithm)
-                {
-                    ids.insert(d.spiffe_id.to_string());
-                }
-            }
+        let plan = self.egress.as_ref().and_then(|p| p.as_ref().ok());
+        let (zone, algorithm) = (&self.config.zone, self.config.key_algorithm);
+        let decided = |info: &DataplaneInfo| match egress::decide(
+            &self.world,
+            plan?,
+            info,
+            zone,
+            algorithm,
+        ) {
+            Decision::Issue(d) => Some(d.spiffe_id.to_string()),
+            Decision::NoIdentity(_) => None,
         };
-        for egress in &self.world.resources.zone_egresses {
-            let mesh = self.egress.as_ref().and_then(|p| p.as_ref().ok());
-            let mesh = mesh.map_or("", |p| p.mesh.as_str());
-            decided(&DataplaneInfo::from_zone_egress(mesh, egress));
-        }
-        let egresses = dataplanes
+        let mesh = plan.map_or("", |p| p.mesh.as_str());
+        let mut ids: BTreeSet<String> = self
+            .world
+            .resources
+            .zone_egresses
+            .iter()
+            .filter_map(|egress| decided(&DataplaneInfo::from_zone_egress(mesh, egress)))
+            .collect();
+        for (key, info) in dataplanes
             .iter()
             .filter(|(key, _)| self.is_zone_egress(key))
-            .filter_map(|(key, info)| Some((key, info.as_ref().ok()?)));
-        for (_, info) in egresses.clone() {
-            decided(info);
-        }
-        for (key, _) in egresses {
+        {
+            ids.extend(info.as_ref().ok().and_then(decided));
             let presented = self
                 .issued
                 .get(key)
