@@ -240,9 +240,10 @@ pub struct BenchSdsArgs {
     /// How many concurrent `StreamSecrets` streams.
     #[arg(long, default_value_t = 10_000)]
     pub streams: usize,
-    /// How many HTTP/2 connections to the unix socket carry them (streams are spread evenly).
-    #[arg(long, default_value_t = 50)]
-    pub connections: usize,
+    /// How many HTTP/2 connections to the unix socket carry them (streams are spread evenly); default: 50,
+    /// or as many as `limits.streamsPerConnection` needs.
+    #[arg(long)]
+    pub connections: Option<usize>,
     /// How many proxies own the streams (round-robin); default: one proxy per stream.
     #[arg(long)]
     pub proxies: Option<usize>,

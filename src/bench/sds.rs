@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, Context};
+use meshca_config::Settings;
 
 use super::child::ChildFleet;
 use super::fleet::{Fleet, FleetPlan, Reach, StreamPlan};
@@ -53,10 +54,27 @@ impl Options {
                 ))
             })
         };
-        if args.streams == 0 || args.connections == 0 {
+        // The bench daemon runs with the default limits: say which one a size would hit, rather than
+        // watching streams wait for a slot that never comes.
+        let limits = Settings::default().limits;
+        let per_connection = limits.streams_per_connection as usize;
+        let per_proxy = limits.streams_per_proxy as usize;
+        let connections = args.connections.unwrap_or_else(|| {
+            args.streams
+                .div_ceil(per_connection)
+                .max(DEFAULT_CONNECTIONS)
+        });
+        if args.streams == 0 || connections == 0 {
             return Err(InvalidInput(
                 "--streams and --connections must be at least 1".into(),
             ));
+        }
+        if args.streams.div_ceil(connections) > per_connection {
+            return Err(InvalidInput(format!(
+                "--streams {} over --connections {connections} puts more than limits.streamsPerConnection ({per_connection}) streams on a connection: use at least --connections {}",
+                args.streams,
+                args.streams.div_ceil(per_connection)
+            )));
         }
         let proxies = args.proxies.unwrap_or(args.streams);
         if !(1..=args.streams).contains(&proxies) {
@@ -65,9 +83,16 @@ impl Options {
                 args.streams
             )));
         }
+        if args.streams.div_ceil(proxies) > per_proxy {
+            return Err(InvalidInput(format!(
+                "--streams {} over --proxies {proxies} gives a proxy more than limits.streamsPerProxy ({per_proxy}) streams: use at least --proxies {}",
+                args.streams,
+                args.streams.div_ceil(per_proxy)
+            )));
+        }
         Ok(Options {
             streams: args.streams,
-            connections: args.connections,
+            connections,
             proxies,
             identity_every: args.identity_every,
             idle: seconds("--seconds", args.seconds, true)?,
@@ -76,6 +101,9 @@ impl Options {
         })
     }
 }
+
+/// Connections the bench opens unless more are needed or `--connections` says otherwise.
+const DEFAULT_CONNECTIONS: usize = 50;
 
 /// What one run measured.
 #[derive(Debug)]
@@ -382,6 +410,38 @@ mod tests {
                 panic!("{errors:?}\n{}", mesh_yaml(switched));
             }
         }
+    }
+
+    fn options(args: &[&str]) -> Result<Options, InvalidInput> {
+        use clap::Parser;
+        let cli =
+            crate::cli::Cli::try_parse_from(["meshca", "bench", "sds"].iter().chain(args).copied())
+                .expect("valid arguments");
+        let crate::cli::Command::Bench(crate::cli::BenchCommand::Sds(args)) = cli.command else {
+            panic!("bench sds")
+        };
+        Options::from_args(&args)
+    }
+
+    #[test]
+    fn sizes_that_a_default_limit_would_stop_are_refused_naming_it() {
+        let o = options(&["--streams", "100000"]).expect("enough connections by default");
+        assert_eq!(o.connections, 98);
+        assert_eq!(options(&[]).expect("defaults").connections, 50);
+        let e = options(&["--streams", "100000", "--connections", "50"])
+            .expect_err("2,000 streams per connection")
+            .to_string();
+        assert!(
+            e.contains("limits.streamsPerConnection (1024)") && e.contains("--connections 98"),
+            "{e}"
+        );
+        let e = options(&["--streams", "10000", "--proxies", "10"])
+            .expect_err("1,000 streams per proxy")
+            .to_string();
+        assert!(
+            e.contains("limits.streamsPerProxy (256)") && e.contains("--proxies 40"),
+            "{e}"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
