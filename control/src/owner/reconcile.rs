@@ -71,7 +71,9 @@ impl Owner {
     /// receives its identity on, that disconnected, or whose `ackTimeout` passed.
     fn settle_previous(&mut self, now: SystemTime) {
         let timeout = self.gate.ack_timeout();
-        let mut waiting: BTreeMap<(String, String), (SystemTime, Vec<String>)> = BTreeMap::new();
+        let mut waiting: BTreeMap<(String, String), (SystemTime, BTreeSet<String>)> =
+            BTreeMap::new();
+        let mut timed_out: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (key, issued) in self.issued.iter_mut() {
             if issued.previous.is_empty() {
                 continue;
@@ -86,25 +88,36 @@ impl Owner {
             if !unacked {
                 issued.previous.clear();
             } else if now >= issued.issued_at + timeout {
-                tracing::warn!(proxy = %key, "rollout.ackTimeout passed: the proxy has not ACKed its new certificate; no longer keeping its old CA trusted for it");
-                self.gate.timed_out(&key.mesh, RolloutStep::IdentityAck);
+                timed_out
+                    .entry(key.mesh.clone())
+                    .or_default()
+                    .push(key.to_string());
                 issued.previous.clear();
             } else {
                 for previous in &issued.previous {
                     let (since, proxies) = waiting
                         .entry((key.mesh.clone(), previous.ca_trust.subject.clone()))
-                        .or_insert((issued.issued_at, Vec::new()));
+                        .or_insert((issued.issued_at, BTreeSet::new()));
                     *since = (*since).min(issued.issued_at);
-                    if !proxies.contains(&key.to_string()) {
-                        proxies.push(key.to_string());
-                    }
+                    proxies.insert(key.to_string());
                 }
             }
         }
-        for ((mesh, ca), (since, mut proxies)) in waiting {
+        // One line per mesh, however many proxies timed out together.
+        for (mesh, mut proxies) in timed_out {
             proxies.sort();
+            tracing::warn!(
+                mesh = %mesh,
+                count = proxies.len(),
+                proxies = ?proxies.iter().take(NAMED_WAITERS).collect::<Vec<_>>(),
+                "rollout.ackTimeout passed: these proxies have not ACKed their new certificates; no longer keeping their old CAs trusted for them"
+            );
+            for _ in &proxies {
+                self.gate.timed_out(&mesh, RolloutStep::IdentityAck);
+            }
+        }
+        for ((mesh, ca), (since, proxies)) in waiting {
             let waiting_count = proxies.len();
-            proxies.truncate(NAMED_WAITERS);
             self.gate.identity_ack_wait(Wait {
                 mesh,
                 step: RolloutStep::IdentityAck,
@@ -112,7 +125,7 @@ impl Owner {
                 since: rfc3339(since),
                 timeout_in_seconds: seconds_until(since + timeout, now).max(0),
                 waiting_count,
-                waiting_for: proxies,
+                waiting_for: proxies.into_iter().take(NAMED_WAITERS).collect(),
             });
         }
     }

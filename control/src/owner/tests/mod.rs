@@ -1604,3 +1604,28 @@ fn a_wave_issued_on_several_threads_gives_every_proxy_its_own_certificate() {
         );
     }
 }
+
+#[test]
+fn proxies_timing_out_together_are_one_warning_per_mesh() {
+    let mut h = gated(true);
+    h.update(SWITCHED).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    let g = generation(&h);
+    h.ack(1, Some(g));
+    h.ack(2, Some(g));
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    assert_eq!(issuer_of(&h.ready("web-1")), ca_subject(&h, "ca-2"));
+    // Neither proxy ACKs its ca-2 certificate; rollout.ackTimeout (30 s) passes.
+    let ((), logged) = crate::test_certs::warnings(|| {
+        h.owner.reconcile(t0() + Duration::from_secs(40));
+    });
+    let lines: Vec<&str> = logged
+        .lines()
+        .filter(|l| l.contains("have not ACKed their new certificates"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{logged}");
+    assert!(
+        lines[0].contains("count=2") && lines[0].contains("default.web-1"),
+        "{logged}"
+    );
+}
