@@ -1,30 +1,20 @@
 //! Every branch of the egress identity choice.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use meshca_config::{Resources, Settings};
+use meshca_config::Settings;
 use meshca_identity::KeyAlgorithm;
 use meshca_keystore::MemoryKeystore;
 
 use super::*;
 use crate::plan::Origin;
-use crate::world::CaSource;
 
 fn world(yaml: &str) -> World {
-    let parsed = meshca_config::parse_str(Path::new("test.yaml"), yaml).expect("valid resources");
-    let resources = Resources::from_resources(parsed).expect("consistent resources");
-    World::load(
-        resources,
-        &CaSource {
-            keystore: &MemoryKeystore::new(),
-            settings: &Settings::default(),
-            previous: None,
-            now: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
-        },
-    )
-    .expect("a valid world")
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let keystore = MemoryKeystore::new();
+    crate::test_certs::load_world(yaml, &keystore, &Settings::default(), None, now)
+        .expect("a valid world")
 }
 
 fn legacy(mesh: &str) -> String {

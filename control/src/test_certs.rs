@@ -142,3 +142,27 @@ pub fn logged<T>(level: tracing::Level, f: impl FnOnce() -> T) -> (T, String) {
     let logged = String::from_utf8(buffer.0.lock().expect("not poisoned").clone()).expect("UTF-8");
     (out, logged)
 }
+
+/// The world `yaml` (read as file `test.yaml`) describes, with CAs from `keystore`, after `previous`.
+pub fn load_world(
+    yaml: &str,
+    keystore: &dyn meshca_keystore::Keystore,
+    settings: &meshca_config::Settings,
+    previous: Option<&crate::world::World>,
+    now: SystemTime,
+) -> Result<crate::world::World, Vec<crate::UpdateError>> {
+    use crate::UpdateError;
+    let parsed = meshca_config::parse_str(std::path::Path::new("test.yaml"), yaml)
+        .map_err(|e| e.iter().map(UpdateError::from).collect::<Vec<_>>())?;
+    let resources = meshca_config::Resources::from_resources(parsed)
+        .map_err(|e| e.iter().map(UpdateError::from).collect::<Vec<_>>())?;
+    crate::world::World::load(
+        resources,
+        &crate::world::CaSource {
+            keystore,
+            settings,
+            previous,
+            now,
+        },
+    )
+}

@@ -20,19 +20,7 @@ fn load(
     keystore: &dyn Keystore,
     previous: Option<&World>,
 ) -> Result<World, Vec<UpdateError>> {
-    let parsed = meshca_config::parse_str(Path::new("test.yaml"), yaml)
-        .map_err(|e| e.iter().map(UpdateError::from).collect::<Vec<_>>())?;
-    let resources = Resources::from_resources(parsed)
-        .map_err(|e| e.iter().map(UpdateError::from).collect::<Vec<_>>())?;
-    World::load(
-        resources,
-        &CaSource {
-            keystore,
-            settings: &Settings::default(),
-            previous,
-            now: t0(),
-        },
-    )
+    test_certs::load_world(yaml, keystore, &Settings::default(), previous, t0())
 }
 
 #[test]

@@ -2,19 +2,18 @@
 //! rejection. Each test drives [`Owner`] directly with events and times; nothing sleeps.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use meshca_auth::Claims;
-use meshca_config::{Resources, Settings};
+use meshca_config::Settings;
 use meshca_keystore::MemoryKeystore;
 use tokio::sync::watch;
 
 use super::{NoTelemetry, Owner, OwnerConfig, Telemetry};
 use crate::gate::{GateEvent, RolloutStep};
 use crate::status::{ServiceTls, Status};
-use crate::world::{CaSource, World};
+use crate::world::World;
 use crate::{
     ProxyEntry, ProxyIdentity, ProxyKey, ResourceName, Snapshot, StreamEvent, StreamId, UpdateError,
 };
@@ -51,19 +50,7 @@ fn load(
     settings: &Settings,
     previous: Option<&World>,
 ) -> Result<World, Vec<UpdateError>> {
-    let parsed = meshca_config::parse_str(Path::new("test.yaml"), yaml)
-        .map_err(|e| e.iter().map(UpdateError::from).collect::<Vec<_>>())?;
-    let resources = Resources::from_resources(parsed)
-        .map_err(|e| e.iter().map(UpdateError::from).collect::<Vec<_>>())?;
-    World::load(
-        resources,
-        &CaSource {
-            keystore,
-            settings,
-            previous,
-            now: t0(),
-        },
-    )
+    crate::test_certs::load_world(yaml, keystore, settings, previous, t0())
 }
 
 impl Harness {
@@ -580,21 +567,8 @@ fn a_restart_reuses_persisted_cas() {
 #[test]
 fn mesh_service_contexts_carry_the_identities_of_their_dataplanes() {
     let yaml = format!(
-        "{LEGACY}---\n{}",
-        r#"
-type: Dataplane
-mesh: default
-name: web-1
-networking:
-  inbound: [{port: 8080, tags: {kuma.io/service: web}}]
----
-type: MeshService
-name: web
-mesh: default
-spec:
-  selector: {dataplaneTags: {kuma.io/service: web}}
-  ports: [{port: 80, targetPort: 8080}]
----
+        "{LEGACY}---\n{WEB_SERVICE}{}",
+        r#"---
 type: MeshService
 name: remote
 mesh: default
@@ -1034,21 +1008,7 @@ mtls:
 
 #[test]
 fn mesh_service_tls_is_ready_once_every_selected_dataplane_holds_a_trusted_cert_and_stays_ready() {
-    let services = r#"
----
-type: Dataplane
-mesh: default
-name: web-1
-networking:
-  inbound: [{port: 8080, tags: {kuma.io/service: web}}]
----
-type: MeshService
-name: web
-mesh: default
-spec:
-  selector: {dataplaneTags: {kuma.io/service: web}}
-  ports: [{port: 80, targetPort: 8080}]
-"#;
+    let services = format!("\n---\n{WEB_SERVICE}");
     let tls = |h: &Harness| {
         let status = h.status.borrow().clone();
         status.meshes[0]
