@@ -8,7 +8,9 @@ use meshca_config::{MeshService, ServiceIdentity};
 
 use crate::egress::{EGRESS_BUNDLE, EGRESS_SERVICE};
 use crate::gate::CaTrust;
-use crate::snapshot::{MeshServiceTrust, MeshView, ProxyEntry, ProxyKey, Snapshot, TrustBundle};
+use crate::snapshot::{
+    Changed, MeshServiceTrust, MeshView, ProxyEntry, ProxyKey, ProxyMap, Snapshot, TrustBundle,
+};
 use crate::world::{MeshState, World};
 
 /// (mesh, MeshService name) → the exact SPIFFE IDs its proxies present.
@@ -139,7 +141,7 @@ pub fn snapshot(
     generation: u64,
     world: &World,
     trust: &BTreeMap<String, Vec<CaTrust>>,
-    proxies: HashMap<ProxyKey, ProxyEntry>,
+    proxies: ProxyMap<ProxyEntry>,
     service_ids: &ServiceIds,
     cache: &mut BundleCache,
 ) -> Snapshot {
@@ -191,7 +193,8 @@ pub fn snapshot(
         cache.service(EGRESS_BUNDLE, EGRESS_SERVICE, &bundle, ids)
     });
     Snapshot {
-        claim_rules: HashMap::new(),
+        claim_rules: ProxyMap::new(),
+        changed: Changed::default(),
         generation,
         proxies,
         meshes,
@@ -200,16 +203,56 @@ pub fn snapshot(
     }
 }
 
-/// Whether two snapshots serve the same content (their generations aside). Bundles and identities are
-/// compared by pointer: the owner reuses the same `Arc` while one is unchanged.
-pub fn same_content(a: &Snapshot, b: &Snapshot) -> bool {
-    let same_entry = |x: &ProxyEntry, y: &ProxyEntry| match (x, y) {
+/// What `new` changes relative to `old` (their generations aside): `None` when it serves other bundles
+/// or contexts, else the proxies whose entry or claim rule differs (none: the same content). Bundles and
+/// identities are compared by pointer: the owner reuses the same `Arc` while one is unchanged.
+pub fn changed_proxies(old: &Snapshot, new: &Snapshot) -> Option<Vec<ProxyKey>> {
+    if !same_trust(old, new) {
+        return None;
+    }
+    let mut changed: Vec<ProxyKey> = Vec::new();
+    for (key, entry) in &new.proxies {
+        if old.proxies.get(key).is_none_or(|e| !same_entry(e, entry)) {
+            changed.push(key.clone());
+        }
+    }
+    changed.extend(
+        old.proxies
+            .keys()
+            .filter(|k| !new.proxies.contains_key(*k))
+            .cloned(),
+    );
+    for (key, rule) in &new.claim_rules {
+        if old.claim_rules.get(key) != Some(rule) {
+            changed.push(key.clone());
+        }
+    }
+    changed.extend(
+        old.claim_rules
+            .keys()
+            .filter(|k| !new.claim_rules.contains_key(*k))
+            .cloned(),
+    );
+    changed.sort();
+    changed.dedup();
+    Some(changed)
+}
+
+/// Whether two entries serve the same: identities are compared by pointer (the owner reuses the `Arc`
+/// while a certificate is unchanged).
+pub fn same_entry(x: &ProxyEntry, y: &ProxyEntry) -> bool {
+    match (x, y) {
         (ProxyEntry::Ready(x), ProxyEntry::Ready(y)) => Arc::ptr_eq(x, y),
         (ProxyEntry::Pending, ProxyEntry::Pending) => true,
         (ProxyEntry::NoIdentity { reason: x }, ProxyEntry::NoIdentity { reason: y })
         | (ProxyEntry::Refused { reason: x }, ProxyEntry::Refused { reason: y }) => x == y,
         _ => false,
-    };
+    }
+}
+
+/// Whether two snapshots serve the same bundles and contexts (compared by pointer: the owner reuses the
+/// same `Arc` while one is unchanged).
+pub fn same_trust(a: &Snapshot, b: &Snapshot) -> bool {
     let same_mesh = |x: &MeshView, y: &MeshView| {
         Arc::ptr_eq(&x.trust, &y.trust)
             && x.mesh_services.len() == y.mesh_services.len()
@@ -217,11 +260,7 @@ pub fn same_content(a: &Snapshot, b: &Snapshot) -> bool {
                 .iter()
                 .all(|(name, s)| y.mesh_services.get(name).is_some_and(|t| Arc::ptr_eq(s, t)))
     };
-    a.proxies.len() == b.proxies.len()
-        && a.proxies
-            .iter()
-            .all(|(k, e)| b.proxies.get(k).is_some_and(|f| same_entry(e, f)))
-        && a.meshes.len() == b.meshes.len()
+    a.meshes.len() == b.meshes.len()
         && a.meshes
             .iter()
             .all(|(k, m)| b.meshes.get(k).is_some_and(|n| same_mesh(m, n)))
@@ -231,5 +270,4 @@ pub fn same_content(a: &Snapshot, b: &Snapshot) -> bool {
             (Some(x), Some(y)) => Arc::ptr_eq(x, y),
             _ => false,
         }
-        && a.claim_rules == b.claim_rules
 }

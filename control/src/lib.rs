@@ -37,18 +37,22 @@ pub use error::{CaLoadError, IdentityLoadError, IssueFailure, UpdateError};
 pub use events::{StreamEvent, StreamId};
 pub use gate::{CaTrust, GateEvent, RolloutStep, Wait};
 pub use lineage::{lineage, Lineage, Validity};
-pub use owner::{NoTelemetry, Owner, OwnerConfig, Rejected, Telemetry};
-pub use owner_loop::{rotate_cas, LoopHealth, OwnerLoop, Reload, ReloadOutcome};
+pub use owner::{NoTelemetry, Owner, OwnerConfig, Rejected, Scope, Telemetry};
+pub use owner_loop::{
+    rotate_cas, LoopHealth, OwnerLoop, Reload, ReloadOutcome, StatusHandle, StatusReply,
+    StatusUnavailable, Work,
+};
 pub use plan::{decide, renewal_time, DataplaneInfo, Decision, Desired, Issuer, Origin};
 pub use resource_name::{parse_names, Asker, NameKind, ResourceName, Target, TrustScope};
 pub use snapshot::{
-    ClaimRule, Derived, MeshServiceTrust, MeshView, ProxyEntry, ProxyIdentity, ProxyKey, SecretPem,
-    Snapshot, TrustBundle,
+    Changed, ClaimRule, Derived, MeshServiceTrust, MeshView, ProxyEntry, ProxyIdentity, ProxyKey,
+    ProxyMap, SecretPem, Snapshot, TrustBundle,
 };
 pub use standalone::{issue_standalone, Standalone, StandaloneError};
 pub use status::{
-    BackendRole, BackendStatus, CaStatus, Condition, DataplaneStatus, EgressStatus, IdentityStatus,
-    MeshStatus, MtlsStatus, ServiceStatus, ServiceTls, Status, TrustOrigin, TrustStatus,
+    BackendRole, BackendStatus, CaStatus, Condition, DataplaneStatus, Detail, EgressStatus,
+    IdentityStatus, MeshStatus, MtlsStatus, ServiceStatus, ServiceTls, Status, TrustOrigin,
+    TrustStatus,
 };
 pub use timefmt::{rfc3339, seconds_until};
 pub use world::{

@@ -19,10 +19,18 @@ use tokio_util::sync::CancellationToken;
 use crate::error::UpdateError;
 use crate::events::StreamEvent;
 use crate::owner::Owner;
+use crate::status::{Detail, Status};
 use crate::world::{load_world, CaSource, World};
 
 /// How long the loop sleeps when nothing is due (it wakes earlier for any event).
 const IDLE_WAKE: Duration = Duration::from_secs(3600);
+
+/// How long a status request waits for the loop before it gives up (the loop is busy with a long
+/// turn, or gone).
+const STATUS_WAIT: Duration = Duration::from_secs(10);
+
+/// How many status requests may queue for the loop.
+const STATUS_QUEUE: usize = 64;
 
 /// The outcome of a reload: accepted, or every error that rejected it.
 pub type ReloadOutcome = Result<(), Vec<UpdateError>>;
@@ -36,6 +44,61 @@ pub struct Reload {
     /// A new `defaults.mesh` (the mesh whose identity the zone egress uses) to serve from this reload
     /// on; `None` keeps the current one.
     pub default_mesh: Option<Option<String>>,
+}
+
+/// A status request: built by the loop between two turns, from its current state.
+#[derive(Debug)]
+struct StatusQuery {
+    detail: Detail,
+    reply: oneshot::Sender<StatusReply>,
+}
+
+/// A status and the configuration it describes.
+#[derive(Debug)]
+pub struct StatusReply {
+    /// The status, built when asked for.
+    pub status: Status,
+    /// The configuration serving when it was built.
+    pub world: Arc<World>,
+}
+
+/// Why no status came back.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusUnavailable {
+    /// The loop did not answer within the wait: it is busy with a long turn.
+    #[error("the control loop did not answer within {}s: it is busy with one long step (a large issuance wave or reload)", STATUS_WAIT.as_secs())]
+    Busy,
+    /// The loop has stopped.
+    #[error("the control loop has stopped")]
+    Stopped,
+}
+
+/// Asks the owner loop for its status. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct StatusHandle {
+    tx: mpsc::Sender<StatusQuery>,
+}
+
+impl StatusHandle {
+    /// The owner's status now, built by the loop between two of its turns.
+    pub async fn get(&self, detail: Detail) -> Result<StatusReply, StatusUnavailable> {
+        let (reply, answer) = oneshot::channel();
+        let asked = async {
+            self.tx
+                .send(StatusQuery { detail, reply })
+                .await
+                .map_err(|_| StatusUnavailable::Stopped)?;
+            answer.await.map_err(|_| StatusUnavailable::Stopped)
+        };
+        tokio::time::timeout(STATUS_WAIT, asked)
+            .await
+            .map_err(|_| StatusUnavailable::Busy)?
+    }
+
+    /// The full status document.
+    pub async fn status(&self) -> Result<Status, StatusUnavailable> {
+        Ok(self.get(Detail::Full).await?.status)
+    }
 }
 
 /// The owner and everything it listens to. [`OwnerLoop::run`] is the daemon's reconciler task.
@@ -52,6 +115,8 @@ pub struct OwnerLoop {
     /// Requesters of a reload asked for while one was loading: served by the next load.
     queued: Option<Vec<oneshot::Sender<ReloadOutcome>>>,
     health: Arc<LoopHealth>,
+    queries: mpsc::Receiver<StatusQuery>,
+    status_handle: StatusHandle,
 }
 
 /// A resource update loading on a blocking thread.
@@ -63,11 +128,27 @@ struct Loading {
 
 type ReloadResult = Result<World, Vec<UpdateError>>;
 
-/// Whether the loop keeps turning, for `/ready`: when it started the work it is doing now.
+/// Whether the loop keeps turning, for `/ready`: when it started the work it is doing now; and how
+/// much work it has done, for measuring what one event costs.
 #[derive(Debug, Default)]
 pub struct LoopHealth {
     /// Milliseconds since the Unix epoch when the current turn began; 0 between turns.
     busy_since_ms: AtomicU64,
+    /// When the current turn began, for [`LoopHealth::work`].
+    turn_started: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Turns finished.
+    turns: AtomicU64,
+    /// Nanoseconds spent in finished turns.
+    busy_nanos: AtomicU64,
+}
+
+/// The loop's work so far: turns finished and the time they took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Work {
+    /// Turns finished (a batch of stream events, a reload, a timer).
+    pub turns: u64,
+    /// The time those turns took.
+    pub busy: Duration,
 }
 
 impl LoopHealth {
@@ -80,12 +161,32 @@ impl LoopHealth {
         })
     }
 
+    /// The turns finished so far and the time they took.
+    pub fn work(&self) -> Work {
+        Work {
+            turns: self.turns.load(Ordering::Acquire),
+            busy: Duration::from_nanos(self.busy_nanos.load(Ordering::Acquire)),
+        }
+    }
+
     fn begin(&self) {
         self.busy_since_ms
             .store(millis(SystemTime::now()).max(1), Ordering::Release);
+        *self.turn_started.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(std::time::Instant::now());
     }
 
     fn end(&self) {
+        let started = self
+            .turn_started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(started) = started {
+            let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.busy_nanos.fetch_add(nanos, Ordering::AcqRel);
+            self.turns.fetch_add(1, Ordering::AcqRel);
+        }
         self.busy_since_ms.store(0, Ordering::Release);
     }
 }
@@ -105,7 +206,10 @@ impl OwnerLoop {
         reloads: mpsc::Receiver<Reload>,
         shutdown: CancellationToken,
     ) -> OwnerLoop {
+        let (tx, queries) = mpsc::channel(STATUS_QUEUE);
         OwnerLoop {
+            queries,
+            status_handle: StatusHandle { tx },
             owner,
             settings,
             keystore,
@@ -116,6 +220,11 @@ impl OwnerLoop {
             queued: None,
             health: Arc::default(),
         }
+    }
+
+    /// Where the admin API asks for the status.
+    pub fn status_handle(&self) -> StatusHandle {
+        self.status_handle.clone()
     }
 
     /// Whether the loop keeps turning; read by `/ready`.
@@ -136,6 +245,10 @@ impl OwnerLoop {
                     let Some(event) = event else { return };
                     self.on_events(event)
                 }
+                Some(query) = self.queries.recv() => {
+                    self.answer(query);
+                    false
+                }
                 request = self.reloads.recv() => {
                     let Some(first) = request else { return };
                     self.on_reload_requests(first);
@@ -155,6 +268,16 @@ impl OwnerLoop {
             }
             self.health.end();
         }
+    }
+
+    /// Builds the status a request asks for (from the state of the last turn) and sends it.
+    fn answer(&self, query: StatusQuery) {
+        self.health.begin();
+        let status =
+            tokio::task::block_in_place(|| self.owner.status(SystemTime::now(), query.detail));
+        let world = self.owner.world().clone();
+        // The requester may have stopped waiting.
+        let _ = query.reply.send(StatusReply { status, world });
     }
 
     /// Applies `first` and every event already queued behind it; whether a reconcile is needed.
@@ -313,7 +436,6 @@ mod tests {
 
     use super::*;
     use crate::owner::{NoTelemetry, OwnerConfig};
-    use crate::status::Status;
     use crate::{ProxyEntry, ProxyKey, Snapshot, StreamId};
 
     /// A keystore whose key creation can be held back, to stand for a slow load.
@@ -388,13 +510,11 @@ mod tests {
         let world = load_world(&settings, keystore.as_ref(), None, SystemTime::now())
             .expect("valid resources");
         let (snapshot_tx, mut snapshots) = watch::channel(Arc::new(Snapshot::empty()));
-        let (status_tx, _status) = watch::channel(Arc::new(Status::default()));
         let owner = Owner::new(
             OwnerConfig::from_settings(&settings),
             world,
             Arc::new(NoTelemetry),
             snapshot_tx,
-            status_tx,
         );
         let (events_tx, events) = mpsc::channel(16);
         let (reload_tx, reloads) = mpsc::channel(4);
@@ -488,5 +608,9 @@ mod tests {
             .is_some_and(|busy| busy >= Duration::from_secs(44)));
         health.end();
         assert_eq!(health.busy_for(later), None);
+        assert_eq!(health.work().turns, 1);
+        // Ending without a turn under way counts nothing.
+        health.end();
+        assert_eq!(health.work().turns, 1);
     }
 }

@@ -68,6 +68,10 @@ impl fmt::Display for ProxyKey {
     }
 }
 
+/// A map keyed by proxy. Persistent: a snapshot that changes a few proxies shares every other entry with
+/// the one before, so publishing costs the change, not the size of the fleet.
+pub type ProxyMap<V> = imbl::HashMap<ProxyKey, V>;
+
 /// Everything SDS serves, at one point in time. Immutable once published.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
@@ -75,7 +79,7 @@ pub struct Snapshot {
     /// which state a proxy holds.
     pub generation: u64,
     /// Every proxy the owner knows, and whether its identity is ready.
-    pub proxies: HashMap<ProxyKey, ProxyEntry>,
+    pub proxies: ProxyMap<ProxyEntry>,
     /// Per mesh: the trust it serves and the SAN rules of its MeshServices.
     pub meshes: HashMap<String, MeshView>,
     /// The trust of every mesh and trust domain (`ALL`, `mesh_ca:secret:all`).
@@ -86,7 +90,19 @@ pub struct Snapshot {
     /// What a token must not contradict to be served as a proxy (its Dataplane resource, or
     /// the token that registered it). Checked by every stream against its own token, so a
     /// token claiming other labels never receives the proxy's secrets.
-    pub claim_rules: HashMap<ProxyKey, Arc<ClaimRule>>,
+    pub claim_rules: ProxyMap<Arc<ClaimRule>>,
+    /// What changed since an earlier generation, so that SDS wakes only the streams it concerns.
+    pub changed: Changed,
+}
+
+/// What a snapshot changed relative to generation `since`.
+#[derive(Debug, Clone, Default)]
+pub struct Changed {
+    /// The generation this snapshot was compared with.
+    pub since: u64,
+    /// `Some`: only these proxies' entries and claim rules changed, and every bundle and context is the
+    /// very object generation `since` served. `None`: anything may have changed.
+    pub proxies: Option<Arc<[ProxyKey]>>,
 }
 
 /// The labels and services a proxy was given; a token may claim a subset, never other
@@ -138,11 +154,12 @@ impl Snapshot {
     pub fn empty() -> Self {
         Self {
             generation: 0,
-            proxies: HashMap::new(),
+            proxies: ProxyMap::new(),
             meshes: HashMap::new(),
             all: Arc::new(TrustBundle::new(BTreeMap::new())),
             egress: None,
-            claim_rules: HashMap::new(),
+            claim_rules: ProxyMap::new(),
+            changed: Changed::default(),
         }
     }
 }

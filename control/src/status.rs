@@ -18,6 +18,15 @@ use crate::streams::Streams;
 use crate::timefmt::{rfc3339, seconds_until};
 use crate::world::{BackendKind, IdentityProvider, LoadedCa, MeshIdentityState, MeshState, World};
 
+/// How much of the status to build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Detail {
+    /// Everything, with one entry per dataplane (the admin API, `meshca status`).
+    Full,
+    /// Everything but the per-dataplane list (metrics).
+    Summary,
+}
+
 /// The whole status document (`GET /api/status`).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Status {
@@ -289,19 +298,25 @@ pub(crate) struct Inputs<'a> {
 }
 
 /// Builds the status document.
-pub(crate) fn build(i: &Inputs<'_>) -> Status {
-    let dataplanes: Vec<DataplaneStatus> = i
-        .dataplanes
-        .iter()
-        .map(|(key, info)| dataplane_status(i, key, info))
-        .collect();
+pub(crate) fn build(i: &Inputs<'_>, detail: Detail) -> Status {
+    let dataplanes: Vec<DataplaneStatus> = match detail {
+        Detail::Full => i
+            .dataplanes
+            .iter()
+            .map(|(key, info)| dataplane_status(i, key, info))
+            .collect(),
+        Detail::Summary => Vec::new(),
+    };
+    // Served certificates: of connected proxies that are described and have no reason against them.
+    let served = i.streams.proxies().filter(|key| {
+        matches!(i.dataplanes.get(*key), Some(Ok(_))) && !i.reasons.contains_key(*key)
+    });
     Status {
         generation: i.generation,
         meshes: i.world.meshes.values().map(|m| mesh_status(i, m)).collect(),
-        earliest_cert_expiry_seconds: dataplanes
-            .iter()
-            .filter(|d| d.connected && d.reason.is_none())
-            .filter_map(|d| d.expires_in_seconds)
+        earliest_cert_expiry_seconds: served
+            .filter_map(|key| i.issued.get(key))
+            .map(|issued| seconds_until(issued.svid.not_after, i.now))
             .min(),
         dataplanes,
         rollout: i.waits.to_vec(),

@@ -26,6 +26,7 @@ mod session;
 mod sotw;
 mod stream;
 mod untrusted;
+mod wake;
 
 pub use authn::DISABLE_SPIFFE_VALIDATION_KEY;
 pub use client::{connect_channel, decode_secrets, ClientTls, SdsClient};

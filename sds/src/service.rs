@@ -22,7 +22,7 @@ use tonic::server::{NamedService, StreamingService, UnaryService};
 use tonic::{Request, Response, Status, Streaming};
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
-use meshca_control::{Snapshot, StreamEvent, StreamId};
+use meshca_control::{ProxyKey, Snapshot, StreamEvent, StreamId};
 
 use crate::conn::ConnInfo;
 use crate::delta::Delta;
@@ -31,6 +31,7 @@ use crate::metrics::SdsMetrics;
 use crate::registry::StreamRegistry;
 use crate::sotw::Sotw;
 use crate::untrusted::shown;
+use crate::wake::{Waiter, Wakes};
 use crate::{authn, fetch, stream};
 
 /// Responses buffered per stream before the stream task waits for the proxy to read.
@@ -131,9 +132,30 @@ pub(crate) struct Shared {
     /// Log lines about refused requests, which anyone who can connect can cause.
     refusals_logged: LogBudget,
     next_id: AtomicU64,
+    /// Where streams wait for the snapshots that concern them.
+    wakes: Arc<Wakes>,
+    /// Starts the task that wakes them, with the first stream (it needs the runtime).
+    dispatcher: std::sync::Once,
 }
 
 impl Shared {
+    /// A waiter for the streams of `key`, woken by the snapshots that concern them. Subscribe before
+    /// reading the snapshot.
+    pub(crate) fn waiter(&self, key: &ProxyKey) -> Waiter {
+        self.dispatcher.call_once(|| {
+            // The generation seen now is the dispatcher's start: any later publish wakes someone.
+            let mut snapshots = self.snapshots.clone();
+            let last = snapshots.borrow_and_update().generation;
+            tokio::spawn(crate::wake::dispatch(
+                self.wakes.clone(),
+                snapshots,
+                last,
+                self.shutdown.clone(),
+            ));
+        });
+        self.wakes.subscribe(key)
+    }
+
     pub(crate) fn next_stream_id(&self) -> StreamId {
         StreamId(self.next_id.fetch_add(1, Ordering::Relaxed))
     }
@@ -256,6 +278,8 @@ impl SdsServer {
                 shutdown: CancellationToken::new(),
                 refusals_logged: LogBudget::new(options.limits.warnings_per_minute),
                 next_id: AtomicU64::new(1),
+                wakes: Arc::default(),
+                dispatcher: std::sync::Once::new(),
                 options,
             }),
         }

@@ -15,6 +15,7 @@ use crate::metrics::SdsMetrics;
 use crate::names::ProxyContext;
 use crate::registry::{StreamInfo, StreamKind, TooManyStreams};
 use crate::service::Shared;
+use crate::wake::Waiter;
 
 /// One authenticated proxy conversation. Dropping a registered session unregisters the
 /// stream and reports `Disconnected`.
@@ -24,6 +25,8 @@ pub(crate) struct Session {
     pub(crate) claims: Claims,
     pub(crate) ctx: ProxyContext,
     snapshots: watch::Receiver<Arc<Snapshot>>,
+    /// Woken by the snapshots that concern this proxy.
+    waiter: Waiter,
     /// `None` once the revocation publisher is gone: the last list stays in force.
     revocations: Option<watch::Receiver<Arc<RevocationList>>>,
     /// When the token stops being valid (its expiry plus the clock-skew leeway): the session ends then.
@@ -85,6 +88,8 @@ impl Session {
         let expires = token_deadline(claims.expires_at);
         let mut revocations = shared.revocations.clone();
         revocations.mark_changed();
+        // The waiter first: a snapshot published after it is read below wakes it.
+        let waiter = shared.waiter(&ctx.key);
         let snapshots = shared.snapshots.clone();
         shared
             .emit(StreamEvent::Connected {
@@ -99,6 +104,7 @@ impl Session {
             claims,
             ctx,
             snapshots,
+            waiter,
             revocations: Some(revocations),
             expires,
             registered: kind.is_some(),
@@ -153,7 +159,7 @@ impl Session {
         loop {
             let wake = {
                 let revocations = &mut self.revocations;
-                let snapshots = &mut self.snapshots;
+                let waiter = &mut self.waiter;
                 let shutdown = &self.shared.shutdown;
                 let revocation = async move {
                     match revocations.as_mut() {
@@ -166,7 +172,7 @@ impl Session {
                     () = shutdown.cancelled() => Wake::Shutdown,
                     () = tokio::time::sleep_until(self.expires) => Wake::Expired,
                     alive = revocation => Wake::Revocations { alive },
-                    changed = snapshots.changed() => Wake::Snapshot { alive: changed.is_ok() },
+                    alive = waiter.changed() => Wake::Snapshot { alive },
                 }
             };
             match wake {

@@ -105,6 +105,20 @@ impl Options {
 /// Connections the bench opens unless more are needed or `--connections` says otherwise.
 const DEFAULT_CONNECTIONS: usize = 50;
 
+/// What single events cost while every other stream sits idle: the control loop's own time (turns it
+/// spent, whatever else it waited on), which should not grow with the fleet.
+#[derive(Debug, Default)]
+pub struct EventCosts {
+    /// The loop's time on the no-op reload (the files are read on another thread).
+    pub noop_reload_loop: Duration,
+    /// A new proxy opening a connection and a stream: from opening it until its identity arrives.
+    pub connect: Duration,
+    /// The loop's time on that connect (registration, one reconcile, one certificate).
+    pub connect_loop: Duration,
+    /// The loop's time on the ACK of that response.
+    pub ack_loop: Duration,
+}
+
 /// What one run measured.
 #[derive(Debug)]
 pub struct Outcome {
@@ -123,6 +137,8 @@ pub struct Outcome {
     pub noop_reload_seconds: f64,
     /// Whether that reload published a snapshot (it should not: nothing changed).
     pub noop_reload_published: bool,
+    /// What single events cost the control loop with every other stream idle.
+    pub events: EventCosts,
     /// How the rotation reached the streams.
     pub reach: Reach,
     /// Snapshots the daemon published while the streams opened, and during the rotation.
@@ -275,11 +291,11 @@ async fn play(
     let target = daemon
         .unix_target()
         .ok_or_else(|| anyhow!("the bench daemon has no unix SDS socket"))?;
-    let plan = fleet_plan(daemon, target, options)?;
+    let plan = fleet_plan(daemon, target.clone(), options)?;
     // Held until the idle memory is read, so that its freed copy cannot make room for the streams.
     let kept = plan.clone();
     let rss_before = rss_bytes(None)?;
-    let generation = || daemon.status.borrow().generation;
+    let generation = || daemon.generation();
     let start_generation = generation();
     let fleet = clients.insert(Clients::start(plan, options).await?);
     let (setup_seconds, client_rss_idle) = fleet.wait_ready(options.timeout).await?;
@@ -293,10 +309,15 @@ async fn play(
     drop(kept);
     // One event that touches nothing: the same resources again.
     let before_noop = generation();
+    let mut events = EventCosts::default();
+    let loop_before = daemon.loop_health().work();
     let noop_started = Instant::now();
     reload(daemon, "the unchanged resources").await?;
     let noop_reload_seconds = noop_started.elapsed().as_secs_f64();
+    events.noop_reload_loop =
+        loop_idle(daemon, loop_before.turns + 1).await?.busy - loop_before.busy;
     let noop_reload_published = generation() != before_noop;
+    one_proxy(daemon, &target, &mut events).await?;
     let idle_generation = generation();
 
     sandbox.write_resource("mesh.yaml", &mesh_yaml(true))?;
@@ -318,8 +339,75 @@ async fn play(
         reload_seconds,
         noop_reload_seconds,
         noop_reload_published,
+        events,
         reach,
     })
+}
+
+/// Waits until the control loop has finished at least `turns` turns and is between two: its work then.
+async fn loop_idle(daemon: &Daemon, turns: u64) -> anyhow::Result<meshca_control::Work> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let work = daemon.loop_health().work();
+        if work.turns >= turns && daemon.loop_health().busy_for(SystemTime::now()).is_none() {
+            return Ok(work);
+        }
+        if Instant::now() > deadline {
+            return Err(anyhow!(
+                "the control loop did not finish its turn within 30s"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// One more proxy, on a connection of its own, while every other stream is idle: how long until it holds
+/// its identity, and what its connect and its ACK cost the control loop.
+async fn one_proxy(daemon: &Daemon, target: &str, events: &mut EventCosts) -> anyhow::Result<()> {
+    let now_unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .context("the system clock is before 1970")?
+        .as_secs();
+    let name = "bench-late";
+    let tags = BTreeMap::from([("kuma.io/service".to_owned(), "late".to_owned())]);
+    let claims = meshca_auth::Claims::new_dataplane(
+        MESH,
+        name,
+        BTreeMap::new(),
+        tags,
+        TOKEN_LIFETIME,
+        now_unix,
+    )
+    .context("cannot make the late proxy's claims")?;
+    let token = daemon.mint_token(&claims)?;
+    let node_id = format!("{MESH}.{name}");
+    let names = vec!["default".to_owned()];
+    let before = daemon.loop_health().work();
+    let started = Instant::now();
+    let client = meshca_sds::SdsClient::connect(target, None, token).await?;
+    let (requests, mut responses) = client.open_stream(&node_id, &names, None, 4).await?;
+    let response = responses
+        .message()
+        .await?
+        .ok_or_else(|| anyhow!("the late proxy's stream ended without a response"))?;
+    events.connect = started.elapsed();
+    let connected = loop_idle(daemon, before.turns + 1).await?;
+    events.connect_loop = connected.busy - before.busy;
+    let ack = envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest {
+        version_info: response.version_info.clone(),
+        resource_names: names,
+        type_url: response.type_url.clone(),
+        response_nonce: response.nonce.clone(),
+        ..Default::default()
+    };
+    requests
+        .send(ack)
+        .await
+        .map_err(|_| anyhow!("the late proxy's stream closed before its ACK"))?;
+    let acked = loop_idle(daemon, connected.turns + 1).await?;
+    events.ack_loop = acked.busy - connected.busy;
+    drop(requests);
+    Ok(())
 }
 
 /// Has the daemon reload its resources; an error when it rejects them (`what` names the edit).
@@ -362,6 +450,10 @@ fn report(options: &Options, outcome: &Outcome) -> serde_json::Value {
         "reload_seconds": ms(Some(outcome.reload_seconds)),
         "noop_reload_seconds": ms(Some(outcome.noop_reload_seconds)),
         "noop_reload_published": outcome.noop_reload_published,
+        "noop_reload_loop_seconds": round(outcome.events.noop_reload_loop.as_secs_f64(), 6),
+        "connect_seconds": round(outcome.events.connect.as_secs_f64(), 6),
+        "connect_loop_seconds": round(outcome.events.connect_loop.as_secs_f64(), 6),
+        "ack_loop_seconds": round(outcome.events.ack_loop.as_secs_f64(), 6),
         "rotation_p50_seconds": ms(quantile(&reach.latencies, 0.5)),
         "rotation_p99_seconds": ms(quantile(&reach.latencies, 0.99)),
         "rotation_max_seconds": ms(reach.latencies.last().copied()),
@@ -467,6 +559,16 @@ mod tests {
         assert!(
             !outcome.noop_reload_published,
             "a reload that changes nothing pushes nothing"
+        );
+        assert!(
+            outcome.events.connect > Duration::ZERO && outcome.events.connect_loop > Duration::ZERO,
+            "{:?}",
+            outcome.events
+        );
+        assert!(
+            outcome.events.ack_loop > Duration::ZERO,
+            "{:?}",
+            outcome.events
         );
         let line = report(&options, &outcome);
         assert_eq!(line["noop_reload_published"], false);

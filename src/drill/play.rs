@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::anyhow;
 use meshca_auth::{Claims, ProxyType};
+use meshca_control::{Detail, StatusReply};
 use rustls_pki_types::CertificateDer;
 
 use super::envoy::{EnvoyRing, RingMember, RingTraffic, Sidecar, Topology};
@@ -169,7 +170,7 @@ async fn play_simulated(
             return Err(anyhow!(
                 "no convergence within {CONVERGE_TIMEOUT:?}: {}; the daemon counts proxies by issuer as {}",
                 progress(&members, &fleet.states(), &old_ca),
-                issuers(daemon)
+                issuers(daemon).await
             ));
         }
         outcome.converge_seconds = Some(started.elapsed().as_secs_f64());
@@ -383,8 +384,11 @@ fn progress(members: &[Member], states: &States, old: &CertificateDer<'_>) -> St
 }
 
 /// The daemon's count of connected proxies by issuer, for messages.
-fn issuers(daemon: &Daemon) -> String {
-    let status = daemon.status.borrow();
+async fn issuers(daemon: &Daemon) -> String {
+    let status = match daemon.status.get(Detail::Summary).await {
+        Ok(reply) => reply.status,
+        Err(e) => return format!("unknown ({e})"),
+    };
     status
         .meshes
         .iter()
@@ -395,8 +399,10 @@ fn issuers(daemon: &Daemon) -> String {
 
 /// The daemon's view: no rollout step waits, and (when the script names one issuer for everybody) every
 /// connected proxy of the mesh holds a certificate from `final_issuer`.
-fn daemon_converged(daemon: &Daemon, final_issuer: Option<&str>, proxies: usize) -> bool {
-    let status = daemon.status.borrow();
+async fn daemon_converged(daemon: &Daemon, final_issuer: Option<&str>, proxies: usize) -> bool {
+    let Ok(StatusReply { status, .. }) = daemon.status.get(Detail::Summary).await else {
+        return false;
+    };
     let Some(mesh) = status.meshes.iter().find(|m| m.name == MESH) else {
         return false;
     };
@@ -517,26 +523,25 @@ async fn play_envoy(
         }
         tracing::info!("drill: every edit applied by the daemon; waiting for the Envoys");
         let proxies = ring.sidecars.len();
-        poll_until("every Envoy to present its final identity", || async {
-            let serials = ring.presented_serials().await;
-            let renewed = serials
-                .iter()
-                .zip(&before)
-                .zip(&ring.sidecars)
-                .all(|((now, then), sidecar)| now.is_some() && (!sidecar.renews || now != then));
-            let mut finals = true;
-            for sidecar in &ring.sidecars {
-                finals = finals && sidecar.presents(&sidecar.final_id).await;
-            }
-            renewed && finals && daemon_converged(daemon, script.final_issuer, proxies)
-        })
-        .await
-        .map_err(|e| {
-            anyhow!(
+        let converged =
+            poll_until("every Envoy to present its final identity", || async {
+                let serials = ring.presented_serials().await;
+                let renewed = serials.iter().zip(&before).zip(&ring.sidecars).all(
+                    |((now, then), sidecar)| now.is_some() && (!sidecar.renews || now != then),
+                );
+                let mut finals = true;
+                for sidecar in &ring.sidecars {
+                    finals = finals && sidecar.presents(&sidecar.final_id).await;
+                }
+                renewed && finals && daemon_converged(daemon, script.final_issuer, proxies).await
+            })
+            .await;
+        if let Err(e) = converged {
+            return Err(anyhow!(
                 "{e}; the daemon counts proxies by issuer as {}",
-                issuers(daemon)
-            )
-        })?;
+                issuers(daemon).await
+            ));
+        }
         outcome.converge_seconds = Some(started.elapsed().as_secs_f64());
         tracing::info!(seconds = ?started.elapsed(), "drill: every Envoy presents its final certificate");
         traffic.wait_requests(change_min).await?;

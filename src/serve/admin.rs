@@ -11,18 +11,20 @@ use axum::routing::get;
 use axum::{Json, Router};
 use meshca_sds::{LogBudget, StreamInfo, StreamRegistry};
 use serde::Serialize;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::metrics::Metrics;
-use meshca_control::{DataplaneStatus, LoopHealth, Status};
+use meshca_control::{
+    DataplaneStatus, Detail, LoopHealth, Status, StatusHandle, StatusUnavailable,
+};
 
 /// What the admin handlers read.
 #[derive(Clone, Debug)]
 pub struct AdminState {
-    /// The owner's latest status.
-    pub status: watch::Receiver<Arc<Status>>,
+    /// Asks the owner for its status (built when asked for).
+    pub status: StatusHandle,
     /// Open SDS streams.
     pub streams: StreamRegistry,
     /// Metrics to expose.
@@ -99,7 +101,20 @@ async fn ready(State(s): State<AdminState>) -> Response {
     }
 }
 
+/// The owner's status, or the response that says why there is none.
+async fn current(s: &AdminState, detail: Detail) -> Result<meshca_control::StatusReply, Response> {
+    s.status.get(detail).await.map_err(|e: StatusUnavailable| {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("no status: {e}\n")).into_response()
+    })
+}
+
 async fn metrics(State(s): State<AdminState>) -> Response {
+    // Gauges that describe the owner's state are read from a status built now (without the
+    // per-dataplane list); counters and histograms were counted as things happened.
+    match current(&s, Detail::Summary).await {
+        Ok(reply) => s.metrics.observe(&reply.status, &reply.world),
+        Err(response) => return response,
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -112,7 +127,10 @@ async fn metrics(State(s): State<AdminState>) -> Response {
 
 /// The status document with each dataplane's SDS streams added.
 async fn status(State(s): State<AdminState>) -> Response {
-    let mut status = (**s.status.borrow()).clone();
+    let mut status: Status = match current(&s, Detail::Full).await {
+        Ok(reply) => reply.status,
+        Err(response) => return response,
+    };
     let all = s.streams.list();
     let dataplanes: Vec<DataplaneView> = std::mem::take(&mut status.dataplanes)
         .into_iter()
@@ -133,33 +151,42 @@ async fn status(State(s): State<AdminState>) -> Response {
 }
 
 async fn meshes(State(s): State<AdminState>) -> Response {
-    Json(s.status.borrow().meshes.clone()).into_response()
+    match current(&s, Detail::Summary).await {
+        Ok(reply) => Json(reply.status.meshes).into_response(),
+        Err(response) => response,
+    }
 }
 
 async fn mesh(State(s): State<AdminState>, Path(name): Path<String>) -> Response {
-    match s.status.borrow().meshes.iter().find(|m| m.name == name) {
-        Some(m) => Json(m.clone()).into_response(),
+    let status = match current(&s, Detail::Summary).await {
+        Ok(reply) => reply.status,
+        Err(response) => return response,
+    };
+    match status.meshes.into_iter().find(|m| m.name == name) {
+        Some(m) => Json(m).into_response(),
         None => (StatusCode::NOT_FOUND, format!("no mesh named {name:?}\n")).into_response(),
     }
 }
 
-async fn dataplanes(State(s): State<AdminState>) -> Json<Vec<DataplaneView>> {
+async fn dataplanes(State(s): State<AdminState>) -> Response {
+    let dps = match current(&s, Detail::Full).await {
+        Ok(reply) => reply.status.dataplanes,
+        Err(response) => return response,
+    };
     let all = s.streams.list();
-    let dps = s.status.borrow().dataplanes.clone();
-    Json(dps.into_iter().map(|d| dataplane_view(d, &all)).collect())
+    let views: Vec<DataplaneView> = dps.into_iter().map(|d| dataplane_view(d, &all)).collect();
+    Json(views).into_response()
 }
 
 async fn dataplane(
     State(s): State<AdminState>,
     Path((mesh, name)): Path<(String, String)>,
 ) -> Response {
-    let found = s
-        .status
-        .borrow()
-        .dataplanes
-        .iter()
-        .find(|d| d.mesh == mesh && d.name == name)
-        .cloned();
+    let dps = match current(&s, Detail::Full).await {
+        Ok(reply) => reply.status.dataplanes,
+        Err(response) => return response,
+    };
+    let found = dps.into_iter().find(|d| d.mesh == mesh && d.name == name);
     match found {
         Some(d) => Json(dataplane_view(d, &s.streams.list())).into_response(),
         None => (
@@ -175,7 +202,10 @@ async fn streams(State(s): State<AdminState>) -> Json<Vec<StreamInfo>> {
 }
 
 async fn rejected(State(s): State<AdminState>) -> Response {
-    Json(s.status.borrow().last_rejected_update.clone()).into_response()
+    match current(&s, Detail::Summary).await {
+        Ok(reply) => Json(reply.status.last_rejected_update).into_response(),
+        Err(response) => response,
+    }
 }
 
 /// Serves the admin API on `listener` until `shutdown`.

@@ -7,7 +7,8 @@ use std::time::{Duration, SystemTime};
 use anyhow::{anyhow, Context};
 use meshca_config::{ListenAddr, Settings};
 use meshca_control::{
-    load_world, Owner, OwnerConfig, OwnerLoop, ReloadOutcome, Snapshot, Status, StreamEvent, World,
+    load_world, LoopHealth, Owner, OwnerConfig, OwnerLoop, ReloadOutcome, Snapshot, StatusHandle,
+    StreamEvent, World,
 };
 use meshca_keystore::Keystore;
 use meshca_sds::{BoundListeners, Listener, SdsServer, ServerOptions};
@@ -51,8 +52,10 @@ pub struct Daemon {
     pub sds_addrs: Vec<meshca_sds::BoundAddr>,
     /// Where the admin API listens.
     pub admin_addr: std::net::SocketAddr,
-    /// The owner's latest status.
-    pub status: watch::Receiver<Arc<Status>>,
+    /// Asks the owner for its status.
+    pub status: StatusHandle,
+    snapshots: watch::Receiver<Arc<Snapshot>>,
+    loop_health: Arc<LoopHealth>,
     signing_key: meshca_auth::SigningKey,
     reloader: Reloader,
     shutdown: CancellationToken,
@@ -87,10 +90,9 @@ impl Daemon {
         let revocations = revocations::read(&revocations_path).context("refusing to start")?;
         let (revocations_tx, revocations_rx) = watch::channel(Arc::new(revocations));
         let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(Snapshot::empty()));
-        let (status_tx, status_rx) = watch::channel(Arc::new(Status::default()));
         let (events_tx, events_rx) = mpsc::channel::<StreamEvent>(meshca_sds::EVENT_BUFFER);
         let sds = SdsServer::new(
-            snapshot_rx,
+            snapshot_rx.clone(),
             signing_key.verifier(),
             revocations_rx,
             events_tx,
@@ -133,7 +135,6 @@ impl Daemon {
             world,
             metrics.clone(),
             snapshot_tx,
-            status_tx,
         );
         let owner_loop = OwnerLoop::new(
             owner,
@@ -143,14 +144,16 @@ impl Daemon {
             reload_rx,
             shutdown.clone(),
         );
+        let loop_health = owner_loop.health();
         let ready = Arc::new(AtomicBool::new(false));
         let admin_state = admin::AdminState {
-            status: status_rx.clone(),
+            status: owner_loop.status_handle(),
             streams: sds.registry(),
             metrics,
             ready: ready.clone(),
-            owner_health: owner_loop.health(),
+            owner_health: loop_health.clone(),
         };
+        let owner_loop_status = owner_loop.status_handle();
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(async move {
             owner_loop.run().await;
@@ -168,7 +171,9 @@ impl Daemon {
         Ok(Daemon {
             sds_addrs,
             admin_addr,
-            status: status_rx,
+            status: owner_loop_status,
+            snapshots: snapshot_rx,
+            loop_health,
             signing_key,
             reloader,
             shutdown,
@@ -176,6 +181,16 @@ impl Daemon {
             _watcher: watcher,
             _lock: lock,
         })
+    }
+
+    /// The control loop's health and work so far.
+    pub fn loop_health(&self) -> &LoopHealth {
+        &self.loop_health
+    }
+
+    /// The generation of the snapshot SDS serves now.
+    pub fn generation(&self) -> u64 {
+        self.snapshots.borrow().generation
     }
 
     /// The unix socket SDS listens on, as a client target (`unix:///path`), if any.

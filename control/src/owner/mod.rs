@@ -4,12 +4,13 @@
 //! Only the owner changes its state (stream events, accepted or rejected updates, reconciles);
 //! everything it shares is published whole through `watch` channels.
 
+mod incremental;
 mod issue;
 mod reconcile;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -19,16 +20,18 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::bundles::BundleCache;
+use crate::bundles::ServiceIds;
 use crate::egress::EgressPlan;
 use crate::error::UpdateError;
 use crate::events::StreamEvent;
-use crate::gate::{CaTrust, Gate, GateEvent};
+use crate::gate::{CaTrust, Gate, GateEvent, TrustKey};
 use crate::plan::{DataplaneInfo, Issuer};
 use crate::snapshot::{ClaimRule, ProxyIdentity, ProxyKey, Snapshot};
-use crate::status::Status;
+use crate::status::{self, Detail, Status};
 use crate::streams::Streams;
 use crate::timefmt::rfc3339;
 use crate::world::World;
+use incremental::Renewals;
 
 /// Where the owner reports what is worth a metric. The binary exports them to Prometheus; every method
 /// does nothing by default.
@@ -41,8 +44,28 @@ pub trait Telemetry: Send + Sync + std::fmt::Debug {
     fn rejected_update(&self) {}
     /// The rollout gate started waiting, timed out, or kept a removed CA.
     fn gate_event(&self, _mesh: &str, _event: GateEvent) {}
-    /// A new status was published for `world` at `now`.
-    fn published(&self, _status: &Status, _world: &World, _now: SystemTime) {}
+    /// A reconcile looked at `proxies` proxies in `took`.
+    fn reconciled(&self, _scope: Scope, _proxies: usize, _took: Duration) {}
+}
+
+/// How much of the fleet a reconcile looked at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// Every connected proxy: the configuration changed, a rollout is under way, or a change reached
+    /// beyond the proxies it touched.
+    Full,
+    /// Only the proxies an event touched (connected, left, due for renewal).
+    Proxies,
+}
+
+impl Scope {
+    /// Its metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Full => "full",
+            Scope::Proxies => "proxies",
+        }
+    }
 }
 
 /// Telemetry that goes nowhere.
@@ -171,10 +194,30 @@ pub struct Owner {
     egress: Option<Result<EgressPlan, String>>,
     /// Certificates issued in the current reconcile, per (mesh, issuer): how many, and the time spent.
     wave: BTreeMap<(String, String), (u64, Duration)>,
+    /// The next reconcile must look at every proxy (the configuration changed, or nothing was
+    /// reconciled yet).
+    full: bool,
+    /// Proxies that connected or left since the last reconcile.
+    touched: BTreeSet<ProxyKey>,
+    /// When each served proxy's certificate is renewed.
+    renewals: Renewals,
+    /// The earliest rollout timeout or CA rotation step, as of the last full reconcile.
+    next_global: Option<SystemTime>,
+    /// The CAs the configuration publishes, as of the last full reconcile (not those kept only because a
+    /// proxy still presents them).
+    configured: HashSet<TrustKey>,
+    /// The time of the last reconcile.
+    reconciled_at: SystemTime,
+    /// Every dataplane as of the last reconcile.
+    dataplanes: Dataplanes,
+    /// Every MeshService's SPIFFE IDs as of the last reconcile.
+    service_ids: ServiceIds,
     telemetry: Arc<dyn Telemetry>,
     snapshot_tx: watch::Sender<Arc<Snapshot>>,
-    status_tx: watch::Sender<Arc<Status>>,
 }
+
+/// What is known of every dataplane: its description, or why its token was refused.
+pub(crate) type Dataplanes = BTreeMap<ProxyKey, Result<DataplaneInfo, String>>;
 
 impl Owner {
     /// An owner serving `world`, publishing on the given channels.
@@ -183,7 +226,6 @@ impl Owner {
         world: World,
         telemetry: Arc<dyn Telemetry>,
         snapshot_tx: watch::Sender<Arc<Snapshot>>,
-        status_tx: watch::Sender<Arc<Status>>,
     ) -> Owner {
         Owner {
             gate: Gate::new(config.gate, config.ack_timeout),
@@ -201,10 +243,46 @@ impl Owner {
             waiting_on_acks: false,
             egress: None,
             wave: BTreeMap::new(),
+            full: true,
+            touched: BTreeSet::new(),
+            renewals: Renewals::default(),
+            next_global: None,
+            configured: HashSet::new(),
+            reconciled_at: SystemTime::UNIX_EPOCH,
+            dataplanes: Dataplanes::new(),
+            service_ids: ServiceIds::new(),
             telemetry,
             snapshot_tx,
-            status_tx,
         }
+    }
+
+    /// The status at `now`, as of the last reconcile: built when asked for, never on a reconcile.
+    /// [`Detail::Summary`] leaves out the per-dataplane list, whose size is the fleet's.
+    pub fn status(&self, now: SystemTime, detail: Detail) -> Status {
+        status::build(
+            &status::Inputs {
+                generation: self.snapshot_generation,
+                world: &self.world,
+                dataplanes: &self.dataplanes,
+                service_ids: &self.service_ids,
+                streams: &self.streams,
+                issued: &self.issued,
+                reasons: &self.reasons,
+                records: &self.records,
+                last_rejected: self.last_rejected.as_ref(),
+                waits: self.gate.waits(),
+                tls_ready: &self.tls_ready,
+                egress: self.egress.as_ref(),
+                now,
+            },
+            detail,
+        )
+    }
+
+    /// The time of the last reconcile.
+    #[cfg(test)]
+    pub(crate) fn reconciled_at(&self) -> SystemTime {
+        self.reconciled_at
     }
 
     /// The configuration currently serving.
@@ -221,13 +299,21 @@ impl Owner {
     /// Replaces the serving configuration with the same resources re-evaluated (automatic CA
     /// rotation).
     pub fn replace_world(&mut self, world: World) {
+        // A reload that changed nothing is no event: the serving world stays, nobody is re-planned.
+        if world.same_content(&self.world) {
+            return;
+        }
         self.world = Arc::new(world);
+        self.full = true;
     }
 
     /// Changes `defaults.mesh` (the mesh whose identity the zone egress uses) while serving; the next
     /// reconcile moves the egress to it, in the order the rollout gate allows.
     pub fn set_default_mesh(&mut self, mesh: Option<String>) {
-        self.config.default_mesh = mesh;
+        if self.config.default_mesh != mesh {
+            self.config.default_mesh = mesh;
+            self.full = true;
+        }
     }
 
     /// Records a rejected update; the current configuration keeps serving.
@@ -263,12 +349,19 @@ impl Owner {
                     record.nacks += 1;
                     record.last_nack = Some(message);
                 }
-                // Only the status changes.
-                true
+                // Only the status changes, and it is built when asked for.
+                false
             }
             // When its last stream leaves, the proxy stops being served; its registration and
             // certificate are kept so that a reconnect within the certificate's life reuses them.
-            StreamEvent::Disconnected { stream } => self.streams.disconnect(stream).is_some(),
+            // Another stream of the proxy leaving matters only to a rollout that may wait on it.
+            StreamEvent::Disconnected { stream } => match self.streams.disconnect(stream) {
+                Some(proxy) => {
+                    self.touched.insert(proxy);
+                    true
+                }
+                None => self.waiting_on_acks,
+            },
         }
     }
 
@@ -281,15 +374,20 @@ impl Owner {
             if let Err(reason) = rule.check(&claims) {
                 tracing::warn!(proxy = %key, token = %claims.id, "refused a token: {reason}");
                 self.records.entry(key).or_default().refused_token = Some(reason);
-                // Only the status changes; the reconcile that publishes it issues nothing.
-                return true;
+                // Only the status changes, and it is built when asked for.
+                return false;
             }
         }
         let zone_egress = claims.proxy_type == ProxyType::ZoneEgress;
         if !self.streams.is_connected(&key) {
             self.registrations.insert(key.clone(), claims);
         }
-        self.streams.connect(stream, key, zone_egress)
+        if self.streams.connect(stream, key.clone(), zone_egress) {
+            self.touched.insert(key);
+            return true;
+        }
+        // Another stream of a connected proxy matters only to a rollout that may wait on it.
+        self.waiting_on_acks
     }
 
     /// What a token for `key` must not contradict: the Dataplane file, else the registering token while
@@ -305,41 +403,40 @@ impl Owner {
         Some(DataplaneInfo::from_claims(claims).claim_rule())
     }
 
-    /// The dataplanes meshca knows: from files, then from tokens of proxies that connected (a zone
-    /// egress described by a ZoneEgress file takes its labels from the file). A dataplane whose token
-    /// contradicts its file is an error naming the contradiction.
-    fn dataplanes(&self) -> BTreeMap<ProxyKey, Result<DataplaneInfo, String>> {
-        let mut out = BTreeMap::new();
-        for dp in &self.world.resources.dataplanes {
-            let key = ProxyKey::new(dp.mesh.clone(), dp.name.clone());
-            out.insert(key, Ok(DataplaneInfo::from_file(dp)));
-        }
-        for (key, claims) in &self.registrations {
-            let egress_file = (claims.proxy_type == ProxyType::ZoneEgress)
-                .then(|| self.world.resources.zone_egress(&key.name))
-                .flatten();
-            if let (Some(egress), None) = (egress_file, out.get(key)) {
-                let info = DataplaneInfo::from_zone_egress(&key.mesh, egress);
-                let described = match info.claim_rule().check(claims) {
-                    Ok(()) => Ok(info),
-                    Err(reason) => Err(reason),
-                };
-                out.insert(key.clone(), described);
-                continue;
-            }
-            match out.get(key) {
-                Some(Ok(file)) => {
-                    if let Err(reason) = file.claim_rule().check(claims) {
-                        out.insert(key.clone(), Err(reason));
-                    }
-                }
-                Some(Err(_)) => {}
-                None => {
-                    out.insert(key.clone(), Ok(DataplaneInfo::from_claims(claims)));
-                }
-            }
-        }
-        out
+    /// The dataplanes meshca knows: from files, and from tokens of proxies that connected.
+    fn known_dataplanes(&self) -> Dataplanes {
+        let filed = self
+            .world
+            .resources
+            .dataplanes
+            .iter()
+            .map(|dp| ProxyKey::new(dp.mesh.clone(), dp.name.clone()));
+        let keys: BTreeSet<ProxyKey> = filed.chain(self.registrations.keys().cloned()).collect();
+        keys.into_iter()
+            .filter_map(|key| Some((key.clone(), self.describe(&key)?)))
+            .collect()
+    }
+
+    /// What meshca knows of one dataplane: its Dataplane file, else (for a zone egress) its ZoneEgress
+    /// file, else the token that registered it. A token that contradicts a file makes it an error naming
+    /// the contradiction. `None` for a proxy nobody described.
+    fn describe(&self, key: &ProxyKey) -> Option<Result<DataplaneInfo, String>> {
+        let resources = &self.world.resources;
+        let filed = resources
+            .dataplane(&key.mesh, &key.name)
+            .map(DataplaneInfo::from_file);
+        let Some(claims) = self.registrations.get(key) else {
+            return filed.map(Ok);
+        };
+        let egress_file = (claims.proxy_type == ProxyType::ZoneEgress)
+            .then(|| resources.zone_egress(&key.name))
+            .flatten();
+        let info = match (filed, egress_file) {
+            (Some(info), _) => info,
+            (None, Some(egress)) => DataplaneInfo::from_zone_egress(&key.mesh, egress),
+            (None, None) => return Some(Ok(DataplaneInfo::from_claims(claims))),
+        };
+        Some(info.claim_rule().check(claims).map(|()| info))
     }
 
     /// Whether `key` is a zone egress (its token says so).

@@ -1,25 +1,22 @@
 //! One reconcile: bring every connected proxy's certificate up to date, in the order the rollout gate
 //! allows, and publish what changed.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use meshca_auth::ProxyType;
 use meshca_config::SERVICE_TAG;
 
-use super::Owner;
+use super::{Dataplanes, Owner, Scope};
 use crate::bundles::{self, ServiceIds};
 use crate::egress::{self, MeshChoice, EGRESS_BUNDLE, EGRESS_SERVICE};
 use crate::gate::{covers, CaTrust, RolloutStep, Wait};
 use crate::plan::{self, DataplaneInfo, Decision, Desired, Origin};
 use crate::resource_name::Target;
-use crate::snapshot::{ProxyEntry, ProxyKey};
-use crate::status::{self, Status};
+use crate::snapshot::{Changed, ClaimRule, ProxyEntry, ProxyKey, ProxyMap};
 use crate::timefmt::{rfc3339, seconds_until};
-
-/// What is known of every dataplane: its description, or why its token was refused.
-type Dataplanes = BTreeMap<ProxyKey, Result<DataplaneInfo, String>>;
+use crate::world::MeshState;
 
 /// How one connected proxy is served this reconcile.
 enum Served {
@@ -41,11 +38,44 @@ const NAMED_WAITERS: usize = 20;
 
 impl Owner {
     /// Brings every connected proxy's certificate up to date at `now`, in the order the rollout gate
-    /// allows, then publishes a snapshot (if its content changed) and a status.
+    /// allows, then publishes a snapshot if its content changed.
+    ///
+    /// The work is the event's, not the fleet's: while no rollout is under way and the configuration
+    /// is unchanged, only the proxies that connected or left since the last reconcile, and those whose
+    /// renewal is due, are looked at ([`Owner::reconcile_proxies`]). Everything else (a new
+    /// configuration, a rollout step, a timeout, a change that reaches beyond the proxy) reconciles
+    /// every connected proxy.
     ///
     /// Returns the earliest time something is due: a renewal, a rollout timeout or a CA rotation step.
     pub fn reconcile(&mut self, now: SystemTime) -> Option<SystemTime> {
-        let dataplanes = self.dataplanes();
+        let started = Instant::now();
+        let global_due = self.next_global.is_some_and(|t| now >= t);
+        if !(self.full || global_due || self.waiting_on_acks) {
+            let mut keys = std::mem::take(&mut self.touched);
+            keys.extend(self.renewals.due(now));
+            if keys.is_empty() {
+                return self.next_due();
+            }
+            if self.reconcile_proxies(&keys, now) {
+                self.telemetry
+                    .reconciled(Scope::Proxies, keys.len(), started.elapsed());
+                return self.next_due();
+            }
+        }
+        self.full = false;
+        self.touched.clear();
+        let next = self.reconcile_all(now);
+        self.telemetry.reconciled(
+            Scope::Full,
+            self.streams.proxies().count(),
+            started.elapsed(),
+        );
+        next
+    }
+
+    /// Reconciles every connected proxy.
+    fn reconcile_all(&mut self, now: SystemTime) -> Option<SystemTime> {
+        let dataplanes = self.known_dataplanes();
         self.plan_egress();
         let generation = self.snapshot_generation + 1;
         self.gate.begin();
@@ -58,13 +88,22 @@ impl Owner {
         self.gate.plan_sans(&service_ids, generation, now);
         // A CA or an ID that no connected stream must carry may be used at once.
         self.gate.confirm(&self.streams, now);
-        let (entries, next_renewal) = self.serve_connected(&dataplanes, generation, now);
+        self.reasons.clear();
+        self.renewals.clear();
+        let connected: Vec<ProxyKey> = self.streams.proxies().cloned().collect();
+        let entries: ProxyMap<ProxyEntry> = self
+            .serve(connected, &dataplanes, generation, now)
+            .into_iter()
+            .collect();
         self.forget_vanished(&dataplanes);
         self.update_service_tls(&dataplanes, &trust);
         self.publish_snapshot(generation, &trust, entries, &service_ids, &dataplanes);
         self.report_gate_events();
-        self.publish_status(&dataplanes, &service_ids, now);
-        self.next_due(next_renewal)
+        self.reconciled_at = now;
+        self.dataplanes = dataplanes;
+        self.service_ids = service_ids;
+        self.next_global = self.next_global_event();
+        self.next_due()
     }
 
     /// Forgets the previous certificate of every proxy that ACKed its replacement on each stream it
@@ -179,25 +218,22 @@ impl Owner {
         if let Some(Ok(plan)) = &self.egress {
             desired.extend(egress::egress_cas(&self.world, plan));
         }
+        self.configured = desired.iter().map(CaTrust::key).collect();
         self.gate.plan_trust(desired, &presented, generation, now)
     }
 
-    /// Decides, issues (where the gate allows) and returns the snapshot entry of every connected
-    /// proxy, with the earliest renewal among them.
-    fn serve_connected(
+    /// Decides, issues (where the gate allows) and returns the snapshot entry of each of `keys`
+    /// (connected proxies), keeping their reasons and renewal times up to date.
+    pub(super) fn serve(
         &mut self,
+        keys: Vec<ProxyKey>,
         dataplanes: &Dataplanes,
         generation: u64,
         now: SystemTime,
-    ) -> (HashMap<ProxyKey, ProxyEntry>, Option<SystemTime>) {
-        let mut entries = HashMap::new();
-        let mut next_renewal: Option<SystemTime> = None;
-        self.reasons.clear();
-        // Decide every connected proxy first, then issue what the gate allows on every core at once,
-        // then serve.
-        let connected: Vec<ProxyKey> = self.streams.proxies().cloned().collect();
-        let mut plans: Vec<(ProxyKey, Served)> = Vec::with_capacity(connected.len());
-        for key in connected {
+    ) -> Vec<(ProxyKey, ProxyEntry)> {
+        // Decide every proxy first, then issue what the gate allows on every core at once, then serve.
+        let mut plans: Vec<(ProxyKey, Served)> = Vec::with_capacity(keys.len());
+        for key in keys {
             let served = match dataplanes.get(&key) {
                 Some(Ok(info)) => self.plan_proxy(&key, info, now),
                 Some(Err(reason)) => Served::Entry(ProxyEntry::Refused {
@@ -219,6 +255,7 @@ impl Owner {
             })
             .collect();
         self.issue_all(&jobs, generation, now);
+        let mut entries = Vec::with_capacity(plans.len());
         for (key, served) in plans {
             let entry = match served {
                 Served::Entry(entry) => entry,
@@ -230,12 +267,14 @@ impl Owner {
                     },
                 },
             };
+            let renew_at = match &entry {
+                ProxyEntry::Ready(_) => self.issued.get(&key).map(|issued| issued.renew_at),
+                _ => None,
+            };
+            self.renewals.set(&key, renew_at);
             match &entry {
                 ProxyEntry::Ready(_) => {
-                    if let Some(issued) = self.issued.get(&key) {
-                        next_renewal =
-                            Some(next_renewal.map_or(issued.renew_at, |t| t.min(issued.renew_at)));
-                    }
+                    self.reasons.remove(&key);
                 }
                 ProxyEntry::Pending => {
                     self.reasons.insert(
@@ -247,10 +286,10 @@ impl Owner {
                     self.reasons.insert(key.clone(), reason.clone());
                 }
             }
-            entries.insert(key, entry);
+            entries.push((key, entry));
         }
         self.log_wave();
-        (entries, next_renewal)
+        entries
     }
 
     /// One INFO line per mesh and issuer that issued in this reconcile (how many, how long); the line
@@ -376,29 +415,8 @@ impl Owner {
                 (dp.mesh == service.mesh && dp.has_inbound_with(selector)).then_some((key, dp))
             });
             for (key, dp) in selected {
-                ids.extend(
-                    dp.inbounds_with(selector)
-                        .filter_map(|tags| tags.get(SERVICE_TAG))
-                        .map(|tag| format!("spiffe://{}/{tag}", service.mesh)),
-                );
-                let decision = plan::decide(mesh, dp, &self.config.zone, self.config.key_algorithm);
-                if let Decision::Issue(d) = decision {
-                    ids.insert(d.spiffe_id.to_string());
-                }
-                // Staged migrations: every MeshIdentity selecting it, provider-less ones included.
-                ids.extend(
-                    plan::selected_identity_ids(mesh, dp, &self.config.zone)
-                        .iter()
-                        .map(ToString::to_string),
-                );
-                let presented = self
-                    .issued
-                    .get(key)
-                    .filter(|_| self.streams.is_connected(key));
-                if let Some(issued) = presented {
-                    ids.insert(issued.published.spiffe_id.clone());
-                    ids.extend(issued.previous.iter().map(|p| p.spiffe_id.clone()));
-                }
+                ids.extend(self.given_ids(mesh, dp, selector));
+                ids.extend(self.presented_ids(key));
             }
             out.insert((service.mesh.clone(), service.name.clone()), ids);
         }
@@ -407,6 +425,46 @@ impl Owner {
             self.egress_identities(dataplanes),
         );
         out
+    }
+
+    /// What a dataplane gives a local MeshService that selects it (with `selector`), connected or not:
+    /// the ServiceTag of each selected inbound, the ID meshca decides for it, and (staged migrations)
+    /// the ID of every MeshIdentity selecting it, provider-less ones included.
+    pub(super) fn given_ids(
+        &self,
+        mesh: Option<&MeshState>,
+        dp: &DataplaneInfo,
+        selector: &BTreeMap<String, String>,
+    ) -> BTreeSet<String> {
+        let mut ids: BTreeSet<String> = dp
+            .inbounds_with(selector)
+            .filter_map(|tags| tags.get(SERVICE_TAG))
+            .map(|tag| format!("spiffe://{}/{tag}", dp.mesh))
+            .collect();
+        if let Decision::Issue(d) =
+            plan::decide(mesh, dp, &self.config.zone, self.config.key_algorithm)
+        {
+            ids.insert(d.spiffe_id.to_string());
+        }
+        ids.extend(
+            plan::selected_identity_ids(mesh, dp, &self.config.zone)
+                .iter()
+                .map(ToString::to_string),
+        );
+        ids
+    }
+
+    /// The SPIFFE IDs a proxy may present while it is connected (break last): its served certificate's,
+    /// and those of the certificates it replaced and has not ACKed the replacement of.
+    pub(super) fn presented_ids(&self, key: &ProxyKey) -> Vec<String> {
+        match self.issued.get(key) {
+            Some(issued) if self.streams.is_connected(key) => {
+                std::iter::once(issued.published.spiffe_id.clone())
+                    .chain(issued.previous.iter().map(|p| p.spiffe_id.clone()))
+                    .collect()
+            }
+            _ => Vec::new(),
+        }
     }
 
     /// The SPIFFE IDs the zone egress bundle accepts: the egress identity of every known egress (each
@@ -438,14 +496,7 @@ impl Owner {
             .filter(|(key, _)| self.is_zone_egress(key))
         {
             ids.extend(info.as_ref().ok().and_then(decided));
-            let presented = self
-                .issued
-                .get(key)
-                .filter(|_| self.streams.is_connected(key));
-            if let Some(issued) = presented {
-                ids.insert(issued.published.spiffe_id.clone());
-                ids.extend(issued.previous.iter().map(|p| p.spiffe_id.clone()));
-            }
+            ids.extend(self.presented_ids(key));
         }
         ids
     }
@@ -519,7 +570,7 @@ impl Owner {
         &mut self,
         generation: u64,
         trust: &BTreeMap<String, Vec<CaTrust>>,
-        entries: HashMap<ProxyKey, ProxyEntry>,
+        entries: ProxyMap<ProxyEntry>,
         service_ids: &ServiceIds,
         dataplanes: &Dataplanes,
     ) {
@@ -535,16 +586,33 @@ impl Owner {
         // not); a token-registered one only while the registering proxy is connected.
         snapshot.claim_rules = dataplanes
             .iter()
-            .filter_map(|(k, d)| match d {
-                Ok(info) if info.origin == Origin::File || self.streams.is_connected(k) => {
-                    Some((k.clone(), Arc::new(info.claim_rule())))
-                }
-                _ => None,
-            })
+            .filter_map(|(k, d)| Some((k.clone(), self.claim_rule_of(k, d)?)))
             .collect();
-        if !bundles::same_content(&snapshot, &self.snapshot_tx.borrow()) {
+        let previous = self.snapshot_tx.borrow().clone();
+        let changed = bundles::changed_proxies(&previous, &snapshot);
+        if changed.as_ref().is_none_or(|keys| !keys.is_empty()) {
+            snapshot.changed = Changed {
+                since: previous.generation,
+                proxies: changed.map(Into::into),
+            };
             self.snapshot_generation = generation;
             self.snapshot_tx.send_replace(Arc::new(snapshot));
+        }
+    }
+
+    /// The claim rule a snapshot carries for a dataplane: every filed dataplane has one (a contradicting
+    /// token is refused at once, connected or not); a token-registered one only while the registering
+    /// proxy is connected.
+    pub(super) fn claim_rule_of(
+        &self,
+        key: &ProxyKey,
+        described: &Result<DataplaneInfo, String>,
+    ) -> Option<Arc<ClaimRule>> {
+        match described {
+            Ok(info) if info.origin == Origin::File || self.streams.is_connected(key) => {
+                Some(Arc::new(info.claim_rule()))
+            }
+            _ => None,
         }
     }
 
@@ -557,29 +625,9 @@ impl Owner {
             self.gate.pending() || self.issued.values().any(|i| !i.previous.is_empty());
     }
 
-    fn publish_status(&self, dataplanes: &Dataplanes, service_ids: &ServiceIds, now: SystemTime) {
-        let status: Status = status::build(&status::Inputs {
-            generation: self.snapshot_generation,
-            world: &self.world,
-            dataplanes,
-            service_ids,
-            streams: &self.streams,
-            issued: &self.issued,
-            reasons: &self.reasons,
-            records: &self.records,
-            last_rejected: self.last_rejected.as_ref(),
-            waits: self.gate.waits(),
-            tls_ready: &self.tls_ready,
-            egress: self.egress.as_ref(),
-            now,
-        });
-        self.telemetry.published(&status, &self.world, now);
-        self.status_tx.send_replace(Arc::new(status));
-    }
-
-    /// The earliest of: the next renewal, a rollout timeout, the ACK timeout of a replaced
-    /// certificate, and the next automatic CA rotation step.
-    fn next_due(&self, next_renewal: Option<SystemTime>) -> Option<SystemTime> {
+    /// The earliest of: a rollout timeout, the ACK timeout of a replaced certificate, and the next
+    /// automatic CA rotation step. Any of them makes the next reconcile look at every proxy.
+    fn next_global_event(&self) -> Option<SystemTime> {
         let previous_deadline = self
             .issued
             .values()
@@ -587,7 +635,6 @@ impl Owner {
             .map(|i| i.issued_at + self.gate.ack_timeout())
             .min();
         [
-            next_renewal,
             self.gate.next_deadline(),
             previous_deadline,
             self.world.next_rotation_event(),
@@ -595,5 +642,13 @@ impl Owner {
         .into_iter()
         .flatten()
         .min()
+    }
+
+    /// When the next reconcile is due: the next renewal or the next global event.
+    pub(super) fn next_due(&self) -> Option<SystemTime> {
+        [self.renewals.next(), self.next_global]
+            .into_iter()
+            .flatten()
+            .min()
     }
 }

@@ -182,6 +182,33 @@ impl World {
             .min()
     }
 
+    /// Whether `other` serves exactly what this world serves: the same resources, the same CAs in the
+    /// same roles, the same MeshTrust certificates and the same next rotation step. A reload that
+    /// finds nothing changed is then not an event at all.
+    pub fn same_content(&self, other: &World) -> bool {
+        fn cas(world: &World) -> Vec<(&str, String, &str)> {
+            world
+                .authorities()
+                .map(|(mesh, role, loaded)| (mesh, role, loaded.ca.id()))
+                .collect()
+        }
+        fn anchors(world: &World) -> Vec<&str> {
+            world
+                .meshes
+                .values()
+                .flat_map(|m| {
+                    let given = m.trusts.iter().flat_map(|t| &t.certificates);
+                    let created = m.created_trusts.iter().flat_map(|t| &t.certificates);
+                    given.chain(created).map(|c| c.id.as_str())
+                })
+                .collect()
+        }
+        self.resources == other.resources
+            && cas(self) == cas(other)
+            && anchors(self) == anchors(other)
+            && self.next_rotation_event() == other.next_rotation_event()
+    }
+
     /// Every CA of the world, as `(mesh, role, CA)`.
     pub fn authorities(&self) -> impl Iterator<Item = (&str, String, &LoadedCa)> {
         self.meshes.values().flat_map(|m| {

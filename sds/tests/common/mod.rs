@@ -184,11 +184,12 @@ impl World {
         );
         Snapshot {
             generation,
-            proxies,
+            proxies: proxies.into_iter().collect(),
             meshes,
             all: self.all.clone(),
             egress: Some(self.egress.clone()),
-            claim_rules: HashMap::new(),
+            claim_rules: Default::default(),
+            changed: Default::default(),
         }
     }
 }

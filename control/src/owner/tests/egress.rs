@@ -112,7 +112,7 @@ fn the_egress_bundle_carries_the_egress_ca_and_ids_and_nothing_else() {
     let snapshot = h.snapshots.borrow().clone();
     let egress = snapshot.egress.as_ref().expect("an egress bundle");
     assert_eq!(egress.trust().by_trust_domain()["default.mesh"].len(), 1);
-    let status = h.status.borrow().clone();
+    let status = h.status();
     assert_eq!(status.egress.mesh.as_deref(), Some("default"));
     assert_eq!(status.egress.chosen_by, Some(MeshChoice::NamedDefault));
     assert_eq!(
@@ -154,7 +154,7 @@ fn switching_the_default_mesh_moves_the_egress_in_gate_order() {
         )
     );
     assert_eq!(h.ready("egress-1").spiffe_id, old_id);
-    let status = h.status.borrow().clone();
+    let status = h.status();
     assert_eq!(status.egress.chosen_by, Some(MeshChoice::Setting));
     let waits: Vec<_> = status
         .rollout
@@ -196,7 +196,7 @@ fn without_an_eligible_identity_the_egress_gets_none_and_the_status_says_why() {
     let reason = h.reason("egress-1");
     assert!(reason.contains("set defaults.mesh"), "{reason}");
     assert!(logged.contains("no zone egress identity"), "{logged}");
-    let status = h.status.borrow().clone();
+    let status = h.status();
     assert_eq!(status.egress.mesh, None);
     assert!(status
         .egress
@@ -224,7 +224,7 @@ fn choosing_the_first_mesh_with_an_identity_is_logged_once_as_a_choice_to_make_e
     assert_eq!(lines.len(), 1, "{logged}");
     assert!(logged.contains("alpha"), "{logged}");
     assert_eq!(
-        h.status.borrow().egress.chosen_by,
+        h.status().egress.chosen_by,
         Some(MeshChoice::FirstWithIdentity)
     );
 }

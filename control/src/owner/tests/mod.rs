@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use super::{NoTelemetry, Owner, OwnerConfig, Telemetry};
 use crate::gate::{GateEvent, RolloutStep};
-use crate::status::{ServiceTls, Status};
+use crate::status::{Detail, ServiceTls, Status};
 use crate::world::World;
 use crate::{
     ProxyEntry, ProxyIdentity, ProxyKey, ResourceName, Snapshot, StreamEvent, StreamId, UpdateError,
@@ -40,7 +40,6 @@ struct Harness {
     settings: Settings,
     owner: Owner,
     snapshots: watch::Receiver<Arc<Snapshot>>,
-    status: watch::Receiver<Arc<Status>>,
     next_stream: u64,
 }
 
@@ -55,26 +54,33 @@ fn load(
 
 impl Harness {
     fn new(yaml: &str) -> Harness {
+        Harness::with_telemetry(yaml, Arc::new(NoTelemetry))
+    }
+
+    /// A harness whose owner reports to `telemetry`.
+    fn with_telemetry(yaml: &str, telemetry: Arc<dyn Telemetry>) -> Harness {
         let keystore = MemoryKeystore::new();
         let settings = Settings::default();
         let world = load(yaml, &keystore, &settings, None).expect("test resources are valid");
         let (snapshot_tx, snapshots) = watch::channel(Arc::new(Snapshot::empty()));
-        let (status_tx, status) = watch::channel(Arc::new(Status::default()));
         let owner = Owner::new(
             OwnerConfig::from_settings(&settings),
             world,
-            Arc::new(NoTelemetry),
+            telemetry,
             snapshot_tx,
-            status_tx,
         );
         Harness {
             keystore,
             settings,
             owner,
             snapshots,
-            status,
             next_stream: 0,
         }
+    }
+
+    /// The owner's full status as of its last reconcile.
+    fn status(&self) -> Status {
+        self.owner.status(self.owner.reconciled_at(), Detail::Full)
     }
 
     fn update(&mut self, yaml: &str) -> Result<(), Vec<UpdateError>> {
@@ -267,7 +273,7 @@ fn renewal_happens_at_renew_at_and_not_before() {
     );
     assert!(not_after(&second) > not_after(&first));
     assert!(next > renew);
-    let status = h.status.borrow().clone();
+    let status = h.status();
     let dp = status
         .dataplanes
         .iter()
@@ -340,7 +346,7 @@ spec:
     assert_eq!(not_after(&back), t0() + Duration::from_secs(2 * 3600));
     // The provider-less identity selects db-1 but issues nothing: the legacy backend does.
     assert_eq!(h.ready("db-1").spiffe_id, "spiffe://default/db");
-    let status = h.status.borrow().clone();
+    let status = h.status();
     let sans_only = status.meshes[0]
         .mesh_identities
         .iter()
@@ -389,7 +395,7 @@ spec:
         "{}",
         h.reason("plain-1")
     );
-    let status = h.status.borrow().clone();
+    let status = h.status();
     let x = status
         .dataplanes
         .iter()
@@ -422,7 +428,7 @@ networking:
         .borrow()
         .proxies
         .contains_key(&ProxyKey::new("default", "web-1")));
-    let status = h.status.borrow().clone();
+    let status = h.status();
     let dp = status
         .dataplanes
         .iter()
@@ -460,7 +466,7 @@ fn the_first_token_of_an_unfiled_proxy_defines_it_while_connected() {
     );
     h.owner.reconcile(t0());
     assert_eq!(h.ready("api-1").spiffe_id, "spiffe://default/api");
-    let status = h.status.borrow().clone();
+    let status = h.status();
     let dp = status
         .dataplanes
         .iter()
@@ -509,7 +515,7 @@ fn switching_the_enabled_backend_reissues_from_the_new_ca() {
             .clone()
     };
     assert_ne!(issuer(&first), issuer(&second));
-    let status = h.status.borrow().clone();
+    let status = h.status();
     assert_eq!(
         status.meshes[0].proxies_by_issuer.get("backend ca-2"),
         Some(&1)
@@ -534,7 +540,7 @@ fn a_rejected_update_keeps_the_previous_configuration_serving() {
     h.owner.reject(errors, t0());
     h.owner.reconcile(t0() + Duration::from_secs(1));
     assert_eq!(h.ready("web-1").chain_pem, first.chain_pem);
-    let status = h.status.borrow().clone();
+    let status = h.status();
     let rejected = status.last_rejected_update.as_ref().expect("shown");
     assert!(
         rejected.errors[0]
@@ -681,9 +687,7 @@ fn replace_owner(h: &mut Harness, gate: bool) -> Owner {
 fn replace_owner_with(h: &mut Harness, gate: bool, telemetry: Arc<dyn Telemetry>) -> Owner {
     let world = load(LEGACY, &h.keystore, &h.settings, None).expect("valid");
     let (snapshot_tx, snapshots) = watch::channel(Arc::new(Snapshot::empty()));
-    let (status_tx, status) = watch::channel(Arc::new(Status::default()));
     h.snapshots = snapshots;
-    h.status = status;
     Owner::new(
         OwnerConfig {
             gate,
@@ -692,7 +696,6 @@ fn replace_owner_with(h: &mut Harness, gate: bool, telemetry: Arc<dyn Telemetry>
         world,
         telemetry,
         snapshot_tx,
-        status_tx,
     )
 }
 
@@ -748,7 +751,7 @@ fn trust_before_identity_waits_for_every_trust_subscriber_to_ack() {
         v
     });
     assert_eq!(issuer_of(&h.ready("web-1")), ca1);
-    let status = h.status.borrow().clone();
+    let status = h.status();
     let waits: Vec<_> = status
         .rollout
         .iter()
@@ -772,7 +775,7 @@ fn trust_before_identity_waits_for_every_trust_subscriber_to_ack() {
         ca1,
         "web-2 has not ACKed the new trust yet"
     );
-    let status = h.status.borrow().clone();
+    let status = h.status();
     let waits: Vec<_> = status
         .rollout
         .iter()
@@ -814,7 +817,7 @@ fn a_ca_removed_right_after_the_switch_stays_until_replacements_are_acked() {
     // Both now hold ca-2 certificates, but have not ACKed them: ca-1 must stay.
     assert_eq!(issuer_of(&h.ready("web-1")), ca2);
     assert!(bundle_subjects(&h).contains(&ca1));
-    let status = h.status.borrow().clone();
+    let status = h.status();
     let wait = status
         .rollout
         .iter()
@@ -832,7 +835,7 @@ fn a_ca_removed_right_after_the_switch_stays_until_replacements_are_acked() {
     h.ack(2, Some(g_identity));
     h.owner.reconcile(t0() + Duration::from_secs(4));
     assert_eq!(bundle_subjects(&h), [ca2]);
-    assert!(h.status.borrow().rollout.is_empty());
+    assert!(h.status().rollout.is_empty());
 }
 
 #[test]
@@ -928,20 +931,17 @@ mtls:
     let settings = Settings::default();
     let world = load(yaml, &keystore, &settings, None).expect("valid");
     let (snapshot_tx, snapshots) = watch::channel(Arc::new(Snapshot::empty()));
-    let (status_tx, status) = watch::channel(Arc::new(Status::default()));
     let owner = Owner::new(
         OwnerConfig::from_settings(&settings),
         world,
         Arc::new(NoTelemetry),
         snapshot_tx,
-        status_tx,
     );
     let mut h = Harness {
         keystore,
         settings,
         owner,
         snapshots,
-        status,
         next_stream: 0,
     };
     for name in ["fast-1", "fast-2", "slow-1"] {
@@ -1010,7 +1010,7 @@ mtls:
 fn mesh_service_tls_is_ready_once_every_selected_dataplane_holds_a_trusted_cert_and_stays_ready() {
     let services = format!("\n---\n{WEB_SERVICE}");
     let tls = |h: &Harness| {
-        let status = h.status.borrow().clone();
+        let status = h.status();
         status.meshes[0]
             .mesh_services
             .iter()
@@ -1116,7 +1116,7 @@ mtls:
         ca1,
         "the new CA issues once every stream carrying its trust ACKed it"
     );
-    let status = h.status.borrow().clone();
+    let status = h.status();
     assert!(
         status
             .rollout
@@ -1162,7 +1162,7 @@ fn an_unknown_name_carries_no_trust_and_is_no_identity() {
         [ca2],
         "break last does not count the unknown name as a stream that must ACK the new certificate"
     );
-    assert!(h.status.borrow().rollout.is_empty());
+    assert!(h.status().rollout.is_empty());
 }
 
 /// Telemetry that keeps the gate's events.
@@ -1206,7 +1206,7 @@ fn every_rollout_step_that_waits_is_counted_once() {
     h.ack(1, Some(g_identity));
     h.ack(2, Some(g_identity));
     reconcile(&mut h);
-    assert!(h.status.borrow().rollout.is_empty(), "the rollout finished");
+    assert!(h.status().rollout.is_empty(), "the rollout finished");
     let events = recorder.0.lock().expect("not poisoned").clone();
     for step in [
         RolloutStep::TrustBeforeIdentity,
@@ -1297,7 +1297,7 @@ fn a_new_spiffe_id_waits_for_the_meshservice_subscribers_before_it_is_presented(
         "the new ID is accepted first"
     );
     assert_eq!(h.ready("web-1").spiffe_id, old_id, "and not presented yet");
-    let status = h.status.borrow().clone();
+    let status = h.status();
     let wait = status
         .rollout
         .iter()
@@ -1313,8 +1313,7 @@ fn a_new_spiffe_id_waits_for_the_meshservice_subscribers_before_it_is_presented(
     h.owner.reconcile(t0() + Duration::from_secs(3));
     assert_eq!(h.ready("web-1").spiffe_id, new_id);
     assert!(h
-        .status
-        .borrow()
+        .status()
         .rollout
         .iter()
         .all(|w| w.step != RolloutStep::SansBeforeIdentity));
@@ -1385,7 +1384,7 @@ spec:
         ["spiffe://default/staged/web-1", "spiffe://default/web"],
         "the staged ID is accepted before anyone presents it; a MeshIdentity that does not select web-1 adds nothing"
     );
-    let status = h.status.borrow().clone();
+    let status = h.status();
     let staged = status.meshes[0]
         .mesh_identities
         .iter()
@@ -1427,6 +1426,7 @@ fn service_context(h: &Harness, service: &str) -> Vec<String> {
 }
 
 mod egress;
+mod events;
 mod selection;
 mod trust;
 
@@ -1539,16 +1539,13 @@ fn a_wave_issued_on_several_threads_gives_every_proxy_its_own_certificate() {
     let mut config = OwnerConfig::from_settings(&h.settings);
     config.workers = 4;
     let (snapshot_tx, snapshots) = watch::channel(Arc::new(Snapshot::empty()));
-    let (status_tx, status) = watch::channel(Arc::new(Status::default()));
     h.owner = Owner::new(
         config,
         (**h.owner.world()).clone(),
         Arc::new(NoTelemetry),
         snapshot_tx,
-        status_tx,
     );
     h.snapshots = snapshots;
-    h.status = status;
     let names: Vec<String> = (0..20).map(|i| format!("svc-{i}")).collect();
     for name in &names {
         h.connect(name, &[], &[("kuma.io/service", name)]);

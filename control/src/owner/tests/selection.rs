@@ -39,7 +39,7 @@ spec:
         reason.contains("MeshIdentity spire") && reason.contains("SPIRE"),
         "{reason}"
     );
-    let status = h.status.borrow().clone();
+    let status = h.status();
     let spire = status.meshes[0]
         .mesh_identities
         .iter()

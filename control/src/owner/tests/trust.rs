@@ -50,8 +50,7 @@ fn provided_identity(trust_domain: &str, ca: &TestCa, extra: &str) -> String {
 }
 
 fn waits(h: &Harness, step: RolloutStep) -> Vec<crate::Wait> {
-    h.status
-        .borrow()
+    h.status()
         .rollout
         .iter()
         .filter(|w| w.step == step)
@@ -103,7 +102,7 @@ fn a_trust_domain_change_of_a_ca_without_uri_san_is_trusted_before_it_is_issued_
         "spiffe://a.example/workload/web-1"
     );
     let wait = waits(&h, RolloutStep::TrustBeforeIdentity);
-    assert_eq!(wait.len(), 1, "{:?}", h.status.borrow().rollout);
+    assert_eq!(wait.len(), 1, "{:?}", h.status().rollout);
     assert_eq!(wait[0].waiting_for, ["default.web-1", "default.web-2"]);
     h.connect("new-1", &[], &[]);
     h.owner.reconcile(t0() + Duration::from_secs(2));
@@ -136,7 +135,7 @@ fn a_trust_domain_change_of_a_ca_without_uri_san_is_trusted_before_it_is_issued_
         ])
     );
     let wait = waits(&h, RolloutStep::BreakLast);
-    assert_eq!(wait.len(), 1, "{:?}", h.status.borrow().rollout);
+    assert_eq!(wait.len(), 1, "{:?}", h.status().rollout);
     assert_eq!(wait[0].waiting_for, ["default.web-1", "default.web-2"]);
 
     let g_identity = generation(&h);
@@ -146,7 +145,7 @@ fn a_trust_domain_change_of_a_ca_without_uri_san_is_trusted_before_it_is_issued_
     h.ack(2, Some(g_identity));
     h.owner.reconcile(t0() + Duration::from_secs(6));
     assert_eq!(bundle(&h), expect(&[("b.example", &["CN=Corp CA"])]));
-    assert!(h.status.borrow().rollout.is_empty());
+    assert!(h.status().rollout.is_empty());
 }
 
 /// The served chain of `name`, as DER.
@@ -304,9 +303,9 @@ fn replacing_a_provided_ca_appends_it_to_the_created_mesh_trust_and_both_stay_tr
         expect(&[("corp.example", &["CN=CA X", "CN=CA Y"])]),
         "X stays until the operator removes it from the record"
     );
-    assert!(h.status.borrow().rollout.is_empty());
+    assert!(h.status().rollout.is_empty());
 
-    let status = h.status.borrow().clone();
+    let status = h.status();
     let listed = &status.meshes[0].mesh_trusts;
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(
@@ -378,7 +377,7 @@ fn a_corrupt_created_mesh_trust_rejects_the_update_and_the_previous_world_keeps_
     h.owner.reconcile(t0() + Duration::from_secs(1));
     assert_eq!(h.ready("web-1").chain_pem, served.chain_pem);
     assert_eq!(bundle(&h), trusted);
-    let status = h.status.borrow().clone();
+    let status = h.status();
     let rejected = status.last_rejected_update.as_ref().expect("shown");
     assert!(
         rejected.errors[0].to_string().starts_with(

@@ -1,0 +1,223 @@
+//! Reconciling only what an event touched: the proxies that connected or left, and those due for
+//! renewal. A full reconcile looks at every connected proxy; this one costs the event, not the fleet.
+//!
+//! It applies only while nothing global is in motion (no rollout step waits, no replaced certificate
+//! awaits its ACK, the configuration is the one the last full reconcile saw) and only to changes that
+//! stay within the proxy: its own entry, claim rule, reason and renewal. A touched proxy that would change
+//! anything shared (the trust bundles, a `meshservice:` context, a MeshService's `status.tls`, the zone
+//! egress bundle) sends the reconcile to the full path, which computes everything from scratch.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::SystemTime;
+
+use super::{Dataplanes, Owner};
+use crate::bundles;
+use crate::plan::DataplaneInfo;
+use crate::snapshot::{Changed, ProxyKey};
+
+/// When each served proxy's certificate is renewed, by time and by proxy.
+#[derive(Debug, Default)]
+pub(super) struct Renewals {
+    by_time: BTreeSet<(SystemTime, ProxyKey)>,
+    by_proxy: HashMap<ProxyKey, SystemTime>,
+}
+
+impl Renewals {
+    /// Sets (or, with `None`, clears) when `key` is renewed.
+    pub fn set(&mut self, key: &ProxyKey, at: Option<SystemTime>) {
+        if let Some(old) = self.by_proxy.remove(key) {
+            self.by_time.remove(&(old, key.clone()));
+        }
+        if let Some(at) = at {
+            self.by_proxy.insert(key.clone(), at);
+            self.by_time.insert((at, key.clone()));
+        }
+    }
+
+    /// Forgets every renewal.
+    pub fn clear(&mut self) {
+        self.by_time.clear();
+        self.by_proxy.clear();
+    }
+
+    /// The proxies due for renewal at `now`.
+    pub fn due(&self, now: SystemTime) -> impl Iterator<Item = ProxyKey> + '_ {
+        self.by_time
+            .iter()
+            .take_while(move |(at, _)| *at <= now)
+            .map(|(_, key)| key.clone())
+    }
+
+    /// The earliest renewal.
+    pub fn next(&self) -> Option<SystemTime> {
+        self.by_time.first().map(|(at, _)| *at)
+    }
+}
+
+impl Owner {
+    /// Reconciles only `keys` at `now`, when what changed stays within them; returns false, having
+    /// published nothing, when the full reconcile must run instead.
+    pub(super) fn reconcile_proxies(&mut self, keys: &BTreeSet<ProxyKey>, now: SystemTime) -> bool {
+        if self.egress.is_none() {
+            return false;
+        }
+        let mut dataplanes = std::mem::take(&mut self.dataplanes);
+        let done = self.try_reconcile_proxies(keys, &mut dataplanes, now);
+        self.dataplanes = dataplanes;
+        done
+    }
+
+    fn try_reconcile_proxies(
+        &mut self,
+        keys: &BTreeSet<ProxyKey>,
+        dataplanes: &mut Dataplanes,
+        now: SystemTime,
+    ) -> bool {
+        for key in keys {
+            let described = self.describe(key);
+            if !self.stays_within(key, dataplanes.get(key), described.as_ref()) {
+                return false;
+            }
+            match described {
+                Some(described) => dataplanes.insert(key.clone(), described),
+                None => dataplanes.remove(key),
+            };
+        }
+        let generation = self.snapshot_generation + 1;
+        let (connected, left): (Vec<ProxyKey>, Vec<ProxyKey>) = keys
+            .iter()
+            .cloned()
+            .partition(|key| self.streams.is_connected(key));
+        let entries = self.serve(connected, dataplanes, generation, now);
+        // A certificate that replaced one from another CA or with another SPIFFE ID starts a wait for
+        // its ACK (break last): that is a rollout, which the full reconcile tracks.
+        if keys
+            .iter()
+            .any(|key| self.issued.get(key).is_some_and(|i| !i.previous.is_empty()))
+        {
+            return false;
+        }
+        for key in &left {
+            self.reasons.remove(key);
+            self.renewals.set(key, None);
+        }
+        for key in keys {
+            if !matches!(dataplanes.get(key), Some(Ok(_))) {
+                self.issued.remove(key);
+            }
+        }
+        let mut snapshot = (**self.snapshot_tx.borrow()).clone();
+        let mut changed = BTreeSet::new();
+        for (key, entry) in entries {
+            if snapshot
+                .proxies
+                .get(&key)
+                .is_none_or(|old| !bundles::same_entry(old, &entry))
+            {
+                changed.insert(key.clone());
+            }
+            snapshot.proxies.insert(key, entry);
+        }
+        for key in &left {
+            if snapshot.proxies.remove(key).is_some() {
+                changed.insert(key.clone());
+            }
+        }
+        for key in keys {
+            let rule = dataplanes
+                .get(key)
+                .and_then(|described| self.claim_rule_of(key, described));
+            let old = match &rule {
+                Some(rule) => snapshot.claim_rules.insert(key.clone(), rule.clone()),
+                None => snapshot.claim_rules.remove(key),
+            };
+            if old != rule {
+                changed.insert(key.clone());
+            }
+        }
+        if !changed.is_empty() {
+            snapshot.changed = Changed {
+                since: snapshot.generation,
+                proxies: Some(changed.into_iter().collect()),
+            };
+            snapshot.generation = generation;
+            self.snapshot_generation = generation;
+            self.snapshot_tx.send_replace(std::sync::Arc::new(snapshot));
+        }
+        self.reconciled_at = now;
+        true
+    }
+
+    /// Whether reconciling `key` alone gives what a full reconcile would: it is no zone egress (the
+    /// egress bundle follows every egress), every CA it may present is configured (so the bundles do not
+    /// depend on it), and every local MeshService that selects it, before or after, already lists what
+    /// it gives and presents, and would list the same without it (so no `meshservice:` context and no
+    /// `status.tls` changes).
+    fn stays_within(
+        &self,
+        key: &ProxyKey,
+        before: Option<&Result<DataplaneInfo, String>>,
+        after: Option<&Result<DataplaneInfo, String>>,
+    ) -> bool {
+        if self.is_zone_egress(key) {
+            return false;
+        }
+        // What it presents while connected, whether it just connected or just left.
+        let mut presented: Vec<&str> = Vec::new();
+        if let Some(issued) = self.issued.get(key) {
+            let cas = std::iter::once(&issued.ca_trust)
+                .chain(issued.previous.iter().map(|p| &p.ca_trust));
+            if !cas
+                .into_iter()
+                .all(|ca| self.configured.contains(&ca.key()))
+            {
+                return false;
+            }
+            presented.push(&issued.published.spiffe_id);
+            presented.extend(issued.previous.iter().map(|p| p.spiffe_id.as_str()));
+        }
+        let info = |described: Option<&Result<DataplaneInfo, String>>| {
+            described.and_then(|d| d.as_ref().ok()).cloned()
+        };
+        let (before, after) = (info(before), info(after));
+        let mesh = self.world.meshes.get(&key.mesh);
+        let mtls_on = mesh.is_some_and(|m| m.mtls_on());
+        let local = self
+            .world
+            .resources
+            .mesh_services
+            .iter()
+            .filter(|s| s.mesh == key.mesh && s.zone().is_none_or(|z| z == self.config.zone));
+        for service in local {
+            let Some(selector) = &service.dataplane_tags else {
+                continue;
+            };
+            let selects = |info: &Option<DataplaneInfo>| {
+                info.as_ref().is_some_and(|i| i.has_inbound_with(selector))
+            };
+            if !selects(&before) && !selects(&after) {
+                continue;
+            }
+            // A changed description (a returning proxy's token with other tags) may drop identities of
+            // the service; a new one only adds, which the checks below see.
+            if before.is_some() && before != after {
+                return false;
+            }
+            let Some(dp) = &after else { continue };
+            let service_key = (service.mesh.clone(), service.name.clone());
+            if mtls_on && !self.tls_ready.contains(&service_key) {
+                return false;
+            }
+            let Some(listed) = self.service_ids.get(&service_key) else {
+                return false;
+            };
+            let given = self.given_ids(mesh, dp, selector);
+            // What it gives must be listed already; what it presents must be listed, and stay listed
+            // without it (it gives that too), since it may be leaving.
+            if !given.is_subset(listed) || !presented.iter().all(|id| given.contains(*id)) {
+                return false;
+            }
+        }
+        true
+    }
+}

@@ -1,0 +1,218 @@
+//! Per-event work: a proxy connecting, leaving or coming due for renewal reconciles that proxy alone;
+//! a reload that changes nothing is no event; anything that reaches beyond the touched proxies (a new
+//! configuration, a rollout, a new identity for a MeshService context) reconciles every proxy.
+
+use std::sync::Mutex;
+
+use super::*;
+use crate::owner::Scope;
+
+/// Telemetry that keeps the scope and size of every reconcile.
+#[derive(Debug, Default)]
+struct Scopes(Mutex<Vec<(Scope, usize)>>);
+
+impl Telemetry for Scopes {
+    fn reconciled(&self, scope: Scope, proxies: usize, _took: Duration) {
+        self.0.lock().expect("not poisoned").push((scope, proxies));
+    }
+}
+
+impl Scopes {
+    /// The reconciles since the last call.
+    fn take(&self) -> Vec<(Scope, usize)> {
+        std::mem::take(&mut *self.0.lock().expect("not poisoned"))
+    }
+}
+
+/// `count` proxies of service `web`, connected, served once by a full reconcile, and ACKed.
+fn fleet(yaml: &str, count: u64) -> (Harness, Arc<Scopes>) {
+    let scopes = Arc::new(Scopes::default());
+    let mut h = Harness::with_telemetry(yaml, scopes.clone());
+    for i in 0..count {
+        h.connect(&format!("web-{i}"), &[], &[("kuma.io/service", "web")]);
+    }
+    h.owner.reconcile(t0());
+    let generation = h.snapshots.borrow().generation;
+    for id in 1..=count {
+        h.ack(id, Some(generation));
+    }
+    assert_eq!(scopes.take(), vec![(Scope::Full, count as usize)]);
+    (h, scopes)
+}
+
+/// Every served identity, by proxy name.
+fn identities(h: &Harness) -> BTreeMap<String, Arc<ProxyIdentity>> {
+    let snapshot = h.snapshots.borrow().clone();
+    snapshot
+        .proxies
+        .iter()
+        .filter_map(|(key, entry)| match entry {
+            ProxyEntry::Ready(identity) => Some((key.name.clone(), identity.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whether `b` serves the same identity objects as `a` for every proxy of `a` (nothing re-issued).
+fn unchanged(
+    a: &BTreeMap<String, Arc<ProxyIdentity>>,
+    b: &BTreeMap<String, Arc<ProxyIdentity>>,
+) -> bool {
+    a.iter()
+        .all(|(name, id)| b.get(name).is_some_and(|other| Arc::ptr_eq(id, other)))
+}
+
+#[test]
+fn a_reload_that_changes_nothing_issues_nothing_and_publishes_nothing() {
+    let (mut h, scopes) = fleet(LEGACY, 5);
+    let before = h.snapshots.borrow().clone();
+    h.update(LEGACY).expect("the same resources are valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    let after = h.snapshots.borrow().clone();
+    assert!(Arc::ptr_eq(&before, &after), "a snapshot was published");
+    assert!(scopes.take().is_empty(), "something was reconciled");
+    // A real change still is one.
+    h.update(SWITCHED).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    assert_eq!(scopes.take(), vec![(Scope::Full, 5)]);
+}
+
+#[test]
+fn a_connecting_proxy_is_reconciled_alone() {
+    let (mut h, scopes) = fleet(LEGACY, 20);
+    let before = identities(&h);
+    let generation = h.snapshots.borrow().generation;
+    h.connect("late", &[], &[("kuma.io/service", "web")]);
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    assert_eq!(scopes.take(), vec![(Scope::Proxies, 1)]);
+    assert_eq!(h.ready("late").spiffe_id, "spiffe://default/web");
+    let after = identities(&h);
+    assert!(unchanged(&before, &after), "another proxy was re-issued");
+    assert_eq!(after.len(), 21);
+    let snapshot = h.snapshots.borrow().clone();
+    assert_eq!(snapshot.generation, generation + 1);
+    // SDS is told that only late changed, so that it wakes late's streams alone.
+    assert_eq!(snapshot.changed.since, generation);
+    assert_eq!(
+        snapshot.changed.proxies.as_deref(),
+        Some(&[ProxyKey::new("default", "late")][..])
+    );
+    // Its claim rule is served with it (a token registered it).
+    assert!(h
+        .snapshots
+        .borrow()
+        .claim_rules
+        .contains_key(&ProxyKey::new("default", "late")));
+    // An ACK while no rollout waits needs no reconcile at all.
+    let generation = h.snapshots.borrow().generation;
+    assert!(!h.stream(21, &["default"], Some(generation)));
+}
+
+#[test]
+fn a_leaving_proxy_is_reconciled_alone_and_gets_its_certificate_back() {
+    let (mut h, scopes) = fleet(LEGACY, 10);
+    let web_3 = h.ready("web-3");
+    // web-3 is stream 4.
+    assert!(h.disconnect(4));
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    assert_eq!(scopes.take(), vec![(Scope::Proxies, 1)]);
+    let snapshot = h.snapshots.borrow().clone();
+    assert!(!snapshot
+        .proxies
+        .contains_key(&ProxyKey::new("default", "web-3")));
+    assert!(
+        !snapshot
+            .claim_rules
+            .contains_key(&ProxyKey::new("default", "web-3")),
+        "a token-registered proxy's rule goes with its last stream"
+    );
+    assert_eq!(snapshot.proxies.len(), 9);
+    // Reconnecting within the certificate's life serves the same certificate.
+    h.connect("web-3", &[], &[("kuma.io/service", "web")]);
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    assert_eq!(scopes.take(), vec![(Scope::Proxies, 1)]);
+    assert!(Arc::ptr_eq(&h.ready("web-3"), &web_3));
+}
+
+#[test]
+fn a_due_renewal_reconciles_only_the_proxies_due() {
+    let (mut h, scopes) = fleet(LEGACY, 20);
+    let before = identities(&h);
+    let due = h
+        .owner
+        .reconcile(t0() + Duration::from_secs(1))
+        .expect("connected proxies have renewal times");
+    assert!(scopes.take().is_empty(), "nothing was due yet");
+    h.owner.reconcile(due);
+    let reconciled = scopes.take();
+    let after = identities(&h);
+    let changed = h.snapshots.borrow().changed.proxies.clone();
+    let renewed: Vec<&String> = before
+        .iter()
+        .filter(|(name, id)| !Arc::ptr_eq(id, &after[*name]))
+        .map(|(name, _)| name)
+        .collect();
+    assert!(!renewed.is_empty(), "the proxy due was not renewed");
+    assert!(renewed.len() < 20, "every proxy was renewed at once");
+    assert_eq!(reconciled, vec![(Scope::Proxies, renewed.len())]);
+    let changed: Vec<&String> = changed
+        .as_deref()
+        .expect("a renewal changes no bundle")
+        .iter()
+        .map(|k| &k.name)
+        .collect();
+    assert_eq!(changed, renewed);
+}
+
+#[test]
+fn a_proxy_that_brings_a_new_identity_to_a_service_context_reconciles_everyone() {
+    let yaml = format!("{LEGACY}---\n{WEB_SERVICE}");
+    let scopes = Arc::new(Scopes::default());
+    let mut h = Harness::with_telemetry(&yaml, scopes.clone());
+    h.connect("web-1", &[("app", "web")], &[("kuma.io/service", "web")]);
+    h.owner.reconcile(t0());
+    let generation = h.snapshots.borrow().generation;
+    h.ack(1, Some(generation));
+    h.owner.reconcile(t0());
+    scopes.take();
+    assert_eq!(service_context(&h, "web"), vec!["spiffe://default/web"]);
+    // A second replica of web changes nothing shared: it is reconciled alone.
+    h.connect("web-2", &[], &[("kuma.io/service", "web")]);
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    assert_eq!(scopes.take(), vec![(Scope::Proxies, 1)]);
+    // A token whose inbound the MeshService also selects, with a ServiceTag of its own, adds an
+    // identity to the `meshservice:web` context: that takes the full reconcile (SANs before identity).
+    let yaml = yaml.replace(
+        "selector: {dataplaneTags: {kuma.io/service: web}}",
+        "selector: {dataplaneTags: {tier: front}}",
+    );
+    h.update(&yaml).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    scopes.take();
+    h.connect(
+        "front-1",
+        &[],
+        &[("kuma.io/service", "front"), ("tier", "front")],
+    );
+    h.owner.reconcile(t0() + Duration::from_secs(3));
+    assert_eq!(scopes.take(), vec![(Scope::Full, 3)]);
+    assert!(
+        service_context(&h, "web").contains(&"spiffe://default/front".to_owned()),
+        "{:?}",
+        service_context(&h, "web")
+    );
+}
+
+#[test]
+fn while_a_rollout_waits_every_event_reconciles_everyone() {
+    let (mut h, scopes) = fleet(LEGACY, 3);
+    h.update(SWITCHED).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    assert_eq!(scopes.take(), vec![(Scope::Full, 3)]);
+    // ca-2 joined the bundle: every stream must look.
+    assert!(h.snapshots.borrow().changed.proxies.is_none());
+    // Nobody has ACKed ca-2's bundle: the gate waits, and a new proxy is part of the rollout.
+    h.connect("late", &[], &[("kuma.io/service", "web")]);
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    assert_eq!(scopes.take(), vec![(Scope::Full, 4)]);
+}

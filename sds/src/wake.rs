@@ -1,0 +1,219 @@
+//! Waking only the streams a new snapshot concerns.
+//!
+//! Every stream used to wait on the snapshot channel itself, so each publish woke every stream of the
+//! fleet, and the owner paid for the wake-ups inside its publish: milliseconds at 10,000 streams for one
+//! proxy's new certificate. Now one dispatcher task waits on the snapshot channel and reads what the
+//! owner says changed ([`meshca_control::Changed`]): when only some proxies' entries changed, it wakes
+//! only their streams; when anything else may have changed (a bundle, a context), or when it missed a
+//! generation, it wakes everyone. Streams still read the snapshot itself from the channel.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+use meshca_control::{ProxyKey, Snapshot};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// How many locks the per-proxy table is split over, so that streams opening together rarely wait.
+const SHARDS: usize = 16;
+
+/// The value of the everyone channel once the snapshot publisher is gone.
+const CLOSED: u64 = u64::MAX;
+
+/// Where streams wait for the snapshots that concern them.
+#[derive(Debug)]
+pub(crate) struct Wakes {
+    /// Bumped when a change may concern every stream.
+    everyone: watch::Sender<u64>,
+    /// Per proxy with a waiting stream: bumped when its entry or claim rule changed.
+    proxies: [Mutex<HashMap<ProxyKey, watch::Sender<u64>>>; SHARDS],
+}
+
+impl Default for Wakes {
+    fn default() -> Self {
+        Wakes {
+            everyone: watch::Sender::new(0),
+            proxies: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+        }
+    }
+}
+
+impl Wakes {
+    fn shard(&self, key: &ProxyKey) -> &Mutex<HashMap<ProxyKey, watch::Sender<u64>>> {
+        let mut hasher = DefaultHasher::new();
+        key.hash(&mut hasher);
+        &self.proxies[hasher.finish() as usize % SHARDS]
+    }
+
+    /// A waiter for the streams of `key`: woken by changes to its entry and by changes for everyone.
+    /// Subscribe before reading the snapshot, so that no publish falls between the two.
+    pub(crate) fn subscribe(self: &Arc<Self>, key: &ProxyKey) -> Waiter {
+        let mut everyone = self.everyone.subscribe();
+        everyone.mark_unchanged();
+        let mine = {
+            let mut shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+            shard
+                .entry(key.clone())
+                .or_insert_with(|| watch::Sender::new(0))
+                .subscribe()
+        };
+        Waiter {
+            wakes: self.clone(),
+            key: key.clone(),
+            everyone,
+            mine,
+        }
+    }
+
+    /// Wakes the streams `snapshot` concerns; `last` is the generation the dispatcher saw before it.
+    fn wake(&self, snapshot: &Snapshot, last: u64) {
+        match &snapshot.changed.proxies {
+            Some(keys) if snapshot.changed.since == last => {
+                for key in keys.iter() {
+                    let shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(tx) = shard.get(key) {
+                        tx.send_replace(snapshot.generation);
+                    }
+                }
+            }
+            // Anything may have changed, or a generation went by unseen: everyone looks.
+            _ => {
+                self.everyone.send_replace(snapshot.generation);
+            }
+        }
+    }
+
+    fn close(&self) {
+        self.everyone.send_replace(CLOSED);
+    }
+}
+
+/// One stream's wait for a snapshot that concerns it.
+#[derive(Debug)]
+pub(crate) struct Waiter {
+    wakes: Arc<Wakes>,
+    key: ProxyKey,
+    everyone: watch::Receiver<u64>,
+    mine: watch::Receiver<u64>,
+}
+
+impl Waiter {
+    /// Resolves when a snapshot may concern this stream; false once no snapshot will come any more.
+    /// Cancel-safe.
+    pub(crate) async fn changed(&mut self) -> bool {
+        tokio::select! {
+            changed = self.everyone.changed() => {
+                changed.is_ok() && *self.everyone.borrow_and_update() != CLOSED
+            }
+            changed = self.mine.changed() => {
+                self.mine.borrow_and_update();
+                changed.is_ok()
+            }
+        }
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        let mut shard = self
+            .wakes
+            .shard(&self.key)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // The last waiter of the proxy takes its entry along (this receiver still counts).
+        if shard
+            .get(&self.key)
+            .is_some_and(|tx| tx.receiver_count() <= 1)
+        {
+            shard.remove(&self.key);
+        }
+    }
+}
+
+/// Follows `snapshots` from generation `last` on, waking the streams each new one concerns, until the
+/// publisher is gone or `shutdown` fires.
+pub(crate) async fn dispatch(
+    wakes: Arc<Wakes>,
+    mut snapshots: watch::Receiver<Arc<Snapshot>>,
+    mut last: u64,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            changed = snapshots.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                let snapshot = snapshots.borrow_and_update().clone();
+                wakes.wake(&snapshot, last);
+                last = snapshot.generation;
+            }
+        }
+    }
+    wakes.close();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use meshca_control::Changed;
+
+    fn snapshot(generation: u64, since: u64, proxies: Option<Vec<ProxyKey>>) -> Arc<Snapshot> {
+        let mut s = Snapshot::empty();
+        s.generation = generation;
+        s.changed = Changed {
+            since,
+            proxies: proxies.map(Into::into),
+        };
+        Arc::new(s)
+    }
+
+    /// Whether `waiter` has been woken (without waiting for it).
+    async fn woken(waiter: &mut Waiter) -> bool {
+        tokio::time::timeout(std::time::Duration::ZERO, waiter.changed())
+            .await
+            .unwrap_or(false)
+    }
+
+    #[tokio::test]
+    async fn a_change_to_some_proxies_wakes_only_their_streams() {
+        let wakes = Arc::new(Wakes::default());
+        let (a, b) = (ProxyKey::new("m", "a"), ProxyKey::new("m", "b"));
+        let (mut wa, mut wb) = (wakes.subscribe(&a), wakes.subscribe(&b));
+        wakes.wake(&snapshot(2, 1, Some(vec![a.clone()])), 1);
+        assert!(woken(&mut wa).await);
+        assert!(!woken(&mut wb).await);
+        // Anything else wakes everyone.
+        wakes.wake(&snapshot(3, 2, None), 2);
+        assert!(woken(&mut wa).await && woken(&mut wb).await);
+        // So does a change relative to a generation the dispatcher did not see.
+        wakes.wake(&snapshot(5, 4, Some(vec![a])), 3);
+        assert!(woken(&mut wa).await && woken(&mut wb).await);
+    }
+
+    #[tokio::test]
+    async fn the_last_waiter_of_a_proxy_removes_its_entry() {
+        let wakes = Arc::new(Wakes::default());
+        let a = ProxyKey::new("m", "a");
+        let first = wakes.subscribe(&a);
+        let second = wakes.subscribe(&a);
+        drop(first);
+        assert!(wakes.shard(&a).lock().expect("lock").contains_key(&a));
+        drop(second);
+        assert!(!wakes.shard(&a).lock().expect("lock").contains_key(&a));
+    }
+
+    #[tokio::test]
+    async fn waiters_hear_when_the_publisher_is_gone() {
+        let wakes = Arc::new(Wakes::default());
+        let (tx, rx) = watch::channel(snapshot(1, 0, None));
+        let mut waiter = wakes.subscribe(&ProxyKey::new("m", "a"));
+        let dispatcher = tokio::spawn(dispatch(wakes.clone(), rx, 1, CancellationToken::new()));
+        drop(tx);
+        dispatcher.await.expect("the dispatcher ends");
+        assert!(!waiter.changed().await);
+    }
+}
