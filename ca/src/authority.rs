@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use meshca_identity::KeyAlgorithm;
@@ -92,6 +92,8 @@ pub struct CertificateAuthority {
     pub(crate) after_leaf_der: Vec<Vec<u8>>,
     pub(crate) after_leaf_pem: String,
     pub(crate) anchor_der: Vec<u8>,
+    /// The trust anchor as PEM, encoded once: every proxy's certificate record shares it.
+    pub(crate) anchor_pems: Arc<[String]>,
     pub(crate) issuer: Issuer<'static, CaSigner>,
     pub(crate) key: PrivateKey,
     pub(crate) trust_domain: Option<TrustDomain>,
@@ -214,6 +216,7 @@ impl CertificateAuthority {
             above,
             after_leaf_der,
             after_leaf_pem,
+            anchor_pems: Arc::from(vec![pem_out::cert(&anchor_der)]),
             anchor_der,
             issuer,
             key,
@@ -296,9 +299,9 @@ impl CertificateAuthority {
         vec![self.anchor_der.clone()]
     }
 
-    /// The trust anchors as PEM, one string per certificate.
-    pub fn bundle_pems(&self) -> Vec<String> {
-        vec![pem_out::cert(&self.anchor_der)]
+    /// The trust anchors as PEM, one string per certificate (shared, not copied).
+    pub fn bundle_pems(&self) -> Arc<[String]> {
+        self.anchor_pems.clone()
     }
 
     /// The certificates SDS sends after a leaf: the chain up to, not including, the root (PEM,

@@ -58,7 +58,7 @@ fn anchor_trust(mesh: &str, trust_domain: &str, anchor: &TrustAnchor) -> CaTrust
         mesh: mesh.to_owned(),
         ca_id: anchor.id.clone(),
         trust_domain: trust_domain.to_owned(),
-        pems: vec![anchor.pem.clone()],
+        pems: Arc::from(vec![anchor.pem.clone()]),
         subject: anchor.subject.clone(),
     }
 }

@@ -27,8 +27,8 @@ pub struct CaTrust {
     pub ca_id: String,
     /// The trust domain it signs for.
     pub trust_domain: String,
-    /// Its trust anchors, PEM.
-    pub pems: Vec<String>,
+    /// Its trust anchors, PEM (shared with the CA, not copied per proxy).
+    pub pems: std::sync::Arc<[String]>,
     /// Its subject, for operators.
     pub subject: String,
 }
@@ -391,7 +391,7 @@ impl Gate {
     pub fn plan_trust(
         &mut self,
         desired: Vec<CaTrust>,
-        presented: &[(ProxyKey, CaTrust)],
+        presented: &[(&CaTrust, Vec<&ProxyKey>)],
         generation: u64,
         now: SystemTime,
     ) -> BTreeMap<String, Vec<CaTrust>> {
@@ -409,7 +409,7 @@ impl Gate {
         let mut retained: BTreeMap<TrustKey, (CaTrust, BTreeSet<String>)> = BTreeMap::new();
         if self.enabled {
             let desired_keys: HashSet<TrustKey> = desired.iter().map(CaTrust::key).collect();
-            for (proxy, ca) in presented {
+            for (ca, proxies) in presented {
                 for (key, p) in self.published_for(&ca.mesh, &ca.trust_domain) {
                     let still_carried = desired_keys.contains(key)
                         || p.ca.pems.iter().all(|pem| {
@@ -420,7 +420,7 @@ impl Gate {
                             .entry(key.clone())
                             .or_insert_with(|| (p.ca.clone(), BTreeSet::new()))
                             .1
-                            .insert(proxy.to_string());
+                            .extend(proxies.iter().map(ToString::to_string));
                     }
                 }
             }
@@ -515,7 +515,7 @@ impl Gate {
         if !self.enabled {
             return true;
         }
-        let mut anchors: Option<Vec<String>> = None;
+        let mut anchors: Option<std::sync::Arc<[String]>> = None;
         let mut carried = false;
         for (_, p) in self.published_for(mesh, trust_domain) {
             let chains = p.ca.ca_id == ca.id() || {

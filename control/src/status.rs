@@ -316,7 +316,7 @@ pub(crate) fn build(i: &Inputs<'_>, detail: Detail) -> Status {
         meshes: i.world.meshes.values().map(|m| mesh_status(i, m)).collect(),
         earliest_cert_expiry_seconds: served
             .filter_map(|key| i.issued.get(key))
-            .map(|issued| seconds_until(issued.svid.not_after, i.now))
+            .map(|issued| seconds_until(issued.leaf.not_after, i.now))
             .min(),
         dataplanes,
         rollout: i.waits.to_vec(),
@@ -531,11 +531,11 @@ fn dataplane_status(
         origin: info.as_ref().ok().map(|d| d.origin),
         connected: streams > 0,
         streams,
-        spiffe_id: issued.map(|x| x.svid.spiffe_id.to_string()),
+        spiffe_id: issued.map(|x| x.leaf.spiffe_id.to_string()),
         issuer: issued.map(|x| x.issuer.to_string()),
-        serial: issued.map(|x| x.svid.serial.clone()),
-        not_after: issued.map(|x| rfc3339(x.svid.not_after)),
-        expires_in_seconds: issued.map(|x| seconds_until(x.svid.not_after, i.now)),
+        serial: issued.map(|x| x.leaf.serial.clone()),
+        not_after: issued.map(|x| rfc3339(x.leaf.not_after)),
+        expires_in_seconds: issued.map(|x| seconds_until(x.leaf.not_after, i.now)),
         regenerations: issued.map_or(0, |x| x.regenerations),
         reason,
         refused_token: record.and_then(|r| r.refused_token.clone()),

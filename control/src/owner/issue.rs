@@ -5,7 +5,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use meshca_ca::Svid;
 
-use super::{Issued, Owner, Previous};
+use super::{Issued, Leaf, Owner, Previous};
 use crate::bundles;
 use crate::plan::{self, Desired};
 use crate::pool;
@@ -20,10 +20,10 @@ impl Owner {
             None => true,
             Some(issued) => {
                 issued.ca_id != desired.ca.id()
-                    || issued.svid.spiffe_id != desired.spiffe_id
+                    || issued.leaf.spiffe_id != desired.spiffe_id
                     || issued.identity_name != desired.identity_name
                     || now >= issued.renew_at
-                    || now >= issued.svid.not_after
+                    || now >= issued.leaf.not_after
             }
         }
     }
@@ -85,6 +85,14 @@ impl Owner {
         // Break last: until the proxy ACKs this certificate, peers may still see the one it replaces,
         // from another CA or with another SPIFFE ID, or any it was issued before and has not ACKed.
         let spiffe_id = svid.spiffe_id.to_string();
+        let Svid {
+            spiffe_id: leaf_id,
+            chain_pem,
+            key: leaf_key,
+            not_after,
+            serial,
+            ..
+        } = svid;
         let mut previous = old.map(|o| o.previous.clone()).unwrap_or_default();
         if let Some(old) = old.filter(|_| self.gate.enabled()) {
             let replaced = Previous {
@@ -99,14 +107,18 @@ impl Owner {
         let published = Arc::new(ProxyIdentity {
             spiffe_id,
             identity_name: desired.identity_name.clone(),
-            chain_pem: svid.chain_pem.clone(),
-            key_pem: SecretPem::new(svid.key.to_pem().to_string()),
+            chain_pem,
+            key_pem: SecretPem::new(leaf_key.to_pem().to_string()),
         });
-        tracing::debug!(proxy = %key, spiffe_id = %svid.spiffe_id, issuer = %desired.issuer, serial = %svid.serial, "issued certificate");
+        tracing::debug!(proxy = %key, spiffe_id = %leaf_id, issuer = %desired.issuer, serial = %serial, "issued certificate");
         self.issued.insert(
             key.clone(),
             Issued {
-                svid,
+                leaf: Leaf {
+                    spiffe_id: leaf_id,
+                    not_after,
+                    serial,
+                },
                 issuer: desired.issuer.clone(),
                 ca_id: desired.ca.id().to_owned(),
                 identity_name: desired.identity_name.clone(),

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use meshca_auth::{Claims, ProxyType};
-use meshca_ca::Svid;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -77,8 +76,9 @@ impl Telemetry for NoTelemetry {}
 /// A certificate the owner issued and keeps for a proxy.
 #[derive(Debug)]
 pub(crate) struct Issued {
-    /// The certificate and its key.
-    pub svid: Svid,
+    /// What the owner needs of the certificate; the PEMs SDS serves (and the key) are in `published`
+    /// only, so that an idle proxy costs one copy of them.
+    pub leaf: Leaf,
     /// Who issued it.
     pub issuer: Issuer,
     /// The issuing CA's id.
@@ -102,6 +102,17 @@ pub(crate) struct Issued {
     pub first_served_in: u64,
     /// When it was issued.
     pub issued_at: SystemTime,
+}
+
+/// The facts of an issued certificate the owner decides with.
+#[derive(Debug)]
+pub(crate) struct Leaf {
+    /// The SPIFFE ID in its URI SAN.
+    pub spiffe_id: meshca_identity::SpiffeId,
+    /// NotAfter.
+    pub not_after: SystemTime,
+    /// The serial number, lowercase hex.
+    pub serial: String,
 }
 
 /// A replaced certificate a proxy may still present.
@@ -210,6 +221,9 @@ pub struct Owner {
     reconciled_at: SystemTime,
     /// Every dataplane as of the last reconcile.
     dataplanes: Dataplanes,
+    /// Counts the configurations served; `dataplanes` was described against `described_for`.
+    world_version: u64,
+    described_for: Option<u64>,
     /// Every MeshService's SPIFFE IDs as of the last reconcile.
     service_ids: ServiceIds,
     telemetry: Arc<dyn Telemetry>,
@@ -250,6 +264,8 @@ impl Owner {
             configured: HashSet::new(),
             reconciled_at: SystemTime::UNIX_EPOCH,
             dataplanes: Dataplanes::new(),
+            world_version: 0,
+            described_for: None,
             service_ids: ServiceIds::new(),
             telemetry,
             snapshot_tx,
@@ -304,6 +320,7 @@ impl Owner {
             return;
         }
         self.world = Arc::new(world);
+        self.world_version += 1;
         self.full = true;
     }
 
@@ -415,6 +432,23 @@ impl Owner {
         keys.into_iter()
             .filter_map(|key| Some((key.clone(), self.describe(&key)?)))
             .collect()
+    }
+
+    /// Every dataplane, described anew only where something changed: all of them under a new
+    /// configuration, else the proxies in `touched` (whose registration may have changed).
+    fn refresh_dataplanes(&mut self, touched: &BTreeSet<ProxyKey>) -> Dataplanes {
+        if self.described_for != Some(self.world_version) {
+            self.described_for = Some(self.world_version);
+            return self.known_dataplanes();
+        }
+        let mut dataplanes = std::mem::take(&mut self.dataplanes);
+        for key in touched {
+            match self.describe(key) {
+                Some(described) => dataplanes.insert(key.clone(), described),
+                None => dataplanes.remove(key),
+            };
+        }
+        dataplanes
     }
 
     /// What meshca knows of one dataplane: its Dataplane file, else (for a zone egress) its ZoneEgress

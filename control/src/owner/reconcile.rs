@@ -1,7 +1,7 @@
 //! One reconcile: bring every connected proxy's certificate up to date, in the order the rollout gate
 //! allows, and publish what changed.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -50,9 +50,9 @@ impl Owner {
     pub fn reconcile(&mut self, now: SystemTime) -> Option<SystemTime> {
         let started = Instant::now();
         let global_due = self.next_global.is_some_and(|t| now >= t);
+        let mut keys = std::mem::take(&mut self.touched);
+        keys.extend(self.renewals.due(now));
         if !(self.full || global_due || self.waiting_on_acks) {
-            let mut keys = std::mem::take(&mut self.touched);
-            keys.extend(self.renewals.due(now));
             if keys.is_empty() {
                 return self.next_due();
             }
@@ -63,8 +63,7 @@ impl Owner {
             }
         }
         self.full = false;
-        self.touched.clear();
-        let next = self.reconcile_all(now);
+        let next = self.reconcile_all(&keys, now);
         self.telemetry.reconciled(
             Scope::Full,
             self.streams.proxies().count(),
@@ -73,9 +72,13 @@ impl Owner {
         next
     }
 
-    /// Reconciles every connected proxy.
-    fn reconcile_all(&mut self, now: SystemTime) -> Option<SystemTime> {
-        let dataplanes = self.known_dataplanes();
+    /// Reconciles every connected proxy; `touched` connected or left since the last reconcile.
+    fn reconcile_all(
+        &mut self,
+        touched: &BTreeSet<ProxyKey>,
+        now: SystemTime,
+    ) -> Option<SystemTime> {
+        let dataplanes = self.refresh_dataplanes(touched);
         self.plan_egress();
         let generation = self.snapshot_generation + 1;
         self.gate.begin();
@@ -199,16 +202,24 @@ impl Owner {
     /// What each mesh's bundles, and the zone egress bundle, carry: the configured CAs, plus (break
     /// last) removed CAs that connected proxies still present, as the gate decides.
     fn plan_trust(&mut self, generation: u64, now: SystemTime) -> BTreeMap<String, Vec<CaTrust>> {
-        let presented: Vec<(ProxyKey, CaTrust)> = self
-            .issued
-            .iter()
-            .filter(|(k, _)| self.streams.is_connected(k))
-            .flat_map(|(k, i)| {
-                std::iter::once(&i.ca_trust)
-                    .chain(i.previous.iter().map(|p| &p.ca_trust))
-                    .map(|ca| (k.clone(), ca.clone()))
-            })
-            .collect();
+        // Who presents which CA, grouped by CA: the gate looks at each CA once, however many proxies.
+        let mut grouped: HashMap<(&str, &str, &str), (&CaTrust, Vec<&ProxyKey>)> = HashMap::new();
+        for (key, issued) in &self.issued {
+            if !self.streams.is_connected(key) {
+                continue;
+            }
+            let cas = std::iter::once(&issued.ca_trust)
+                .chain(issued.previous.iter().map(|p| &p.ca_trust));
+            for ca in cas {
+                let id = (
+                    ca.mesh.as_str(),
+                    ca.trust_domain.as_str(),
+                    ca.ca_id.as_str(),
+                );
+                grouped.entry(id).or_insert((ca, Vec::new())).1.push(key);
+            }
+        }
+        let presented: Vec<(&CaTrust, Vec<&ProxyKey>)> = grouped.into_values().collect();
         let mut desired: Vec<CaTrust> = self
             .world
             .meshes

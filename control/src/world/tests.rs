@@ -216,7 +216,7 @@ fn a_created_mesh_trust_is_recorded_in_kuma_format_and_reused_after_a_restart() 
         trust.labels.get("kuma.io/origin").map(String::as_str),
         Some("meshca")
     );
-    assert_eq!(trust.ca_bundles, ca.bundle_pems());
+    assert_eq!(trust.ca_bundles, &*ca.bundle_pems());
     assert!(
         text.starts_with("# The MeshTrust meshca keeps for MeshIdentity web"),
         "{text}"
