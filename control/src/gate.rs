@@ -194,7 +194,8 @@ impl Gate {
     /// the wait as started when the previous reconcile did not have it.
     pub fn identity_ack_wait(&mut self, wait: Wait) {
         let group = (wait.mesh.clone(), wait.ca.clone());
-        if !self.identity_acks_before.contains(&group) {
+        // Counted once: not when the last reconcile had it, nor when this one (recounting ACKs) has.
+        if !self.identity_acks_before.contains(&group) && !self.identity_acks_now.contains(&group) {
             self.events.push((
                 wait.mesh.clone(),
                 GateEvent::WaitStarted(RolloutStep::IdentityAck),
@@ -202,6 +203,11 @@ impl Gate {
         }
         self.identity_acks_now.insert(group);
         self.waits.push(wait);
+    }
+
+    /// Forgets the identity-ACK waits, before they are counted again.
+    pub fn clear_identity_ack_waits(&mut self) {
+        self.waits.retain(|w| w.step != RolloutStep::IdentityAck);
     }
 
     /// Records a timeout.
@@ -223,13 +229,14 @@ impl Gate {
     /// Marks published CAs as confirmed once every stream that must carry them ACKed a snapshot that did,
     /// or once `ackTimeout` passed.
     ///
-    /// Called more than once per reconcile: each call replaces the trust-before-identity waits of the
-    /// previous one, so a status lists every wait once.
-    pub fn confirm(&mut self, streams: &Streams, now: SystemTime) {
+    /// Called more than once per reconcile, and on ACKs while it waits: each call replaces the
+    /// trust-before-identity and SANs-before-identity waits of the previous one, so a status lists every
+    /// wait once, with who it still waits for. Returns whether it confirmed anything.
+    pub fn confirm(&mut self, streams: &Streams, now: SystemTime) -> bool {
         self.waits.retain(|w| {
             w.step != RolloutStep::TrustBeforeIdentity && w.step != RolloutStep::SansBeforeIdentity
         });
-        self.confirm_sans(streams, now);
+        let mut confirmed = self.confirm_sans(streams, now);
         let timeout = self.ack_timeout;
         let mut waits = Vec::new();
         let mut timeouts = Vec::new();
@@ -239,13 +246,14 @@ impl Gate {
             .iter_mut()
             .filter(|(_, p)| !p.state.confirmed)
         {
-            let waiting = streams.waiting_for(p.since_generation, |s| {
+            let waiting = streams.waiting_for(p.since_generation, NAMED_WAITERS, |s| {
                 s.resources
                     .iter()
                     .any(|r| r.carries_mesh_trust(s.asker(), mesh))
             });
-            if waiting.is_empty() {
+            if waiting.count == 0 {
                 p.confirmed = true;
+                confirmed = true;
                 continue;
             }
             if !p.waited {
@@ -256,12 +264,13 @@ impl Gate {
                 tracing::warn!(
                     mesh = %mesh,
                     ca = %p.subject,
-                    proxies = ?waiting.iter().take(NAMED_WAITERS).collect::<Vec<_>>(),
-                    count = waiting.len(),
+                    proxies = ?waiting.first,
+                    count = waiting.count,
                     timeout = ?timeout,
                     "rollout.ackTimeout passed: these proxies have not ACKed the new trust bundle; issuing from the new CA anyway"
                 );
                 p.confirmed = true;
+                confirmed = true;
                 timeouts.push(mesh.clone());
             } else {
                 waits.push(Wait {
@@ -270,8 +279,8 @@ impl Gate {
                     ca: p.subject.clone(),
                     since: rfc3339(p.since),
                     timeout_in_seconds: remaining(p.since + timeout, now),
-                    waiting_count: waiting.len(),
-                    waiting_for: waiting.into_iter().take(NAMED_WAITERS).collect(),
+                    waiting_count: waiting.count,
+                    waiting_for: waiting.first,
                 });
             }
         }
@@ -283,16 +292,19 @@ impl Gate {
             self.timed_out(&mesh, RolloutStep::TrustBeforeIdentity);
         }
         self.waits.extend(waits);
+        confirmed
     }
 
     /// Confirms new SPIFFE IDs of `meshservice:` contexts: each once every stream subscribed to that
-    /// context has ACKed a version carrying it, or once `ackTimeout` passed.
-    fn confirm_sans(&mut self, streams: &Streams, now: SystemTime) {
+    /// context has ACKed a version carrying it, or once `ackTimeout` passed. Returns whether it confirmed
+    /// any.
+    fn confirm_sans(&mut self, streams: &Streams, now: SystemTime) -> bool {
         let timeout = self.ack_timeout;
+        let mut confirmed = false;
         let mut waits = Vec::new();
         let mut events = Vec::new();
         for ((mesh, service, id), p) in self.sans.iter_mut().filter(|(_, p)| !p.confirmed) {
-            let waiting = streams.waiting_for(p.since_generation, |s| {
+            let waiting = streams.waiting_for(p.since_generation, NAMED_WAITERS, |s| {
                 s.resources.iter().any(|r| match r.target(s.asker(), None) {
                     Target::MeshService {
                         mesh: m,
@@ -306,8 +318,9 @@ impl Gate {
                     _ => false,
                 })
             });
-            if waiting.is_empty() {
+            if waiting.count == 0 {
                 p.confirmed = true;
+                confirmed = true;
                 continue;
             }
             if !p.waited {
@@ -322,11 +335,12 @@ impl Gate {
                     mesh = %mesh,
                     service = %service,
                     spiffe_id = %id,
-                    proxies = ?waiting.iter().take(NAMED_WAITERS).collect::<Vec<_>>(),
-                    count = waiting.len(),
+                    proxies = ?waiting.first,
+                    count = waiting.count,
                     "rollout.ackTimeout passed: these proxies have not ACKed the service's new SPIFFE ID; presenting it anyway"
                 );
                 p.confirmed = true;
+                confirmed = true;
                 events.push((
                     mesh.clone(),
                     GateEvent::TimedOut(RolloutStep::SansBeforeIdentity),
@@ -338,13 +352,14 @@ impl Gate {
                     ca: format!("{id} in meshservice:{service}"),
                     since: rfc3339(p.since),
                     timeout_in_seconds: remaining(p.since + timeout, now),
-                    waiting_count: waiting.len(),
-                    waiting_for: waiting.into_iter().take(NAMED_WAITERS).collect(),
+                    waiting_count: waiting.count,
+                    waiting_for: waiting.first,
                 });
             }
         }
         self.events.extend(events);
         self.waits.extend(waits);
+        confirmed
     }
 
     /// Records what each `meshservice:` context of the snapshot about to be published (`generation`)

@@ -2,7 +2,7 @@
 //! each stream speaks for, what it subscribes to, and the newest snapshot generation it ACKed. The
 //! rollout gate reads it to know whom a step waits for.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::events::StreamId;
 use crate::resource_name::{Asker, ResourceName};
@@ -124,19 +124,39 @@ impl Streams {
             .filter_map(|id| self.by_id.get(id))
     }
 
-    /// Proxies (as `mesh.name`, sorted, without repeats) of the streams `selected` picks that have not
-    /// ACKed `generation`.
-    pub fn waiting_for(&self, generation: u64, selected: impl Fn(&Stream) -> bool) -> Vec<String> {
-        let mut waiting: Vec<String> = self
+    /// The proxies with a stream selected by `selected` that has not ACKed `generation`: how many, and
+    /// the first `named` of them by name. No name is built for the others, so a wait on a large fleet
+    /// costs one pass over the streams.
+    pub fn waiting_for(
+        &self,
+        generation: u64,
+        named: usize,
+        selected: impl Fn(&Stream) -> bool,
+    ) -> Waiting {
+        let proxies: BTreeSet<&ProxyKey> = self
             .by_id
             .values()
             .filter(|s| !s.has_acked(generation) && selected(s))
-            .map(|s| s.proxy.to_string())
+            .map(|s| &s.proxy)
             .collect();
-        waiting.sort();
-        waiting.dedup();
-        waiting
+        Waiting {
+            count: proxies.len(),
+            first: proxies
+                .iter()
+                .take(named)
+                .map(ToString::to_string)
+                .collect(),
+        }
     }
+}
+
+/// Who a wait still waits for.
+#[derive(Debug, Default)]
+pub(crate) struct Waiting {
+    /// How many proxies.
+    pub count: usize,
+    /// The first of them by name.
+    pub first: Vec<String>,
 }
 
 #[cfg(test)]
@@ -165,8 +185,18 @@ mod tests {
         assert!(streams.subscribe(StreamId(1), vec![ResourceName::parse("default")]));
         assert!(streams.ack(StreamId(1), 5));
         assert!(streams.ack(StreamId(1), 3));
-        assert_eq!(streams.waiting_for(5, |_| true), Vec::<String>::new());
-        assert_eq!(streams.waiting_for(6, |_| true), vec!["m.web".to_owned()]);
+        assert_eq!(streams.waiting_for(5, 20, |_| true).count, 0);
+        let waiting = streams.waiting_for(6, 20, |_| true);
+        assert_eq!(
+            (waiting.count, waiting.first),
+            (1, vec!["m.web".to_owned()])
+        );
+        streams.connect(StreamId(2), ProxyKey::new("m", "api"), false);
+        let waiting = streams.waiting_for(6, 1, |_| true);
+        assert_eq!(
+            (waiting.count, waiting.first),
+            (2, vec!["m.api".to_owned()])
+        );
         assert!(!streams.ack(StreamId(9), 1));
         assert!(!streams.subscribe(StreamId(9), Vec::new()));
     }

@@ -55,6 +55,8 @@ pub enum Scope {
     Full,
     /// Only the proxies an event touched (connected, left, due for renewal).
     Proxies,
+    /// No proxy: ACKs while a rollout waits, recounted by the gate.
+    Acks,
 }
 
 impl Scope {
@@ -63,6 +65,7 @@ impl Scope {
         match self {
             Scope::Full => "full",
             Scope::Proxies => "proxies",
+            Scope::Acks => "acks",
         }
     }
 }

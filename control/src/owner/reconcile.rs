@@ -52,7 +52,12 @@ impl Owner {
         let global_due = self.next_global.is_some_and(|t| now >= t);
         let mut keys = std::mem::take(&mut self.touched);
         keys.extend(self.renewals.due(now));
-        if !(self.full || global_due || self.waiting_on_acks) {
+        if !(self.full || global_due) && self.waiting_on_acks && keys.is_empty() {
+            if self.reconcile_acks(now) {
+                self.telemetry.reconciled(Scope::Acks, 0, started.elapsed());
+                return self.next_due();
+            }
+        } else if !(self.full || global_due || self.waiting_on_acks) {
             if keys.is_empty() {
                 return self.next_due();
             }
@@ -110,8 +115,11 @@ impl Owner {
     }
 
     /// Forgets the previous certificate of every proxy that ACKed its replacement on each stream it
-    /// receives its identity on, that disconnected, or whose `ackTimeout` passed.
-    fn settle_previous(&mut self, now: SystemTime) {
+    /// receives its identity on, that disconnected, or whose `ackTimeout` passed. Returns whether a
+    /// forgotten one may change what is published: its CA is not one the configuration publishes (break
+    /// last kept it), or its SPIFFE ID is not the proxy's current one (a `meshservice:` context kept it).
+    fn settle_previous(&mut self, now: SystemTime) -> bool {
+        let mut reaches_beyond = false;
         let timeout = self.gate.ack_timeout();
         let mut waiting: BTreeMap<(String, String), (SystemTime, BTreeSet<String>)> =
             BTreeMap::new();
@@ -127,9 +135,16 @@ impl Owner {
                         .iter()
                         .any(|r| r.target(s.asker(), identity) == Target::Identity)
             });
+            let settled = !unacked || now >= issued.issued_at + timeout;
+            if settled {
+                reaches_beyond |= issued.previous.iter().any(|p| {
+                    !self.configured.contains(&p.ca_trust.key())
+                        || p.spiffe_id != issued.published.spiffe_id
+                });
+            }
             if !unacked {
                 issued.previous.clear();
-            } else if now >= issued.issued_at + timeout {
+            } else if settled {
                 timed_out
                     .entry(key.mesh.clone())
                     .or_default()
@@ -170,6 +185,23 @@ impl Owner {
                 waiting_for: proxies.into_iter().take(NAMED_WAITERS).collect(),
             });
         }
+        reaches_beyond
+    }
+
+    /// ACKs while a rollout waits: the gate recounts who it waits for, and replaced certificates whose
+    /// ACKs are all in are forgotten. Returns false, when a wait is over or a forgotten certificate may
+    /// change what is published: then every proxy is reconciled. Costs a pass over the streams and the
+    /// replaced certificates, not a reconcile of the fleet for every batch of ACKs.
+    fn reconcile_acks(&mut self, now: SystemTime) -> bool {
+        if self.gate.confirm(&self.streams, now) {
+            return false;
+        }
+        self.gate.clear_identity_ack_waits();
+        if self.settle_previous(now) {
+            return false;
+        }
+        self.report_gate_events();
+        true
     }
 
     /// Chooses where the zone egress identity comes from, and says so when that changes.

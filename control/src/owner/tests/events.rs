@@ -216,3 +216,53 @@ fn while_a_rollout_waits_every_event_reconciles_everyone() {
     h.owner.reconcile(t0() + Duration::from_secs(2));
     assert_eq!(scopes.take(), vec![(Scope::Full, 4)]);
 }
+
+#[test]
+fn acks_during_a_rollout_are_recounted_without_reconciling_everyone() {
+    let (mut h, scopes) = fleet(LEGACY, 4);
+    h.update(SWITCHED).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    assert_eq!(scopes.take(), vec![(Scope::Full, 4)]);
+    let bundle = h.snapshots.borrow().generation;
+    let waiting = |h: &Harness| {
+        h.status()
+            .rollout
+            .iter()
+            .find(|w| w.step == RolloutStep::TrustBeforeIdentity)
+            .map(|w| w.waiting_count)
+    };
+    assert_eq!(waiting(&h), Some(4));
+    // Three of four ACK ca-2's bundle: the gate recounts, nobody is reconciled, the status follows.
+    for id in 1..=3 {
+        assert!(h.stream(id, &["default", "system_trust_bundle"], Some(bundle)));
+        h.owner.reconcile(t0() + Duration::from_secs(2));
+    }
+    assert_eq!(scopes.take(), vec![(Scope::Acks, 0); 3]);
+    assert_eq!(waiting(&h), Some(1));
+    let issuers = |h: &Harness| h.status().meshes[0].proxies_by_issuer.clone();
+    assert_eq!(
+        issuers(&h),
+        BTreeMap::from([("backend ca-1".to_owned(), 4)]),
+        "nothing is issued from ca-2 before every stream ACKed it"
+    );
+    // The last ACK ends the wait: everyone is reconciled and issued from ca-2.
+    h.ack(4, Some(bundle));
+    h.owner.reconcile(t0() + Duration::from_secs(3));
+    assert_eq!(scopes.take(), vec![(Scope::Full, 4)]);
+    let issued = h.snapshots.borrow().generation;
+    assert_eq!(waiting(&h), None);
+    assert_eq!(
+        issuers(&h),
+        BTreeMap::from([("backend ca-2".to_owned(), 4)])
+    );
+    // Their ACKs of the ca-2 certificates settle the replaced ones without a full reconcile: ca-1 stays
+    // configured (secondary) and the SPIFFE IDs are the same, so nothing published changes.
+    for id in 1..=4 {
+        h.ack(id, Some(issued));
+    }
+    h.owner.reconcile(t0() + Duration::from_secs(4));
+    assert_eq!(scopes.take(), vec![(Scope::Acks, 0)]);
+    assert!(h.status().rollout.is_empty(), "{:?}", h.status().rollout);
+    // Nothing waits any more: an ACK needs no reconcile at all.
+    assert!(!h.stream(1, &["default", "system_trust_bundle"], Some(issued)));
+}
