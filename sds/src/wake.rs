@@ -63,7 +63,7 @@ impl Wakes {
             wakes: self.clone(),
             key: key.clone(),
             everyone,
-            mine,
+            mine: Some(mine),
         }
     }
 
@@ -96,7 +96,8 @@ pub(crate) struct Waiter {
     wakes: Arc<Wakes>,
     key: ProxyKey,
     everyone: watch::Receiver<u64>,
-    mine: watch::Receiver<u64>,
+    /// `None` only while it drops.
+    mine: Option<watch::Receiver<u64>>,
 }
 
 impl Waiter {
@@ -107,11 +108,20 @@ impl Waiter {
             changed = self.everyone.changed() => {
                 changed.is_ok() && *self.everyone.borrow_and_update() != CLOSED
             }
-            changed = self.mine.changed() => {
-                self.mine.borrow_and_update();
-                changed.is_ok()
-            }
+            changed = changed_or_pending(self.mine.as_mut()) => changed,
         }
+    }
+}
+
+/// Whether `rx`'s sender is still there once it changed; never resolves without a receiver.
+async fn changed_or_pending(rx: Option<&mut watch::Receiver<u64>>) -> bool {
+    match rx {
+        Some(rx) => {
+            let changed = rx.changed().await.is_ok();
+            rx.borrow_and_update();
+            changed
+        }
+        None => std::future::pending().await,
     }
 }
 
@@ -122,10 +132,12 @@ impl Drop for Waiter {
             .shard(&self.key)
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        // The last waiter of the proxy takes its entry along (this receiver still counts).
+        // This waiter's receiver goes first, under the lock: the last waiter of the proxy, whichever it
+        // is, then sees no receiver left and takes the entry along.
+        drop(self.mine.take());
         if shard
             .get(&self.key)
-            .is_some_and(|tx| tx.receiver_count() <= 1)
+            .is_some_and(|tx| tx.receiver_count() == 0)
         {
             shard.remove(&self.key);
         }

@@ -325,3 +325,69 @@ async fn nothing_available_sends_nothing_until_it_is() {
         ["system_trust_bundle_egress"]
     );
 }
+
+#[tokio::test]
+async fn a_snapshot_that_changes_one_proxy_wakes_only_its_streams() {
+    let world = World::new();
+    let mut harness = Harness::start_with(ServerOptions::default(), world.snapshot(1)).await;
+    let asked = names(&["default"]);
+    let mut stream1 = open_web1(&harness, &["default"]).await;
+    let (token, _) = harness.token_for("default", "web-2");
+    let mut stream2 = Sotw::open(
+        harness.tls_channel().await,
+        Some(&token),
+        first_request("default.web-2", &["default"]),
+    )
+    .await
+    .expect("stream opens");
+    let (first1, first2) = (
+        stream1.expect_response().await,
+        stream2.expect_response().await,
+    );
+    stream1.ack(&first1, &asked).await;
+    stream2.ack(&first2, &asked).await;
+    let web2_stream = harness
+        .event(|e| match e {
+            StreamEvent::Connected { stream, claims } if claims.name == "web-2" => Some(stream),
+            _ => None,
+        })
+        .await;
+    let web2_acked = |e: StreamEvent| match e {
+        StreamEvent::Acked {
+            stream, generation, ..
+        } if stream == web2_stream => Some(generation),
+        _ => None,
+    };
+    assert_eq!(harness.event(web2_acked).await, 1);
+    // Generation 2 changes web-1's certificate only, and says so.
+    let mut renewed = world.snapshot(2);
+    renewed.proxies.insert(
+        web1(),
+        ProxyEntry::Ready(identity(
+            "spiffe://default.zone/workload/web-1",
+            Some("mi-web"),
+        )),
+    );
+    renewed.changed = meshca_control::Changed {
+        since: 1,
+        proxies: Some(vec![web1()].into()),
+    };
+    harness.publish(renewed.clone());
+    let second = stream1.expect_response().await;
+    assert_ne!(
+        second.version_info, first1.version_info,
+        "web-1 gets its new certificate"
+    );
+    stream1.ack(&second, &asked).await;
+    // Generation 3 says anything may have changed: every stream looks, web-2 finds nothing new and
+    // reports its ACK under generation 3. It never heard of generation 2.
+    let mut everyone = renewed;
+    everyone.generation = 3;
+    everyone.changed = meshca_control::Changed::default();
+    harness.publish(everyone);
+    assert_eq!(
+        harness.event(web2_acked).await,
+        3,
+        "web-2 was woken for web-1's change"
+    );
+}
