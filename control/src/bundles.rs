@@ -9,7 +9,7 @@ use meshca_config::{MeshService, ServiceIdentity};
 use crate::egress::{EGRESS_BUNDLE, EGRESS_SERVICE};
 use crate::gate::CaTrust;
 use crate::snapshot::{
-    Changed, MeshServiceTrust, MeshView, ProxyEntry, ProxyKey, ProxyMap, Snapshot, TrustBundle,
+    Changed, MeshServiceTrust, MeshView, ProxyEntry, ProxyMap, Snapshot, TrustBundle,
 };
 use crate::world::{MeshState, World};
 
@@ -201,41 +201,6 @@ pub fn snapshot(
         all,
         egress,
     }
-}
-
-/// What `new` changes relative to `old` (their generations aside): `None` when it serves other bundles
-/// or contexts, else the proxies whose entry or claim rule differs (none: the same content). Bundles and
-/// identities are compared by pointer: the owner reuses the same `Arc` while one is unchanged.
-pub fn changed_proxies(old: &Snapshot, new: &Snapshot) -> Option<Vec<ProxyKey>> {
-    if !same_trust(old, new) {
-        return None;
-    }
-    let mut changed: Vec<ProxyKey> = Vec::new();
-    for (key, entry) in &new.proxies {
-        if old.proxies.get(key).is_none_or(|e| !same_entry(e, entry)) {
-            changed.push(key.clone());
-        }
-    }
-    changed.extend(
-        old.proxies
-            .keys()
-            .filter(|k| !new.proxies.contains_key(*k))
-            .cloned(),
-    );
-    for (key, rule) in &new.claim_rules {
-        if old.claim_rules.get(key) != Some(rule) {
-            changed.push(key.clone());
-        }
-    }
-    changed.extend(
-        old.claim_rules
-            .keys()
-            .filter(|k| !new.claim_rules.contains_key(*k))
-            .cloned(),
-    );
-    changed.sort();
-    changed.dedup();
-    Some(changed)
 }
 
 /// Whether two entries serve the same: identities are compared by pointer (the owner reuses the `Arc`

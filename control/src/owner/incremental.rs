@@ -25,6 +25,9 @@ pub(super) struct Renewals {
 impl Renewals {
     /// Sets (or, with `None`, clears) when `key` is renewed.
     pub fn set(&mut self, key: &ProxyKey, at: Option<SystemTime>) {
+        if self.by_proxy.get(key) == at.as_ref() {
+            return;
+        }
         if let Some(old) = self.by_proxy.remove(key) {
             self.by_time.remove(&(old, key.clone()));
         }
@@ -34,10 +37,12 @@ impl Renewals {
         }
     }
 
-    /// Forgets every renewal.
-    pub fn clear(&mut self) {
-        self.by_time.clear();
-        self.by_proxy.clear();
+    /// Keeps the renewals of the proxies `keep` says.
+    pub fn retain(&mut self, keep: impl Fn(&ProxyKey) -> bool) {
+        let gone: Vec<ProxyKey> = self.by_proxy.keys().filter(|k| !keep(k)).cloned().collect();
+        for key in gone {
+            self.set(&key, None);
+        }
     }
 
     /// The proxies due for renewal at `now`.

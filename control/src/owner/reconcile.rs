@@ -83,6 +83,9 @@ impl Owner {
         touched: &BTreeSet<ProxyKey>,
         now: SystemTime,
     ) -> Option<SystemTime> {
+        // Under the configuration of the last reconcile, only the touched proxies' descriptions and
+        // claim rules can have changed.
+        let unchanged_world = self.described_for == Some(self.world_version);
         let dataplanes = self.refresh_dataplanes(touched);
         self.plan_egress();
         let generation = self.snapshot_generation + 1;
@@ -97,15 +100,21 @@ impl Owner {
         // A CA or an ID that no connected stream must carry may be used at once.
         self.gate.confirm(&self.streams, now);
         self.reasons.clear();
-        self.renewals.clear();
         let connected: Vec<ProxyKey> = self.streams.proxies().cloned().collect();
-        let entries: ProxyMap<ProxyEntry> = self
-            .serve(connected, &dataplanes, generation, now)
-            .into_iter()
-            .collect();
+        let entries = self.serve(connected, &dataplanes, generation, now);
+        let streams = &self.streams;
+        self.renewals.retain(|key| streams.is_connected(key));
         self.forget_vanished(&dataplanes);
         self.update_service_tls(&dataplanes, &trust);
-        self.publish_snapshot(generation, &trust, entries, &service_ids, &dataplanes);
+        let rules_changed = unchanged_world.then_some(touched);
+        self.publish_snapshot(
+            generation,
+            &trust,
+            entries,
+            &service_ids,
+            &dataplanes,
+            rules_changed,
+        );
         self.report_gate_events();
         self.reconciled_at = now;
         self.dataplanes = dataplanes;
@@ -606,37 +615,92 @@ impl Owner {
             .retain(|(m, s)| services.contains(&(m.as_str(), s.as_str())));
     }
 
-    /// Builds the snapshot and publishes it when its content differs from the last one: every publish
-    /// wakes every stream, and streams whose content did not change report an ACK of the new
-    /// generation, which would wake a waiting rollout again.
+    /// Builds the snapshot and publishes it when its content differs from the last one, saying which
+    /// proxies it changed (or that anything may have, when a bundle or context did). The per-proxy maps
+    /// start from the last snapshot's and change only where an entry or rule differs, so an unchanged
+    /// proxy costs a lookup. Claim rules are recomputed for `rules_changed` (every dataplane when `None`:
+    /// a new configuration).
     fn publish_snapshot(
         &mut self,
         generation: u64,
         trust: &BTreeMap<String, Vec<CaTrust>>,
-        entries: ProxyMap<ProxyEntry>,
+        entries: Vec<(ProxyKey, ProxyEntry)>,
         service_ids: &ServiceIds,
         dataplanes: &Dataplanes,
+        rules_changed: Option<&BTreeSet<ProxyKey>>,
     ) {
+        let previous = self.snapshot_tx.borrow().clone();
+        let mut changed: BTreeSet<ProxyKey> = BTreeSet::new();
+        let mut proxies = previous.proxies.clone();
+        let served: HashSet<ProxyKey> = entries.iter().map(|(key, _)| key.clone()).collect();
+        for (key, entry) in entries {
+            if proxies
+                .get(&key)
+                .is_none_or(|old| !bundles::same_entry(old, &entry))
+            {
+                changed.insert(key.clone());
+                proxies.insert(key, entry);
+            }
+        }
+        let gone: Vec<ProxyKey> = proxies
+            .keys()
+            .filter(|key| !served.contains(*key))
+            .cloned()
+            .collect();
+        for key in gone {
+            proxies.remove(&key);
+            changed.insert(key);
+        }
         let mut snapshot = bundles::snapshot(
             generation,
             &self.world,
             trust,
-            entries,
+            proxies,
             service_ids,
             &mut self.bundles,
         );
-        // Every filed dataplane has a rule (a contradicting token is refused at once, connected or
-        // not); a token-registered one only while the registering proxy is connected.
-        snapshot.claim_rules = dataplanes
-            .iter()
-            .filter_map(|(k, d)| Some((k.clone(), self.claim_rule_of(k, d)?)))
-            .collect();
-        let previous = self.snapshot_tx.borrow().clone();
-        let changed = bundles::changed_proxies(&previous, &snapshot);
-        if changed.as_ref().is_none_or(|keys| !keys.is_empty()) {
+        snapshot.claim_rules = match rules_changed {
+            Some(keys) => {
+                let mut rules = previous.claim_rules.clone();
+                for key in keys {
+                    let rule = dataplanes
+                        .get(key)
+                        .and_then(|described| self.claim_rule_of(key, described));
+                    let old = match &rule {
+                        Some(rule) => rules.insert(key.clone(), rule.clone()),
+                        None => rules.remove(key),
+                    };
+                    if old != rule {
+                        changed.insert(key.clone());
+                    }
+                }
+                rules
+            }
+            None => {
+                let rules: ProxyMap<Arc<ClaimRule>> = dataplanes
+                    .iter()
+                    .filter_map(|(k, d)| Some((k.clone(), self.claim_rule_of(k, d)?)))
+                    .collect();
+                for (key, rule) in &rules {
+                    if previous.claim_rules.get(key) != Some(rule) {
+                        changed.insert(key.clone());
+                    }
+                }
+                changed.extend(
+                    previous
+                        .claim_rules
+                        .keys()
+                        .filter(|k| !rules.contains_key(*k))
+                        .cloned(),
+                );
+                rules
+            }
+        };
+        let proxies_only = bundles::same_trust(&previous, &snapshot);
+        if !proxies_only || !changed.is_empty() {
             snapshot.changed = Changed {
                 since: previous.generation,
-                proxies: changed.map(Into::into),
+                proxies: proxies_only.then(|| changed.into_iter().collect()),
             };
             self.snapshot_generation = generation;
             self.snapshot_tx.send_replace(Arc::new(snapshot));
