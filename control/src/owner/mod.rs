@@ -224,9 +224,8 @@ pub struct Owner {
     reconciled_at: SystemTime,
     /// Every dataplane as of the last reconcile.
     dataplanes: Dataplanes,
-    /// Counts the configurations served; `dataplanes` was described against `described_for`.
-    world_version: u64,
-    described_for: Option<u64>,
+    /// The resources `dataplanes` was described from.
+    described_from: Option<Arc<meshca_config::Resources>>,
     /// Every MeshService's SPIFFE IDs as of the last reconcile.
     service_ids: ServiceIds,
     telemetry: Arc<dyn Telemetry>,
@@ -267,8 +266,7 @@ impl Owner {
             configured: HashSet::new(),
             reconciled_at: SystemTime::UNIX_EPOCH,
             dataplanes: Dataplanes::new(),
-            world_version: 0,
-            described_for: None,
+            described_from: None,
             service_ids: ServiceIds::new(),
             telemetry,
             snapshot_tx,
@@ -323,7 +321,6 @@ impl Owner {
             return;
         }
         self.world = Arc::new(world);
-        self.world_version += 1;
         self.full = true;
     }
 
@@ -440,10 +437,11 @@ impl Owner {
     /// Every dataplane, described anew only where something changed: all of them under a new
     /// configuration, else the proxies in `touched` (whose registration may have changed).
     fn refresh_dataplanes(&mut self, touched: &BTreeSet<ProxyKey>) -> Dataplanes {
-        if self.described_for != Some(self.world_version) {
-            self.described_for = Some(self.world_version);
+        if !self.descriptions_current() {
+            self.described_from = Some(self.world.resources.clone());
             return self.known_dataplanes();
         }
+        self.described_from = Some(self.world.resources.clone());
         let mut dataplanes = std::mem::take(&mut self.dataplanes);
         for key in touched {
             match self.describe(key) {
@@ -452,6 +450,17 @@ impl Owner {
             };
         }
         dataplanes
+    }
+
+    /// Whether the dataplanes were described from files that describe them as the serving ones do: the
+    /// same Dataplane and ZoneEgress resources (an edit of a Mesh or a MeshIdentity changes no
+    /// description).
+    pub(super) fn descriptions_current(&self) -> bool {
+        self.described_from.as_ref().is_some_and(|from| {
+            let now = &self.world.resources;
+            Arc::ptr_eq(from, now)
+                || (from.dataplanes == now.dataplanes && from.zone_egresses == now.zone_egresses)
+        })
     }
 
     /// What meshca knows of one dataplane: its Dataplane file, else (for a zone egress) its ZoneEgress

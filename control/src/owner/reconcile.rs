@@ -83,9 +83,9 @@ impl Owner {
         touched: &BTreeSet<ProxyKey>,
         now: SystemTime,
     ) -> Option<SystemTime> {
-        // Under the configuration of the last reconcile, only the touched proxies' descriptions and
-        // claim rules can have changed.
-        let unchanged_world = self.described_for == Some(self.world_version);
+        // While the files that describe dataplanes are unchanged, only the touched proxies'
+        // descriptions and claim rules can have changed.
+        let unchanged_world = self.descriptions_current();
         let dataplanes = self.refresh_dataplanes(touched);
         self.plan_egress();
         let generation = self.snapshot_generation + 1;

@@ -266,3 +266,27 @@ fn acks_during_a_rollout_are_recounted_without_reconciling_everyone() {
     // Nothing waits any more: an ACK needs no reconcile at all.
     assert!(!h.stream(1, &["default", "system_trust_bundle"], Some(issued)));
 }
+
+#[test]
+fn dataplanes_are_described_again_only_when_their_files_change() {
+    let yaml = format!("{LEGACY}---\n{WEB_SERVICE}");
+    let mut h = Harness::new(&yaml);
+    h.connect("web-1", &[("app", "web")], &[("kuma.io/service", "web")]);
+    h.owner.reconcile(t0());
+    let web_1 = ProxyKey::new("default", "web-1");
+    let rule = |h: &Harness| h.snapshots.borrow().claim_rules[&web_1].clone();
+    let before = rule(&h);
+    // An edit of the Mesh alone describes nobody again: the same rule is served.
+    let switched = format!("{SWITCHED}---\n{WEB_SERVICE}");
+    h.update(&switched).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    assert!(Arc::ptr_eq(&before, &rule(&h)));
+    // An edit of the Dataplane file does.
+    let relabelled = switched.replace("labels: {app: web}", "labels: {app: web, tier: front}");
+    h.update(&relabelled).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    assert_eq!(
+        rule(&h).labels.get("tier").map(String::as_str),
+        Some("front")
+    );
+}
