@@ -33,6 +33,9 @@ enum Served {
     },
 }
 
+/// How long a proxy whose renewal failed waits before it is tried again.
+const ISSUE_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How many proxies a wait names (the count says how many there are).
 const NAMED_WAITERS: usize = 20;
 
@@ -309,19 +312,25 @@ impl Owner {
         self.issue_all(&jobs, generation, now);
         let mut entries = Vec::with_capacity(plans.len());
         for (key, served) in plans {
-            let entry = match served {
-                Served::Entry(entry) => entry,
+            let (entry, renew_at) = match served {
+                Served::Entry(entry) => (entry, None),
                 Served::Decided { gated, .. } => match self.issued.get(&key) {
-                    Some(issued) => ProxyEntry::Ready(issued.published.clone()),
-                    None if gated => ProxyEntry::Pending,
-                    None => ProxyEntry::NoIdentity {
-                        reason: "issuance failed; see the daemon log".into(),
-                    },
+                    // Held back by the gate: the wait's end (or its timeout) reconciles every proxy,
+                    // this one included; a renewal time in the past would only spin the loop.
+                    Some(issued) if gated => (ProxyEntry::Ready(issued.published.clone()), None),
+                    // A renewal that failed is tried again after a pause.
+                    Some(issued) => (
+                        ProxyEntry::Ready(issued.published.clone()),
+                        Some(issued.renew_at.max(now + ISSUE_RETRY)),
+                    ),
+                    None if gated => (ProxyEntry::Pending, None),
+                    None => (
+                        ProxyEntry::NoIdentity {
+                            reason: "issuance failed; see the daemon log".into(),
+                        },
+                        Some(now + ISSUE_RETRY),
+                    ),
                 },
-            };
-            let renew_at = match &entry {
-                ProxyEntry::Ready(_) => self.issued.get(&key).map(|issued| issued.renew_at),
-                _ => None,
             };
             self.renewals.set(&key, renew_at);
             match &entry {

@@ -290,3 +290,32 @@ fn dataplanes_are_described_again_only_when_their_files_change() {
         Some("front")
     );
 }
+
+#[test]
+fn a_renewal_the_gate_holds_back_does_not_make_the_loop_spin() {
+    let scopes = Arc::new(Scopes::default());
+    let mut h = Harness::with_telemetry(LEGACY, scopes.clone());
+    // A rollout that waits longer than the certificates take to come due.
+    let day = Duration::from_secs(24 * 3600);
+    h.owner.config.ack_timeout = day;
+    h.owner.gate = crate::gate::Gate::new(true, day);
+    for name in ["web-1", "web-2"] {
+        h.connect(name, &[], &[("kuma.io/service", "web")]);
+    }
+    h.owner.reconcile(t0());
+    let generation = h.snapshots.borrow().generation;
+    h.ack(1, Some(generation));
+    h.ack(2, Some(generation));
+    h.update(SWITCHED).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    // Both are due for renewal (10 h certificates, renewed at 80%), but only ca-2 may issue and nobody
+    // has ACKed its bundle: the next wake-up is the gate's timeout, not a renewal time in the past.
+    let later = t0() + Duration::from_secs(9 * 3600);
+    let next = h.owner.reconcile(later).expect("the gate's timeout is due");
+    assert!(next > later, "the loop would wake at once: {next:?}");
+    assert_eq!(scopes.take().last(), Some(&(Scope::Acks, 0)));
+    assert_eq!(
+        h.status().meshes[0].proxies_by_issuer,
+        BTreeMap::from([("backend ca-1".to_owned(), 2)])
+    );
+}
