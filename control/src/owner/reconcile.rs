@@ -318,11 +318,14 @@ impl Owner {
                     // Held back by the gate: the wait's end (or its timeout) reconciles every proxy,
                     // this one included; a renewal time in the past would only spin the loop.
                     Some(issued) if gated => (ProxyEntry::Ready(issued.published.clone()), None),
-                    // A renewal that failed is tried again after a pause.
-                    Some(issued) => (
-                        ProxyEntry::Ready(issued.published.clone()),
-                        Some(issued.renew_at.max(now + ISSUE_RETRY)),
-                    ),
+                    // A renewal that failed (its time has passed) is tried again after a pause.
+                    Some(issued) => {
+                        let retry = (issued.renew_at <= now).then_some(now + ISSUE_RETRY);
+                        (
+                            ProxyEntry::Ready(issued.published.clone()),
+                            Some(retry.unwrap_or(issued.renew_at)),
+                        )
+                    }
                     None if gated => (ProxyEntry::Pending, None),
                     None => (
                         ProxyEntry::NoIdentity {

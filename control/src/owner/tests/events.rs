@@ -319,3 +319,22 @@ fn a_renewal_the_gate_holds_back_does_not_make_the_loop_spin() {
         BTreeMap::from([("backend ca-1".to_owned(), 2)])
     );
 }
+
+#[test]
+fn a_short_lived_certificate_is_renewed_before_it_expires() {
+    // 10 s certificates (NotBefore 10 s back): renewed at 80% of 20 s, minus up to 5% jitter.
+    let mut h = Harness::new(&LEGACY.replace("expiration: 10h", "expiration: 10s"));
+    h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    let due = h
+        .owner
+        .reconcile(t0())
+        .expect("a served proxy has a renewal time");
+    assert!(
+        due <= t0() + Duration::from_secs(6),
+        "renewal at {:?} after issuance, the certificate expires at 10 s",
+        due.duration_since(t0())
+    );
+    let before = h.ready("web-1");
+    h.owner.reconcile(due);
+    assert!(!Arc::ptr_eq(&before, &h.ready("web-1")), "renewed when due");
+}
