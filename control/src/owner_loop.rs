@@ -1,5 +1,5 @@
 //! The owner's task: stream events, resource reloads, renewals and CA rotation steps, each followed by
-//! one reconcile.
+//! one reconcile, and status requests, answered between two of them.
 //!
 //! Reading and checking the resources directory (files, provided CAs, the keystore) runs on a
 //! blocking thread, never in the loop: while an update loads, streams are still served, ACKs

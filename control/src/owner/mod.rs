@@ -1,8 +1,9 @@
 //! The owner: the one place that turns the accepted configuration, the connected proxies and the clock
 //! into an immutable [`Snapshot`] for SDS and a [`Status`] for operators.
 //!
-//! Only the owner changes its state (stream events, accepted or rejected updates, reconciles);
-//! everything it shares is published whole through `watch` channels.
+//! Only the owner changes its state (stream events, accepted or rejected updates, reconciles). The
+//! snapshot is published whole through a `watch` channel, saying which proxies it changed; the status is
+//! built from the owner's state when someone asks for it ([`Owner::status`]).
 
 mod incremental;
 mod issue;
