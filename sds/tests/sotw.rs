@@ -12,11 +12,16 @@ use meshca_sds::{SdsMetrics, ServerOptions, StreamKind};
 use tonic::Code;
 
 async fn open_web1(harness: &Harness, resources: &[&str]) -> Sotw {
-    let (token, _) = harness.token_for("default", "web-1");
+    open_proxy(harness, "web-1", resources).await
+}
+
+/// A stream of proxy `name` of mesh `default`, with its own token, asking for `resources`.
+async fn open_proxy(harness: &Harness, name: &str, resources: &[&str]) -> Sotw {
+    let (token, _) = harness.token_for("default", name);
     Sotw::open(
         harness.tls_channel().await,
         Some(&token),
-        first_request("default.web-1", resources),
+        first_request(&format!("default.{name}"), resources),
     )
     .await
     .expect("stream opens")
@@ -332,14 +337,7 @@ async fn a_snapshot_that_changes_one_proxy_wakes_only_its_streams() {
     let mut harness = Harness::start_with(ServerOptions::default(), world.snapshot(1)).await;
     let asked = names(&["default"]);
     let mut stream1 = open_web1(&harness, &["default"]).await;
-    let (token, _) = harness.token_for("default", "web-2");
-    let mut stream2 = Sotw::open(
-        harness.tls_channel().await,
-        Some(&token),
-        first_request("default.web-2", &["default"]),
-    )
-    .await
-    .expect("stream opens");
+    let mut stream2 = open_proxy(&harness, "web-2", &["default"]).await;
     let (first1, first2) = (
         stream1.expect_response().await,
         stream2.expect_response().await,
