@@ -66,8 +66,8 @@ pub struct StatusReply {
 #[derive(Debug, thiserror::Error)]
 pub enum StatusUnavailable {
     /// The loop did not answer within the wait: it is busy with a long turn.
-    #[error("the control loop did not answer within {}s: it is busy with one long step (a large issuance wave or reload)", STATUS_WAIT.as_secs())]
-    Busy,
+    #[error("the control loop did not answer within {}s: it is busy with one long step (a large issuance wave or reload)", .0.as_secs_f64())]
+    Busy(Duration),
     /// The loop has stopped.
     #[error("the control loop has stopped")]
     Stopped,
@@ -82,6 +82,15 @@ pub struct StatusHandle {
 impl StatusHandle {
     /// The owner's status now, built by the loop between two of its turns.
     pub async fn get(&self, detail: Detail) -> Result<StatusReply, StatusUnavailable> {
+        self.get_within(detail, STATUS_WAIT).await
+    }
+
+    /// The same, waiting at most `wait` for the loop.
+    pub async fn get_within(
+        &self,
+        detail: Detail,
+        wait: Duration,
+    ) -> Result<StatusReply, StatusUnavailable> {
         let (reply, answer) = oneshot::channel();
         let asked = async {
             self.tx
@@ -90,9 +99,9 @@ impl StatusHandle {
                 .map_err(|_| StatusUnavailable::Stopped)?;
             answer.await.map_err(|_| StatusUnavailable::Stopped)
         };
-        tokio::time::timeout(STATUS_WAIT, asked)
+        tokio::time::timeout(wait, asked)
             .await
-            .map_err(|_| StatusUnavailable::Busy)?
+            .map_err(|_| StatusUnavailable::Busy(wait))?
     }
 
     /// The full status document.
@@ -594,6 +603,37 @@ mod tests {
         keystore.set_hold(false);
         assert_eq!(done.await.expect("the outcome is sent"), Ok(()));
         shutdown.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_status_request_gives_up_on_a_busy_loop_and_names_the_wait() {
+        // A loop that takes the request and never answers: busy with one long step.
+        let (tx, mut queries) = mpsc::channel(1);
+        let handle = StatusHandle { tx };
+        let busy = tokio::spawn(async move {
+            let held = queries.recv().await;
+            std::future::pending::<()>().await;
+            drop(held);
+        });
+        let wait = Duration::from_secs(2);
+        let error = handle
+            .get_within(Detail::Summary, wait)
+            .await
+            .expect_err("nobody answers");
+        assert!(
+            matches!(error, StatusUnavailable::Busy(w) if w == wait),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("within 2s"), "{error}");
+        busy.abort();
+        // A loop that is gone says so at once.
+        let (tx, queries) = mpsc::channel(1);
+        drop(queries);
+        let error = StatusHandle { tx }
+            .get(Detail::Full)
+            .await
+            .expect_err("the loop stopped");
+        assert!(matches!(error, StatusUnavailable::Stopped), "{error:?}");
     }
 
     #[test]

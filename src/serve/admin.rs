@@ -35,6 +35,10 @@ pub struct AdminState {
     pub owner_health: Arc<LoopHealth>,
 }
 
+/// How long a scrape of `/metrics` waits for the control loop to refresh the state gauges (well inside
+/// Prometheus's default scrape timeout of 10 s).
+const METRICS_STATUS_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// How long one turn of the control loop may take before `/ready` says the daemon is stuck.
 const LOOP_STALL: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -110,10 +114,15 @@ async fn current(s: &AdminState, detail: Detail) -> Result<meshca_control::Statu
 
 async fn metrics(State(s): State<AdminState>) -> Response {
     // Gauges that describe the owner's state are read from a status built now (without the
-    // per-dataplane list); counters and histograms were counted as things happened.
-    match current(&s, Detail::Summary).await {
+    // per-dataplane list); counters and histograms were counted as things happened. While the loop
+    // is busy with one long step, the scrape still answers, with the gauges of the last scrape.
+    match s
+        .status
+        .get_within(Detail::Summary, METRICS_STATUS_WAIT)
+        .await
+    {
         Ok(reply) => s.metrics.observe(&reply.status, &reply.world),
-        Err(response) => return response,
+        Err(e) => tracing::debug!("metrics: state gauges not refreshed: {e}"),
     }
     (
         [(
