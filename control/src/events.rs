@@ -3,6 +3,7 @@
 //! rollout gate never has to ask the server.
 
 use std::fmt;
+use std::sync::Arc;
 
 use meshca_auth::Claims;
 
@@ -34,8 +35,8 @@ pub enum StreamEvent {
     Connected {
         /// The stream.
         stream: StreamId,
-        /// The verified token claims.
-        claims: Claims,
+        /// The verified token claims, shared with the stream that holds them.
+        claims: Arc<Claims>,
     },
     /// The stream's subscription is now exactly `resources` (sent when it changes).
     Subscribed {

@@ -572,7 +572,7 @@ mod tests {
         events_tx
             .send(StreamEvent::Connected {
                 stream: StreamId(1),
-                claims,
+                claims: Arc::new(claims),
             })
             .await
             .expect("the loop listens");

@@ -14,11 +14,10 @@ use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_server
 use futures::Stream;
 use meshca_auth::{Claims, RevocationList, Verifier};
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::codec::{BufferSettings, Codec};
 use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
-use tonic::server::{NamedService, StreamingService, UnaryService};
+use tonic::server::{NamedService, UnaryService};
 use tonic::{Request, Response, Status, Streaming};
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
@@ -28,14 +27,12 @@ use crate::conn::ConnInfo;
 use crate::delta::Delta;
 use crate::log_budget::LogBudget;
 use crate::metrics::SdsMetrics;
+use crate::outbox::OutboxStream;
 use crate::registry::StreamRegistry;
 use crate::sotw::Sotw;
 use crate::untrusted::shown;
 use crate::wake::{Waiter, Wakes};
-use crate::{authn, fetch, stream};
-
-/// Responses buffered per stream before the stream task waits for the proxy to read.
-const STREAM_BUFFER: usize = 4;
+use crate::{authn, fetch, grpc_body, stream};
 
 /// A good capacity for the event channel handed to [`SdsServer::new`]: enough for a burst of
 /// connections and ACKs while the owner reconciles; when it is full, streams wait to report.
@@ -363,6 +360,45 @@ where
     }
 }
 
+/// A streaming call's request as tonic hands it to a service: its messages decoded with [`SdsCodec`],
+/// at most `max_bytes` each. A compressed stream is refused, as tonic's server does without
+/// compression.
+fn streaming_request<B, T>(
+    request: http::Request<B>,
+    max_bytes: usize,
+) -> Result<Request<Streaming<T>>, Status>
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+    T: prost::Message + Default + Send + 'static,
+{
+    let encoding = request.headers().get("grpc-encoding");
+    if let Some(encoding) = encoding.filter(|e| *e != "identity") {
+        return Err(Status::unimplemented(format!(
+            "requests compressed with {} are not accepted; send them uncompressed",
+            shown(&String::from_utf8_lossy(encoding.as_bytes()))
+        )));
+    }
+    let decoder = SdsCodec::<(), T>::default().decoder();
+    Ok(Request::from_http(request.map(|body| {
+        Streaming::new_request(decoder, body, None, Some(max_bytes))
+    })))
+}
+
+/// A streaming call's answer: its responses (see [`crate::grpc_body`]), or the status it was refused
+/// with.
+fn streaming_response<M>(
+    response: Result<Response<ResponseStream<M>>, Status>,
+) -> http::Response<tonic::body::Body>
+where
+    M: prost::Message + 'static,
+{
+    match response {
+        Ok(response) => grpc_body::response(response.into_inner()),
+        Err(status) => status.into_http(),
+    }
+}
+
 /// Routes the three SDS methods to [`SdsServer`], as the generated server does, with [`SdsCodec`].
 #[derive(Clone)]
 struct GrpcService {
@@ -395,14 +431,16 @@ where
         let request_bytes = server.shared.options.limits.request_bytes;
         match request.uri().path() {
             STREAM_SECRETS => Box::pin(async move {
-                let mut grpc = tonic::server::Grpc::new(SdsCodec::default())
-                    .max_decoding_message_size(request_bytes);
-                Ok(grpc.streaming(StreamSecrets(server), request).await)
+                Ok(match streaming_request(request, request_bytes) {
+                    Ok(request) => streaming_response(server.stream_secrets(request).await),
+                    Err(status) => status.into_http(),
+                })
             }),
             DELTA_SECRETS => Box::pin(async move {
-                let mut grpc = tonic::server::Grpc::new(SdsCodec::default())
-                    .max_decoding_message_size(request_bytes);
-                Ok(grpc.streaming(DeltaSecrets(server), request).await)
+                Ok(match streaming_request(request, request_bytes) {
+                    Ok(request) => streaming_response(server.delta_secrets(request).await),
+                    Err(status) => status.into_http(),
+                })
             }),
             FETCH_SECRETS => Box::pin(async move {
                 let mut grpc = tonic::server::Grpc::new(SdsCodec::default())
@@ -411,32 +449,6 @@ where
             }),
             _ => Box::pin(async move { Ok(Status::unimplemented("").into_http()) }),
         }
-    }
-}
-
-struct StreamSecrets(SdsServer);
-
-impl StreamingService<DiscoveryRequest> for StreamSecrets {
-    type Response = DiscoveryResponse;
-    type ResponseStream = ResponseStream<DiscoveryResponse>;
-    type Future = BoxFuture<Response<Self::ResponseStream>, Status>;
-
-    fn call(&mut self, request: Request<Streaming<DiscoveryRequest>>) -> Self::Future {
-        let server = self.0.clone();
-        Box::pin(async move { server.stream_secrets(request).await })
-    }
-}
-
-struct DeltaSecrets(SdsServer);
-
-impl StreamingService<DeltaDiscoveryRequest> for DeltaSecrets {
-    type Response = DeltaDiscoveryResponse;
-    type ResponseStream = ResponseStream<DeltaDiscoveryResponse>;
-    type Future = BoxFuture<Response<Self::ResponseStream>, Status>;
-
-    fn call(&mut self, request: Request<Streaming<DeltaDiscoveryRequest>>) -> Self::Future {
-        let server = self.0.clone();
-        Box::pin(async move { server.delta_secrets(request).await })
     }
 }
 
@@ -466,12 +478,17 @@ impl SecretDiscoveryService for SdsServer {
         let shared = self.shared.clone();
         let claims = self.shared.authenticate(request.metadata())?;
         let open = opened_on_connection(&request);
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        tokio::spawn(async move {
-            stream::run::<Sotw>(shared, claims, request.into_inner(), tx).await;
-            drop(open);
+        let start = Box::new(stream::Start {
+            shared,
+            claims,
+            inbound: request.into_inner(),
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(OutboxStream::new(
+            |outbox| async move {
+                stream::run::<Sotw>(start, outbox).await;
+                drop(open);
+            },
+        ))))
     }
 
     async fn delta_secrets(
@@ -481,12 +498,17 @@ impl SecretDiscoveryService for SdsServer {
         let shared = self.shared.clone();
         let claims = self.shared.authenticate(request.metadata())?;
         let open = opened_on_connection(&request);
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        tokio::spawn(async move {
-            stream::run::<Delta>(shared, claims, request.into_inner(), tx).await;
-            drop(open);
+        let start = Box::new(stream::Start {
+            shared,
+            claims,
+            inbound: request.into_inner(),
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(OutboxStream::new(
+            |outbox| async move {
+                stream::run::<Delta>(start, outbox).await;
+                drop(open);
+            },
+        ))))
     }
 
     async fn fetch_secrets(
@@ -514,6 +536,32 @@ fn opened_on_connection<T>(request: &Request<T>) -> Option<crate::conn::StreamGu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn request_with_encoding(encoding: Option<&str>) -> http::Request<tonic::body::Body> {
+        let mut request = http::Request::new(tonic::body::Body::empty());
+        if let Some(encoding) = encoding {
+            request
+                .headers_mut()
+                .insert("grpc-encoding", encoding.parse().expect("a header value"));
+        }
+        request
+    }
+
+    #[test]
+    fn a_compressed_stream_is_refused_and_an_uncompressed_one_decoded() {
+        let refused =
+            streaming_request::<_, DiscoveryRequest>(request_with_encoding(Some("gzip")), 1024)
+                .expect_err("gzip is not accepted");
+        assert_eq!(refused.code(), tonic::Code::Unimplemented);
+        assert!(refused.message().contains("gzip"), "{}", refused.message());
+        for accepted in [None, Some("identity")] {
+            assert!(
+                streaming_request::<_, DiscoveryRequest>(request_with_encoding(accepted), 1024)
+                    .is_ok(),
+                "{accepted:?}"
+            );
+        }
+    }
 
     fn server_with_events(capacity: usize) -> (SdsServer, mpsc::Receiver<StreamEvent>) {
         let (signing, _pkcs8) = meshca_auth::SigningKey::generate().expect("a token key");

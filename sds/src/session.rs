@@ -22,7 +22,7 @@ use crate::wake::Waiter;
 pub(crate) struct Session {
     pub(crate) shared: Arc<Shared>,
     pub(crate) id: StreamId,
-    pub(crate) claims: Claims,
+    pub(crate) claims: Arc<Claims>,
     pub(crate) ctx: ProxyContext,
     snapshots: watch::Receiver<Arc<Snapshot>>,
     /// Woken by the snapshots that concern this proxy.
@@ -85,6 +85,7 @@ impl Session {
         if kind.is_some() {
             SdsMetrics::incr(&shared.metrics.streams_open);
         }
+        let claims = Arc::new(claims);
         let expires = token_deadline(claims.expires_at);
         let mut revocations = shared.revocations.clone();
         revocations.mark_changed();

@@ -13,12 +13,12 @@ use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use meshca_auth::Claims;
 use meshca_control::{ResourceName, Snapshot, StreamEvent};
-use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
 use crate::authn;
 use crate::metrics::SdsMetrics;
 use crate::names::{self, Lookup, Resolved};
+use crate::outbox::Outbox;
 use crate::registry::StreamKind;
 use crate::secret;
 use crate::service::Shared;
@@ -124,62 +124,91 @@ pub(crate) trait Protocol: Default + Send + 'static {
     fn set_nonce(response: &mut Self::Response, nonce: String);
 }
 
-type Outbound<R> = mpsc::Sender<Result<R, Status>>;
+type Outbound<R> = Outbox<Result<R, Status>>;
+
+/// What a stream starts from. It comes boxed, so that the stream's state keeps no room for it once the
+/// stream is open.
+pub(crate) struct Start<R> {
+    pub shared: Arc<Shared>,
+    pub claims: Claims,
+    pub inbound: Streaming<R>,
+}
 
 /// Drives one stream until the proxy leaves or an error ends it (sent as the stream's status).
-pub(crate) async fn run<P: Protocol>(
-    shared: Arc<Shared>,
-    claims: Claims,
-    inbound: Streaming<P::Request>,
-    tx: Outbound<P::Response>,
-) where
+pub(crate) async fn run<P: Protocol>(start: Box<Start<P::Request>>, outbox: Outbound<P::Response>)
+where
     P::Request: prost::Message + Default,
 {
-    if let Err(status) = serve::<P>(shared, claims, inbound, &tx).await {
-        // The proxy may already be gone; then there is nobody to tell.
-        let _ = tx.send(Err(status)).await;
+    if let Err(status) = serve::<P>(start, &outbox).await {
+        outbox.send(Err(status)).await;
     }
 }
 
+/// What wakes an open stream.
+enum Next<R> {
+    Snapshot(Arc<Snapshot>),
+    Request(R),
+}
+
 async fn serve<P: Protocol>(
-    shared: Arc<Shared>,
-    claims: Claims,
-    mut inbound: Streaming<P::Request>,
-    tx: &Outbound<P::Response>,
+    start: Box<Start<P::Request>>,
+    outbox: &Outbound<P::Response>,
 ) -> Result<(), Status>
 where
     P::Request: prost::Message + Default,
 {
-    let first = tokio::select! {
-        first = session::first_request(&shared, inbound.message()) => first?,
-        () = tx.closed() => return Ok(()),
+    let Start {
+        shared,
+        claims,
+        mut inbound,
+    } = *start;
+    // Opening and handling are boxed: their state is allocated only while they run, so an idle
+    // stream holds only what this loop waits with.
+    let Some(mut stream) = Box::pin(open::<P>(shared, claims, &mut inbound, outbox)).await? else {
+        return Ok(());
     };
-    let Some(first) = first else { return Ok(()) };
-    let node = P::header(&first).node;
-    authn::check_first_node(node, &authn::proxy_key(&claims))
-        .map_err(|status| shared.auth_failure(status))?;
-    let ctx = authn::proxy_context(&claims, node);
-    let mut session = Session::open(shared, claims, ctx, Some(P::KIND)).await?;
-    let snapshot = tokio::select! {
-        snapshot = session.wait_for_identity() => snapshot?,
-        () = tx.closed() => return Ok(()),
-    };
-    let mut stream = Driver::<P>::new(session, tx.clone(), snapshot);
-    stream.on_request(first, true).await?;
     loop {
-        tokio::select! {
-            () = tx.closed() => return Ok(()),
-            snapshot = stream.session.next_change() => stream.on_snapshot(snapshot?).await?,
+        let next = tokio::select! {
+            snapshot = stream.session.next_change() => Next::Snapshot(snapshot?),
             received = inbound.message() => match received {
-                Ok(Some(request)) => stream.on_request(request, false).await?,
+                Ok(Some(request)) => Next::Request(request),
                 Ok(None) => return Ok(()),
                 Err(status) => {
                     tracing::debug!(proxy = %stream.session.key(), %status, "stream ended");
                     return Err(status);
                 }
             },
+        };
+        match next {
+            Next::Snapshot(snapshot) => Box::pin(stream.on_snapshot(snapshot)).await?,
+            Next::Request(request) => Box::pin(stream.on_request(request, false)).await?,
         }
     }
+}
+
+/// Reads the first request, authenticates it, waits for the proxy's identity and answers; `None` when
+/// the proxy closed the stream before asking anything.
+async fn open<'o, P: Protocol>(
+    shared: Arc<Shared>,
+    claims: Claims,
+    inbound: &mut Streaming<P::Request>,
+    outbox: &'o Outbound<P::Response>,
+) -> Result<Option<Driver<'o, P>>, Status>
+where
+    P::Request: prost::Message + Default,
+{
+    let Some(first) = session::first_request(&shared, inbound.message()).await? else {
+        return Ok(None);
+    };
+    let node = P::header(&first).node;
+    authn::check_first_node(node, &authn::proxy_key(&claims))
+        .map_err(|status| shared.auth_failure(status))?;
+    let ctx = authn::proxy_context(&claims, node);
+    let mut session = Session::open(shared, claims, ctx, Some(P::KIND)).await?;
+    let snapshot = session.wait_for_identity().await?;
+    let mut stream = Driver::<P>::new(session, outbox, snapshot);
+    stream.on_request(first, true).await?;
+    Ok(Some(stream))
 }
 
 /// The last response sent on a stream.
@@ -194,10 +223,10 @@ struct Sent {
     sent_at: Instant,
 }
 
-struct Driver<P: Protocol> {
+struct Driver<'o, P: Protocol> {
     protocol: P,
     session: Session,
-    tx: Outbound<P::Response>,
+    outbox: &'o Outbound<P::Response>,
     snapshot: Arc<Snapshot>,
     last_sent: Option<Sent>,
     acked: bool,
@@ -205,12 +234,12 @@ struct Driver<P: Protocol> {
     logged_unknown: HashSet<String>,
 }
 
-impl<P: Protocol> Driver<P> {
-    fn new(session: Session, tx: Outbound<P::Response>, snapshot: Arc<Snapshot>) -> Self {
+impl<'o, P: Protocol> Driver<'o, P> {
+    fn new(session: Session, outbox: &'o Outbound<P::Response>, snapshot: Arc<Snapshot>) -> Self {
         Self {
             protocol: P::default(),
             session,
-            tx,
+            outbox,
             snapshot,
             last_sent: None,
             acked: false,
@@ -438,9 +467,7 @@ impl<P: Protocol> Driver<P> {
         self.nonce_seq += 1;
         let nonce = format!("{}-{}", self.session.id, self.nonce_seq);
         P::set_nonce(&mut response, nonce.clone());
-        if self.tx.send(Ok(response)).await.is_err() {
-            return Err(Status::cancelled("the proxy went away"));
-        }
+        self.outbox.send(Ok(response)).await;
         SdsMetrics::incr(&self.session.shared.metrics.responses_pushed);
         tracing::debug!(proxy = %self.session.key(), %version, ?resources, "pushed secrets");
         let sent_version = version.clone();
@@ -455,5 +482,30 @@ impl<P: Protocol> Driver<P> {
         });
         self.acked = false;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+
+    use super::*;
+    use crate::delta::Delta;
+    use crate::sotw::Sotw;
+
+    fn state_size<A, B, F: Future>(_: fn(A, B) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    /// Every idle stream holds this state for its life (ten thousand streams, ten thousand of them):
+    /// opening and handling are boxed so that it stays what the loop waits with. It was 6 KiB before.
+    #[test]
+    fn an_open_streams_state_stays_small() {
+        for (protocol, size) in [
+            ("sotw", state_size(run::<Sotw>)),
+            ("delta", state_size(run::<Delta>)),
+        ] {
+            assert!(size <= 2560, "{protocol}: {size} bytes");
+        }
     }
 }

@@ -189,7 +189,7 @@ pub struct Owner {
     config: OwnerConfig,
     world: Arc<World>,
     /// The claims each token-registered proxy presented when it first connected.
-    registrations: HashMap<ProxyKey, Claims>,
+    registrations: HashMap<ProxyKey, Arc<Claims>>,
     streams: Streams,
     issued: HashMap<ProxyKey, Issued>,
     /// Why each connected proxy without a certificate has none.
@@ -383,7 +383,7 @@ impl Owner {
         }
     }
 
-    fn on_connected(&mut self, stream: crate::StreamId, claims: Claims) -> bool {
+    fn on_connected(&mut self, stream: crate::StreamId, claims: Arc<Claims>) -> bool {
         let key = ProxyKey::new(claims.mesh.clone(), claims.name.clone());
         // A token that contradicts what the proxy was given (its Dataplane file, or the token that
         // registered it and is still connected) neither changes the proxy nor counts as it: the stream

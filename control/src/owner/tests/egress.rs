@@ -49,9 +49,10 @@ impl Harness {
         .expect("valid claims");
         self.next_stream += 1;
         let stream = StreamId(self.next_stream);
-        assert!(self
-            .owner
-            .on_event(StreamEvent::Connected { stream, claims }));
+        assert!(self.owner.on_event(StreamEvent::Connected {
+            stream,
+            claims: Arc::new(claims),
+        }));
         stream
     }
 

@@ -135,9 +135,10 @@ impl Harness {
         .expect("valid claims");
         self.next_stream += 1;
         let stream = StreamId(self.next_stream);
-        let counted = self
-            .owner
-            .on_event(StreamEvent::Connected { stream, claims });
+        let counted = self.owner.on_event(StreamEvent::Connected {
+            stream,
+            claims: Arc::new(claims),
+        });
         (stream, counted)
     }
 
