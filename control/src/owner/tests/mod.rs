@@ -1384,19 +1384,91 @@ spec:
         ["spiffe://default/staged/web-1", "spiffe://default/web"],
         "the staged ID is accepted before anyone presents it; a MeshIdentity that does not select web-1 adds nothing"
     );
-    let status = h.status();
-    let staged = status.meshes[0]
+    assert_eq!(
+        conditions(&h.status(), "staged"),
+        SPIFFE_ID_ONLY_CONDITIONS,
+        "Kuma's conditions for SPIFFE-ID-only mode"
+    );
+}
+
+/// Kuma's conditions of a MeshIdentity without a provider, each as [type, status, reason, message].
+const SPIFFE_ID_ONLY_CONDITIONS: [[&str; 4]; 2] = [
+    [
+        "SpiffeIDProvider",
+        "True",
+        "SpiffeIDProvided",
+        "Providing only SpiffeIDs for services.",
+    ],
+    [
+        "Ready",
+        "False",
+        "PartiallyReady",
+        "Running in SpiffeID providing only mode.",
+    ],
+];
+
+/// The conditions of MeshIdentity `name` of mesh `default`, each as [type, status, reason, message].
+fn conditions(status: &Status, name: &str) -> Vec<[String; 4]> {
+    let mesh = status
+        .meshes
+        .iter()
+        .find(|m| m.name == "default")
+        .expect("mesh default is listed");
+    let identity = mesh
         .mesh_identities
         .iter()
-        .find(|i| i.name == "staged")
-        .expect("listed");
-    let messages: Vec<(&str, &str)> = staged
+        .find(|i| i.name == name)
+        .unwrap_or_else(|| panic!("MeshIdentity {name} is listed"));
+    identity
         .conditions
         .iter()
-        .map(|c| (c.kind.as_str(), c.message.as_str()))
-        .collect();
-    assert!(messages.contains(&("SpiffeIDProvider", "Providing only SpiffeIDs for services.")));
-    assert!(messages.contains(&("Ready", "Running in SpiffeID providing only mode.")));
+        .map(|c| {
+            [
+                c.kind.clone(),
+                c.status.clone(),
+                c.reason.clone(),
+                c.message.clone(),
+            ]
+        })
+        .collect()
+}
+
+#[test]
+fn each_kind_of_mesh_identity_reports_its_conditions() {
+    let yaml = format!(
+        "{LEGACY}---\n{}---\n{}",
+        workloads_identity("/workload/{{ .Workload }}", true),
+        r#"type: MeshIdentity
+name: staged
+mesh: default
+spec:
+  selector: {dataplane: {matchLabels: {app: web}}}
+---
+type: MeshIdentity
+name: spire
+mesh: default
+spec:
+  selector: {dataplane: {matchLabels: {team: spire}}}
+  provider: {type: Spire}
+"#
+    );
+    let h = Harness::new(&yaml);
+    let status = h.status();
+    assert_eq!(
+        conditions(&status, "workloads"),
+        [["Ready", "True", "Ready", "the CA is loaded and issuing"]],
+        "a Bundled identity issues"
+    );
+    assert_eq!(conditions(&status, "staged"), SPIFFE_ID_ONLY_CONDITIONS);
+    assert_eq!(
+        conditions(&status, "spire"),
+        [[
+            "Ready",
+            "True",
+            "ManagedExternally",
+            "certificates are issued by SPIRE"
+        ]]
+    );
 }
 
 /// Dataplane `web-1` (labelled `app: web`, serving `web`) and the MeshService `web` selecting it.
