@@ -1229,40 +1229,56 @@ fn every_rollout_step_that_waits_is_counted_once() {
 
 #[test]
 fn a_changed_spiffe_id_leaves_its_service_context_only_once_the_proxy_acked_its_replacement() {
-    let services = format!("---\n{WEB_SERVICE}");
-    let identity = format!(
-        "---\n{}",
-        workloads_identity("/workload/{{ .Workload }}", true)
-    );
+    // Neither path is the ServiceTag ID `spiffe://default/web`: once the template changes, an old ID is
+    // in the context only because a replaced certificate may still be presented.
+    let resources = |path: &str| {
+        format!(
+            "type: Mesh\nname: default\n---\n{}---\n{WEB_SERVICE}",
+            workloads_identity(path, true)
+        )
+    };
     let context = |h: &Harness| service_context(h, "web");
-    let mut h = Harness::new(&format!("{LEGACY}{services}"));
-    h.connect("web-1", &[("app", "web")], &[("kuma.io/service", "web")]);
+    let (old_1, old_2) = ("spiffe://default/a/web-1", "spiffe://default/a/web-2");
+    let (new_1, new_2) = ("spiffe://default/b/web-1", "spiffe://default/b/web-2");
+    let service_tag = "spiffe://default/web";
+    let mut h = Harness::new(&resources("/a/{{ .Workload }}"));
+    h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    h.connect("web-2", &[], &[("kuma.io/service", "web")]);
     h.owner.reconcile(t0());
-    h.ack(1, Some(generation(&h)));
+    let g = generation(&h);
+    h.ack(1, Some(g));
+    h.ack(2, Some(g));
     h.owner.reconcile(t0());
-    assert_eq!(context(&h), ["spiffe://default/web"]);
+    assert_eq!(context(&h), [old_1, old_2, service_tag]);
 
-    // The MeshIdentity gives web-1 another SPIFFE ID: until it ACKs the new certificate, it may still
-    // present the old one, so clients of `web` must keep accepting both.
-    h.update(&format!("{LEGACY}{services}{identity}"))
-        .expect("valid");
+    // Same CA, another path. No stream subscribes to `meshservice:web`, so nothing holds the new IDs
+    // back: both proxies are reissued at once, and present the old IDs until they ACK.
+    h.update(&resources("/b/{{ .Workload }}")).expect("valid");
     h.owner.reconcile(t0() + Duration::from_secs(1));
-    // Trust before identity: the new CA issues once web-1 ACKed the bundle that carries it.
+    assert_eq!(h.ready("web-1").spiffe_id, new_1);
+    assert_eq!(h.ready("web-2").spiffe_id, new_2);
+    let all = [old_1, old_2, new_1, new_2, service_tag];
+    assert_eq!(context(&h), all, "the replaced IDs stay until the ACKs");
+    // A proxy connecting while replacements are unACKed reconciles everyone: the contexts are
+    // computed again, and still keep the replaced IDs.
+    h.connect("client-1", &[], &[("kuma.io/service", "client")]);
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    assert_eq!(context(&h), all, "a reconcile without the ACKs keeps them");
+
     h.ack(1, Some(generation(&h)));
-    h.owner.reconcile(t0() + Duration::from_secs(1));
-    let new_id = h.ready("web-1").spiffe_id.clone();
-    assert_ne!(new_id, "spiffe://default/web");
+    h.owner.reconcile(t0() + Duration::from_secs(3));
     assert_eq!(
         context(&h),
-        ["spiffe://default/web".to_owned(), new_id.clone()]
+        [old_2, new_1, new_2, service_tag],
+        "web-1 ACKed its new certificate: its old ID leaves; web-2's stays"
     );
 
-    h.ack(1, Some(generation(&h)));
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    let timeout = h.owner.gate.ack_timeout();
+    h.owner.reconcile(t0() + Duration::from_secs(1) + timeout);
     assert_eq!(
         context(&h),
-        ["spiffe://default/web".to_owned(), new_id],
-        "the legacy ID stays: it is also the ServiceTag identity of the service's dataplanes"
+        [new_1, new_2, service_tag],
+        "rollout.ackTimeout bounds the wait for web-2's ACK"
     );
 }
 
