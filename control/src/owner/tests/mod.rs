@@ -1228,6 +1228,71 @@ fn every_rollout_step_that_waits_is_counted_once() {
 }
 
 #[test]
+fn a_sans_before_identity_wait_is_counted_once_and_names_the_proxy_it_waits_for() {
+    let recorder = Arc::new(Recorder::default());
+    let resources = |path: &str| {
+        format!(
+            "type: Mesh\nname: default\n---\n{}---\n{WEB_SERVICE}",
+            workloads_identity(path, true)
+        )
+    };
+    let subscriptions = ["default", "system_trust_bundle", "meshservice:web"];
+    let mut h = Harness::with_telemetry(&resources("/a/{{ .Workload }}"), recorder.clone());
+    h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    h.connect("client-1", &[], &[("kuma.io/service", "client")]);
+    h.owner.reconcile(t0());
+    h.ack(1, Some(generation(&h)));
+    h.stream(2, &subscriptions, Some(generation(&h)));
+    h.owner.reconcile(t0());
+
+    // web-1's new ID waits for client-1, through reconciles and through an ACK that is not client-1's.
+    h.update(&resources("/b/{{ .Workload }}")).expect("valid");
+    let changed_at = t0() + Duration::from_secs(1);
+    for second in 1..=3 {
+        h.owner.reconcile(t0() + Duration::from_secs(second));
+    }
+    h.ack(1, Some(generation(&h)));
+    h.owner.reconcile(t0() + Duration::from_secs(4));
+    assert_eq!(h.ready("web-1").spiffe_id, "spiffe://default/a/web-1");
+    let status = h.status();
+    let waits: Vec<_> = status
+        .rollout
+        .iter()
+        .filter(|w| w.step == RolloutStep::SansBeforeIdentity)
+        .collect();
+    assert_eq!(waits.len(), 1, "one wait, shown once: {:?}", status.rollout);
+    let wait = waits[0];
+    assert_eq!(wait.mesh, "default");
+    assert_eq!(wait.ca, "spiffe://default/b/web-1 in meshservice:web");
+    assert_eq!(wait.since, crate::timefmt::rfc3339(changed_at));
+    assert_eq!(wait.waiting_for, ["default.client-1"]);
+    assert_eq!(wait.waiting_count, 1);
+
+    h.stream(2, &subscriptions, Some(generation(&h)));
+    h.owner.reconcile(t0() + Duration::from_secs(5));
+    assert_eq!(h.ready("web-1").spiffe_id, "spiffe://default/b/web-1");
+    assert!(h
+        .status()
+        .rollout
+        .iter()
+        .all(|w| w.step != RolloutStep::SansBeforeIdentity));
+    let events = recorder.0.lock().expect("not poisoned").clone();
+    let started = events
+        .iter()
+        .filter(|(mesh, e)| {
+            mesh == "default" && *e == GateEvent::WaitStarted(RolloutStep::SansBeforeIdentity)
+        })
+        .count();
+    assert_eq!(started, 1, "sans-before-identity waited once: {events:?}");
+    assert!(
+        !events
+            .iter()
+            .any(|(_, e)| matches!(e, GateEvent::TimedOut(_))),
+        "{events:?}"
+    );
+}
+
+#[test]
 fn a_changed_spiffe_id_leaves_its_service_context_only_once_the_proxy_acked_its_replacement() {
     // Neither path is the ServiceTag ID `spiffe://default/web`: once the template changes, an old ID is
     // in the context only because a replaced certificate may still be presented.
