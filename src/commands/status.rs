@@ -7,7 +7,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use meshca_control::{
-    DataplaneStatus, EgressStatus, MeshStatus, Rejected, Status, Wait, EGRESS_BUNDLE,
+    DataplaneStatus, EgressStatus, MeshStatus, Rejected, RolloutStep, Status, Wait, EGRESS_BUNDLE,
 };
 use serde_json::Value;
 
@@ -193,22 +193,31 @@ fn print_rollout(waits: &[Wait]) {
     println!();
     println!("rollout in progress:");
     for w in waits {
-        let scope = if w.mesh == EGRESS_BUNDLE {
-            "the zone egress bundle".to_owned()
-        } else {
-            format!("mesh {}", w.mesh)
-        };
-        println!(
-            "  {scope}: {} for CA {} since {}: waiting for {} prox{} ({}); proceeds anyway in {}",
-            w.step,
-            w.ca,
-            w.since,
-            w.waiting_count,
-            if w.waiting_count == 1 { "y" } else { "ies" },
-            w.waiting_for.join(", "),
-            human_duration(w.timeout_in_seconds)
-        );
+        println!("{}", rollout_line(w));
     }
+}
+
+/// One waiting rollout step. A `sans-before-identity` step waits on a SPIFFE ID in a `meshservice:`
+/// context (its `ca` says which), every other step on a CA.
+fn rollout_line(w: &Wait) -> String {
+    let scope = if w.mesh == EGRESS_BUNDLE {
+        "the zone egress bundle".to_owned()
+    } else {
+        format!("mesh {}", w.mesh)
+    };
+    let subject = match w.step {
+        RolloutStep::SansBeforeIdentity => w.ca.clone(),
+        _ => format!("CA {}", w.ca),
+    };
+    format!(
+        "  {scope}: {} for {subject} since {}: waiting for {} prox{} ({}); proceeds anyway in {}",
+        w.step,
+        w.since,
+        w.waiting_count,
+        if w.waiting_count == 1 { "y" } else { "ies" },
+        w.waiting_for.join(", "),
+        human_duration(w.timeout_in_seconds)
+    )
 }
 
 fn print_rejected(rejected: &Rejected) {
@@ -219,5 +228,37 @@ fn print_rejected(rejected: &Rejected) {
     );
     for e in &rejected.errors {
         println!("  {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wait(step: RolloutStep, ca: &str) -> Wait {
+        Wait {
+            mesh: "default".into(),
+            step,
+            ca: ca.into(),
+            since: "2026-11-23T07:00:00Z".into(),
+            timeout_in_seconds: 25,
+            waiting_for: vec!["default.client-1".into()],
+            waiting_count: 1,
+        }
+    }
+
+    #[test]
+    fn a_rollout_line_names_the_ca_or_the_spiffe_id_it_waits_on() {
+        assert_eq!(
+            rollout_line(&wait(RolloutStep::TrustBeforeIdentity, "CN=ca-2")),
+            "  mesh default: trust-before-identity for CA CN=ca-2 since 2026-11-23T07:00:00Z: waiting for 1 proxy (default.client-1); proceeds anyway in 0m25s"
+        );
+        assert_eq!(
+            rollout_line(&wait(
+                RolloutStep::SansBeforeIdentity,
+                "spiffe://default/b/web-1 in meshservice:web"
+            )),
+            "  mesh default: sans-before-identity for spiffe://default/b/web-1 in meshservice:web since 2026-11-23T07:00:00Z: waiting for 1 proxy (default.client-1); proceeds anyway in 0m25s"
+        );
     }
 }

@@ -1229,41 +1229,122 @@ fn every_rollout_step_that_waits_is_counted_once() {
 }
 
 #[test]
+fn a_sans_before_identity_wait_is_counted_once_and_names_the_proxy_it_waits_for() {
+    let recorder = Arc::new(Recorder::default());
+    let resources = |path: &str| {
+        format!(
+            "type: Mesh\nname: default\n---\n{}---\n{WEB_SERVICE}",
+            workloads_identity(path, true)
+        )
+    };
+    let subscriptions = ["default", "system_trust_bundle", "meshservice:web"];
+    let mut h = Harness::with_telemetry(&resources("/a/{{ .Workload }}"), recorder.clone());
+    h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    h.connect("client-1", &[], &[("kuma.io/service", "client")]);
+    h.owner.reconcile(t0());
+    h.ack(1, Some(generation(&h)));
+    h.stream(2, &subscriptions, Some(generation(&h)));
+    h.owner.reconcile(t0());
+
+    // web-1's new ID waits for client-1, through reconciles and through an ACK that is not client-1's.
+    h.update(&resources("/b/{{ .Workload }}")).expect("valid");
+    let changed_at = t0() + Duration::from_secs(1);
+    for second in 1..=3 {
+        h.owner.reconcile(t0() + Duration::from_secs(second));
+    }
+    h.ack(1, Some(generation(&h)));
+    h.owner.reconcile(t0() + Duration::from_secs(4));
+    assert_eq!(h.ready("web-1").spiffe_id, "spiffe://default/a/web-1");
+    let status = h.status();
+    let waits: Vec<_> = status
+        .rollout
+        .iter()
+        .filter(|w| w.step == RolloutStep::SansBeforeIdentity)
+        .collect();
+    assert_eq!(waits.len(), 1, "one wait, shown once: {:?}", status.rollout);
+    let wait = waits[0];
+    assert_eq!(wait.mesh, "default");
+    assert_eq!(wait.ca, "spiffe://default/b/web-1 in meshservice:web");
+    assert_eq!(wait.since, crate::timefmt::rfc3339(changed_at));
+    assert_eq!(wait.waiting_for, ["default.client-1"]);
+    assert_eq!(wait.waiting_count, 1);
+
+    h.stream(2, &subscriptions, Some(generation(&h)));
+    h.owner.reconcile(t0() + Duration::from_secs(5));
+    assert_eq!(h.ready("web-1").spiffe_id, "spiffe://default/b/web-1");
+    assert!(h
+        .status()
+        .rollout
+        .iter()
+        .all(|w| w.step != RolloutStep::SansBeforeIdentity));
+    let events = recorder.0.lock().expect("not poisoned").clone();
+    let started = events
+        .iter()
+        .filter(|(mesh, e)| {
+            mesh == "default" && *e == GateEvent::WaitStarted(RolloutStep::SansBeforeIdentity)
+        })
+        .count();
+    assert_eq!(started, 1, "sans-before-identity waited once: {events:?}");
+    assert!(
+        !events
+            .iter()
+            .any(|(_, e)| matches!(e, GateEvent::TimedOut(_))),
+        "{events:?}"
+    );
+}
+
+#[test]
 fn a_changed_spiffe_id_leaves_its_service_context_only_once_the_proxy_acked_its_replacement() {
-    let services = format!("---\n{WEB_SERVICE}");
-    let identity = format!(
-        "---\n{}",
-        workloads_identity("/workload/{{ .Workload }}", true)
-    );
+    // Neither path is the ServiceTag ID `spiffe://default/web`: once the template changes, an old ID is
+    // in the context only because a replaced certificate may still be presented.
+    let resources = |path: &str| {
+        format!(
+            "type: Mesh\nname: default\n---\n{}---\n{WEB_SERVICE}",
+            workloads_identity(path, true)
+        )
+    };
     let context = |h: &Harness| service_context(h, "web");
-    let mut h = Harness::new(&format!("{LEGACY}{services}"));
-    h.connect("web-1", &[("app", "web")], &[("kuma.io/service", "web")]);
+    let (old_1, old_2) = ("spiffe://default/a/web-1", "spiffe://default/a/web-2");
+    let (new_1, new_2) = ("spiffe://default/b/web-1", "spiffe://default/b/web-2");
+    let service_tag = "spiffe://default/web";
+    let mut h = Harness::new(&resources("/a/{{ .Workload }}"));
+    h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    h.connect("web-2", &[], &[("kuma.io/service", "web")]);
     h.owner.reconcile(t0());
-    h.ack(1, Some(generation(&h)));
+    let g = generation(&h);
+    h.ack(1, Some(g));
+    h.ack(2, Some(g));
     h.owner.reconcile(t0());
-    assert_eq!(context(&h), ["spiffe://default/web"]);
+    assert_eq!(context(&h), [old_1, old_2, service_tag]);
 
-    // The MeshIdentity gives web-1 another SPIFFE ID: until it ACKs the new certificate, it may still
-    // present the old one, so clients of `web` must keep accepting both.
-    h.update(&format!("{LEGACY}{services}{identity}"))
-        .expect("valid");
+    // Same CA, another path. No stream subscribes to `meshservice:web`, so nothing holds the new IDs
+    // back: both proxies are reissued at once, and present the old IDs until they ACK.
+    h.update(&resources("/b/{{ .Workload }}")).expect("valid");
     h.owner.reconcile(t0() + Duration::from_secs(1));
-    // Trust before identity: the new CA issues once web-1 ACKed the bundle that carries it.
+    assert_eq!(h.ready("web-1").spiffe_id, new_1);
+    assert_eq!(h.ready("web-2").spiffe_id, new_2);
+    let all = [old_1, old_2, new_1, new_2, service_tag];
+    assert_eq!(context(&h), all, "the replaced IDs stay until the ACKs");
+    // A proxy connecting while replacements are unACKed reconciles everyone: the contexts are
+    // computed again, and still keep the replaced IDs.
+    h.connect("client-1", &[], &[("kuma.io/service", "client")]);
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    assert_eq!(context(&h), all, "a reconcile without the ACKs keeps them");
+
     h.ack(1, Some(generation(&h)));
-    h.owner.reconcile(t0() + Duration::from_secs(1));
-    let new_id = h.ready("web-1").spiffe_id.clone();
-    assert_ne!(new_id, "spiffe://default/web");
+    h.owner.reconcile(t0() + Duration::from_secs(3));
     assert_eq!(
         context(&h),
-        ["spiffe://default/web".to_owned(), new_id.clone()]
+        [old_2, new_1, new_2, service_tag],
+        "web-1 ACKed its new certificate: its old ID leaves; web-2's stays"
     );
 
-    h.ack(1, Some(generation(&h)));
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    let timeout = h.owner.gate.ack_timeout();
+    h.owner.reconcile(t0() + Duration::from_secs(1) + timeout);
     assert_eq!(
         context(&h),
-        ["spiffe://default/web".to_owned(), new_id],
-        "the legacy ID stays: it is also the ServiceTag identity of the service's dataplanes"
+        [new_1, new_2, service_tag],
+        "rollout.ackTimeout bounds the wait for web-2's ACK"
     );
 }
 
@@ -1385,19 +1466,91 @@ spec:
         ["spiffe://default/staged/web-1", "spiffe://default/web"],
         "the staged ID is accepted before anyone presents it; a MeshIdentity that does not select web-1 adds nothing"
     );
-    let status = h.status();
-    let staged = status.meshes[0]
+    assert_eq!(
+        conditions(&h.status(), "staged"),
+        SPIFFE_ID_ONLY_CONDITIONS,
+        "Kuma's conditions for SPIFFE-ID-only mode"
+    );
+}
+
+/// Kuma's conditions of a MeshIdentity without a provider, each as [type, status, reason, message].
+const SPIFFE_ID_ONLY_CONDITIONS: [[&str; 4]; 2] = [
+    [
+        "SpiffeIDProvider",
+        "True",
+        "SpiffeIDProvided",
+        "Providing only SpiffeIDs for services.",
+    ],
+    [
+        "Ready",
+        "False",
+        "PartiallyReady",
+        "Running in SpiffeID providing only mode.",
+    ],
+];
+
+/// The conditions of MeshIdentity `name` of mesh `default`, each as [type, status, reason, message].
+fn conditions(status: &Status, name: &str) -> Vec<[String; 4]> {
+    let mesh = status
+        .meshes
+        .iter()
+        .find(|m| m.name == "default")
+        .expect("mesh default is listed");
+    let identity = mesh
         .mesh_identities
         .iter()
-        .find(|i| i.name == "staged")
-        .expect("listed");
-    let messages: Vec<(&str, &str)> = staged
+        .find(|i| i.name == name)
+        .unwrap_or_else(|| panic!("MeshIdentity {name} is listed"));
+    identity
         .conditions
         .iter()
-        .map(|c| (c.kind.as_str(), c.message.as_str()))
-        .collect();
-    assert!(messages.contains(&("SpiffeIDProvider", "Providing only SpiffeIDs for services.")));
-    assert!(messages.contains(&("Ready", "Running in SpiffeID providing only mode.")));
+        .map(|c| {
+            [
+                c.kind.clone(),
+                c.status.clone(),
+                c.reason.clone(),
+                c.message.clone(),
+            ]
+        })
+        .collect()
+}
+
+#[test]
+fn each_kind_of_mesh_identity_reports_its_conditions() {
+    let yaml = format!(
+        "{LEGACY}---\n{}---\n{}",
+        workloads_identity("/workload/{{ .Workload }}", true),
+        r#"type: MeshIdentity
+name: staged
+mesh: default
+spec:
+  selector: {dataplane: {matchLabels: {app: web}}}
+---
+type: MeshIdentity
+name: spire
+mesh: default
+spec:
+  selector: {dataplane: {matchLabels: {team: spire}}}
+  provider: {type: Spire}
+"#
+    );
+    let h = Harness::new(&yaml);
+    let status = h.status();
+    assert_eq!(
+        conditions(&status, "workloads"),
+        [["Ready", "True", "Ready", "the CA is loaded and issuing"]],
+        "a Bundled identity issues"
+    );
+    assert_eq!(conditions(&status, "staged"), SPIFFE_ID_ONLY_CONDITIONS);
+    assert_eq!(
+        conditions(&status, "spire"),
+        [[
+            "Ready",
+            "True",
+            "ManagedExternally",
+            "certificates are issued by SPIRE"
+        ]]
+    );
 }
 
 /// Dataplane `web-1` (labelled `app: web`, serving `web`) and the MeshService `web` selecting it.

@@ -63,6 +63,64 @@ spec:
 }
 
 #[test]
+fn a_dataplane_whose_best_identity_cannot_render_its_id_gets_no_other_certificate() {
+    // Kuma's Kubernetes path on a mesh that also runs universal dataplanes, which lack the namespace
+    // and service-account labels; legacy mTLS and a broader MeshIdentity could both issue for them.
+    let yaml = format!(
+        "{LEGACY}---\n{}---\n{}",
+        workloads_identity("/workload/{{ .Workload }}", true),
+        r#"type: MeshIdentity
+name: by-account
+mesh: default
+spec:
+  selector: {dataplane: {matchLabels: {team: shop}}}
+  spiffeID: {path: "/ns/{{ .Namespace }}/sa/{{ .ServiceAccount }}"}
+  provider: {type: Bundled, bundled: {autogenerate: {enabled: true}}}
+"#
+    );
+    let mut h = Harness::new(&yaml);
+    h.connect(
+        "pod-1",
+        &[
+            ("team", "shop"),
+            ("k8s.kuma.io/namespace", "shop"),
+            ("k8s.kuma.io/service-account", "cart"),
+        ],
+        &[("kuma.io/service", "cart")],
+    );
+    h.connect("vm-1", &[("team", "shop")], &[("kuma.io/service", "cart")]);
+    h.owner.reconcile(t0());
+    let pod = h.ready("pod-1");
+    assert_eq!(
+        pod.spiffe_id,
+        "spiffe://default.default.mesh.local/ns/shop/sa/cart"
+    );
+    assert_eq!(pod.identity_name.as_deref(), Some("by-account"));
+
+    // Neither the broader MeshIdentity nor the legacy backend issues for vm-1; its status says why.
+    let reason = h.reason("vm-1");
+    assert!(
+        reason.contains("MeshIdentity by-account")
+            && reason.contains("does not render")
+            && reason.contains("k8s.kuma.io/namespace"),
+        "{reason}"
+    );
+    let status = h.status();
+    let vm = status
+        .dataplanes
+        .iter()
+        .find(|d| d.name == "vm-1")
+        .expect("listed");
+    assert_eq!(vm.reason.as_deref(), Some(reason.as_str()));
+    assert_eq!((&vm.issuer, &vm.spiffe_id), (&None, &None), "{vm:?}");
+    assert_eq!(
+        status.meshes[0].proxies_by_issuer,
+        BTreeMap::from([("MeshIdentity by-account".to_owned(), 1)]),
+        "only pod-1 holds a certificate"
+    );
+}
+
+#[test]
 fn empty_match_labels_select_every_dataplane_and_an_empty_selector_selects_none() {
     let bundled = "provider: {type: Bundled, bundled: {autogenerate: {enabled: true}}}";
     let none = format!(
