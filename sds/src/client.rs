@@ -212,12 +212,39 @@ impl SdsClient {
         ),
         ClientError,
     > {
+        let node = Node {
+            id: node_id.to_owned(),
+            metadata,
+            ..Default::default()
+        };
+        self.open_stream_as(node, names, depth).await
+    }
+
+    /// [`Self::open_stream`] with the whole node of the first request given, as Envoy sends it
+    /// (build version, extension list).
+    pub async fn open_stream_as(
+        &self,
+        node: Node,
+        names: &[String],
+        depth: usize,
+    ) -> Result<
+        (
+            mpsc::Sender<DiscoveryRequest>,
+            tonic::Streaming<DiscoveryResponse>,
+        ),
+        ClientError,
+    > {
         let (tx, rx) = mpsc::channel(depth.max(1));
         // The channel was just created with room to spare; it cannot be full or closed.
-        tx.try_send(discovery_request(node_id, names, metadata))
-            .map_err(|_| ClientError::InvalidResponse {
-                reason: "internal: request queue unavailable".into(),
-            })?;
+        tx.try_send(DiscoveryRequest {
+            node: Some(node),
+            resource_names: names.to_vec(),
+            type_url: SECRET_TYPE_URL.to_owned(),
+            ..Default::default()
+        })
+        .map_err(|_| ClientError::InvalidResponse {
+            reason: "internal: request queue unavailable".into(),
+        })?;
         let responses = self
             .inner
             .clone()

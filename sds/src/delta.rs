@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
 };
@@ -26,6 +27,10 @@ pub(crate) struct Delta {
 impl Protocol for Delta {
     type Request = DeltaDiscoveryRequest;
     type Response = DeltaDiscoveryResponse;
+
+    fn take_node(r: &mut DeltaDiscoveryRequest) -> Option<Node> {
+        r.node.take()
+    }
 
     fn header(r: &DeltaDiscoveryRequest) -> Header<'_> {
         // Delta ACKs by nonce alone, whatever version the proxy reports.

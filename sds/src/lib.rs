@@ -14,7 +14,7 @@ mod delta;
 mod describe;
 mod error;
 mod fetch;
-mod grpc_body;
+mod grpc;
 mod h2_header_fixup;
 mod listen;
 mod log_budget;

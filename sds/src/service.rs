@@ -2,23 +2,18 @@
 
 use std::convert::Infallible;
 use std::marker::PhantomData;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
-};
-use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_server::SecretDiscoveryService;
-use futures::Stream;
+use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use meshca_auth::{Claims, RevocationList, Verifier};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tonic::codec::{BufferSettings, Codec};
 use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
 use tonic::server::{NamedService, UnaryService};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
 use meshca_control::{ProxyKey, Snapshot, StreamEvent, StreamId};
@@ -30,9 +25,10 @@ use crate::metrics::SdsMetrics;
 use crate::outbox::OutboxStream;
 use crate::registry::StreamRegistry;
 use crate::sotw::Sotw;
+use crate::stream::Protocol;
 use crate::untrusted::shown;
 use crate::wake::{Waiter, Wakes};
-use crate::{authn, fetch, grpc_body, stream};
+use crate::{authn, fetch, grpc, stream};
 
 /// A good capacity for the event channel handed to [`SdsServer::new`]: enough for a burst of
 /// connections and ACKs while the owner reconciles; when it is full, streams wait to report.
@@ -360,45 +356,6 @@ where
     }
 }
 
-/// A streaming call's request as tonic hands it to a service: its messages decoded with [`SdsCodec`],
-/// at most `max_bytes` each. A compressed stream is refused, as tonic's server does without
-/// compression.
-fn streaming_request<B, T>(
-    request: http::Request<B>,
-    max_bytes: usize,
-) -> Result<Request<Streaming<T>>, Status>
-where
-    B: Body + Send + 'static,
-    B::Error: Into<StdError> + Send + 'static,
-    T: prost::Message + Default + Send + 'static,
-{
-    let encoding = request.headers().get("grpc-encoding");
-    if let Some(encoding) = encoding.filter(|e| *e != "identity") {
-        return Err(Status::unimplemented(format!(
-            "requests compressed with {} are not accepted; send them uncompressed",
-            shown(&String::from_utf8_lossy(encoding.as_bytes()))
-        )));
-    }
-    let decoder = SdsCodec::<(), T>::default().decoder();
-    Ok(Request::from_http(request.map(|body| {
-        Streaming::new_request(decoder, body, None, Some(max_bytes))
-    })))
-}
-
-/// A streaming call's answer: its responses (see [`crate::grpc_body`]), or the status it was refused
-/// with.
-fn streaming_response<M>(
-    response: Result<Response<ResponseStream<M>>, Status>,
-) -> http::Response<tonic::body::Body>
-where
-    M: prost::Message + 'static,
-{
-    match response {
-        Ok(response) => grpc_body::response(response.into_inner()),
-        Err(status) => status.into_http(),
-    }
-}
-
 /// Routes the three SDS methods to [`SdsServer`], as the generated server does, with [`SdsCodec`].
 #[derive(Clone)]
 struct GrpcService {
@@ -415,7 +372,7 @@ const FETCH_SECRETS: &str = "/envoy.service.secret.v3.SecretDiscoveryService/Fet
 
 impl<B> Service<http::Request<B>> for GrpcService
 where
-    B: Body + Send + 'static,
+    B: Body<Data = tonic::codegen::Bytes> + Send + 'static,
     B::Error: Into<StdError> + Send + 'static,
 {
     type Response = http::Response<tonic::body::Body>;
@@ -430,18 +387,14 @@ where
         let server = self.server.clone();
         let request_bytes = server.shared.options.limits.request_bytes;
         match request.uri().path() {
-            STREAM_SECRETS => Box::pin(async move {
-                Ok(match streaming_request(request, request_bytes) {
-                    Ok(request) => streaming_response(server.stream_secrets(request).await),
-                    Err(status) => status.into_http(),
-                })
-            }),
-            DELTA_SECRETS => Box::pin(async move {
-                Ok(match streaming_request(request, request_bytes) {
-                    Ok(request) => streaming_response(server.delta_secrets(request).await),
-                    Err(status) => status.into_http(),
-                })
-            }),
+            STREAM_SECRETS => {
+                let response = server.open_stream::<Sotw>(request.map(tonic::body::Body::new));
+                Box::pin(async move { Ok(response) })
+            }
+            DELTA_SECRETS => {
+                let response = server.open_stream::<Delta>(request.map(tonic::body::Body::new));
+                Box::pin(async move { Ok(response) })
+            }
             FETCH_SECRETS => Box::pin(async move {
                 let mut grpc = tonic::server::Grpc::new(SdsCodec::default())
                     .max_decoding_message_size(request_bytes);
@@ -464,51 +417,44 @@ impl UnaryService<DiscoveryRequest> for FetchSecrets {
     }
 }
 
-type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
-
-#[tonic::async_trait]
-impl SecretDiscoveryService for SdsServer {
-    type DeltaSecretsStream = ResponseStream<DeltaDiscoveryResponse>;
-    type StreamSecretsStream = ResponseStream<DiscoveryResponse>;
-
-    async fn stream_secrets(
+impl SdsServer {
+    /// `StreamSecrets` or `DeltaSecrets`: authenticates the stream's token and answers with its
+    /// responses, driven by [`stream::run`] from inside the response body (no task of its own).
+    fn open_stream<P: Protocol>(
         &self,
-        request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<Self::StreamSecretsStream>, Status> {
-        let shared = self.shared.clone();
-        let claims = self.shared.authenticate(request.metadata())?;
-        let open = opened_on_connection(&request);
+        request: http::Request<tonic::body::Body>,
+    ) -> http::Response<tonic::body::Body>
+    where
+        P::Request: prost::Message + Default,
+        P::Response: prost::Message,
+    {
+        let (parts, body) = request.into_parts();
+        if let Some(encoding) = parts
+            .headers
+            .get("grpc-encoding")
+            .filter(|e| *e != "identity")
+        {
+            return Status::unimplemented(format!(
+                "requests compressed with {} are not accepted; send them uncompressed",
+                shown(&String::from_utf8_lossy(encoding.as_bytes()))
+            ))
+            .into_http();
+        }
+        let open = opened_on_connection(&parts.extensions);
+        let metadata = tonic::metadata::MetadataMap::from_headers(parts.headers);
+        let claims = match self.shared.authenticate(&metadata) {
+            Ok(claims) => claims,
+            Err(status) => return status.into_http(),
+        };
         let start = Box::new(stream::Start {
-            shared,
+            shared: self.shared.clone(),
             claims,
-            inbound: request.into_inner(),
+            inbound: grpc::Requests::new(body, self.shared.options.limits.request_bytes),
         });
-        Ok(Response::new(Box::pin(OutboxStream::new(
-            |outbox| async move {
-                stream::run::<Sotw>(start, outbox).await;
-                drop(open);
-            },
-        ))))
-    }
-
-    async fn delta_secrets(
-        &self,
-        request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<Self::DeltaSecretsStream>, Status> {
-        let shared = self.shared.clone();
-        let claims = self.shared.authenticate(request.metadata())?;
-        let open = opened_on_connection(&request);
-        let start = Box::new(stream::Start {
-            shared,
-            claims,
-            inbound: request.into_inner(),
-        });
-        Ok(Response::new(Box::pin(OutboxStream::new(
-            |outbox| async move {
-                stream::run::<Delta>(start, outbox).await;
-                drop(open);
-            },
-        ))))
+        grpc::response::<P::Response>(Box::pin(OutboxStream::new(|outbox| async move {
+            stream::run::<P>(start, outbox).await;
+            drop(open);
+        })))
     }
 
     async fn fetch_secrets(
@@ -516,7 +462,7 @@ impl SecretDiscoveryService for SdsServer {
         request: Request<DiscoveryRequest>,
     ) -> Result<Response<DiscoveryResponse>, Status> {
         let claims = self.shared.authenticate(request.metadata())?;
-        let _open = opened_on_connection(&request);
+        let _open = opened_on_connection(request.extensions());
         fetch::fetch(&self.shared, claims, request.into_inner())
             .await
             .map(Response::new)
@@ -526,9 +472,8 @@ impl SecretDiscoveryService for SdsServer {
 /// Counts an authenticated request as a stream open on its connection (which keeps the connection
 /// from being closed as idle) until the guard drops. Requests that did not come through
 /// [`crate::bind`]'s listeners (a server embedded elsewhere) have no connection to count on.
-fn opened_on_connection<T>(request: &Request<T>) -> Option<crate::conn::StreamGuard> {
-    request
-        .extensions()
+fn opened_on_connection(extensions: &http::Extensions) -> Option<crate::conn::StreamGuard> {
+    extensions
         .get::<ConnInfo>()
         .map(|info| info.tracker.stream_opened())
 }
@@ -547,20 +492,20 @@ mod tests {
         request
     }
 
-    #[test]
-    fn a_compressed_stream_is_refused_and_an_uncompressed_one_decoded() {
-        let refused =
-            streaming_request::<_, DiscoveryRequest>(request_with_encoding(Some("gzip")), 1024)
-                .expect_err("gzip is not accepted");
-        assert_eq!(refused.code(), tonic::Code::Unimplemented);
-        assert!(refused.message().contains("gzip"), "{}", refused.message());
-        for accepted in [None, Some("identity")] {
-            assert!(
-                streaming_request::<_, DiscoveryRequest>(request_with_encoding(accepted), 1024)
-                    .is_ok(),
-                "{accepted:?}"
-            );
-        }
+    #[tokio::test]
+    async fn a_compressed_stream_is_refused_before_its_token_is_read() {
+        let (server, _events) = server_with_events(16);
+        let status_of = |encoding| {
+            let response = server.open_stream::<Sotw>(request_with_encoding(encoding));
+            response.headers()["grpc-status"]
+                .to_str()
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(status_of(Some("gzip")), "12", "UNIMPLEMENTED");
+        // Uncompressed streams go on to authentication, which finds no token.
+        assert_eq!(status_of(Some("identity")), "16", "UNAUTHENTICATED");
+        assert_eq!(status_of(None), "16", "UNAUTHENTICATED");
     }
 
     fn server_with_events(capacity: usize) -> (SdsServer, mpsc::Receiver<StreamEvent>) {

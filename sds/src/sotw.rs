@@ -5,6 +5,7 @@
 
 use std::collections::BTreeSet;
 
+use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use meshca_control::{parse_names, ResourceName};
 
@@ -25,6 +26,10 @@ impl Protocol for Sotw {
     const KIND: StreamKind = StreamKind::Sotw;
     /// A request with a stale nonce crossed a push: its names are as stale as its reply.
     const STALE_IGNORES_SUBSCRIPTION: bool = true;
+
+    fn take_node(r: &mut DiscoveryRequest) -> Option<Node> {
+        r.node.take()
+    }
 
     fn header(r: &DiscoveryRequest) -> Header<'_> {
         let (node, error) = (r.node.as_ref(), r.error_detail.as_ref());

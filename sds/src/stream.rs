@@ -13,9 +13,10 @@ use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use meshca_auth::Claims;
 use meshca_control::{ResourceName, Snapshot, StreamEvent};
-use tonic::{Status, Streaming};
+use tonic::Status;
 
 use crate::authn;
+use crate::grpc::Requests;
 use crate::metrics::SdsMetrics;
 use crate::names::{self, Lookup, Resolved};
 use crate::outbox::Outbox;
@@ -98,7 +99,7 @@ pub(crate) enum Build<R> {
 }
 
 /// What differs between the state-of-the-world and the delta protocol.
-pub(crate) trait Protocol: Default + Send + 'static {
+pub(crate) trait Protocol: Default + Send + Sync + 'static {
     type Request: Send + 'static;
     type Response: Send + 'static;
     const KIND: StreamKind;
@@ -107,6 +108,9 @@ pub(crate) trait Protocol: Default + Send + 'static {
     const STALE_IGNORES_SUBSCRIPTION: bool;
 
     fn header(request: &Self::Request) -> Header<'_>;
+
+    /// Takes the node out of a request.
+    fn take_node(request: &mut Self::Request) -> Option<Node>;
 
     /// Every resource name a request carries, to be checked against the limits before it applies.
     fn requested_names(request: &Self::Request) -> impl Iterator<Item = &str>;
@@ -131,7 +135,7 @@ type Outbound<R> = Outbox<Result<R, Status>>;
 pub(crate) struct Start<R> {
     pub shared: Arc<Shared>,
     pub claims: Claims,
-    pub inbound: Streaming<R>,
+    pub inbound: Requests<R>,
 }
 
 /// Drives one stream until the proxy leaves or an error ends it (sent as the stream's status).
@@ -191,19 +195,22 @@ where
 async fn open<'o, P: Protocol>(
     shared: Arc<Shared>,
     claims: Claims,
-    inbound: &mut Streaming<P::Request>,
+    inbound: &mut Requests<P::Request>,
     outbox: &'o Outbound<P::Response>,
 ) -> Result<Option<Driver<'o, P>>, Status>
 where
     P::Request: prost::Message + Default,
 {
-    let Some(first) = session::first_request(&shared, inbound.message()).await? else {
+    let Some(mut first) = session::first_request(&shared, inbound.message()).await? else {
         return Ok(None);
     };
-    let node = P::header(&first).node;
-    authn::check_first_node(node, &authn::proxy_key(&claims))
+    // The node is read here and not kept: Envoy's lists every extension it was built with (about
+    // 60 KB), and the request waits below for as long as the proxy's identity takes.
+    let node = P::take_node(&mut first);
+    authn::check_first_node(node.as_ref(), &authn::proxy_key(&claims))
         .map_err(|status| shared.auth_failure(status))?;
-    let ctx = authn::proxy_context(&claims, node);
+    let ctx = authn::proxy_context(&claims, node.as_ref());
+    drop(node);
     let mut session = Session::open(shared, claims, ctx, Some(P::KIND)).await?;
     let snapshot = session.wait_for_identity().await?;
     let mut stream = Driver::<P>::new(session, outbox, snapshot);

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
+use envoy_types::pb::envoy::config::core::v3::{Extension, Node};
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use meshca_sds::{decode_secrets, describe, SdsClient, SecretKindView, SECRET_TYPE_URL};
@@ -346,7 +347,7 @@ async fn run_stream(
         vec![TRUST.to_owned()]
     };
     let (requests, mut responses) = client
-        .open_stream(&plan.node_id, &names, None, 2)
+        .open_stream_as(envoy_node(&plan.node_id), &names, 2)
         .await
         .context("StreamSecrets refused")?;
 
@@ -393,6 +394,31 @@ async fn run_stream(
     }
 }
 
+/// Extensions an Envoy-sized node lists ([`envoy_node`]).
+const NODE_EXTENSIONS: usize = 420;
+
+/// A node the size of the one Envoy sends in a stream's first request: Envoy 1.40 lists every extension
+/// it was built with, and its first SDS request measured 61 KB. The daemon must not keep that much
+/// per stream after reading it.
+fn envoy_node(id: &str) -> Node {
+    let extensions = (0..NODE_EXTENSIONS)
+        .map(|i| Extension {
+            name: format!("envoy.filters.http.simulated_extension_{i:04}"),
+            category: "envoy.filters.http".to_owned(),
+            type_urls: vec![format!(
+                "envoy.extensions.filters.http.simulated_extension_{i:04}.v3.SimulatedExtension"
+            )],
+            ..Default::default()
+        })
+        .collect();
+    Node {
+        id: id.to_owned(),
+        user_agent_name: "envoy".to_owned(),
+        extensions,
+        ..Default::default()
+    }
+}
+
 /// Records what a response brought: the baseline, and (once armed) the new CA reaching the stream.
 fn note(index: usize, seen: &Seen, progress: &Progress) {
     let Some(armed) = progress.armed.get() else {
@@ -417,5 +443,18 @@ fn note(index: usize, seen: &Seen, progress: &Progress) {
         {
             progress.bump(&progress.identity_reached);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::*;
+
+    #[test]
+    fn the_simulated_node_is_the_size_of_envoys() {
+        let size = envoy_node("default.web-1").encoded_len();
+        assert!((55_000..70_000).contains(&size), "{size} bytes");
     }
 }
