@@ -3,7 +3,6 @@
 use crate::untrusted::shown;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::google::protobuf::value::Kind;
 use meshca_auth::{Claims, ProxyType, RevocationList, Verifier};
 use tonic::metadata::MetadataMap;
@@ -13,6 +12,7 @@ use meshca_control::ProxyKey;
 
 use crate::names::ProxyContext;
 use crate::secret::Form;
+use crate::wire::Node;
 
 /// The node metadata key that asks for plain `trusted_ca` validation contexts.
 pub const DISABLE_SPIFFE_VALIDATION_KEY: &str = "disable_spiffe_cert_validation";
@@ -135,7 +135,6 @@ mod tests {
         Node {
             id: "m.p".into(),
             metadata: Some(metadata),
-            ..Default::default()
         }
     }
 

@@ -5,16 +5,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
-};
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryResponse, Resource};
 use meshca_control::ResourceName;
 
 use crate::names;
 use crate::registry::StreamKind;
 use crate::secret::SECRET_TYPE_URL;
 use crate::stream::{Build, Current, Header, Protocol};
+use crate::wire::{DeltaDiscoveryRequest, Node};
 
 /// A delta stream's subscription and what the proxy holds.
 #[derive(Debug, Default)]

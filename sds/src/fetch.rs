@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
 use meshca_auth::Claims;
 use meshca_control::parse_names;
 use tonic::Status;
@@ -15,6 +15,7 @@ use crate::secret::{self, SECRET_TYPE_URL};
 use crate::service::Shared;
 use crate::session::Session;
 use crate::untrusted::shown;
+use crate::wire::DiscoveryRequest;
 
 /// Serves one fetch for a proxy whose token was verified.
 pub(crate) async fn fetch(

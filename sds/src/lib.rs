@@ -29,6 +29,7 @@ mod sotw;
 mod stream;
 mod untrusted;
 mod wake;
+mod wire;
 
 pub use authn::DISABLE_SPIFFE_VALIDATION_KEY;
 pub use client::{connect_channel, decode_secrets, ClientTls, SdsClient};

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
 use meshca_auth::{Claims, RevocationList, Verifier};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -28,6 +28,7 @@ use crate::sotw::Sotw;
 use crate::stream::Protocol;
 use crate::untrusted::shown;
 use crate::wake::{Waiter, Wakes};
+use crate::wire::DiscoveryRequest;
 use crate::{authn, fetch, grpc, stream};
 
 /// A good capacity for the event channel handed to [`SdsServer::new`]: enough for a burst of

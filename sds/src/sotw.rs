@@ -5,14 +5,14 @@
 
 use std::collections::BTreeSet;
 
-use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
 use meshca_control::{parse_names, ResourceName};
 
 use crate::names;
 use crate::registry::StreamKind;
 use crate::secret::SECRET_TYPE_URL;
 use crate::stream::{Build, Current, Header, Protocol};
+use crate::wire::{DiscoveryRequest, Node};
 
 /// A state-of-the-world stream's subscription.
 #[derive(Debug, Default)]

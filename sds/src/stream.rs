@@ -9,7 +9,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use meshca_auth::Claims;
 use meshca_control::{ResourceName, Snapshot, StreamEvent};
@@ -25,6 +24,7 @@ use crate::secret;
 use crate::service::Shared;
 use crate::session::{self, Session};
 use crate::untrusted::{bounded, shown};
+use crate::wire::Node;
 
 /// The reply part of a request: which response it answers and how.
 #[derive(Debug)]
