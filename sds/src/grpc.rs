@@ -93,8 +93,9 @@ fn decode_one<T: prost::Message + Default>(
         )));
     }
     let Some(body) = buf.get(HEADER..HEADER + len) else {
-        // Room for the rest of this message, and no more.
-        buf.reserve(HEADER + len - buf.len());
+        // The buffer grows with what arrives, not with what the header announces: thousands of
+        // streams may each be part-way through their first request at once, and a client that
+        // announces a large message and sends it slowly holds only what it sent.
         return Ok(None);
     };
     let message = T::decode(body)
