@@ -301,9 +301,9 @@ impl SdsServer {
         self.shared.shutdown.cancel();
     }
 
-    /// The tonic service, for embedding in another tonic server. It is the generated
-    /// `SecretDiscoveryServiceServer` with 1 KiB codec buffers instead of 8 KiB, since every open
-    /// stream keeps one for requests and one for responses.
+    /// The tonic service, for embedding in another tonic server. It answers what the generated
+    /// `SecretDiscoveryServiceServer` answers, but frames the two streaming methods itself
+    /// ([`crate::grpc`]) so that an idle stream holds no message buffer.
     pub fn into_service(
         self,
     ) -> impl Service<
@@ -320,16 +320,14 @@ impl SdsServer {
     }
 }
 
-/// Bytes tonic sets aside per stream for decoding requests, and again for encoding responses,
-/// and the steps in which those buffers grow for a larger message. tonic's default is 8 KiB
-/// each, allocated when a stream opens and kept while it lives: 16 KiB per idle stream, all of
-/// the per-stream memory budget (BENCHMARKS.md), for requests of a few hundred bytes and responses of one to a few
-/// KiB. `meshca bench sds` measured the difference (BENCHMARKS.md).
+/// Bytes tonic sets aside for decoding a `FetchSecrets` request and encoding its response, and the steps
+/// in which those buffers grow (tonic's default is 8 KiB). A fetch holds them only while it runs; the
+/// streaming methods do not use tonic's codec buffers at all.
 const CODEC_BUFFER: usize = 1024;
 /// Encoded responses gathered before they are handed to HTTP/2 (tonic's default).
 const CODEC_YIELD_THRESHOLD: usize = 32 * 1024;
 
-/// The prost codec with [`CODEC_BUFFER`]-sized buffers.
+/// The prost codec with [`CODEC_BUFFER`]-sized buffers, for `FetchSecrets`.
 struct SdsCodec<T, U>(PhantomData<fn() -> (T, U)>);
 
 impl<T, U> Default for SdsCodec<T, U> {
@@ -357,7 +355,7 @@ where
     }
 }
 
-/// Routes the three SDS methods to [`SdsServer`], as the generated server does, with [`SdsCodec`].
+/// Routes the three SDS methods to [`SdsServer`]: the streams framed by [`crate::grpc`], fetches by tonic with [`SdsCodec`].
 #[derive(Clone)]
 struct GrpcService {
     server: SdsServer,
