@@ -505,14 +505,14 @@ mod tests {
     }
 
     /// Every idle stream holds this state for its life (ten thousand streams, ten thousand of them):
-    /// opening and handling are boxed so that it stays what the loop waits with. It was 6 KiB before.
+    /// opening and handling are boxed so that it stays what the loop waits with (about 1.5 KiB; it was 6 KiB).
     #[test]
     fn an_open_streams_state_stays_small() {
         for (protocol, size) in [
             ("sotw", state_size(run::<Sotw>)),
             ("delta", state_size(run::<Delta>)),
         ] {
-            assert!(size <= 2560, "{protocol}: {size} bytes");
+            assert!(size <= 2048, "{protocol}: {size} bytes");
         }
     }
 }
