@@ -504,8 +504,8 @@ mod tests {
         std::mem::size_of::<F>()
     }
 
-    /// Every idle stream holds this state for its life (ten thousand streams, ten thousand of them):
-    /// opening and handling are boxed so that it stays what the loop waits with (about 1.5 KiB; it was 6 KiB).
+    /// Every idle stream holds this state for its life. Opening and handling are boxed, so it is what
+    /// the loop waits with: about 1.5 KiB (it was 6 KiB).
     #[test]
     fn an_open_streams_state_stays_small() {
         for (protocol, size) in [
