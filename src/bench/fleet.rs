@@ -42,6 +42,8 @@ pub struct FleetPlan {
     pub target: String,
     /// How many HTTP/2 connections carry the streams; stream `i` uses connection `i % connections`.
     pub connections: usize,
+    /// How many extensions the node of each first request lists ([`envoy_node`]).
+    pub node_extensions: usize,
     /// The streams.
     pub streams: Vec<StreamPlan>,
 }
@@ -176,12 +178,14 @@ impl Fleet {
             wake: Notify::new(),
         });
         let identity_streams = plan.streams.iter().filter(|s| s.identity).count();
+        let extensions = plan.node_extensions;
         let mut tasks = JoinSet::new();
         for (index, stream) in plan.streams.into_iter().enumerate() {
             let channel = channels[index % channels.len()].clone();
             let progress = progress.clone();
             tasks.spawn(async move {
-                if let Err(error) = run_stream(index, channel, stream, &progress).await {
+                if let Err(error) = run_stream(index, channel, stream, extensions, &progress).await
+                {
                     progress.note_error(format!("stream {index}: {error:#}"));
                     progress.bump(&progress.failed);
                 }
@@ -338,6 +342,7 @@ async fn run_stream(
     index: usize,
     channel: Channel,
     plan: StreamPlan,
+    node_extensions: usize,
     progress: &Progress,
 ) -> anyhow::Result<()> {
     let client = SdsClient::with_channel(channel, &plan.token)?;
@@ -347,7 +352,7 @@ async fn run_stream(
         vec![TRUST.to_owned()]
     };
     let (requests, mut responses) = client
-        .open_stream_as(envoy_node(&plan.node_id), &names, 2)
+        .open_stream_as(envoy_node(&plan.node_id, node_extensions), &names, 2)
         .await
         .context("StreamSecrets refused")?;
 
@@ -394,14 +399,11 @@ async fn run_stream(
     }
 }
 
-/// Extensions an Envoy-sized node lists ([`envoy_node`]).
-const NODE_EXTENSIONS: usize = 420;
-
-/// A node the size of the one Envoy sends in a stream's first request: Envoy 1.40 lists every extension
-/// it was built with, and its first SDS request measured 61 KB. The daemon must not keep that much
-/// per stream after reading it.
-fn envoy_node(id: &str) -> Node {
-    let extensions = (0..NODE_EXTENSIONS)
+/// A node like the one Envoy sends in a stream's first request, listing `extensions` extensions: Envoy
+/// 1.40 lists every extension it was built with, and its first SDS request measured 61 KB, the size of
+/// this node with 420. The daemon must not keep that much per stream after reading it.
+fn envoy_node(id: &str, extensions: usize) -> Node {
+    let extensions = (0..extensions)
         .map(|i| Extension {
             name: format!("envoy.filters.http.simulated_extension_{i:04}"),
             category: "envoy.filters.http".to_owned(),
@@ -454,7 +456,7 @@ mod tests {
 
     #[test]
     fn the_simulated_node_is_the_size_of_envoys() {
-        let size = envoy_node("default.web-1").encoded_len();
+        let size = envoy_node("default.web-1", 420).encoded_len();
         assert!((55_000..70_000).contains(&size), "{size} bytes");
     }
 }

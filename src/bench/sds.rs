@@ -36,6 +36,8 @@ pub struct Options {
     pub proxies: usize,
     /// Every K-th stream also asks for `default`; 0: none.
     pub identity_every: usize,
+    /// Extensions listed by the node of each first request.
+    pub node_extensions: usize,
     /// How long the streams stay idle before the memory is read.
     pub idle: Duration,
     /// How long setup, and then the rotation, may take.
@@ -95,6 +97,7 @@ impl Options {
             connections,
             proxies,
             identity_every: args.identity_every,
+            node_extensions: args.node_extensions,
             idle: seconds("--seconds", args.seconds, true)?,
             timeout: seconds("--timeout", args.timeout, false)?,
             client: args.client,
@@ -203,6 +206,7 @@ fn fleet_plan(daemon: &Daemon, target: String, options: &Options) -> anyhow::Res
     Ok(FleetPlan {
         target,
         connections: options.connections,
+        node_extensions: options.node_extensions,
         streams,
     })
 }
@@ -458,6 +462,7 @@ fn report(options: &Options, outcome: &Outcome) -> serde_json::Value {
         "connections": options.connections,
         "proxies": options.proxies,
         "identity_streams": reach.identity_streams,
+        "node_extensions": options.node_extensions,
         "client": match options.client {
             BenchClient::Process => "process",
             BenchClient::InProcess => "in-process",
@@ -563,6 +568,7 @@ mod tests {
             connections: 4,
             proxies: 150,
             identity_every: 4,
+            node_extensions: 3,
             idle: Duration::ZERO,
             timeout: Duration::from_secs(60),
             client: BenchClient::InProcess,
