@@ -14,97 +14,130 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use futures::Stream;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tonic::codegen::http::{self, HeaderMap, HeaderValue};
 use tonic::Status;
 
+use crate::wire::{self, Malformed, Trimmer};
+
 /// A gRPC message's frame header: the compression flag and the length.
 const HEADER: usize = 5;
 
-/// The messages of a streaming request, read from its HTTP/2 body.
+/// The messages of a streaming request, read from its HTTP/2 body as it arrives: a message's bytes go
+/// through a [`Trimmer`], which keeps what meshca decodes, and nothing else is kept between messages.
 pub(crate) struct Requests<T> {
     body: tonic::body::Body,
-    /// Bytes received and not yet decoded: at most one message and the data frame that completed it.
-    buf: BytesMut,
+    /// The rest of the last data frame, not read yet (empty between frames).
+    pending: Bytes,
+    /// The next message's header, as far as it arrived.
+    header: [u8; HEADER],
+    header_len: usize,
+    /// The message being read.
+    current: Option<Trimmer>,
     /// The largest message accepted, in bytes.
     max_bytes: usize,
     _messages: PhantomData<fn() -> T>,
 }
 
-impl<T: prost::Message + Default> Requests<T> {
+impl<T: wire::Request> Requests<T> {
     pub(crate) fn new(body: tonic::body::Body, max_bytes: usize) -> Self {
         Requests {
             body,
-            buf: BytesMut::new(),
+            pending: Bytes::new(),
+            header: [0; HEADER],
+            header_len: 0,
+            current: None,
             max_bytes,
             _messages: PhantomData,
         }
     }
 
     /// The next message; `None` when the proxy ended its side of the stream between messages.
-    /// Cancel-safe: bytes read stay buffered for the next call.
+    /// Cancel-safe: what was read stays for the next call.
     pub(crate) async fn message(&mut self) -> Result<Option<T>, Status> {
         loop {
-            if let Some(message) = decode_one(&mut self.buf, self.max_bytes)? {
+            if let Some(message) = self.read_pending()? {
                 return Ok(Some(message));
             }
             match self.body.frame().await {
                 Some(Ok(frame)) => {
                     // Trailers carry nothing a request stream needs.
                     if let Ok(data) = frame.into_data() {
-                        self.buf.extend_from_slice(&data);
+                        self.pending = data;
                     }
                 }
                 Some(Err(status)) => return Err(status),
-                None if self.buf.is_empty() => return Ok(None),
+                None if self.header_len == 0 && self.current.is_none() => return Ok(None),
                 None => {
-                    return Err(Status::invalid_argument(format!(
-                        "the request stream ended inside a message ({} bytes of it received)",
-                        self.buf.len()
-                    )))
+                    return Err(Status::invalid_argument(
+                        "the request stream ended inside a message",
+                    ))
                 }
             }
         }
     }
+
+    /// Reads the pending bytes up to the end of the next message, and decodes it.
+    fn read_pending(&mut self) -> Result<Option<T>, Status> {
+        let message = loop {
+            if let Some(trimmer) = self.current.as_mut().filter(|t| t.left() > 0) {
+                let n = trimmer.left().min(self.pending.len());
+                trimmer.feed(&self.pending[..n]).map_err(malformed)?;
+                self.pending.advance(n);
+            }
+            if self.current.as_ref().is_some_and(|t| t.left() == 0) {
+                let trimmer = self.current.take().expect("checked above");
+                let kept = trimmer.finish().map_err(malformed)?;
+                break Some(T::decode(kept.as_slice()).map_err(|e| {
+                    Status::invalid_argument(format!("a request does not decode: {e}"))
+                })?);
+            }
+            if self.pending.is_empty() {
+                break None;
+            }
+            self.read_header()?;
+        };
+        if self.pending.is_empty() {
+            // An empty slice would still hold on to the frame it came from.
+            self.pending = Bytes::new();
+        }
+        Ok(message)
+    }
+
+    /// Reads header bytes; once the header is whole, refuses a compressed message or one over
+    /// `max_bytes` (before any of it is read), else starts reading the message.
+    fn read_header(&mut self) -> Result<(), Status> {
+        let n = (HEADER - self.header_len).min(self.pending.len());
+        self.header[self.header_len..self.header_len + n].copy_from_slice(&self.pending[..n]);
+        self.header_len += n;
+        self.pending.advance(n);
+        if self.header_len < HEADER {
+            return Ok(());
+        }
+        self.header_len = 0;
+        let header = self.header;
+        if header[0] != 0 {
+            return Err(Status::unimplemented(
+                "compressed requests are not accepted; send them uncompressed",
+            ));
+        }
+        let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+        if len > self.max_bytes {
+            return Err(Status::resource_exhausted(format!(
+                "a request of {len} bytes is over the limit of {} bytes (limits.requestBytes)",
+                self.max_bytes
+            )));
+        }
+        self.current = Some(Trimmer::new(T::NODE_FIELD, len));
+        Ok(())
+    }
 }
 
-/// Takes the first whole message off `buf`, if there is one. Refuses a compressed message, and a
-/// message over `max_bytes` as soon as its header says so (before its bytes are kept). When `buf`
-/// holds nothing more, its allocation is released.
-fn decode_one<T: prost::Message + Default>(
-    buf: &mut BytesMut,
-    max_bytes: usize,
-) -> Result<Option<T>, Status> {
-    let Some(header) = buf.get(..HEADER) else {
-        return Ok(None);
-    };
-    if header[0] != 0 {
-        return Err(Status::unimplemented(
-            "compressed requests are not accepted; send them uncompressed",
-        ));
-    }
-    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
-    if len > max_bytes {
-        return Err(Status::resource_exhausted(format!(
-            "a request of {len} bytes is over the limit of {max_bytes} bytes (limits.requestBytes)"
-        )));
-    }
-    let Some(body) = buf.get(HEADER..HEADER + len) else {
-        // The buffer grows with what arrives, not with what the header announces: thousands of
-        // streams may each be part-way through their first request at once, and a client that
-        // announces a large message and sends it slowly holds only what it sent.
-        return Ok(None);
-    };
-    let message = T::decode(body)
-        .map_err(|e| Status::invalid_argument(format!("a request does not decode: {e}")))?;
-    buf.advance(HEADER + len);
-    if buf.is_empty() {
-        *buf = BytesMut::new();
-    }
-    Ok(Some(message))
+fn malformed(Malformed(why): Malformed) -> Status {
+    Status::invalid_argument(format!("a request does not decode: {why}"))
 }
 
 type Messages<M> = Pin<Box<dyn Stream<Item = Result<M, Status>> + Send>>;
@@ -193,11 +226,13 @@ fn trailers(status: &Status) -> HeaderMap {
 
 #[cfg(test)]
 mod tests {
-    use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+    use envoy_types::pb::envoy::config::core::v3::{Extension, Node};
+    use envoy_types::pb::envoy::service::discovery::v3::{self as envoy, DiscoveryResponse};
     use proptest::prelude::*;
     use prost::Message;
 
     use super::*;
+    use crate::wire::DiscoveryRequest;
 
     /// A request body that delivers `chunks` as its data frames, then ends (or fails with `fail`).
     fn body_of(chunks: Vec<Vec<u8>>, fail: Option<Status>) -> tonic::body::Body {
@@ -210,13 +245,29 @@ mod tests {
         )))
     }
 
-    fn request(n: usize) -> DiscoveryRequest {
-        DiscoveryRequest {
+    /// A request as Envoy sends it; every third one carries a node with `n` extensions.
+    fn request(n: usize) -> envoy::DiscoveryRequest {
+        envoy::DiscoveryRequest {
             version_info: format!("v{n}"),
+            node: n.is_multiple_of(3).then(|| Node {
+                id: format!("default.web-{n}"),
+                extensions: (0..n)
+                    .map(|i| Extension {
+                        name: format!("envoy.filters.http.ext_{i}"),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
             resource_names: (0..n % 5).map(|i| format!("name-{i}")).collect(),
             response_nonce: "x".repeat(n % 300),
             ..Default::default()
         }
+    }
+
+    /// What meshca reads of `sent`.
+    fn read(sent: &envoy::DiscoveryRequest) -> DiscoveryRequest {
+        DiscoveryRequest::decode(sent.encode_to_vec().as_slice()).expect("decodes")
     }
 
     fn framed(message: &impl Message) -> Vec<u8> {
@@ -233,6 +284,7 @@ mod tests {
     }
 
     /// Reads every message of `body`: the messages before the end or the first error, and that error.
+    /// After each message, nothing of it is held, and at most the rest of one frame is.
     fn read_all(
         body: tonic::body::Body,
         max_bytes: usize,
@@ -247,10 +299,7 @@ mod tests {
                 match requests.message().await {
                     Ok(Some(message)) => {
                         got.push(message);
-                        assert!(
-                            requests.buf.len() <= max_bytes + HEADER + 64 * 1024,
-                            "the buffer holds at most one message and the frame that completed it"
-                        );
+                        assert!(requests.current.is_none() && requests.header_len == 0);
                     }
                     Ok(None) => return (got, None),
                     Err(status) => return (got, Some(status)),
@@ -260,18 +309,17 @@ mod tests {
     }
 
     proptest! {
-        /// However the proxy's bytes are cut into frames, the messages come out whole and in order,
-        /// and the buffer is released once it holds nothing.
+        /// However the proxy's bytes are cut into frames, the messages come out whole and in order.
         #[test]
         fn messages_come_out_whole_however_the_stream_is_cut(
             sizes in proptest::collection::vec(0usize..400, 0..6),
             cuts in proptest::collection::vec(any::<usize>(), 0..12),
         ) {
-            let sent: Vec<DiscoveryRequest> = sizes.iter().map(|&n| request(n)).collect();
+            let sent: Vec<envoy::DiscoveryRequest> = sizes.iter().map(|&n| request(n)).collect();
             let bytes: Vec<u8> = sent.iter().flat_map(framed).collect();
             let (got, error) = read_all(body_of(cut(&bytes, &cuts), None), 1024 * 1024);
             prop_assert!(error.is_none(), "{error:?}");
-            prop_assert_eq!(got, sent);
+            prop_assert_eq!(got, sent.iter().map(read).collect::<Vec<_>>());
         }
 
         /// Whatever bytes arrive, reading ends (with messages, an end or an error) without a panic, and a
@@ -319,36 +367,36 @@ mod tests {
             body_of(vec![framed(&request(1))], Some(Status::cancelled("reset"))),
             1024,
         );
-        assert_eq!(got, vec![request(1)]);
+        assert_eq!(got, vec![read(&request(1))]);
         assert_eq!(error.expect("the failure").code(), tonic::Code::Cancelled);
     }
 
     #[test]
-    fn the_buffer_of_a_large_request_is_released_once_it_is_read() {
-        let large = framed(&request(299));
-        let small = framed(&request(1));
+    fn between_messages_nothing_of_a_frame_is_held() {
+        // A large first request (its node lists 900 extensions) and an ACK, in one frame.
+        let first = framed(&request(900));
+        assert!(first.len() > 20_000, "{}", first.len());
+        let ack = framed(&request(1));
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("a runtime");
         runtime.block_on(async {
+            let both = [first, ack].concat();
             let mut requests =
-                Requests::<DiscoveryRequest>::new(body_of(vec![large, small], None), 1024);
-            requests
-                .message()
-                .await
-                .expect("reads")
-                .expect("the large one");
-            assert_eq!(
-                requests.buf.capacity(),
-                0,
-                "nothing kept after the large request"
+                Requests::<DiscoveryRequest>::new(body_of(vec![both], None), 1 << 20);
+            let read_first = requests.message().await.expect("reads").expect("the first");
+            assert_eq!(read_first, read(&request(900)));
+            assert!(
+                !requests.pending.is_empty(),
+                "the ACK is still in the frame"
             );
-            requests
-                .message()
-                .await
-                .expect("reads")
-                .expect("the small one");
-            assert_eq!(requests.buf.capacity(), 0);
+            requests.message().await.expect("reads").expect("the ACK");
+            assert!(requests.pending.is_empty());
+            assert_eq!(
+                requests.pending.as_ptr(),
+                Bytes::new().as_ptr(),
+                "the frame is let go"
+            );
         });
     }
 

@@ -100,7 +100,7 @@ pub(crate) enum Build<R> {
 
 /// What differs between the state-of-the-world and the delta protocol.
 pub(crate) trait Protocol: Default + Send + Sync + 'static {
-    type Request: Send + 'static;
+    type Request: crate::wire::Request + Send + 'static;
     type Response: Send + 'static;
     const KIND: StreamKind;
     /// A request whose nonce is stale is ignored whole (state of the world), or only its reply part
