@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::*;
+use envoy_types::pb::envoy::config::core::v3::Extension;
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use meshca_sds::{SdsLimits, ServerOptions, SECRET_TYPE_URL};
 use rustls_pki_types::pem::PemObject;
@@ -266,6 +267,27 @@ async fn a_stream_cannot_subscribe_to_more_names_than_its_limit() {
         harness.server.metrics().over_limit.load(Ordering::Relaxed),
         2
     );
+}
+
+#[tokio::test]
+async fn a_first_request_larger_than_the_flow_control_windows_is_read_whole() {
+    // Envoy's node lists its extensions; this one is larger than a stream's window and a connection's,
+    // so it arrives only as the server reads it.
+    let harness = harness_with(SdsLimits::default()).await;
+    let (token, _) = harness.token_for("default", "web-1");
+    let mut first = first_request("default.web-1", &["default"]);
+    first.node.as_mut().expect("a node").extensions = (0..6000)
+        .map(|i| Extension {
+            name: format!("envoy.filters.http.extension_{i:05}"),
+            category: "envoy.filters.http".into(),
+            ..Default::default()
+        })
+        .collect();
+    assert!(prost::Message::encoded_len(&first) > 300 * 1024);
+    let mut stream = Sotw::open(harness.unix_channel().await, Some(&token), first)
+        .await
+        .expect("authenticated");
+    stream.expect_response().await;
 }
 
 #[tokio::test]
