@@ -34,12 +34,6 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
 /// Accepted connections waiting for the server to pick them up.
 const ACCEPT_QUEUE: usize = 128;
-/// How much request data a client may send on a stream, and on a connection, ahead of what meshca has
-/// read. SDS requests are small but for each stream's first, whose node Envoy fills with its extension
-/// list (about 60 KB): with hyper's larger windows, a connection opening many streams at once has all
-/// their first requests wait in buffers together.
-const STREAM_WINDOW: u32 = 64 * 1024;
-const CONNECTION_WINDOW: u32 = 256 * 1024;
 /// The largest header list (HTTP/2 `SETTINGS_MAX_HEADER_LIST_SIZE`, HTTP/2's default for hyper): a
 /// request's headers, token included. The unix socket's header rewriter holds no more than this.
 const MAX_HEADER_LIST_SIZE: u32 = 16 * 1024;
@@ -259,8 +253,6 @@ impl BoundListeners {
             .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
             .http2_max_header_list_size(Some(MAX_HEADER_LIST_SIZE))
             .max_frame_size(Some(MAX_FRAME_SIZE as u32))
-            .initial_stream_window_size(Some(STREAM_WINDOW))
-            .initial_connection_window_size(Some(CONNECTION_WINDOW))
             .max_concurrent_streams(Some(limits.streams_per_connection))
             .add_service(server.into_service())
             .serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown.cancelled_owned())
