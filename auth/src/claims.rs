@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ring::rand::{SecureRandom, SystemRandom};
@@ -57,6 +58,10 @@ impl FromStr for ProxyType {
     }
 }
 
+/// A proxy's labels or tags, shared: its token's claims, meshca's description of the proxy and the rule
+/// its later tokens are held to all point at one map.
+pub type Labels = Arc<BTreeMap<String, String>>;
+
 /// The verified content of a proxy token.
 ///
 /// Built with [`Claims::new`] / [`Claims::new_dataplane`] (which check every field), signed with
@@ -71,9 +76,9 @@ pub struct Claims {
     /// The kind of proxy (`type`).
     pub proxy_type: ProxyType,
     /// The proxy's labels (`labels`), fixed when the token is minted; they select its MeshIdentity.
-    pub labels: BTreeMap<String, String>,
+    pub labels: Labels,
     /// The proxy's inbound tags (`tags`), e.g. `kuma.io/service`.
-    pub tags: BTreeMap<String, String>,
+    pub tags: Labels,
     /// When the token was minted (`iat`), unix seconds.
     pub issued_at: u64,
     /// When the token starts being accepted (`nbf`), unix seconds, if it says; `None` means from `iat`
@@ -120,8 +125,8 @@ impl Claims {
             mesh: mesh.into(),
             name,
             proxy_type,
-            labels,
-            tags,
+            labels: Arc::new(labels),
+            tags: Arc::new(tags),
             issued_at: now_unix,
             not_before: None,
             expires_at,
@@ -163,7 +168,7 @@ impl Claims {
         validate_mesh(&self.mesh).map_err(|r| invalid("mesh", r))?;
         validate_proxy_name(&self.name).map_err(|r| invalid("name", r))?;
         for (field, map) in [("labels", &self.labels), ("tags", &self.tags)] {
-            for (key, value) in map {
+            for (key, value) in map.iter() {
                 label::validate_key(key).map_err(|r| invalid(field, r))?;
                 label::validate_value(value).map_err(|r| invalid(field, r))?;
             }

@@ -4,6 +4,7 @@
 //! negotiation: no `alg` choice, no `kid`/`jku`/`crit` lookups an attacker could steer.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
@@ -43,8 +44,8 @@ impl WireClaims {
             mesh: claims.mesh.clone(),
             name: claims.name.clone(),
             proxy_type: claims.proxy_type,
-            labels: claims.labels.clone(),
-            tags: claims.tags.clone(),
+            labels: (*claims.labels).clone(),
+            tags: (*claims.tags).clone(),
             iat: claims.issued_at,
             nbf: claims.not_before,
             exp: claims.expires_at,
@@ -63,8 +64,8 @@ impl WireClaims {
             mesh: self.mesh,
             name: self.name,
             proxy_type: self.proxy_type,
-            labels: self.labels,
-            tags: self.tags,
+            labels: Arc::new(self.labels),
+            tags: Arc::new(self.tags),
             issued_at: self.iat,
             not_before: self.nbf,
             expires_at: self.exp,

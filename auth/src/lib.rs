@@ -15,7 +15,7 @@ mod revocation;
 mod signing;
 mod verify;
 
-pub use claims::{Claims, ProxyType, ISSUER};
+pub use claims::{Claims, Labels, ProxyType, ISSUER};
 pub use error::AuthError;
 pub use label::parse_label;
 pub use revocation::RevocationList;

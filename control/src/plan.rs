@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use meshca_auth::Labels;
 use meshca_ca::{CertificateAuthority, TemplateVars, WORKLOAD_LABEL};
 use meshca_config::SERVICE_TAG;
 use meshca_identity::KeyAlgorithm;
@@ -25,10 +26,11 @@ pub struct DataplaneInfo {
     pub mesh: String,
     /// Dataplane name.
     pub name: String,
-    /// Labels (with `kuma.io/workload` defaulted to the name).
-    pub labels: BTreeMap<String, String>,
+    /// Labels (with `kuma.io/workload` defaulted to the name); shared with the token that
+    /// registered the dataplane, if one did.
+    pub labels: Labels,
     /// Tags of each inbound (the first inbound's `kuma.io/service` is the legacy identity).
-    pub inbound_tags: Vec<BTreeMap<String, String>>,
+    pub inbound_tags: Vec<Labels>,
     /// Where it came from.
     pub origin: Origin,
 }
@@ -48,13 +50,14 @@ impl DataplaneInfo {
     pub fn new(
         mesh: &str,
         name: &str,
-        mut labels: BTreeMap<String, String>,
-        inbound_tags: Vec<BTreeMap<String, String>>,
+        labels: impl Into<Labels>,
+        inbound_tags: Vec<Labels>,
         origin: Origin,
     ) -> DataplaneInfo {
-        labels
-            .entry(WORKLOAD_LABEL.to_owned())
-            .or_insert_with(|| name.to_owned());
+        let mut labels = labels.into();
+        if !labels.contains_key(WORKLOAD_LABEL) {
+            Arc::make_mut(&mut labels).insert(WORKLOAD_LABEL.to_owned(), name.to_owned());
+        }
         DataplaneInfo {
             mesh: mesh.to_owned(),
             name: name.to_owned(),
@@ -66,7 +69,11 @@ impl DataplaneInfo {
 
     /// A dataplane described by its resource file.
     pub fn from_file(dp: &meshca_config::Dataplane) -> DataplaneInfo {
-        let inbounds = dp.inbounds.iter().map(|i| i.tags.clone()).collect();
+        let inbounds = dp
+            .inbounds
+            .iter()
+            .map(|i| Arc::new(i.tags.clone()))
+            .collect();
         DataplaneInfo::new(
             &dp.mesh,
             &dp.name,
@@ -123,7 +130,7 @@ impl DataplaneInfo {
     pub fn inbounds_with<'a>(
         &'a self,
         selector: &'a BTreeMap<String, String>,
-    ) -> impl Iterator<Item = &'a BTreeMap<String, String>> + 'a {
+    ) -> impl Iterator<Item = &'a Labels> + 'a {
         self.inbound_tags
             .iter()
             .filter(|tags| selector.iter().all(|(k, v)| tags.get(k) == Some(v)))

@@ -110,7 +110,7 @@ pub struct Changed {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClaimRule {
     /// The proxy's labels.
-    pub labels: BTreeMap<String, String>,
+    pub labels: meshca_auth::Labels,
     /// The `kuma.io/service` of each of its inbounds.
     pub services: Vec<String>,
 }
@@ -119,7 +119,7 @@ impl ClaimRule {
     /// Why `claims` contradict the rule, if they do. The implicit `kuma.io/workload` label
     /// (the proxy name) is not a claim.
     pub fn check(&self, claims: &meshca_auth::Claims) -> Result<(), String> {
-        for (k, v) in &claims.labels {
+        for (k, v) in claims.labels.iter() {
             if k == WORKLOAD_LABEL && v == &claims.name {
                 continue;
             }

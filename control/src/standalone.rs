@@ -3,6 +3,7 @@
 
 use std::time::SystemTime;
 
+use meshca_auth::Labels;
 use meshca_ca::{Svid, SvidRequest};
 use meshca_identity::KeyAlgorithm;
 
@@ -51,7 +52,7 @@ pub fn issue_standalone(
 ) -> Result<Standalone, StandaloneError> {
     let info = match world.resources.dataplane(mesh, name) {
         Some(dp) => DataplaneInfo::from_file(dp),
-        None => DataplaneInfo::new(mesh, name, Default::default(), Vec::new(), Origin::Token),
+        None => DataplaneInfo::new(mesh, name, Labels::default(), Vec::new(), Origin::Token),
     };
     let desired = match plan::decide(world.meshes.get(mesh), &info, zone, key_algorithm) {
         Decision::Issue(desired) => desired,

@@ -228,7 +228,7 @@ async fn a_token_contradicting_the_proxy_claim_rule_gets_nothing() {
     snapshot.claim_rules.insert(
         web1(),
         std::sync::Arc::new(ClaimRule {
-            labels: BTreeMap::from([("app".to_owned(), "web".to_owned())]),
+            labels: BTreeMap::from([("app".to_owned(), "web".to_owned())]).into(),
             services: vec!["web".to_owned()],
         }),
     );
