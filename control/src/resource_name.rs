@@ -161,7 +161,7 @@ impl ResourceName {
     /// proxy has an identity, a `spiffe://` alias is taken as its identity (not available yet) and any
     /// other alias is unknown.
     pub fn target<'a>(&'a self, asker: Asker<'a>, identity: Option<&ProxyIdentity>) -> Target<'a> {
-        let own_mesh = asker.key.mesh.as_str();
+        let own_mesh = &*asker.key.mesh;
         let trust = |scope, plain| Target::Trust { scope, plain };
         match self.kind {
             NameKind::Identity => Target::Identity,

@@ -42,14 +42,14 @@ impl fmt::Debug for Derived {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub struct ProxyKey {
     /// The mesh, as named in the proxy's token.
-    pub mesh: String,
+    pub mesh: Arc<str>,
     /// The proxy (dataplane or zone egress) name, as named in the proxy's token.
-    pub name: String,
+    pub name: Arc<str>,
 }
 
 impl ProxyKey {
-    /// Builds a key from its parts.
-    pub fn new(mesh: impl Into<String>, name: impl Into<String>) -> Self {
+    /// Builds a key from its parts. Clones share them: a proxy's key is in a dozen maps.
+    pub fn new(mesh: impl Into<Arc<str>>, name: impl Into<Arc<str>>) -> Self {
         Self {
             mesh: mesh.into(),
             name: name.into(),

@@ -367,7 +367,7 @@ fn ca_status(ca: &LoadedCa, now: SystemTime) -> CaStatus {
 fn mesh_status(i: &Inputs<'_>, mesh: &MeshState) -> MeshStatus {
     let mut proxies_by_issuer = BTreeMap::new();
     let mut connected_proxies = 0;
-    for key in i.streams.proxies().filter(|k| k.mesh == mesh.name) {
+    for key in i.streams.proxies().filter(|k| *k.mesh == *mesh.name) {
         connected_proxies += 1;
         if let Some(issued) = i.issued.get(key) {
             *proxies_by_issuer
@@ -526,8 +526,8 @@ fn dataplane_status(
         Ok(_) => i.reasons.get(key).cloned(),
     };
     DataplaneStatus {
-        mesh: key.mesh.clone(),
-        name: key.name.clone(),
+        mesh: key.mesh.to_string(),
+        name: key.name.to_string(),
         origin: info.as_ref().ok().map(|d| d.origin),
         connected: streams > 0,
         streams,

@@ -55,7 +55,7 @@ struct DataplaneView {
 fn dataplane_view(dp: DataplaneStatus, all: &[StreamInfo]) -> DataplaneView {
     let sds_streams: Vec<StreamInfo> = all
         .iter()
-        .filter(|s| s.proxy.mesh == dp.mesh && s.proxy.name == dp.name)
+        .filter(|s| *s.proxy.mesh == *dp.mesh && *s.proxy.name == *dp.name)
         .cloned()
         .collect();
     DataplaneView {

@@ -185,14 +185,14 @@ impl Owner {
             described.and_then(|d| d.as_ref().ok()).cloned()
         };
         let (before, after) = (info(before), info(after));
-        let mesh = self.world.meshes.get(&key.mesh);
+        let mesh = self.world.meshes.get(&*key.mesh);
         let mtls_on = mesh.is_some_and(|m| m.mtls_on());
         let local = self
             .world
             .resources
             .mesh_services
             .iter()
-            .filter(|s| s.mesh == key.mesh && s.zone().is_none_or(|z| z == self.config.zone));
+            .filter(|s| *s.mesh == *key.mesh && s.zone().is_none_or(|z| z == self.config.zone));
         for service in local {
             let Some(selector) = &service.dataplane_tags else {
                 continue;

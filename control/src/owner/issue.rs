@@ -65,7 +65,7 @@ impl Owner {
         self.telemetry.issued(&key.mesh, &desired.issuer, took);
         let wave = self
             .wave
-            .entry((key.mesh.clone(), desired.issuer.to_string()))
+            .entry((key.mesh.to_string(), desired.issuer.to_string()))
             .or_default();
         wave.0 += 1;
         wave.1 += took;

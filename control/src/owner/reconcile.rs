@@ -158,14 +158,14 @@ impl Owner {
                 issued.previous.clear();
             } else if settled {
                 timed_out
-                    .entry(key.mesh.clone())
+                    .entry(key.mesh.to_string())
                     .or_default()
                     .push(key.to_string());
                 issued.previous.clear();
             } else {
                 for previous in &issued.previous {
                     let (since, proxies) = waiting
-                        .entry((key.mesh.clone(), previous.ca_trust.subject.clone()))
+                        .entry((key.mesh.to_string(), previous.ca_trust.subject.clone()))
                         .or_insert((issued.issued_at, BTreeSet::new()));
                     *since = (*since).min(issued.issued_at);
                     proxies.insert(key.to_string());
@@ -400,7 +400,7 @@ impl Owner {
     /// identity.
     fn decide(&self, key: &ProxyKey, info: &DataplaneInfo) -> Decision {
         if !self.is_zone_egress(key) {
-            let mesh = self.world.meshes.get(&key.mesh);
+            let mesh = self.world.meshes.get(&*key.mesh);
             return plan::decide(mesh, info, &self.config.zone, self.config.key_algorithm);
         }
         match &self.egress {

@@ -47,7 +47,7 @@ fn identities(h: &Harness) -> BTreeMap<String, Arc<ProxyIdentity>> {
         .proxies
         .iter()
         .filter_map(|(key, entry)| match entry {
-            ProxyEntry::Ready(identity) => Some((key.name.clone(), identity.clone())),
+            ProxyEntry::Ready(identity) => Some((key.name.to_string(), identity.clone())),
             _ => None,
         })
         .collect()
@@ -155,11 +155,11 @@ fn a_due_renewal_reconciles_only_the_proxies_due() {
     assert!(!renewed.is_empty(), "the proxy due was not renewed");
     assert!(renewed.len() < 20, "every proxy was renewed at once");
     assert_eq!(reconciled, vec![(Scope::Proxies, renewed.len())]);
-    let changed: Vec<&String> = changed
+    let changed: Vec<&str> = changed
         .as_deref()
         .expect("a renewal changes no bundle")
         .iter()
-        .map(|k| &k.name)
+        .map(|k| &*k.name)
         .collect();
     assert_eq!(changed, renewed);
 }
