@@ -1208,24 +1208,28 @@ fn every_rollout_step_that_waits_is_counted_once() {
     h.ack(2, Some(g_identity));
     reconcile(&mut h);
     assert!(h.status().rollout.is_empty(), "the rollout finished");
-    let events = recorder.0.lock().expect("not poisoned").clone();
     for step in [
         RolloutStep::TrustBeforeIdentity,
         RolloutStep::IdentityAck,
         RolloutStep::BreakLast,
     ] {
-        let started = events
-            .iter()
-            .filter(|(mesh, e)| mesh == "default" && *e == GateEvent::WaitStarted(step))
-            .count();
-        assert_eq!(started, 1, "{step} waited once: {events:?}");
+        assert_eq!(waits_started(&recorder, step), 1, "{step} waited once");
     }
+}
+
+/// How many times the gate started waiting on `step` in mesh `default`; fails if any wait timed out.
+fn waits_started(recorder: &Recorder, step: RolloutStep) -> usize {
+    let events = recorder.0.lock().expect("not poisoned").clone();
     assert!(
         !events
             .iter()
             .any(|(_, e)| matches!(e, GateEvent::TimedOut(_))),
         "{events:?}"
     );
+    events
+        .iter()
+        .filter(|(mesh, e)| mesh == "default" && *e == GateEvent::WaitStarted(step))
+        .count()
 }
 
 #[test]
@@ -1277,19 +1281,10 @@ fn a_sans_before_identity_wait_is_counted_once_and_names_the_proxy_it_waits_for(
         .rollout
         .iter()
         .all(|w| w.step != RolloutStep::SansBeforeIdentity));
-    let events = recorder.0.lock().expect("not poisoned").clone();
-    let started = events
-        .iter()
-        .filter(|(mesh, e)| {
-            mesh == "default" && *e == GateEvent::WaitStarted(RolloutStep::SansBeforeIdentity)
-        })
-        .count();
-    assert_eq!(started, 1, "sans-before-identity waited once: {events:?}");
-    assert!(
-        !events
-            .iter()
-            .any(|(_, e)| matches!(e, GateEvent::TimedOut(_))),
-        "{events:?}"
+    assert_eq!(
+        waits_started(&recorder, RolloutStep::SansBeforeIdentity),
+        1,
+        "sans-before-identity waited once"
     );
 }
 
