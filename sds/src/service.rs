@@ -355,7 +355,8 @@ where
     }
 }
 
-/// Routes the three SDS methods to [`SdsServer`]: the streams framed by [`crate::grpc`], fetches by tonic with [`SdsCodec`].
+/// Routes the three SDS methods to [`SdsServer`]: the streams framed by [`crate::grpc`], fetches by
+/// tonic with [`SdsCodec`].
 #[derive(Clone)]
 struct GrpcService {
     server: SdsServer,
