@@ -14,6 +14,7 @@ use super::{NoTelemetry, Owner, OwnerConfig, Telemetry};
 use crate::gate::{GateEvent, RolloutStep};
 use crate::status::{Detail, ServiceTls, Status};
 use crate::world::World;
+use crate::Wait;
 use crate::{
     ProxyEntry, ProxyIdentity, ProxyKey, ResourceName, Snapshot, StreamEvent, StreamId, UpdateError,
 };
@@ -753,11 +754,7 @@ fn trust_before_identity_waits_for_every_trust_subscriber_to_ack() {
     });
     assert_eq!(issuer_of(&h.ready("web-1")), ca1);
     let status = h.status();
-    let waits: Vec<_> = status
-        .rollout
-        .iter()
-        .filter(|w| w.step == RolloutStep::TrustBeforeIdentity)
-        .collect();
+    let waits = waits_on(&status, RolloutStep::TrustBeforeIdentity);
     assert_eq!(waits.len(), 1, "one entry per wait: {:?}", status.rollout);
     assert_eq!(waits[0].waiting_for, ["default.web-1", "default.web-2"]);
 
@@ -777,11 +774,7 @@ fn trust_before_identity_waits_for_every_trust_subscriber_to_ack() {
         "web-2 has not ACKed the new trust yet"
     );
     let status = h.status();
-    let waits: Vec<_> = status
-        .rollout
-        .iter()
-        .filter(|w| w.step == RolloutStep::TrustBeforeIdentity)
-        .collect();
+    let waits = waits_on(&status, RolloutStep::TrustBeforeIdentity);
     assert_eq!(
         waits.len(),
         1,
@@ -1217,6 +1210,11 @@ fn every_rollout_step_that_waits_is_counted_once() {
     }
 }
 
+/// The status's waits on `step`.
+fn waits_on(status: &Status, step: RolloutStep) -> Vec<&Wait> {
+    status.rollout.iter().filter(|w| w.step == step).collect()
+}
+
 /// How many times the gate started waiting on `step` in mesh `default`; fails if any wait timed out.
 fn waits_started(recorder: &Recorder, step: RolloutStep) -> usize {
     let events = recorder.0.lock().expect("not poisoned").clone();
@@ -1260,11 +1258,7 @@ fn a_sans_before_identity_wait_is_counted_once_and_names_the_proxy_it_waits_for(
     h.owner.reconcile(t0() + Duration::from_secs(4));
     assert_eq!(h.ready("web-1").spiffe_id, "spiffe://default/a/web-1");
     let status = h.status();
-    let waits: Vec<_> = status
-        .rollout
-        .iter()
-        .filter(|w| w.step == RolloutStep::SansBeforeIdentity)
-        .collect();
+    let waits = waits_on(&status, RolloutStep::SansBeforeIdentity);
     assert_eq!(waits.len(), 1, "one wait, shown once: {:?}", status.rollout);
     let wait = waits[0];
     assert_eq!(wait.mesh, "default");
