@@ -144,4 +144,7 @@ pub enum IssueFailure {
     /// The new certificate did not verify against its CA and SPIFFE ID, so it was not published.
     #[error("the new certificate failed verification and was not published: {0}")]
     Verify(#[from] VerifyError),
+    /// Issuing failed in a way meshca did not foresee (a bug); the proxy is tried again later.
+    #[error("{0}")]
+    Internal(String),
 }

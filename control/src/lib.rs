@@ -37,7 +37,9 @@ pub use error::{CaLoadError, IdentityLoadError, IssueFailure, UpdateError};
 pub use events::{StreamEvent, StreamId};
 pub use gate::{CaTrust, GateEvent, RolloutStep, Wait};
 pub use lineage::{lineage, Lineage, Validity};
-pub use owner::{NoTelemetry, Owner, OwnerConfig, Rejected, Scope, Telemetry};
+pub use owner::{
+    run_job, Completed, Job, NoTelemetry, Owner, OwnerConfig, Rejected, Scope, Telemetry,
+};
 pub use owner_loop::{
     rotate_cas, LoopHealth, OwnerLoop, Reload, ReloadOutcome, StatusHandle, StatusReply,
     StatusUnavailable, Work,

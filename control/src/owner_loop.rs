@@ -1,5 +1,6 @@
-//! The owner's task: stream events, resource reloads, renewals and CA rotation steps, each followed by
-//! one reconcile, and status requests, answered between two of them.
+//! The owner's task: stream events, resource reloads, renewals, CA rotation steps and certificates
+//! coming back from the issuance threads, each followed by one reconcile when it needs one, and status
+//! requests, answered between two of them.
 //!
 //! Reading and checking the resources directory (files, provided CAs, the keystore) runs on a
 //! blocking thread, never in the loop: while an update loads, streams are still served, ACKs
@@ -18,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::UpdateError;
 use crate::events::StreamEvent;
-use crate::owner::Owner;
+use crate::owner::{Completed, Owner};
 use crate::status::{Detail, Status};
 use crate::world::{load_world, CaSource, World};
 
@@ -118,6 +119,8 @@ pub struct OwnerLoop {
     keystore: Arc<dyn Keystore>,
     events: mpsc::Receiver<StreamEvent>,
     reloads: mpsc::Receiver<Reload>,
+    /// Certificates issued on the issuance threads.
+    issued: mpsc::UnboundedReceiver<Vec<Completed>>,
     shutdown: CancellationToken,
     /// The update loading now, if any.
     loading: Option<Loading>,
@@ -208,7 +211,7 @@ fn millis(t: SystemTime) -> u64 {
 impl OwnerLoop {
     /// A loop for `owner`, reloading the resources of `settings` with CAs from `keystore`.
     pub fn new(
-        owner: Owner,
+        mut owner: Owner,
         settings: Settings,
         keystore: Arc<dyn Keystore>,
         events: mpsc::Receiver<StreamEvent>,
@@ -216,7 +219,9 @@ impl OwnerLoop {
         shutdown: CancellationToken,
     ) -> OwnerLoop {
         let (tx, queries) = mpsc::channel(STATUS_QUEUE);
+        let issued = owner.issue_in_background();
         OwnerLoop {
+            issued,
             queries,
             status_handle: StatusHandle { tx },
             owner,
@@ -254,6 +259,7 @@ impl OwnerLoop {
                     let Some(event) = event else { return };
                     self.on_events(event)
                 }
+                Some(done) = self.issued.recv() => self.on_issued(done),
                 Some(query) = self.queries.recv() => {
                     self.answer(query);
                     false
@@ -297,6 +303,16 @@ impl OwnerLoop {
             dirty |= self.owner.on_event(event);
         }
         dirty
+    }
+
+    /// Takes in `first` and every other result already in; whether a reconcile is needed.
+    fn on_issued(&mut self, first: Vec<Completed>) -> bool {
+        self.health.begin();
+        let mut done = first;
+        while let Ok(more) = self.issued.try_recv() {
+            done.extend(more);
+        }
+        tokio::task::block_in_place(|| self.owner.on_issued(done, SystemTime::now()))
     }
 
     /// Starts loading the resources for `first` and every request queued behind it, or, while an

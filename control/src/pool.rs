@@ -1,9 +1,19 @@
-//! Issuance on every core: a batch of independent jobs (one certificate each: a new key, a signature, the
-//! check before publishing) spread over scoped threads, results returned in job order so that what is
-//! done with them stays deterministic.
+//! Issuance on every core. Each job is one certificate: a new key, a signature, the check before
+//! publishing.
+//!
+//! - [`run_all`] (tests) spreads a batch over scoped threads and returns the results in job order.
+//! - [`Background`] keeps a set of threads that run jobs while the owner's loop goes on serving: jobs
+//!   for proxies that wait for their identity go first, and results come back in small chunks as they
+//!   complete, in whatever order that is.
 
+use std::collections::VecDeque;
 use std::num::NonZeroUsize;
+#[cfg(test)]
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use tokio::sync::mpsc;
 
 /// How many threads `configured` (`issuance.workers`) means: itself, or one per core when 0.
 pub fn worker_count(configured: usize) -> usize {
@@ -13,6 +23,7 @@ pub fn worker_count(configured: usize) -> usize {
     std::thread::available_parallelism().map_or(1, NonZeroUsize::get)
 }
 
+#[cfg(test)]
 /// Runs `f` on every job on up to `workers` threads (the calling thread is one of them; no thread is
 /// started for a single job) and returns the results in job order. A panic in `f` propagates.
 pub fn run_all<J, R, F>(jobs: &[J], workers: usize, f: F) -> Vec<R>
@@ -56,6 +67,160 @@ where
         .collect()
 }
 
+/// How many jobs a background thread takes at once: small enough that results are published while a
+/// large wave is still being issued, large enough that the queue's lock and the owner's wake-ups cost
+/// little per certificate.
+const CHUNK: usize = 16;
+
+/// Whether a job is for a proxy that waits for its certificate (it has none, or a stream asks for it
+/// now) or can wait itself (a renewal, a proxy that only watches trust bundles).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Priority {
+    /// Run before any [`Priority::Later`] job.
+    Urgent,
+    /// Run when no urgent job is queued.
+    Later,
+}
+
+/// Threads that run jobs in the background and send their results, in chunks, to a channel.
+///
+/// Dropping it stops the threads once their current chunk is done; queued jobs are dropped.
+pub struct Background<J> {
+    shared: Arc<Shared<J>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+struct Shared<J> {
+    queue: Mutex<Queue<J>>,
+    ready: Condvar,
+}
+
+struct Queue<J> {
+    urgent: VecDeque<J>,
+    later: VecDeque<J>,
+    closed: bool,
+}
+
+impl<J> Queue<J> {
+    fn take(&mut self, most: usize) -> Vec<J> {
+        let mut taken = Vec::with_capacity(most.min(self.urgent.len() + self.later.len()));
+        while taken.len() < most {
+            match self.urgent.pop_front().or_else(|| self.later.pop_front()) {
+                Some(job) => taken.push(job),
+                None => break,
+            }
+        }
+        taken
+    }
+}
+
+impl<J: Send + 'static> Background<J> {
+    /// Starts `workers` threads (at least one) that run `work` on every submitted job and send each
+    /// chunk's results to `done`. A thread stops when `done` is closed.
+    pub fn start<R, F>(
+        workers: usize,
+        work: F,
+        done: mpsc::UnboundedSender<Vec<R>>,
+    ) -> Background<J>
+    where
+        R: Send + 'static,
+        F: Fn(J) -> R + Send + Sync + 'static,
+    {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue {
+                urgent: VecDeque::new(),
+                later: VecDeque::new(),
+                closed: false,
+            }),
+            ready: Condvar::new(),
+        });
+        let work = Arc::new(work);
+        let threads = (0..workers.max(1))
+            .map(|i| {
+                let (shared, work, done) = (shared.clone(), work.clone(), done.clone());
+                std::thread::Builder::new()
+                    .name(format!("meshca-issue-{i}"))
+                    .spawn(move || run_jobs(&shared, work.as_ref(), &done))
+                    .expect("the system can start an issuance thread")
+            })
+            .collect();
+        Background { shared, threads }
+    }
+
+    /// Queues `jobs`, each at its priority, and wakes the threads.
+    pub fn submit(&self, jobs: impl IntoIterator<Item = (J, Priority)>) {
+        let mut queue = lock(&self.shared.queue);
+        for (job, priority) in jobs {
+            match priority {
+                Priority::Urgent => queue.urgent.push_back(job),
+                Priority::Later => queue.later.push_back(job),
+            }
+        }
+        drop(queue);
+        self.shared.ready.notify_all();
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A job that panics does so outside the lock; the queue is never left half-changed.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn run_jobs<J, R, F: Fn(J) -> R>(
+    shared: &Shared<J>,
+    work: &F,
+    done: &mpsc::UnboundedSender<Vec<R>>,
+) {
+    loop {
+        let jobs = {
+            let mut queue = lock(&shared.queue);
+            loop {
+                if queue.closed {
+                    return;
+                }
+                let jobs = queue.take(CHUNK);
+                if !jobs.is_empty() {
+                    break jobs;
+                }
+                queue = shared.ready.wait(queue).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let mut results = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            // Stopping does not wait for a chunk of slow jobs (RSA keys) to finish.
+            if lock(&shared.queue).closed {
+                return;
+            }
+            results.push(work(job));
+        }
+        if done.send(results).is_err() {
+            return;
+        }
+    }
+}
+
+impl<J> Drop for Background<J> {
+    fn drop(&mut self) {
+        lock(&self.shared.queue).closed = true;
+        self.shared.ready.notify_all();
+        for thread in self.threads.drain(..) {
+            // A thread that panicked has already reported it; the owner goes on without it.
+            let _ = thread.join();
+        }
+    }
+}
+
+impl<J> std::fmt::Debug for Background<J> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let queue = lock(&self.shared.queue);
+        f.debug_struct("Background")
+            .field("threads", &self.threads.len())
+            .field("urgent", &queue.urgent.len())
+            .field("later", &queue.later.len())
+            .finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
@@ -94,6 +259,96 @@ mod tests {
             seen.len()
         });
         assert_eq!(threads, [2, 2]);
+    }
+
+    /// Receives results until `count` have arrived.
+    fn receive<R>(results: &mut mpsc::UnboundedReceiver<Vec<R>>, count: usize) -> Vec<R> {
+        let mut all = Vec::new();
+        while all.len() < count {
+            all.extend(results.blocking_recv().expect("the pool is running"));
+        }
+        all
+    }
+
+    #[test]
+    fn the_background_pool_returns_every_result_once() {
+        let (done, mut results) = mpsc::unbounded_channel();
+        let pool = Background::start(3, |j: u64| j * 2, done);
+        pool.submit((0..1000).map(|j| (j, Priority::Later)));
+        pool.submit((1000..1100).map(|j| (j, Priority::Urgent)));
+        let mut all = receive(&mut results, 1100);
+        all.sort_unstable();
+        assert_eq!(all, (0..1100).map(|j| j * 2).collect::<Vec<_>>());
+        drop(pool);
+        assert!(
+            results.try_recv().is_err(),
+            "nothing more after the last result"
+        );
+    }
+
+    /// One thread, held busy by a first job while more are queued: the urgent ones, queued last, run
+    /// first.
+    #[test]
+    fn urgent_jobs_run_before_those_that_can_wait() {
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let released = Mutex::new(released);
+        let (done, mut results) = mpsc::unbounded_channel();
+        let pool = Background::start(
+            1,
+            move |j: u32| {
+                if j == 0 {
+                    started_tx.send(()).expect("the test waits");
+                    released
+                        .lock()
+                        .expect("not poisoned")
+                        .recv()
+                        .expect("released");
+                }
+                j
+            },
+            done,
+        );
+        pool.submit([(0, Priority::Urgent)]);
+        started.recv().expect("the first job started");
+        pool.submit([(1, Priority::Later), (2, Priority::Later)]);
+        pool.submit([(3, Priority::Urgent), (4, Priority::Urgent)]);
+        release.send(()).expect("the job waits");
+        assert_eq!(receive(&mut results, 5), [0, 3, 4, 1, 2]);
+    }
+
+    /// With two workers, two background jobs run on two threads at once: each waits (bounded) until
+    /// the other has started, which one thread alone could never satisfy.
+    #[test]
+    fn two_background_workers_issue_on_two_threads_at_once() {
+        let both: Arc<(Mutex<HashSet<ThreadId>>, Condvar)> = Arc::default();
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (done, mut results) = mpsc::unbounded_channel();
+        let pool = Background::start(
+            2,
+            move |_: u32| {
+                started_tx.send(()).expect("the test waits");
+                let (seen, changed) = &*both;
+                let mut seen = seen.lock().expect("not poisoned");
+                seen.insert(std::thread::current().id());
+                changed.notify_all();
+                let (seen, timeout) = changed
+                    .wait_timeout_while(seen, Duration::from_secs(10), |s| s.len() < 2)
+                    .expect("not poisoned");
+                !timeout.timed_out() && seen.len() == 2
+            },
+            done,
+        );
+        // One chunk each: a thread takes up to CHUNK jobs at once, so the second job must not be
+        // queued before the first thread has taken the first.
+        pool.submit([(0, Priority::Urgent)]);
+        started.recv().expect("the first job started");
+        pool.submit([(1, Priority::Urgent)]);
+        assert_eq!(
+            receive(&mut results, 2),
+            [true, true],
+            "the jobs never ran side by side"
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! each stream speaks for, what it subscribes to, and the newest snapshot generation it ACKed. The
 //! rollout gate reads it to know whom a step waits for.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use crate::events::StreamId;
 use crate::resource_name::{Asker, ResourceName};
@@ -125,25 +125,38 @@ impl Streams {
     }
 
     /// The proxies with a stream selected by `selected` that has not ACKed `generation`: how many, and
-    /// the first `named` of them by name. No name is built for the others, so a wait on a large fleet
-    /// costs one pass over the streams.
+    /// the first `named` of them by name. One pass over the proxies that allocates nothing per proxy (it
+    /// runs for every batch of ACKs while a rollout waits), and builds no name but the first `named`.
     pub fn waiting_for(
         &self,
         generation: u64,
         named: usize,
         selected: impl Fn(&Stream) -> bool,
     ) -> Waiting {
-        let proxies: BTreeSet<&ProxyKey> = self
-            .by_id
-            .values()
-            .filter(|s| !s.has_acked(generation) && selected(s))
-            .map(|s| &s.proxy)
-            .collect();
-        Waiting {
-            count: proxies.len(),
-            first: proxies
+        let mut count = 0;
+        // The `named` smallest waiting proxies so far; the largest of them on top.
+        let mut first: BinaryHeap<&ProxyKey> = BinaryHeap::with_capacity(named + 1);
+        for (proxy, ids) in &self.by_proxy {
+            let waits = ids
                 .iter()
-                .take(named)
+                .filter_map(|id| self.by_id.get(id))
+                .any(|s| !s.has_acked(generation) && selected(s));
+            if !waits {
+                continue;
+            }
+            count += 1;
+            if first.len() < named || first.peek().is_some_and(|largest| proxy < *largest) {
+                first.push(proxy);
+                if first.len() > named {
+                    first.pop();
+                }
+            }
+        }
+        Waiting {
+            count,
+            first: first
+                .into_sorted_vec()
+                .into_iter()
                 .map(ToString::to_string)
                 .collect(),
         }

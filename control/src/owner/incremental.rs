@@ -13,7 +13,7 @@ use std::time::SystemTime;
 use super::{Dataplanes, Owner};
 use crate::bundles;
 use crate::plan::DataplaneInfo;
-use crate::snapshot::{Changed, ProxyKey};
+use crate::snapshot::{Changed, ProxyEntry, ProxyKey};
 
 /// When each served proxy's certificate is renewed, by time and by proxy.
 #[derive(Debug, Default)]
@@ -93,7 +93,7 @@ impl Owner {
             .iter()
             .cloned()
             .partition(|key| self.streams.is_connected(key));
-        let entries = self.serve(connected, dataplanes, generation, now);
+        let entries = self.serve(connected, dataplanes, now);
         // A certificate that replaced one from another CA or with another SPIFFE ID starts a wait for
         // its ACK (break last): that is a rollout, which the full reconcile tracks.
         if keys
@@ -111,6 +111,21 @@ impl Owner {
                 self.issued.remove(key);
             }
         }
+        self.publish_entries(generation, entries, &left, Some((keys, dataplanes)));
+        self.reconciled_at = now;
+        true
+    }
+
+    /// Publishes the last snapshot with `entries` replaced, the proxies that `left` removed and, with
+    /// `rules`, the claim rules of its proxies as their descriptions say; nothing when no proxy's
+    /// content changed. Only the changed proxies' streams are woken.
+    pub(super) fn publish_entries(
+        &mut self,
+        generation: u64,
+        entries: Vec<(ProxyKey, ProxyEntry)>,
+        left: &[ProxyKey],
+        rules: Option<(&BTreeSet<ProxyKey>, &Dataplanes)>,
+    ) {
         let mut snapshot = (**self.snapshot_tx.borrow()).clone();
         let mut changed = BTreeSet::new();
         for (key, entry) in entries {
@@ -123,12 +138,13 @@ impl Owner {
             }
             snapshot.proxies.insert(key, entry);
         }
-        for key in &left {
+        for key in left {
             if snapshot.proxies.remove(key).is_some() {
                 changed.insert(key.clone());
             }
         }
-        for key in keys {
+        for key in rules.into_iter().flat_map(|(keys, _)| keys) {
+            let Some((_, dataplanes)) = rules else { break };
             let rule = dataplanes
                 .get(key)
                 .and_then(|described| self.claim_rule_of(key, described));
@@ -149,8 +165,13 @@ impl Owner {
             self.snapshot_generation = generation;
             self.snapshot_tx.send_replace(std::sync::Arc::new(snapshot));
         }
-        self.reconciled_at = now;
-        true
+    }
+
+    /// Whether publishing `key`'s entry alone gives what a full reconcile would, its description
+    /// unchanged (see [`Owner::stays_within`]).
+    pub(super) fn stays_within_now(&self, key: &ProxyKey) -> bool {
+        let described = self.dataplanes.get(key);
+        self.egress.is_some() && self.stays_within(key, described, described)
     }
 
     /// Whether reconciling `key` alone gives what a full reconcile would: it is no zone egress (the

@@ -1,18 +1,151 @@
 //! Issuing a proxy's certificate: when one is needed, and how it is made, checked and kept.
 
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use meshca_ca::Svid;
+use tokio::sync::mpsc;
 
 use super::{Issued, Leaf, Owner, Previous};
 use crate::bundles;
+use crate::error::IssueFailure;
 use crate::plan::{self, Desired};
-use crate::pool;
-use crate::snapshot::{ProxyIdentity, ProxyKey, SecretPem};
+use crate::pool::{Background, Priority};
+use crate::resource_name::Target;
+use crate::snapshot::{ProxyEntry, ProxyIdentity, ProxyKey, SecretPem};
 use crate::standalone::issue_verified;
 
+/// How long a proxy whose issuance failed waits before it is tried again.
+pub(super) const ISSUE_RETRY: Duration = Duration::from_secs(10);
+
+/// One certificate to issue, for one proxy.
+#[derive(Debug)]
+pub struct Job {
+    key: ProxyKey,
+    ticket: u64,
+    desired: Arc<Desired>,
+    now: SystemTime,
+}
+
+/// A job's outcome, on its way back to the owner ([`Owner::on_issued`]).
+#[derive(Debug)]
+pub struct Completed {
+    key: ProxyKey,
+    ticket: u64,
+    result: Result<Svid, IssueFailure>,
+    took: Duration,
+}
+
+/// Issues a job's certificate and runs the check before publishing. A panic is an issuance failure
+/// like any other: the proxy is tried again later instead of waiting forever.
+pub fn run_job(job: &Job) -> Completed {
+    let started = Instant::now();
+    let result =
+        std::panic::catch_unwind(AssertUnwindSafe(|| issue_verified(&job.desired, job.now)))
+            .unwrap_or_else(|_| {
+                Err(IssueFailure::Internal(
+                    "issuing the certificate panicked".into(),
+                ))
+            });
+    Completed {
+        key: job.key.clone(),
+        ticket: job.ticket,
+        result,
+        took: started.elapsed(),
+    }
+}
+
+/// Where the owner's certificates are issued.
+#[derive(Debug)]
+enum Runner {
+    /// On the issuance threads, while the owner's loop goes on; results arrive on the channel
+    /// [`Owner::issue_in_background`] returned.
+    Background(Background<Job>),
+    /// Kept until someone takes them ([`Owner::take_jobs`]) and hands back their results, in any order.
+    Held(Vec<(Job, Priority)>),
+}
+
+/// A job whose result the owner waits for.
+#[derive(Debug)]
+struct InFlight {
+    /// Only the newest job of a proxy counts: an older one's late result is dropped.
+    ticket: u64,
+    desired: Arc<Desired>,
+}
+
+/// The owner's side of issuance: what is being issued, and where.
+#[derive(Debug)]
+pub(super) struct Issuing {
+    runner: Runner,
+    next_ticket: u64,
+    in_flight: HashMap<ProxyKey, InFlight>,
+    /// When the first job of the wave under way was submitted.
+    wave_started: Option<Instant>,
+}
+
+impl Default for Issuing {
+    fn default() -> Issuing {
+        Issuing {
+            runner: Runner::Held(Vec::new()),
+            next_ticket: 0,
+            in_flight: HashMap::new(),
+            wave_started: None,
+        }
+    }
+}
+
+impl Issuing {
+    /// Whether a certificate is being issued for `key`.
+    pub fn is_issuing(&self, key: &ProxyKey) -> bool {
+        self.in_flight.contains_key(key)
+    }
+}
+
+/// Whether two decisions ask for the same certificate.
+fn same_certificate(a: &Desired, b: &Desired) -> bool {
+    a.ca.id() == b.ca.id()
+        && a.spiffe_id == b.spiffe_id
+        && a.identity_name == b.identity_name
+        && a.key_algorithm == b.key_algorithm
+}
+
 impl Owner {
+    /// From now on, certificates are issued on `issuance.workers` threads while the caller goes on;
+    /// their results arrive, in chunks as they complete, on the returned channel, for
+    /// [`Owner::on_issued`]. Until this is called, jobs are held for [`Owner::take_jobs`].
+    pub fn issue_in_background(&mut self) -> mpsc::UnboundedReceiver<Vec<Completed>> {
+        let (done, results) = mpsc::unbounded_channel();
+        let pool = Background::start(self.config.workers, |job: Job| run_job(&job), done);
+        match std::mem::replace(&mut self.issuing.runner, Runner::Background(pool)) {
+            Runner::Held(held) => {
+                if let Runner::Background(pool) = &self.issuing.runner {
+                    pool.submit(held);
+                }
+            }
+            // The old threads' results are lost with their channel: decide every proxy anew.
+            Runner::Background(_) => {
+                self.issuing.in_flight.clear();
+                self.full = true;
+            }
+        }
+        results
+    }
+
+    /// The jobs held since the last call (none once issuance runs in the background), urgent ones
+    /// first. Their results go to [`Owner::on_issued`], in any order.
+    pub fn take_jobs(&mut self) -> Vec<Job> {
+        match &mut self.issuing.runner {
+            Runner::Held(held) => {
+                let mut jobs = std::mem::take(held);
+                jobs.sort_by_key(|(_, priority)| *priority != Priority::Urgent);
+                jobs.into_iter().map(|(job, _)| job).collect()
+            }
+            Runner::Background(_) => Vec::new(),
+        }
+    }
+
     /// Whether `key` needs a new certificate to hold `desired`: it has none, its issuer, SPIFFE ID or
     /// MeshIdentity changed, or it is due for renewal.
     pub(super) fn needs_issue(&self, key: &ProxyKey, desired: &Desired, now: SystemTime) -> bool {
@@ -28,27 +161,166 @@ impl Owner {
         }
     }
 
-    /// Issues every certificate of `jobs` on the issuance pool (new key, signature and the check before
-    /// publishing, in parallel), then keeps them in job order. A certificate that fails either step is
-    /// counted and logged, and nothing is kept for its proxy.
-    pub(super) fn issue_all(
-        &mut self,
-        jobs: &[(ProxyKey, &Desired)],
-        generation: u64,
-        now: SystemTime,
-    ) {
-        let made = pool::run_all(jobs, self.config.workers, |(_, desired)| {
-            let started = Instant::now();
-            (issue_verified(desired, now), started.elapsed())
-        });
-        for ((key, desired), (result, took)) in jobs.iter().zip(made) {
+    /// Starts issuing a certificate for each of `jobs`, except where one for the same certificate is
+    /// already being issued. A proxy that has no certificate yet, or whose stream asks for it now,
+    /// goes before renewals and proxies that only watch trust bundles.
+    pub(super) fn submit(&mut self, jobs: &[(ProxyKey, &Desired)], now: SystemTime) {
+        let mut submitted = Vec::new();
+        for (key, desired) in jobs {
+            let issuing = &mut self.issuing;
+            if issuing
+                .in_flight
+                .get(key)
+                .is_some_and(|f| same_certificate(&f.desired, desired))
+            {
+                continue;
+            }
+            issuing.next_ticket += 1;
+            let desired = Arc::new((*desired).clone());
+            issuing.in_flight.insert(
+                key.clone(),
+                InFlight {
+                    ticket: issuing.next_ticket,
+                    desired: desired.clone(),
+                },
+            );
+            let priority = if self.waits_for_identity(key) {
+                Priority::Urgent
+            } else {
+                Priority::Later
+            };
+            let job = Job {
+                key: key.clone(),
+                ticket: self.issuing.next_ticket,
+                desired,
+                now,
+            };
+            submitted.push((job, priority));
+        }
+        if submitted.is_empty() {
+            return;
+        }
+        self.issuing.wave_started.get_or_insert_with(Instant::now);
+        match &mut self.issuing.runner {
+            Runner::Background(pool) => pool.submit(submitted),
+            Runner::Held(held) => held.extend(submitted),
+        }
+    }
+
+    /// Whether `key` has no certificate, or one of its streams asks for its identity.
+    fn waits_for_identity(&self, key: &ProxyKey) -> bool {
+        let Some(issued) = self.issued.get(key) else {
+            return true;
+        };
+        let identity = Some(&*issued.published);
+        self.streams.of(key).any(|s| {
+            s.resources
+                .iter()
+                .any(|r| r.target(s.asker(), identity) == Target::Identity)
+        })
+    }
+
+    /// Takes in certificates issued (or failed) since the last call, in any order, and publishes
+    /// them: a result is kept only if it is its proxy's newest job and the proxy, still connected,
+    /// still wants that very certificate and the rollout gate still allows it now. Anything else is
+    /// dropped, and its proxy decided anew. Returns whether a reconcile must follow (a proxy to decide
+    /// anew, or a change that reaches beyond the proxies, which the full reconcile publishes).
+    pub fn on_issued(&mut self, done: Vec<Completed>, now: SystemTime) -> bool {
+        let generation = self.snapshot_generation + 1;
+        let mut kept = Vec::new();
+        let mut failed = Vec::new();
+        for completed in done {
+            let Completed {
+                key,
+                ticket,
+                result,
+                took,
+            } = completed;
+            let in_flight = match self.issuing.in_flight.get(&key) {
+                Some(f) if f.ticket == ticket => self.issuing.in_flight.remove(&key),
+                // Superseded by a newer job for the proxy.
+                _ => None,
+            };
+            let Some(InFlight { desired, .. }) = in_flight else {
+                continue;
+            };
             match result {
-                Ok(svid) => self.keep(key, desired, svid, took, generation, now),
+                Ok(svid) if self.still_wanted(&key, &desired, now) => {
+                    self.keep(&key, &desired, svid, took, generation, now);
+                    kept.push(key);
+                }
+                Ok(_) => {
+                    self.touched.insert(key);
+                }
                 Err(e) => {
                     self.telemetry.issue_failed(&key.mesh, &desired.issuer);
                     tracing::error!(proxy = %key, issuer = %desired.issuer, "certificate not issued: {e}");
+                    failed.push(key);
                 }
             }
+        }
+        if self.issuing.in_flight.is_empty() {
+            let took = self
+                .issuing
+                .wave_started
+                .take()
+                .map(|t| t.elapsed())
+                .unwrap_or_default();
+            self.log_wave(took);
+        }
+        if self.full {
+            return true;
+        }
+        // Only connected proxies are served; the others' certificates wait for their return.
+        kept.retain(|key| self.streams.is_connected(key));
+        if !kept.iter().all(|key| self.stays_within_now(key)) {
+            self.full = true;
+            return true;
+        }
+        let mut entries = Vec::with_capacity(kept.len() + failed.len());
+        for key in kept {
+            let issued = &self.issued[&key];
+            if !issued.previous.is_empty() {
+                // Break last: the replaced certificate's CA and ID stay until this one is ACKed, or
+                // until the ACK timeout, which must wake the loop.
+                self.waiting_on_acks = true;
+                let deadline = issued.issued_at + self.gate.ack_timeout();
+                self.next_global = Some(self.next_global.map_or(deadline, |t| t.min(deadline)));
+            }
+            self.renewals.set(&key, Some(issued.renew_at));
+            self.reasons.remove(&key);
+            entries.push((key.clone(), ProxyEntry::Ready(issued.published.clone())));
+        }
+        for key in failed.into_iter().filter(|k| self.streams.is_connected(k)) {
+            let entry = match self.issued.get(&key) {
+                Some(issued) => ProxyEntry::Ready(issued.published.clone()),
+                None => {
+                    let reason = "issuance failed; see the daemon log".to_owned();
+                    self.reasons.insert(key.clone(), reason.clone());
+                    ProxyEntry::NoIdentity { reason }
+                }
+            };
+            self.renewals.set(&key, Some(now + ISSUE_RETRY));
+            entries.push((key, entry));
+        }
+        self.publish_entries(generation, entries, &[], None);
+        !self.touched.is_empty()
+    }
+
+    /// Whether `key` still wants the certificate of `desired`, and the gate allows it now. A proxy
+    /// that disconnected meanwhile keeps it for when it comes back (a proxy that only fetches is
+    /// gone again before its certificate is issued).
+    fn still_wanted(&self, key: &ProxyKey, desired: &Desired, now: SystemTime) -> bool {
+        let Some(Ok(info)) = self.dataplanes.get(key) else {
+            return false;
+        };
+        match self.plan_proxy(key, info, now) {
+            super::reconcile::Served::Decided {
+                desired: wanted,
+                gated,
+                ..
+            } => !gated && same_certificate(&wanted, desired),
+            super::reconcile::Served::Entry(_) => false,
         }
     }
 
@@ -63,12 +335,10 @@ impl Owner {
         now: SystemTime,
     ) {
         self.telemetry.issued(&key.mesh, &desired.issuer, took);
-        let wave = self
+        *self
             .wave
             .entry((key.mesh.to_string(), desired.issuer.to_string()))
-            .or_default();
-        wave.0 += 1;
-        wave.1 += took;
+            .or_default() += 1;
         let renew_at = plan::renewal_time(
             svid.not_before,
             svid.not_after,

@@ -1,8 +1,9 @@
 //! The owner: the one place that turns the accepted configuration, the connected proxies and the clock
 //! into an immutable [`Snapshot`] for SDS and a [`Status`] for operators.
 //!
-//! Only the owner changes its state (stream events, accepted or rejected updates, reconciles). The
-//! snapshot is published whole through a `watch` channel, saying which proxies it changed; the status is
+//! Only the owner changes its state (stream events, accepted or rejected updates, reconciles, issued
+//! certificates). Certificates are issued on other threads ([`Owner::issue_in_background`]) and taken in
+//! by [`Owner::on_issued`]. The snapshot is published whole through a `watch` channel, saying which proxies it changed; the status is
 //! built from the owner's state when someone asks for it ([`Owner::status`]).
 
 mod incremental;
@@ -32,6 +33,8 @@ use crate::streams::Streams;
 use crate::timefmt::rfc3339;
 use crate::world::World;
 use incremental::Renewals;
+use issue::Issuing;
+pub use issue::{run_job, Completed, Job};
 
 /// Where the owner reports what is worth a metric. The binary exports them to Prometheus; every method
 /// does nothing by default.
@@ -183,7 +186,7 @@ impl OwnerConfig {
 }
 
 /// The owner's state: the serving configuration, connected proxies and their certificates. What it
-/// publishes changes only in [`Owner::reconcile`].
+/// publishes changes only in [`Owner::reconcile`] and [`Owner::on_issued`].
 #[derive(Debug)]
 pub struct Owner {
     config: OwnerConfig,
@@ -207,8 +210,10 @@ pub struct Owner {
     waiting_on_acks: bool,
     /// Where the zone egress identity comes from, as of the last reconcile (logged when it changes).
     egress: Option<Result<EgressPlan, String>>,
-    /// Certificates issued in the current reconcile, per (mesh, issuer): how many, and the time spent.
-    wave: BTreeMap<(String, String), (u64, Duration)>,
+    /// Certificates issued in the wave under way, per (mesh, issuer).
+    wave: BTreeMap<(String, String), u64>,
+    /// What is being issued, and where.
+    issuing: Issuing,
     /// The next reconcile must look at every proxy (the configuration changed, or nothing was
     /// reconciled yet).
     full: bool,
@@ -260,6 +265,7 @@ impl Owner {
             waiting_on_acks: false,
             egress: None,
             wave: BTreeMap::new(),
+            issuing: Issuing::default(),
             full: true,
             touched: BTreeSet::new(),
             renewals: Renewals::default(),

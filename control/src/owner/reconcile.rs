@@ -8,6 +8,7 @@ use std::time::{Instant, SystemTime};
 use meshca_auth::ProxyType;
 use meshca_config::SERVICE_TAG;
 
+use super::issue::ISSUE_RETRY;
 use super::{Dataplanes, Owner, Scope};
 use crate::bundles::{self, ServiceIds};
 use crate::egress::{self, MeshChoice, EGRESS_BUNDLE, EGRESS_SERVICE};
@@ -19,7 +20,7 @@ use crate::timefmt::{rfc3339, seconds_until};
 use crate::world::MeshState;
 
 /// How one connected proxy is served this reconcile.
-enum Served {
+pub(super) enum Served {
     /// Without a certificate decision: refused, or no identity.
     Entry(ProxyEntry),
     /// With a decided identity.
@@ -32,9 +33,6 @@ enum Served {
         issue: bool,
     },
 }
-
-/// How long a proxy whose renewal failed waits before it is tried again.
-const ISSUE_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How many proxies a wait names (the count says how many there are).
 const NAMED_WAITERS: usize = 20;
@@ -104,7 +102,7 @@ impl Owner {
         self.gate.confirm(&self.streams, now);
         self.reasons.clear();
         let connected: Vec<ProxyKey> = self.streams.proxies().cloned().collect();
-        let entries = self.serve(connected, &dataplanes, generation, now);
+        let entries = self.serve(connected, &dataplanes, now);
         let streams = &self.streams;
         self.renewals.retain(|key| streams.is_connected(key));
         self.forget_vanished(&dataplanes);
@@ -283,10 +281,10 @@ impl Owner {
         &mut self,
         keys: Vec<ProxyKey>,
         dataplanes: &Dataplanes,
-        generation: u64,
         now: SystemTime,
     ) -> Vec<(ProxyKey, ProxyEntry)> {
-        // Decide every proxy first, then issue what the gate allows on every core at once, then serve.
+        // Decide every proxy first, then start issuing what the gate allows, then serve. A proxy
+        // whose certificate is being issued keeps the one it has (or waits) until the result is in.
         let mut plans: Vec<(ProxyKey, Served)> = Vec::with_capacity(keys.len());
         for key in keys {
             let served = match dataplanes.get(&key) {
@@ -309,36 +307,52 @@ impl Owner {
                 _ => None,
             })
             .collect();
-        self.issue_all(&jobs, generation, now);
+        self.submit(&jobs, now);
         let mut entries = Vec::with_capacity(plans.len());
         for (key, served) in plans {
             let (entry, renew_at) = match served {
                 Served::Entry(entry) => (entry, None),
-                Served::Decided { gated, .. } => match self.issued.get(&key) {
-                    // Held back by the gate: the wait's end (or its timeout) reconciles every proxy,
-                    // this one included; a renewal time in the past would only spin the loop.
-                    Some(issued) if gated => (ProxyEntry::Ready(issued.published.clone()), None),
-                    // A renewal that failed (its time has passed) is tried again after a pause.
-                    Some(issued) => {
-                        let retry = (issued.renew_at <= now).then_some(now + ISSUE_RETRY);
-                        (
-                            ProxyEntry::Ready(issued.published.clone()),
-                            Some(retry.unwrap_or(issued.renew_at)),
-                        )
+                Served::Decided { gated, issue, .. } => {
+                    // Being issued now: its result publishes it (or, on failure, sets its retry).
+                    // Meanwhile the proxy keeps the certificate it has, unless that has expired.
+                    let issuing = issue && self.issuing.is_issuing(&key);
+                    let waits = gated || issuing;
+                    let held = self
+                        .issued
+                        .get(&key)
+                        .filter(|i| !issuing || now < i.leaf.not_after);
+                    match held {
+                        // Held back by the gate: the wait's end (or its timeout) reconciles every
+                        // proxy, this one included; a renewal time in the past would only spin the loop.
+                        Some(issued) if waits => {
+                            (ProxyEntry::Ready(issued.published.clone()), None)
+                        }
+                        // A renewal that failed (its time has passed) is tried again after a pause.
+                        Some(issued) => {
+                            let retry = (issued.renew_at <= now).then_some(now + ISSUE_RETRY);
+                            (
+                                ProxyEntry::Ready(issued.published.clone()),
+                                Some(retry.unwrap_or(issued.renew_at)),
+                            )
+                        }
+                        None if waits => (ProxyEntry::Pending, None),
+                        None => (
+                            ProxyEntry::NoIdentity {
+                                reason: "issuance failed; see the daemon log".into(),
+                            },
+                            Some(now + ISSUE_RETRY),
+                        ),
                     }
-                    None if gated => (ProxyEntry::Pending, None),
-                    None => (
-                        ProxyEntry::NoIdentity {
-                            reason: "issuance failed; see the daemon log".into(),
-                        },
-                        Some(now + ISSUE_RETRY),
-                    ),
-                },
+                }
             };
             self.renewals.set(&key, renew_at);
             match &entry {
                 ProxyEntry::Ready(_) => {
                     self.reasons.remove(&key);
+                }
+                ProxyEntry::Pending if self.issuing.is_issuing(&key) => {
+                    self.reasons
+                        .insert(key.clone(), "its first certificate is being issued".into());
                 }
                 ProxyEntry::Pending => {
                     self.reasons.insert(
@@ -352,14 +366,13 @@ impl Owner {
             }
             entries.push((key, entry));
         }
-        self.log_wave();
         entries
     }
 
-    /// One INFO line per mesh and issuer that issued in this reconcile (how many, how long); the line
-    /// per certificate is DEBUG.
-    fn log_wave(&mut self) {
-        for ((mesh, issuer), (count, took)) in std::mem::take(&mut self.wave) {
+    /// One INFO line per mesh and issuer when a wave of issuance is over (how many, and how long the
+    /// wave took from its first job to its last result); the line per certificate is DEBUG.
+    pub(super) fn log_wave(&mut self, took: std::time::Duration) {
+        for ((mesh, issuer), count) in std::mem::take(&mut self.wave) {
             tracing::info!(
                 mesh = %mesh,
                 issuer = %issuer,
@@ -373,7 +386,12 @@ impl Owner {
 
     /// One connected proxy: its decided identity, whether the gate holds it back, and whether it needs a
     /// certificate issued now.
-    fn plan_proxy(&self, key: &ProxyKey, info: &DataplaneInfo, now: SystemTime) -> Served {
+    pub(super) fn plan_proxy(
+        &self,
+        key: &ProxyKey,
+        info: &DataplaneInfo,
+        now: SystemTime,
+    ) -> Served {
         let desired = match self.decide(key, info) {
             Decision::NoIdentity(reason) => {
                 return Served::Entry(ProxyEntry::NoIdentity { reason })

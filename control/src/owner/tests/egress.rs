@@ -81,7 +81,7 @@ fn the_egress_bundle_carries_the_egress_ca_and_ids_and_nothing_else() {
     // default mesh's CA) before any egress connects.
     h.connect_in("default", "web-1", &[], &[("kuma.io/service", "web")]);
     h.connect_in("other", "api-1", &[], &[("kuma.io/service", "api")]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let sidecar = [
         "default",
         "system_trust_bundle",
@@ -90,12 +90,12 @@ fn the_egress_bundle_carries_the_egress_ca_and_ids_and_nothing_else() {
     let g = generation(&h);
     h.stream(1, &sidecar, Some(g));
     h.stream(2, &sidecar, Some(g));
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     assert_eq!(h.egress_bundle(), (vec!["default.mesh".into()], vec![]));
 
     let egress = h.connect_egress("egress-1");
     h.stream(egress.0, &EGRESS_NAMES, None);
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     // Its CA was ACKed by every sidecar: the new egress is served at once, and its ID joins the bundle.
     let id = "spiffe://default.mesh/workload/egress-1";
     let served = h.ready("egress-1");
@@ -128,7 +128,7 @@ fn switching_the_default_mesh_moves_the_egress_in_gate_order() {
     let mut h = Harness::new(TWO_MESHES);
     h.connect_in("other", "api-1", &[], &[("kuma.io/service", "api")]);
     let egress = h.connect_egress("egress-1");
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let sidecar = [
         "default",
         "system_trust_bundle",
@@ -137,14 +137,14 @@ fn switching_the_default_mesh_moves_the_egress_in_gate_order() {
     let g = generation(&h);
     h.stream(1, &sidecar, Some(g));
     h.stream(egress.0, &EGRESS_NAMES, Some(g));
-    h.owner.reconcile(t0());
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
+    h.reconcile(t0());
     let old_id = "spiffe://default.mesh/workload/egress-1";
     assert_eq!(h.ready("egress-1").spiffe_id, old_id);
 
     // The operator makes `other` the default mesh.
     h.owner.set_default_mesh(Some("other".into()));
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     let new_id = "spiffe://other.mesh/workload/egress-1";
     // The new CA and ID are published to the sidecars first; the egress keeps its certificate.
     assert_eq!(
@@ -174,13 +174,13 @@ fn switching_the_default_mesh_moves_the_egress_in_gate_order() {
     // Once the sidecar ACKed them, the egress moves.
     let g = generation(&h);
     h.stream(1, &sidecar, Some(g));
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.reconcile(t0() + Duration::from_secs(2));
     assert_eq!(h.ready("egress-1").spiffe_id, new_id);
     // Break last: the old CA and ID stay until the egress ACKed its new certificate.
     assert_eq!(h.egress_bundle().0, ["default.mesh", "other.mesh"]);
     let g = generation(&h);
     h.stream(egress.0, &EGRESS_NAMES, Some(g));
-    h.owner.reconcile(t0() + Duration::from_secs(3));
+    h.reconcile(t0() + Duration::from_secs(3));
     assert_eq!(
         h.egress_bundle(),
         (vec!["other.mesh".into()], vec![new_id.into()])
@@ -192,7 +192,7 @@ fn without_an_eligible_identity_the_egress_gets_none_and_the_status_says_why() {
     let mut h = Harness::new("type: Mesh\nname: a\n---\ntype: Mesh\nname: b\n");
     h.connect_egress("egress-1");
     let ((), logged) = warnings(|| {
-        h.owner.reconcile(t0());
+        h.reconcile(t0());
     });
     let reason = h.reason("egress-1");
     assert!(reason.contains("set defaults.mesh"), "{reason}");
@@ -215,8 +215,8 @@ fn choosing_the_first_mesh_with_an_identity_is_logged_once_as_a_choice_to_make_e
     let mut h = Harness::new(&meshes);
     h.connect_egress("egress-1");
     let ((), logged) = warnings(|| {
-        h.owner.reconcile(t0());
-        h.owner.reconcile(t0() + Duration::from_secs(1));
+        h.reconcile(t0());
+        h.reconcile(t0() + Duration::from_secs(1));
     });
     let lines: Vec<&str> = logged
         .lines()
@@ -237,11 +237,11 @@ fn a_zone_egress_file_gives_the_egress_its_labels_and_its_id_is_accepted_before_
         TWO_MESHES
     );
     let mut h = Harness::new(&yaml);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let id = "spiffe://default.mesh/workload/edge";
     assert_eq!(h.egress_bundle().1, [id]);
     let egress = h.connect_egress("egress-1");
     h.stream(egress.0, &EGRESS_NAMES, None);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     assert_eq!(h.ready("egress-1").spiffe_id, id);
 }

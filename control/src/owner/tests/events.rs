@@ -31,7 +31,7 @@ fn fleet(yaml: &str, count: u64) -> (Harness, Arc<Scopes>) {
     for i in 0..count {
         h.connect(&format!("web-{i}"), &[], &[("kuma.io/service", "web")]);
     }
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let generation = h.snapshots.borrow().generation;
     for id in 1..=count {
         h.ack(id, Some(generation));
@@ -67,13 +67,13 @@ fn a_reload_that_changes_nothing_issues_nothing_and_publishes_nothing() {
     let (mut h, scopes) = fleet(LEGACY, 5);
     let before = h.snapshots.borrow().clone();
     h.update(LEGACY).expect("the same resources are valid");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     let after = h.snapshots.borrow().clone();
     assert!(Arc::ptr_eq(&before, &after), "a snapshot was published");
     assert!(scopes.take().is_empty(), "something was reconciled");
     // A real change still is one.
     h.update(SWITCHED).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.reconcile(t0() + Duration::from_secs(2));
     assert_eq!(scopes.take(), vec![(Scope::Full, 5)]);
 }
 
@@ -83,16 +83,17 @@ fn a_connecting_proxy_is_reconciled_alone() {
     let before = identities(&h);
     let generation = h.snapshots.borrow().generation;
     h.connect("late", &[], &[("kuma.io/service", "web")]);
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     assert_eq!(scopes.take(), vec![(Scope::Proxies, 1)]);
     assert_eq!(h.ready("late").spiffe_id, "spiffe://default/web");
     let after = identities(&h);
     assert!(unchanged(&before, &after), "another proxy was re-issued");
     assert_eq!(after.len(), 21);
     let snapshot = h.snapshots.borrow().clone();
-    assert_eq!(snapshot.generation, generation + 1);
+    // Two snapshots: late registered, waiting for its certificate; then late with its certificate.
+    assert_eq!(snapshot.generation, generation + 2);
     // SDS is told that only late changed, so that it wakes late's streams alone.
-    assert_eq!(snapshot.changed.since, generation);
+    assert_eq!(snapshot.changed.since, generation + 1);
     assert_eq!(
         snapshot.changed.proxies.as_deref(),
         Some(&[ProxyKey::new("default", "late")][..])
@@ -114,7 +115,7 @@ fn a_leaving_proxy_is_reconciled_alone_and_gets_its_certificate_back() {
     let web_3 = h.ready("web-3");
     // web-3 is stream 4.
     assert!(h.disconnect(4));
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     assert_eq!(scopes.take(), vec![(Scope::Proxies, 1)]);
     let snapshot = h.snapshots.borrow().clone();
     assert!(!snapshot
@@ -129,7 +130,7 @@ fn a_leaving_proxy_is_reconciled_alone_and_gets_its_certificate_back() {
     assert_eq!(snapshot.proxies.len(), 9);
     // Reconnecting within the certificate's life serves the same certificate.
     h.connect("web-3", &[], &[("kuma.io/service", "web")]);
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.reconcile(t0() + Duration::from_secs(2));
     assert_eq!(scopes.take(), vec![(Scope::Proxies, 1)]);
     assert!(Arc::ptr_eq(&h.ready("web-3"), &web_3));
 }
@@ -139,11 +140,10 @@ fn a_due_renewal_reconciles_only_the_proxies_due() {
     let (mut h, scopes) = fleet(LEGACY, 20);
     let before = identities(&h);
     let due = h
-        .owner
         .reconcile(t0() + Duration::from_secs(1))
         .expect("connected proxies have renewal times");
     assert!(scopes.take().is_empty(), "nothing was due yet");
-    h.owner.reconcile(due);
+    h.reconcile(due);
     let reconciled = scopes.take();
     let after = identities(&h);
     let changed = h.snapshots.borrow().changed.proxies.clone();
@@ -170,15 +170,15 @@ fn a_proxy_that_brings_a_new_identity_to_a_service_context_reconciles_everyone()
     let scopes = Arc::new(Scopes::default());
     let mut h = Harness::with_telemetry(&yaml, scopes.clone());
     h.connect("web-1", &[("app", "web")], &[("kuma.io/service", "web")]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let generation = h.snapshots.borrow().generation;
     h.ack(1, Some(generation));
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     scopes.take();
     assert_eq!(service_context(&h, "web"), vec!["spiffe://default/web"]);
     // A second replica of web changes nothing shared: it is reconciled alone.
     h.connect("web-2", &[], &[("kuma.io/service", "web")]);
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     assert_eq!(scopes.take(), vec![(Scope::Proxies, 1)]);
     // A token whose inbound the MeshService also selects, with a ServiceTag of its own, adds an
     // identity to the `meshservice:web` context: that takes the full reconcile (SANs before identity).
@@ -187,14 +187,14 @@ fn a_proxy_that_brings_a_new_identity_to_a_service_context_reconciles_everyone()
         "selector: {dataplaneTags: {tier: front}}",
     );
     h.update(&yaml).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.reconcile(t0() + Duration::from_secs(2));
     scopes.take();
     h.connect(
         "front-1",
         &[],
         &[("kuma.io/service", "front"), ("tier", "front")],
     );
-    h.owner.reconcile(t0() + Duration::from_secs(3));
+    h.reconcile(t0() + Duration::from_secs(3));
     assert_eq!(scopes.take(), vec![(Scope::Full, 3)]);
     assert!(
         service_context(&h, "web").contains(&"spiffe://default/front".to_owned()),
@@ -207,13 +207,13 @@ fn a_proxy_that_brings_a_new_identity_to_a_service_context_reconciles_everyone()
 fn while_a_rollout_waits_every_event_reconciles_everyone() {
     let (mut h, scopes) = fleet(LEGACY, 3);
     h.update(SWITCHED).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     assert_eq!(scopes.take(), vec![(Scope::Full, 3)]);
     // ca-2 joined the bundle: every stream must look.
     assert!(h.snapshots.borrow().changed.proxies.is_none());
     // Nobody has ACKed ca-2's bundle: the gate waits, and a new proxy is part of the rollout.
     h.connect("late", &[], &[("kuma.io/service", "web")]);
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.reconcile(t0() + Duration::from_secs(2));
     assert_eq!(scopes.take(), vec![(Scope::Full, 4)]);
 }
 
@@ -221,7 +221,7 @@ fn while_a_rollout_waits_every_event_reconciles_everyone() {
 fn acks_during_a_rollout_are_recounted_without_reconciling_everyone() {
     let (mut h, scopes) = fleet(LEGACY, 4);
     h.update(SWITCHED).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     assert_eq!(scopes.take(), vec![(Scope::Full, 4)]);
     let bundle = h.snapshots.borrow().generation;
     let waiting = |h: &Harness| {
@@ -235,7 +235,7 @@ fn acks_during_a_rollout_are_recounted_without_reconciling_everyone() {
     // Three of four ACK ca-2's bundle: the gate recounts, nobody is reconciled, the status follows.
     for id in 1..=3 {
         assert!(h.stream(id, &["default", "system_trust_bundle"], Some(bundle)));
-        h.owner.reconcile(t0() + Duration::from_secs(2));
+        h.reconcile(t0() + Duration::from_secs(2));
     }
     assert_eq!(scopes.take(), vec![(Scope::Acks, 0); 3]);
     assert_eq!(waiting(&h), Some(1));
@@ -247,7 +247,7 @@ fn acks_during_a_rollout_are_recounted_without_reconciling_everyone() {
     );
     // The last ACK ends the wait: everyone is reconciled and issued from ca-2.
     h.ack(4, Some(bundle));
-    h.owner.reconcile(t0() + Duration::from_secs(3));
+    h.reconcile(t0() + Duration::from_secs(3));
     assert_eq!(scopes.take(), vec![(Scope::Full, 4)]);
     let issued = h.snapshots.borrow().generation;
     assert_eq!(waiting(&h), None);
@@ -260,7 +260,7 @@ fn acks_during_a_rollout_are_recounted_without_reconciling_everyone() {
     for id in 1..=4 {
         h.ack(id, Some(issued));
     }
-    h.owner.reconcile(t0() + Duration::from_secs(4));
+    h.reconcile(t0() + Duration::from_secs(4));
     assert_eq!(scopes.take(), vec![(Scope::Acks, 0)]);
     assert!(h.status().rollout.is_empty(), "{:?}", h.status().rollout);
     // Nothing waits any more: an ACK needs no reconcile at all.
@@ -272,19 +272,19 @@ fn dataplanes_are_described_again_only_when_their_files_change() {
     let yaml = format!("{LEGACY}---\n{WEB_SERVICE}");
     let mut h = Harness::new(&yaml);
     h.connect("web-1", &[("app", "web")], &[("kuma.io/service", "web")]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let web_1 = ProxyKey::new("default", "web-1");
     let rule = |h: &Harness| h.snapshots.borrow().claim_rules[&web_1].clone();
     let before = rule(&h);
     // An edit of the Mesh alone describes nobody again: the same rule is served.
     let switched = format!("{SWITCHED}---\n{WEB_SERVICE}");
     h.update(&switched).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     assert!(Arc::ptr_eq(&before, &rule(&h)));
     // An edit of the Dataplane file does.
     let relabelled = switched.replace("labels: {app: web}", "labels: {app: web, tier: front}");
     h.update(&relabelled).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.reconcile(t0() + Duration::from_secs(2));
     assert_eq!(
         rule(&h).labels.get("tier").map(String::as_str),
         Some("front")
@@ -302,16 +302,16 @@ fn a_renewal_the_gate_holds_back_does_not_make_the_loop_spin() {
     for name in ["web-1", "web-2"] {
         h.connect(name, &[], &[("kuma.io/service", "web")]);
     }
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let generation = h.snapshots.borrow().generation;
     h.ack(1, Some(generation));
     h.ack(2, Some(generation));
     h.update(SWITCHED).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     // Both are due for renewal (10 h certificates, renewed at 80%), but only ca-2 may issue and nobody
     // has ACKed its bundle: the next wake-up is the gate's timeout, not a renewal time in the past.
     let later = t0() + Duration::from_secs(9 * 3600);
-    let next = h.owner.reconcile(later).expect("the gate's timeout is due");
+    let next = h.reconcile(later).expect("the gate's timeout is due");
     assert!(next > later, "the loop would wake at once: {next:?}");
     assert_eq!(scopes.take().last(), Some(&(Scope::Acks, 0)));
     assert_eq!(
@@ -326,7 +326,6 @@ fn a_short_lived_certificate_is_renewed_before_it_expires() {
     let mut h = Harness::new(&LEGACY.replace("expiration: 10h", "expiration: 10s"));
     h.connect("web-1", &[], &[("kuma.io/service", "web")]);
     let due = h
-        .owner
         .reconcile(t0())
         .expect("a served proxy has a renewal time");
     assert!(
@@ -335,6 +334,6 @@ fn a_short_lived_certificate_is_renewed_before_it_expires() {
         due.duration_since(t0())
     );
     let before = h.ready("web-1");
-    h.owner.reconcile(due);
+    h.reconcile(due);
     assert!(!Arc::ptr_eq(&before, &h.ready("web-1")), "renewed when due");
 }

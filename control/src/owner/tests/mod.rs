@@ -79,6 +79,27 @@ impl Harness {
         }
     }
 
+    /// Reconciles at `now`, as the owner's loop does: then runs the certificates it started issuing,
+    /// on two threads, and hands their results back in reverse order (as a pool may complete them),
+    /// reconciling again when they ask for it, until nothing is being issued. Returns when something
+    /// is next due.
+    fn reconcile(&mut self, now: SystemTime) -> Option<SystemTime> {
+        let mut next = self.owner.reconcile(now);
+        loop {
+            let jobs = self.owner.take_jobs();
+            if jobs.is_empty() {
+                return next;
+            }
+            let mut done = crate::pool::run_all(&jobs, 2, crate::owner::run_job);
+            done.reverse();
+            if self.owner.on_issued(done, now) {
+                next = self.owner.reconcile(now);
+            } else {
+                next = self.owner.next_due();
+            }
+        }
+    }
+
     /// The owner's full status as of its last reconcile.
     fn status(&self) -> Status {
         self.owner.status(self.owner.reconciled_at(), Detail::Full)
@@ -221,7 +242,7 @@ fn not_after(identity: &ProxyIdentity) -> SystemTime {
 fn legacy_backend_issues_service_identity_that_verifies_against_the_mesh_bundle() {
     let mut h = Harness::new(LEGACY);
     h.connect("web-1", &[], &[("kuma.io/service", "web")]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let id = h.ready("web-1");
     assert_eq!(id.spiffe_id, "spiffe://default/web");
     assert!(meshca_ca::check_svid_rules(&leaf_der(&id)).is_ok());
@@ -248,7 +269,6 @@ fn renewal_happens_at_renew_at_and_not_before() {
     let mut h = Harness::new(LEGACY);
     h.connect("web-1", &[], &[("kuma.io/service", "web")]);
     let renew = h
-        .owner
         .reconcile(t0())
         .expect("a connected proxy has a renewal time");
     let first = h.ready("web-1");
@@ -260,14 +280,14 @@ fn renewal_happens_at_renew_at_and_not_before() {
     );
     assert!(renew <= t0() + lifetime.mul_f64(0.8), "{renew:?}");
 
-    h.owner.reconcile(renew - Duration::from_secs(1));
+    h.reconcile(renew - Duration::from_secs(1));
     assert_eq!(
         h.ready("web-1").chain_pem,
         first.chain_pem,
         "renewed too early"
     );
 
-    let next = h.owner.reconcile(renew).expect("still connected");
+    let next = h.reconcile(renew).expect("still connected");
     let second = h.ready("web-1");
     assert_ne!(
         second.chain_pem, first.chain_pem,
@@ -290,7 +310,7 @@ fn certificates_never_expire_on_a_connected_proxy_across_many_lifetimes() {
     h.connect("web-1", &[], &[("kuma.io/service", "web")]);
     let mut now = t0();
     for _ in 0..20 {
-        let renew = h.owner.reconcile(now).expect("connected");
+        let renew = h.reconcile(now).expect("connected");
         let id = h.ready("web-1");
         assert!(renew < not_after(&id), "renewal scheduled after expiry");
         now = renew;
@@ -332,7 +352,7 @@ spec:
     );
     h.connect("back-1", &[("app", "web")], &[("kuma.io/service", "web")]);
     h.connect("db-1", &[("app", "db")], &[("kuma.io/service", "db")]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let front = h.ready("front-1");
     assert_eq!(
         front.spiffe_id,
@@ -385,7 +405,7 @@ spec:
     h.connect("s-1", &[("team", "spire")], &[]);
     h.connect("x-1", &[("team", "x")], &[]);
     h.connect("plain-1", &[], &[("kuma.io/service", "plain")]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     assert!(h.reason("s-1").contains("SPIRE"), "{}", h.reason("s-1"));
     assert!(
         h.reason("x-1").contains("k8s.kuma.io/service-account"),
@@ -424,7 +444,7 @@ networking:
     );
     let mut h = Harness::new(&yaml);
     h.try_connect("web-1", &[("app", "db")], &[]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     assert!(!h
         .snapshots
         .borrow()
@@ -445,7 +465,7 @@ networking:
 
     // The real proxy is served, and the claim rule SDS checks every token against is the file's.
     h.connect("web-1", &[], &[("kuma.io/service", "web")]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let first = h.ready("web-1");
     assert_eq!(first.spiffe_id, "spiffe://default/web");
     let rule = h.snapshots.borrow().claim_rules[&ProxyKey::new("default", "web-1")].clone();
@@ -453,7 +473,7 @@ networking:
 
     // Another contradicting token while it is connected changes nothing for it.
     h.try_connect("web-1", &[("app", "db")], &[("kuma.io/service", "db")]);
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     assert_eq!(h.ready("web-1").chain_pem, first.chain_pem);
 }
 
@@ -466,7 +486,7 @@ fn the_first_token_of_an_unfiled_proxy_defines_it_while_connected() {
         &[("app", "other")],
         &[("kuma.io/service", "other")],
     );
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     assert_eq!(h.ready("api-1").spiffe_id, "spiffe://default/api");
     let status = h.status();
     let dp = status
@@ -486,17 +506,17 @@ fn the_first_token_of_an_unfiled_proxy_defines_it_while_connected() {
 fn reconnect_reuses_the_certificate_and_disconnect_stops_serving_it() {
     let mut h = Harness::new(LEGACY);
     let stream = h.connect("web-1", &[], &[("kuma.io/service", "web")]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let first = h.ready("web-1");
     assert!(h.owner.on_event(StreamEvent::Disconnected { stream }));
-    h.owner.reconcile(t0() + Duration::from_secs(60));
+    h.reconcile(t0() + Duration::from_secs(60));
     assert!(!h
         .snapshots
         .borrow()
         .proxies
         .contains_key(&ProxyKey::new("default", "web-1")));
     h.connect("web-1", &[], &[("kuma.io/service", "web")]);
-    h.owner.reconcile(t0() + Duration::from_secs(120));
+    h.reconcile(t0() + Duration::from_secs(120));
     assert_eq!(h.ready("web-1").chain_pem, first.chain_pem);
 }
 
@@ -504,11 +524,11 @@ fn reconnect_reuses_the_certificate_and_disconnect_stops_serving_it() {
 fn switching_the_enabled_backend_reissues_from_the_new_ca() {
     let mut h = Harness::new(LEGACY);
     h.connect("web-1", &[], &[("kuma.io/service", "web")]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let first = h.ready("web-1");
     h.update(&LEGACY.replace("enabledBackend: ca-1", "enabledBackend: ca-2"))
         .expect("valid update");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     let second = h.ready("web-1");
     assert_ne!(first.chain_pem, second.chain_pem);
     let issuer = |id: &ProxyIdentity| {
@@ -528,7 +548,7 @@ fn switching_the_enabled_backend_reissues_from_the_new_ca() {
 fn a_rejected_update_keeps_the_previous_configuration_serving() {
     let mut h = Harness::new(LEGACY);
     h.connect("web-1", &[], &[("kuma.io/service", "web")]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let first = h.ready("web-1");
     let errors = h
         .update(&LEGACY.replace("enabledBackend: ca-1", "enabledBackend: ca-9"))
@@ -540,7 +560,7 @@ fn a_rejected_update_keeps_the_previous_configuration_serving() {
         "{errors:?}"
     );
     h.owner.reject(errors, t0());
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     assert_eq!(h.ready("web-1").chain_pem, first.chain_pem);
     let status = h.status();
     let rejected = status.last_rejected_update.as_ref().expect("shown");
@@ -587,7 +607,7 @@ spec:
 "#
     );
     let mut h = Harness::new(&yaml);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let snapshot = h.snapshots.borrow().clone();
     let services = &snapshot.meshes["default"].mesh_services;
     let web: Vec<&String> = services["web"].spiffe_ids().iter().collect();
@@ -628,7 +648,7 @@ spec:
 "#
     );
     let mut h = Harness::new(&yaml);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     assert_eq!(
         service_context(&h, "web-admin"),
         [
@@ -675,7 +695,7 @@ fn gated(gate: bool) -> Harness {
     h.owner = replace_owner(&mut h, gate);
     h.connect("web-1", &[], &[("kuma.io/service", "web")]);
     h.connect("web-2", &[], &[("kuma.io/service", "web")]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let g = generation(&h);
     h.ack(1, Some(g));
     h.ack(2, Some(g));
@@ -743,7 +763,7 @@ fn trust_before_identity_waits_for_every_trust_subscriber_to_ack() {
     let mut h = gated(true);
     let ca1 = issuer_of(&h.ready("web-1"));
     h.update(SWITCHED).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     let ca2 = ca_subject(&h, "ca-2");
     let g_trust = generation(&h);
     // The new CA is trusted at once, but issues nothing until every trust subscriber ACKed it.
@@ -767,7 +787,7 @@ fn trust_before_identity_waits_for_every_trust_subscriber_to_ack() {
         }),
         "an ACK matters while a rollout waits"
     );
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.reconcile(t0() + Duration::from_secs(2));
     assert_eq!(
         issuer_of(&h.ready("web-1")),
         ca1,
@@ -785,7 +805,7 @@ fn trust_before_identity_waits_for_every_trust_subscriber_to_ack() {
     assert_eq!(issuer_of(&h.ready("web-2")), ca1);
 
     h.ack(2, Some(g_trust));
-    h.owner.reconcile(t0() + Duration::from_secs(3));
+    h.reconcile(t0() + Duration::from_secs(3));
     assert_eq!(issuer_of(&h.ready("web-1")), ca2);
     assert_eq!(issuer_of(&h.ready("web-2")), ca2);
 }
@@ -796,9 +816,9 @@ fn a_ca_removed_right_after_the_switch_stays_until_replacements_are_acked() {
     let ca1 = issuer_of(&h.ready("web-1"));
     // One edit switches, the next removes ca-1 at once.
     h.update(SWITCHED).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     h.update(ONLY_CA2).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     let ca2 = ca_subject(&h, "ca-2");
     assert!(
         bundle_subjects(&h).contains(&ca1),
@@ -807,7 +827,7 @@ fn a_ca_removed_right_after_the_switch_stays_until_replacements_are_acked() {
     let g = generation(&h);
     h.ack(1, Some(g));
     h.ack(2, Some(g));
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.reconcile(t0() + Duration::from_secs(2));
     // Both now hold ca-2 certificates, but have not ACKed them: ca-1 must stay.
     assert_eq!(issuer_of(&h.ready("web-1")), ca2);
     assert!(bundle_subjects(&h).contains(&ca1));
@@ -821,13 +841,13 @@ fn a_ca_removed_right_after_the_switch_stays_until_replacements_are_acked() {
 
     let g_identity = generation(&h);
     h.ack(1, Some(g_identity));
-    h.owner.reconcile(t0() + Duration::from_secs(3));
+    h.reconcile(t0() + Duration::from_secs(3));
     assert!(
         bundle_subjects(&h).contains(&ca1),
         "web-2 still may present ca-1"
     );
     h.ack(2, Some(g_identity));
-    h.owner.reconcile(t0() + Duration::from_secs(4));
+    h.reconcile(t0() + Duration::from_secs(4));
     assert_eq!(bundle_subjects(&h), [ca2]);
     assert!(h.status().rollout.is_empty());
 }
@@ -838,16 +858,16 @@ fn a_proxy_that_never_acks_holds_the_rollout_only_until_the_ack_timeout() {
     let ca1 = issuer_of(&h.ready("web-1"));
     h.update(SWITCHED).expect("valid");
     let start = t0() + Duration::from_secs(1);
-    let deadline = h.owner.reconcile(start).expect("something is due");
+    let deadline = h.reconcile(start).expect("something is due");
     assert_eq!(
         deadline,
         start + Duration::from_secs(30),
         "rollout.ackTimeout defaults to 30s"
     );
     h.ack(1, Some(generation(&h)));
-    h.owner.reconcile(start + Duration::from_secs(29));
+    h.reconcile(start + Duration::from_secs(29));
     assert_eq!(issuer_of(&h.ready("web-1")), ca1);
-    h.owner.reconcile(deadline);
+    h.reconcile(deadline);
     assert_ne!(
         issuer_of(&h.ready("web-1")),
         ca1,
@@ -860,11 +880,11 @@ fn a_disconnected_proxy_blocks_nothing() {
     let mut h = gated(true);
     let ca1 = issuer_of(&h.ready("web-1"));
     h.update(SWITCHED).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     h.ack(1, Some(generation(&h)));
     // web-2 goes away without ever ACKing the new trust.
     assert!(h.disconnect(2));
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.reconcile(t0() + Duration::from_secs(2));
     assert_ne!(issuer_of(&h.ready("web-1")), ca1);
 }
 
@@ -872,7 +892,7 @@ fn a_disconnected_proxy_blocks_nothing() {
 fn without_the_gate_identity_and_removal_happen_at_once() {
     let mut h = gated(false);
     h.update(SWITCHED).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     let ca2 = ca_subject(&h, "ca-2");
     assert_eq!(
         issuer_of(&h.ready("web-1")),
@@ -880,7 +900,7 @@ fn without_the_gate_identity_and_removal_happen_at_once() {
         "issued before anyone ACKed the new trust"
     );
     h.update(ONLY_CA2).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     assert_eq!(
         bundle_subjects(&h),
         [ca2],
@@ -959,10 +979,7 @@ mtls:
         {
             crate::rotate_cas(&mut h.owner, &h.settings, &h.keystore, now);
         }
-        let next = h
-            .owner
-            .reconcile(now)
-            .expect("connected proxies have renewals");
+        let next = h.reconcile(now).expect("connected proxies have renewals");
         let current = h.snapshots.borrow().clone();
         let slow_view = previous.clone().unwrap_or_else(|| current.clone());
         // Every pair handshakes both ways: each side's certificate against the other side's bundle.
@@ -1013,17 +1030,17 @@ fn mesh_service_tls_is_ready_once_every_selected_dataplane_holds_a_trusted_cert_
             .tls
     };
     let mut h = Harness::new(&format!("{LEGACY}{services}"));
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     assert_eq!(
         tls(&h),
         ServiceTls::NotReady,
         "web-1 holds no certificate yet"
     );
     let stream = h.connect("web-1", &[], &[("kuma.io/service", "web")]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     assert_eq!(tls(&h), ServiceTls::Ready);
     h.owner.on_event(StreamEvent::Disconnected { stream });
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     assert_eq!(
         tls(&h),
         ServiceTls::Ready,
@@ -1031,7 +1048,7 @@ fn mesh_service_tls_is_ready_once_every_selected_dataplane_holds_a_trusted_cert_
     );
     h.update(&format!("type: Mesh\nname: default\n{services}"))
         .expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.reconcile(t0() + Duration::from_secs(2));
     assert_eq!(tls(&h), ServiceTls::NotReady, "mTLS off");
 }
 
@@ -1039,7 +1056,7 @@ fn mesh_service_tls_is_ready_once_every_selected_dataplane_holds_a_trusted_cert_
 fn a_reconcile_that_changes_nothing_publishes_nothing() {
     let mut h = gated(true);
     let before = generation(&h);
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     assert_eq!(
         generation(&h),
         before,
@@ -1047,11 +1064,11 @@ fn a_reconcile_that_changes_nothing_publishes_nothing() {
     );
     // While a rollout waits, ACKs of unchanged content must not cause publishes either.
     h.update(SWITCHED).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.reconcile(t0() + Duration::from_secs(2));
     let waiting = generation(&h);
     assert!(waiting > before);
     h.ack(1, Some(waiting));
-    h.owner.reconcile(t0() + Duration::from_secs(3));
+    h.reconcile(t0() + Duration::from_secs(3));
     assert_eq!(
         generation(&h),
         waiting,
@@ -1089,7 +1106,7 @@ mtls:
     let mut h = Harness::new(meshes);
     h.connect_in("egress", "e-1", &[], &[("kuma.io/service", "e")]);
     h.connect_in("default", "d-1", &[], &[("kuma.io/service", "d")]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let g = generation(&h);
     h.stream(1, &["default", "system_trust_bundle"], Some(g));
     h.stream(2, &["system_trust_bundle_egress"], Some(g));
@@ -1100,11 +1117,11 @@ mtls:
         "enabledBackend: ca-2\n  secondaryBackends: [ca-1]",
     ))
     .expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     let g_trust = generation(&h);
     // Only e-1 carries mesh egress's trust; d-1 never ACKs anything new.
     h.stream(1, &["default", "system_trust_bundle"], Some(g_trust));
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.reconcile(t0() + Duration::from_secs(2));
     assert_ne!(
         served_issuer(&h, "egress", "e-1"),
         ca1,
@@ -1130,11 +1147,11 @@ fn an_unknown_name_carries_no_trust_and_is_no_identity() {
     let (odd, _) = h.try_connect("web-1", &[], &[("kuma.io/service", "web")]);
     h.stream(odd.0, &["no-such-secret"], None);
     h.update(SWITCHED).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     let g_trust = generation(&h);
     h.ack(1, Some(g_trust));
     h.ack(2, Some(g_trust));
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.reconcile(t0() + Duration::from_secs(2));
     let ca2 = ca_subject(&h, "ca-2");
     assert_eq!(
         issuer_of(&h.ready("web-1")),
@@ -1142,7 +1159,7 @@ fn an_unknown_name_carries_no_trust_and_is_no_identity() {
         "trust before identity does not wait for the unknown name"
     );
     h.update(ONLY_CA2).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(3));
+    h.reconcile(t0() + Duration::from_secs(3));
     assert!(
         bundle_subjects(&h).contains(&ca1),
         "replacements not ACKed yet"
@@ -1150,7 +1167,7 @@ fn an_unknown_name_carries_no_trust_and_is_no_identity() {
     let g_identity = generation(&h);
     h.ack(1, Some(g_identity));
     h.ack(2, Some(g_identity));
-    h.owner.reconcile(t0() + Duration::from_secs(4));
+    h.reconcile(t0() + Duration::from_secs(4));
     assert_eq!(
         bundle_subjects(&h),
         [ca2],
@@ -1182,7 +1199,7 @@ fn every_rollout_step_that_waits_is_counted_once() {
     let mut at = t0();
     let mut reconcile = |h: &mut Harness| {
         at += Duration::from_secs(1);
-        h.owner.reconcile(at);
+        h.reconcile(at);
         generation(h)
     };
     let g = reconcile(&mut h);
@@ -1243,19 +1260,19 @@ fn a_sans_before_identity_wait_is_counted_once_and_names_the_proxy_it_waits_for(
     let mut h = Harness::with_telemetry(&resources("/a/{{ .Workload }}"), recorder.clone());
     h.connect("web-1", &[], &[("kuma.io/service", "web")]);
     h.connect("client-1", &[], &[("kuma.io/service", "client")]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     h.ack(1, Some(generation(&h)));
     h.stream(2, &subscriptions, Some(generation(&h)));
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
 
     // web-1's new ID waits for client-1, through reconciles and through an ACK that is not client-1's.
     h.update(&resources("/b/{{ .Workload }}")).expect("valid");
     let changed_at = t0() + Duration::from_secs(1);
     for second in 1..=3 {
-        h.owner.reconcile(t0() + Duration::from_secs(second));
+        h.reconcile(t0() + Duration::from_secs(second));
     }
     h.ack(1, Some(generation(&h)));
-    h.owner.reconcile(t0() + Duration::from_secs(4));
+    h.reconcile(t0() + Duration::from_secs(4));
     assert_eq!(h.ready("web-1").spiffe_id, "spiffe://default/a/web-1");
     let status = h.status();
     let waits = waits_on(&status, RolloutStep::SansBeforeIdentity);
@@ -1268,7 +1285,7 @@ fn a_sans_before_identity_wait_is_counted_once_and_names_the_proxy_it_waits_for(
     assert_eq!(wait.waiting_count, 1);
 
     h.stream(2, &subscriptions, Some(generation(&h)));
-    h.owner.reconcile(t0() + Duration::from_secs(5));
+    h.reconcile(t0() + Duration::from_secs(5));
     assert_eq!(h.ready("web-1").spiffe_id, "spiffe://default/b/web-1");
     assert!(h
         .status()
@@ -1299,17 +1316,17 @@ fn a_changed_spiffe_id_leaves_its_service_context_only_once_the_proxy_acked_its_
     let mut h = Harness::new(&resources("/a/{{ .Workload }}"));
     h.connect("web-1", &[], &[("kuma.io/service", "web")]);
     h.connect("web-2", &[], &[("kuma.io/service", "web")]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let g = generation(&h);
     h.ack(1, Some(g));
     h.ack(2, Some(g));
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     assert_eq!(context(&h), [old_1, old_2, service_tag]);
 
     // Same CA, another path. No stream subscribes to `meshservice:web`, so nothing holds the new IDs
     // back: both proxies are reissued at once, and present the old IDs until they ACK.
     h.update(&resources("/b/{{ .Workload }}")).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     assert_eq!(h.ready("web-1").spiffe_id, new_1);
     assert_eq!(h.ready("web-2").spiffe_id, new_2);
     let all = [old_1, old_2, new_1, new_2, service_tag];
@@ -1317,11 +1334,11 @@ fn a_changed_spiffe_id_leaves_its_service_context_only_once_the_proxy_acked_its_
     // A proxy connecting while replacements are unACKed reconciles everyone: the contexts are
     // computed again, and still keep the replaced IDs.
     h.connect("client-1", &[], &[("kuma.io/service", "client")]);
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.reconcile(t0() + Duration::from_secs(2));
     assert_eq!(context(&h), all, "a reconcile without the ACKs keeps them");
 
     h.ack(1, Some(generation(&h)));
-    h.owner.reconcile(t0() + Duration::from_secs(3));
+    h.reconcile(t0() + Duration::from_secs(3));
     assert_eq!(
         context(&h),
         [old_2, new_1, new_2, service_tag],
@@ -1329,7 +1346,7 @@ fn a_changed_spiffe_id_leaves_its_service_context_only_once_the_proxy_acked_its_
     );
 
     let timeout = h.owner.gate.ack_timeout();
-    h.owner.reconcile(t0() + Duration::from_secs(1) + timeout);
+    h.reconcile(t0() + Duration::from_secs(1) + timeout);
     assert_eq!(
         context(&h),
         [new_1, new_2, service_tag],
@@ -1349,16 +1366,16 @@ fn a_new_spiffe_id_waits_for_the_meshservice_subscribers_before_it_is_presented(
     let mut h = Harness::new(&resources("/a/{{ .Workload }}"));
     h.connect("web-1", &[], &[("kuma.io/service", "web")]);
     h.connect("client-1", &[], &[("kuma.io/service", "client")]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     h.ack(1, Some(generation(&h)));
     h.stream(2, &subscriptions, Some(generation(&h)));
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let old_id = h.ready("web-1").spiffe_id.clone();
     assert_eq!(old_id, "spiffe://default/a/web-1");
 
     // Same CA, another path: only the SPIFFE ID changes.
     h.update(&resources("/b/{{ .Workload }}")).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     let new_id = "spiffe://default/b/web-1";
     let context = |h: &Harness| service_context(h, "web");
     let service_tag = "spiffe://default/web";
@@ -1378,10 +1395,10 @@ fn a_new_spiffe_id_waits_for_the_meshservice_subscribers_before_it_is_presented(
 
     // web-1's own ACK is not what the step waits for; client-1's is.
     h.ack(1, Some(generation(&h)));
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.reconcile(t0() + Duration::from_secs(2));
     assert_eq!(h.ready("web-1").spiffe_id, old_id);
     h.stream(2, &subscriptions, Some(generation(&h)));
-    h.owner.reconcile(t0() + Duration::from_secs(3));
+    h.reconcile(t0() + Duration::from_secs(3));
     assert_eq!(h.ready("web-1").spiffe_id, new_id);
     assert!(h
         .status()
@@ -1391,7 +1408,7 @@ fn a_new_spiffe_id_waits_for_the_meshservice_subscribers_before_it_is_presented(
     // Break last: the old ID stays until web-1 has ACKed the certificate with the new one.
     assert_eq!(context(&h), [old_id.as_str(), new_id, service_tag]);
     h.ack(1, Some(generation(&h)));
-    h.owner.reconcile(t0() + Duration::from_secs(4));
+    h.reconcile(t0() + Duration::from_secs(4));
     assert_eq!(context(&h), [new_id, service_tag]);
 }
 
@@ -1406,15 +1423,15 @@ fn a_subscriber_that_never_acks_holds_a_new_spiffe_id_back_only_until_the_ack_ti
     let mut h = Harness::new(&resources("/a/{{ .Workload }}"));
     h.connect("web-1", &[], &[("kuma.io/service", "web")]);
     h.connect("client-1", &[], &[("kuma.io/service", "client")]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     h.ack(1, Some(generation(&h)));
     h.stream(2, &["meshservice:web"], Some(generation(&h)));
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     h.update(&resources("/b/{{ .Workload }}")).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     assert_eq!(h.ready("web-1").spiffe_id, "spiffe://default/a/web-1");
     let timeout = h.owner.gate.ack_timeout();
-    h.owner.reconcile(t0() + Duration::from_secs(1) + timeout);
+    h.reconcile(t0() + Duration::from_secs(1) + timeout);
     assert_eq!(
         h.ready("web-1").spiffe_id,
         "spiffe://default/b/web-1",
@@ -1444,7 +1461,7 @@ spec:
     );
     let mut h = Harness::new(&yaml);
     h.connect("web-1", &[("app", "web")], &[("kuma.io/service", "web")]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     assert_eq!(
         h.ready("web-1").spiffe_id,
         "spiffe://default/web",
@@ -1595,33 +1612,33 @@ fn a_proxy_reissued_twice_before_acking_keeps_the_ca_it_still_presents_trusted()
     h.connect("web-1", &[], &[("kuma.io/service", "web")]);
     // A second stream of a connected proxy changes nothing by itself.
     h.try_connect("web-1", &[], &[("kuma.io/service", "web")]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let g = generation(&h);
     h.stream(1, &["default"], Some(g));
     h.stream(2, &["system_trust_bundle"], Some(g));
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let ca1 = ca_subject(&h, "ca-1");
     assert_eq!(issuer_of(&h.ready("web-1")), ca1);
 
     // ca-2 issues; web-1 is given a ca-2 certificate but does not ACK it.
     h.update(&three_cas("ca-2", Some("ca-1"), None))
         .expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     h.stream(2, &["system_trust_bundle"], Some(generation(&h)));
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     assert_eq!(issuer_of(&h.ready("web-1")), ca_subject(&h, "ca-2"));
 
     // ca-3 issues and ca-1 is removed; web-1 is given a ca-3 certificate, still without ACKing.
     h.update(&three_cas("ca-3", Some("ca-2"), Some("ca-1")))
         .expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.reconcile(t0() + Duration::from_secs(2));
     h.stream(2, &["system_trust_bundle"], Some(generation(&h)));
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.reconcile(t0() + Duration::from_secs(2));
     assert_eq!(issuer_of(&h.ready("web-1")), ca_subject(&h, "ca-3"));
     // web-1 still presents its ca-1 certificate (it ACKed nothing since): ca-1 stays trusted, in this
     // snapshot and the next ones.
     h.stream(2, &["system_trust_bundle"], Some(generation(&h)));
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.reconcile(t0() + Duration::from_secs(2));
     assert!(
         bundle_subjects(&h).contains(&ca1),
         "{:?}",
@@ -1629,7 +1646,7 @@ fn a_proxy_reissued_twice_before_acking_keeps_the_ca_it_still_presents_trusted()
     );
 
     h.stream(1, &["default"], Some(generation(&h)));
-    h.owner.reconcile(t0() + Duration::from_secs(3));
+    h.reconcile(t0() + Duration::from_secs(3));
     assert!(
         !bundle_subjects(&h).contains(&ca1),
         "{:?}",
@@ -1644,7 +1661,7 @@ fn a_wave_of_issuance_is_one_info_line_per_mesh_and_issuer() {
         h.connect(name, &[], &[("kuma.io/service", "web")]);
     }
     let ((), info) = crate::test_certs::logged(tracing::Level::INFO, || {
-        h.owner.reconcile(t0());
+        h.reconcile(t0());
     });
     let lines: Vec<&str> = info.lines().filter(|l| l.contains("issued")).collect();
     assert_eq!(lines.len(), 1, "{info}");
@@ -1656,7 +1673,7 @@ fn a_wave_of_issuance_is_one_info_line_per_mesh_and_issuer() {
     );
     // Nothing to issue: nothing logged.
     let ((), info) = crate::test_certs::logged(tracing::Level::INFO, || {
-        h.owner.reconcile(t0() + Duration::from_secs(1));
+        h.reconcile(t0() + Duration::from_secs(1));
     });
     assert!(!info.contains("issued"), "{info}");
 }
@@ -1664,12 +1681,12 @@ fn a_wave_of_issuance_is_one_info_line_per_mesh_and_issuer() {
 #[test]
 fn a_reload_that_changes_nothing_issues_nothing_and_pushes_nothing() {
     let mut h = gated(true);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let before = generation(&h);
     let served = h.ready("web-1");
     h.update(LEGACY).expect("the same resources again");
     let ((), info) = crate::test_certs::logged(tracing::Level::INFO, || {
-        h.owner.reconcile(t0() + Duration::from_secs(1));
+        h.reconcile(t0() + Duration::from_secs(1));
     });
     assert_eq!(generation(&h), before, "nothing new to push");
     assert!(Arc::ptr_eq(&h.ready("web-1"), &served), "nothing reissued");
@@ -1693,7 +1710,7 @@ fn a_wave_issued_on_several_threads_gives_every_proxy_its_own_certificate() {
     for name in &names {
         h.connect(name, &[], &[("kuma.io/service", name)]);
     }
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let mut keys = std::collections::HashSet::new();
     for name in &names {
         let served = h.ready(name);
@@ -1709,15 +1726,15 @@ fn a_wave_issued_on_several_threads_gives_every_proxy_its_own_certificate() {
 fn proxies_timing_out_together_are_one_warning_per_mesh() {
     let mut h = gated(true);
     h.update(SWITCHED).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     let g = generation(&h);
     h.ack(1, Some(g));
     h.ack(2, Some(g));
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     assert_eq!(issuer_of(&h.ready("web-1")), ca_subject(&h, "ca-2"));
     // Neither proxy ACKs its ca-2 certificate; rollout.ackTimeout (30 s) passes.
     let ((), logged) = crate::test_certs::warnings(|| {
-        h.owner.reconcile(t0() + Duration::from_secs(40));
+        h.reconcile(t0() + Duration::from_secs(40));
     });
     let lines: Vec<&str> = logged
         .lines()
@@ -1728,4 +1745,74 @@ fn proxies_timing_out_together_are_one_warning_per_mesh() {
         lines[0].contains("count=2") && lines[0].contains("default.web-1"),
         "{logged}"
     );
+}
+
+/// A wave started for a CA that the next edit removes again: its results, however late and in whatever
+/// order they arrive, are never published, since the bundles no longer carry that CA.
+#[test]
+fn late_results_for_a_ca_removed_meanwhile_are_never_published() {
+    let mut h = gated(true);
+    let ca1 = issuer_of(&h.ready("web-1"));
+    h.update(SWITCHED).expect("valid");
+    h.reconcile(t0() + Duration::from_secs(1));
+    let g = generation(&h);
+    h.ack(1, Some(g));
+    h.ack(2, Some(g));
+    // The trust wait is over: the wave from ca-2 starts, and its results are held back.
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    let jobs = h.owner.take_jobs();
+    assert_eq!(jobs.len(), 2, "one certificate per proxy");
+    let mut done: Vec<_> = jobs.iter().map(crate::owner::run_job).collect();
+    // Back to ca-1 alone before the results are in.
+    h.update(LEGACY).expect("valid");
+    h.reconcile(t0() + Duration::from_secs(3));
+    assert_eq!(bundle_subjects(&h), std::slice::from_ref(&ca1));
+    done.reverse();
+    if h.owner.on_issued(done, t0() + Duration::from_secs(3)) {
+        h.owner.reconcile(t0() + Duration::from_secs(3));
+    }
+    for name in ["web-1", "web-2"] {
+        assert_eq!(
+            issuer_of(&h.ready(name)),
+            ca1,
+            "{name} got a ca-2 certificate"
+        );
+    }
+    assert_eq!(bundle_subjects(&h), [ca1]);
+    assert!(
+        h.owner.take_jobs().is_empty(),
+        "the proxies hold what they should: nothing to issue"
+    );
+}
+
+/// While a wave is being issued, a proxy keeps the certificate it has; one that has none waits, and
+/// its status says why.
+#[test]
+fn a_proxy_keeps_its_certificate_while_its_next_one_is_being_issued() {
+    let mut h = gated(false);
+    let old = h.ready("web-1");
+    h.update(SWITCHED).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    assert!(Arc::ptr_eq(&h.ready("web-1"), &old));
+    h.connect("web-3", &[], &[("kuma.io/service", "web")]);
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    assert!(matches!(h.entry("web-3"), ProxyEntry::Pending));
+    let status = h.status();
+    let web_3 = status
+        .dataplanes
+        .iter()
+        .find(|d| d.name == "web-3")
+        .expect("listed");
+    assert_eq!(
+        web_3.reason.as_deref(),
+        Some("its first certificate is being issued")
+    );
+    let jobs = h.owner.take_jobs();
+    assert_eq!(jobs.len(), 3);
+    let done = jobs.iter().map(crate::owner::run_job).collect();
+    assert!(!h.owner.on_issued(done, t0() + Duration::from_secs(1)));
+    let ca2 = ca_subject(&h, "ca-2");
+    for name in ["web-1", "web-2", "web-3"] {
+        assert_eq!(issuer_of(&h.ready(name)), ca2);
+    }
 }

@@ -27,7 +27,7 @@ spec:
     );
     let mut h = Harness::new(&yaml);
     connect_both(&mut h);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     assert_eq!(
         h.ready("web-1").identity_name.as_deref(),
         Some("workloads"),
@@ -89,7 +89,7 @@ spec:
         &[("kuma.io/service", "cart")],
     );
     h.connect("vm-1", &[("team", "shop")], &[("kuma.io/service", "cart")]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let pod = h.ready("pod-1");
     assert_eq!(
         pod.spiffe_id,
@@ -128,7 +128,7 @@ fn empty_match_labels_select_every_dataplane_and_an_empty_selector_selects_none(
     );
     let mut h = Harness::new(&format!("{LEGACY}---\n{none}"));
     connect_both(&mut h);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     for name in ["web-1", "s-1"] {
         let id = h.ready(name);
         assert_eq!(
@@ -144,12 +144,12 @@ fn empty_match_labels_select_every_dataplane_and_an_empty_selector_selects_none(
         .expect("valid");
     for step in 1..=2 {
         let now = t0() + Duration::from_secs(step);
-        h.owner.reconcile(now);
+        h.reconcile(now);
         let g = generation(&h);
         h.ack(1, Some(g));
         h.ack(2, Some(g));
     }
-    h.owner.reconcile(t0() + Duration::from_secs(3));
+    h.reconcile(t0() + Duration::from_secs(3));
     for name in ["web-1", "s-1"] {
         assert_eq!(
             h.ready(name).identity_name.as_deref(),

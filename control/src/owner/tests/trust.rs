@@ -75,7 +75,7 @@ fn a_trust_domain_change_of_a_ca_without_uri_san_is_trusted_before_it_is_issued_
     let mut h = Harness::new(&resources("a.example"));
     h.connect("web-1", &[], &[]);
     h.connect("web-2", &[], &[]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let g = generation(&h);
     h.ack(1, Some(g));
     h.ack(2, Some(g));
@@ -88,7 +88,7 @@ fn a_trust_domain_change_of_a_ca_without_uri_san_is_trusted_before_it_is_issued_
     // The same CA now signs for b.example: a new bundle entry, which must be ACKed before anyone is
     // issued a certificate in it.
     h.update(&resources("b.example")).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     let g_trust = generation(&h);
     assert_eq!(
         bundle(&h),
@@ -105,21 +105,21 @@ fn a_trust_domain_change_of_a_ca_without_uri_san_is_trusted_before_it_is_issued_
     assert_eq!(wait.len(), 1, "{:?}", h.status().rollout);
     assert_eq!(wait[0].waiting_for, ["default.web-1", "default.web-2"]);
     h.connect("new-1", &[], &[]);
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.reconcile(t0() + Duration::from_secs(2));
     assert!(
         matches!(h.entry("new-1"), ProxyEntry::Pending),
         "a new proxy waits too"
     );
 
     h.ack(1, Some(g_trust));
-    h.owner.reconcile(t0() + Duration::from_secs(3));
+    h.reconcile(t0() + Duration::from_secs(3));
     assert_eq!(
         h.ready("web-1").spiffe_id,
         "spiffe://a.example/workload/web-1",
         "web-2 has not ACKed the b.example entry"
     );
     h.ack(2, Some(g_trust));
-    h.owner.reconcile(t0() + Duration::from_secs(4));
+    h.reconcile(t0() + Duration::from_secs(4));
     for name in ["web-1", "web-2", "new-1"] {
         assert!(
             h.ready(name).spiffe_id.starts_with("spiffe://b.example/"),
@@ -140,10 +140,10 @@ fn a_trust_domain_change_of_a_ca_without_uri_san_is_trusted_before_it_is_issued_
 
     let g_identity = generation(&h);
     h.ack(1, Some(g_identity));
-    h.owner.reconcile(t0() + Duration::from_secs(5));
+    h.reconcile(t0() + Duration::from_secs(5));
     assert!(bundle(&h).contains_key("a.example"), "web-2 still may");
     h.ack(2, Some(g_identity));
-    h.owner.reconcile(t0() + Duration::from_secs(6));
+    h.reconcile(t0() + Duration::from_secs(6));
     assert_eq!(bundle(&h), expect(&[("b.example", &["CN=Corp CA"])]));
     assert!(h.status().rollout.is_empty());
 }
@@ -190,14 +190,14 @@ fn a_mesh_trust_resource_is_trusted_before_the_identity_it_makes_trusted_issues_
     let mut h = Harness::new(LEGACY);
     h.connect("web-1", &[("app", "web")], &[("kuma.io/service", "web")]);
     h.connect("client-1", &[], &[("kuma.io/service", "client")]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let g = generation(&h);
     h.ack(1, Some(g));
     h.ack(2, Some(g));
 
     h.update(&format!("{LEGACY}{identity}{trusts}"))
         .expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     let g_trust = generation(&h);
     let published = bundle(&h);
     assert_eq!(published["corp.example"], ["CN=Corp Root"]);
@@ -216,14 +216,14 @@ fn a_mesh_trust_resource_is_trusted_before_the_identity_it_makes_trusted_issues_
     );
 
     h.ack(1, Some(g_trust));
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.reconcile(t0() + Duration::from_secs(2));
     assert_eq!(
         h.ready("web-1").spiffe_id,
         "spiffe://default/web",
         "client-1 withholds its ACK"
     );
     h.ack(2, Some(g_trust));
-    h.owner.reconcile(t0() + Duration::from_secs(3));
+    h.reconcile(t0() + Duration::from_secs(3));
     let expected = "spiffe://corp.example/workload/web-1";
     assert_eq!(h.ready("web-1").spiffe_id, expected);
     meshca_ca::verify_svid(
@@ -236,12 +236,12 @@ fn a_mesh_trust_resource_is_trusted_before_the_identity_it_makes_trusted_issues_
     let g_identity = generation(&h);
     h.ack(1, Some(g_identity));
     h.ack(2, Some(g_identity));
-    h.owner.reconcile(t0() + Duration::from_secs(4));
+    h.reconcile(t0() + Duration::from_secs(4));
 
     // Both MeshTrusts go: nobody presents a partner certificate, so it leaves at once; web-1 presents a
     // certificate under Corp Root, so that one stays (break last).
     h.update(&format!("{LEGACY}{identity}")).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(5));
+    h.reconcile(t0() + Duration::from_secs(5));
     let published = bundle(&h);
     assert!(!published.contains_key("partner.example"), "{published:?}");
     assert_eq!(published["corp.example"], ["CN=Corp Root"]);
@@ -252,7 +252,7 @@ fn a_mesh_trust_resource_is_trusted_before_the_identity_it_makes_trusted_issues_
         ("CN=Corp Root", ["default.web-1".to_owned()].as_slice())
     );
     assert!(h.disconnect(1));
-    h.owner.reconcile(t0() + Duration::from_secs(6));
+    h.reconcile(t0() + Duration::from_secs(6));
     assert!(!bundle(&h).contains_key("corp.example"));
 }
 
@@ -272,14 +272,14 @@ fn replacing_a_provided_ca_appends_it_to_the_created_mesh_trust_and_both_stay_tr
     let mut h = Harness::new(&resources(&x));
     h.connect("web-1", &[], &[]);
     h.connect("web-2", &[], &[]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let g = generation(&h);
     h.ack(1, Some(g));
     h.ack(2, Some(g));
     assert_eq!(bundle(&h), expect(&[("corp.example", &["CN=CA X"])]));
 
     h.update(&resources(&y)).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     assert_eq!(
         bundle(&h),
         expect(&[("corp.example", &["CN=CA X", "CN=CA Y"])])
@@ -292,12 +292,12 @@ fn replacing_a_provided_ca_appends_it_to_the_created_mesh_trust_and_both_stay_tr
     let g_trust = generation(&h);
     h.ack(1, Some(g_trust));
     h.ack(2, Some(g_trust));
-    h.owner.reconcile(t0() + Duration::from_secs(2));
+    h.reconcile(t0() + Duration::from_secs(2));
     assert_eq!(issuer_of(&h.ready("web-1")), "CN=CA Y");
     let g_identity = generation(&h);
     h.ack(1, Some(g_identity));
     h.ack(2, Some(g_identity));
-    h.owner.reconcile(t0() + Duration::from_secs(3));
+    h.reconcile(t0() + Duration::from_secs(3));
     assert_eq!(
         bundle(&h),
         expect(&[("corp.example", &["CN=CA X", "CN=CA Y"])]),
@@ -344,7 +344,7 @@ fn replacing_a_provided_ca_appends_it_to_the_created_mesh_trust_and_both_stay_tr
         .put_public("meshtrust/default/web.yaml", without_x.as_bytes())
         .expect("written");
     h.update(&resources(&y)).expect("valid");
-    h.owner.reconcile(t0() + Duration::from_secs(4));
+    h.reconcile(t0() + Duration::from_secs(4));
     assert_eq!(bundle(&h), expect(&[("corp.example", &["CN=CA Y"])]));
 }
 
@@ -356,7 +356,7 @@ fn a_corrupt_created_mesh_trust_rejects_the_update_and_the_previous_world_keeps_
     );
     let mut h = Harness::new(&yaml);
     h.connect("web-1", &[], &[]);
-    h.owner.reconcile(t0());
+    h.reconcile(t0());
     let served = h.ready("web-1");
     let trusted = bundle(&h);
     h.keystore
@@ -374,7 +374,7 @@ fn a_corrupt_created_mesh_trust_rejects_the_update_and_the_previous_world_keeps_
         "{errors:?}"
     );
     h.owner.reject(errors, t0() + Duration::from_secs(1));
-    h.owner.reconcile(t0() + Duration::from_secs(1));
+    h.reconcile(t0() + Duration::from_secs(1));
     assert_eq!(h.ready("web-1").chain_pem, served.chain_pem);
     assert_eq!(bundle(&h), trusted);
     let status = h.status();
