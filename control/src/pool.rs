@@ -72,6 +72,12 @@ where
 /// little per certificate.
 const CHUNK: usize = 16;
 
+/// How many results may wait for the owner to take them before the threads pause. Results are
+/// allocated on the issuance threads; an unbounded backlog, while the owner's loop is busy with a long
+/// turn, would grow those threads' malloc arenas to the size of a whole wave, and glibc keeps an
+/// arena's high-water mark.
+const IN_HAND: usize = 1024;
+
 /// Whether a job is for a proxy that waits for its certificate (it has none, or a stream asks for it
 /// now) or can wait itself (a renewal, a proxy that only watches trust bundles).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,6 +104,8 @@ struct Shared<J> {
 struct Queue<J> {
     urgent: VecDeque<J>,
     later: VecDeque<J>,
+    /// Results sent and not yet taken ([`Background::taken`]).
+    in_hand: usize,
     closed: bool,
 }
 
@@ -130,6 +138,7 @@ impl<J: Send + 'static> Background<J> {
             queue: Mutex::new(Queue {
                 urgent: VecDeque::new(),
                 later: VecDeque::new(),
+                in_hand: 0,
                 closed: false,
             }),
             ready: Condvar::new(),
@@ -159,6 +168,14 @@ impl<J: Send + 'static> Background<J> {
         drop(queue);
         self.shared.ready.notify_all();
     }
+
+    /// The owner took `count` results: the threads may go on if they paused for it.
+    pub fn taken(&self, count: usize) {
+        let mut queue = lock(&self.shared.queue);
+        queue.in_hand = queue.in_hand.saturating_sub(count);
+        drop(queue);
+        self.shared.ready.notify_all();
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -178,9 +195,12 @@ fn run_jobs<J, R, F: Fn(J) -> R>(
                 if queue.closed {
                     return;
                 }
-                let jobs = queue.take(CHUNK);
-                if !jobs.is_empty() {
-                    break jobs;
+                if queue.in_hand < IN_HAND {
+                    let jobs = queue.take(CHUNK);
+                    if !jobs.is_empty() {
+                        queue.in_hand += jobs.len();
+                        break jobs;
+                    }
                 }
                 queue = shared.ready.wait(queue).unwrap_or_else(|e| e.into_inner());
             }
@@ -261,13 +281,45 @@ mod tests {
         assert_eq!(threads, [2, 2]);
     }
 
-    /// Receives results until `count` have arrived.
-    fn receive<R>(results: &mut mpsc::UnboundedReceiver<Vec<R>>, count: usize) -> Vec<R> {
+    /// Receives results until `count` have arrived, taking each chunk as the owner does.
+    fn receive<J: Send + 'static, R>(
+        pool: &Background<J>,
+        results: &mut mpsc::UnboundedReceiver<Vec<R>>,
+        count: usize,
+    ) -> Vec<R> {
         let mut all = Vec::new();
         while all.len() < count {
-            all.extend(results.blocking_recv().expect("the pool is running"));
+            let chunk = results.blocking_recv().expect("the pool is running");
+            pool.taken(chunk.len());
+            all.extend(chunk);
         }
         all
+    }
+
+    /// The threads pause once IN_HAND results wait for the owner, and go on when it takes them.
+    #[test]
+    fn the_background_pool_pauses_while_results_wait_to_be_taken() {
+        let allowed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = allowed.clone();
+        let (done, mut results) = mpsc::unbounded_channel();
+        let pool = Background::start(
+            1,
+            move |j: usize| j < IN_HAND || seen.load(Ordering::SeqCst),
+            done,
+        );
+        pool.submit((0..IN_HAND + 100).map(|j| (j, Priority::Later)));
+        let mut first = 0;
+        while first < IN_HAND {
+            first += results.blocking_recv().expect("running").len();
+        }
+        assert_eq!(
+            first, IN_HAND,
+            "no result beyond the limit before any was taken"
+        );
+        allowed.store(true, Ordering::SeqCst);
+        pool.taken(first);
+        let rest = receive(&pool, &mut results, 100);
+        assert!(rest.iter().all(|ran_after_taken| *ran_after_taken));
     }
 
     #[test]
@@ -276,7 +328,7 @@ mod tests {
         let pool = Background::start(3, |j: u64| j * 2, done);
         pool.submit((0..1000).map(|j| (j, Priority::Later)));
         pool.submit((1000..1100).map(|j| (j, Priority::Urgent)));
-        let mut all = receive(&mut results, 1100);
+        let mut all = receive(&pool, &mut results, 1100);
         all.sort_unstable();
         assert_eq!(all, (0..1100).map(|j| j * 2).collect::<Vec<_>>());
         drop(pool);
@@ -314,7 +366,7 @@ mod tests {
         pool.submit([(1, Priority::Later), (2, Priority::Later)]);
         pool.submit([(3, Priority::Urgent), (4, Priority::Urgent)]);
         release.send(()).expect("the job waits");
-        assert_eq!(receive(&mut results, 5), [0, 3, 4, 1, 2]);
+        assert_eq!(receive(&pool, &mut results, 5), [0, 3, 4, 1, 2]);
     }
 
     /// With two workers, two background jobs run on two threads at once: each waits (bounded) until
@@ -345,7 +397,7 @@ mod tests {
         started.recv().expect("the first job started");
         pool.submit([(1, Priority::Urgent)]);
         assert_eq!(
-            receive(&mut results, 2),
+            receive(&pool, &mut results, 2),
             [true, true],
             "the jobs never ran side by side"
         );

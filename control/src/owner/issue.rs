@@ -226,6 +226,9 @@ impl Owner {
     /// dropped, and its proxy decided anew. Returns whether a reconcile must follow (a proxy to decide
     /// anew, or a change that reaches beyond the proxies, which the full reconcile publishes).
     pub fn on_issued(&mut self, done: Vec<Completed>, now: SystemTime) -> bool {
+        if let Runner::Background(pool) = &self.issuing.runner {
+            pool.taken(done.len());
+        }
         let generation = self.snapshot_generation + 1;
         let mut kept = Vec::new();
         let mut failed = Vec::new();
@@ -355,12 +358,15 @@ impl Owner {
         // Break last: until the proxy ACKs this certificate, peers may still see the one it replaces,
         // from another CA or with another SPIFFE ID, or any it was issued before and has not ACKed.
         let spiffe_id = svid.spiffe_id.to_string();
+        // What the owner keeps is copied on its own thread: memory allocated on an issuance thread and
+        // kept for the certificate's life pins that thread's malloc arena, so the arena cannot give
+        // back the wave's freed memory (measured: about 2 KB more per idle stream at 10,000).
+        let chain_pem = svid.chain_pem.clone();
+        let serial = svid.serial.clone();
+        let leaf_id = desired.spiffe_id.clone();
         let Svid {
-            spiffe_id: leaf_id,
-            chain_pem,
             key: leaf_key,
             not_after,
-            serial,
             ..
         } = svid;
         let mut previous = old.map(|o| o.previous.clone()).unwrap_or_default();
