@@ -280,6 +280,14 @@ pub struct BenchIssuanceArgs {
     /// How long each half of the measurement runs.
     #[arg(long, default_value_t = 3.0)]
     pub seconds: f64,
+    /// Also measure a wave of this many RSA-2048 leaves on one thread, started with `--keys-ahead` keys
+    /// generated ahead (as the daemon's issuance threads keep them), against generating every key in
+    /// the wave; 0 skips it (RSA keys take tens of milliseconds each)
+    #[arg(long, default_value_t = 0)]
+    pub rsa_wave: usize,
+    /// Keys generated ahead for `--rsa-wave` (the daemon's `issuance.keysAhead` default)
+    #[arg(long, default_value_t = meshca_config::DEFAULT_KEYS_AHEAD)]
+    pub keys_ahead: usize,
 }
 
 #[derive(Debug, Args)]

@@ -11,7 +11,7 @@ use rcgen::{
 
 use crate::authority::{CertificateAuthority, BACKDATE};
 use crate::certs;
-use crate::key::{KeyError, PrivateKey};
+use crate::key::{GeneratedKey, KeyError, PrivateKey};
 use crate::pem_out;
 use meshca_identity::{SpiffeId, TrustDomain};
 
@@ -109,6 +109,18 @@ impl CertificateAuthority {
     /// The result is not verified here (that costs more than issuing); callers run
     /// [`crate::verify_svid`] before publishing it.
     pub fn issue(&self, req: &SvidRequest, now: SystemTime) -> Result<Svid, IssueError> {
+        self.issue_with_key(req, None, now)
+    }
+
+    /// [`CertificateAuthority::issue`] with a key pair generated ahead of time (RSA keys take tens of
+    /// milliseconds each), used if it is of the requested algorithm; otherwise a new key is generated.
+    /// A key must be used for one certificate only: it is moved into the SVID.
+    pub fn issue_with_key(
+        &self,
+        req: &SvidRequest,
+        ahead: Option<GeneratedKey>,
+        now: SystemTime,
+    ) -> Result<Svid, IssueError> {
         if req.spiffe_id.is_root() {
             return Err(IssueError::RootId(req.spiffe_id.clone()));
         }
@@ -144,7 +156,10 @@ impl CertificateAuthority {
             return Err(bad_lifetime());
         }
 
-        let (key, public) = PrivateKey::generate(req.key_algorithm).map_err(IssueError::Key)?;
+        let (key, public) = match ahead {
+            Some(pair) if pair.algorithm() == req.key_algorithm => pair.into_parts(),
+            _ => PrivateKey::generate(req.key_algorithm).map_err(IssueError::Key)?,
+        };
         let serial = certs::random_serial().map_err(IssueError::Sign)?;
         let uri = rcgen::string::Ia5String::try_from(req.spiffe_id.as_str())
             .map_err(|e| IssueError::Sign(e.to_string()))?;

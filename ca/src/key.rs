@@ -133,6 +133,38 @@ fn ring_ecdsa(algorithm: KeyAlgorithm) -> Option<&'static signature::EcdsaSignin
     }
 }
 
+/// A key pair generated ahead of its certificate ([`crate::CertificateAuthority::issue_with_key`]):
+/// its halves belong together, as only [`GeneratedKey::new`] makes one. The private key is zeroized on
+/// drop, like every [`PrivateKey`].
+#[derive(Debug)]
+pub struct GeneratedKey {
+    private: PrivateKey,
+    public: PublicKey,
+}
+
+impl GeneratedKey {
+    /// Generates a new key pair of `algorithm`.
+    pub fn new(algorithm: KeyAlgorithm) -> Result<GeneratedKey, KeyError> {
+        let (private, public) = PrivateKey::generate(algorithm)?;
+        Ok(GeneratedKey { private, public })
+    }
+
+    /// The key's algorithm.
+    pub fn algorithm(&self) -> KeyAlgorithm {
+        self.private.algorithm
+    }
+
+    /// Its public half.
+    pub fn public(&self) -> &PublicKey {
+        &self.public
+    }
+
+    /// Its two halves.
+    pub(crate) fn into_parts(self) -> (PrivateKey, PublicKey) {
+        (self.private, self.public)
+    }
+}
+
 impl PrivateKey {
     /// Generates a new key pair. ECDSA keys come from ring; RSA keys from the `rsa` crate (used for key
     /// generation only, never to sign).

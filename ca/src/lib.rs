@@ -28,7 +28,7 @@ pub use bench::{floor_once, FloorError};
 pub use identity::{IdentityError, IdentityTemplate, DEFAULT_PATH, DEFAULT_TRUST_DOMAIN};
 pub use inspect::{inspect_pem, CertInfo, InspectError};
 pub use issue::{IssueError, Svid, SvidRequest};
-pub use key::{KeyError, PrivateKey, PublicKey};
+pub use key::{GeneratedKey, KeyError, PrivateKey, PublicKey};
 pub use meshca_identity::KeyAlgorithm;
 pub use provided::{ProvidedCaError, ProvidedOptions};
 pub use select::select;

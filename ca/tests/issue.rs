@@ -6,8 +6,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use common::*;
 use meshca_ca::{
-    check_svid_rules, verify_svid, CaError, CertificateAuthority, IssueError, KeyAlgorithm,
-    PrivateKey,
+    check_svid_rules, verify_svid, CaError, CertificateAuthority, GeneratedKey, IssueError,
+    KeyAlgorithm, PrivateKey,
 };
 use x509_parser::extensions::ParsedExtension;
 use x509_parser::prelude::*;
@@ -370,4 +370,31 @@ fn the_floor_does_real_work() {
         meshca_ca::floor_once().expect("each floor unit runs");
     }
     assert!(started.elapsed() > std::time::Duration::ZERO);
+}
+
+/// A key generated ahead is the one the certificate carries; one of another algorithm is not used.
+#[test]
+fn a_key_generated_ahead_is_the_one_issued() {
+    let ca = generated("default.zone-1.mesh.local", KeyAlgorithm::EcdsaP256);
+    let req = request(
+        "spiffe://default.zone-1.mesh.local/workload/web",
+        KeyAlgorithm::Rsa2048,
+        HOUR,
+    );
+    let ahead = GeneratedKey::new(KeyAlgorithm::Rsa2048).expect("generates");
+    let public = ahead.public().clone();
+    let svid = ca.issue_with_key(&req, Some(ahead), now()).expect("issues");
+    verify_svid(&svid.chain_der, &ca.bundle_der(), &req.spiffe_id, now()).expect("verifies");
+    let (_, leaf) = X509Certificate::from_der(&svid.chain_der[0]).expect("parses");
+    assert_eq!(
+        leaf.public_key().subject_public_key.data.as_ref(),
+        public.raw()
+    );
+    assert_eq!(svid.key.public_key().expect("parses"), public);
+
+    let other = GeneratedKey::new(KeyAlgorithm::EcdsaP384).expect("generates");
+    let unused = other.public().clone();
+    let svid = ca.issue_with_key(&req, Some(other), now()).expect("issues");
+    assert_eq!(svid.key.algorithm(), KeyAlgorithm::Rsa2048);
+    assert_ne!(svid.key.public_key().expect("parses"), unused);
 }

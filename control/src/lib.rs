@@ -17,6 +17,7 @@ mod egress;
 mod error;
 mod events;
 mod gate;
+mod keys_ahead;
 mod lineage;
 mod owner;
 mod owner_loop;

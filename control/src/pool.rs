@@ -124,15 +124,19 @@ impl<J> Queue<J> {
 
 impl<J: Send + 'static> Background<J> {
     /// Starts `workers` threads (at least one) that run `work` on every submitted job and send each
-    /// chunk's results to `done`. A thread stops when `done` is closed.
-    pub fn start<R, F>(
+    /// chunk's results to `done`. A thread with no job to run calls `idle` (work that can wait, such as
+    /// keys generated ahead) until it returns false, then sleeps until jobs come. A thread stops when
+    /// `done` is closed.
+    pub fn start<R, F, I>(
         workers: usize,
         work: F,
+        idle: I,
         done: mpsc::UnboundedSender<Vec<R>>,
     ) -> Background<J>
     where
         R: Send + 'static,
         F: Fn(J) -> R + Send + Sync + 'static,
+        I: Fn() -> bool + Send + Sync + 'static,
     {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
@@ -143,13 +147,14 @@ impl<J: Send + 'static> Background<J> {
             }),
             ready: Condvar::new(),
         });
-        let work = Arc::new(work);
+        let (work, idle) = (Arc::new(work), Arc::new(idle));
         let threads = (0..workers.max(1))
             .map(|i| {
-                let (shared, work, done) = (shared.clone(), work.clone(), done.clone());
+                let (shared, work, idle, done) =
+                    (shared.clone(), work.clone(), idle.clone(), done.clone());
                 std::thread::Builder::new()
                     .name(format!("meshca-issue-{i}"))
-                    .spawn(move || run_jobs(&shared, work.as_ref(), &done))
+                    .spawn(move || run_jobs(&shared, work.as_ref(), idle.as_ref(), &done))
                     .expect("the system can start an issuance thread")
             })
             .collect();
@@ -183,11 +188,14 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn run_jobs<J, R, F: Fn(J) -> R>(
+fn run_jobs<J, R, F: Fn(J) -> R, I: Fn() -> bool>(
     shared: &Shared<J>,
     work: &F,
+    idle: &I,
     done: &mpsc::UnboundedSender<Vec<R>>,
 ) {
+    // Whether `idle` may have something to do: it said so last time, or the thread was woken since.
+    let mut idle_work = true;
     loop {
         let jobs = {
             let mut queue = lock(&shared.queue);
@@ -202,9 +210,19 @@ fn run_jobs<J, R, F: Fn(J) -> R>(
                         break jobs;
                     }
                 }
+                if idle_work {
+                    break Vec::new();
+                }
                 queue = shared.ready.wait(queue).unwrap_or_else(|e| e.into_inner());
+                idle_work = true;
             }
         };
+        if jobs.is_empty() {
+            // Outside the lock: jobs submitted meanwhile wait at most for one piece of idle work.
+            idle_work = idle();
+            continue;
+        }
+        idle_work = true;
         let mut results = Vec::with_capacity(jobs.len());
         for job in jobs {
             // Stopping does not wait for a chunk of slow jobs (RSA keys) to finish.
@@ -305,6 +323,7 @@ mod tests {
         let pool = Background::start(
             1,
             move |j: usize| j < IN_HAND || seen.load(Ordering::SeqCst),
+            || false,
             done,
         );
         pool.submit((0..IN_HAND + 100).map(|j| (j, Priority::Later)));
@@ -325,7 +344,7 @@ mod tests {
     #[test]
     fn the_background_pool_returns_every_result_once() {
         let (done, mut results) = mpsc::unbounded_channel();
-        let pool = Background::start(3, |j: u64| j * 2, done);
+        let pool = Background::start(3, |j: u64| j * 2, || false, done);
         pool.submit((0..1000).map(|j| (j, Priority::Later)));
         pool.submit((1000..1100).map(|j| (j, Priority::Urgent)));
         let mut all = receive(&pool, &mut results, 1100);
@@ -359,6 +378,7 @@ mod tests {
                 }
                 j
             },
+            || false,
             done,
         );
         pool.submit([(0, Priority::Urgent)]);
@@ -389,6 +409,7 @@ mod tests {
                     .expect("not poisoned");
                 !timeout.timed_out() && seen.len() == 2
             },
+            || false,
             done,
         );
         // One chunk each: a thread takes up to CHUNK jobs at once, so the second job must not be
@@ -401,6 +422,32 @@ mod tests {
             [true, true],
             "the jobs never ran side by side"
         );
+    }
+
+    /// Idle threads do the idle work until it says it is done, and jobs still run.
+    #[test]
+    fn idle_threads_do_idle_work_until_it_is_done() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let counted = count.clone();
+        let (full_tx, full) = std::sync::mpsc::channel();
+        let (done, mut results) = mpsc::unbounded_channel();
+        let pool = Background::start(
+            2,
+            |j: u32| j + 1,
+            move || {
+                let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+                if n == 5 {
+                    full_tx.send(()).expect("the test waits");
+                }
+                n < 5
+            },
+            done,
+        );
+        full.recv().expect("the idle work ran to its end");
+        pool.submit([(1, Priority::Later)]);
+        assert_eq!(receive(&pool, &mut results, 1), [2]);
+        drop(pool);
+        assert!(count.load(Ordering::SeqCst) >= 5);
     }
 
     #[test]

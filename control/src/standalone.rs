@@ -64,7 +64,7 @@ pub fn issue_standalone(
             })
         }
     };
-    let svid = issue_verified(&desired, now)?;
+    let svid = issue_verified(&desired, None, now)?;
     let bundle_pem = world
         .meshes
         .get(mesh)
@@ -79,15 +79,19 @@ pub fn issue_standalone(
     Ok(Standalone { svid, bundle_pem })
 }
 
-/// Issues the certificate `desired` describes and verifies it against its CA's bundle and SPIFFE ID
-/// before anyone sees it.
-pub(crate) fn issue_verified(desired: &Desired, now: SystemTime) -> Result<Svid, IssueFailure> {
+/// Issues the certificate `desired` describes (with the key generated `ahead`, if one is given and of
+/// its algorithm) and verifies it against its CA's bundle and SPIFFE ID before anyone sees it.
+pub(crate) fn issue_verified(
+    desired: &Desired,
+    ahead: Option<meshca_ca::GeneratedKey>,
+    now: SystemTime,
+) -> Result<Svid, IssueFailure> {
     let request = SvidRequest {
         spiffe_id: desired.spiffe_id.clone(),
         key_algorithm: desired.key_algorithm,
         lifetime: desired.lifetime,
     };
-    let svid = desired.ca.issue(&request, now)?;
+    let svid = desired.ca.issue_with_key(&request, ahead, now)?;
     desired
         .ca
         .verify_issued(&svid.chain_der, &desired.spiffe_id, now)?;

@@ -161,6 +161,11 @@ fn set(layer: &mut Layer, field: &str, value: &str) -> Result<(), String> {
                 .map_err(|_| format!("expected a whole number, got {value:?}"))?;
             layer.issuance.get_or_insert_default().workers = Some(workers);
         }
+        "issuance.keysAhead" => {
+            let keys = parse::<usize>(value)
+                .map_err(|_| format!("expected a whole number, got {value:?}"))?;
+            layer.issuance.get_or_insert_default().keys_ahead = Some(keys);
+        }
         "rollout.ackTimeout" => {
             layer.rollout.get_or_insert_default().ack_timeout = Some(parse(value)?)
         }
@@ -204,6 +209,7 @@ mod tests {
                 "issuance.keyAlgorithm" => "rsa-2048",
                 "issuance.renewAt" => "0.5",
                 "issuance.workers" => "2",
+                "issuance.keysAhead" => "16",
                 "rollout.ackTimeout" => "5s",
                 "keystore.type" => "file",
                 "tokens.maxValidFor" => "30d",

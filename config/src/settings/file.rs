@@ -60,6 +60,7 @@ pub(super) struct IssuanceLayer {
     pub(super) key_algorithm: Option<KeyAlgorithm>,
     pub(super) renew_at: Option<f64>,
     pub(super) workers: Option<usize>,
+    pub(super) keys_ahead: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -82,7 +83,7 @@ pub(super) struct TokensLayer {
 }
 
 /// The settings fields outside `limits:`, as written in the file (dotted camelCase paths).
-const BASE_FIELDS: [&str; 15] = [
+const BASE_FIELDS: [&str; 16] = [
     "zone",
     "dataDir",
     "resources",
@@ -95,6 +96,7 @@ const BASE_FIELDS: [&str; 15] = [
     "issuance.keyAlgorithm",
     "issuance.renewAt",
     "issuance.workers",
+    "issuance.keysAhead",
     "rollout.ackTimeout",
     "keystore.type",
     "tokens.maxValidFor",
@@ -127,6 +129,10 @@ impl Layer {
                 .is_some_and(|i| i.key_algorithm.is_some()),
             "issuance.renewAt" => self.issuance.as_ref().is_some_and(|i| i.renew_at.is_some()),
             "issuance.workers" => self.issuance.as_ref().is_some_and(|i| i.workers.is_some()),
+            "issuance.keysAhead" => self
+                .issuance
+                .as_ref()
+                .is_some_and(|i| i.keys_ahead.is_some()),
             "rollout.ackTimeout" => self
                 .rollout
                 .as_ref()

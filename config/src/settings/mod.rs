@@ -15,8 +15,8 @@ pub use listen::{ListenAddr, ListenAddrError};
 pub use types::{
     AdminSettings, Defaults, IssuanceSettings, KeystoreSettings, KeystoreType, RolloutSettings,
     SdsSettings, Settings, TlsFiles, TokensSettings, UnknownKeystoreType, DEFAULT_ACK_TIMEOUT,
-    DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR, DEFAULT_RENEW_AT, DEFAULT_SDS_TCP,
-    DEFAULT_TOKEN_MAX_VALID_FOR, DEFAULT_ZONE, MAX_ISSUANCE_WORKERS,
+    DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR, DEFAULT_KEYS_AHEAD, DEFAULT_RENEW_AT, DEFAULT_SDS_TCP,
+    DEFAULT_TOKEN_MAX_VALID_FOR, DEFAULT_ZONE, MAX_ISSUANCE_WORKERS, MAX_KEYS_AHEAD,
 };
 
 #[cfg(test)]

@@ -7,7 +7,8 @@ use super::file::{fields, Layer};
 use super::types::{
     AdminSettings, Defaults, IssuanceSettings, KeystoreSettings, RolloutSettings, SdsSettings,
     TlsFiles, TokensSettings, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR,
-    DEFAULT_RENEW_AT, DEFAULT_TOKEN_MAX_VALID_FOR, DEFAULT_ZONE, MAX_ISSUANCE_WORKERS,
+    DEFAULT_KEYS_AHEAD, DEFAULT_RENEW_AT, DEFAULT_TOKEN_MAX_VALID_FOR, DEFAULT_ZONE,
+    MAX_ISSUANCE_WORKERS, MAX_KEYS_AHEAD,
 };
 use super::{env, ListenAddr, Settings, SettingsError};
 use crate::names::check_name;
@@ -153,6 +154,15 @@ fn resolve(
             format!("must be at most {MAX_ISSUANCE_WORKERS} (0 means one per core), got {workers}"),
         ));
     }
+    let keys_ahead = issuance.keys_ahead.unwrap_or(DEFAULT_KEYS_AHEAD);
+    if keys_ahead > MAX_KEYS_AHEAD {
+        return Err(origins.invalid(
+            "issuance.keysAhead",
+            format!(
+                "must be at most {MAX_KEYS_AHEAD} (0 generates no key ahead), got {keys_ahead}"
+            ),
+        ));
+    }
     let ack_timeout = layer
         .rollout
         .and_then(|r| r.ack_timeout)
@@ -185,6 +195,7 @@ fn resolve(
             key_algorithm: issuance.key_algorithm.unwrap_or_default(),
             renew_at,
             workers,
+            keys_ahead,
         },
         rollout: RolloutSettings { ack_timeout },
         keystore: KeystoreSettings {

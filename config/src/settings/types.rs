@@ -92,7 +92,16 @@ pub struct IssuanceSettings {
     pub renew_at: f64,
     /// How many threads issue certificates in parallel; 0 (the default) means one per core.
     pub workers: usize,
+    /// With an `rsa-*` key algorithm, how many leaf keys the issuance threads generate ahead while
+    /// idle, each used for one certificate only (default 512; 0: none). ECDSA keys are not worth it.
+    pub keys_ahead: usize,
 }
+
+/// `issuance.keysAhead` unless set.
+pub const DEFAULT_KEYS_AHEAD: usize = 512;
+
+/// The most keys `issuance.keysAhead` may ask for (an RSA-4096 key holds about 2.4 KB).
+pub const MAX_KEYS_AHEAD: usize = 65_536;
 
 /// The most threads `issuance.workers` may ask for.
 pub const MAX_ISSUANCE_WORKERS: usize = 1024;
@@ -230,6 +239,7 @@ impl Default for Settings {
                 key_algorithm: KeyAlgorithm::default(),
                 renew_at: DEFAULT_RENEW_AT,
                 workers: 0,
+                keys_ahead: DEFAULT_KEYS_AHEAD,
             },
             rollout: RolloutSettings {
                 ack_timeout: DEFAULT_ACK_TIMEOUT,

@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 use super::{Issued, Leaf, Owner, Previous};
 use crate::bundles;
 use crate::error::IssueFailure;
+use crate::keys_ahead::KeysAhead;
 use crate::plan::{self, Desired};
 use crate::pool::{Background, Priority};
 use crate::resource_name::Target;
@@ -41,14 +42,21 @@ pub struct Completed {
 /// Issues a job's certificate and runs the check before publishing. A panic is an issuance failure
 /// like any other: the proxy is tried again later instead of waiting forever.
 pub fn run_job(job: &Job) -> Completed {
+    run_job_with(job, None)
+}
+
+/// [`run_job`], with a key generated ahead when `keys` has one of the job's algorithm.
+pub(super) fn run_job_with(job: &Job, keys: Option<&KeysAhead>) -> Completed {
     let started = Instant::now();
-    let result =
-        std::panic::catch_unwind(AssertUnwindSafe(|| issue_verified(&job.desired, job.now)))
-            .unwrap_or_else(|_| {
-                Err(IssueFailure::Internal(
-                    "issuing the certificate panicked".into(),
-                ))
-            });
+    let ahead = keys.and_then(|k| k.take(job.desired.key_algorithm));
+    let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        issue_verified(&job.desired, ahead, job.now)
+    }))
+    .unwrap_or_else(|_| {
+        Err(IssueFailure::Internal(
+            "issuing the certificate panicked".into(),
+        ))
+    });
     Completed {
         key: job.key.clone(),
         ticket: job.ticket,
@@ -117,7 +125,14 @@ impl Owner {
     /// [`Owner::on_issued`]. Until this is called, jobs are held for [`Owner::take_jobs`].
     pub fn issue_in_background(&mut self) -> mpsc::UnboundedReceiver<Vec<Completed>> {
         let (done, results) = mpsc::unbounded_channel();
-        let pool = Background::start(self.config.workers, |job: Job| run_job(&job), done);
+        let keys = KeysAhead::new(self.config.key_algorithm, self.config.keys_ahead).map(Arc::new);
+        let filled = keys.clone();
+        let pool = Background::start(
+            self.config.workers,
+            move |job: Job| run_job_with(&job, keys.as_deref()),
+            move || filled.as_ref().is_some_and(|k| k.fill_one()),
+            done,
+        );
         match std::mem::replace(&mut self.issuing.runner, Runner::Background(pool)) {
             Runner::Held(held) => {
                 if let Runner::Background(pool) = &self.issuing.runner {

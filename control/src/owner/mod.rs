@@ -168,6 +168,8 @@ pub struct OwnerConfig {
     pub default_mesh: Option<String>,
     /// How many threads issue a wave of certificates (`issuance.workers`, resolved: at least 1).
     pub workers: usize,
+    /// `issuance.keysAhead`: RSA leaf keys the issuance threads keep generated ahead.
+    pub keys_ahead: usize,
 }
 
 impl OwnerConfig {
@@ -181,6 +183,7 @@ impl OwnerConfig {
             gate: true,
             default_mesh: settings.defaults.mesh.clone(),
             workers: crate::pool::worker_count(settings.issuance.workers),
+            keys_ahead: settings.issuance.keys_ahead,
         }
     }
 }

@@ -1816,3 +1816,49 @@ fn a_proxy_keeps_its_certificate_while_its_next_one_is_being_issued() {
         assert_eq!(issuer_of(&h.ready(name)), ca2);
     }
 }
+
+/// With an RSA key algorithm, a job takes a key generated ahead when one is ready: the proxy's
+/// certificate carries it, and it is gone from the set.
+#[test]
+fn an_rsa_job_takes_a_key_generated_ahead_once() {
+    let mut h = Harness::new(LEGACY);
+    let mut config = OwnerConfig::from_settings(&h.settings);
+    config.key_algorithm = meshca_identity::KeyAlgorithm::Rsa2048;
+    let (snapshot_tx, snapshots) = watch::channel(Arc::new(Snapshot::empty()));
+    h.owner = Owner::new(
+        config,
+        (**h.owner.world()).clone(),
+        Arc::new(NoTelemetry),
+        snapshot_tx,
+    );
+    h.snapshots = snapshots;
+    h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    h.connect("web-2", &[], &[("kuma.io/service", "web")]);
+    h.owner.reconcile(t0());
+    let jobs = h.owner.take_jobs();
+    assert_eq!(jobs.len(), 2);
+    let keys = crate::keys_ahead::KeysAhead::new(meshca_identity::KeyAlgorithm::Rsa2048, 1)
+        .expect("RSA keeps keys ahead");
+    assert!(keys.fill_one());
+    let ready = keys.publics();
+    let done = jobs
+        .iter()
+        .map(|job| super::issue::run_job_with(job, Some(&keys)))
+        .collect();
+    assert_eq!(keys.len(), 0, "the key was taken");
+    h.owner.on_issued(done, t0());
+    let carrying: Vec<&str> = ["web-1", "web-2"]
+        .into_iter()
+        .filter(|name| {
+            let key = meshca_ca::PrivateKey::from_pem(h.ready(name).key_pem.expose().as_bytes())
+                .expect("a served key parses");
+            assert_eq!(key.algorithm(), meshca_identity::KeyAlgorithm::Rsa2048);
+            key.public_key().expect("parses") == ready[0]
+        })
+        .collect();
+    assert_eq!(
+        carrying.len(),
+        1,
+        "one certificate carries the key: {carrying:?}"
+    );
+}
