@@ -259,7 +259,13 @@ impl OwnerLoop {
                     let Some(event) = event else { return };
                     self.on_events(event)
                 }
-                Some(done) = self.issued.recv() => self.on_issued(done),
+                Some(done) = self.issued.recv() => {
+                    let dirty = self.on_issued(done);
+                    // The certificates taken in have renewal times of their own, which the loop
+                    // must wake for even when no reconcile follows.
+                    next_due = self.owner.next_due();
+                    dirty
+                }
                 Some(query) = self.queries.recv() => {
                     self.answer(query);
                     false
@@ -523,36 +529,110 @@ mod tests {
 
     const MESH: &str = "type: Mesh\nname: default\nmtls:\n  enabledBackend: ca-1\n  backends:\n    - name: ca-1\n      type: builtin\n";
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn proxies_are_served_while_an_update_loads() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        std::fs::write(dir.path().join("mesh.yaml"), MESH).expect("write");
+    /// A running loop serving the resources in `dir` with CAs from `keystore`.
+    struct Running {
+        snapshots: watch::Receiver<Arc<Snapshot>>,
+        events: mpsc::Sender<StreamEvent>,
+        reloads: mpsc::Sender<Reload>,
+        shutdown: CancellationToken,
+    }
+
+    fn start(dir: &std::path::Path, keystore: Arc<dyn Keystore>) -> Running {
         let settings = Settings {
-            resources: dir.path().to_path_buf(),
+            resources: dir.to_path_buf(),
             ..Settings::default()
         };
-        let keystore = Arc::new(HeldKeystore::default());
         let world = load_world(&settings, keystore.as_ref(), None, SystemTime::now())
             .expect("valid resources");
-        let (snapshot_tx, mut snapshots) = watch::channel(Arc::new(Snapshot::empty()));
+        let (snapshot_tx, snapshots) = watch::channel(Arc::new(Snapshot::empty()));
         let owner = Owner::new(
             OwnerConfig::from_settings(&settings),
             world,
             Arc::new(NoTelemetry),
             snapshot_tx,
         );
-        let (events_tx, events) = mpsc::channel(16);
-        let (reload_tx, reloads) = mpsc::channel(4);
+        let (events, events_rx) = mpsc::channel(16);
+        let (reloads, reloads_rx) = mpsc::channel(4);
         let shutdown = CancellationToken::new();
         let owner_loop = OwnerLoop::new(
             owner,
             settings,
-            keystore.clone(),
-            events,
-            reloads,
+            keystore,
+            events_rx,
+            reloads_rx,
             shutdown.clone(),
         );
         tokio::spawn(owner_loop.run());
+        Running {
+            snapshots,
+            events,
+            reloads,
+            shutdown,
+        }
+    }
+
+    /// Connects `web-1` of mesh `default` as stream 1, as its SDS stream would report it.
+    async fn connect_web(events: &mpsc::Sender<StreamEvent>) -> ProxyKey {
+        let tags = BTreeMap::from([("kuma.io/service".to_owned(), "web".to_owned())]);
+        let claims = Claims::new_dataplane(
+            "default",
+            "web-1",
+            BTreeMap::new(),
+            tags,
+            Duration::from_secs(3600),
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .expect("after 1970")
+                .as_secs(),
+        )
+        .expect("valid claims");
+        events
+            .send(StreamEvent::Connected {
+                stream: StreamId(1),
+                claims: Arc::new(claims),
+            })
+            .await
+            .expect("the loop listens");
+        ProxyKey::new("default", "web-1")
+    }
+
+    /// Certificates come back from the issuance threads without a reconcile; the loop still wakes for
+    /// their renewal. With a 1 s lifetime (NotBefore 10 s back), each is due as soon as it is issued.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn certificates_taken_in_from_the_issuance_threads_are_renewed_when_due() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let short = MESH.replace(
+            "type: builtin\n",
+            "type: builtin\n      dpCert: {rotation: {expiration: 1s}}\n",
+        );
+        std::fs::write(dir.path().join("mesh.yaml"), short).expect("write");
+        let mut running = start(dir.path(), Arc::new(MemoryKeystore::new()));
+        let web = connect_web(&running.events).await;
+        let mut served = std::collections::HashSet::new();
+        let renewed = running.snapshots.wait_for(|s| {
+            if let Some(ProxyEntry::Ready(identity)) = s.proxies.get(&web) {
+                served.insert(identity.chain_pem.clone());
+            }
+            served.len() >= 3
+        });
+        tokio::time::timeout(Duration::from_secs(60), renewed)
+            .await
+            .expect("the certificate was renewed twice")
+            .expect("the owner publishes");
+        running.shutdown.cancel();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn proxies_are_served_while_an_update_loads() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("mesh.yaml"), MESH).expect("write");
+        let keystore = Arc::new(HeldKeystore::default());
+        let Running {
+            mut snapshots,
+            events: events_tx,
+            reloads: reload_tx,
+            shutdown,
+        } = start(dir.path(), keystore.clone());
 
         // An update whose new mesh needs a CA, held back while it is being created.
         let other = MESH.replace("name: default", "name: other");
@@ -572,27 +652,7 @@ mod tests {
             .expect("the load reaches the keystore");
 
         // Meanwhile a proxy connects, and gets its identity.
-        let tags = BTreeMap::from([("kuma.io/service".to_owned(), "web".to_owned())]);
-        let claims = Claims::new_dataplane(
-            "default",
-            "web-1",
-            BTreeMap::new(),
-            tags,
-            Duration::from_secs(3600),
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .expect("after 1970")
-                .as_secs(),
-        )
-        .expect("valid claims");
-        events_tx
-            .send(StreamEvent::Connected {
-                stream: StreamId(1),
-                claims: Arc::new(claims),
-            })
-            .await
-            .expect("the loop listens");
-        let web = ProxyKey::new("default", "web-1");
+        let web = connect_web(&events_tx).await;
         // Waits for any decision about it, so that a wrong one fails here rather than hanging.
         let decided = snapshots.wait_for(|s| {
             s.proxies

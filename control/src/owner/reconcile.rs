@@ -782,7 +782,7 @@ impl Owner {
     }
 
     /// When the next reconcile is due: the next renewal or the next global event.
-    pub(super) fn next_due(&self) -> Option<SystemTime> {
+    pub fn next_due(&self) -> Option<SystemTime> {
         [self.renewals.next(), self.next_global]
             .into_iter()
             .flatten()
