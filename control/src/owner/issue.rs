@@ -236,9 +236,9 @@ impl Owner {
     }
 
     /// Takes in certificates issued (or failed) since the last call, in any order, and publishes
-    /// them: a result is kept only if it is its proxy's newest job and the proxy, still connected,
-    /// still wants that very certificate and the rollout gate still allows it now. Anything else is
-    /// dropped, and its proxy decided anew. Returns whether a reconcile must follow (a proxy to decide
+    /// them: a result is kept only if it is its proxy's newest job and the proxy still wants that very
+    /// certificate and the rollout gate still allows it now (a proxy that disconnected meanwhile gets
+    /// it when it returns). Anything else is dropped, and its proxy decided anew. Returns whether a reconcile must follow (a proxy to decide
     /// anew, or a change that reaches beyond the proxies, which the full reconcile publishes).
     pub fn on_issued(&mut self, done: Vec<Completed>, now: SystemTime) -> bool {
         if let Runner::Background(pool) = &self.issuing.runner {

@@ -352,7 +352,7 @@ impl Owner {
                 }
                 ProxyEntry::Pending if self.issuing.is_issuing(&key) => {
                     self.reasons
-                        .insert(key.clone(), "its first certificate is being issued".into());
+                        .insert(key.clone(), "its certificate is being issued".into());
                 }
                 ProxyEntry::Pending => {
                     self.reasons.insert(
