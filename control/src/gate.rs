@@ -15,7 +15,7 @@ use crate::bundles::ServiceIds;
 use crate::egress::EGRESS_BUNDLE;
 use crate::resource_name::{Target, TrustScope};
 use crate::snapshot::ProxyKey;
-use crate::streams::Streams;
+use crate::streams::{Stream, Streams};
 use crate::timefmt::{rfc3339, seconds_until};
 
 /// A CA as it appears in a mesh's trust bundle.
@@ -150,11 +150,53 @@ pub struct Gate {
     /// new to this reconcile starts a wait.
     identity_acks_before: HashSet<(String, String)>,
     identity_acks_now: HashSet<(String, String)>,
-    waits: Vec<Wait>,
+    waits: Vec<Waiting>,
     events: Vec<(String, GateEvent)>,
 }
 
 const NAMED_WAITERS: usize = 20;
+
+/// Which streams a trust or SAN wait waits for (those that have not ACKed its generation yet).
+#[derive(Clone, Debug)]
+enum Selection {
+    /// Streams that carry `mesh`'s trust.
+    MeshTrust(String),
+    /// Streams subscribed to a `meshservice:` context of `mesh` (the egress bundle's SAN matchers, for
+    /// [`EGRESS_BUNDLE`]).
+    Service { mesh: String, service: String },
+}
+
+impl Selection {
+    fn selects(&self, s: &Stream) -> bool {
+        match self {
+            Selection::MeshTrust(mesh) => s
+                .resources
+                .iter()
+                .any(|r| r.carries_mesh_trust(s.asker(), mesh)),
+            Selection::Service { mesh, service } => {
+                s.resources.iter().any(|r| match r.target(s.asker(), None) {
+                    Target::MeshService {
+                        mesh: m,
+                        service: n,
+                    } => m == mesh && n == service,
+                    // The zone egress's IDs are gated in the egress bundle's SAN matchers.
+                    Target::Trust {
+                        scope: TrustScope::Egress,
+                        ..
+                    } => mesh == EGRESS_BUNDLE,
+                    _ => false,
+                })
+            }
+        }
+    }
+}
+
+/// A wait as the status shows it, and (for trust and SAN waits) how to count who it waits for now.
+#[derive(Debug)]
+struct Waiting {
+    wait: Wait,
+    recount: Option<(u64, Selection)>,
+}
 
 impl Gate {
     /// A gate; `enabled: false` publishes and issues at once (drills use it to show what it prevents).
@@ -202,12 +244,16 @@ impl Gate {
             ));
         }
         self.identity_acks_now.insert(group);
-        self.waits.push(wait);
+        self.waits.push(Waiting {
+            wait,
+            recount: None,
+        });
     }
 
     /// Forgets the identity-ACK waits, before they are counted again.
     pub fn clear_identity_ack_waits(&mut self) {
-        self.waits.retain(|w| w.step != RolloutStep::IdentityAck);
+        self.waits
+            .retain(|w| w.wait.step != RolloutStep::IdentityAck);
     }
 
     /// Records a timeout.
@@ -216,9 +262,59 @@ impl Gate {
             .push((mesh.to_owned(), GateEvent::TimedOut(step)));
     }
 
-    /// The waits of the last reconcile.
-    pub fn waits(&self) -> &[Wait] {
-        &self.waits
+    /// The waits of the last reconcile, with who trust and SAN waits still wait for counted now (ACKs
+    /// since the last reconcile are not recounted one batch at a time: see [`Gate::any_wait_over`]).
+    pub fn waits_now(&self, streams: &Streams) -> Vec<Wait> {
+        self.waits
+            .iter()
+            .map(|w| {
+                let mut wait = w.wait.clone();
+                if let Some((generation, selection)) = &w.recount {
+                    let waiting =
+                        streams.waiting_for(*generation, NAMED_WAITERS, |s| selection.selects(s));
+                    wait.waiting_count = waiting.count;
+                    wait.waiting_for = waiting.first;
+                }
+                wait
+            })
+            .collect()
+    }
+
+    /// Whether a trust or SAN wait is over (every stream it waits for has ACKed, or its timeout
+    /// passed): then a reconcile must confirm it. One pass that stops at the first stream still
+    /// waiting, so that a batch of ACKs while 100,000 streams wait costs little; [`Gate::confirm`]
+    /// does the counting.
+    pub fn any_wait_over(&self, streams: &Streams, now: SystemTime) -> bool {
+        if !self.enabled {
+            return false;
+        }
+        let over = |since_generation: u64, since: SystemTime, selection: &Selection| {
+            now >= since + self.ack_timeout
+                || !streams.any_waiting(since_generation, |s| selection.selects(s))
+        };
+        let trust = self
+            .published
+            .iter()
+            .filter(|(_, p)| !p.state.confirmed)
+            .any(|((mesh, _, _), p)| {
+                over(
+                    p.state.since_generation,
+                    p.state.since,
+                    &Selection::MeshTrust(mesh.clone()),
+                )
+            });
+        trust
+            || self
+                .sans
+                .iter()
+                .filter(|(_, p)| !p.confirmed)
+                .any(|((mesh, service, _), p)| {
+                    let selection = Selection::Service {
+                        mesh: mesh.clone(),
+                        service: service.clone(),
+                    };
+                    over(p.since_generation, p.since, &selection)
+                })
     }
 
     /// Metric events since the last call.
@@ -229,12 +325,13 @@ impl Gate {
     /// Marks published CAs as confirmed once every stream that must carry them ACKed a snapshot that did,
     /// or once `ackTimeout` passed.
     ///
-    /// Called more than once per reconcile, and on ACKs while it waits: each call replaces the
-    /// trust-before-identity and SANs-before-identity waits of the previous one, so a status lists every
-    /// wait once, with who it still waits for. Returns whether it confirmed anything.
+    /// Called more than once per reconcile (ACKs while it waits only ask [`Gate::any_wait_over`]):
+    /// each call replaces the trust-before-identity and SANs-before-identity waits of the previous one,
+    /// so a status lists every wait once. Returns whether it confirmed anything.
     pub fn confirm(&mut self, streams: &Streams, now: SystemTime) -> bool {
         self.waits.retain(|w| {
-            w.step != RolloutStep::TrustBeforeIdentity && w.step != RolloutStep::SansBeforeIdentity
+            w.wait.step != RolloutStep::TrustBeforeIdentity
+                && w.wait.step != RolloutStep::SansBeforeIdentity
         });
         let mut confirmed = self.confirm_sans(streams, now);
         let timeout = self.ack_timeout;
@@ -246,11 +343,9 @@ impl Gate {
             .iter_mut()
             .filter(|(_, p)| !p.state.confirmed)
         {
-            let waiting = streams.waiting_for(p.since_generation, NAMED_WAITERS, |s| {
-                s.resources
-                    .iter()
-                    .any(|r| r.carries_mesh_trust(s.asker(), mesh))
-            });
+            let selection = Selection::MeshTrust(mesh.clone());
+            let waiting =
+                streams.waiting_for(p.since_generation, NAMED_WAITERS, |s| selection.selects(s));
             if waiting.count == 0 {
                 p.confirmed = true;
                 confirmed = true;
@@ -273,14 +368,17 @@ impl Gate {
                 confirmed = true;
                 timeouts.push(mesh.clone());
             } else {
-                waits.push(Wait {
-                    mesh: mesh.clone(),
-                    step: RolloutStep::TrustBeforeIdentity,
-                    ca: p.subject.clone(),
-                    since: rfc3339(p.since),
-                    timeout_in_seconds: remaining(p.since + timeout, now),
-                    waiting_count: waiting.count,
-                    waiting_for: waiting.first,
+                waits.push(Waiting {
+                    wait: Wait {
+                        mesh: mesh.clone(),
+                        step: RolloutStep::TrustBeforeIdentity,
+                        ca: p.subject.clone(),
+                        since: rfc3339(p.since),
+                        timeout_in_seconds: remaining(p.since + timeout, now),
+                        waiting_count: waiting.count,
+                        waiting_for: waiting.first,
+                    },
+                    recount: Some((p.since_generation, selection)),
                 });
             }
         }
@@ -304,20 +402,12 @@ impl Gate {
         let mut waits = Vec::new();
         let mut events = Vec::new();
         for ((mesh, service, id), p) in self.sans.iter_mut().filter(|(_, p)| !p.confirmed) {
-            let waiting = streams.waiting_for(p.since_generation, NAMED_WAITERS, |s| {
-                s.resources.iter().any(|r| match r.target(s.asker(), None) {
-                    Target::MeshService {
-                        mesh: m,
-                        service: n,
-                    } => m == mesh && n == service,
-                    // The zone egress's IDs are gated in the egress bundle's SAN matchers.
-                    Target::Trust {
-                        scope: TrustScope::Egress,
-                        ..
-                    } => mesh == EGRESS_BUNDLE,
-                    _ => false,
-                })
-            });
+            let selection = Selection::Service {
+                mesh: mesh.clone(),
+                service: service.clone(),
+            };
+            let waiting =
+                streams.waiting_for(p.since_generation, NAMED_WAITERS, |s| selection.selects(s));
             if waiting.count == 0 {
                 p.confirmed = true;
                 confirmed = true;
@@ -346,14 +436,17 @@ impl Gate {
                     GateEvent::TimedOut(RolloutStep::SansBeforeIdentity),
                 ));
             } else {
-                waits.push(Wait {
-                    mesh: mesh.clone(),
-                    step: RolloutStep::SansBeforeIdentity,
-                    ca: format!("{id} in meshservice:{service}"),
-                    since: rfc3339(p.since),
-                    timeout_in_seconds: remaining(p.since + timeout, now),
-                    waiting_count: waiting.count,
-                    waiting_for: waiting.first,
+                waits.push(Waiting {
+                    wait: Wait {
+                        mesh: mesh.clone(),
+                        step: RolloutStep::SansBeforeIdentity,
+                        ca: format!("{id} in meshservice:{service}"),
+                        since: rfc3339(p.since),
+                        timeout_in_seconds: remaining(p.since + timeout, now),
+                        waiting_count: waiting.count,
+                        waiting_for: waiting.first,
+                    },
+                    recount: Some((p.since_generation, selection)),
                 });
             }
         }
@@ -476,14 +569,17 @@ impl Gate {
                 self.given_up.insert(key);
                 continue;
             }
-            self.waits.push(Wait {
-                mesh: ca.mesh.clone(),
-                step: RolloutStep::BreakLast,
-                ca: ca.subject.clone(),
-                since: rfc3339(since),
-                timeout_in_seconds: remaining(since + self.ack_timeout, now),
-                waiting_count: holders.len(),
-                waiting_for: holders.into_iter().take(NAMED_WAITERS).collect(),
+            self.waits.push(Waiting {
+                wait: Wait {
+                    mesh: ca.mesh.clone(),
+                    step: RolloutStep::BreakLast,
+                    ca: ca.subject.clone(),
+                    since: rfc3339(since),
+                    timeout_in_seconds: remaining(since + self.ack_timeout, now),
+                    waiting_count: holders.len(),
+                    waiting_for: holders.into_iter().take(NAMED_WAITERS).collect(),
+                },
+                recount: None,
             });
             out.entry(ca.mesh.clone()).or_default().push(ca);
         }

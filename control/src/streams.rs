@@ -124,6 +124,13 @@ impl Streams {
             .filter_map(|id| self.by_id.get(id))
     }
 
+    /// Whether a stream selected by `selected` has not ACKed `generation`; stops at the first.
+    pub fn any_waiting(&self, generation: u64, selected: impl Fn(&Stream) -> bool) -> bool {
+        self.by_id
+            .values()
+            .any(|s| !s.has_acked(generation) && selected(s))
+    }
+
     /// The proxies with a stream selected by `selected` that has not ACKed `generation`: how many, and
     /// the first `named` of them by name. One pass over the proxies that allocates nothing per proxy (it
     /// runs for every batch of ACKs while a rollout waits), and builds no name but the first `named`.
@@ -190,6 +197,24 @@ mod tests {
         assert_eq!(streams.disconnect(StreamId(2)), None, "already gone");
     }
 
+    /// Many proxies: the count is exact and the names are the first by name, whatever the order.
+    #[test]
+    fn a_wait_names_the_first_proxies_by_name_and_counts_them_all() {
+        let mut streams = Streams::default();
+        for i in (0..100).rev() {
+            streams.connect(StreamId(i), ProxyKey::new("m", format!("p-{i:03}")), false);
+        }
+        // A second stream of p-000, ACKed: the proxy still waits through its first one.
+        streams.connect(StreamId(500), ProxyKey::new("m", "p-000"), false);
+        streams.ack(StreamId(500), 1);
+        for i in (1..100).step_by(2) {
+            streams.ack(StreamId(i), 1);
+        }
+        let waiting = streams.waiting_for(1, 3, |_| true);
+        assert_eq!(waiting.count, 50);
+        assert_eq!(waiting.first, ["m.p-000", "m.p-002", "m.p-004"]);
+    }
+
     #[test]
     fn acks_only_move_forward_and_unknown_streams_are_ignored() {
         let mut streams = Streams::default();
@@ -210,6 +235,11 @@ mod tests {
             (waiting.count, waiting.first),
             (2, vec!["m.api".to_owned()])
         );
+        assert!(streams.any_waiting(6, |_| true));
+        assert!(!streams.any_waiting(6, |s| s.proxy.name.as_ref() == "nobody"));
+        streams.ack(StreamId(1), 6);
+        streams.ack(StreamId(2), 7);
+        assert!(!streams.any_waiting(6, |_| true));
         assert!(!streams.ack(StreamId(9), 1));
         assert!(!streams.subscribe(StreamId(9), Vec::new()));
     }

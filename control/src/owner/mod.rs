@@ -286,6 +286,7 @@ impl Owner {
     /// The status at `now`, as of the last reconcile: built when asked for, never on a reconcile.
     /// [`Detail::Summary`] leaves out the per-dataplane list, whose size is the fleet's.
     pub fn status(&self, now: SystemTime, detail: Detail) -> Status {
+        let waits = self.gate.waits_now(&self.streams);
         status::build(
             &status::Inputs {
                 generation: self.snapshot_generation,
@@ -297,7 +298,7 @@ impl Owner {
                 reasons: &self.reasons,
                 records: &self.records,
                 last_rejected: self.last_rejected.as_ref(),
-                waits: self.gate.waits(),
+                waits: &waits,
                 tls_ready: &self.tls_ready,
                 egress: self.egress.as_ref(),
                 now,

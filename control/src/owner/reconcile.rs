@@ -203,7 +203,7 @@ impl Owner {
     /// change what is published: then every proxy is reconciled. Costs a pass over the streams and the
     /// replaced certificates, not a reconcile of the fleet for every batch of ACKs.
     fn reconcile_acks(&mut self, now: SystemTime) -> bool {
-        if self.gate.confirm(&self.streams, now) {
+        if self.gate.any_wait_over(&self.streams, now) {
             return false;
         }
         self.gate.clear_identity_ack_waits();
