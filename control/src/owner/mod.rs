@@ -59,7 +59,7 @@ pub enum Scope {
     Full,
     /// Only the proxies an event touched (connected, left, due for renewal).
     Proxies,
-    /// No proxy: ACKs while a rollout waits, recounted by the gate.
+    /// No proxy: ACKs while a rollout waits (is a wait over? which replaced certificates are ACKed?).
     Acks,
 }
 
