@@ -284,19 +284,31 @@ mod tests {
     /// started, which one thread alone could never satisfy.
     #[test]
     fn two_workers_run_jobs_on_two_threads_at_once() {
-        let started: Mutex<HashSet<ThreadId>> = Mutex::new(HashSet::new());
-        let both = Condvar::new();
-        let threads = run_all(&[0, 1], 2, |_| {
-            let mut seen = started.lock().expect("not poisoned");
+        let meeting = Meeting::default();
+        let threads = run_all(&[0, 1], 2, |_| meeting.met_another_thread());
+        assert_eq!(threads, [true, true], "the jobs never ran side by side");
+    }
+
+    /// Where jobs on different threads meet.
+    #[derive(Default)]
+    struct Meeting {
+        seen: Mutex<HashSet<ThreadId>>,
+        changed: Condvar,
+    }
+
+    impl Meeting {
+        /// Records this thread and waits (at most 10 s) until a second thread has come too; whether
+        /// one did.
+        fn met_another_thread(&self) -> bool {
+            let mut seen = self.seen.lock().expect("not poisoned");
             seen.insert(std::thread::current().id());
-            both.notify_all();
-            let (seen, timeout) = both
+            self.changed.notify_all();
+            let (seen, timeout) = self
+                .changed
                 .wait_timeout_while(seen, Duration::from_secs(10), |s| s.len() < 2)
                 .expect("not poisoned");
-            assert!(!timeout.timed_out(), "the other job never ran alongside");
-            seen.len()
-        });
-        assert_eq!(threads, [2, 2]);
+            !timeout.timed_out() && seen.len() == 2
+        }
     }
 
     /// Receives results until `count` have arrived, taking each chunk as the owner does.
@@ -393,21 +405,14 @@ mod tests {
     /// the other has started, which one thread alone could never satisfy.
     #[test]
     fn two_background_workers_issue_on_two_threads_at_once() {
-        let both: Arc<(Mutex<HashSet<ThreadId>>, Condvar)> = Arc::default();
+        let meeting = Meeting::default();
         let (started_tx, started) = std::sync::mpsc::channel();
         let (done, mut results) = mpsc::unbounded_channel();
         let pool = Background::start(
             2,
             move |_: u32| {
                 started_tx.send(()).expect("the test waits");
-                let (seen, changed) = &*both;
-                let mut seen = seen.lock().expect("not poisoned");
-                seen.insert(std::thread::current().id());
-                changed.notify_all();
-                let (seen, timeout) = changed
-                    .wait_timeout_while(seen, Duration::from_secs(10), |s| s.len() < 2)
-                    .expect("not poisoned");
-                !timeout.timed_out() && seen.len() == 2
+                meeting.met_another_thread()
             },
             || false,
             done,

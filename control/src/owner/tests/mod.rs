@@ -237,6 +237,15 @@ impl Harness {
     }
 }
 
+/// The status of dataplane `name`, which the status must list.
+fn dataplane<'a>(status: &'a Status, name: &str) -> &'a crate::status::DataplaneStatus {
+    status
+        .dataplanes
+        .iter()
+        .find(|d| d.name == name)
+        .unwrap_or_else(|| panic!("{name} is not listed in the status"))
+}
+
 fn leaf_der(identity: &ProxyIdentity) -> Vec<u8> {
     let blocks = ::pem::parse_many(identity.chain_pem.as_bytes()).expect("chain is PEM");
     blocks[0].contents().to_vec()
@@ -310,11 +319,7 @@ fn renewal_happens_at_renew_at_and_not_before() {
     assert!(not_after(&second) > not_after(&first));
     assert!(next > renew);
     let status = h.status();
-    let dp = status
-        .dataplanes
-        .iter()
-        .find(|d| d.name == "web-1")
-        .expect("listed");
+    let dp = dataplane(&status, "web-1");
     assert_eq!(dp.regenerations, 1);
 }
 
@@ -432,11 +437,7 @@ spec:
         h.reason("plain-1")
     );
     let status = h.status();
-    let x = status
-        .dataplanes
-        .iter()
-        .find(|d| d.name == "x-1")
-        .expect("listed");
+    let x = dataplane(&status, "x-1");
     assert!(x
         .reason
         .as_deref()
@@ -465,11 +466,7 @@ networking:
         .proxies
         .contains_key(&ProxyKey::new("default", "web-1")));
     let status = h.status();
-    let dp = status
-        .dataplanes
-        .iter()
-        .find(|d| d.name == "web-1")
-        .expect("listed from its file");
+    let dp = dataplane(&status, "web-1");
     assert!(
         dp.refused_token
             .as_deref()
@@ -503,11 +500,7 @@ fn the_first_token_of_an_unfiled_proxy_defines_it_while_connected() {
     h.reconcile(t0());
     assert_eq!(h.ready("api-1").spiffe_id, "spiffe://default/api");
     let status = h.status();
-    let dp = status
-        .dataplanes
-        .iter()
-        .find(|d| d.name == "api-1")
-        .expect("listed");
+    let dp = dataplane(&status, "api-1");
     assert!(
         dp.refused_token
             .as_deref()
@@ -1803,11 +1796,7 @@ fn a_proxy_keeps_its_certificate_while_its_next_one_is_being_issued() {
     h.owner.reconcile(t0() + Duration::from_secs(1));
     assert!(matches!(h.entry("web-3"), ProxyEntry::Pending));
     let status = h.status();
-    let web_3 = status
-        .dataplanes
-        .iter()
-        .find(|d| d.name == "web-3")
-        .expect("listed");
+    let web_3 = dataplane(&status, "web-3");
     assert_eq!(
         web_3.reason.as_deref(),
         Some("its certificate is being issued")

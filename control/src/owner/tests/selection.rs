@@ -106,11 +106,7 @@ spec:
         "{reason}"
     );
     let status = h.status();
-    let vm = status
-        .dataplanes
-        .iter()
-        .find(|d| d.name == "vm-1")
-        .expect("listed");
+    let vm = dataplane(&status, "vm-1");
     assert_eq!(vm.reason.as_deref(), Some(reason.as_str()));
     assert_eq!((&vm.issuer, &vm.spiffe_id), (&None, &None), "{vm:?}");
     assert_eq!(
