@@ -146,10 +146,6 @@ pub struct Gate {
     known_meshes: HashSet<String>,
     /// Removed CAs whose retention timed out: no longer retained, not reported again.
     given_up: HashSet<TrustKey>,
-    /// (mesh, CA) groups whose identity-ack wait the previous reconcile listed, and this one's: a group
-    /// new to this reconcile starts a wait.
-    identity_acks_before: HashSet<(String, String)>,
-    identity_acks_now: HashSet<(String, String)>,
     waits: Vec<Waiting>,
     events: Vec<(String, GateEvent)>,
 }
@@ -209,8 +205,6 @@ impl Gate {
             retained_since: HashMap::new(),
             known_meshes: HashSet::new(),
             given_up: HashSet::new(),
-            identity_acks_before: HashSet::new(),
-            identity_acks_now: HashSet::new(),
             waits: Vec::new(),
             events: Vec::new(),
         }
@@ -229,31 +223,6 @@ impl Gate {
     /// Starts a reconcile: forgets the previous waits.
     pub fn begin(&mut self) {
         self.waits.clear();
-        self.identity_acks_before = std::mem::take(&mut self.identity_acks_now);
-    }
-
-    /// Records that proxies have not ACKed their replacement certificates (for the status), and counts
-    /// the wait as started when the previous reconcile did not have it.
-    pub fn identity_ack_wait(&mut self, wait: Wait) {
-        let group = (wait.mesh.clone(), wait.ca.clone());
-        // Counted once: not when the last reconcile had it, nor when this one (recounting ACKs) has.
-        if !self.identity_acks_before.contains(&group) && !self.identity_acks_now.contains(&group) {
-            self.events.push((
-                wait.mesh.clone(),
-                GateEvent::WaitStarted(RolloutStep::IdentityAck),
-            ));
-        }
-        self.identity_acks_now.insert(group);
-        self.waits.push(Waiting {
-            wait,
-            recount: None,
-        });
-    }
-
-    /// Forgets the identity-ACK waits, before they are counted again.
-    pub fn clear_identity_ack_waits(&mut self) {
-        self.waits
-            .retain(|w| w.wait.step != RolloutStep::IdentityAck);
     }
 
     /// Records a timeout.

@@ -108,7 +108,9 @@ impl Owner {
         }
         for key in keys {
             if !matches!(dataplanes.get(key), Some(Ok(_))) {
-                self.issued.remove(key);
+                if let Some(issued) = self.issued.remove(key) {
+                    self.replacing.update(key, &issued.previous, &[]);
+                }
             }
         }
         self.publish_entries(generation, entries, &left, Some((keys, dataplanes)));

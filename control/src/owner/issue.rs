@@ -301,7 +301,6 @@ impl Owner {
             if !issued.previous.is_empty() {
                 // Break last: the replaced certificate's CA and ID stay until this one is ACKed, or
                 // until the ACK timeout, which must wake the loop.
-                self.waiting_on_acks = true;
                 let deadline = issued.issued_at + self.gate.ack_timeout();
                 self.next_global = Some(self.next_global.map_or(deadline, |t| t.min(deadline)));
             }
@@ -322,6 +321,8 @@ impl Owner {
             entries.push((key, entry));
         }
         self.publish_entries(generation, entries, &[], None);
+        // A certificate that replaced one starts (or joins) an identity-ACK wait.
+        self.report_gate_events();
         !self.touched.is_empty()
     }
 
@@ -395,6 +396,8 @@ impl Owner {
                 previous.push(replaced);
             }
         }
+        self.replacing
+            .update(key, old.map_or(&[][..], |o| &o.previous), &previous);
         let published = Arc::new(ProxyIdentity {
             spiffe_id,
             identity_name: desired.identity_name.clone(),

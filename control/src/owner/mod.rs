@@ -9,6 +9,7 @@
 mod incremental;
 mod issue;
 mod reconcile;
+mod replacing;
 #[cfg(test)]
 mod tests;
 
@@ -35,6 +36,7 @@ use crate::world::World;
 use incremental::Renewals;
 use issue::Issuing;
 pub use issue::{run_job, Completed, Job};
+use replacing::Replacing;
 
 /// Where the owner reports what is worth a metric. The binary exports them to Prometheus; every method
 /// does nothing by default.
@@ -211,6 +213,8 @@ pub struct Owner {
     gate: Gate,
     /// Something waits on ACKs: ACK events trigger a reconcile.
     waiting_on_acks: bool,
+    /// The proxies whose certificate replaced ones peers may still see, until they ACK it.
+    replacing: Replacing,
     /// Where the zone egress identity comes from, as of the last reconcile (logged when it changes).
     egress: Option<Result<EgressPlan, String>>,
     /// Certificates issued in the wave under way, per (mesh, issuer).
@@ -266,6 +270,7 @@ impl Owner {
             snapshot_generation: 0,
             bundles: BundleCache::default(),
             waiting_on_acks: false,
+            replacing: Replacing::default(),
             egress: None,
             wave: BTreeMap::new(),
             issuing: Issuing::default(),
@@ -286,7 +291,8 @@ impl Owner {
     /// The status at `now`, as of the last reconcile: built when asked for, never on a reconcile.
     /// [`Detail::Summary`] leaves out the per-dataplane list, whose size is the fleet's.
     pub fn status(&self, now: SystemTime, detail: Detail) -> Status {
-        let waits = self.gate.waits_now(&self.streams);
+        let mut waits = self.identity_ack_waits(now);
+        waits.extend(self.gate.waits_now(&self.streams));
         status::build(
             &status::Inputs {
                 generation: self.snapshot_generation,
@@ -361,12 +367,14 @@ impl Owner {
         match event {
             StreamEvent::Connected { stream, claims } => self.on_connected(stream, claims),
             StreamEvent::Subscribed { stream, resources } => {
+                self.stir(stream);
                 self.streams.subscribe(stream, resources) && self.waiting_on_acks
             }
             StreamEvent::Acked {
                 stream, generation, ..
             } => {
                 // A rollout waiting on ACKs may proceed.
+                self.stir(stream);
                 self.streams.ack(stream, generation) && self.waiting_on_acks
             }
             StreamEvent::Nacked {
@@ -383,13 +391,23 @@ impl Owner {
             // When its last stream leaves, the proxy stops being served; its registration and
             // certificate are kept so that a reconnect within the certificate's life reuses them.
             // Another stream of the proxy leaving matters only to a rollout that may wait on it.
-            StreamEvent::Disconnected { stream } => match self.streams.disconnect(stream) {
-                Some(proxy) => {
-                    self.touched.insert(proxy);
-                    true
+            StreamEvent::Disconnected { stream } => {
+                self.stir(stream);
+                match self.streams.disconnect(stream) {
+                    Some(proxy) => {
+                        self.touched.insert(proxy);
+                        true
+                    }
+                    None => self.waiting_on_acks,
                 }
-                None => self.waiting_on_acks,
-            },
+            }
+        }
+    }
+
+    /// Notes that `stream`'s proxy may have settled the certificates its new one replaced.
+    fn stir(&mut self, stream: crate::StreamId) {
+        if let Some(proxy) = self.streams.proxy_of(stream) {
+            self.replacing.stir(proxy);
         }
     }
 

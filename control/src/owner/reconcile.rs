@@ -9,10 +9,10 @@ use meshca_auth::ProxyType;
 use meshca_config::SERVICE_TAG;
 
 use super::issue::ISSUE_RETRY;
-use super::{Dataplanes, Owner, Scope};
+use super::{Dataplanes, Issued, Owner, Scope};
 use crate::bundles::{self, ServiceIds};
 use crate::egress::{self, MeshChoice, EGRESS_BUNDLE, EGRESS_SERVICE};
-use crate::gate::{covers, CaTrust, RolloutStep, Wait};
+use crate::gate::{covers, CaTrust, GateEvent, RolloutStep, Wait};
 use crate::plan::{self, DataplaneInfo, Decision, Desired, Origin};
 use crate::resource_name::Target;
 use crate::snapshot::{Changed, ClaimRule, ProxyEntry, ProxyKey, ProxyMap};
@@ -92,7 +92,7 @@ impl Owner {
         let generation = self.snapshot_generation + 1;
         self.gate.begin();
         self.gate.confirm(&self.streams, now);
-        self.settle_previous(now);
+        self.settle_previous(now, true);
         let trust = self.plan_trust(generation, now);
         // SANs before identity: the contexts of this snapshot carry every ID decided now, and the gate
         // tracks when each entered them. (Issuing below adds no ID: it presents decided ones.)
@@ -100,6 +100,13 @@ impl Owner {
         self.gate.plan_sans(&service_ids, generation, now);
         // A CA or an ID that no connected stream must carry may be used at once.
         self.gate.confirm(&self.streams, now);
+        // New trust goes out before the pass over every proxy, which only adds certificates the gate
+        // lets through once that trust is ACKed.
+        let generation = if self.publish_trust_first(generation, &trust, &service_ids) {
+            generation + 1
+        } else {
+            generation
+        };
         self.reasons.clear();
         let connected: Vec<ProxyKey> = self.streams.proxies().cloned().collect();
         let entries = self.serve(connected, &dataplanes, now);
@@ -124,50 +131,43 @@ impl Owner {
         self.next_due()
     }
 
-    /// Forgets the previous certificate of every proxy that ACKed its replacement on each stream it
-    /// receives its identity on, that disconnected, or whose `ackTimeout` passed. Returns whether a
-    /// forgotten one may change what is published: its CA is not one the configuration publishes (break
-    /// last kept it), or its SPIFFE ID is not the proxy's current one (a `meshservice:` context kept it).
-    fn settle_previous(&mut self, now: SystemTime) -> bool {
+    /// Forgets the previous certificates of proxies that ACKed their replacement on each stream they
+    /// receive their identity on, that disconnected, or whose `ackTimeout` passed: of every proxy that
+    /// keeps some with `all`, else only of those with a stream event since they were last looked at.
+    /// Returns whether a forgotten one may change what is published: its CA is not one the
+    /// configuration publishes (break last kept it), or its SPIFFE ID is not the proxy's current one
+    /// (a `meshservice:` context kept it).
+    fn settle_previous(&mut self, now: SystemTime, all: bool) -> bool {
         let mut reaches_beyond = false;
         let timeout = self.gate.ack_timeout();
-        let mut waiting: BTreeMap<(String, String), (SystemTime, BTreeSet<String>)> =
-            BTreeMap::new();
+        let stirred = self.replacing.take_stirred();
+        let keys = if all {
+            self.replacing.proxies().cloned().collect()
+        } else {
+            stirred
+        };
         let mut timed_out: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for (key, issued) in self.issued.iter_mut() {
-            if issued.previous.is_empty() {
+        for key in keys {
+            let Some(issued) = self.issued.get(&key) else {
+                continue;
+            };
+            let unacked = self.unacked(&key, issued);
+            if unacked && now < issued.issued_at + timeout {
                 continue;
             }
-            let identity = Some(&*issued.published);
-            let unacked = self.streams.of(key).any(|s| {
-                !s.has_acked(issued.first_served_in)
-                    && s.resources
-                        .iter()
-                        .any(|r| r.target(s.asker(), identity) == Target::Identity)
+            reaches_beyond |= issued.previous.iter().any(|p| {
+                !self.configured.contains(&p.ca_trust.key())
+                    || p.spiffe_id != issued.published.spiffe_id
             });
-            let settled = !unacked || now >= issued.issued_at + timeout;
-            if settled {
-                reaches_beyond |= issued.previous.iter().any(|p| {
-                    !self.configured.contains(&p.ca_trust.key())
-                        || p.spiffe_id != issued.published.spiffe_id
-                });
-            }
-            if !unacked {
-                issued.previous.clear();
-            } else if settled {
+            if unacked {
                 timed_out
                     .entry(key.mesh.to_string())
                     .or_default()
                     .push(key.to_string());
-                issued.previous.clear();
-            } else {
-                for previous in &issued.previous {
-                    let (since, proxies) = waiting
-                        .entry((key.mesh.to_string(), previous.ca_trust.subject.clone()))
-                        .or_insert((issued.issued_at, BTreeSet::new()));
-                    *since = (*since).min(issued.issued_at);
-                    proxies.insert(key.to_string());
-                }
+            }
+            if let Some(issued) = self.issued.get_mut(&key) {
+                let previous = std::mem::take(&mut issued.previous);
+                self.replacing.update(&key, &previous, &[]);
             }
         }
         // One line per mesh, however many proxies timed out together.
@@ -183,31 +183,64 @@ impl Owner {
                 self.gate.timed_out(&mesh, RolloutStep::IdentityAck);
             }
         }
-        for ((mesh, ca), (since, proxies)) in waiting {
-            let waiting_count = proxies.len();
-            self.gate.identity_ack_wait(Wait {
-                mesh,
-                step: RolloutStep::IdentityAck,
-                ca,
-                since: rfc3339(since),
-                timeout_in_seconds: seconds_until(since + timeout, now).max(0),
-                waiting_count,
-                waiting_for: proxies.into_iter().take(NAMED_WAITERS).collect(),
-            });
-        }
         reaches_beyond
     }
 
-    /// ACKs while a rollout waits: the gate recounts who it waits for, and replaced certificates whose
-    /// ACKs are all in are forgotten. Returns false, when a wait is over or a forgotten certificate may
-    /// change what is published: then every proxy is reconciled. Costs a pass over the streams and the
-    /// replaced certificates, not a reconcile of the fleet for every batch of ACKs.
+    /// Whether a stream on which `key` receives its identity has not ACKed `issued` yet.
+    fn unacked(&self, key: &ProxyKey, issued: &Issued) -> bool {
+        let identity = Some(&*issued.published);
+        self.streams.of(key).any(|s| {
+            !s.has_acked(issued.first_served_in)
+                && s.resources
+                    .iter()
+                    .any(|r| r.target(s.asker(), identity) == Target::Identity)
+        })
+    }
+
+    /// The identity-ACK waits at `now`: per mesh and replaced CA, the proxies that have not ACKed the
+    /// certificate that replaced one from it. Counted when asked for (the status), not per batch of
+    /// ACKs.
+    pub(super) fn identity_ack_waits(&self, now: SystemTime) -> Vec<Wait> {
+        let timeout = self.gate.ack_timeout();
+        let mut waiting: BTreeMap<(&str, &str), (SystemTime, BTreeSet<String>)> = BTreeMap::new();
+        for key in self.replacing.proxies() {
+            let Some(issued) = self.issued.get(key) else {
+                continue;
+            };
+            if !self.unacked(key, issued) {
+                continue;
+            }
+            for previous in &issued.previous {
+                let (since, proxies) = waiting
+                    .entry((&key.mesh, &previous.ca_trust.subject))
+                    .or_insert((issued.issued_at, BTreeSet::new()));
+                *since = (*since).min(issued.issued_at);
+                proxies.insert(key.to_string());
+            }
+        }
+        waiting
+            .into_iter()
+            .map(|((mesh, ca), (since, proxies))| Wait {
+                mesh: mesh.to_owned(),
+                step: RolloutStep::IdentityAck,
+                ca: ca.to_owned(),
+                since: rfc3339(since),
+                timeout_in_seconds: seconds_until(since + timeout, now).max(0),
+                waiting_count: proxies.len(),
+                waiting_for: proxies.into_iter().take(NAMED_WAITERS).collect(),
+            })
+            .collect()
+    }
+
+    /// ACKs while a rollout waits: the gate checks whether a wait is over, and the replaced
+    /// certificates of the proxies that ACKed are forgotten when all their ACKs are in. Returns false,
+    /// when a wait is over or a forgotten certificate may change what is published: then every proxy
+    /// is reconciled. Costs the batch's proxies, not a reconcile of the fleet for every batch of ACKs.
     fn reconcile_acks(&mut self, now: SystemTime) -> bool {
         if self.gate.any_wait_over(&self.streams, now) {
             return false;
         }
-        self.gate.clear_identity_ack_waits();
-        if self.settle_previous(now) {
+        if self.settle_previous(now, false) {
             return false;
         }
         self.report_gate_events();
@@ -466,8 +499,14 @@ impl Owner {
     /// Certificates of dataplanes that no longer exist are dropped; those of disconnected proxies are
     /// kept (a reconnect within their lifetime reuses them) but not served.
     fn forget_vanished(&mut self, dataplanes: &Dataplanes) {
-        self.issued
-            .retain(|k, _| dataplanes.get(k).is_some_and(|d| d.is_ok()));
+        let replacing = &mut self.replacing;
+        self.issued.retain(|k, issued| {
+            let keep = dataplanes.get(k).is_some_and(|d| d.is_ok());
+            if !keep {
+                replacing.update(k, &issued.previous, &[]);
+            }
+            keep
+        });
     }
 
     /// The SPIFFE IDs each MeshService's proxies present. For a service of another zone (or one without
@@ -737,6 +776,45 @@ impl Owner {
         }
     }
 
+    /// Publishes this reconcile's bundles and contexts at once, with every proxy's entry and claim rule
+    /// as last published, when they differ from the last snapshot's and cover the same meshes (a mesh
+    /// that comes or goes changes its proxies too, so it waits for the whole snapshot). Nothing the
+    /// pass over the proxies decides can change them: they are planned from the certificates proxies
+    /// hold and the IDs decided before it. Returns whether it published.
+    fn publish_trust_first(
+        &mut self,
+        generation: u64,
+        trust: &BTreeMap<String, Vec<CaTrust>>,
+        service_ids: &ServiceIds,
+    ) -> bool {
+        let previous = self.snapshot_tx.borrow().clone();
+        let mut snapshot = bundles::snapshot(
+            generation,
+            &self.world,
+            trust,
+            previous.proxies.clone(),
+            service_ids,
+            &mut self.bundles,
+        );
+        let same_meshes = snapshot.meshes.len() == previous.meshes.len()
+            && snapshot
+                .meshes
+                .keys()
+                .all(|m| previous.meshes.contains_key(m))
+            && snapshot.egress.is_some() == previous.egress.is_some();
+        if !same_meshes || bundles::same_trust(&previous, &snapshot) {
+            return false;
+        }
+        snapshot.claim_rules = previous.claim_rules.clone();
+        snapshot.changed = Changed {
+            since: previous.generation,
+            proxies: None,
+        };
+        self.snapshot_generation = generation;
+        self.snapshot_tx.send_replace(Arc::new(snapshot));
+        true
+    }
+
     /// The claim rule a snapshot carries for a dataplane: every filed dataplane has one (a contradicting
     /// token is refused at once, connected or not); a token-registered one only while the registering
     /// proxy is connected.
@@ -754,21 +832,24 @@ impl Owner {
     }
 
     /// Hands the gate's events to telemetry and notes whether ACKs must wake the owner.
-    fn report_gate_events(&mut self) {
+    pub(super) fn report_gate_events(&mut self) {
+        for mesh in self.replacing.take_started() {
+            self.telemetry
+                .gate_event(&mesh, GateEvent::WaitStarted(RolloutStep::IdentityAck));
+        }
         for (mesh, event) in self.gate.take_events() {
             self.telemetry.gate_event(&mesh, event);
         }
-        self.waiting_on_acks =
-            self.gate.pending() || self.issued.values().any(|i| !i.previous.is_empty());
+        self.waiting_on_acks = self.gate.pending() || !self.replacing.is_empty();
     }
 
     /// The earliest of: a rollout timeout, the ACK timeout of a replaced certificate, and the next
     /// automatic CA rotation step. Any of them makes the next reconcile look at every proxy.
     fn next_global_event(&self) -> Option<SystemTime> {
         let previous_deadline = self
-            .issued
-            .values()
-            .filter(|i| !i.previous.is_empty())
+            .replacing
+            .proxies()
+            .filter_map(|key| self.issued.get(key))
             .map(|i| i.issued_at + self.gate.ack_timeout())
             .min();
         [

@@ -10,7 +10,7 @@ use meshca_config::Settings;
 use meshca_keystore::MemoryKeystore;
 use tokio::sync::watch;
 
-use super::{NoTelemetry, Owner, OwnerConfig, Telemetry};
+use super::{NoTelemetry, Owner, OwnerConfig, Scope, Telemetry};
 use crate::gate::{GateEvent, RolloutStep};
 use crate::status::{Detail, ServiceTls, Status};
 use crate::world::World;
@@ -199,6 +199,15 @@ impl Harness {
     /// Stream `id` subscribes to its identity and the mesh trust and has ACKed `acked`.
     fn ack(&mut self, id: u64, acked: Option<u64>) {
         self.stream(id, &["default", "system_trust_bundle"], acked);
+    }
+
+    /// Stream `id` ACKs snapshot `generation`, with no other event.
+    fn ack_only(&mut self, id: u64, generation: u64) -> bool {
+        self.owner.on_event(StreamEvent::Acked {
+            stream: StreamId(id),
+            generation,
+            version: String::new(),
+        })
     }
 
     fn disconnect(&mut self, id: u64) -> bool {
@@ -765,6 +774,35 @@ fn ca_subject(h: &Harness, backend: &str) -> String {
         .expect("backend loaded")
 }
 
+/// A reconcile that changes the trust publishes it in a snapshot of its own before it decides the
+/// proxies: a large fleet gets its new bundles while the pass over every proxy runs.
+#[test]
+fn new_trust_is_published_before_the_pass_over_the_proxies() {
+    let mut h = gated(true);
+    let before = generation(&h);
+    h.connect("web-3", &[], &[("kuma.io/service", "web")]);
+    h.update(SWITCHED).expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    let snapshot = h.snapshots.borrow().clone();
+    assert_eq!(
+        snapshot.generation,
+        before + 2,
+        "two snapshots: trust, then proxies"
+    );
+    assert_eq!(snapshot.changed.since, before + 1);
+    assert_eq!(
+        snapshot.changed.proxies.as_deref(),
+        Some(&[ProxyKey::new("default", "web-3")][..]),
+        "the second changed only the new proxy: the trust was the first's"
+    );
+    assert!(bundle_subjects(&h).contains(&ca_subject(&h, "ca-2")));
+    assert!(matches!(h.entry("web-3"), ProxyEntry::Pending));
+
+    // A reconcile whose trust is unchanged publishes one snapshot, or none.
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    assert_eq!(generation(&h), before + 2);
+}
+
 #[test]
 fn trust_before_identity_waits_for_every_trust_subscriber_to_ack() {
     let mut h = gated(true);
@@ -1145,6 +1183,17 @@ mtls:
     );
 }
 
+/// Switches the mesh to ca-2 at t0 + 1 s; streams 1 and 2 ACK its trust and the owner reconciles at
+/// t0 + 2 s, when the gate lets ca-2 issue.
+fn switch_and_ack_trust(h: &mut Harness) {
+    h.update(SWITCHED).expect("valid");
+    h.reconcile(t0() + Duration::from_secs(1));
+    let g_trust = generation(h);
+    h.ack(1, Some(g_trust));
+    h.ack(2, Some(g_trust));
+    h.reconcile(t0() + Duration::from_secs(2));
+}
+
 #[test]
 fn an_unknown_name_carries_no_trust_and_is_no_identity() {
     let mut h = gated(true);
@@ -1153,12 +1202,7 @@ fn an_unknown_name_carries_no_trust_and_is_no_identity() {
     // it never ACKs.
     let (odd, _) = h.try_connect("web-1", &[], &[("kuma.io/service", "web")]);
     h.stream(odd.0, &["no-such-secret"], None);
-    h.update(SWITCHED).expect("valid");
-    h.reconcile(t0() + Duration::from_secs(1));
-    let g_trust = generation(&h);
-    h.ack(1, Some(g_trust));
-    h.ack(2, Some(g_trust));
-    h.reconcile(t0() + Duration::from_secs(2));
+    switch_and_ack_trust(&mut h);
     let ca2 = ca_subject(&h, "ca-2");
     assert_eq!(
         issuer_of(&h.ready("web-1")),
@@ -1183,9 +1227,12 @@ fn an_unknown_name_carries_no_trust_and_is_no_identity() {
     assert!(h.status().rollout.is_empty());
 }
 
-/// Telemetry that keeps the gate's events.
+/// Telemetry that keeps the gate's events and the scope of each reconcile.
 #[derive(Debug, Default)]
-struct Recorder(std::sync::Mutex<Vec<(String, GateEvent)>>);
+struct Recorder(
+    std::sync::Mutex<Vec<(String, GateEvent)>>,
+    std::sync::Mutex<Vec<Scope>>,
+);
 
 impl Telemetry for Recorder {
     fn gate_event(&self, mesh: &str, event: GateEvent) {
@@ -1194,15 +1241,69 @@ impl Telemetry for Recorder {
             .expect("not poisoned")
             .push((mesh.to_owned(), event));
     }
+
+    fn reconciled(&self, scope: Scope, _proxies: usize, _took: Duration) {
+        self.1.lock().expect("not poisoned").push(scope);
+    }
 }
 
-#[test]
-fn every_rollout_step_that_waits_is_counted_once() {
+/// A gated owner whose telemetry is recorded, with web-1 and web-2 connected (streams 1 and 2) and not
+/// reconciled yet.
+fn recorded_web_pair() -> (Harness, Arc<Recorder>) {
     let recorder = Arc::new(Recorder::default());
     let mut h = Harness::new(LEGACY);
     h.owner = replace_owner_with(&mut h, true, recorder.clone());
     h.connect("web-1", &[], &[("kuma.io/service", "web")]);
     h.connect("web-2", &[], &[("kuma.io/service", "web")]);
+    (h, recorder)
+}
+
+#[test]
+fn an_identity_ack_wait_names_who_has_not_acked_and_an_ack_settles_only_its_own_proxy() {
+    let (mut h, recorder) = recorded_web_pair();
+    h.reconcile(t0());
+    let ca1 = issuer_of(&h.ready("web-1"));
+    h.ack(1, Some(generation(&h)));
+    h.ack(2, Some(generation(&h)));
+    switch_and_ack_trust(&mut h);
+    let ca2 = ca_subject(&h, "ca-2");
+    assert_eq!(issuer_of(&h.ready("web-2")), ca2);
+    let waiting = |h: &Harness| {
+        let status = h.status();
+        let waits = waits_on(&status, RolloutStep::IdentityAck);
+        assert_eq!(waits.len(), 1, "{waits:?}");
+        assert_eq!(waits[0].ca, ca1, "the wait is on the replaced CA");
+        assert_eq!(waits[0].waiting_count, waits[0].waiting_for.len());
+        waits[0].waiting_for.clone()
+    };
+    assert_eq!(waiting(&h), ["default.web-1", "default.web-2"]);
+
+    assert!(h.ack_only(1, generation(&h)));
+    h.reconcile(t0() + Duration::from_secs(3));
+    assert_eq!(
+        recorder.1.lock().expect("not poisoned").last(),
+        Some(&Scope::Acks),
+        "an ACK that settles a proxy whose old CA stays configured reconciles no proxy"
+    );
+    assert_eq!(waiting(&h), ["default.web-2"], "web-1 ACKed; web-2 has not");
+    assert!(bundle_subjects(&h).contains(&ca1));
+
+    h.update(ONLY_CA2).expect("valid");
+    h.reconcile(t0() + Duration::from_secs(4));
+    assert_eq!(waiting(&h), ["default.web-2"]);
+    assert!(
+        bundle_subjects(&h).contains(&ca1),
+        "web-2 may still present its ca-1 certificate (break last)"
+    );
+    assert!(h.ack_only(2, generation(&h)));
+    h.reconcile(t0() + Duration::from_secs(5));
+    assert_eq!(bundle_subjects(&h), [ca2], "the last ACK lets ca-1 go");
+    assert!(h.status().rollout.is_empty());
+}
+
+#[test]
+fn every_rollout_step_that_waits_is_counted_once() {
+    let (mut h, recorder) = recorded_web_pair();
     let mut at = t0();
     let mut reconcile = |h: &mut Harness| {
         at += Duration::from_secs(1);
