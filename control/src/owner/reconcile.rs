@@ -112,7 +112,7 @@ impl Owner {
         let entries = self.serve(connected, &dataplanes, now);
         let streams = &self.streams;
         self.renewals.retain(|key| streams.is_connected(key));
-        self.forget_vanished(&dataplanes);
+        self.forget_vanished(&dataplanes, unchanged_world.then_some(touched));
         self.update_service_tls(&dataplanes, &trust);
         let rules_changed = unchanged_world.then_some(touched);
         self.publish_snapshot(
@@ -498,15 +498,26 @@ impl Owner {
 
     /// Certificates of dataplanes that no longer exist are dropped; those of disconnected proxies are
     /// kept (a reconnect within their lifetime reuses them) but not served.
-    fn forget_vanished(&mut self, dataplanes: &Dataplanes) {
-        let replacing = &mut self.replacing;
-        self.issued.retain(|k, issued| {
-            let keep = dataplanes.get(k).is_some_and(|d| d.is_ok());
-            if !keep {
-                replacing.update(k, &issued.previous, &[]);
+    /// With `only`, only those proxies' descriptions can have changed since the last reconcile, and
+    /// only their certificates are looked at.
+    fn forget_vanished(&mut self, dataplanes: &Dataplanes, only: Option<&BTreeSet<ProxyKey>>) {
+        let described = |k: &ProxyKey| dataplanes.get(k).is_some_and(|d| d.is_ok());
+        let Some(only) = only else {
+            let replacing = &mut self.replacing;
+            self.issued.retain(|k, issued| {
+                let keep = described(k);
+                if !keep {
+                    replacing.update(k, &issued.previous, &[]);
+                }
+                keep
+            });
+            return;
+        };
+        for key in only.iter().filter(|k| !described(k)) {
+            if let Some(issued) = self.issued.remove(key) {
+                self.replacing.update(key, &issued.previous, &[]);
             }
-            keep
-        });
+        }
     }
 
     /// The SPIFFE IDs each MeshService's proxies present. For a service of another zone (or one without
