@@ -51,6 +51,29 @@ pub enum KeystoreError {
         /// The entries that do not.
         missing: Vec<String>,
     },
+    /// A database keystore could not do what was asked (the message names the operation and the cause).
+    #[error("{0}")]
+    Database(String),
+    /// A secret's stored value does not open with the key-encryption key: it was sealed with another
+    /// key or for another entry, or changed.
+    #[error(
+        "keystore entry {name} does not open with the key-encryption key: it was written with another \
+         key, moved from another entry, or changed; restore it from a backup"
+    )]
+    Unsealable {
+        /// The entry.
+        name: String,
+    },
+    /// An entry was read as the other kind: a secret as public data, or public data as a secret.
+    #[error("keystore entry {name} holds {stored}, not {asked}")]
+    WrongKind {
+        /// The entry.
+        name: String,
+        /// What it holds (`a secret` or `public data`).
+        stored: &'static str,
+        /// What was asked for.
+        asked: &'static str,
+    },
     /// A filesystem operation failed.
     #[error("cannot {action} {}: {source}", path.display())]
     Io {

@@ -2,7 +2,8 @@
 //!
 //! Everything is addressed by a relative slash path such as `ca/default/ca-1/key.pem` (see [`validate_name`]).
 //! Secrets come back as [`Secret`], which zeroizes on drop and never prints. [`FileKeystore`] keeps them on
-//! disk: mode 0600 files in a 0700 tree, replaced atomically. [`MemoryKeystore`] is for tests.
+//! disk: mode 0600 files in a 0700 tree, replaced atomically. [`MemoryKeystore`] is for tests. The PostgreSQL
+//! keystore of replicas implements the same [`Keystore`] in the `meshca-db` crate.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -17,6 +18,6 @@ mod store;
 pub use error::KeystoreError;
 pub use file::FileKeystore;
 pub use memory::MemoryKeystore;
-pub use name::validate_name;
+pub use name::{validate_name, validate_prefix};
 pub use secret::Secret;
 pub use store::{Creation, Keystore, NewEntry};

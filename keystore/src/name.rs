@@ -31,7 +31,7 @@ pub fn validate_name(name: &str) -> Result<(), KeystoreError> {
 }
 
 /// Checks a `list` prefix: like a name, except that it may be empty, end with `/`, or end inside a segment.
-pub(crate) fn validate_prefix(prefix: &str) -> Result<(), KeystoreError> {
+pub fn validate_prefix(prefix: &str) -> Result<(), KeystoreError> {
     let invalid = |reason| KeystoreError::InvalidName {
         name: quote(prefix),
         reason,

@@ -13,7 +13,7 @@ use crate::atomic_file::write_atomic;
 use crate::cli::IssueArgs;
 use meshca_control::{issue_standalone, load_world, renewal_time, rfc3339, StandaloneError};
 
-use crate::serve::open_keystore;
+use crate::serve::open_store;
 use crate::InvalidInput;
 
 /// What is written for the workload.
@@ -83,10 +83,11 @@ pub async fn run(args: IssueArgs) -> anyhow::Result<ExitCode> {
 
 async fn from_keystore(args: &IssueArgs, mesh: &str, name: &str) -> anyhow::Result<ExitCode> {
     let settings = super::load_settings(args.config.config.as_deref())?;
-    let keystore = open_keystore(&settings)?;
+    let (_, store) = open_store(&settings)?;
+    let keystore = store.keystore;
     loop {
         let now = SystemTime::now();
-        let world = load_world(&settings, &keystore, None, now).map_err(|errors| {
+        let world = load_world(&settings, &*keystore, None, now).map_err(|errors| {
             let lines: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
             anyhow::Error::new(InvalidInput(format!(
                 "the resources are invalid:\n  {}",

@@ -8,7 +8,7 @@ use meshca_auth::{Claims, ProxyType};
 
 use crate::cli::{Output, ProxyKind, TokenArgs};
 use crate::serve::revocations::{self, Revoked};
-use crate::serve::{daemon_keys, token_signing_key, DataDir};
+use crate::serve::{daemon_keys, open_store};
 use crate::InvalidInput;
 
 fn invalid(msg: String) -> anyhow::Error {
@@ -33,9 +33,22 @@ pub fn run(args: TokenArgs) -> anyhow::Result<ExitCode> {
                 "--revoke {id:?}: a token id is 32 hex digits (printed by `meshca token`)"
             )));
         }
-        let data_dir = DataDir::open(&settings.data_dir)?;
-        let keystore = data_dir.keystore()?;
-        let key_exists = daemon_keys::has_token_signing_key(&keystore)?;
+        let (data_dir, store) = open_store(&settings)?;
+        let note = format!("revoked {}", meshca_control::rfc3339(SystemTime::now()));
+        if let Some(database) = &store.revocations {
+            let added = database
+                .revoke(id, &note)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            match added {
+                true => eprintln!(
+                    "revoked token {id} in the database; every replica refuses it within {}s and closes its streams",
+                    revocations::DATABASE_POLL.as_secs()
+                ),
+                false => eprintln!("token {id} was already revoked (in the database)"),
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        let key_exists = daemon_keys::has_token_signing_key(&*store.keystore)?;
         let path = data_dir.revocation_list();
         match revocations::revoke(&path, id, key_exists)? {
             Revoked::Added => eprintln!(
@@ -77,9 +90,8 @@ pub fn run(args: TokenArgs) -> anyhow::Result<ExitCode> {
         .map_err(|e| invalid(format!("{e}")))?;
     claims.proxy_type = proxy_type;
 
-    let data_dir = DataDir::open(&settings.data_dir)?;
-    let keystore = data_dir.keystore()?;
-    let key = token_signing_key(&data_dir, &keystore)?;
+    let (data_dir, store) = open_store(&settings)?;
+    let key = store.token_signing_key(&data_dir)?;
     let token = key
         .mint(&claims)
         .map_err(|e| anyhow::anyhow!("cannot sign the token: {e}"))?;

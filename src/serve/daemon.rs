@@ -16,9 +16,10 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::data_dir::{DaemonLock, DataDir};
-use super::files::{ensure_resources, token_signing_key};
+use super::files::ensure_resources;
 use super::limits::ServeLimits;
 use super::reload::Reloader;
+use super::store::Store;
 use super::{admin, daemon_keys, metrics, revocations, watcher};
 use crate::InvalidInput;
 
@@ -81,13 +82,20 @@ impl Daemon {
         // Before anything in the data directory is created or written: one daemon per directory.
         let data_dir = DataDir::open(&settings.data_dir)?;
         let lock = data_dir.lock_for_daemon()?;
-        let keystore: Arc<dyn Keystore> = Arc::new(data_dir.keystore()?);
+        let store = Store::open(&settings, &data_dir)?;
+        let keystore = store.keystore.clone();
         let limits = ServeLimits::from_settings(&settings);
         let world = load_initial_world(&settings, keystore.as_ref())?;
-        let signing_key = token_signing_key(&data_dir, keystore.as_ref())?;
+        let signing_key = store.token_signing_key(&data_dir)?;
         // Fail closed: the list exists from the key's creation on, so missing or invalid stops the start.
-        let revocations_path = data_dir.revocation_list();
-        let revocations = revocations::read(&revocations_path).context("refusing to start")?;
+        let revocations_source = match &store.revocations {
+            Some(database) => revocations::Source::Database(database.clone()),
+            None => revocations::Source::File(data_dir.revocation_list()),
+        };
+        let revocations = revocations_source
+            .read()
+            .await
+            .context("refusing to start")?;
         let (revocations_tx, revocations_rx) = watch::channel(Arc::new(revocations));
         let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(Snapshot::empty()));
         let (events_tx, events_rx) = mpsc::channel::<StreamEvent>(meshca_sds::EVENT_BUFFER);
@@ -113,16 +121,20 @@ impl Daemon {
 
         let shutdown = CancellationToken::new();
         let (reload_tx, reload_rx) = mpsc::channel(RELOAD_QUEUE);
+        let revocations_file = match &revocations_source {
+            revocations::Source::File(path) => Some(path.clone()),
+            revocations::Source::Database(_) => None,
+        };
         let reloader = Reloader::new(
             reload_tx,
-            revocations_path.clone(),
+            revocations_source,
             revocations_tx,
             metrics.clone(),
         );
         let watcher = match options.watch_files {
             true => Some(watcher::watch(
                 &settings.resources,
-                &revocations_path,
+                revocations_file.as_deref(),
                 reloader.clone(),
             )?),
             false => None,
@@ -160,6 +172,9 @@ impl Daemon {
             Ok(())
         });
         tasks.spawn(serve_sds(bound, sds, shutdown.clone()));
+        if revocations_file.is_none() {
+            tasks.spawn(reloader.clone().poll_revocations(shutdown.clone()));
+        }
         tasks.spawn(serve_admin(
             admin_listener,
             admin_state,

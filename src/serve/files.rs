@@ -1,31 +1,19 @@
-//! The daemon's files: the keystore in the data directory, the token signing key with its revocation
-//! list, and the resources directory (seeded with defaults when empty).
+//! The daemon's files: the store (the data directory's keystore, or the database), and the resources
+//! directory (seeded with defaults when empty).
 
 use std::path::Path;
 
 use anyhow::Context;
-use meshca_auth::SigningKey;
 use meshca_config::Settings;
-use meshca_keystore::{FileKeystore, Keystore};
 
 use super::data_dir::DataDir;
-use super::{daemon_keys, revocations};
+use super::store::Store;
 
-/// The keystore of the data directory (created private, or checked: see [`DataDir::open`]).
-pub fn open_keystore(settings: &Settings) -> anyhow::Result<FileKeystore> {
-    DataDir::open(&settings.data_dir)?.keystore()
-}
-
-/// The token signing key, created on first use together with the revocation list (the list first: a data
-/// directory with a key always has a list, so a missing list is a loss to report, never a fresh start).
-pub fn token_signing_key(
-    data_dir: &DataDir,
-    keystore: &dyn Keystore,
-) -> anyhow::Result<SigningKey> {
-    if !daemon_keys::has_token_signing_key(keystore)? {
-        revocations::create_if_missing(&data_dir.revocation_list())?;
-    }
-    daemon_keys::token_signing_key(keystore)
+/// The store the settings name (see [`Store::open`]), for commands that run beside the daemon.
+pub fn open_store(settings: &Settings) -> anyhow::Result<(DataDir, Store)> {
+    let data_dir = DataDir::open(&settings.data_dir)?;
+    let store = Store::open(settings, &data_dir)?;
+    Ok((data_dir, store))
 }
 
 /// Creates the resources directory with the default Mesh and MeshIdentity when it holds no resource

@@ -10,11 +10,11 @@ mod limits;
 pub mod metrics;
 mod reload;
 pub mod revocations;
+mod store;
 mod watcher;
 
 pub use daemon::{Daemon, DaemonOptions};
-pub use data_dir::DataDir;
-pub use files::{open_keystore, token_signing_key};
+pub use files::open_store;
 use reload::Change;
 
 use std::path::{Path, PathBuf};

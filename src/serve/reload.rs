@@ -1,7 +1,6 @@
 //! What a file change or SIGHUP reloads: the resources go to the owner loop, the token revocation list
 //! is re-read here and published to every SDS stream.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use meshca_auth::RevocationList;
@@ -45,7 +44,7 @@ impl Change {
 #[derive(Clone, Debug)]
 pub struct Reloader {
     resources: mpsc::Sender<Reload>,
-    revocations_path: PathBuf,
+    revocations_source: revocations::Source,
     revocations: Arc<watch::Sender<Arc<RevocationList>>>,
     metrics: Arc<Metrics>,
 }
@@ -53,13 +52,13 @@ pub struct Reloader {
 impl Reloader {
     pub(super) fn new(
         resources: mpsc::Sender<Reload>,
-        revocations_path: PathBuf,
+        revocations_source: revocations::Source,
         revocations: watch::Sender<Arc<RevocationList>>,
         metrics: Arc<Metrics>,
     ) -> Reloader {
         Reloader {
             resources,
-            revocations_path,
+            revocations_source,
             revocations: Arc::new(revocations),
             metrics,
         }
@@ -119,18 +118,61 @@ impl Reloader {
         rx.await.ok()
     }
 
-    /// Re-reads the revocation list. A missing, unreadable or invalid one leaves the previous list in
-    /// force (fail closed: deleting the file must not un-revoke anything), logged and counted.
+    /// Re-reads the revocation list in a task of its own. A missing, unreadable or invalid one leaves
+    /// the previous list in force (fail closed: deleting the file must not un-revoke anything), logged
+    /// and counted.
     fn reload_revocations(&self) {
-        match revocations::read(&self.revocations_path) {
-            Ok(list) => {
-                self.revocations.send_replace(Arc::new(list));
-            }
-            Err(e) => {
-                self.metrics.revocation_reload_failed();
+        let reloader = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = reloader.revocations_now().await {
                 tracing::error!(
                     "revocation list not reloaded, the previous one stays in force: {e:#}"
                 );
+            }
+        });
+    }
+
+    /// Re-reads the revocation list and publishes it when it changed. On failure the previous list
+    /// stays in force and the failure is counted; the caller logs it.
+    pub async fn revocations_now(&self) -> anyhow::Result<()> {
+        let list = self.revocations_source.read().await.inspect_err(|_| {
+            self.metrics.revocation_reload_failed();
+        })?;
+        self.revocations.send_if_modified(|current| {
+            let changed = **current != list;
+            if changed {
+                *current = Arc::new(list);
+            }
+            changed
+        });
+        Ok(())
+    }
+
+    /// Reads the database's revoked tokens every [`revocations::DATABASE_POLL`] until `shutdown`. A
+    /// failure is logged when it starts and when it ends, not once per read.
+    pub async fn poll_revocations(
+        self,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> anyhow::Result<()> {
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                _ = tokio::time::sleep(revocations::DATABASE_POLL) => {}
+            }
+            match self.revocations_now().await {
+                Ok(()) if failing => {
+                    failing = false;
+                    tracing::info!("the revoked tokens are read from the database again");
+                }
+                Ok(()) => {}
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::error!(
+                        "cannot read the revoked tokens; the list read last stays in force until the database answers: {e:#}"
+                    );
+                }
+                Err(_) => {}
             }
         }
     }

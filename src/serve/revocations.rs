@@ -9,6 +9,7 @@ use std::time::SystemTime;
 
 use anyhow::{anyhow, Context};
 use meshca_auth::RevocationList;
+use meshca_db::TokenRevocations;
 
 use crate::atomic_file::write_atomic_path;
 
@@ -96,6 +97,40 @@ pub fn revoke(path: &Path, id: &str, key_exists: bool) -> anyhow::Result<Revoked
             Ok(Revoked::Added)
         }
     }
+}
+
+/// Where the revoked tokens are kept: the data directory's file, or the database replicas share.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// `<dataDir>/revoked-tokens`, re-read when it changes.
+    File(PathBuf),
+    /// The database's table, read every [`DATABASE_POLL`].
+    Database(TokenRevocations),
+}
+
+/// How often a replica reads the database's revoked tokens: a token revoked on one replica is refused
+/// by all within about this long.
+pub const DATABASE_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl Source {
+    /// Reads the list. Every failure is an error: the caller keeps what it had, or does not start.
+    pub async fn read(&self) -> anyhow::Result<RevocationList> {
+        match self {
+            Source::File(path) => read(path),
+            Source::Database(revocations) => {
+                let ids = revocations.ids().await.map_err(|e| anyhow!("{e}"))?;
+                from_ids(&ids)
+            }
+        }
+    }
+}
+
+/// The list of the database's ids; an id that is not one (a row written by hand) refuses the whole
+/// list, naming it.
+fn from_ids(ids: &[String]) -> anyhow::Result<RevocationList> {
+    RevocationList::parse(&ids.join("\n")).map_err(|e| {
+        anyhow!("the database's revoked tokens (table meshca_revoked_tokens) are invalid: {e}")
+    })
 }
 
 /// Why a missing list is an error, and how to recover on purpose.

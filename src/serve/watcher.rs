@@ -15,12 +15,12 @@ const SETTLE: Duration = Duration::from_millis(150);
 /// Starts watching; the returned watcher must be kept alive.
 pub fn watch(
     resources: &Path,
-    revocations: &Path,
+    revocations: Option<&Path>,
     reloader: Reloader,
 ) -> anyhow::Result<notify::RecommendedWatcher> {
     let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<Change>();
     let resources_dir: PathBuf = resources.to_path_buf();
-    let revocations_file: PathBuf = revocations.to_path_buf();
+    let revocations_file: Option<PathBuf> = revocations.map(Path::to_path_buf);
     let (res_dir, rev_file) = (resources_dir.clone(), revocations_file.clone());
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let Ok(event) = event else { return };
@@ -28,7 +28,7 @@ pub fn watch(
             return;
         }
         for path in &event.paths {
-            let change = if path == &rev_file {
+            let change = if rev_file.as_ref() == Some(path) {
                 Change::Revocations
             } else if path.parent() == Some(res_dir.as_path()) || path == &res_dir {
                 Change::Resources
@@ -42,7 +42,7 @@ pub fn watch(
     watcher
         .watch(&resources_dir, RecursiveMode::NonRecursive)
         .with_context(|| format!("resources: cannot watch {}", resources_dir.display()))?;
-    if let Some(dir) = revocations_file.parent() {
+    if let Some(dir) = revocations_file.as_deref().and_then(Path::parent) {
         watcher
             .watch(dir, RecursiveMode::NonRecursive)
             .with_context(|| format!("cannot watch {}", dir.display()))?;

@@ -5,6 +5,7 @@ use std::fmt::Display;
 use std::str::FromStr;
 
 use super::file::{fields, Layer};
+use super::types::POSTGRES_PASSWORD_ENV;
 use super::SettingsError;
 
 /// The prefix of every settings environment variable.
@@ -67,6 +68,10 @@ pub(super) fn apply(
         .collect();
     vars.sort();
     for (var, value) in vars {
+        if var == POSTGRES_PASSWORD_ENV {
+            // A secret the daemon reads itself, never a settings field.
+            continue;
+        }
         let Some(&field) = known.get(&var) else {
             // Other tools share the prefix (a test harness's MESHCA_BIN, say): warn, do not refuse to start.
             tracing::warn!(
@@ -170,6 +175,35 @@ fn set(layer: &mut Layer, field: &str, value: &str) -> Result<(), String> {
             layer.rollout.get_or_insert_default().ack_timeout = Some(parse(value)?)
         }
         "keystore.type" => layer.keystore.get_or_insert_default().kind = Some(parse(value)?),
+        postgres if postgres.starts_with("keystore.postgres.") => {
+            let layer = layer
+                .keystore
+                .get_or_insert_default()
+                .postgres
+                .get_or_insert_default();
+            match postgres {
+                "keystore.postgres.url" => layer.url = Some(value.to_owned()),
+                "keystore.postgres.passwordFile" => layer.password_file = Some(value.into()),
+                "keystore.postgres.keyEncryptionKeyFile" => {
+                    layer.key_encryption_key_file = Some(value.into())
+                }
+                "keystore.postgres.caFile" => layer.ca_file = Some(value.into()),
+                "keystore.postgres.timeout" => layer.timeout = Some(parse(value)?),
+                "keystore.postgres.maxConnections" => {
+                    layer.max_connections = Some(
+                        parse::<usize>(value)
+                            .map_err(|_| format!("expected a whole number, got {value:?}"))?,
+                    )
+                }
+                other => {
+                    unreachable!("FIELDS and set() list the same fields; {other} is missing here")
+                }
+            }
+        }
+        "replica.name" => layer.replica.get_or_insert_default().name = Some(value.to_owned()),
+        "replica.leaseTimeout" => {
+            layer.replica.get_or_insert_default().lease_timeout = Some(parse(value)?)
+        }
         "tokens.maxValidFor" => {
             layer.tokens.get_or_insert_default().max_valid_for = Some(parse(value)?)
         }
@@ -212,6 +246,8 @@ mod tests {
                 "issuance.keysAhead" => "16",
                 "rollout.ackTimeout" => "5s",
                 "keystore.type" => "file",
+                "keystore.postgres.timeout" | "replica.leaseTimeout" => "5s",
+                "keystore.postgres.maxConnections" => "4",
                 "tokens.maxValidFor" => "30d",
                 limit if limit.ends_with("Timeout") => "5s",
                 limit if limit.starts_with("limits.") => "3",

@@ -24,6 +24,7 @@ pub(super) struct Layer {
     pub(super) rollout: Option<RolloutLayer>,
     pub(super) keystore: Option<KeystoreLayer>,
     pub(super) tokens: Option<TokensLayer>,
+    pub(super) replica: Option<ReplicaLayer>,
     pub(super) limits: Option<LimitsLayer>,
 }
 
@@ -74,6 +75,25 @@ pub(super) struct RolloutLayer {
 pub(super) struct KeystoreLayer {
     #[serde(rename = "type")]
     pub(super) kind: Option<KeystoreType>,
+    pub(super) postgres: Option<PostgresLayer>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct PostgresLayer {
+    pub(super) url: Option<String>,
+    pub(super) password_file: Option<PathBuf>,
+    pub(super) key_encryption_key_file: Option<PathBuf>,
+    pub(super) ca_file: Option<PathBuf>,
+    pub(super) timeout: Option<Duration>,
+    pub(super) max_connections: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct ReplicaLayer {
+    pub(super) name: Option<String>,
+    pub(super) lease_timeout: Option<Duration>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -83,7 +103,7 @@ pub(super) struct TokensLayer {
 }
 
 /// The settings fields outside `limits:`, as written in the file (dotted camelCase paths).
-const BASE_FIELDS: [&str; 16] = [
+const BASE_FIELDS: [&str; 24] = [
     "zone",
     "dataDir",
     "resources",
@@ -99,7 +119,15 @@ const BASE_FIELDS: [&str; 16] = [
     "issuance.keysAhead",
     "rollout.ackTimeout",
     "keystore.type",
+    "keystore.postgres.url",
+    "keystore.postgres.passwordFile",
+    "keystore.postgres.keyEncryptionKeyFile",
+    "keystore.postgres.caFile",
+    "keystore.postgres.timeout",
+    "keystore.postgres.maxConnections",
     "tokens.maxValidFor",
+    "replica.name",
+    "replica.leaseTimeout",
 ];
 
 /// Every settings field as written in the file (its dotted camelCase path). The environment
@@ -138,6 +166,16 @@ impl Layer {
                 .as_ref()
                 .is_some_and(|r| r.ack_timeout.is_some()),
             "keystore.type" => self.keystore.as_ref().is_some_and(|k| k.kind.is_some()),
+            postgres if postgres.starts_with("keystore.postgres.") => self
+                .keystore
+                .as_ref()
+                .and_then(|k| k.postgres.as_ref())
+                .is_some_and(|p| p.is_set(postgres)),
+            "replica.name" => self.replica.as_ref().is_some_and(|r| r.name.is_some()),
+            "replica.leaseTimeout" => self
+                .replica
+                .as_ref()
+                .is_some_and(|r| r.lease_timeout.is_some()),
             "tokens.maxValidFor" => self
                 .tokens
                 .as_ref()
@@ -145,6 +183,21 @@ impl Layer {
             limit if limit.starts_with("limits.") => {
                 self.limits.as_ref().is_some_and(|l| l.is_set(limit))
             }
+            _ => false,
+        }
+    }
+}
+
+impl PostgresLayer {
+    /// Whether `field` (a `keystore.postgres.*` field) is set.
+    fn is_set(&self, field: &str) -> bool {
+        match field {
+            "keystore.postgres.url" => self.url.is_some(),
+            "keystore.postgres.passwordFile" => self.password_file.is_some(),
+            "keystore.postgres.keyEncryptionKeyFile" => self.key_encryption_key_file.is_some(),
+            "keystore.postgres.caFile" => self.ca_file.is_some(),
+            "keystore.postgres.timeout" => self.timeout.is_some(),
+            "keystore.postgres.maxConnections" => self.max_connections.is_some(),
             _ => false,
         }
     }

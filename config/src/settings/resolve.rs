@@ -5,10 +5,12 @@ use std::path::{Path, PathBuf};
 
 use super::file::{fields, Layer};
 use super::types::{
-    AdminSettings, Defaults, IssuanceSettings, KeystoreSettings, RolloutSettings, SdsSettings,
-    TlsFiles, TokensSettings, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR,
-    DEFAULT_KEYS_AHEAD, DEFAULT_RENEW_AT, DEFAULT_TOKEN_MAX_VALID_FOR, DEFAULT_ZONE,
-    MAX_ISSUANCE_WORKERS, MAX_KEYS_AHEAD,
+    default_replica_name, AdminSettings, Defaults, IssuanceSettings, KeystoreSettings,
+    KeystoreType, PostgresSettings, ReplicaSettings, RolloutSettings, SdsSettings, TlsFiles,
+    TokensSettings, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR,
+    DEFAULT_KEYS_AHEAD, DEFAULT_LEASE_TIMEOUT, DEFAULT_POSTGRES_MAX_CONNECTIONS,
+    DEFAULT_POSTGRES_TIMEOUT, DEFAULT_RENEW_AT, DEFAULT_TOKEN_MAX_VALID_FOR, DEFAULT_ZONE,
+    FALLBACK_REPLICA_NAME, MAX_ISSUANCE_WORKERS, MAX_KEYS_AHEAD, MAX_POSTGRES_CONNECTIONS,
 };
 use super::{env, ListenAddr, Settings, SettingsError};
 use crate::names::check_name;
@@ -185,6 +187,8 @@ fn resolve(
             "must be at least one second (a token's validity is counted in whole seconds)",
         ));
     }
+    let keystore = resolve_keystore(layer.keystore.unwrap_or_default(), origins)?;
+    let replica = resolve_replica(layer.replica.unwrap_or_default(), keystore.kind, origins)?;
     Ok(Settings {
         zone,
         resources,
@@ -198,12 +202,126 @@ fn resolve(
             keys_ahead,
         },
         rollout: RolloutSettings { ack_timeout },
-        keystore: KeystoreSettings {
-            kind: layer.keystore.and_then(|k| k.kind).unwrap_or_default(),
-        },
+        keystore,
         tokens: TokensSettings { max_valid_for },
+        replica,
         limits,
         data_dir,
+    })
+}
+
+fn resolve_keystore(
+    keystore: super::file::KeystoreLayer,
+    origins: &Origins<'_>,
+) -> Result<KeystoreSettings, SettingsError> {
+    let kind = keystore.kind.unwrap_or_default();
+    let Some(postgres) = keystore.postgres else {
+        if kind == KeystoreType::Postgres {
+            return Err(origins.invalid_from(
+                "keystore.type",
+                "keystore.postgres.url",
+                "required when keystore.type is postgres",
+            ));
+        }
+        return Ok(KeystoreSettings {
+            kind,
+            postgres: None,
+        });
+    };
+    if kind != KeystoreType::Postgres {
+        let field = super::file::fields()
+            .find(|f| f.starts_with("keystore.postgres.") && origins.0.contains_key(f))
+            .unwrap_or("keystore.postgres.url");
+        return Err(origins.invalid(
+            field,
+            format!("only used with keystore.type: postgres (keystore.type is {kind}); set it, or remove keystore.postgres"),
+        ));
+    }
+    let required = |value: Option<String>, field: &str| match value {
+        Some(v) if !v.trim().is_empty() => Ok(v),
+        Some(_) => Err(origins.invalid(field, "must not be empty")),
+        None => Err(origins.invalid_from(
+            "keystore.type",
+            field,
+            "required when keystore.type is postgres",
+        )),
+    };
+    let url = required(postgres.url, "keystore.postgres.url")?;
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(origins.invalid(
+            "keystore.postgres.url",
+            "must be a postgres:// URL, such as postgres://meshca@db.example:5432/meshca",
+        ));
+    }
+    let kek = postgres
+        .key_encryption_key_file
+        .map(|p| p.to_string_lossy().into_owned());
+    let key_encryption_key_file =
+        PathBuf::from(required(kek, "keystore.postgres.keyEncryptionKeyFile")?);
+    let password_file = postgres
+        .password_file
+        .map(|p| non_empty_path(origins, "keystore.postgres.passwordFile", p))
+        .transpose()?;
+    let ca_file = postgres
+        .ca_file
+        .map(|p| non_empty_path(origins, "keystore.postgres.caFile", p))
+        .transpose()?;
+    let timeout = postgres.timeout.unwrap_or(DEFAULT_POSTGRES_TIMEOUT);
+    if timeout.0.is_zero() {
+        return Err(origins.invalid("keystore.postgres.timeout", "must be greater than zero"));
+    }
+    let max_connections = postgres
+        .max_connections
+        .unwrap_or(DEFAULT_POSTGRES_MAX_CONNECTIONS);
+    if !(1..=MAX_POSTGRES_CONNECTIONS).contains(&max_connections) {
+        return Err(origins.invalid(
+            "keystore.postgres.maxConnections",
+            format!("must be between 1 and {MAX_POSTGRES_CONNECTIONS}, got {max_connections}"),
+        ));
+    }
+    Ok(KeystoreSettings {
+        kind,
+        postgres: Some(PostgresSettings {
+            url,
+            password_file,
+            key_encryption_key_file,
+            ca_file,
+            timeout,
+            max_connections,
+        }),
+    })
+}
+
+/// `replica:`: the name defaults to the host name (lower-cased), which must then be a valid name
+/// when replicas share a database.
+fn resolve_replica(
+    replica: super::file::ReplicaLayer,
+    keystore: KeystoreType,
+    origins: &Origins<'_>,
+) -> Result<ReplicaSettings, SettingsError> {
+    let name = match replica.name {
+        Some(name) => {
+            check_name(&name).map_err(|m| origins.invalid("replica.name", m))?;
+            name
+        }
+        None => match default_replica_name() {
+            Ok(host) => host,
+            Err(m) if keystore == KeystoreType::Postgres => {
+                return Err(origins.invalid(
+                    "replica.name",
+                    format!("unset, and the host name cannot be a replica's name ({m}): set replica.name"),
+                ));
+            }
+            Err(_) => FALLBACK_REPLICA_NAME.to_owned(),
+        },
+    };
+    let lease_timeout = replica.lease_timeout.unwrap_or(DEFAULT_LEASE_TIMEOUT);
+    if lease_timeout.0.is_zero() {
+        return Err(origins.invalid("replica.leaseTimeout", "must be greater than zero"));
+    }
+    Ok(ReplicaSettings {
+        name,
+        lease_timeout,
     })
 }
 

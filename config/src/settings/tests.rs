@@ -181,7 +181,7 @@ fn bad_values_in_file_name_the_field() {
     let (_dir, s) = load_yaml("keystore:\n  type: vault\n", &[]);
     let e = err_text(s);
     assert!(
-        e.contains("keystore.type: unknown keystore type \"vault\"; supported: file"),
+        e.contains("keystore.type: unknown keystore type \"vault\"; supported: file, postgres"),
         "{e}"
     );
     let (_dir, s) = load_yaml("sds:\n  listen: [\"localhost:1\"]\n", &[]);
@@ -460,4 +460,84 @@ fn limits_come_from_the_file_and_the_environment() {
         e.contains("MESHCA_LIMITS_NAME_BYTES") && e.contains("expected a whole number"),
         "{e}"
     );
+}
+
+#[test]
+fn a_postgres_keystore_takes_its_database_from_the_file_and_the_environment() {
+    let (_dir, s) = load_yaml(
+        "keystore:\n  type: postgres\n  postgres:\n    url: postgres://meshca@db.example:5432/meshca\n    \
+         passwordFile: /etc/meshca/db-password\n    keyEncryptionKeyFile: /etc/meshca/kek\n\
+         replica:\n  name: meshca-a\n  leaseTimeout: 20s\n",
+        &[
+            ("MESHCA_KEYSTORE_POSTGRES_MAX_CONNECTIONS", "3"),
+            ("MESHCA_KEYSTORE_POSTGRES_PASSWORD", "not a setting, never echoed"),
+        ],
+    );
+    let s = s.expect("valid");
+    assert_eq!(s.keystore.kind, KeystoreType::Postgres);
+    let pg = s.keystore.postgres.as_ref().expect("postgres settings");
+    assert_eq!(pg.url, "postgres://meshca@db.example:5432/meshca");
+    assert_eq!(
+        pg.password_file.as_deref(),
+        Some(Path::new("/etc/meshca/db-password"))
+    );
+    assert_eq!(pg.key_encryption_key_file, Path::new("/etc/meshca/kek"));
+    assert_eq!(pg.ca_file, None);
+    assert_eq!(pg.timeout, DEFAULT_POSTGRES_TIMEOUT);
+    assert_eq!(pg.max_connections, 3);
+    assert_eq!(s.replica.name, "meshca-a");
+    assert_eq!(s.replica.lease_timeout, Duration::from_secs(20));
+    let json = serde_json::to_string(&s).expect("serializes");
+    assert!(!json.contains("never echoed"), "{json}");
+    assert!(json.contains("keyEncryptionKeyFile"), "{json}");
+
+    let (_dir, s) = load_yaml(
+        "",
+        &[
+            ("MESHCA_KEYSTORE_TYPE", "postgres"),
+            (
+                "MESHCA_KEYSTORE_POSTGRES_URL",
+                "postgres://meshca@db/meshca",
+            ),
+            ("MESHCA_KEYSTORE_POSTGRES_KEY_ENCRYPTION_KEY_FILE", "/k"),
+        ],
+    );
+    let s = s.expect("valid from the environment alone");
+    assert_eq!(
+        s.keystore.postgres.expect("postgres").url,
+        "postgres://meshca@db/meshca"
+    );
+}
+
+#[test]
+fn a_postgres_keystore_names_what_it_lacks_or_what_is_wrong() {
+    let cases: [(&str, &str); 7] = [
+        ("keystore:\n  type: postgres\n", "keystore.postgres.url: required when keystore.type is postgres"),
+        (
+            "keystore:\n  type: postgres\n  postgres:\n    url: postgres://db/m\n",
+            "keystore.postgres.keyEncryptionKeyFile: required when keystore.type is postgres",
+        ),
+        (
+            "keystore:\n  type: postgres\n  postgres:\n    url: mysql://db/m\n    keyEncryptionKeyFile: /k\n",
+            "keystore.postgres.url: must be a postgres:// URL",
+        ),
+        (
+            "keystore:\n  postgres:\n    url: postgres://db/m\n",
+            "keystore.postgres.url: only used with keystore.type: postgres (keystore.type is file)",
+        ),
+        (
+            "keystore:\n  type: postgres\n  postgres:\n    url: postgres://db/m\n    keyEncryptionKeyFile: /k\n    maxConnections: 0\n",
+            "keystore.postgres.maxConnections: must be between 1 and 256, got 0",
+        ),
+        (
+            "keystore:\n  type: postgres\n  postgres:\n    url: postgres://db/m\n    keyEncryptionKeyFile: /k\n    timeout: 0s\n",
+            "keystore.postgres.timeout: must be greater than zero",
+        ),
+        ("replica:\n  name: Meshca_A\n", "replica.name: \"Meshca_A\" is not a valid name"),
+    ];
+    for (yaml, expected) in cases {
+        let (_dir, s) = load_yaml(yaml, &[]);
+        let e = err_text(s);
+        assert!(e.contains(expected), "{yaml}: {e}");
+    }
 }

@@ -41,6 +41,8 @@ pub struct Settings {
     pub limits: Limits,
     /// Proxy tokens (`meshca token`).
     pub tokens: TokensSettings,
+    /// This daemon among replicas that share one database (`keystore.type: postgres`).
+    pub replica: ReplicaSettings,
 }
 
 /// `defaults:` in the settings file.
@@ -129,7 +131,70 @@ pub struct KeystoreSettings {
     /// The keystore implementation (default `file`).
     #[serde(rename = "type")]
     pub kind: KeystoreType,
+    /// The database, with `type: postgres` (and only then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub postgres: Option<PostgresSettings>,
 }
+
+/// `keystore.postgres:` in the settings file: the database replicas share.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgresSettings {
+    /// `postgres://user@host:port/database`, without a password (`MESHCA_KEYSTORE_POSTGRES_URL`).
+    pub url: String,
+    /// A file holding the database password. Without it, the password comes from
+    /// `MESHCA_KEYSTORE_POSTGRES_PASSWORD`, or there is none.
+    pub password_file: Option<PathBuf>,
+    /// The key that seals every secret stored in the database: 32 random bytes or 64 hex digits,
+    /// the same file on every replica, readable by its owner only.
+    pub key_encryption_key_file: PathBuf,
+    /// PEM certificates of the CAs the database server's certificate must chain to; the system's
+    /// roots when unset.
+    pub ca_file: Option<PathBuf>,
+    /// How long connecting, or one database operation, may take (default 10s).
+    pub timeout: Duration,
+    /// The most connections a replica opens (default 8).
+    pub max_connections: usize,
+}
+
+/// `keystore.postgres.timeout` unless set.
+pub const DEFAULT_POSTGRES_TIMEOUT: Duration = Duration(std::time::Duration::from_secs(10));
+
+/// `keystore.postgres.maxConnections` unless set.
+pub const DEFAULT_POSTGRES_MAX_CONNECTIONS: usize = 8;
+
+/// The most connections `keystore.postgres.maxConnections` may ask for.
+pub const MAX_POSTGRES_CONNECTIONS: usize = 256;
+
+/// The environment variable that holds the database password (a secret: never a settings field, so
+/// never shown by `meshca status` or the admin API).
+pub const POSTGRES_PASSWORD_ENV: &str = "MESHCA_KEYSTORE_POSTGRES_PASSWORD";
+
+/// `replica:` in the settings file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaSettings {
+    /// This replica's name, unique among the replicas of one database (default: the host name).
+    pub name: String,
+    /// How long a replica may go without a heartbeat before the others count it as gone, and its
+    /// proxies as disconnected (default 15s).
+    pub lease_timeout: Duration,
+}
+
+/// A replica's name when `replica.name` is unset and the host name is no valid name (only a lone
+/// daemon may go by it: replicas of one database must name themselves).
+pub(super) const FALLBACK_REPLICA_NAME: &str = "meshca";
+
+/// The host name, lower-cased, as the default `replica.name`; why it cannot be one otherwise.
+pub(super) fn default_replica_name() -> Result<String, String> {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_ascii_lowercase())
+        .unwrap_or_default();
+    crate::names::check_name(&host).map(|()| host)
+}
+
+/// `replica.leaseTimeout` unless set.
+pub const DEFAULT_LEASE_TIMEOUT: Duration = Duration(std::time::Duration::from_secs(15));
 
 /// The keystore implementations meshca has.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -138,16 +203,19 @@ pub enum KeystoreType {
     /// Files under `<dataDir>`, mode 0600 in a 0700 directory.
     #[default]
     File,
+    /// A PostgreSQL database that replicas share (`keystore.postgres`).
+    Postgres,
 }
 
 impl KeystoreType {
     /// Every keystore type, as spelled in the settings file.
-    pub const ALL: [KeystoreType; 1] = [KeystoreType::File];
+    pub const ALL: [KeystoreType; 2] = [KeystoreType::File, KeystoreType::Postgres];
 
     /// The settings-file spelling, e.g. `file`.
     pub fn as_str(self) -> &'static str {
         match self {
             KeystoreType::File => "file",
+            KeystoreType::Postgres => "postgres",
         }
     }
 }
@@ -160,7 +228,7 @@ impl fmt::Display for KeystoreType {
 
 /// The error for a keystore type meshca does not have.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown keystore type {0:?}; supported: file")]
+#[error("unknown keystore type {0:?}; supported: file, postgres")]
 pub struct UnknownKeystoreType(pub String);
 
 impl FromStr for KeystoreType {
@@ -248,6 +316,10 @@ impl Default for Settings {
             limits: Limits::default(),
             tokens: TokensSettings {
                 max_valid_for: DEFAULT_TOKEN_MAX_VALID_FOR,
+            },
+            replica: ReplicaSettings {
+                name: default_replica_name().unwrap_or_else(|_| FALLBACK_REPLICA_NAME.to_owned()),
+                lease_timeout: DEFAULT_LEASE_TIMEOUT,
             },
             data_dir,
         }

@@ -1,0 +1,81 @@
+//! The errors of the database layer. Messages name the setting, file or operation, and never hold a
+//! password, a key or a stored value.
+
+use std::path::PathBuf;
+
+/// Why a database operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DbError {
+    /// `keystore.postgres.url` does not parse.
+    #[error("keystore.postgres.url: {0}")]
+    Url(String),
+    /// A file the settings name (the password, the key-encryption key, the server CA) is unusable.
+    #[error("{}: {message}", file.display())]
+    File {
+        /// The file.
+        file: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The database refused or failed an operation, or could not be reached.
+    #[error("database: cannot {action}: {detail}")]
+    Database {
+        /// What was being done.
+        action: String,
+        /// The client's or the server's error.
+        detail: String,
+    },
+    /// The database did not answer within `keystore.postgres.timeout`.
+    #[error("database: cannot {action}: no answer within {seconds}s (keystore.postgres.timeout)")]
+    Timeout {
+        /// What was being done.
+        action: String,
+        /// The timeout.
+        seconds: u64,
+    },
+    /// The schema was created by a newer meshca.
+    #[error(
+        "database: its schema is version {found}, newer than this meshca knows ({known}): run the newer \
+         meshca, or restore a backup made before it migrated the database"
+    )]
+    SchemaTooNew {
+        /// The database's schema version.
+        found: i32,
+        /// The newest version this build knows.
+        known: i32,
+    },
+    /// The key-encryption key does not open what the database holds.
+    #[error(
+        "keystore.postgres.keyEncryptionKeyFile: this key does not open the values the database holds; \
+         every replica must use the key the database was first used with"
+    )]
+    WrongKey,
+    /// Sealing failed (the system's random source).
+    #[error("cannot seal a secret: {0}")]
+    Crypto(String),
+}
+
+impl DbError {
+    /// A database error while doing `action`.
+    pub(crate) fn database(
+        action: impl Into<String>,
+    ) -> impl FnOnce(tokio_postgres::Error) -> Self {
+        let action = action.into();
+        move |e| DbError::Database {
+            action,
+            detail: describe(&e),
+        }
+    }
+}
+
+/// A client error with its cause: the server's message, or the I/O error, not only "db error".
+fn describe(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{} ({})", db.message(), db.code().code());
+    }
+    match std::error::Error::source(e) {
+        Some(source) => format!("{e}: {source}"),
+        None => e.to_string(),
+    }
+}

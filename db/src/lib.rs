@@ -1,0 +1,24 @@
+//! meshca's PostgreSQL store, shared by the replicas of one CA.
+//!
+//! [`Database`] is a connection pool on a runtime of its own; it creates and migrates the schema when it
+//! connects. [`PostgresKeystore`] keeps the keystore's entries in it: public data as written, secrets
+//! sealed with the [`KeyEncryptionKey`] (AES-256-GCM, bound to the entry's name), so that a dump of the
+//! database alone holds no private key. Creating a group of entries ([`meshca_keystore::Keystore::create_if_absent`])
+//! is one transaction under a lock: however many replicas race, one creates a CA and the others adopt it.
+//! [`TokenRevocations`] keeps the revoked proxy tokens every replica refuses.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod database;
+mod error;
+mod kek;
+mod keystore;
+mod revocations;
+mod schema;
+
+pub use database::{Database, DbOptions};
+pub use error::DbError;
+pub use kek::KeyEncryptionKey;
+pub use keystore::PostgresKeystore;
+pub use revocations::{TokenRevocations, MAX_REVOKED};
+pub use schema::SCHEMA_VERSION;

@@ -1,0 +1,89 @@
+//! The schema, created and migrated by the daemon itself: numbered migrations, applied in order under
+//! an advisory lock so that replicas starting together apply each once.
+
+use deadpool_postgres::Client;
+
+use crate::error::DbError;
+
+/// The advisory lock held while the schema is checked and migrated ("meshca" and 1).
+const MIGRATE_LOCK: i64 = 0x6d65_7368_6361_0001;
+
+/// Each migration: the version it brings the schema to, and its statements.
+const MIGRATIONS: &[(i32, &str)] = &[(
+    1,
+    "CREATE TABLE meshca_entries (
+        name text PRIMARY KEY,
+        secret boolean NOT NULL,
+        data bytea NOT NULL,
+        updated_at timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE TABLE meshca_meta (
+        key text PRIMARY KEY,
+        value bytea NOT NULL
+    );
+    CREATE TABLE meshca_revoked_tokens (
+        id text PRIMARY KEY,
+        note text NOT NULL,
+        revoked_at timestamptz NOT NULL DEFAULT now()
+    );",
+)];
+
+/// The newest schema version this build knows.
+pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
+
+/// Brings the schema to [`SCHEMA_VERSION`]; returns it. A schema newer than that is an error, and
+/// left untouched.
+pub(crate) async fn migrate(client: &mut Client) -> Result<i32, DbError> {
+    client
+        .execute("SELECT pg_advisory_lock($1)", &[&MIGRATE_LOCK])
+        .await
+        .map_err(DbError::database("take the schema lock"))?;
+    let migrated = apply(client).await;
+    // Released whatever happened: the connection goes back to the pool.
+    let released = client
+        .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATE_LOCK])
+        .await;
+    let version = migrated?;
+    released.map_err(DbError::database("release the schema lock"))?;
+    Ok(version)
+}
+
+async fn apply(client: &mut Client) -> Result<i32, DbError> {
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS meshca_schema (
+                one boolean PRIMARY KEY DEFAULT true CHECK (one),
+                version integer NOT NULL
+            );
+            INSERT INTO meshca_schema (version) VALUES (0) ON CONFLICT DO NOTHING;",
+        )
+        .await
+        .map_err(DbError::database("create the schema version table"))?;
+    let found: i32 = client
+        .query_one("SELECT version FROM meshca_schema", &[])
+        .await
+        .map_err(DbError::database("read the schema version"))?
+        .get(0);
+    if found > SCHEMA_VERSION {
+        return Err(DbError::SchemaTooNew {
+            found,
+            known: SCHEMA_VERSION,
+        });
+    }
+    for (version, statements) in MIGRATIONS.iter().filter(|(v, _)| *v > found) {
+        let action = format!("migrate the schema to version {version}");
+        let tx = client
+            .transaction()
+            .await
+            .map_err(DbError::database(action.clone()))?;
+        tx.batch_execute(statements)
+            .await
+            .map_err(DbError::database(action.clone()))?;
+        tx.execute("UPDATE meshca_schema SET version = $1", &[version])
+            .await
+            .map_err(DbError::database(action.clone()))?;
+        tx.commit().await.map_err(DbError::database(action))?;
+        tracing::info!(version, "database schema migrated");
+    }
+    Ok(found.max(SCHEMA_VERSION))
+}

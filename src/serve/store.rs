@@ -1,0 +1,102 @@
+//! Where the daemon keeps its keys and revoked tokens: files in the data directory (`keystore.type:
+//! file`), or the PostgreSQL database that replicas share (`keystore.type: postgres`).
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{anyhow, Context};
+use meshca_auth::SigningKey;
+use meshca_config::{PostgresSettings, Settings, POSTGRES_PASSWORD_ENV};
+use meshca_db::{Database, DbOptions, KeyEncryptionKey, PostgresKeystore, TokenRevocations};
+use meshca_keystore::Keystore;
+use zeroize::Zeroizing;
+
+use super::data_dir::DataDir;
+use super::{daemon_keys, revocations};
+
+/// The largest password file read.
+const MAX_PASSWORD_FILE: u64 = 4096;
+
+/// The keystore, and the revoked tokens when a database keeps them (else the data directory's
+/// `revoked-tokens` file does).
+#[derive(Debug, Clone)]
+pub struct Store {
+    /// Every CA key, the token signing key and generated state.
+    pub keystore: Arc<dyn Keystore>,
+    /// The database's revoked tokens, with `keystore.type: postgres`.
+    pub revocations: Option<TokenRevocations>,
+}
+
+impl Store {
+    /// Opens the store the settings name. With `postgres`, connects, migrates the schema and checks
+    /// the key-encryption key first: any problem stops here, naming the setting.
+    pub fn open(settings: &Settings, data_dir: &DataDir) -> anyhow::Result<Store> {
+        let Some(postgres) = &settings.keystore.postgres else {
+            return Ok(Store {
+                keystore: Arc::new(data_dir.keystore()?),
+                revocations: None,
+            });
+        };
+        let db = Arc::new(connect(postgres)?);
+        let key = KeyEncryptionKey::read(&postgres.key_encryption_key_file)
+            .context("keystore.postgres.keyEncryptionKeyFile")?;
+        let keystore = PostgresKeystore::open(db.clone(), key)?;
+        tracing::info!(url = %db.url(), replica = %settings.replica.name, "keystore in PostgreSQL");
+        Ok(Store {
+            keystore: Arc::new(keystore),
+            revocations: Some(TokenRevocations::new(db)),
+        })
+    }
+
+    /// The token signing key, created the first time. With files, the revocation list is created
+    /// first, so that a data directory with a key always has one; a database always has its table.
+    pub fn token_signing_key(&self, data_dir: &DataDir) -> anyhow::Result<SigningKey> {
+        if self.revocations.is_none() && !daemon_keys::has_token_signing_key(&*self.keystore)? {
+            revocations::create_if_missing(&data_dir.revocation_list())?;
+        }
+        daemon_keys::token_signing_key(&*self.keystore)
+    }
+}
+
+/// Connects to the database of `keystore.postgres`.
+fn connect(settings: &PostgresSettings) -> anyhow::Result<Database> {
+    let password = match &settings.password_file {
+        Some(file) => Some(read_password(file)?),
+        None => std::env::var(POSTGRES_PASSWORD_ENV)
+            .ok()
+            .map(Zeroizing::new),
+    };
+    let options = DbOptions {
+        url: settings.url.clone(),
+        password,
+        ca_file: settings.ca_file.clone(),
+        timeout: settings.timeout.as_std(),
+        max_connections: settings.max_connections,
+    };
+    Database::connect(&options).map_err(|e| anyhow!("{e}"))
+}
+
+/// The password in `file` (a trailing newline is not part of it); the file must be private.
+fn read_password(file: &Path) -> anyhow::Result<Zeroizing<String>> {
+    let context = || format!("keystore.postgres.passwordFile: {}", file.display());
+    let meta = std::fs::metadata(file).with_context(context)?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(anyhow!(
+            "keystore.postgres.passwordFile: {} has mode {mode:04o}, but a password file must be readable by \
+             its owner only: `chmod 600` it",
+            file.display()
+        ));
+    }
+    if meta.len() > MAX_PASSWORD_FILE {
+        return Err(anyhow!(
+            "keystore.postgres.passwordFile: {} is larger than {MAX_PASSWORD_FILE} bytes",
+            file.display()
+        ));
+    }
+    let text = Zeroizing::new(std::fs::read_to_string(file).with_context(context)?);
+    let password = text.strip_suffix('\n').unwrap_or(&text);
+    let password = password.strip_suffix('\r').unwrap_or(password);
+    Ok(Zeroizing::new(password.to_owned()))
+}
