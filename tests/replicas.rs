@@ -59,6 +59,19 @@ fn replicas_starting_together_on_an_empty_database_are_one_ca_and_share_tokens_a
             .map(|s| s.join().expect("a replica started"))
             .collect()
     });
+    // Each replica heartbeats, and each sees the three.
+    for daemon in &daemons {
+        let names = daemon.wait_json("/api/replicas", "three live replicas", |v| {
+            let replicas = v["replicas"].as_array()?;
+            let live: Vec<&str> = replicas
+                .iter()
+                .filter(|r| r["live"] == true)
+                .filter_map(|r| r["name"].as_str())
+                .collect();
+            (live.len() == 3).then(|| live.join(","))
+        });
+        assert_eq!(names, "meshca-a,meshca-b,meshca-c");
+    }
     let count = |sql: &str| pg.psql("meshca", sql);
     assert_eq!(
         count("SELECT count(*) FROM meshca_entries WHERE name = 'daemon/token-signing-key.p8'"),
@@ -110,5 +123,52 @@ fn a_replica_with_another_key_encryption_key_does_not_start_and_says_why() {
     assert!(
         run.stderr.contains("keyEncryptionKeyFile"),
         "the error names the setting: {run}"
+    );
+}
+
+#[test]
+fn a_replica_that_loses_the_database_keeps_serving_says_so_and_recovers_when_it_returns() {
+    let mut pg = TestPostgres::start();
+    let shared = tempfile::tempdir().expect("temp dir");
+    write_private(&shared.path().join("kek"), &[7u8; 32]);
+    write_private(&shared.path().join("db-password"), pg.password().as_bytes());
+    let env = replica(&pg, shared.path(), "meshca-a");
+    let daemon = env.start();
+    let known = env.token("default", "web-1", &["--tag", "kuma.io/service=web"]);
+    let before = issuer(&env, &known);
+    let fresh = env.token("default", "web-2", &["--tag", "kuma.io/service=web"]);
+
+    pg.stop();
+    let body = wait_for("/ready to say the database does not answer", || {
+        let r = daemon.admin_get("/ready");
+        assert_eq!(r.status, 200, "every replica loses it together: stay ready");
+        r.body
+            .contains("the database does not answer")
+            .then_some(r.body)
+    });
+    assert!(body.contains("waiting for it"), "{body}");
+    let metrics = daemon.admin_get("/metrics").body;
+    assert!(
+        metrics.contains("meshca_database_up{replica=\"meshca-a\"} 0"),
+        "{metrics}"
+    );
+    let admin = env.admin.to_string();
+    let status = env.cli(&["status", "--admin", &admin]).ok();
+    assert!(
+        status.stdout.contains("database: DOES NOT ANSWER"),
+        "{status}"
+    );
+    // Served from what the replica holds: a known proxy, and one it never saw, from the loaded CA.
+    assert_eq!(issuer(&env, &known), before);
+    assert_eq!(issuer(&env, &fresh), before);
+
+    pg.start_again();
+    wait_for("/ready to say plainly ready again", || {
+        (daemon.admin_get("/ready").body == "ready\n").then_some(())
+    });
+    let metrics = daemon.admin_get("/metrics").body;
+    assert!(
+        metrics.contains("meshca_database_up{replica=\"meshca-a\"} 1"),
+        "{metrics}"
     );
 }

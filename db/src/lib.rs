@@ -5,7 +5,8 @@
 //! sealed with the [`KeyEncryptionKey`] (AES-256-GCM, bound to the entry's name), so that a dump of the
 //! database alone holds no private key. Creating a group of entries ([`meshca_keystore::Keystore::create_if_absent`])
 //! is one transaction under a lock: however many replicas race, one creates a CA and the others adopt it.
-//! [`TokenRevocations`] keeps the revoked proxy tokens every replica refuses.
+//! [`TokenRevocations`] keeps the revoked proxy tokens every replica refuses, and [`Replicas`] the
+//! replicas' heartbeats.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -13,6 +14,7 @@ mod database;
 mod error;
 mod kek;
 mod keystore;
+mod replicas;
 mod revocations;
 mod schema;
 
@@ -20,5 +22,6 @@ pub use database::{Database, DbOptions};
 pub use error::DbError;
 pub use kek::KeyEncryptionKey;
 pub use keystore::PostgresKeystore;
+pub use replicas::{ReplicaRecord, Replicas, MAX_REPLICAS};
 pub use revocations::{TokenRevocations, MAX_REVOKED};
 pub use schema::SCHEMA_VERSION;

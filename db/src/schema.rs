@@ -9,9 +9,10 @@ use crate::error::DbError;
 const MIGRATE_LOCK: i64 = 0x6d65_7368_6361_0001;
 
 /// Each migration: the version it brings the schema to, and its statements.
-const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    "CREATE TABLE meshca_entries (
+const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        "CREATE TABLE meshca_entries (
         name text PRIMARY KEY,
         secret boolean NOT NULL,
         data bytea NOT NULL,
@@ -26,7 +27,18 @@ const MIGRATIONS: &[(i32, &str)] = &[(
         note text NOT NULL,
         revoked_at timestamptz NOT NULL DEFAULT now()
     );",
-)];
+    ),
+    (
+        2,
+        "CREATE TABLE meshca_replicas (
+        name text PRIMARY KEY,
+        started_at timestamptz NOT NULL,
+        heartbeat_at timestamptz NOT NULL,
+        proxies integer NOT NULL,
+        streams integer NOT NULL
+    );",
+    ),
+];
 
 /// The newest schema version this build knows.
 pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;

@@ -88,6 +88,11 @@ impl StreamRegistry {
         self.lock().by_id.len()
     }
 
+    /// The number of proxies with a stream open.
+    pub fn connected_proxies(&self) -> usize {
+        self.lock().by_proxy.values().filter(|p| p.open > 0).count()
+    }
+
     /// True when no stream is open.
     pub fn is_empty(&self) -> bool {
         self.lock().by_id.is_empty()

@@ -56,6 +56,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         super::print_json(&document)?;
         return Ok(ExitCode::SUCCESS);
     }
+    let database = document.get("database").cloned();
     let status: Status = serde_json::from_value(document)
         .context("the admin API's status document is not one this meshca understands")?;
     for mesh in &status.meshes {
@@ -68,7 +69,52 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     if let Some(rejected) = &status.last_rejected_update {
         print_rejected(rejected);
     }
+    if let Some(database) = database {
+        print_database(&database);
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The replicas' database and every replica's last heartbeat (`keystore.type: postgres`).
+fn print_database(database: &serde_json::Value) {
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or("-").to_owned();
+    println!();
+    match database["up"].as_bool() {
+        Some(true) => println!(
+            "database: answers (this replica: {})",
+            text(&database["replica"])
+        ),
+        _ => {
+            println!(
+                "database: DOES NOT ANSWER (this replica: {}): {}",
+                text(&database["replica"]),
+                text(&database["error"])
+            );
+            for waiting in database["waiting"].as_array().into_iter().flatten() {
+                println!("  waiting: {}", text(waiting));
+            }
+        }
+    }
+    println!(
+        "{:<24} {:>14} {:>8} {:>8}  state",
+        "replica", "heartbeat", "proxies", "streams"
+    );
+    for replica in database["replicas"].as_array().into_iter().flatten() {
+        let age = replica["heartbeat_age_seconds"]
+            .as_f64()
+            .unwrap_or(f64::NAN);
+        let state = match replica["live"].as_bool() {
+            Some(true) => "live",
+            _ => "gone (lease expired)",
+        };
+        println!(
+            "{:<24} {:>14} {:>8} {:>8}  {state}",
+            text(&replica["name"]),
+            format!("{age:.1}s ago"),
+            replica["proxies"].as_u64().unwrap_or(0),
+            replica["streams"].as_u64().unwrap_or(0),
+        );
+    }
 }
 
 /// `-` for what is absent.

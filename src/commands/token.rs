@@ -35,7 +35,7 @@ pub fn run(args: TokenArgs) -> anyhow::Result<ExitCode> {
         }
         let (data_dir, store) = open_store(&settings)?;
         let note = format!("revoked {}", meshca_control::rfc3339(SystemTime::now()));
-        if let Some(database) = &store.revocations {
+        if let Some(database) = store.revocations() {
             let added = database
                 .revoke(id, &note)
                 .map_err(|e| anyhow::anyhow!("{e}"))?;

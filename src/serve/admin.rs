@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::metrics::Metrics;
+use super::replica::DatabaseView;
 use meshca_control::{
     DataplaneStatus, Detail, LoopHealth, Status, StatusHandle, StatusUnavailable,
 };
@@ -33,6 +34,8 @@ pub struct AdminState {
     pub ready: Arc<AtomicBool>,
     /// Whether the control loop keeps turning.
     pub owner_health: Arc<LoopHealth>,
+    /// The replicas' database, as the heartbeat last heard it (`keystore.type: postgres` only).
+    pub database: Option<tokio::sync::watch::Receiver<Arc<DatabaseView>>>,
 }
 
 /// How long a scrape of `/metrics` waits for the control loop to refresh the state gauges (well inside
@@ -81,6 +84,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/api/dataplanes/{mesh}/{name}", get(dataplane))
         .route("/api/streams", get(streams))
         .route("/api/rejected-update", get(rejected))
+        .route("/api/replicas", get(replicas))
         .with_state(state)
 }
 
@@ -101,7 +105,20 @@ async fn ready(State(s): State<AdminState>) -> Response {
             ),
         )
             .into_response(),
-        _ => (StatusCode::OK, "ready\n").into_response(),
+        // Every replica loses the database together: pulling them all would leave proxies nowhere to
+        // reconnect, so a replica stays ready and says what waits.
+        _ => match s.database.as_ref().map(|view| view.borrow().clone()) {
+            Some(view) if !view.up && view.error.is_some() => (
+                StatusCode::OK,
+                format!(
+                    "ready, serving what this replica holds; the database does not answer ({}); waiting for it: {}\n",
+                    view.error.as_deref().unwrap_or_default(),
+                    view.waiting.join("; ")
+                ),
+            )
+                .into_response(),
+            _ => (StatusCode::OK, "ready\n").into_response(),
+        },
     }
 }
 
@@ -145,8 +162,12 @@ async fn status(State(s): State<AdminState>) -> Response {
         .into_iter()
         .map(|d| dataplane_view(d, &all))
         .collect();
+    let database = s.database.as_ref().map(|view| view.borrow().clone());
     let document = serde_json::to_value(&status).and_then(|mut document| {
         document["dataplanes"] = serde_json::to_value(dataplanes)?;
+        if let Some(database) = database {
+            document["database"] = serde_json::to_value(&*database)?;
+        }
         Ok(document)
     });
     match document {
@@ -302,4 +323,16 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(addr).await.map_err(|e| {
         anyhow::anyhow!("cannot listen for the admin API on {addr} (admin.listen): {e}")
     })
+}
+
+/// The replicas of the database and whether it answers; 404 for a daemon on files.
+async fn replicas(State(s): State<AdminState>) -> Response {
+    match &s.database {
+        Some(view) => Json(view.borrow().clone()).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            "no replicas: this daemon keeps its keys in files (keystore.type: file)\n",
+        )
+            .into_response(),
+    }
 }

@@ -19,9 +19,11 @@ use super::data_dir::{DaemonLock, DataDir};
 use super::files::ensure_resources;
 use super::limits::ServeLimits;
 use super::reload::Reloader;
+use super::replica::{DatabaseView, Heartbeat};
 use super::store::Store;
 use super::{admin, daemon_keys, metrics, revocations, watcher};
 use crate::InvalidInput;
+use meshca_db::Replicas;
 
 /// How long shutdown waits for streams and tasks to finish.
 const GRACE: Duration = Duration::from_secs(10);
@@ -88,8 +90,8 @@ impl Daemon {
         let world = load_initial_world(&settings, keystore.as_ref())?;
         let signing_key = store.token_signing_key(&data_dir)?;
         // Fail closed: the list exists from the key's creation on, so missing or invalid stops the start.
-        let revocations_source = match &store.revocations {
-            Some(database) => revocations::Source::Database(database.clone()),
+        let revocations_source = match store.revocations() {
+            Some(database) => revocations::Source::Database(database),
             None => revocations::Source::File(data_dir.revocation_list()),
         };
         let revocations = revocations_source
@@ -139,6 +141,15 @@ impl Daemon {
             )?),
             false => None,
         };
+        let (database_tx, database_rx) = watch::channel(Arc::new(DatabaseView::default()));
+        let heartbeat = store.database.clone().map(|db| Heartbeat {
+            replicas: Replicas::new(db),
+            name: settings.replica.name.clone(),
+            lease: settings.replica.lease_timeout.as_std(),
+            streams: sds.registry(),
+            view: database_tx,
+            metrics: metrics.clone(),
+        });
         let owner = Owner::new(
             OwnerConfig {
                 gate: options.gate,
@@ -158,12 +169,14 @@ impl Daemon {
         );
         let loop_health = owner_loop.health();
         let ready = Arc::new(AtomicBool::new(false));
+
         let admin_state = admin::AdminState {
             status: owner_loop.status_handle(),
             streams: sds.registry(),
             metrics,
             ready: ready.clone(),
             owner_health: loop_health.clone(),
+            database: heartbeat.is_some().then_some(database_rx),
         };
         let owner_loop_status = owner_loop.status_handle();
         let mut tasks = tokio::task::JoinSet::new();
@@ -174,6 +187,9 @@ impl Daemon {
         tasks.spawn(serve_sds(bound, sds, shutdown.clone()));
         if revocations_file.is_none() {
             tasks.spawn(reloader.clone().poll_revocations(shutdown.clone()));
+        }
+        if let Some(heartbeat) = heartbeat {
+            tasks.spawn(heartbeat.run(shutdown.clone()));
         }
         tasks.spawn(serve_admin(
             admin_listener,

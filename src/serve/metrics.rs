@@ -57,6 +57,18 @@ pub struct Metrics {
     rollout_timeouts: Family<StepLabels, Counter>,
     removed_while_presented: Family<MeshLabels, Counter>,
     ca_expiry: Family<CaLabels, Gauge>,
+    /// Labelled with this replica's name, and without a sample until a database is observed (a daemon
+    /// on files has none).
+    database_up: Family<ReplicaLabels, Gauge>,
+    replica_proxies: Family<ReplicaLabels, Gauge>,
+    replica_heartbeat_age: Family<ReplicaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+}
+
+/// Labels of per-replica gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReplicaLabels {
+    /// `replica.name`.
+    pub replica: String,
 }
 
 /// Labels of per-CA metrics.
@@ -201,6 +213,25 @@ impl Metrics {
             "Reloads of the token revocation list that failed (missing, unreadable or invalid); the previous list stays in force",
             revocation_reload_failures.clone(),
         );
+        let database_up = Family::<ReplicaLabels, Gauge>::default();
+        registry.register(
+            "meshca_database_up",
+            "1 while the replicas' PostgreSQL database answers this replica, 0 while it does not (keystore.type: postgres only)",
+            database_up.clone(),
+        );
+        let replica_proxies = Family::<ReplicaLabels, Gauge>::default();
+        registry.register(
+            "meshca_replica_proxies",
+            "Proxies each replica of the database served at its last heartbeat",
+            replica_proxies.clone(),
+        );
+        let replica_heartbeat_age =
+            Family::<ReplicaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "meshca_replica_heartbeat_age_seconds",
+            "Seconds since each replica of the database last heartbeated, as last read",
+            replica_heartbeat_age.clone(),
+        );
         let earliest_cert_expiry = Gauge::default();
         registry.register(
             "meshca_earliest_certificate_expiry_seconds",
@@ -267,6 +298,32 @@ impl Metrics {
             rollout_timeouts,
             removed_while_presented,
             ca_expiry,
+            database_up,
+            replica_proxies,
+            replica_heartbeat_age,
+        }
+    }
+
+    /// Records what the database told replica `this` of the replicas: `None` while it does not answer.
+    pub fn observe_replicas(&self, this: &str, replicas: Option<&[meshca_db::ReplicaRecord]>) {
+        self.database_up
+            .get_or_create(&ReplicaLabels {
+                replica: this.to_owned(),
+            })
+            .set(i64::from(replicas.is_some()));
+        let Some(replicas) = replicas else { return };
+        self.replica_proxies.clear();
+        self.replica_heartbeat_age.clear();
+        for replica in replicas {
+            let labels = ReplicaLabels {
+                replica: replica.name.clone(),
+            };
+            self.replica_proxies
+                .get_or_create(&labels)
+                .set(i64::from(replica.proxies));
+            self.replica_heartbeat_age
+                .get_or_create(&labels)
+                .set(replica.heartbeat_age_seconds);
         }
     }
 

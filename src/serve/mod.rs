@@ -9,6 +9,7 @@ mod files;
 mod limits;
 pub mod metrics;
 mod reload;
+mod replica;
 pub mod revocations;
 mod store;
 mod watcher;

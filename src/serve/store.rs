@@ -24,8 +24,8 @@ const MAX_PASSWORD_FILE: u64 = 4096;
 pub struct Store {
     /// Every CA key, the token signing key and generated state.
     pub keystore: Arc<dyn Keystore>,
-    /// The database's revoked tokens, with `keystore.type: postgres`.
-    pub revocations: Option<TokenRevocations>,
+    /// The database, with `keystore.type: postgres`.
+    pub database: Option<Arc<Database>>,
 }
 
 impl Store {
@@ -35,7 +35,7 @@ impl Store {
         let Some(postgres) = &settings.keystore.postgres else {
             return Ok(Store {
                 keystore: Arc::new(data_dir.keystore()?),
-                revocations: None,
+                database: None,
             });
         };
         let db = Arc::new(connect(postgres)?);
@@ -45,14 +45,19 @@ impl Store {
         tracing::info!(url = %db.url(), replica = %settings.replica.name, "keystore in PostgreSQL");
         Ok(Store {
             keystore: Arc::new(keystore),
-            revocations: Some(TokenRevocations::new(db)),
+            database: Some(db),
         })
+    }
+
+    /// The database's revoked tokens, with `keystore.type: postgres`.
+    pub fn revocations(&self) -> Option<TokenRevocations> {
+        self.database.clone().map(TokenRevocations::new)
     }
 
     /// The token signing key, created the first time. With files, the revocation list is created
     /// first, so that a data directory with a key always has one; a database always has its table.
     pub fn token_signing_key(&self, data_dir: &DataDir) -> anyhow::Result<SigningKey> {
-        if self.revocations.is_none() && !daemon_keys::has_token_signing_key(&*self.keystore)? {
+        if self.database.is_none() && !daemon_keys::has_token_signing_key(&*self.keystore)? {
             revocations::create_if_missing(&data_dir.revocation_list())?;
         }
         daemon_keys::token_signing_key(&*self.keystore)
