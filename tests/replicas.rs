@@ -172,3 +172,33 @@ fn a_replica_that_loses_the_database_keeps_serving_says_so_and_recovers_when_it_
         "{metrics}"
     );
 }
+
+#[test]
+fn a_replica_started_while_the_database_is_down_becomes_ready_when_it_answers() {
+    let mut pg = TestPostgres::start();
+    let shared = tempfile::tempdir().expect("temp dir");
+    write_private(&shared.path().join("kek"), &[7u8; 32]);
+    write_private(&shared.path().join("db-password"), pg.password().as_bytes());
+    let env = replica(&pg, shared.path(), "meshca-a");
+    pg.stop();
+    std::thread::scope(|scope| {
+        let starting = scope.spawn(|| env.start());
+        wait_for("the replica to say it waits for the database", || {
+            let logs = std::fs::read_dir(env.root()).ok()?;
+            logs.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().starts_with("daemon-"))
+                .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+                .any(|log| log.contains("not ready: the database does not answer"))
+                .then_some(())
+        });
+        assert!(
+            common::http_get(env.admin, "/ready").is_err(),
+            "nothing answers /ready before the CAs are loaded"
+        );
+        pg.start_again();
+        let daemon = starting.join().expect("the replica became ready");
+        let token = env.token("default", "web-1", &["--tag", "kuma.io/service=web"]);
+        assert!(!issuer(&env, &token).is_empty());
+        drop(daemon);
+    });
+}

@@ -57,6 +57,12 @@ pub enum DbError {
 }
 
 impl DbError {
+    /// Whether trying again later may succeed: the database did not answer, or answered with an
+    /// error of its own. A setting, a file, the schema or the key being wrong is not retryable.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, DbError::Database { .. } | DbError::Timeout { .. })
+    }
+
     /// A database error while doing `action`.
     pub(crate) fn database(
         action: impl Into<String>,

@@ -84,7 +84,7 @@ impl Daemon {
         // Before anything in the data directory is created or written: one daemon per directory.
         let data_dir = DataDir::open(&settings.data_dir)?;
         let lock = data_dir.lock_for_daemon()?;
-        let store = Store::open(&settings, &data_dir)?;
+        let store = Store::open_waiting(&settings, &data_dir).await?;
         let keystore = store.keystore.clone();
         let limits = ServeLimits::from_settings(&settings);
         let world = load_initial_world(&settings, keystore.as_ref())?;

@@ -4,11 +4,14 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use meshca_auth::SigningKey;
 use meshca_config::{PostgresSettings, Settings, POSTGRES_PASSWORD_ENV};
-use meshca_db::{Database, DbOptions, KeyEncryptionKey, PostgresKeystore, TokenRevocations};
+use meshca_db::{
+    Database, DbError, DbOptions, KeyEncryptionKey, PostgresKeystore, TokenRevocations,
+};
 use meshca_keystore::Keystore;
 use zeroize::Zeroizing;
 
@@ -32,15 +35,46 @@ impl Store {
     /// Opens the store the settings name. With `postgres`, connects, migrates the schema and checks
     /// the key-encryption key first: any problem stops here, naming the setting.
     pub fn open(settings: &Settings, data_dir: &DataDir) -> anyhow::Result<Store> {
+        Store::open_or_unavailable(settings, data_dir).map_err(Unavailable::into_error)
+    }
+
+    /// [`Store::open`] for the daemon: while the database does not answer, tries again with a growing
+    /// pause (logged each time), so that a replica started before its database comes up when the
+    /// database does. Anything else wrong stops the start at once.
+    pub async fn open_waiting(settings: &Settings, data_dir: &DataDir) -> anyhow::Result<Store> {
+        let mut pause = RETRY_FIRST;
+        loop {
+            let (settings, data_dir) = (settings.clone(), data_dir.clone());
+            let opened = tokio::task::spawn_blocking(move || {
+                Store::open_or_unavailable(&settings, &data_dir)
+            })
+            .await?;
+            match opened {
+                Ok(store) => return Ok(store),
+                Err(Unavailable::Database(e)) if e.is_unavailable() => {
+                    tracing::warn!(
+                        retry_in_seconds = pause.as_secs(),
+                        "not ready: the database does not answer, and this replica needs it to load its CAs: {e}"
+                    );
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RETRY_MAX);
+                }
+                Err(other) => return Err(other.into_error()),
+            }
+        }
+    }
+
+    fn open_or_unavailable(settings: &Settings, data_dir: &DataDir) -> Result<Store, Unavailable> {
         let Some(postgres) = &settings.keystore.postgres else {
             return Ok(Store {
-                keystore: Arc::new(data_dir.keystore()?),
+                keystore: Arc::new(data_dir.keystore().map_err(Unavailable::Other)?),
                 database: None,
             });
         };
         let db = Arc::new(connect(postgres)?);
         let key = KeyEncryptionKey::read(&postgres.key_encryption_key_file)
-            .context("keystore.postgres.keyEncryptionKeyFile")?;
+            .context("keystore.postgres.keyEncryptionKeyFile")
+            .map_err(Unavailable::Other)?;
         let keystore = PostgresKeystore::open(db.clone(), key)?;
         tracing::info!(url = %db.url(), replica = %settings.replica.name, "keystore in PostgreSQL");
         Ok(Store {
@@ -64,10 +98,36 @@ impl Store {
     }
 }
 
+/// Why the store did not open: the database (which may answer later), or anything else.
+enum Unavailable {
+    Database(DbError),
+    Other(anyhow::Error),
+}
+
+impl Unavailable {
+    fn into_error(self) -> anyhow::Error {
+        match self {
+            Unavailable::Database(e) => anyhow!("{e}"),
+            Unavailable::Other(e) => e,
+        }
+    }
+}
+
+impl From<DbError> for Unavailable {
+    fn from(e: DbError) -> Unavailable {
+        Unavailable::Database(e)
+    }
+}
+
+/// The first pause before connecting again to a database that did not answer at start.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+/// The longest pause between two attempts.
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
 /// Connects to the database of `keystore.postgres`.
-fn connect(settings: &PostgresSettings) -> anyhow::Result<Database> {
+fn connect(settings: &PostgresSettings) -> Result<Database, Unavailable> {
     let password = match &settings.password_file {
-        Some(file) => Some(read_password(file)?),
+        Some(file) => Some(read_password(file).map_err(Unavailable::Other)?),
         None => std::env::var(POSTGRES_PASSWORD_ENV)
             .ok()
             .map(Zeroizing::new),
@@ -79,7 +139,7 @@ fn connect(settings: &PostgresSettings) -> anyhow::Result<Database> {
         timeout: settings.timeout.as_std(),
         max_connections: settings.max_connections,
     };
-    Database::connect(&options).map_err(|e| anyhow!("{e}"))
+    Ok(Database::connect(&options)?)
 }
 
 /// The password in `file` (a trailing newline is not part of it); the file must be private.
