@@ -169,7 +169,6 @@ impl Daemon {
         );
         let loop_health = owner_loop.health();
         let ready = Arc::new(AtomicBool::new(false));
-
         let admin_state = admin::AdminState {
             status: owner_loop.status_handle(),
             streams: sds.registry(),
