@@ -16,6 +16,18 @@ fn write_private(path: &Path, bytes: &[u8]) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
 }
 
+/// What every replica of `pg` shares, in a directory of its own: the key-encryption key (`kek`) and the
+/// database password (`db-password`, with the trailing newline an editor leaves).
+fn shared_secrets(pg: &TestPostgres) -> tempfile::TempDir {
+    let shared = tempfile::tempdir().expect("temp dir");
+    write_private(&shared.path().join("kek"), &[7u8; 32]);
+    write_private(
+        &shared.path().join("db-password"),
+        format!("{}\n", pg.password()).as_bytes(),
+    );
+    shared
+}
+
 /// A replica's environment: its own data directory and ports, the shared database, key and password.
 fn replica(pg: &TestPostgres, shared: &Path, name: &str) -> Env {
     let env = Env::with_settings(&format!(
@@ -40,12 +52,7 @@ fn issuer(env: &Env, token: &Token) -> String {
 #[test]
 fn replicas_starting_together_on_an_empty_database_are_one_ca_and_share_tokens_and_revocations() {
     let pg = TestPostgres::start();
-    let shared = tempfile::tempdir().expect("temp dir");
-    write_private(&shared.path().join("kek"), &[7u8; 32]);
-    write_private(
-        &shared.path().join("db-password"),
-        format!("{}\n", pg.password()).as_bytes(),
-    );
+    let shared = shared_secrets(&pg);
     let envs: Vec<Env> = ["meshca-a", "meshca-b", "meshca-c"]
         .iter()
         .map(|name| replica(&pg, shared.path(), name))
@@ -109,9 +116,7 @@ fn replicas_starting_together_on_an_empty_database_are_one_ca_and_share_tokens_a
 #[test]
 fn a_replica_with_another_key_encryption_key_does_not_start_and_says_why() {
     let pg = TestPostgres::start();
-    let shared = tempfile::tempdir().expect("temp dir");
-    write_private(&shared.path().join("kek"), &[7u8; 32]);
-    write_private(&shared.path().join("db-password"), pg.password().as_bytes());
+    let shared = shared_secrets(&pg);
     let first = replica(&pg, shared.path(), "meshca-a");
     let daemon = first.start();
     drop(daemon);
@@ -129,9 +134,7 @@ fn a_replica_with_another_key_encryption_key_does_not_start_and_says_why() {
 #[test]
 fn a_replica_that_loses_the_database_keeps_serving_says_so_and_recovers_when_it_returns() {
     let mut pg = TestPostgres::start();
-    let shared = tempfile::tempdir().expect("temp dir");
-    write_private(&shared.path().join("kek"), &[7u8; 32]);
-    write_private(&shared.path().join("db-password"), pg.password().as_bytes());
+    let shared = shared_secrets(&pg);
     let env = replica(&pg, shared.path(), "meshca-a");
     let daemon = env.start();
     let known = env.token("default", "web-1", &["--tag", "kuma.io/service=web"]);
@@ -176,9 +179,7 @@ fn a_replica_that_loses_the_database_keeps_serving_says_so_and_recovers_when_it_
 #[test]
 fn a_replica_started_while_the_database_is_down_becomes_ready_when_it_answers() {
     let mut pg = TestPostgres::start();
-    let shared = tempfile::tempdir().expect("temp dir");
-    write_private(&shared.path().join("kek"), &[7u8; 32]);
-    write_private(&shared.path().join("db-password"), pg.password().as_bytes());
+    let shared = shared_secrets(&pg);
     let env = replica(&pg, shared.path(), "meshca-a");
     pg.stop();
     std::thread::scope(|scope| {

@@ -128,8 +128,9 @@ impl Database {
     }
 
     /// Runs `work` with the pool on the database's runtime, within the timeout, and waits for it
-    /// from any thread. A caller on an async runtime blocks its thread meanwhile: use
-    /// [`Database::run`] there when it matters.
+    /// from any thread but the database runtime's own (a task there waiting on itself would never
+    /// finish; `work` itself is async and never needs to). A caller on an async runtime blocks its
+    /// thread meanwhile: use [`Database::run`] there when it matters.
     pub fn block_on<T, F>(&self, action: &str, work: impl FnOnce(Pool) -> F) -> Result<T, DbError>
     where
         T: Send + 'static,
