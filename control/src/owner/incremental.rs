@@ -159,6 +159,7 @@ impl Owner {
             }
         }
         if !changed.is_empty() {
+            self.mark_served(generation, &snapshot.proxies, &changed);
             snapshot.changed = Changed {
                 since: snapshot.generation,
                 proxies: Some(changed.into_iter().collect()),

@@ -15,7 +15,7 @@ use crate::keys_ahead::KeysAhead;
 use crate::plan::{self, Desired};
 use crate::pool::{Background, Priority};
 use crate::resource_name::Target;
-use crate::snapshot::{ProxyEntry, ProxyIdentity, ProxyKey, SecretPem};
+use crate::snapshot::{ProxyEntry, ProxyIdentity, ProxyKey, ProxyMap, SecretPem};
 use crate::standalone::issue_verified;
 
 /// How long a proxy whose issuance failed waits before it is tried again.
@@ -264,7 +264,7 @@ impl Owner {
             };
             match result {
                 Ok(svid) if self.still_wanted(&key, &desired, now) => {
-                    self.keep(&key, &desired, svid, took, generation, now);
+                    self.keep(&key, &desired, svid, took, now);
                     kept.push(key);
                 }
                 Ok(_) => {
@@ -343,6 +343,27 @@ impl Owner {
         }
     }
 
+    /// Records, for the certificates `proxies` carries for the `changed` keys, that snapshot
+    /// `generation` is the first to serve them: an ACK of that generation or a later one is an ACK of
+    /// the certificate. Called as the snapshot is published.
+    pub(super) fn mark_served<'k>(
+        &mut self,
+        generation: u64,
+        proxies: &ProxyMap<ProxyEntry>,
+        changed: impl IntoIterator<Item = &'k ProxyKey>,
+    ) {
+        for key in changed {
+            let Some(ProxyEntry::Ready(served)) = proxies.get(key) else {
+                continue;
+            };
+            if let Some(issued) = self.issued.get_mut(key) {
+                if issued.first_served_in.is_none() && Arc::ptr_eq(&issued.published, served) {
+                    issued.first_served_in = Some(generation);
+                }
+            }
+        }
+    }
+
     /// Keeps a certificate issued and checked for `key`, remembering what it replaces (break last).
     fn keep(
         &mut self,
@@ -350,7 +371,6 @@ impl Owner {
         desired: &Desired,
         svid: Svid,
         took: Duration,
-        generation: u64,
         now: SystemTime,
     ) {
         self.telemetry.issued(&key.mesh, &desired.issuer, took);
@@ -386,7 +406,8 @@ impl Owner {
             ..
         } = svid;
         let mut previous = old.map(|o| o.previous.clone()).unwrap_or_default();
-        if let Some(old) = old.filter(|_| self.gate.enabled()) {
+        // One never served was never presented: nothing to keep trusted for it.
+        if let Some(old) = old.filter(|o| self.gate.enabled() && o.first_served_in.is_some()) {
             let replaced = Previous {
                 ca_trust: old.ca_trust.clone(),
                 spiffe_id: old.published.spiffe_id.clone(),
@@ -421,7 +442,7 @@ impl Owner {
                 published,
                 ca_trust,
                 previous,
-                first_served_in: generation,
+                first_served_in: None,
                 issued_at: now,
             },
         );

@@ -107,8 +107,10 @@ pub(crate) struct Issued {
     /// certificates in a row still presents the first one's predecessor), so their CAs stay in the
     /// bundles and their IDs in the contexts with SAN matchers (break last).
     pub previous: Vec<Previous>,
-    /// The snapshot generation that first served this certificate.
-    pub first_served_in: u64,
+    /// The snapshot generation that first carried this certificate; `None` until one is published.
+    /// Set when the snapshot goes out, never guessed ahead: a snapshot with only new trust may take
+    /// the next generation first, and an ACK of that one says nothing about this certificate.
+    pub first_served_in: Option<u64>,
     /// When it was issued.
     pub issued_at: SystemTime,
 }

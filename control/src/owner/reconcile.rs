@@ -190,7 +190,9 @@ impl Owner {
     fn unacked(&self, key: &ProxyKey, issued: &Issued) -> bool {
         let identity = Some(&*issued.published);
         self.streams.of(key).any(|s| {
-            !s.has_acked(issued.first_served_in)
+            issued
+                .first_served_in
+                .is_none_or(|generation| !s.has_acked(generation))
                 && s.resources
                     .iter()
                     .any(|r| r.target(s.asker(), identity) == Target::Identity)
@@ -778,6 +780,7 @@ impl Owner {
         };
         let proxies_only = bundles::same_trust(&previous, &snapshot);
         if !proxies_only || !changed.is_empty() {
+            self.mark_served(generation, &snapshot.proxies, &changed);
             snapshot.changed = Changed {
                 since: previous.generation,
                 proxies: proxies_only.then(|| changed.into_iter().collect()),

@@ -1948,3 +1948,77 @@ fn an_rsa_job_takes_a_key_generated_ahead_once() {
         "one certificate carries the key: {carrying:?}"
     );
 }
+
+/// A certificate counts as ACKed only once a snapshot that carries it is ACKed. Here its result comes
+/// back while an edit that changes the trust waits to be reconciled: the reconcile publishes the new
+/// trust first, in a snapshot without the certificate, and an ACK of that snapshot must not settle
+/// what the certificate replaced (the proxy still presents its ca-1 certificate).
+#[test]
+fn a_certificate_kept_before_a_trust_first_snapshot_is_acked_only_once_served() {
+    const WITH_CA3: &str = r#"
+type: Mesh
+name: default
+mtls:
+  enabledBackend: ca-2
+  secondaryBackends: [ca-1, ca-3]
+  backends:
+    - name: ca-1
+      type: builtin
+      dpCert: {rotation: {expiration: 10h}}
+    - name: ca-2
+      type: builtin
+      dpCert: {rotation: {expiration: 10h}}
+    - name: ca-3
+      type: builtin
+"#;
+    const WITHOUT_CA1: &str = r#"
+type: Mesh
+name: default
+mtls:
+  enabledBackend: ca-2
+  secondaryBackends: [ca-3]
+  backends:
+    - name: ca-2
+      type: builtin
+      dpCert: {rotation: {expiration: 10h}}
+    - name: ca-3
+      type: builtin
+"#;
+    let mut h = gated(true);
+    let ca1 = issuer_of(&h.ready("web-1"));
+    h.update(SWITCHED).expect("valid");
+    h.reconcile(t0() + Duration::from_secs(1));
+    let g = generation(&h);
+    h.ack(1, Some(g));
+    h.ack(2, Some(g));
+    // The wave from ca-2 starts; ca-3 is added before its results are in.
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    let jobs = h.owner.take_jobs();
+    assert_eq!(jobs.len(), 2, "one certificate per proxy");
+    let done = jobs.iter().map(crate::owner::run_job).collect();
+    h.update(WITH_CA3).expect("valid");
+    assert!(
+        h.owner.on_issued(done, t0() + Duration::from_secs(2)),
+        "an edit waits: the results go to its reconcile"
+    );
+    let before = generation(&h);
+    h.reconcile(t0() + Duration::from_secs(3));
+    let ca2 = ca_subject(&h, "ca-2");
+    assert_eq!(issuer_of(&h.ready("web-1")), ca2);
+    assert_eq!(generation(&h), before + 2, "trust first, then the proxies");
+    // Both ACK the trust-first snapshot; only web-2 ACKs its certificate.
+    h.ack(1, Some(before + 1));
+    h.ack(2, Some(before + 2));
+    h.update(WITHOUT_CA1).expect("valid");
+    h.reconcile(t0() + Duration::from_secs(4));
+    assert!(
+        bundle_subjects(&h).contains(&ca1),
+        "web-1 still presents its ca-1 certificate: ca-1 must stay trusted"
+    );
+    h.ack(1, Some(generation(&h)));
+    h.reconcile(t0() + Duration::from_secs(5));
+    assert!(
+        !bundle_subjects(&h).contains(&ca1),
+        "every proxy ACKed its ca-2 certificate: ca-1 goes"
+    );
+}
