@@ -1,14 +1,17 @@
 //! Replicas of `meshca serve` on one PostgreSQL database (a real server from Debian's packages): they
-//! start together on an empty database and become one CA with one token key, and a token minted on one
-//! replica is served by the others until it is revoked, which every replica then refuses.
+//! start together on an empty database and become one CA with one token key, a token minted on one
+//! replica is served by the others until it is revoked, which every replica then refuses, and one
+//! replica's laggard holds a rotation back on the others.
 
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
+use common::sds_proxy::{SdsProxy, PUSH_TIMEOUT};
 use common::{wait_for, Env, Token};
 use meshca_testpg::TestPostgres;
+use tokio::task::block_in_place;
 
 /// Writes `bytes` to `path`, readable by its owner only.
 fn write_private(path: &Path, bytes: &[u8]) {
@@ -30,15 +33,26 @@ fn shared_secrets(pg: &TestPostgres) -> tempfile::TempDir {
 
 /// A replica's environment: its own data directory and ports, the shared database, key and password.
 fn replica(pg: &TestPostgres, shared: &Path, name: &str) -> Env {
+    replica_with(pg, shared, name, "")
+}
+
+/// The same, with `extra` appended to its settings.
+fn replica_with(pg: &TestPostgres, shared: &Path, name: &str, extra: &str) -> Env {
     let env = Env::with_settings(&format!(
         "keystore:\n  type: postgres\n  postgres:\n    url: {url}\n    passwordFile: {shared}/db-password\n    \
-         keyEncryptionKeyFile: {shared}/kek\nreplica:\n  name: {name}\n",
+         keyEncryptionKeyFile: {shared}/kek\nreplica:\n  name: {name}\n{extra}",
         url = pg.url(),
         shared = shared.display(),
     ));
-    env.write_resource("mesh.yaml", "type: Mesh\nname: default\nmtls:\n  enabledBackend: ca-1\n  backends:\n    - name: ca-1\n      type: builtin\n");
+    env.write_resource("mesh.yaml", CA1);
     env
 }
+
+/// Mesh `default` on builtin ca-1.
+const CA1: &str = "type: Mesh\nname: default\nmtls:\n  enabledBackend: ca-1\n  backends:\n    - name: ca-1\n      type: builtin\n";
+
+/// The one-edit switch to builtin ca-2, ca-1 kept as a secondary backend.
+const SWITCH: &str = "type: Mesh\nname: default\nmtls:\n  enabledBackend: ca-2\n  secondaryBackends: [ca-1]\n  backends:\n    - name: ca-1\n      type: builtin\n    - name: ca-2\n      type: builtin\n";
 
 /// The issuer of the identity `token` is served by `env`'s daemon.
 fn issuer(env: &Env, token: &Token) -> String {
@@ -202,4 +216,118 @@ fn a_replica_started_while_the_database_is_down_becomes_ready_when_it_answers() 
         assert!(!issuer(&env, &token).is_empty());
         drop(daemon);
     });
+}
+
+/// Whether `chain` (DER, leaf first) was issued by the CA `ca` (DER).
+fn issued_by(chain: &[Vec<u8>], ca: &[u8]) -> bool {
+    let id = meshca_identity::SpiffeId::parse("spiffe://default/web").expect("valid");
+    meshca_ca::verify_svid(chain, &[ca.to_vec()], &id, std::time::SystemTime::now()).is_ok()
+}
+
+/// A proxy on replica a ACKs the new trust; one on replica b does not. Replica a must not issue from
+/// the new CA until b's proxy has ACKed it too, and its status names the replica it waits for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_laggard_on_one_replica_holds_the_new_ca_back_on_the_other() {
+    let pg = TestPostgres::start();
+    let shared = shared_secrets(&pg);
+    let no_timeout = "rollout: {ackTimeout: 10m}\n";
+    let env_a = replica_with(&pg, shared.path(), "meshca-a", no_timeout);
+    let env_b = replica_with(&pg, shared.path(), "meshca-b", no_timeout);
+    let daemon_a = block_in_place(|| env_a.start());
+    let daemon_b = block_in_place(|| env_b.start());
+    let tags = ["--tag", "kuma.io/service=web"];
+    let mut on_a =
+        SdsProxy::connect(&env_a, "default", "web-a", &tags, "spiffe://default/web").await;
+    let mut on_b =
+        SdsProxy::connect(&env_b, "default", "web-b", &tags, "spiffe://default/web").await;
+    for p in [&mut on_a, &mut on_b] {
+        p.next("the first push").await;
+        p.ack().await;
+    }
+    let ca1 = on_a.last().bundle[0].clone();
+    // Each replica's gate counts the other before the rotation starts.
+    for (daemon, other) in [(&daemon_a, "meshca-b"), (&daemon_b, "meshca-a")] {
+        block_in_place(|| {
+            daemon.wait_json(
+                "/api/replicas",
+                "the gate to count the other replica",
+                |v| {
+                    let want = serde_json::json!([{"name": other, "readable": true}]);
+                    (v["rollout_peers"] == want).then_some(())
+                },
+            )
+        });
+    }
+    let admin = env_a.admin.to_string();
+    let status = env_a.cli(&["status", "--admin", &admin]).ok();
+    assert!(
+        status.stdout.contains("rollouts gated with: meshca-b"),
+        "{status}"
+    );
+
+    env_a.write_resource("mesh.yaml", SWITCH);
+    env_b.write_resource("mesh.yaml", SWITCH);
+    let two = |r: &common::sds_proxy::Received| r.bundle.len() == 2;
+    on_a.next_until("a bundle with two CAs", PUSH_TIMEOUT, two)
+        .await;
+    on_b.next_until("a bundle with two CAs", PUSH_TIMEOUT, two)
+        .await;
+    let ca2 = on_a
+        .last()
+        .bundle
+        .iter()
+        .find(|c| c.as_slice() != ca1)
+        .expect("ca-2 beside ca-1")
+        .clone();
+    on_a.ack().await;
+
+    // a's own streams have all ACKed; b's laggard holds the new CA back.
+    let wait = block_in_place(|| {
+        daemon_a.wait_json("/api/status", "a wait for replica meshca-b", |v| {
+            v["rollout"]
+                .as_array()?
+                .iter()
+                .find(|w| {
+                    w["step"] == "trust-before-identity"
+                        && w["waiting_for"] == serde_json::json!(["replica meshca-b"])
+                })
+                .cloned()
+        })
+    });
+    assert_eq!(wait["waiting_count"], 1, "{wait}");
+    let b_view = pg.psql(
+        "meshca",
+        "SELECT gate->'trust_acked'->'default' FROM meshca_replicas WHERE name = 'meshca-b'",
+    );
+    assert!(
+        !b_view.contains(&fingerprint(&ca2)),
+        "b's state does not list ca-2 as ACKed: {b_view}"
+    );
+    on_a.drain();
+    assert!(
+        on_a.received.iter().all(|r| issued_by(&r.chain, &ca1)),
+        "a certificate from ca-2 reached web-a before web-b ACKed ca-2"
+    );
+    let dp = block_in_place(|| daemon_a.admin_json("/api/dataplanes/default/web-a"));
+    assert_eq!(dp["issuer"], "backend ca-1", "{dp}");
+
+    on_b.ack().await;
+    for p in [&mut on_a, &mut on_b] {
+        let got = p
+            .next_until("a certificate from ca-2", PUSH_TIMEOUT, |r| {
+                issued_by(&r.chain, &ca2)
+            })
+            .await;
+        assert!(got.trusts(&ca1) && got.trusts(&ca2), "{}", p.name);
+    }
+    drop((daemon_a, daemon_b));
+}
+
+/// Lowercase hex SHA-256 of a DER certificate: a CA's id.
+fn fingerprint(der: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, der)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }

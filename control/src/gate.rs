@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::bundles::ServiceIds;
 use crate::egress::EGRESS_BUNDLE;
+use crate::peers::{PeerView, TrustEntry};
 use crate::resource_name::{Target, TrustScope};
 use crate::snapshot::ProxyKey;
 use crate::streams::{Stream, Streams};
@@ -105,8 +106,12 @@ struct Published {
     /// The first snapshot generation that carried the CA.
     since_generation: u64,
     since: SystemTime,
-    /// Every subscriber ACKed a version carrying it, or the timeout passed.
+    /// Every subscriber, on this replica and its peers, ACKed a version carrying it, or the timeout
+    /// passed.
     confirmed: bool,
+    /// Every subscriber on this replica ACKed a version carrying it (what the peers are told; counted
+    /// on after a timeout confirmed it).
+    acked: bool,
     /// Some subscriber had to be waited for (counted once).
     waited: bool,
     /// The CA's subject, for operators.
@@ -148,6 +153,8 @@ pub struct Gate {
     given_up: HashSet<TrustKey>,
     waits: Vec<Waiting>,
     events: Vec<(String, GateEvent)>,
+    /// The other live replicas on the same database, as their last views say.
+    peers: Vec<PeerView>,
 }
 
 const NAMED_WAITERS: usize = 20;
@@ -187,11 +194,25 @@ impl Selection {
     }
 }
 
-/// A wait as the status shows it, and (for trust and SAN waits) how to count who it waits for now.
+/// A wait as the status shows it, and (for trust and SAN waits) how to count who it waits for now:
+/// the streams of `recount` that have not ACKed its generation, after the peers that hold it back.
 #[derive(Debug)]
 struct Waiting {
     wait: Wait,
     recount: Option<(u64, Selection)>,
+    peers: Vec<String>,
+}
+
+/// Who a trust or SAN wait waits for: the peers that hold it back, then this replica's proxies.
+fn waiting_list(peers: &[String], local: crate::streams::Waiting) -> (usize, Vec<String>) {
+    let count = peers.len() + local.count;
+    let first = peers
+        .iter()
+        .cloned()
+        .chain(local.first)
+        .take(NAMED_WAITERS)
+        .collect();
+    (count, first)
 }
 
 impl Gate {
@@ -207,7 +228,72 @@ impl Gate {
             given_up: HashSet::new(),
             waits: Vec::new(),
             events: Vec::new(),
+            peers: Vec::new(),
         }
+    }
+
+    /// Takes in the other live replicas' views; whether they differ from the last ones (then every
+    /// wait must be looked at again).
+    pub fn set_peers(&mut self, peers: Vec<PeerView>) -> bool {
+        if peers == self.peers {
+            return false;
+        }
+        self.peers = peers;
+        true
+    }
+
+    /// The other live replicas, as their last views say.
+    pub fn peers(&self) -> &[PeerView] {
+        &self.peers
+    }
+
+    /// Per mesh whose trust this replica publishes, the entries all its subscribers ACKed (for the
+    /// peers).
+    pub fn trust_acked(&self) -> BTreeMap<String, BTreeSet<TrustEntry>> {
+        let mut out: BTreeMap<String, BTreeSet<TrustEntry>> = self
+            .known_meshes
+            .iter()
+            .map(|mesh| (mesh.clone(), BTreeSet::new()))
+            .collect();
+        for ((mesh, trust_domain, ca), p) in &self.published {
+            if p.state.acked {
+                out.entry(mesh.clone()).or_default().insert(TrustEntry {
+                    trust_domain: trust_domain.clone(),
+                    ca: ca.clone(),
+                });
+            }
+        }
+        out
+    }
+
+    /// Per mesh and `meshservice:` context this replica publishes, the SPIFFE IDs all its
+    /// subscribers ACKed (for the peers).
+    pub fn sans_acked(&self) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+        let mut out: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+        for ((mesh, service, id), p) in &self.sans {
+            let ids = out
+                .entry(mesh.clone())
+                .or_default()
+                .entry(service.clone())
+                .or_default();
+            if p.acked {
+                ids.insert(id.clone());
+            }
+        }
+        out
+    }
+
+    /// The peers that hold back the trust entry `key`.
+    fn peers_holding_trust(&self, (mesh, trust_domain, ca): &TrustKey) -> Vec<String> {
+        let entry = TrustEntry {
+            trust_domain: trust_domain.clone(),
+            ca: ca.clone(),
+        };
+        self.peers
+            .iter()
+            .filter(|peer| peer.holds_trust(mesh, &entry))
+            .map(PeerView::label)
+            .collect()
     }
 
     /// Whether the gate orders anything.
@@ -239,10 +325,9 @@ impl Gate {
             .map(|w| {
                 let mut wait = w.wait.clone();
                 if let Some((generation, selection)) = &w.recount {
-                    let waiting =
+                    let local =
                         streams.waiting_for(*generation, NAMED_WAITERS, |s| selection.selects(s));
-                    wait.waiting_count = waiting.count;
-                    wait.waiting_for = waiting.first;
+                    (wait.waiting_count, wait.waiting_for) = waiting_list(&w.peers, local);
                 }
                 wait
             })
@@ -257,32 +342,28 @@ impl Gate {
         if !self.enabled {
             return false;
         }
-        let over = |since_generation: u64, since: SystemTime, selection: &Selection| {
-            now >= since + self.ack_timeout
-                || !streams.any_waiting(since_generation, |s| selection.selects(s))
+        // A wait is over when its timeout passes; this replica's part of it when its last stream
+        // ACKs (what the peers are told changes; a wait they still hold ends with their views).
+        let over = |p: &Published, selection: &Selection| {
+            (!p.confirmed && now >= p.since + self.ack_timeout)
+                || (!p.acked && !streams.any_waiting(p.since_generation, |s| selection.selects(s)))
         };
         let trust = self
             .published
             .iter()
-            .filter(|(_, p)| !p.state.confirmed)
-            .any(|((mesh, _, _), p)| {
-                over(
-                    p.state.since_generation,
-                    p.state.since,
-                    &Selection::MeshTrust(mesh.clone()),
-                )
-            });
+            .filter(|(_, p)| !p.state.confirmed || !p.state.acked)
+            .any(|((mesh, _, _), p)| over(&p.state, &Selection::MeshTrust(mesh.clone())));
         trust
             || self
                 .sans
                 .iter()
-                .filter(|(_, p)| !p.confirmed)
+                .filter(|(_, p)| !p.confirmed || !p.acked)
                 .any(|((mesh, service, _), p)| {
                     let selection = Selection::Service {
                         mesh: mesh.clone(),
                         service: service.clone(),
                     };
-                    over(p.since_generation, p.since, &selection)
+                    over(p, &selection)
                 })
     }
 
@@ -307,19 +388,38 @@ impl Gate {
         let mut waits = Vec::new();
         let mut timeouts = Vec::new();
         let mut started = Vec::new();
-        for ((mesh, _, _), PublishedCa { state: p, .. }) in self
+        let holding: HashMap<TrustKey, Vec<String>> = self
+            .published
+            .iter()
+            .filter(|(_, p)| !p.state.confirmed)
+            .map(|(key, _)| (key.clone(), self.peers_holding_trust(key)))
+            .filter(|(_, peers)| !peers.is_empty())
+            .collect();
+        for (key, PublishedCa { state: p, .. }) in self
             .published
             .iter_mut()
-            .filter(|(_, p)| !p.state.confirmed)
+            .filter(|(_, p)| !p.state.confirmed || !p.state.acked)
         {
+            let mesh = &key.0;
             let selection = Selection::MeshTrust(mesh.clone());
-            let waiting =
-                streams.waiting_for(p.since_generation, NAMED_WAITERS, |s| selection.selects(s));
-            if waiting.count == 0 {
+            // Once all its streams ACKed, a stream that connects later is first served this trust.
+            let local = if p.acked {
+                crate::streams::Waiting::default()
+            } else {
+                streams.waiting_for(p.since_generation, NAMED_WAITERS, |s| selection.selects(s))
+            };
+            p.acked |= local.count == 0;
+            if p.confirmed {
+                // Confirmed by its timeout: counted on only for what the peers are told.
+                continue;
+            }
+            let peers = holding.get(key).cloned().unwrap_or_default();
+            if local.count == 0 && peers.is_empty() {
                 p.confirmed = true;
                 confirmed = true;
                 continue;
             }
+            let (waiting_count, waiting_first) = waiting_list(&peers, local);
             if !p.waited {
                 p.waited = true;
                 started.push(mesh.clone());
@@ -328,8 +428,8 @@ impl Gate {
                 tracing::warn!(
                     mesh = %mesh,
                     ca = %p.subject,
-                    proxies = ?waiting.first,
-                    count = waiting.count,
+                    proxies = ?waiting_first,
+                    count = waiting_count,
                     timeout = ?timeout,
                     "rollout.ackTimeout passed: these proxies have not ACKed the new trust bundle; issuing from the new CA anyway"
                 );
@@ -344,10 +444,11 @@ impl Gate {
                         ca: p.subject.clone(),
                         since: rfc3339(p.since),
                         timeout_in_seconds: remaining(p.since + timeout, now),
-                        waiting_count: waiting.count,
-                        waiting_for: waiting.first,
+                        waiting_count,
+                        waiting_for: waiting_first,
                     },
                     recount: Some((p.since_generation, selection)),
+                    peers,
                 });
             }
         }
@@ -370,18 +471,36 @@ impl Gate {
         let mut confirmed = false;
         let mut waits = Vec::new();
         let mut events = Vec::new();
-        for ((mesh, service, id), p) in self.sans.iter_mut().filter(|(_, p)| !p.confirmed) {
+        let peers = &self.peers;
+        for ((mesh, service, id), p) in self
+            .sans
+            .iter_mut()
+            .filter(|(_, p)| !p.confirmed || !p.acked)
+        {
             let selection = Selection::Service {
                 mesh: mesh.clone(),
                 service: service.clone(),
             };
-            let waiting =
-                streams.waiting_for(p.since_generation, NAMED_WAITERS, |s| selection.selects(s));
-            if waiting.count == 0 {
+            let local = if p.acked {
+                crate::streams::Waiting::default()
+            } else {
+                streams.waiting_for(p.since_generation, NAMED_WAITERS, |s| selection.selects(s))
+            };
+            p.acked |= local.count == 0;
+            if p.confirmed {
+                continue;
+            }
+            let holding: Vec<String> = peers
+                .iter()
+                .filter(|peer| peer.holds_san(mesh, service, id))
+                .map(PeerView::label)
+                .collect();
+            if local.count == 0 && holding.is_empty() {
                 p.confirmed = true;
                 confirmed = true;
                 continue;
             }
+            let (waiting_count, waiting_first) = waiting_list(&holding, local);
             if !p.waited {
                 p.waited = true;
                 events.push((
@@ -394,8 +513,8 @@ impl Gate {
                     mesh = %mesh,
                     service = %service,
                     spiffe_id = %id,
-                    proxies = ?waiting.first,
-                    count = waiting.count,
+                    proxies = ?waiting_first,
+                    count = waiting_count,
                     "rollout.ackTimeout passed: these proxies have not ACKed the service's new SPIFFE ID; presenting it anyway"
                 );
                 p.confirmed = true;
@@ -412,10 +531,11 @@ impl Gate {
                         ca: format!("{id} in meshservice:{service}"),
                         since: rfc3339(p.since),
                         timeout_in_seconds: remaining(p.since + timeout, now),
-                        waiting_count: waiting.count,
-                        waiting_for: waiting.first,
+                        waiting_count,
+                        waiting_for: waiting_first,
                     },
                     recount: Some((p.since_generation, selection)),
+                    peers: holding,
                 });
             }
         }
@@ -441,6 +561,7 @@ impl Gate {
                         since_generation: generation,
                         since: now,
                         confirmed: !enabled,
+                        acked: !enabled,
                         waited: false,
                         subject: id.clone(),
                     });
@@ -483,21 +604,58 @@ impl Gate {
                     .map(|p| (ca.mesh.as_str(), ca.trust_domain.as_str(), p.as_str())),
             );
         }
-        let mut retained: BTreeMap<TrustKey, (CaTrust, BTreeSet<String>)> = BTreeMap::new();
+        // Per published CA the configuration no longer carries: who still presents it (named, and
+        // how many more on peers).
+        let mut retained: BTreeMap<TrustKey, (CaTrust, BTreeSet<String>, usize)> = BTreeMap::new();
         if self.enabled {
             let desired_keys: HashSet<TrustKey> = desired.iter().map(CaTrust::key).collect();
+            let removed = |key: &TrustKey, p: &PublishedCa| {
+                !desired_keys.contains(key)
+                    && !p
+                        .ca
+                        .pems
+                        .iter()
+                        .all(|pem| anchors.contains(&(&key.0, &key.1, pem.as_str())))
+            };
+            let mut retain = |key: &TrustKey,
+                              p: &PublishedCa,
+                              named: &mut dyn Iterator<Item = String>,
+                              more: usize| {
+                let held = retained
+                    .entry(key.clone())
+                    .or_insert_with(|| (p.ca.clone(), BTreeSet::new(), 0));
+                held.1.extend(named);
+                held.2 += more;
+            };
             for (ca, proxies) in presented {
                 for (key, p) in self.published_for(&ca.mesh, &ca.trust_domain) {
-                    let still_carried = desired_keys.contains(key)
-                        || p.ca.pems.iter().all(|pem| {
-                            anchors.contains(&(&ca.mesh, &ca.trust_domain, pem.as_str()))
-                        });
-                    if !still_carried && covers(&p.ca, ca.ca_id.as_str(), &ca.pems) {
-                        retained
-                            .entry(key.clone())
-                            .or_insert_with(|| (p.ca.clone(), BTreeSet::new()))
-                            .1
-                            .extend(proxies.iter().map(ToString::to_string));
+                    if removed(key, p) && covers(&p.ca, ca.ca_id.as_str(), &ca.pems) {
+                        retain(key, p, &mut proxies.iter().map(ToString::to_string), 0);
+                    }
+                }
+            }
+            for peer in &self.peers {
+                let Some(view) = &peer.view else {
+                    // What it presents is unknown: every removed CA may be.
+                    for (key, p) in self.published.iter().filter(|(k, p)| removed(k, p)) {
+                        retain(key, p, &mut std::iter::once(peer.label()), 0);
+                    }
+                    continue;
+                };
+                for ca in &view.presented {
+                    for (key, p) in self.published_for(&ca.mesh, &ca.trust_domain) {
+                        if removed(key, p) && covers(&p.ca, &ca.ca, &ca.anchors) {
+                            let mut named = ca
+                                .named
+                                .iter()
+                                .map(|name| format!("{name} on replica {}", peer.replica));
+                            retain(
+                                key,
+                                p,
+                                &mut named,
+                                ca.proxies.saturating_sub(ca.named.len()),
+                            );
+                        }
                     }
                 }
             }
@@ -509,13 +667,13 @@ impl Gate {
         }
         self.retained_since.retain(|k, _| retained.contains_key(k));
         self.given_up.retain(|k| retained.contains_key(k));
-        for (key, (ca, holders)) in retained {
+        for (key, (ca, holders, more)) in retained {
             let since = *self.retained_since.entry(key.clone()).or_insert_with(|| {
                 tracing::warn!(
                     mesh = %ca.mesh,
                     trust_domain = %ca.trust_domain,
                     ca = %ca.subject,
-                    proxies = holders.len(),
+                    proxies = holders.len() + more,
                     "a CA was removed from the configuration while proxies still present certificates from it; it stays trusted until they have ACKed replacements (at most rollout.ackTimeout)"
                 );
                 self.events.push((ca.mesh.clone(), GateEvent::RemovedWhilePresented));
@@ -545,10 +703,11 @@ impl Gate {
                     ca: ca.subject.clone(),
                     since: rfc3339(since),
                     timeout_in_seconds: remaining(since + self.ack_timeout, now),
-                    waiting_count: holders.len(),
+                    waiting_count: holders.len() + more,
                     waiting_for: holders.into_iter().take(NAMED_WAITERS).collect(),
                 },
                 recount: None,
+                peers: Vec::new(),
             });
             out.entry(ca.mesh.clone()).or_default().push(ca);
         }
@@ -565,7 +724,10 @@ impl Gate {
                     state: Published {
                         since_generation: generation,
                         since: now,
-                        confirmed: !enabled || fresh_mesh,
+                        // No stream of this replica holds a bundle of a mesh new to it; peers
+                        // that publish the mesh's trust may.
+                        confirmed: !enabled || (fresh_mesh && self.peers.is_empty()),
+                        acked: !enabled || fresh_mesh,
                         waited: false,
                         subject: ca.subject.clone(),
                     },
@@ -615,8 +777,11 @@ impl Gate {
     /// Whether anything waits on ACKs (so ACK events must trigger a reconcile).
     pub fn pending(&self) -> bool {
         self.enabled
-            && (self.published.values().any(|p| !p.state.confirmed)
-                || self.sans.values().any(|p| !p.confirmed)
+            && (self
+                .published
+                .values()
+                .any(|p| !p.state.confirmed || !p.state.acked)
+                || self.sans.values().any(|p| !p.confirmed || !p.acked)
                 || self
                     .retained_since
                     .keys()

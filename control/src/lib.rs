@@ -21,6 +21,7 @@ mod keys_ahead;
 mod lineage;
 mod owner;
 mod owner_loop;
+mod peers;
 mod plan;
 mod pool;
 mod resource_name;
@@ -42,9 +43,10 @@ pub use owner::{
     run_job, Completed, Job, NoTelemetry, Owner, OwnerConfig, Rejected, Scope, Telemetry,
 };
 pub use owner_loop::{
-    rotate_cas, LoopHealth, OwnerLoop, Reload, ReloadOutcome, StatusHandle, StatusReply,
+    rotate_cas, LoopHealth, OwnerLoop, PeerLink, Reload, ReloadOutcome, StatusHandle, StatusReply,
     StatusUnavailable, Work,
 };
+pub use peers::{GateView, PeerView, PresentedCa, PresentedIds, TrustEntry};
 pub use plan::{decide, renewal_time, DataplaneInfo, Decision, Desired, Issuer, Origin};
 pub use resource_name::{parse_names, Asker, NameKind, ResourceName, Target, TrustScope};
 pub use snapshot::{

@@ -13,13 +13,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use meshca_config::Settings;
 use meshca_keystore::Keystore;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::UpdateError;
 use crate::events::StreamEvent;
 use crate::owner::{Completed, Owner};
+use crate::peers::{GateView, PeerView};
 use crate::status::{Detail, Status};
 use crate::world::{load_world, CaSource, World};
 
@@ -32,6 +33,29 @@ const STATUS_WAIT: Duration = Duration::from_secs(10);
 
 /// How many status requests may queue for the loop.
 const STATUS_QUEUE: usize = 64;
+
+/// The least time between two views of this replica's rollouts for its peers: a view walks every
+/// issued certificate, so a burst of events yields one view at its end, not one per event.
+const VIEW_EVERY: Duration = Duration::from_millis(200);
+
+/// How the loop and the other replicas on one database tell each other about their rollouts.
+#[derive(Debug)]
+pub struct PeerLink {
+    /// The other live replicas' views, as the database last said.
+    pub peers: watch::Receiver<Vec<PeerView>>,
+    /// Where this replica's view goes whenever it changes.
+    pub view: watch::Sender<Arc<GateView>>,
+}
+
+/// The loop's side of a [`PeerLink`].
+#[derive(Debug)]
+struct Peering {
+    link: PeerLink,
+    /// When the next view may be built.
+    next_view: tokio::time::Instant,
+    /// Something happened since the last view was built.
+    stale: bool,
+}
 
 /// The outcome of a reload: accepted, or every error that rejected it.
 pub type ReloadOutcome = Result<(), Vec<UpdateError>>;
@@ -129,6 +153,7 @@ pub struct OwnerLoop {
     health: Arc<LoopHealth>,
     queries: mpsc::Receiver<StatusQuery>,
     status_handle: StatusHandle,
+    peering: Option<Peering>,
 }
 
 /// A resource update loading on a blocking thread.
@@ -233,7 +258,18 @@ impl OwnerLoop {
             loading: None,
             queued: None,
             health: Arc::default(),
+            peering: None,
         }
+    }
+
+    /// Gates rollouts over the replicas of `link` too (replicas on one database).
+    pub fn with_peers(mut self, link: PeerLink) -> OwnerLoop {
+        self.peering = Some(Peering {
+            link,
+            next_view: tokio::time::Instant::now(),
+            stale: true,
+        });
+        self
     }
 
     /// Where the admin API asks for the status.
@@ -249,10 +285,15 @@ impl OwnerLoop {
     /// Runs until `shutdown` fires or the event or reload channel closes.
     pub async fn run(mut self) {
         let mut next_due = self.reconcile();
+        self.publish_view();
         loop {
             let wait = next_due
                 .map(|t| t.duration_since(SystemTime::now()).unwrap_or_default())
                 .unwrap_or(IDLE_WAKE);
+            let view_at = self
+                .peering
+                .as_ref()
+                .and_then(|p| p.stale.then_some(p.next_view));
             let dirty = tokio::select! {
                 () = self.shutdown.cancelled() => return,
                 event = self.events.recv() => {
@@ -283,12 +324,52 @@ impl OwnerLoop {
                     self.rotate_if_due();
                     true
                 }
+                () = peers_changed(&mut self.peering) => {
+                    self.take_peers()
+                }
+                () = view_due(view_at) => {
+                    false
+                }
             };
             if dirty {
                 next_due = self.reconcile();
             }
+            self.publish_view();
             self.health.end();
         }
+    }
+
+    /// Hands the peers' latest views to the owner; whether a reconcile is needed.
+    fn take_peers(&mut self) -> bool {
+        self.health.begin();
+        let Some(peering) = &mut self.peering else {
+            return false;
+        };
+        let peers = peering.link.peers.borrow_and_update().clone();
+        self.owner.set_peers(peers)
+    }
+
+    /// Builds this replica's view for its peers after a turn, at most once per [`VIEW_EVERY`] (a
+    /// turn within it leaves the view to [`view_due`]), and sends it when it changed.
+    fn publish_view(&mut self) {
+        let Some(peering) = &mut self.peering else {
+            return;
+        };
+        peering.stale = true;
+        let now = tokio::time::Instant::now();
+        if now < peering.next_view {
+            return;
+        }
+        peering.stale = false;
+        peering.next_view = now + VIEW_EVERY;
+        let view = tokio::task::block_in_place(|| self.owner.gate_view());
+        peering.link.view.send_if_modified(|current| {
+            if **current == view {
+                return false;
+            }
+            *current = Arc::new(view);
+            true
+        });
     }
 
     /// Builds the status a request asks for (from the state of the last turn) and sends it.
@@ -407,6 +488,24 @@ impl OwnerLoop {
 
     fn reconcile(&mut self) -> Option<SystemTime> {
         tokio::task::block_in_place(|| self.owner.reconcile(SystemTime::now()))
+    }
+}
+
+/// Resolves when the peers' views change; never without peers, or once the link is gone.
+async fn peers_changed(peering: &mut Option<Peering>) {
+    if let Some(p) = peering {
+        if p.link.peers.changed().await.is_ok() {
+            return;
+        }
+    }
+    std::future::pending().await
+}
+
+/// Resolves at `at`, when a view held back by [`VIEW_EVERY`] is due; never without one.
+async fn view_due(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

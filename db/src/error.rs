@@ -54,6 +54,9 @@ pub enum DbError {
     /// Sealing failed (the system's random source).
     #[error("cannot seal a secret: {0}")]
     Crypto(String),
+    /// A value is not one the database may hold.
+    #[error("{0}")]
+    Invalid(String),
 }
 
 impl DbError {

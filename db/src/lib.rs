@@ -22,6 +22,6 @@ pub use database::{Database, DbOptions};
 pub use error::DbError;
 pub use kek::KeyEncryptionKey;
 pub use keystore::PostgresKeystore;
-pub use replicas::{ReplicaRecord, Replicas, MAX_REPLICAS};
+pub use replicas::{PeerGate, ReplicaRecord, Replicas, MAX_GATE_VIEW, MAX_REPLICAS};
 pub use revocations::{TokenRevocations, MAX_REVOKED};
 pub use schema::SCHEMA_VERSION;

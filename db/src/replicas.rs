@@ -12,6 +12,22 @@ use crate::error::DbError;
 /// The most replicas listed.
 pub const MAX_REPLICAS: i64 = 1000;
 
+/// The largest rollout state a replica writes or reads (bytes of JSON): a larger one is refused on
+/// write and counted as unreadable on read.
+pub const MAX_GATE_VIEW: usize = 32 << 20;
+
+/// Another live replica's rollout state, as [`Replicas::peer_gates`] read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerGate {
+    /// Its `replica.name`.
+    pub name: String,
+    /// Bumped by each write of its state.
+    pub version: i64,
+    /// The state, JSON: `None` when it has written none yet, `Some(None)` when it is the version the
+    /// caller already knows.
+    pub state: Option<Option<String>>,
+}
+
 /// One replica as the database last heard of it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ReplicaRecord {
@@ -102,6 +118,85 @@ impl Replicas {
                     })
                     .collect())
             })
+            .await
+    }
+}
+
+impl Replicas {
+    /// Writes replica `name`'s rollout state (JSON), bumping its version.
+    pub async fn publish_gate(&self, name: &str, state: String) -> Result<(), DbError> {
+        if state.len() > MAX_GATE_VIEW {
+            return Err(DbError::Invalid(format!(
+                "this replica's rollout state is {} bytes, more than the {MAX_GATE_VIEW} a replica may write",
+                state.len()
+            )));
+        }
+        let name = name.to_owned();
+        self.db
+            .run(
+                "write this replica's rollout state",
+                move |pool| async move {
+                    let client = pool.get().await.map_err(pool_error("connect"))?;
+                    client
+                        .execute(
+                            "INSERT INTO meshca_replicas
+                             (name, started_at, heartbeat_at, proxies, streams, gate, gate_version)
+                         VALUES ($1, now(), now(), 0, 0, $2::text::jsonb, 1)
+                         ON CONFLICT (name) DO UPDATE SET gate = EXCLUDED.gate,
+                             gate_version = meshca_replicas.gate_version + 1",
+                            &[&name, &state],
+                        )
+                        .await
+                        .map_err(DbError::database("write this replica's rollout state"))?;
+                    Ok(())
+                },
+            )
+            .await
+    }
+
+    /// The rollout state of every replica but `me` that heartbeated within `lease`, by name. `known`
+    /// holds the versions the caller has: those come back without their state.
+    pub async fn peer_gates(
+        &self,
+        me: &str,
+        lease: Duration,
+        known: &[(String, i64)],
+    ) -> Result<Vec<PeerGate>, DbError> {
+        let me = me.to_owned();
+        let lease = lease.as_secs_f64();
+        let (names, versions): (Vec<String>, Vec<i64>) = known.iter().cloned().unzip();
+        self.db
+            .run(
+                "read the other replicas' rollout state",
+                move |pool| async move {
+                    let client = pool.get().await.map_err(pool_error("connect"))?;
+                    let rows = client
+                        .query(
+                            "SELECT r.name, r.gate_version, r.gate IS NULL,
+                                CASE WHEN k.version = r.gate_version THEN NULL ELSE r.gate::text END
+                         FROM meshca_replicas r
+                         LEFT JOIN unnest($2::text[], $3::int8[]) AS k(name, version)
+                             ON k.name = r.name
+                         WHERE r.name <> $1
+                           AND r.heartbeat_at >= now() - make_interval(secs => $4)
+                         ORDER BY r.name COLLATE \"C\" LIMIT $5",
+                            &[&me, &names, &versions, &lease, &MAX_REPLICAS],
+                        )
+                        .await
+                        .map_err(DbError::database("read the other replicas' rollout state"))?;
+                    Ok(rows
+                        .iter()
+                        .map(|row| {
+                            let missing: bool = row.get(2);
+                            PeerGate {
+                                name: row.get(0),
+                                version: row.get(1),
+                                state: (!missing).then(|| row.get(3)),
+                            }
+                        })
+                        .collect())
+                },
+            )
             .await
     }
 }

@@ -38,6 +38,12 @@ const MIGRATIONS: &[(i32, &str)] = &[
         streams integer NOT NULL
     );",
     ),
+    (
+        3,
+        "ALTER TABLE meshca_replicas
+        ADD COLUMN gate jsonb,
+        ADD COLUMN gate_version bigint NOT NULL DEFAULT 0;",
+    ),
 ];
 
 /// The newest schema version this build knows.

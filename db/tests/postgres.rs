@@ -282,3 +282,73 @@ fn tls_to_the_server_is_verified_against_the_given_ca() {
         "{err}"
     );
 }
+
+/// Rollout state: each write bumps the version; a reader that knows a version gets no state back
+/// for it; a replica that never wrote one reads as missing; a replica past its lease is not listed.
+#[test]
+fn rollout_state_is_read_by_version_and_only_from_live_replicas() {
+    use meshca_db::{PeerGate, Replicas, MAX_GATE_VIEW};
+    let pg = TestPostgres::start();
+    let db = Arc::new(Database::connect(&options(&pg)).expect("connects"));
+    keystore(&pg, 1).expect("migrates the schema");
+    let replicas = Replicas::new(db.clone());
+    let lease = Duration::from_secs(15);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        replicas.heartbeat("a", 0.0, 0, 0).await.expect("a");
+        replicas.heartbeat("b", 0.0, 0, 0).await.expect("b");
+        replicas.heartbeat("c", 0.0, 0, 0).await.expect("c");
+        replicas
+            .publish_gate("b", r#"{"trust_acked":{}}"#.into())
+            .await
+            .expect("b writes");
+        let read = replicas.peer_gates("a", lease, &[]).await.expect("reads");
+        assert_eq!(
+            read,
+            [
+                PeerGate {
+                    name: "b".into(),
+                    version: 1,
+                    state: Some(Some(r#"{"trust_acked": {}}"#.into())),
+                },
+                PeerGate {
+                    name: "c".into(),
+                    version: 0,
+                    state: None,
+                },
+            ]
+        );
+        let known = [("b".to_owned(), 1), ("c".to_owned(), 0)];
+        let again = replicas
+            .peer_gates("a", lease, &known)
+            .await
+            .expect("reads");
+        assert_eq!(again[0].state, Some(None), "b's version 1 is known");
+        replicas
+            .publish_gate("b", r#"{"trust_acked":{"default":[]}}"#.into())
+            .await
+            .expect("b writes again");
+        let changed = replicas
+            .peer_gates("a", lease, &known)
+            .await
+            .expect("reads");
+        assert_eq!(changed[0].version, 2);
+        assert!(matches!(&changed[0].state, Some(Some(json)) if json.contains("default")));
+
+        let too_large = "x".repeat(MAX_GATE_VIEW + 1);
+        let refused = replicas.publish_gate("b", too_large).await;
+        assert!(matches!(refused, Err(DbError::Invalid(_))), "{refused:?}");
+    });
+    pg.psql(
+        "meshca",
+        "UPDATE meshca_replicas SET heartbeat_at = now() - interval '1 minute' WHERE name = 'c'",
+    );
+    let read = runtime
+        .block_on(replicas.peer_gates("a", lease, &[]))
+        .expect("reads");
+    let names: Vec<&str> = read.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["b"], "c's lease has expired");
+}

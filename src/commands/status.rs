@@ -115,6 +115,22 @@ fn print_database(database: &serde_json::Value) {
             replica["streams"].as_u64().unwrap_or(0),
         );
     }
+    let peers: Vec<String> = database["rollout_peers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|peer| match peer["readable"].as_bool() {
+            Some(true) => text(&peer["name"]),
+            _ => format!(
+                "{} (state not readable: holds every step)",
+                text(&peer["name"])
+            ),
+        })
+        .collect();
+    match peers.is_empty() {
+        true => println!("rollouts gated with: this replica alone"),
+        false => println!("rollouts gated with: {}", peers.join(", ")),
+    }
 }
 
 /// `-` for what is absent.

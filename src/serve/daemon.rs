@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime};
 use anyhow::{anyhow, Context};
 use meshca_config::{ListenAddr, Settings};
 use meshca_control::{
-    load_world, LoopHealth, Owner, OwnerConfig, OwnerLoop, ReloadOutcome, Snapshot, StatusHandle,
-    StreamEvent, World,
+    load_world, GateView, LoopHealth, Owner, OwnerConfig, OwnerLoop, PeerLink, ReloadOutcome,
+    Snapshot, StatusHandle, StreamEvent, World,
 };
 use meshca_keystore::Keystore;
 use meshca_sds::{BoundListeners, Listener, SdsServer, ServerOptions};
@@ -19,7 +19,7 @@ use super::data_dir::{DaemonLock, DataDir};
 use super::files::ensure_resources;
 use super::limits::ServeLimits;
 use super::reload::Reloader;
-use super::replica::{DatabaseView, Heartbeat};
+use super::replica::{DatabaseView, GateSync, Heartbeat};
 use super::store::Store;
 use super::{admin, daemon_keys, metrics, revocations, watcher};
 use crate::InvalidInput;
@@ -147,7 +147,7 @@ impl Daemon {
             name: settings.replica.name.clone(),
             lease: settings.replica.lease_timeout.as_std(),
             streams: sds.registry(),
-            view: database_tx,
+            view: database_tx.clone(),
             metrics: metrics.clone(),
         });
         let owner = Owner::new(
@@ -159,7 +159,28 @@ impl Daemon {
             metrics.clone(),
             snapshot_tx,
         );
-        let owner_loop = OwnerLoop::new(
+        // Replicas on one database gate their rollouts together.
+        let (gate_sync, peer_link) = match store.database.clone() {
+            Some(db) => {
+                let (view_tx, view_rx) = watch::channel(Arc::new(GateView::default()));
+                let (peers_tx, peers_rx) = watch::channel(Vec::new());
+                let sync = GateSync {
+                    replicas: Replicas::new(db),
+                    name: settings.replica.name.clone(),
+                    lease: settings.replica.lease_timeout.as_std(),
+                    view: view_rx,
+                    peers: peers_tx,
+                    database: database_tx,
+                };
+                let link = PeerLink {
+                    peers: peers_rx,
+                    view: view_tx,
+                };
+                (Some(sync), Some(link))
+            }
+            None => (None, None),
+        };
+        let mut owner_loop = OwnerLoop::new(
             owner,
             settings,
             keystore,
@@ -167,6 +188,9 @@ impl Daemon {
             reload_rx,
             shutdown.clone(),
         );
+        if let Some(link) = peer_link {
+            owner_loop = owner_loop.with_peers(link);
+        }
         let loop_health = owner_loop.health();
         let ready = Arc::new(AtomicBool::new(false));
         let admin_state = admin::AdminState {
@@ -189,6 +213,9 @@ impl Daemon {
         }
         if let Some(heartbeat) = heartbeat {
             tasks.spawn(heartbeat.run(shutdown.clone()));
+        }
+        if let Some(gate_sync) = gate_sync {
+            tasks.spawn(gate_sync.run(shutdown.clone()));
         }
         tasks.spawn(serve_admin(
             admin_listener,

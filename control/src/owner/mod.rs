@@ -27,6 +27,7 @@ use crate::egress::EgressPlan;
 use crate::error::UpdateError;
 use crate::events::StreamEvent;
 use crate::gate::{CaTrust, Gate, GateEvent, TrustKey};
+use crate::peers::{GateView, PeerView, PresentedCa, PresentedIds};
 use crate::plan::{DataplaneInfo, Issuer};
 use crate::snapshot::{ClaimRule, ProxyIdentity, ProxyKey, Snapshot};
 use crate::status::{self, Detail, Status};
@@ -37,6 +38,9 @@ use incremental::Renewals;
 use issue::Issuing;
 pub use issue::{run_job, Completed, Job};
 use replacing::Replacing;
+
+/// How many proxies a replica names per CA its proxies present (its view says how many there are).
+const NAMED_PRESENTERS: usize = 20;
 
 /// Where the owner reports what is worth a metric. The binary exports them to Prometheus; every method
 /// does nothing by default.
@@ -243,6 +247,9 @@ pub struct Owner {
     described_from: Option<Arc<meshca_config::Resources>>,
     /// Every MeshService's SPIFFE IDs as of the last reconcile.
     service_ids: ServiceIds,
+    /// The SPIFFE IDs this replica's proxies present, per computed service, as of the last full
+    /// reconcile (for the peers).
+    presented_ids: PresentedIds,
     telemetry: Arc<dyn Telemetry>,
     snapshot_tx: watch::Sender<Arc<Snapshot>>,
 }
@@ -285,6 +292,7 @@ impl Owner {
             dataplanes: Dataplanes::new(),
             described_from: None,
             service_ids: ServiceIds::new(),
+            presented_ids: PresentedIds::new(),
             telemetry,
             snapshot_tx,
         }
@@ -313,6 +321,70 @@ impl Owner {
             },
             detail,
         )
+    }
+
+    /// Takes in what the other live replicas on the database report (their rollouts); whether it
+    /// changed anything, when a reconcile must look at every wait again.
+    pub fn set_peers(&mut self, peers: Vec<PeerView>) -> bool {
+        if !self.gate.set_peers(peers) {
+            return false;
+        }
+        self.full = true;
+        self.gate.enabled()
+    }
+
+    /// What this replica reports to its peers: the trust and SPIFFE IDs its streams have ACKed, as
+    /// of now, and what its connected proxies present.
+    pub fn gate_view(&self) -> GateView {
+        GateView {
+            trust_acked: self.gate.trust_acked(),
+            sans_acked: self.gate.sans_acked(),
+            presented: self.presented_cas(),
+            presented_ids: self.presented_ids.clone(),
+        }
+    }
+
+    /// The CAs connected proxies present certificates from (current, and replaced but not ACKed),
+    /// each with the first proxies by name.
+    fn presented_cas(&self) -> Vec<PresentedCa> {
+        let mut grouped: HashMap<TrustKey, (&CaTrust, Vec<&ProxyKey>)> = HashMap::new();
+        for (key, issued) in &self.issued {
+            if !self.streams.is_connected(key) {
+                continue;
+            }
+            let cas = std::iter::once(&issued.ca_trust)
+                .chain(issued.previous.iter().map(|p| &p.ca_trust));
+            for ca in cas {
+                grouped
+                    .entry(ca.key())
+                    .or_insert((ca, Vec::new()))
+                    .1
+                    .push(key);
+            }
+        }
+        let mut out: Vec<PresentedCa> = grouped
+            .into_values()
+            .map(|(ca, mut proxies)| {
+                proxies.sort_unstable();
+                proxies.dedup();
+                PresentedCa {
+                    mesh: ca.mesh.clone(),
+                    trust_domain: ca.trust_domain.clone(),
+                    ca: ca.ca_id.clone(),
+                    anchors: ca.pems.to_vec(),
+                    proxies: proxies.len(),
+                    named: proxies
+                        .iter()
+                        .take(NAMED_PRESENTERS)
+                        .map(ToString::to_string)
+                        .collect(),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            (&a.mesh, &a.trust_domain, &a.ca).cmp(&(&b.mesh, &b.trust_domain, &b.ca))
+        });
+        out
     }
 
     /// The time of the last reconcile.

@@ -13,6 +13,7 @@ use super::{Dataplanes, Issued, Owner, Scope};
 use crate::bundles::{self, ServiceIds};
 use crate::egress::{self, MeshChoice, EGRESS_BUNDLE, EGRESS_SERVICE};
 use crate::gate::{covers, CaTrust, GateEvent, RolloutStep, Wait};
+use crate::peers::PresentedIds;
 use crate::plan::{self, DataplaneInfo, Decision, Desired, Origin};
 use crate::resource_name::Target;
 use crate::snapshot::{Changed, ClaimRule, ProxyEntry, ProxyKey, ProxyMap};
@@ -96,7 +97,8 @@ impl Owner {
         let trust = self.plan_trust(generation, now);
         // SANs before identity: the contexts of this snapshot carry every ID decided now, and the gate
         // tracks when each entered them. (Issuing below adds no ID: it presents decided ones.)
-        let service_ids = self.service_identities(&dataplanes);
+        let (service_ids, presented_ids) = self.service_identities(&dataplanes);
+        self.presented_ids = presented_ids;
         self.gate.plan_sans(&service_ids, generation, now);
         // A CA or an ID that no connected stream must carry may be used at once.
         self.gate.confirm(&self.streams, now);
@@ -527,9 +529,12 @@ impl Owner {
     /// says: for every dataplane the service selects, the ServiceTag of its matching inbounds, the ID
     /// meshca decides for it, the IDs of every MeshIdentity selecting it (staged migrations), and (break
     /// last), while its proxy is connected, the ID of the certificate served now and of the one it
-    /// replaced, until the proxy has ACKed its replacement.
-    fn service_identities(&self, dataplanes: &Dataplanes) -> ServiceIds {
+    /// replaced, until the proxy has ACKed its replacement; and what the peers' proxies present.
+    ///
+    /// Also returns what this replica's proxies present, per computed service, for the peers.
+    fn service_identities(&self, dataplanes: &Dataplanes) -> (ServiceIds, PresentedIds) {
         let mut out = ServiceIds::new();
+        let mut presented = PresentedIds::new();
         for service in &self.world.resources.mesh_services {
             let local = service.zone().is_none_or(|z| z == self.config.zone);
             let computed = local.then_some(service.dataplane_tags.as_ref()).flatten();
@@ -543,6 +548,7 @@ impl Owner {
             // each selected inbound, the ID each selected dataplane is issued, the IDs of every
             // MeshIdentity that selects it, and what its connected proxies still present.
             let mut ids = BTreeSet::new();
+            let mut theirs = BTreeSet::new();
             let mesh = self.world.meshes.get(&service.mesh);
             let selected = dataplanes.iter().filter_map(|(key, dp)| {
                 let dp = dp.as_ref().ok()?;
@@ -550,15 +556,41 @@ impl Owner {
             });
             for (key, dp) in selected {
                 ids.extend(self.given_ids(mesh, dp, selector));
-                ids.extend(self.presented_ids(key));
+                theirs.extend(self.presented_ids(key));
             }
+            ids.extend(theirs.iter().cloned());
+            self.add_peers_ids(&service.mesh, &service.name, &mut ids);
             out.insert((service.mesh.clone(), service.name.clone()), ids);
+            presented
+                .entry(service.mesh.clone())
+                .or_default()
+                .insert(service.name.clone(), theirs);
         }
-        out.insert(
-            (EGRESS_BUNDLE.to_owned(), EGRESS_SERVICE.to_owned()),
-            self.egress_identities(dataplanes),
-        );
-        out
+        let (mut ids, theirs) = self.egress_identities(dataplanes);
+        self.add_peers_ids(EGRESS_BUNDLE, EGRESS_SERVICE, &mut ids);
+        out.insert((EGRESS_BUNDLE.to_owned(), EGRESS_SERVICE.to_owned()), ids);
+        presented
+            .entry(EGRESS_BUNDLE.to_owned())
+            .or_default()
+            .insert(EGRESS_SERVICE.to_owned(), theirs);
+        (out, presented)
+    }
+
+    /// Adds to a computed context's `ids` what the peers' proxies of `service` present (break last
+    /// across replicas); while a peer's view cannot be read, every ID the context carried.
+    fn add_peers_ids(&self, mesh: &str, service: &str, ids: &mut BTreeSet<String>) {
+        for peer in self.gate.peers() {
+            match &peer.view {
+                Some(view) => {
+                    let theirs = view.presented_ids.get(mesh).and_then(|s| s.get(service));
+                    ids.extend(theirs.into_iter().flatten().cloned());
+                }
+                None => {
+                    let carried = self.service_ids.get(&(mesh.to_owned(), service.to_owned()));
+                    ids.extend(carried.into_iter().flatten().cloned());
+                }
+            }
+        }
     }
 
     /// What a dataplane gives a local MeshService that selects it (with `selector`), connected or not:
@@ -604,7 +636,8 @@ impl Owner {
     /// The SPIFFE IDs the zone egress bundle accepts: the egress identity of every known egress (each
     /// ZoneEgress file, each egress token that connected) and, while an egress is connected, the IDs it
     /// may still present (break last).
-    fn egress_identities(&self, dataplanes: &Dataplanes) -> BTreeSet<String> {
+    /// Also returns the IDs this replica's egresses present.
+    fn egress_identities(&self, dataplanes: &Dataplanes) -> (BTreeSet<String>, BTreeSet<String>) {
         let plan = self.egress.as_ref().and_then(|p| p.as_ref().ok());
         let (zone, algorithm) = (&self.config.zone, self.config.key_algorithm);
         let decided = |info: &DataplaneInfo| match egress::decide(
@@ -625,14 +658,16 @@ impl Owner {
             .iter()
             .filter_map(|egress| decided(&DataplaneInfo::from_zone_egress(mesh, egress)))
             .collect();
+        let mut presented = BTreeSet::new();
         for (key, info) in dataplanes
             .iter()
             .filter(|(key, _)| self.is_zone_egress(key))
         {
             ids.extend(info.as_ref().ok().and_then(decided));
-            ids.extend(self.presented_ids(key));
+            presented.extend(self.presented_ids(key));
         }
-        ids
+        ids.extend(presented.iter().cloned());
+        (ids, presented)
     }
 
     /// Updates MeshService `status.tls`: Ready once mTLS is on and every dataplane the service selects

@@ -1695,6 +1695,7 @@ fn service_context(h: &Harness, service: &str) -> Vec<String> {
 
 mod egress;
 mod events;
+mod peers;
 mod selection;
 mod trust;
 
