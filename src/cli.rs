@@ -315,6 +315,14 @@ pub struct DrillArgs {
     /// steps, instead of the one-step edit (migrate-to-meshidentity and trust-domain).
     #[arg(long)]
     pub staged: bool,
+    /// `failover`: the PostgreSQL database the replicas share, `postgres://user@host:port/db`; it
+    /// must hold no meshca tables, and holds none again at the end. The password comes from
+    /// MESHCA_KEYSTORE_POSTGRES_PASSWORD.
+    #[arg(long, value_name = "URL")]
+    pub postgres: Option<String>,
+    /// `failover`: how many replicas serve the proxies (the last one is killed).
+    #[arg(long, default_value_t = 3)]
+    pub replicas: usize,
     #[arg(long, value_enum, default_value_t)]
     pub output: Output,
 }
@@ -334,6 +342,9 @@ pub enum DrillScenario {
     /// Sidecars of two meshes call a zone egress while the default mesh's CA is rotated and the default
     /// mesh is switched to the other one.
     Egress,
+    /// Replicas on one PostgreSQL database (`--postgres`) serve the proxies, spread over them; the
+    /// mesh's CA is rotated, and one replica is killed in the middle. Its proxies move to the others.
+    Failover,
 }
 
 /// On or off.

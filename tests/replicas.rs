@@ -331,3 +331,96 @@ fn fingerprint(der: &[u8]) -> String {
         .map(|b| format!("{b:02x}"))
         .collect()
 }
+
+/// `meshca drill failover` on the test server: the password from the environment, as an operator
+/// gives it.
+fn failover_drill(pg: &TestPostgres, gate: &str) -> common::Run {
+    let env = Env::new();
+    let args = [
+        "drill",
+        "failover",
+        "--postgres",
+        &pg.url(),
+        "--gate",
+        gate,
+        "--proxies",
+        "12",
+        "--handshakes",
+        "1500",
+        "--seed",
+        "3",
+        "--output",
+        "json",
+    ];
+    let mut command = env.command(&args);
+    command.env("MESHCA_KEYSTORE_POSTGRES_PASSWORD", pg.password());
+    env.cli_with(command, &args)
+}
+
+fn meshca_tables(pg: &TestPostgres) -> String {
+    pg.psql(
+        "meshca",
+        "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'meshca%'",
+    )
+}
+
+#[test]
+fn the_failover_drill_breaks_nothing_with_the_gate_and_breaks_handshakes_without() {
+    let pg = TestPostgres::start();
+    let run = failover_drill(&pg, "on");
+    let report = run.json();
+    assert_eq!(run.code(), Some(0), "{run}");
+    assert_eq!(report["ok"], true, "{run}");
+    assert_eq!(report["failover"]["replicas"], 3, "{run}");
+    assert_eq!(report["failover"]["killed"], "drill-c", "{run}");
+    assert!(
+        report["failover"]["moved_streams"].as_u64().unwrap_or(0) >= 4,
+        "the killed replica's four proxies moved: {run}"
+    );
+    let phases: Vec<&str> = report["phases"]
+        .as_array()
+        .expect("phases")
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    assert_eq!(phases, ["steady", "failover", "converged"]);
+    assert!(report["phases"]
+        .as_array()
+        .expect("phases")
+        .iter()
+        .all(|p| p["failed"] == 0));
+    assert_eq!(
+        meshca_tables(&pg),
+        "0",
+        "the drill leaves the database empty"
+    );
+
+    let run = failover_drill(&pg, "off");
+    let report = run.json();
+    assert_eq!(run.code(), Some(1), "{run}");
+    assert!(
+        report["phases"][1]["failed"].as_u64().unwrap_or(0) > 0,
+        "without the gate the rotation breaks handshakes: {run}"
+    );
+    assert_eq!(meshca_tables(&pg), "0");
+}
+
+#[test]
+fn the_failover_drill_refuses_a_database_that_is_not_empty_and_leaves_it_alone() {
+    let pg = TestPostgres::start();
+    pg.psql("meshca", "CREATE TABLE meshca_entries (name text)");
+    let run = failover_drill(&pg, "on");
+    assert_ne!(run.code(), Some(0), "{run}");
+    assert!(
+        run.stderr.contains("meshca_entries") && run.stderr.contains("empty"),
+        "{run}"
+    );
+    assert_eq!(meshca_tables(&pg), "1", "its table is still there");
+
+    let env = Env::new();
+    let run = env.cli(&["drill", "ca-rotation", "--postgres", &pg.url()]);
+    assert_eq!(run.code(), Some(2), "{run}");
+    let run = env.cli(&["drill", "failover"]);
+    assert_eq!(run.code(), Some(2), "{run}");
+    assert!(run.stderr.contains("--postgres"), "{run}");
+}

@@ -283,6 +283,18 @@ impl Gate {
         out
     }
 
+    /// The CAs `mesh`'s bundles carry only because proxies may still present them (break last).
+    pub fn retained_in<'a>(&'a self, mesh: &'a str) -> impl Iterator<Item = &'a CaTrust> + 'a {
+        self.published
+            .iter()
+            .filter(move |(key, _)| {
+                key.0 == mesh
+                    && self.retained_since.contains_key(*key)
+                    && !self.given_up.contains(*key)
+            })
+            .map(|(_, p)| &p.ca)
+    }
+
     /// The peers that hold back the trust entry `key`.
     fn peers_holding_trust(&self, (mesh, trust_domain, ca): &TrustKey) -> Vec<String> {
         let entry = TrustEntry {

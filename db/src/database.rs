@@ -57,6 +57,18 @@ impl Database {
     /// Connects, and creates or migrates the schema (under a lock, so replicas starting together
     /// migrate it once).
     pub fn connect(options: &DbOptions) -> Result<Database, DbError> {
+        let db = Database::connect_as_is(options)?;
+        let version = db.block_on("apply the schema", |pool| async move {
+            let mut client = pool.get().await.map_err(pool_error("connect"))?;
+            schema::migrate(&mut client).await
+        })?;
+        tracing::debug!(url = %db.url, version, "database schema current");
+        Ok(db)
+    }
+
+    /// Connects without touching the schema: for a look at what the database holds (the failover
+    /// drill's check that it is empty). Nothing meshca stores may be read or written through it.
+    pub fn connect_as_is(options: &DbOptions) -> Result<Database, DbError> {
         let mut config: tokio_postgres::Config = options
             .url
             .parse()
@@ -108,18 +120,12 @@ impl Database {
                 action: "create the connection pool".into(),
                 detail: e.to_string(),
             })?;
-        let db = Database {
+        Ok(Database {
             runtime: Some(runtime),
             pool,
             timeout: options.timeout,
             url: options.url.clone(),
-        };
-        let version = db.block_on("apply the schema", |pool| async move {
-            let mut client = pool.get().await.map_err(pool_error("connect"))?;
-            schema::migrate(&mut client).await
-        })?;
-        tracing::debug!(url = %db.url, version, "database schema current");
-        Ok(db)
+        })
     }
 
     /// The URL it connects to (without a password).

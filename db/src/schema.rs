@@ -3,6 +3,7 @@
 
 use deadpool_postgres::Client;
 
+use crate::database::pool_error;
 use crate::error::DbError;
 
 /// The advisory lock held while the schema is checked and migrated ("meshca" and 1).
@@ -104,4 +105,49 @@ async fn apply(client: &mut Client) -> Result<i32, DbError> {
         tracing::info!(version, "database schema migrated");
     }
     Ok(found.max(SCHEMA_VERSION))
+}
+
+/// meshca's tables in the database's search path (what [`Database::drop_meshca_tables`] removes).
+const MESHCA_TABLES: &str = "SELECT tablename::text FROM pg_tables
+    WHERE schemaname = current_schema() AND tablename LIKE 'meshca\\_%' ORDER BY tablename";
+
+impl crate::Database {
+    /// The meshca tables the database holds (none in an empty one).
+    pub async fn meshca_tables(&self) -> Result<Vec<String>, DbError> {
+        self.run("list meshca's tables", |pool| async move {
+            let client = pool.get().await.map_err(pool_error("connect"))?;
+            let rows = client
+                .query(MESHCA_TABLES, &[])
+                .await
+                .map_err(DbError::database("list meshca's tables"))?;
+            Ok(rows.iter().map(|row| row.get(0)).collect())
+        })
+        .await
+    }
+
+    /// Removes every meshca table and what it holds, leaving the database as it was before meshca
+    /// first used it. For drills on a throwaway database; nothing else calls it.
+    pub async fn drop_meshca_tables(&self) -> Result<(), DbError> {
+        let tables = self.meshca_tables().await?;
+        if tables.is_empty() {
+            return Ok(());
+        }
+        let statement = format!(
+            "DROP TABLE {}",
+            tables
+                .iter()
+                .map(|t| format!("\"{}\"", t.replace('"', "\"\"")))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        self.run("remove meshca's tables", move |pool| async move {
+            let client = pool.get().await.map_err(pool_error("connect"))?;
+            client
+                .batch_execute(&statement)
+                .await
+                .map_err(DbError::database("remove meshca's tables"))?;
+            Ok(())
+        })
+        .await
+    }
 }

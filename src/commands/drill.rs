@@ -3,14 +3,18 @@
 use std::process::ExitCode;
 
 use crate::cli::{DrillArgs, DrillScenario, Output, Switch};
-use crate::drill::play;
+use crate::drill::report::Report;
 use crate::drill::scenario::Script;
+use crate::drill::{failover, play};
 use crate::InvalidInput;
 
 /// The most proxies a drill simulates (each is an SDS stream and a set of TLS configs).
 const MAX_PROXIES: usize = 10_000;
 /// The most Envoy sidecars a drill starts (each is an Envoy process of a few tens of MB).
 const MAX_ENVOYS: usize = 64;
+/// The most replicas the failover drill starts (each a daemon with its own connections to the
+/// database).
+const MAX_REPLICAS: usize = 8;
 
 pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
     if !(2..=MAX_PROXIES).contains(&args.proxies) {
@@ -50,6 +54,16 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
         ))
         .into());
     }
+    if args.postgres.is_some() != (args.scenario == DrillScenario::Failover) {
+        return Err(InvalidInput(
+            "--postgres URL goes with the failover drill, and the failover drill needs it (an empty PostgreSQL database for its replicas)"
+                .into(),
+        )
+        .into());
+    }
+    if let Some(postgres) = &args.postgres {
+        return failover(&args, postgres.clone()).await;
+    }
     let options = play::Options {
         proxies: args.proxies,
         gate: args.gate == Switch::On,
@@ -58,9 +72,39 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
         envoy: args.envoy.clone(),
     };
     let report = play::run(Script::new(args.scenario, args.staged), options).await?;
+    print_report(&args, &report)
+}
+
+async fn failover(args: &DrillArgs, postgres: String) -> anyhow::Result<ExitCode> {
+    if !(2..=MAX_REPLICAS).contains(&args.replicas) {
+        return Err(InvalidInput(format!(
+            "--replicas must be between 2 and {MAX_REPLICAS} (one is killed, another takes its proxies), got {}",
+            args.replicas
+        ))
+        .into());
+    }
+    if args.envoy.is_some() {
+        return Err(InvalidInput(
+            "--envoy with the failover drill is not built yet: it runs simulated proxies".into(),
+        )
+        .into());
+    }
+    let options = failover::Options {
+        postgres,
+        replicas: args.replicas,
+        proxies: args.proxies,
+        gate: args.gate == Switch::On,
+        seed: args.seed,
+        handshakes: args.handshakes,
+    };
+    let report = failover::run(options).await?;
+    print_report(args, &report)
+}
+
+fn print_report(args: &DrillArgs, report: &Report) -> anyhow::Result<ExitCode> {
     match args.output {
         Output::Human => print!("{}", report.human()),
-        Output::Json => super::print_json(&report)?,
+        Output::Json => super::print_json(report)?,
     }
     Ok(if report.ok {
         ExitCode::SUCCESS

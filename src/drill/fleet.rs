@@ -1,7 +1,7 @@
 //! A fleet of simulated proxies connected to an in-process daemon, and waiting on what they applied.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -10,9 +10,8 @@ use meshca_auth::ProxyType;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::proxy::{self, ProxySpec, ProxyTls};
+use super::proxy::{self, Counters, ProxySpec, ProxyTls};
 use super::tls::{ClientIds, PeerCheck};
-use crate::serve::Daemon;
 
 /// How long the drill's tokens are valid: far longer than any drill runs.
 const TOKEN_LIFETIME: Duration = Duration::from_secs(24 * 3600);
@@ -66,30 +65,39 @@ pub struct Fleet {
     /// The proxies, in the order given.
     pub members: Vec<Member>,
     applied: watch::Receiver<u64>,
-    nacks: Arc<AtomicU64>,
+    counters: Arc<Counters>,
     tasks: JoinSet<anyhow::Result<()>>,
 }
 
+/// How a fleet reaches the daemon: where SDS listens (one target per replica) and how tokens are
+/// minted.
+pub struct Reach<'a> {
+    /// SDS targets (`unix:///…`): member `i` connects to target `i % n` first and fails over to the
+    /// next ones in order.
+    pub targets: Vec<String>,
+    /// Signs a token for claims.
+    pub mint: &'a dyn Fn(&meshca_auth::Claims) -> anyhow::Result<String>,
+}
+
 impl Fleet {
-    /// Mints a token per member (its mesh and labels, tag `kuma.io/service`) and connects each to the
-    /// daemon's unix socket. Member `i` draws its apply delays from `seed ^ i`. Sidecars subscribe to
+    /// Mints a token per member (its mesh and labels, tag `kuma.io/service`) and connects each as
+    /// `reach` says. Member `i` draws its apply delays from `seed ^ i`. Sidecars subscribe to
     /// `contexts` (the validation contexts with SAN matchers they check servers with).
     pub fn start(
-        daemon: &Daemon,
+        reach: &Reach<'_>,
         specs: &[MemberSpec],
         contexts: &[String],
         seed: u64,
     ) -> anyhow::Result<Fleet> {
-        let target = daemon
-            .unix_target()
-            .ok_or_else(|| anyhow!("the drill daemon has no unix SDS socket"))?;
+        if reach.targets.is_empty() {
+            return Err(anyhow!("the drill has no SDS target"));
+        }
         let now_unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .context("the system clock is before 1970")?
             .as_secs();
-        let (applied_tx, applied) = watch::channel(0u64);
-        let applied_tx = Arc::new(applied_tx);
-        let nacks = Arc::new(AtomicU64::new(0));
+        let counters = Arc::new(Counters::default());
+        let applied = counters.applied.subscribe();
         let mut tasks = JoinSet::new();
         let mut members = Vec::with_capacity(specs.len());
         for (index, spec) in specs.iter().enumerate() {
@@ -109,14 +117,20 @@ impl Fleet {
                 now_unix,
             )
             .with_context(|| format!("{}: cannot make token claims", spec.name))?;
-            let token = daemon.mint_token(&claims)?;
+            let token = (reach.mint)(&claims)?;
+            let first = index % reach.targets.len();
+            let targets = reach.targets[first..]
+                .iter()
+                .chain(&reach.targets[..first])
+                .cloned()
+                .collect();
             let (state_tx, state) = watch::channel(None);
             tasks.spawn(proxy::run(
                 ProxySpec {
                     mesh: spec.mesh.clone(),
                     name: spec.name.clone(),
                     token,
-                    target: target.clone(),
+                    targets,
                     seed: seed ^ index as u64,
                     trust: if spec.egress {
                         proxy::ALL
@@ -131,8 +145,7 @@ impl Fleet {
                     },
                 },
                 state_tx,
-                applied_tx.clone(),
-                nacks.clone(),
+                counters.clone(),
             ));
             let ids = BTreeSet::from([spec.initial_id.clone(), spec.final_id.clone()]);
             members.push(Member {
@@ -147,7 +160,7 @@ impl Fleet {
         Ok(Fleet {
             members,
             applied,
-            nacks,
+            counters,
             tasks,
         })
     }
@@ -196,7 +209,12 @@ impl Fleet {
 
     /// How many responses the proxies rejected (NACKed) so far.
     pub fn nacks(&self) -> u64 {
-        self.nacks.load(Ordering::Relaxed)
+        self.counters.nacks.load(Ordering::Relaxed)
+    }
+
+    /// How many streams were re-opened on another replica so far.
+    pub fn moves(&self) -> u64 {
+        self.counters.moves.load(Ordering::Relaxed)
     }
 
     /// Closes every stream.

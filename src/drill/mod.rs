@@ -9,6 +9,7 @@
 //! them, each a new mTLS handshake.
 
 pub mod envoy;
+pub mod failover;
 pub mod fleet;
 pub mod play;
 pub mod proxy;

@@ -12,7 +12,7 @@ use meshca_control::{Detail, StatusReply};
 use rustls_pki_types::CertificateDer;
 
 use super::envoy::{EnvoyRing, RingMember, RingTraffic, Sidecar, Topology};
-use super::fleet::{Fleet, Member, States};
+use super::fleet::{Fleet, Member, Reach, States};
 use super::proxy::ProxyTls;
 use super::report::{Header, Outcome, Report};
 use super::sandbox::Sandbox;
@@ -22,10 +22,10 @@ use super::traffic::Traffic;
 use crate::serve::{Daemon, DaemonOptions};
 
 /// Concurrent handshake workers.
-const WORKERS: usize = 4;
+pub(super) const WORKERS: usize = 4;
 /// How long the fleet may take to reach the steady state, to satisfy a staged wait, and to converge
 /// after the edits.
-const CONVERGE_TIMEOUT: Duration = Duration::from_secs(120);
+pub(super) const CONVERGE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What to drill.
 #[derive(Clone, Debug)]
@@ -99,7 +99,15 @@ async fn simulated(
 ) -> anyhow::Result<Report> {
     let specs = script.members(options.proxies);
     let contexts: Vec<String> = script.contexts().into_keys().collect();
-    let mut fleet = Fleet::start(daemon, &specs, &contexts, options.seed)?;
+    let target = daemon
+        .unix_target()
+        .ok_or_else(|| anyhow!("the drill daemon has no unix SDS socket"))?;
+    let mint = |claims: &meshca_auth::Claims| daemon.mint_token(claims);
+    let reach = Reach {
+        targets: vec![target],
+        mint: &mint,
+    };
+    let mut fleet = Fleet::start(&reach, &specs, &contexts, options.seed)?;
     let result = play_simulated(script, options, daemon, sandbox, &mut fleet).await;
     fleet.stop().await;
     result
@@ -188,7 +196,11 @@ async fn play_simulated(
 }
 
 /// Whether `check` holds for every member's applied state (none missing).
-fn every(members: &[Member], states: &States, check: impl Fn(&Member, &ProxyTls) -> bool) -> bool {
+pub(super) fn every(
+    members: &[Member],
+    states: &States,
+    check: impl Fn(&Member, &ProxyTls) -> bool,
+) -> bool {
     members
         .iter()
         .zip(states)
@@ -268,7 +280,7 @@ async fn apply(daemon: &Daemon, sandbox: &Sandbox, edit: &Edit) -> anyhow::Resul
 }
 
 /// The CA that issued the first proxy's certificate in the steady state: the one the scenario replaces.
-fn steady_ca(states: &States) -> anyhow::Result<CertificateDer<'static>> {
+pub(super) fn steady_ca(states: &States) -> anyhow::Result<CertificateDer<'static>> {
     let first = states
         .first()
         .and_then(Option::as_ref)
@@ -299,7 +311,7 @@ fn trusts(state: &ProxyTls, ca: &CertificateDer<'_>) -> bool {
 /// Converged: every proxy presents its final SPIFFE ID in a certificate from a CA it trusts, neither
 /// presents a certificate from the old CA nor trusts it any more, and every pair the traffic makes would
 /// handshake now (the client's check accepts the server's certificate, the server's bundle the client's).
-fn is_converged(
+pub(super) fn is_converged(
     members: &[Member],
     hubs: &[usize],
     states: &States,
@@ -357,7 +369,7 @@ fn is_converged(
 }
 
 /// Where the fleet stands, for a timeout message.
-fn progress(members: &[Member], states: &States, old: &CertificateDer<'_>) -> String {
+pub(super) fn progress(members: &[Member], states: &States, old: &CertificateDer<'_>) -> String {
     let mut missing = 0;
     let mut presenting_old = 0;
     let mut trusting_old = 0;

@@ -62,8 +62,9 @@ pub struct ProxySpec {
     pub name: String,
     /// Its dataplane token.
     pub token: String,
-    /// Where SDS listens (`unix:///…`).
-    pub target: String,
+    /// Where SDS listens (`unix:///…`): its replica first, then the others it fails over to, in
+    /// order, as Envoy does through an SDS cluster with several endpoints.
+    pub targets: Vec<String>,
     /// Seeds its apply delays.
     pub seed: u64,
     /// The validation context its chains are checked with ([`TRUST`] or [`ALL`]).
@@ -207,66 +208,124 @@ fn build(
     })
 }
 
-/// Runs one proxy's stream until the server ends it (an error: a drill never expects that) or the
-/// task is dropped. `state` gets every applied state; `applied` counts them across the fleet;
-/// `nacks` counts responses this proxy could not use.
+/// How long a proxy whose stream failed waits before it connects to the next replica.
+const RECONNECT_DELAY: Duration = Duration::from_millis(100);
+
+/// What the proxies of a fleet count together.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// States applied.
+    pub applied: watch::Sender<u64>,
+    /// Responses rejected (NACKed).
+    pub nacks: std::sync::atomic::AtomicU64,
+    /// Streams re-opened on another replica after one failed.
+    pub moves: std::sync::atomic::AtomicU64,
+}
+
+/// Runs one proxy until the task is dropped: its stream to its first target, and, with several
+/// targets, a new stream to the next one whenever a stream fails (keeping what it applied, as Envoy
+/// does). With one target a failed stream ends it with an error: a drill never expects that. `state`
+/// gets every applied state.
 pub async fn run(
     spec: ProxySpec,
     state: watch::Sender<Option<Arc<ProxyTls>>>,
-    applied: Arc<watch::Sender<u64>>,
-    nacks: Arc<std::sync::atomic::AtomicU64>,
+    counters: Arc<Counters>,
 ) -> anyhow::Result<()> {
-    let client = SdsClient::connect(&spec.target, None, spec.token.clone())
-        .await
-        .with_context(|| format!("{}: cannot connect to SDS", spec.name))?;
-    let node_id = format!("{}.{}", spec.mesh, spec.name);
-    let names = spec.names();
-    let (requests, mut responses) = client
-        .open_stream(&node_id, &names, None, 4)
-        .await
-        .with_context(|| format!("{}: StreamSecrets refused", spec.name))?;
+    let mut proxy = Running {
+        rng: SplitMix64::new(spec.seed),
+        held: Held::new(&spec),
+        applied_version: String::new(),
+        spec,
+        state,
+        counters,
+    };
+    let targets = proxy.spec.targets.clone();
+    let first = targets
+        .first()
+        .ok_or_else(|| anyhow!("{}: no SDS target", proxy.spec.name))?;
+    if targets.len() == 1 {
+        return proxy.stream(first).await;
+    }
+    for target in targets.iter().cycle() {
+        let error = match proxy.stream(target).await {
+            Ok(()) => anyhow!("the stream ended"),
+            Err(error) => error,
+        };
+        tracing::info!(proxy = %proxy.spec.name, target = %target, "drill proxy moves to the next replica: {error:#}");
+        proxy
+            .counters
+            .moves
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tokio::time::sleep(RECONNECT_DELAY).await;
+    }
+    unreachable!("cycling over a non-empty list never ends")
+}
 
-    let mut rng = SplitMix64::new(spec.seed);
-    let mut held = Held::new(&spec);
-    let mut applied_version = String::new();
-    loop {
-        let response = responses
-            .message()
+/// A proxy's state across its streams.
+struct Running {
+    spec: ProxySpec,
+    rng: SplitMix64,
+    held: Held,
+    applied_version: String,
+    state: watch::Sender<Option<Arc<ProxyTls>>>,
+    counters: Arc<Counters>,
+}
+
+impl Running {
+    /// One stream to `target`, until it fails.
+    async fn stream(&mut self, target: &str) -> anyhow::Result<()> {
+        let spec = &self.spec;
+        let client = SdsClient::connect(target, None, spec.token.clone())
             .await
-            .with_context(|| format!("{}: the SDS stream failed", spec.name))?
-            .ok_or_else(|| anyhow!("{}: the daemon ended the SDS stream", spec.name))?;
-        // The delay IS the behaviour under test: a proxy is never instant.
-        tokio::time::sleep(Duration::from_millis(rng.below(MAX_APPLY_DELAY_MS + 1))).await;
-        let error_detail = match held.apply(&response) {
-            Ok(new_state) => {
-                applied_version = response.version_info.clone();
-                if let Some(new_state) = new_state {
-                    state.send_replace(Some(Arc::new(new_state)));
-                    applied.send_modify(|n| *n += 1);
+            .with_context(|| format!("{}: cannot connect to SDS", spec.name))?;
+        let node_id = format!("{}.{}", spec.mesh, spec.name);
+        let names = spec.names();
+        let (requests, mut responses) = client
+            .open_stream(&node_id, &names, None, 4)
+            .await
+            .with_context(|| format!("{}: StreamSecrets refused", spec.name))?;
+        loop {
+            let response = responses
+                .message()
+                .await
+                .with_context(|| format!("{}: the SDS stream failed", spec.name))?
+                .ok_or_else(|| anyhow!("{}: the daemon ended the SDS stream", spec.name))?;
+            // The delay IS the behaviour under test: a proxy is never instant.
+            let delay = self.rng.below(MAX_APPLY_DELAY_MS + 1);
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            let error_detail = match self.held.apply(&response) {
+                Ok(new_state) => {
+                    self.applied_version = response.version_info.clone();
+                    if let Some(new_state) = new_state {
+                        self.state.send_replace(Some(Arc::new(new_state)));
+                        self.counters.applied.send_modify(|n| *n += 1);
+                    }
+                    None
                 }
-                None
-            }
-            Err(error) => {
-                nacks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                tracing::warn!(proxy = %spec.name, version = %response.version_info, "drill proxy rejects secrets (NACK): {error:#}");
-                Some(RpcStatus {
-                    code: tonic::Code::InvalidArgument as i32,
-                    message: format!("{error:#}"),
-                    details: Vec::new(),
-                })
-            }
-        };
-        let reply = DiscoveryRequest {
-            version_info: applied_version.clone(),
-            resource_names: names.clone(),
-            type_url: SECRET_TYPE_URL.to_owned(),
-            response_nonce: response.nonce.clone(),
-            error_detail,
-            ..Default::default()
-        };
-        requests
-            .send(reply)
-            .await
-            .map_err(|_| anyhow!("{}: the SDS stream closed", spec.name))?;
+                Err(error) => {
+                    self.counters
+                        .nacks
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tracing::warn!(proxy = %spec.name, version = %response.version_info, "drill proxy rejects secrets (NACK): {error:#}");
+                    Some(RpcStatus {
+                        code: tonic::Code::InvalidArgument as i32,
+                        message: format!("{error:#}"),
+                        details: Vec::new(),
+                    })
+                }
+            };
+            let reply = DiscoveryRequest {
+                version_info: self.applied_version.clone(),
+                resource_names: names.clone(),
+                type_url: SECRET_TYPE_URL.to_owned(),
+                response_nonce: response.nonce.clone(),
+                error_detail,
+                ..Default::default()
+            };
+            requests
+                .send(reply)
+                .await
+                .map_err(|_| anyhow!("{}: the SDS stream closed", spec.name))?;
+        }
     }
 }

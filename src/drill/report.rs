@@ -28,8 +28,22 @@ pub struct Report {
     pub nacks: u64,
     /// Why the drill could not complete, if it could not.
     pub error: Option<String>,
+    /// The replicas of `failover`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover: Option<FailoverReport>,
     /// No handshake failed, nothing was NACKed, and the scenario completed.
     pub ok: bool,
+}
+
+/// The replicas of a `failover` drill.
+#[derive(Clone, Debug, Serialize)]
+pub struct FailoverReport {
+    /// How many replicas served the fleet.
+    pub replicas: usize,
+    /// The replica killed in the middle of the rotation.
+    pub killed: String,
+    /// Streams re-opened on another replica after one failed.
+    pub moved_streams: u64,
 }
 
 /// One phase of a drill.
@@ -118,6 +132,7 @@ impl Report {
             converge_seconds: outcome.converge_seconds.map(round2),
             nacks: outcome.nacks,
             error: outcome.error,
+            failover: None,
             ok,
         }
     }
@@ -146,6 +161,13 @@ impl Report {
             "drill {}: {} {kind}, gate {gate}, seed {}",
             self.scenario, self.proxies, self.seed
         );
+        if let Some(failover) = &self.failover {
+            let _ = writeln!(
+                out,
+                "{} replicas on one database; {} killed during the rotation; {} streams moved to another replica",
+                failover.replicas, failover.killed, failover.moved_streams
+            );
+        }
         for (i, phase) in self.phases.iter().enumerate() {
             let _ = write!(
                 out,

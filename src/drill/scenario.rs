@@ -100,6 +100,12 @@ impl Script {
             DrillScenario::MigrateToMeshidentity => migrate_to_meshidentity(staged),
             DrillScenario::TrustDomain => trust_domain(staged),
             DrillScenario::Egress => egress(),
+            // The same rotation, over replicas one of which is killed between its two edits.
+            DrillScenario::Failover => Script {
+                name: "failover",
+                change_phase: "failover",
+                ..ca_rotation()
+            },
         }
     }
 

@@ -300,6 +300,13 @@ impl Daemon {
         }
     }
 
+    /// Stops at once, as a killed process does: no drain, streams cut, no more heartbeats. For
+    /// the failover drill.
+    pub fn kill(mut self) {
+        self.shutdown.cancel();
+        self.tasks.abort_all();
+    }
+
     /// Drains streams and stops every task, waiting at most the grace period.
     pub async fn stop(mut self) {
         self.shutdown.cancel();

@@ -406,6 +406,15 @@ impl Owner {
             ..
         } = svid;
         let mut previous = old.map(|o| o.previous.clone()).unwrap_or_default();
+        if old.is_none() && self.gate.enabled() {
+            // A proxy new to this replica may come from another one (which died, or it was moved),
+            // or from before a restart, presenting a certificate from any CA its mesh still trusts.
+            // Those the configuration removed stay trusted until it ACKs this one.
+            previous.extend(self.gate.retained_in(&key.mesh).map(|ca| Previous {
+                ca_trust: ca.clone(),
+                spiffe_id: svid.spiffe_id.to_string(),
+            }));
+        }
         // One never served was never presented: nothing to keep trusted for it.
         if let Some(old) = old.filter(|o| self.gate.enabled() && o.first_served_in.is_some()) {
             let replaced = Previous {

@@ -298,6 +298,34 @@ impl Owner {
                 grouped.entry(id).or_insert((ca, Vec::new())).1.push(key);
             }
         }
+        // A connected proxy this replica has issued nothing to yet may present a certificate from
+        // any CA its mesh still trusts (it moved here from another replica, or from before a
+        // restart): those kept only because proxies may present them stay for it too.
+        let retained: Vec<CaTrust> = self
+            .streams
+            .proxies()
+            .filter(|key| !self.issued.contains_key(*key))
+            .map(|key| &*key.mesh)
+            .collect::<HashSet<&str>>()
+            .into_iter()
+            .flat_map(|mesh| self.gate.retained_in(mesh).cloned().collect::<Vec<_>>())
+            .collect();
+        for ca in &retained {
+            let newcomers = self
+                .streams
+                .proxies()
+                .filter(|key| *key.mesh == *ca.mesh && !self.issued.contains_key(*key));
+            let id = (
+                ca.mesh.as_str(),
+                ca.trust_domain.as_str(),
+                ca.ca_id.as_str(),
+            );
+            grouped
+                .entry(id)
+                .or_insert((ca, Vec::new()))
+                .1
+                .extend(newcomers);
+        }
         let presented: Vec<(&CaTrust, Vec<&ProxyKey>)> = grouped.into_values().collect();
         let mut desired: Vec<CaTrust> = self
             .world

@@ -315,3 +315,64 @@ fn an_id_a_peers_proxy_presents_stays_in_the_service_context() {
     assert!(!mine.contains("spiffe://default/old/api-7"), "{mine:?}");
     assert!(mine.contains(&h.ready("web-1").spiffe_id));
 }
+
+/// Replica b dies while its proxies present ca-1, which this replica keeps only for them; one of them
+/// reconnects here. It still presents its ca-1 certificate until it ACKs the one issued here, so ca-1
+/// stays, though b is gone, until it does.
+#[test]
+fn a_proxy_that_moves_here_from_a_gone_replica_keeps_the_ca_it_may_present() {
+    let mut h = gated(true);
+    let ca1 = issuer_of(&h.ready("web-1"));
+    let (e1, e2) = (trust_entry(&h, "ca-1"), trust_entry(&h, "ca-2"));
+    let world = h.owner.world().clone();
+    let anchors = world.meshes["default"]
+        .enabled_backend
+        .as_ref()
+        .expect("ca-1 enabled")
+        .ca
+        .ca
+        .bundle_pems()
+        .to_vec();
+    let mut view = GateView::default();
+    view.trust_acked
+        .insert("default".into(), BTreeSet::from([e1.clone(), e2]));
+    view.presented.push(PresentedCa {
+        mesh: "default".into(),
+        trust_domain: "default".into(),
+        ca: e1.ca,
+        anchors,
+        proxies: 1,
+        named: vec!["default.web-9".into()],
+    });
+    h.owner.set_peers(vec![PeerView {
+        replica: "b".into(),
+        view: Some(view),
+    }]);
+    switched_and_acked_here(&mut h);
+    let g = generation(&h);
+    h.ack(1, Some(g));
+    h.ack(2, Some(g));
+    h.update(ONLY_CA2).expect("valid");
+    let ((), _) = crate::test_certs::warnings(|| {
+        h.reconcile(t0() + Duration::from_secs(3));
+    });
+    assert!(
+        bundle_subjects(&h).contains(&ca1),
+        "web-9 on b presents ca-1"
+    );
+
+    // b is gone; web-9 reconnects here and is issued a ca-2 certificate.
+    let web_9 = h.connect("web-9", &[], &[("kuma.io/service", "web")]);
+    h.stream(web_9.0, &["default", "system_trust_bundle"], None);
+    assert!(h.owner.set_peers(Vec::new()));
+    h.reconcile(t0() + Duration::from_secs(4));
+    assert_eq!(issuer_of(&h.ready("web-9")), ca_subject(&h, "ca-2"));
+    assert!(
+        bundle_subjects(&h).contains(&ca1),
+        "web-9 has not ACKed its ca-2 certificate: it still presents the one b gave it"
+    );
+
+    h.ack(web_9.0, Some(generation(&h)));
+    h.reconcile(t0() + Duration::from_secs(5));
+    assert_eq!(bundle_subjects(&h), [ca_subject(&h, "ca-2")]);
+}
