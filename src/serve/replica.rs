@@ -196,8 +196,16 @@ impl GateSync {
                 return true;
             }
         };
+        let (bytes, started) = (json.len(), std::time::Instant::now());
         match self.replicas.publish_gate(&self.name, json).await {
-            Ok(()) => true,
+            Ok(()) => {
+                tracing::debug!(
+                    bytes,
+                    micros = started.elapsed().as_micros() as u64,
+                    "wrote this replica's rollout state"
+                );
+                true
+            }
             Err(e) => {
                 tracing::debug!("this replica's rollout state waits for the database: {e}");
                 false
