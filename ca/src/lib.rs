@@ -36,5 +36,6 @@ pub use template::{
     Template, TemplateError, TemplateVars, NAMESPACE_LABEL, SERVICE_ACCOUNT_LABEL, WORKLOAD_LABEL,
 };
 pub use verify::{
-    check_svid_rules, verify_structure, verify_svid, verify_with, Anchors, IssuerFacts, VerifyError,
+    check_svid_rules, key_matches, verify_structure, verify_svid, verify_with, Anchors,
+    IssuerFacts, VerifyError,
 };

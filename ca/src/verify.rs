@@ -468,6 +468,17 @@ fn check_serial(raw: &[u8], broken: &mut Vec<String>) {
     }
 }
 
+/// Whether `key` is the private key of the certificate `cert_der` (its subject public key).
+pub fn key_matches(key: &crate::PrivateKey, cert_der: &[u8]) -> bool {
+    let Ok(cert) = certs::parse(cert_der) else {
+        return false;
+    };
+    let Ok(public) = key.public_key() else {
+        return false;
+    };
+    cert.public_key().subject_public_key.data.as_ref() == public.raw()
+}
+
 #[cfg(test)]
 mod tests {
     use super::check_serial;

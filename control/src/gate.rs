@@ -283,6 +283,14 @@ impl Gate {
         out
     }
 
+    /// The entry of `mesh`'s bundles for the CA with id `ca_id`, if they carry it.
+    pub fn published_ca(&self, mesh: &str, ca_id: &str) -> Option<&CaTrust> {
+        self.published
+            .iter()
+            .find(|((m, _, id), _)| m == mesh && id == ca_id)
+            .map(|(_, p)| &p.ca)
+    }
+
     /// The CAs `mesh`'s bundles carry only because proxies may still present them (break last).
     pub fn retained_in<'a>(&'a self, mesh: &'a str) -> impl Iterator<Item = &'a CaTrust> + 'a {
         self.published

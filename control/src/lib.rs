@@ -40,7 +40,8 @@ pub use events::{StreamEvent, StreamId};
 pub use gate::{CaTrust, GateEvent, RolloutStep, Wait};
 pub use lineage::{lineage, Lineage, Validity};
 pub use owner::{
-    run_job, Completed, Job, NoTelemetry, Owner, OwnerConfig, Rejected, Scope, Telemetry,
+    run_job, Completed, IssuedIdentity, Job, NoTelemetry, Owner, OwnerConfig, RecordLink, Rejected,
+    Scope, Telemetry,
 };
 pub use owner_loop::{
     rotate_cas, LoopHealth, OwnerLoop, PeerLink, Reload, ReloadOutcome, StatusHandle, StatusReply,

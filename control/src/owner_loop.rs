@@ -19,8 +19,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::UpdateError;
 use crate::events::StreamEvent;
-use crate::owner::{Completed, Owner};
+use crate::owner::{Completed, IssuedIdentity, Owner, RecordLink};
 use crate::peers::{GateView, PeerView};
+use crate::snapshot::ProxyKey;
 use crate::status::{Detail, Status};
 use crate::world::{load_world, CaSource, World};
 
@@ -45,12 +46,18 @@ pub struct PeerLink {
     pub peers: watch::Receiver<Vec<PeerView>>,
     /// Where this replica's view goes whenever it changes.
     pub view: watch::Sender<Arc<GateView>>,
+    /// Where issued identities are recorded and recorded ones asked for.
+    pub records: RecordLink,
+    /// The recorded identities asked for (`None`: none, or unreadable).
+    pub found: mpsc::UnboundedReceiver<(ProxyKey, Option<IssuedIdentity>)>,
 }
 
 /// The loop's side of a [`PeerLink`].
 #[derive(Debug)]
 struct Peering {
-    link: PeerLink,
+    peers: watch::Receiver<Vec<PeerView>>,
+    view: watch::Sender<Arc<GateView>>,
+    found: mpsc::UnboundedReceiver<(ProxyKey, Option<IssuedIdentity>)>,
     /// When the next view may be built.
     next_view: tokio::time::Instant,
     /// Something happened since the last view was built.
@@ -264,8 +271,11 @@ impl OwnerLoop {
 
     /// Gates rollouts over the replicas of `link` too (replicas on one database).
     pub fn with_peers(mut self, link: PeerLink) -> OwnerLoop {
+        self.owner.record_through(link.records);
         self.peering = Some(Peering {
-            link,
+            peers: link.peers,
+            view: link.view,
+            found: link.found,
             next_view: tokio::time::Instant::now(),
             stale: true,
         });
@@ -324,9 +334,13 @@ impl OwnerLoop {
                     self.rotate_if_due();
                     true
                 }
-                () = peers_changed(&mut self.peering) => {
-                    self.take_peers()
-                }
+                event = from_peers(&mut self.peering) => match event {
+                    FromPeers::Views => self.take_peers(),
+                    FromPeers::Found(key, held) => {
+                        self.health.begin();
+                        self.owner.adopt(key, held, SystemTime::now())
+                    }
+                },
                 () = view_due(view_at) => {
                     false
                 }
@@ -345,7 +359,7 @@ impl OwnerLoop {
         let Some(peering) = &mut self.peering else {
             return false;
         };
-        let peers = peering.link.peers.borrow_and_update().clone();
+        let peers = peering.peers.borrow_and_update().clone();
         self.owner.set_peers(peers)
     }
 
@@ -363,7 +377,7 @@ impl OwnerLoop {
         peering.stale = false;
         peering.next_view = now + VIEW_EVERY;
         let view = tokio::task::block_in_place(|| self.owner.gate_view());
-        peering.link.view.send_if_modified(|current| {
+        peering.view.send_if_modified(|current| {
             if **current == view {
                 return false;
             }
@@ -492,13 +506,25 @@ impl OwnerLoop {
 }
 
 /// Resolves when the peers' views change; never without peers, or once the link is gone.
-async fn peers_changed(peering: &mut Option<Peering>) {
-    if let Some(p) = peering {
-        if p.link.peers.changed().await.is_ok() {
-            return;
-        }
+/// What came from the other replicas.
+enum FromPeers {
+    /// Their views changed.
+    Views,
+    /// A recorded identity asked for.
+    Found(ProxyKey, Option<IssuedIdentity>),
+}
+
+/// Resolves with the next thing from the other replicas; never without peers, nor from a channel
+/// that closed (the daemon is stopping).
+async fn from_peers(peering: &mut Option<Peering>) -> FromPeers {
+    let Some(p) = peering else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        Ok(()) = p.peers.changed() => FromPeers::Views,
+        Some((key, held)) = p.found.recv() => FromPeers::Found(key, held),
+        else => std::future::pending().await,
     }
-    std::future::pending().await
 }
 
 /// Resolves at `at`, when a view held back by [`VIEW_EVERY`] is due; never without one.

@@ -54,6 +54,13 @@ pub enum DbError {
     /// Sealing failed (the system's random source).
     #[error("cannot seal a secret: {0}")]
     Crypto(String),
+    /// A sealed value does not open with this key-encryption key (another key sealed it, it was
+    /// sealed for another row, or it was changed).
+    #[error("database: the sealed value of {name} does not open with keystore.postgres.keyEncryptionKeyFile")]
+    Unsealable {
+        /// What it is the value of.
+        name: String,
+    },
     /// A value is not one the database may hold.
     #[error("{0}")]
     Invalid(String),

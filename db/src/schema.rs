@@ -45,6 +45,21 @@ const MIGRATIONS: &[(i32, &str)] = &[
         ADD COLUMN gate jsonb,
         ADD COLUMN gate_version bigint NOT NULL DEFAULT 0;",
     ),
+    (
+        4,
+        "CREATE TABLE meshca_proxies (
+        mesh text NOT NULL,
+        name text NOT NULL,
+        replica text NOT NULL,
+        ca_id text NOT NULL,
+        issuer text NOT NULL,
+        chain text NOT NULL,
+        key bytea NOT NULL,
+        not_after bigint NOT NULL,
+        updated_at timestamptz NOT NULL,
+        PRIMARY KEY (mesh, name)
+    );",
+    ),
 ];
 
 /// The newest schema version this build knows.

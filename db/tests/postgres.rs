@@ -97,6 +97,10 @@ fn a_dump_of_the_database_holds_no_private_key_in_clear() {
     store
         .put_secret("daemon/token-signing-key", b"TOKENSIGNINGKEYBYTES")
         .expect("writes");
+    let records = proxy_records(&pg, 1);
+    runtime()
+        .block_on(records.put(&[proxy("web-1", "PROXYKEYSECRETBYTES")]))
+        .expect("writes a proxy's identity");
     let dump = pg.dump("meshca");
     let contains = |needle: &[u8]| dump.windows(needle.len()).any(|w| w == needle);
     // bytea is dumped as hex: look for the hex of each value too.
@@ -110,6 +114,7 @@ fn a_dump_of_the_database_holds_no_private_key_in_clear() {
         &b"SECRETSECRETSECRET"[..],
         b"PRIVATE KEY",
         b"TOKENSIGNINGKEYBYTES",
+        b"PROXYKEYSECRETBYTES",
     ] {
         assert!(
             !contains(secret) && !contains(&hex(secret)),
@@ -351,4 +356,72 @@ fn rollout_state_is_read_by_version_and_only_from_live_replicas() {
         .expect("reads");
     let names: Vec<&str> = read.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(names, ["b"], "c's lease has expired");
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+fn proxy_records(pg: &TestPostgres, key: u8) -> meshca_db::ProxyRecords {
+    let db = Arc::new(Database::connect(&options(pg)).expect("connects"));
+    meshca_db::ProxyRecords::new(db, KeyEncryptionKey::from_bytes(&[key; 32]))
+}
+
+fn proxy(name: &str, key: &str) -> meshca_db::ProxyRecord {
+    meshca_db::ProxyRecord {
+        mesh: "default".into(),
+        name: name.into(),
+        replica: "meshca-a".into(),
+        ca_id: "ab".repeat(32),
+        issuer: "backend ca-1".into(),
+        chain_pem: format!("CHAIN OF {name}"),
+        key_pem: Zeroizing::new(key.to_owned()),
+        not_after: 1_900_000_000,
+    }
+}
+
+/// A proxy's identity reads back as written, the last write wins, and a sealed key moved to another
+/// proxy's row, or read with another key-encryption key, does not open.
+#[test]
+fn proxies_identities_read_back_and_their_keys_open_only_in_their_own_row() {
+    let pg = TestPostgres::start();
+    let records = proxy_records(&pg, 1);
+    let runtime = runtime();
+    runtime.block_on(async {
+        assert_eq!(records.get("default", "web-1").await.expect("reads"), None);
+        records
+            .put(&[proxy("web-1", "KEY ONE"), proxy("web-2", "KEY TWO")])
+            .await
+            .expect("writes");
+        let mut newer = proxy("web-1", "KEY ONE AGAIN");
+        newer.replica = "meshca-b".into();
+        records.put(&[newer.clone()]).await.expect("replaces");
+        assert_eq!(
+            records.get("default", "web-1").await.expect("reads"),
+            Some(newer)
+        );
+        assert_eq!(
+            records.get("default", "web-2").await.expect("reads"),
+            Some(proxy("web-2", "KEY TWO"))
+        );
+    });
+    pg.psql(
+        "meshca",
+        "UPDATE meshca_proxies SET key = (SELECT key FROM meshca_proxies WHERE name = 'web-2') WHERE name = 'web-1'",
+    );
+    let moved = runtime.block_on(records.get("default", "web-1"));
+    assert!(
+        matches!(moved, Err(DbError::Unsealable { .. })),
+        "{moved:?}"
+    );
+    let other_key = proxy_records(&pg, 2);
+    let wrong = runtime.block_on(other_key.get("default", "web-2"));
+    assert!(
+        matches!(wrong, Err(DbError::Unsealable { .. })),
+        "{wrong:?}"
+    );
+    assert!(!format!("{moved:?}{wrong:?}").contains("KEY TWO"));
 }

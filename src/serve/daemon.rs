@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime};
 use anyhow::{anyhow, Context};
 use meshca_config::{ListenAddr, Settings};
 use meshca_control::{
-    load_world, GateView, LoopHealth, Owner, OwnerConfig, OwnerLoop, PeerLink, ReloadOutcome,
-    Snapshot, StatusHandle, StreamEvent, World,
+    load_world, GateView, LoopHealth, Owner, OwnerConfig, OwnerLoop, PeerLink, RecordLink,
+    ReloadOutcome, Snapshot, StatusHandle, StreamEvent, World,
 };
 use meshca_keystore::Keystore;
 use meshca_sds::{BoundListeners, Listener, SdsServer, ServerOptions};
@@ -19,7 +19,7 @@ use super::data_dir::{DaemonLock, DataDir};
 use super::files::ensure_resources;
 use super::limits::ServeLimits;
 use super::reload::Reloader;
-use super::replica::{DatabaseView, GateSync, Heartbeat};
+use super::replica::{DatabaseView, GateSync, Heartbeat, RecordSync};
 use super::store::Store;
 use super::{admin, daemon_keys, metrics, revocations, watcher};
 use crate::InvalidInput;
@@ -160,10 +160,20 @@ impl Daemon {
             snapshot_tx,
         );
         // Replicas on one database gate their rollouts together.
-        let (gate_sync, peer_link) = match store.database.clone() {
-            Some(db) => {
+        let (gate_sync, peer_link) = match (store.database.clone(), store.proxy_records.clone()) {
+            (Some(db), Some(records)) => {
                 let (view_tx, view_rx) = watch::channel(Arc::new(GateView::default()));
                 let (peers_tx, peers_rx) = watch::channel(Vec::new());
+                let (issued_tx, issued_rx) = mpsc::unbounded_channel();
+                let (lookups_tx, lookups_rx) = mpsc::unbounded_channel();
+                let (found_tx, found_rx) = mpsc::unbounded_channel();
+                let record_sync = RecordSync {
+                    records,
+                    name: settings.replica.name.clone(),
+                    issued: issued_rx,
+                    lookups: lookups_rx,
+                    found: found_tx,
+                };
                 let sync = GateSync {
                     replicas: Replicas::new(db),
                     name: settings.replica.name.clone(),
@@ -175,10 +185,15 @@ impl Daemon {
                 let link = PeerLink {
                     peers: peers_rx,
                     view: view_tx,
+                    records: RecordLink {
+                        issued: issued_tx,
+                        lookups: lookups_tx,
+                    },
+                    found: found_rx,
                 };
-                (Some(sync), Some(link))
+                (Some((sync, record_sync)), Some(link))
             }
-            None => (None, None),
+            _ => (None, None),
         };
         let mut owner_loop = OwnerLoop::new(
             owner,
@@ -214,8 +229,9 @@ impl Daemon {
         if let Some(heartbeat) = heartbeat {
             tasks.spawn(heartbeat.run(shutdown.clone()));
         }
-        if let Some(gate_sync) = gate_sync {
+        if let Some((gate_sync, record_sync)) = gate_sync {
             tasks.spawn(gate_sync.run(shutdown.clone()));
+            tasks.spawn(record_sync.run(shutdown.clone()));
         }
         tasks.spawn(serve_admin(
             admin_listener,

@@ -10,7 +10,8 @@ use anyhow::{anyhow, Context};
 use meshca_auth::SigningKey;
 use meshca_config::{PostgresSettings, Settings, POSTGRES_PASSWORD_ENV};
 use meshca_db::{
-    Database, DbError, DbOptions, KeyEncryptionKey, PostgresKeystore, TokenRevocations,
+    Database, DbError, DbOptions, KeyEncryptionKey, PostgresKeystore, ProxyRecords,
+    TokenRevocations,
 };
 use meshca_keystore::Keystore;
 use zeroize::Zeroizing;
@@ -29,6 +30,8 @@ pub struct Store {
     pub keystore: Arc<dyn Keystore>,
     /// The database, with `keystore.type: postgres`.
     pub database: Option<Arc<Database>>,
+    /// The proxies' identities in the database, with `keystore.type: postgres`.
+    pub proxy_records: Option<ProxyRecords>,
 }
 
 impl Store {
@@ -69,17 +72,22 @@ impl Store {
             return Ok(Store {
                 keystore: Arc::new(data_dir.keystore().map_err(Unavailable::Other)?),
                 database: None,
+                proxy_records: None,
             });
         };
         let db = Arc::new(connect(postgres)?);
-        let key = KeyEncryptionKey::read(&postgres.key_encryption_key_file)
-            .context("keystore.postgres.keyEncryptionKeyFile")
-            .map_err(Unavailable::Other)?;
-        let keystore = PostgresKeystore::open(db.clone(), key)?;
+        let read_key = || {
+            KeyEncryptionKey::read(&postgres.key_encryption_key_file)
+                .context("keystore.postgres.keyEncryptionKeyFile")
+                .map_err(Unavailable::Other)
+        };
+        let keystore = PostgresKeystore::open(db.clone(), read_key()?)?;
+        let proxy_records = ProxyRecords::new(db.clone(), read_key()?);
         tracing::info!(url = %db.url(), replica = %settings.replica.name, "keystore in PostgreSQL");
         Ok(Store {
             keystore: Arc::new(keystore),
             database: Some(db),
+            proxy_records: Some(proxy_records),
         })
     }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 use meshca_ca::Svid;
 use tokio::sync::mpsc;
 
-use super::{Issued, Leaf, Owner, Previous};
+use super::{Issued, IssuedIdentity, Leaf, Owner, Previous};
 use crate::bundles;
 use crate::error::IssueFailure;
 use crate::keys_ahead::KeysAhead;
@@ -286,6 +286,7 @@ impl Owner {
                 .unwrap_or_default();
             self.log_wave(took);
         }
+        self.flush_records();
         if self.full {
             return true;
         }
@@ -435,6 +436,14 @@ impl Owner {
             key_pem: SecretPem::new(leaf_key.to_pem().to_string()),
         });
         tracing::debug!(proxy = %key, spiffe_id = %leaf_id, issuer = %desired.issuer, serial = %serial, "issued certificate");
+        self.record(|| IssuedIdentity {
+            key: key.clone(),
+            issuer: desired.issuer.to_string(),
+            ca_id: desired.ca.id().to_owned(),
+            chain_pem: published.chain_pem.clone(),
+            key_pem: published.key_pem.clone(),
+            not_after,
+        });
         self.issued.insert(
             key.clone(),
             Issued {

@@ -6,6 +6,7 @@
 //! by [`Owner::on_issued`]. The snapshot is published whole through a `watch` channel, saying which proxies it changed; the status is
 //! built from the owner's state when someone asks for it ([`Owner::status`]).
 
+mod adopt;
 mod incremental;
 mod issue;
 mod reconcile;
@@ -34,6 +35,7 @@ use crate::status::{self, Detail, Status};
 use crate::streams::Streams;
 use crate::timefmt::rfc3339;
 use crate::world::World;
+pub use adopt::{IssuedIdentity, RecordLink};
 use incremental::Renewals;
 use issue::Issuing;
 pub use issue::{run_job, Completed, Job};
@@ -252,6 +254,12 @@ pub struct Owner {
     presented_ids: PresentedIds,
     telemetry: Arc<dyn Telemetry>,
     snapshot_tx: watch::Sender<Arc<Snapshot>>,
+    /// Where issued identities are recorded and recorded ones looked up (replicas on a database).
+    record_link: Option<RecordLink>,
+    /// Identities issued since the last batch was sent.
+    to_record: Vec<IssuedIdentity>,
+    /// Proxies whose recorded identity was asked for and has not come back.
+    looking_up: HashSet<ProxyKey>,
 }
 
 /// What is known of every dataplane: its description, or why its token was refused.
@@ -295,6 +303,9 @@ impl Owner {
             presented_ids: PresentedIds::new(),
             telemetry,
             snapshot_tx,
+            record_link: None,
+            to_record: Vec::new(),
+            looking_up: HashSet::new(),
         }
     }
 
@@ -503,6 +514,7 @@ impl Owner {
             self.registrations.insert(key.clone(), claims);
         }
         if self.streams.connect(stream, key.clone(), zone_egress) {
+            self.look_up(&key);
             self.touched.insert(key);
             return true;
         }

@@ -376,3 +376,144 @@ fn a_proxy_that_moves_here_from_a_gone_replica_keeps_the_ca_it_may_present() {
     h.reconcile(t0() + Duration::from_secs(5));
     assert_eq!(bundle_subjects(&h), [ca_subject(&h, "ca-2")]);
 }
+
+/// An owner that records what it issues and asks for recorded identities, with both ends of the link.
+struct Recording {
+    issued: tokio::sync::mpsc::UnboundedReceiver<Vec<crate::owner::IssuedIdentity>>,
+    lookups: tokio::sync::mpsc::UnboundedReceiver<ProxyKey>,
+}
+
+fn recording(h: &mut Harness) -> Recording {
+    let (issued_tx, issued) = tokio::sync::mpsc::unbounded_channel();
+    let (lookups_tx, lookups) = tokio::sync::mpsc::unbounded_channel();
+    h.owner.record_through(crate::owner::RecordLink {
+        issued: issued_tx,
+        lookups: lookups_tx,
+    });
+    Recording { issued, lookups }
+}
+
+#[test]
+fn every_issued_certificate_is_recorded_and_a_newcomer_is_looked_up() {
+    let mut h = Harness::new(LEGACY);
+    let mut link = recording(&mut h);
+    h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    assert_eq!(
+        link.lookups.try_recv().ok(),
+        Some(ProxyKey::new("default", "web-1")),
+        "a proxy this replica has issued nothing to is looked up"
+    );
+    h.reconcile(t0());
+    let recorded = link.issued.try_recv().expect("a batch");
+    assert_eq!(recorded.len(), 1);
+    let served = h.ready("web-1");
+    assert_eq!(recorded[0].key, ProxyKey::new("default", "web-1"));
+    assert_eq!(recorded[0].issuer, "backend ca-1");
+    assert_eq!(recorded[0].chain_pem, served.chain_pem);
+    assert_eq!(recorded[0].key_pem.expose(), served.key_pem.expose());
+    // It reconnects: this replica holds its certificate, nothing to look up.
+    h.disconnect(1);
+    h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    assert!(link.lookups.try_recv().is_err());
+}
+
+/// What replica b, serving the same configuration, issued to `name`.
+fn issued_elsewhere(h: &Harness, name: &str) -> crate::owner::IssuedIdentity {
+    let (snapshot_tx, snapshots) = watch::channel(Arc::new(Snapshot::empty()));
+    let mut b = Harness {
+        keystore: MemoryKeystore::new(),
+        settings: h.settings.clone(),
+        owner: Owner::new(
+            OwnerConfig::from_settings(&h.settings),
+            (**h.owner.world()).clone(),
+            Arc::new(NoTelemetry),
+            snapshot_tx,
+        ),
+        snapshots,
+        next_stream: 0,
+    };
+    let mut link = recording(&mut b);
+    b.connect(name, &[], &[("kuma.io/service", "web")]);
+    b.reconcile(t0());
+    link.issued.try_recv().expect("b issued")[0].clone()
+}
+
+#[test]
+fn a_proxy_that_moves_here_mid_rotation_is_served_the_identity_it_holds_and_counted() {
+    let mut h = gated(true);
+    let mut link = recording(&mut h);
+    let held = issued_elsewhere(&h, "web-9");
+    h.update(SWITCHED).expect("valid");
+    h.reconcile(t0() + Duration::from_secs(1));
+    let g = generation(&h);
+    h.ack(1, Some(g));
+
+    // web-9 moves here while web-2 has not ACKed ca-2's trust: nothing may issue from ca-2, so it
+    // would get nothing; it is served what b gave it, with the current trust.
+    let web_9 = h.connect("web-9", &[], &[("kuma.io/service", "web")]);
+    h.stream(web_9.0, &["default", "system_trust_bundle"], None);
+    assert_eq!(
+        link.lookups.try_recv().ok(),
+        Some(ProxyKey::new("default", "web-9"))
+    );
+    h.reconcile(t0() + Duration::from_secs(2));
+    assert!(matches!(h.entry("web-9"), ProxyEntry::Pending));
+    assert!(h.owner.adopt(
+        ProxyKey::new("default", "web-9"),
+        Some(held.clone()),
+        t0() + Duration::from_secs(2)
+    ));
+    h.reconcile(t0() + Duration::from_secs(2));
+    assert_eq!(h.ready("web-9").chain_pem, held.chain_pem);
+    // The trust wait now waits for it too.
+    h.ack(2, Some(g));
+    h.reconcile(t0() + Duration::from_secs(3));
+    let ca1 = ca_subject(&h, "ca-1");
+    assert_eq!(
+        issuer_of(&h.ready("web-1")),
+        ca1,
+        "web-9 has not ACKed ca-2's trust"
+    );
+    let status = h.status();
+    let waits = waits_on(&status, RolloutStep::TrustBeforeIdentity);
+    assert_eq!(waits[0].waiting_for, ["default.web-9"]);
+
+    h.ack(web_9.0, Some(generation(&h)));
+    h.reconcile(t0() + Duration::from_secs(4));
+    for name in ["web-1", "web-2", "web-9"] {
+        assert_eq!(issuer_of(&h.ready(name)), ca_subject(&h, "ca-2"), "{name}");
+    }
+}
+
+#[test]
+fn an_identity_from_elsewhere_is_not_served_when_expiring_untrusted_or_superseded() {
+    let mut h = gated(true);
+    let _link = recording(&mut h);
+    let held = issued_elsewhere(&h, "web-9");
+    let key = ProxyKey::new("default", "web-9");
+    // Not connected: nothing to serve.
+    assert!(!h.owner.adopt(key.clone(), Some(held.clone()), t0()));
+    let web_9 = h.connect("web-9", &[], &[("kuma.io/service", "web")]);
+    h.stream(web_9.0, &["default", "system_trust_bundle"], None);
+    // Expiring.
+    let mut expiring = held.clone();
+    expiring.not_after = t0() + Duration::from_secs(30);
+    assert!(!h.owner.adopt(key.clone(), Some(expiring), t0()));
+    // From a CA no bundle of the mesh carries.
+    let mut foreign = held.clone();
+    foreign.ca_id = "0".repeat(64);
+    assert!(!h.owner.adopt(key.clone(), Some(foreign), t0()));
+    // A chain that does not verify against the CA it names.
+    let mut forged = held.clone();
+    forged.chain_pem = h.ready("web-1").chain_pem.clone();
+    assert!(
+        !h.owner.adopt(key.clone(), Some(forged), t0()),
+        "another proxy's chain"
+    );
+    // Issued here meanwhile: this replica's own wins.
+    h.reconcile(t0());
+    let own = h.ready("web-9");
+    assert!(!h.owner.adopt(key, Some(held), t0()));
+    h.reconcile(t0());
+    assert!(Arc::ptr_eq(&h.ready("web-9"), &own));
+}
