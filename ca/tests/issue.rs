@@ -6,8 +6,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use common::*;
 use meshca_ca::{
-    check_svid_rules, verify_svid, CaError, CertificateAuthority, GeneratedKey, IssueError,
-    KeyAlgorithm, PrivateKey,
+    check_svid_rules, key_matches, verify_svid, CaError, CertificateAuthority, GeneratedKey,
+    IssueError, KeyAlgorithm, PrivateKey,
 };
 use x509_parser::extensions::ParsedExtension;
 use x509_parser::prelude::*;
@@ -36,6 +36,13 @@ fn assert_issues_valid_svid(ca: &CertificateAuthority, leaf_alg: KeyAlgorithm) {
     );
     let ku = leaf.key_usage().expect("ku").expect("present").value;
     assert_eq!(ku.key_encipherment(), leaf_alg.rsa_bits().is_some());
+    assert!(key_matches(&svid.key, &svid.chain_der[0]));
+    let other = ca.issue(&req, now()).expect("issues");
+    assert!(
+        !key_matches(&other.key, &svid.chain_der[0]),
+        "another leaf's key is not this one's"
+    );
+    assert!(!key_matches(&svid.key, b"not a certificate"));
 }
 
 #[test]

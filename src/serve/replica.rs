@@ -471,6 +471,39 @@ mod tests {
     }
 
     #[test]
+    fn an_issued_identity_reads_back_from_its_record() {
+        let issued = IssuedIdentity {
+            key: ProxyKey::new("default", "web-1"),
+            issuer: "backend ca-1".into(),
+            ca_id: "ab".repeat(32),
+            chain_pem: "CHAIN".into(),
+            key_pem: SecretPem::new("KEY".into()),
+            not_after: UNIX_EPOCH + Duration::from_secs(1_900_000_000),
+        };
+        let record = to_record("meshca-a", &issued);
+        assert_eq!(record.replica, "meshca-a");
+        assert_eq!(record.not_after, 1_900_000_000);
+        let back = from_record(&record).expect("a valid record");
+        assert_eq!(back.key, issued.key);
+        assert_eq!(
+            (back.issuer, back.ca_id, back.chain_pem, back.not_after),
+            (
+                issued.issuer,
+                issued.ca_id,
+                issued.chain_pem,
+                issued.not_after
+            )
+        );
+        assert_eq!(back.key_pem.expose(), "KEY");
+        let mut negative = record;
+        negative.not_after = -1;
+        assert!(
+            from_record(&negative).is_none(),
+            "a negative expiry is no identity"
+        );
+    }
+
+    #[test]
     fn a_view_of_another_shape_is_unreadable() {
         assert_eq!(parse_view("b", r#"{"trust_acked": 7}"#), None);
         assert_eq!(parse_view("b", "not json"), None);
