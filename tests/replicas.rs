@@ -246,18 +246,7 @@ async fn a_laggard_on_one_replica_holds_the_new_ca_back_on_the_other() {
     }
     let ca1 = on_a.last().bundle[0].clone();
     // Each replica's gate counts the other before the rotation starts.
-    for (daemon, other) in [(&daemon_a, "meshca-b"), (&daemon_b, "meshca-a")] {
-        block_in_place(|| {
-            daemon.wait_json(
-                "/api/replicas",
-                "the gate to count the other replica",
-                |v| {
-                    let want = serde_json::json!([{"name": other, "readable": true}]);
-                    (v["rollout_peers"] == want).then_some(())
-                },
-            )
-        });
-    }
+    wait_gated_together([(&daemon_a, "meshca-b"), (&daemon_b, "meshca-a")]);
     let admin = env_a.admin.to_string();
     let status = env_a.cli(&["status", "--admin", &admin]).ok();
     assert!(
@@ -423,4 +412,92 @@ fn the_failover_drill_refuses_a_database_that_is_not_empty_and_leaves_it_alone()
     let run = env.cli(&["drill", "failover"]);
     assert_eq!(run.code(), Some(2), "{run}");
     assert!(run.stderr.contains("--postgres"), "{run}");
+}
+
+/// Waits until each replica's gate counts the other.
+fn wait_gated_together(daemons: [(&common::Daemon, &str); 2]) {
+    for (daemon, other) in daemons {
+        block_in_place(|| {
+            daemon.wait_json(
+                "/api/replicas",
+                "the gate to count the other replica",
+                |v| {
+                    let want = serde_json::json!([{"name": other, "readable": true}]);
+                    (v["rollout_peers"] == want).then_some(())
+                },
+            )
+        });
+    }
+}
+
+/// web-1 moves from replica a to replica b while a rotation waits for a laggard on b: b cannot issue
+/// it a certificate from the new CA yet, so it serves the one a issued (from the database), with the
+/// current trust, at once; its ACK then counts for the rotation like any of b's streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_proxy_that_moves_to_another_replica_mid_rotation_is_served_the_identity_it_holds() {
+    let pg = TestPostgres::start();
+    let shared = shared_secrets(&pg);
+    let no_timeout = "rollout: {ackTimeout: 10m}\n";
+    let env_a = replica_with(&pg, shared.path(), "meshca-a", no_timeout);
+    let env_b = replica_with(&pg, shared.path(), "meshca-b", no_timeout);
+    let daemon_a = block_in_place(|| env_a.start());
+    let daemon_b = block_in_place(|| env_b.start());
+    wait_gated_together([(&daemon_a, "meshca-b"), (&daemon_b, "meshca-a")]);
+    let tags = ["--tag", "kuma.io/service=web"];
+    let id = "spiffe://default/web";
+    let mut web = SdsProxy::connect(&env_a, "default", "web-1", &tags, id).await;
+    let mut laggard = SdsProxy::connect(&env_b, "default", "web-b", &tags, id).await;
+    for p in [&mut web, &mut laggard] {
+        p.next("the first push").await;
+        p.ack().await;
+    }
+    let held = web.last().chain.clone();
+
+    env_a.write_resource("mesh.yaml", SWITCH);
+    env_b.write_resource("mesh.yaml", SWITCH);
+    let two = |r: &common::sds_proxy::Received| r.bundle.len() == 2;
+    web.next_until("a bundle with two CAs", PUSH_TIMEOUT, two)
+        .await;
+    laggard
+        .next_until("a bundle with two CAs", PUSH_TIMEOUT, two)
+        .await;
+    web.ack().await;
+    assert_eq!(web.last().chain, held, "the laggard holds the new CA back");
+
+    web.disconnect();
+    let mut moved = SdsProxy::connect(&env_b, "default", "web-1", &tags, id).await;
+    let first = moved.next("web-1's first push from b").await.clone();
+    assert_eq!(first.chain, held, "b serves the identity web-1 holds");
+    assert_eq!(first.bundle.len(), 2, "with the current trust");
+    let wait = block_in_place(|| {
+        daemon_b.wait_json("/api/status", "b's trust wait to name web-1", |v| {
+            v["rollout"]
+                .as_array()?
+                .iter()
+                .find(|w| {
+                    w["step"] == "trust-before-identity"
+                        && w["waiting_for"] == serde_json::json!(["default.web-1", "default.web-b"])
+                })
+                .cloned()
+        })
+    });
+    assert_eq!(wait["waiting_count"], 2, "{wait}");
+
+    moved.ack().await;
+    laggard.ack().await;
+    let ca1 = first
+        .bundle
+        .iter()
+        .find(|ca| issued_by(&held, ca))
+        .expect("web-1's CA is in the bundle")
+        .clone();
+    for p in [&mut moved, &mut laggard] {
+        let got = p
+            .next_until("a certificate from the new CA", PUSH_TIMEOUT, |r| {
+                !issued_by(&r.chain, &ca1)
+            })
+            .await;
+        assert!(got.trusts(&ca1), "{}: ca-1 is still trusted", p.name);
+    }
+    drop((daemon_a, daemon_b));
 }
