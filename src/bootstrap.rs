@@ -21,6 +21,9 @@ const SERVICE_TAG: &str = "kuma.io/service";
 pub enum SdsTarget {
     /// A unix socket (an absolute path: Envoy resolves relative ones against its own directory).
     Unix(PathBuf),
+    /// Several unix sockets, one per replica: Envoy opens its SDS stream to one of them and, when
+    /// that stream fails, to another (the failover drill).
+    UnixReplicas(Vec<PathBuf>),
     /// TCP with TLS, checking meshca's certificate against `ca_file`.
     Tls {
         /// Host name or IP address.
@@ -192,6 +195,19 @@ impl Bootstrap {
                 "connect_timeout": "5s",
                 "typed_extension_protocol_options": http2,
                 "load_assignment": endpoint(SDS_CLUSTER, json!({"pipe": {"path": path}})),
+            }),
+            SdsTarget::UnixReplicas(paths) => json!({
+                "name": SDS_CLUSTER,
+                "type": "STATIC",
+                "connect_timeout": "5s",
+                "typed_extension_protocol_options": http2,
+                "load_assignment": {
+                    "cluster_name": SDS_CLUSTER,
+                    "endpoints": [{"lb_endpoints": paths
+                        .iter()
+                        .map(|path| json!({"endpoint": {"address": {"pipe": {"path": path}}}}))
+                        .collect::<Vec<_>>()}],
+                },
             }),
             SdsTarget::Tls {
                 host,

@@ -83,12 +83,6 @@ async fn failover(args: &DrillArgs, postgres: String) -> anyhow::Result<ExitCode
         ))
         .into());
     }
-    if args.envoy.is_some() {
-        return Err(InvalidInput(
-            "--envoy with the failover drill is not built yet: it runs simulated proxies".into(),
-        )
-        .into());
-    }
     let options = failover::Options {
         postgres,
         replicas: args.replicas,
@@ -96,6 +90,7 @@ async fn failover(args: &DrillArgs, postgres: String) -> anyhow::Result<ExitCode
         gate: args.gate == Switch::On,
         seed: args.seed,
         handshakes: args.handshakes,
+        envoy: args.envoy.clone(),
     };
     let report = failover::run(options).await?;
     print_report(args, &report)

@@ -129,7 +129,7 @@ impl EnvoyRing {
     pub async fn start(
         envoy: &Path,
         dir: &Path,
-        sds_socket: &Path,
+        sds_sockets: &[PathBuf],
         members: &[RingMember],
         topology: Topology,
         mint: MintToken<'_>,
@@ -151,23 +151,34 @@ impl EnvoyRing {
         for (i, member) in members.iter().enumerate() {
             let (admin_port, inbound_port, outbound_port) = ports[i];
             let target = topology.target(i, members)?;
-            let sds = if i < laggard_count {
+            // Each sidecar lists every replica, its own first (member i's is replica i mod n).
+            let first = i % sds_sockets.len().max(1);
+            let mut sockets: Vec<PathBuf> = sds_sockets[first..]
+                .iter()
+                .chain(&sds_sockets[..first])
+                .cloned()
+                .collect();
+            if i < laggard_count {
                 let span = (LAG.1 - LAG.0).as_millis() as u64;
                 let delay = LAG.0 + Duration::from_millis(rng.below(span.max(1)));
-                let relay = dir.join(format!("relay-{i}.sock"));
-                let listener = UnixListener::bind(&relay)
-                    .with_context(|| format!("cannot bind the relay {}", relay.display()))?;
-                tasks.spawn(relay_with_delay(listener, sds_socket.to_path_buf(), delay));
+                for (r, socket) in sockets.iter_mut().enumerate() {
+                    let relay = dir.join(format!("relay-{i}-{r}.sock"));
+                    let listener = UnixListener::bind(&relay)
+                        .with_context(|| format!("cannot bind the relay {}", relay.display()))?;
+                    tasks.spawn(relay_with_delay(listener, socket.clone(), delay));
+                    *socket = relay;
+                }
                 laggards.push((member.name.clone(), delay));
-                relay
-            } else {
-                sds_socket.to_path_buf()
+            }
+            let sds = match <[PathBuf; 1]>::try_from(sockets) {
+                Ok([one]) => SdsTarget::Unix(one),
+                Err(several) => SdsTarget::UnixReplicas(several),
             };
             let token = mint(member)?;
             let bootstrap = Bootstrap {
                 claims: meshca_auth::Verifier::read_unverified(&token)?,
                 token,
-                sds: SdsTarget::Unix(sds),
+                sds,
                 admin_port,
                 inbound: vec![Inbound {
                     port: inbound_port,

@@ -7,6 +7,7 @@
 //! it) and removes them at the end, leaving it as it found it.
 
 use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
@@ -16,8 +17,12 @@ use meshca_config::{
 use meshca_db::{Database, DbOptions};
 use zeroize::Zeroizing;
 
+use super::envoy::{EnvoyRing, RingMember, RingTraffic, Topology};
 use super::fleet::{Fleet, Reach};
-use super::play::{every, is_converged, progress, steady_ca, CONVERGE_TIMEOUT, WORKERS};
+use super::play::{
+    envoy_accepts, every, is_converged, mint_for, poll_until, progress, ring_members, steady_ca,
+    Stage, CONVERGE_TIMEOUT, WORKERS,
+};
 use super::report::{FailoverReport, Header, Outcome, Report};
 use super::sandbox::Sandbox;
 use super::scenario::{Edit, Script};
@@ -41,8 +46,11 @@ pub struct Options {
     pub gate: bool,
     /// Seeds apply delays and handshake pairs.
     pub seed: u64,
-    /// Minimum handshakes over the three phases.
+    /// Minimum handshakes over the three phases (with `envoy`, requests: each a new handshake).
     pub handshakes: u64,
+    /// Real Envoy sidecars from this binary instead of simulated proxies; each one's SDS cluster
+    /// lists every replica.
+    pub envoy: Option<PathBuf>,
 }
 
 /// Plays the drill and reports. An error means it could not start (the database is not empty or
@@ -124,7 +132,10 @@ async fn with_replicas(options: &Options) -> anyhow::Result<Report> {
         sandboxes.push(sandbox);
         daemons.push(Some(daemon));
     }
-    let result = play(options, &script, &sandboxes, &mut daemons).await;
+    let result = match &options.envoy {
+        Some(envoy) => play_envoy(options, &script, &shared, &sandboxes, &mut daemons, envoy).await,
+        None => play(options, &script, &sandboxes, &mut daemons).await,
+    };
     for daemon in daemons.into_iter().flatten() {
         daemon.stop().await;
     }
@@ -254,20 +265,206 @@ async fn play_fleet(
     }
     let phases = traffic.stop().await;
     outcome.nacks = fleet.nacks();
-    let header = Header {
-        scenario: script.name,
-        gate: options.gate,
-        proxies: options.proxies,
-        envoy: false,
-        seed: options.seed,
-    };
+    let header = header(options, script);
     let mut report = Report::new(header, phases, outcome);
     report.failover = Some(FailoverReport {
         replicas: daemons.len(),
         killed: replica_name(victim),
-        moved_streams: fleet.moves(),
+        moved_streams: Some(fleet.moves()),
     });
     Ok(report)
+}
+
+fn header(options: &Options, script: &Script) -> Header {
+    Header {
+        scenario: script.name,
+        gate: options.gate,
+        proxies: options.proxies,
+        envoy: options.envoy.is_some(),
+        seed: options.seed,
+    }
+}
+
+/// The same with real Envoy sidecars in a ring (see [`super::envoy`]), each listing every replica
+/// in its SDS cluster, a quarter of them with their SDS relayed late.
+async fn play_envoy(
+    options: &Options,
+    script: &Script,
+    shared: &Sandbox,
+    sandboxes: &[Sandbox],
+    daemons: &mut [Option<Daemon>],
+    envoy: &Path,
+) -> anyhow::Result<Report> {
+    let sockets: Vec<PathBuf> = sandboxes
+        .iter()
+        .map(|s| s.root().join("sds.sock"))
+        .collect();
+    let members: Vec<RingMember> = ring_members(script, options.proxies);
+    let minter = daemons[0].as_ref().ok_or_else(|| anyhow!("no replica"))?;
+    let mint = |member: &RingMember| mint_for(minter, member);
+    let topology = Topology::Ring {
+        by_service: script.by_service(),
+    };
+    let ring = EnvoyRing::start(
+        envoy,
+        shared.root(),
+        &sockets,
+        &members,
+        topology,
+        &mint,
+        options.seed,
+    )
+    .await?;
+    let result = play_ring(options, script, sandboxes, daemons, &ring).await;
+    ring.stop().await;
+    result
+}
+
+async fn play_ring(
+    options: &Options,
+    script: &Script,
+    sandboxes: &[Sandbox],
+    daemons: &mut [Option<Daemon>],
+    ring: &EnvoyRing,
+) -> anyhow::Result<Report> {
+    poll_until(
+        "every Envoy to accept every peer's initial SPIFFE ID",
+        || async {
+            for sidecar in &ring.sidecars {
+                if !envoy_accepts(script, sidecar, Stage::Initial).await {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await?;
+    let before = ring.presented_serials().await;
+    let victim = daemons.len() - 1;
+    let edge = (options.handshakes / 5).max(1);
+    let middle = options.handshakes.saturating_sub(2 * edge).max(1);
+    let mut traffic = RingTraffic::start(ring, options.seed, WORKERS, "steady");
+    let mut outcome = Outcome::default();
+    let change = async {
+        traffic.wait_requests(edge).await?;
+        traffic.begin_phase(script.change_phase);
+        let started = Instant::now();
+        let [switch, remove] = &script.edits[..] else {
+            return Err(anyhow!("the rotation script has two edits"));
+        };
+        apply_everywhere(daemons, sandboxes, switch).await?;
+        if let Some(daemon) = daemons[victim].take() {
+            tracing::info!(replica = %replica_name(victim), "drill: killing a replica");
+            daemon.kill();
+        }
+        apply_everywhere(daemons, sandboxes, remove).await?;
+        tracing::info!(
+            "drill: every edit applied by the surviving replicas; waiting for the Envoys"
+        );
+        let converged = poll_until(
+            "every Envoy to present a new certificate from the new CA",
+            || async {
+                let serials = ring.presented_serials().await;
+                let renewed = serials
+                    .iter()
+                    .zip(&before)
+                    .all(|(now, then)| now.is_some() && now != then);
+                renewed
+                    && survivors_converged(daemons, script.final_issuer, ring.sidecars.len()).await
+            },
+        )
+        .await;
+        if let Err(e) = converged {
+            let serials = ring.presented_serials().await;
+            let renewed = serials
+                .iter()
+                .zip(&before)
+                .filter(|(now, then)| now.is_some() && now != then)
+                .count();
+            return Err(anyhow!(
+                "{e}: {renewed} of {} Envoys present a new certificate; the surviving replicas say {}",
+                before.len(),
+                survivors(daemons).await
+            ));
+        }
+        outcome.converge_seconds = Some(started.elapsed().as_secs_f64());
+        tracing::info!(seconds = ?started.elapsed(), "drill: every Envoy presents its final certificate");
+        traffic.wait_requests(middle).await?;
+        traffic.begin_phase("converged");
+        traffic.wait_requests(edge).await
+    };
+    if let Err(error) = change.await {
+        outcome.error = Some(format!("{error:#}"));
+    }
+    let phases = traffic.stop().await;
+    let mut report = Report::new(header(options, script), phases, outcome);
+    report.failover = Some(FailoverReport {
+        replicas: daemons.len(),
+        killed: replica_name(victim),
+        moved_streams: None,
+    });
+    Ok(report)
+}
+
+/// What each surviving replica serves and waits for, for a message.
+async fn survivors(daemons: &[Option<Daemon>]) -> String {
+    let mut out = Vec::new();
+    for daemon in daemons.iter().flatten() {
+        match daemon.status.get(meshca_control::Detail::Summary).await {
+            Ok(reply) => {
+                let issuers: Vec<String> = reply
+                    .status
+                    .meshes
+                    .iter()
+                    .map(|m| format!("{:?}", m.proxies_by_issuer))
+                    .collect();
+                let waits: Vec<String> = reply
+                    .status
+                    .rollout
+                    .iter()
+                    .map(|w| format!("{} waits for {:?}", w.step, w.waiting_for))
+                    .collect();
+                out.push(format!(
+                    "proxies by issuer {}, {}",
+                    issuers.join(" "),
+                    if waits.is_empty() {
+                        "no wait".to_owned()
+                    } else {
+                        waits.join("; ")
+                    }
+                ));
+            }
+            Err(e) => out.push(format!("no status ({e})")),
+        }
+    }
+    out.join(" | ")
+}
+
+/// Whether the surviving replicas together serve at least `proxies` proxies (an Envoy may hold
+/// streams to several replicas), each from `final_issuer`, with no rollout step waiting.
+async fn survivors_converged(
+    daemons: &[Option<Daemon>],
+    final_issuer: Option<&str>,
+    proxies: usize,
+) -> bool {
+    let mut served = 0;
+    for daemon in daemons.iter().flatten() {
+        let Ok(reply) = daemon.status.get(meshca_control::Detail::Summary).await else {
+            return false;
+        };
+        if !reply.status.rollout.is_empty() {
+            return false;
+        }
+        for mesh in &reply.status.meshes {
+            for (issuer, count) in &mesh.proxies_by_issuer {
+                if final_issuer.is_some_and(|f| f != issuer) {
+                    return false;
+                }
+                served += count;
+            }
+        }
+    }
+    served >= proxies
 }
 
 /// Writes `edit`'s files into every live replica's resources and has each apply them, all at once.

@@ -209,7 +209,7 @@ pub(super) fn every(
 
 /// The initial or the final IDs of a script.
 #[derive(Clone, Copy, Debug)]
-enum Stage {
+pub(super) enum Stage {
     Initial,
     Final,
 }
@@ -432,39 +432,8 @@ async fn with_envoy(
     sandbox: &Sandbox,
     envoy: PathBuf,
 ) -> anyhow::Result<Report> {
-    let members: Vec<RingMember> = script
-        .members(options.proxies)
-        .into_iter()
-        .map(|m| RingMember {
-            name: m.name,
-            mesh: m.mesh,
-            egress: m.egress,
-            labels: m.labels,
-            renews: m.renews,
-            service: m.service,
-            initial_id: m.initial_id,
-            final_id: m.final_id,
-        })
-        .collect();
-    let mint = |member: &RingMember| -> anyhow::Result<String> {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
-        let (kind, tags) = if member.egress {
-            (ProxyType::ZoneEgress, BTreeMap::new())
-        } else {
-            let tags = BTreeMap::from([("kuma.io/service".to_owned(), member.service.clone())]);
-            (ProxyType::Dataplane, tags)
-        };
-        let claims = Claims::new(
-            kind,
-            &member.mesh,
-            &member.name,
-            member.labels.clone(),
-            tags,
-            Duration::from_secs(24 * 3600),
-            now,
-        )?;
-        daemon.mint_token(&claims)
-    };
+    let members = ring_members(script, options.proxies);
+    let mint = |member: &RingMember| mint_for(daemon, member);
     let topology = if script.hubs().is_empty() {
         Topology::Ring {
             by_service: script.by_service(),
@@ -476,7 +445,7 @@ async fn with_envoy(
     let ring = EnvoyRing::start(
         &envoy,
         sandbox.root(),
-        &socket,
+        &[socket],
         &members,
         topology,
         &mint,
@@ -489,6 +458,45 @@ async fn with_envoy(
     let result = play_envoy(script, options, daemon, sandbox, &ring).await;
     ring.stop().await;
     result
+}
+
+/// The script's proxies as Envoy sidecars.
+pub(super) fn ring_members(script: &Script, proxies: usize) -> Vec<RingMember> {
+    script
+        .members(proxies)
+        .into_iter()
+        .map(|m| RingMember {
+            name: m.name,
+            mesh: m.mesh,
+            egress: m.egress,
+            labels: m.labels,
+            renews: m.renews,
+            service: m.service,
+            initial_id: m.initial_id,
+            final_id: m.final_id,
+        })
+        .collect()
+}
+
+/// A token for `member`, signed with `daemon`'s key.
+pub(super) fn mint_for(daemon: &Daemon, member: &RingMember) -> anyhow::Result<String> {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
+    let (kind, tags) = if member.egress {
+        (ProxyType::ZoneEgress, BTreeMap::new())
+    } else {
+        let tags = BTreeMap::from([("kuma.io/service".to_owned(), member.service.clone())]);
+        (ProxyType::Dataplane, tags)
+    };
+    let claims = Claims::new(
+        kind,
+        &member.mesh,
+        &member.name,
+        member.labels.clone(),
+        tags,
+        Duration::from_secs(24 * 3600),
+        now,
+    )?;
+    daemon.mint_token(&claims)
 }
 
 async fn play_envoy(
@@ -581,7 +589,7 @@ async fn envoy_satisfies(wait: &Wait, sidecar: &Sidecar, script: &Script) -> boo
 
 /// Whether the `meshservice:` context an Envoy's outbound validates with (Envoy asks only for what a
 /// cluster uses) accepts the `stage` ID of its service. True for a sidecar that pins an ID.
-async fn envoy_accepts(script: &Script, sidecar: &Sidecar, stage: Stage) -> bool {
+pub(super) async fn envoy_accepts(script: &Script, sidecar: &Sidecar, stage: Stage) -> bool {
     let Some(service) = &sidecar.validates_with else {
         return true;
     };
@@ -610,7 +618,7 @@ fn names_domain(value: &serde_json::Value, domain: &str) -> bool {
 
 /// Polls `done` every 100 ms (Envoy's admin interface has nothing to wait on) until it holds, or fails
 /// after [`CONVERGE_TIMEOUT`] naming `what`.
-async fn poll_until<F, Fut>(what: &str, done: F) -> anyhow::Result<()>
+pub(super) async fn poll_until<F, Fut>(what: &str, done: F) -> anyhow::Result<()>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = bool>,

@@ -513,8 +513,11 @@ impl Owner {
         if !self.streams.is_connected(&key) {
             self.registrations.insert(key.clone(), claims);
         }
-        if self.streams.connect(stream, key.clone(), zone_egress) {
-            self.look_up(&key);
+        let first = self.streams.connect(stream, key.clone(), zone_egress);
+        // Any stream, not only the first: Envoy may open its streams to several replicas, and the
+        // one that carries its identity may move here last.
+        self.look_up(&key);
+        if first {
             self.touched.insert(key);
             return true;
         }

@@ -517,3 +517,20 @@ fn an_identity_from_elsewhere_is_not_served_when_expiring_untrusted_or_supersede
     h.reconcile(t0());
     assert!(Arc::ptr_eq(&h.ready("web-9"), &own));
 }
+
+/// Envoy may open its streams to several replicas; the one carrying its identity may move here after
+/// another of its streams did. Each new stream of a proxy this replica holds nothing for asks again.
+#[test]
+fn a_proxy_holding_nothing_here_is_looked_up_on_each_new_stream() {
+    let mut h = gated(true);
+    let mut link = recording(&mut h);
+    let key = ProxyKey::new("default", "web-9");
+    h.connect("web-9", &[], &[("kuma.io/service", "web")]);
+    assert_eq!(link.lookups.try_recv().ok(), Some(key.clone()));
+    // Asked again while the answer is out: not twice.
+    h.try_connect("web-9", &[], &[("kuma.io/service", "web")]);
+    assert!(link.lookups.try_recv().is_err());
+    assert!(!h.owner.adopt(key.clone(), None, t0()), "no record");
+    h.try_connect("web-9", &[], &[("kuma.io/service", "web")]);
+    assert_eq!(link.lookups.try_recv().ok(), Some(key));
+}
