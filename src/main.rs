@@ -1,6 +1,7 @@
 //! meshca: a certificate authority and SDS identity issuer for service meshes.
 #![forbid(unsafe_code)]
 
+mod allocator;
 mod atomic_file;
 mod bench;
 mod bootstrap;
@@ -43,37 +44,7 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-/// glibc's malloc gives each thread that allocates while another does an arena of its own (up to eight
-/// per core), and an arena keeps its high-water mark. meshca's threads (the runtime's workers, the
-/// issuance threads, blocking loads) then each keep a share of every wave's transient memory, and
-/// long-lived data ends up spread over all of them: at 10,000 idle streams, 17–19 KB per stream with
-/// glibc's default against 14 KB with two arenas (BENCHMARKS.md). So, unless the operator set
-/// `MALLOC_ARENA_MAX`, meshca starts itself again, at once and as the same process, with it set to 2.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn limit_malloc_arenas() {
-    use std::os::unix::process::CommandExt;
-    const VAR: &str = "MALLOC_ARENA_MAX";
-    if std::env::var_os(VAR).is_some() {
-        return;
-    }
-    let Ok(exe) = std::env::current_exe() else {
-        return;
-    };
-    let mut args = std::env::args_os();
-    let mut command = std::process::Command::new(exe);
-    if let Some(name) = args.next() {
-        command.arg0(name);
-    }
-    // `exec` returns only if it failed.
-    let error = command.args(args).env(VAR, "2").exec();
-    eprintln!("warning: could not restart with {VAR}=2 ({error}); going on with glibc's default malloc arenas");
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn limit_malloc_arenas() {}
-
 fn main() -> ExitCode {
-    limit_malloc_arenas();
     let cli = Cli::parse();
     init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -438,6 +438,14 @@ impl Gate {
             }
             let peers = holding.get(key).cloned().unwrap_or_default();
             if local.count == 0 && peers.is_empty() {
+                if p.waited {
+                    tracing::info!(
+                        mesh = %mesh,
+                        ca = %p.subject,
+                        waited_ms = now.duration_since(p.since).unwrap_or_default().as_millis() as u64,
+                        "every stream that must trust the new CA has ACKed its bundle; issuing from it"
+                    );
+                }
                 p.confirmed = true;
                 confirmed = true;
                 continue;

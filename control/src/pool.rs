@@ -74,8 +74,7 @@ const CHUNK: usize = 16;
 
 /// How many results may wait for the owner to take them before the threads pause. Results are
 /// allocated on the issuance threads; an unbounded backlog, while the owner's loop is busy with a long
-/// turn, would grow those threads' malloc arenas to the size of a whole wave, and glibc keeps an
-/// arena's high-water mark.
+/// turn, would hold a whole wave's certificates and keys in memory at once.
 const IN_HAND: usize = 1024;
 
 /// Whether a job is for a proxy that waits for its certificate (it has none, or a stream asks for it

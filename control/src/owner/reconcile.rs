@@ -71,11 +71,13 @@ impl Owner {
         }
         self.full = false;
         let next = self.reconcile_all(&keys, now);
-        self.telemetry.reconciled(
-            Scope::Full,
-            self.streams.proxies().count(),
-            started.elapsed(),
+        let (proxies, took) = (self.streams.proxies().count(), started.elapsed());
+        tracing::debug!(
+            proxies,
+            millis = took.as_millis() as u64,
+            "reconciled every connected proxy"
         );
+        self.telemetry.reconciled(Scope::Full, proxies, took);
         next
     }
 

@@ -1,0 +1,41 @@
+//! meshca's memory allocator: jemalloc, with freed memory handed back to the system within about a
+//! second.
+//!
+//! An issuance wave or a push to every stream allocates and frees hundreds of megabytes on several
+//! threads at once. glibc's malloc did that slowly (a quarter of the daemon's CPU during a 100,000-stream
+//! rotation went to `_int_malloc`, `unlink_chunk` and arena locks) and kept each thread arena's high-water
+//! mark afterwards. jemalloc's thread caches make the same work cheap, and its decay returns what a wave
+//! freed: BENCHMARKS.md has both measurements.
+//!
+//! Its options are compiled in (`JEMALLOC_SYS_WITH_MALLOC_CONF` in `.cargo/config.toml`); the operator can
+//! override them with the `_RJEM_MALLOC_CONF` environment variable, in the same syntax (`man jemalloc`):
+//! - `background_thread:true`: a thread of jemalloc's own returns unused pages to the system, instead of
+//!   whichever thread happens to allocate next (an idle daemon would otherwise never give them back);
+//! - `dirty_decay_ms:1000`: freed pages are handed back after about a second, not ten, so the memory of
+//!   a finished wave leaves the resident set soon after;
+//! - `muzzy_decay_ms:0`: and released at once once handed back.
+
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn jemalloc_runs_the_background_thread_the_options_ask_for() {
+        // Allocating starts jemalloc; the background thread then shows among the process's threads.
+        let kept: Vec<Vec<u8>> = (0..64).map(|i| vec![i as u8; 1 << 16]).collect();
+        drop(kept);
+        let task = std::path::Path::new("/proc/self/task");
+        if !task.exists() {
+            return;
+        }
+        let names: Vec<String> = std::fs::read_dir(task)
+            .expect("/proc/self/task lists the threads")
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .collect();
+        assert!(
+            names.iter().any(|n| n.trim() == "jemalloc_bg_thd"),
+            "no jemalloc background thread among {names:?}"
+        );
+    }
+}
