@@ -72,10 +72,11 @@ where
 /// little per certificate.
 const CHUNK: usize = 16;
 
-/// How many results may wait for the owner to take them before the threads pause. Results are
-/// allocated on the issuance threads; an unbounded backlog, while the owner's loop is busy with a long
-/// turn, would hold a whole wave's certificates and keys in memory at once.
-const IN_HAND: usize = 1024;
+/// How many results may wait for the owner to take them before the threads pause: enough to go on
+/// issuing through a long turn of the owner's loop (deciding 100,000 proxies takes about a second, and
+/// the first jobs are submitted before it ends), few enough that a backlog never holds a whole wave's
+/// certificates and keys in memory at once (about 3 KB each).
+const IN_HAND: usize = 8192;
 
 /// Whether a job is for a proxy that waits for its certificate (it has none, or a stream asks for it
 /// now) or can wait itself (a renewal, a proxy that only watches trust bundles).

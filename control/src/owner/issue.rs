@@ -223,7 +223,7 @@ impl Owner {
     }
 
     /// Whether `key` has no certificate, or one of its streams asks for its identity.
-    fn waits_for_identity(&self, key: &ProxyKey) -> bool {
+    pub(super) fn waits_for_identity(&self, key: &ProxyKey) -> bool {
         let Some(issued) = self.issued.get(key) else {
             return true;
         };

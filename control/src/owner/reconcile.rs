@@ -352,29 +352,37 @@ impl Owner {
     ) -> Vec<(ProxyKey, ProxyEntry)> {
         // Decide every proxy first, then start issuing what the gate allows, then serve. A proxy
         // whose certificate is being issued keeps the one it has (or waits) until the result is in.
-        let mut plans: Vec<(ProxyKey, Served)> = Vec::with_capacity(keys.len());
-        for key in keys {
-            let served = match dataplanes.get(&key) {
-                Some(Ok(info)) => self.plan_proxy(&key, info, now),
-                Some(Err(reason)) => Served::Entry(ProxyEntry::Refused {
-                    reason: reason.clone(),
-                }),
-                None => continue,
-            };
-            plans.push((key, served));
+        // Proxies waiting for their identity are decided and submitted first: their certificates are
+        // issued while the others are decided (a trust wait that ends decides the whole fleet).
+        let (first, then): (Vec<ProxyKey>, Vec<ProxyKey>) = keys
+            .into_iter()
+            .partition(|key| self.waits_for_identity(key));
+        let mut plans: Vec<(ProxyKey, Served)> = Vec::with_capacity(first.len() + then.len());
+        for keys in [first, then] {
+            let planned = plans.len();
+            for key in keys {
+                let served = match dataplanes.get(&key) {
+                    Some(Ok(info)) => self.plan_proxy(&key, info, now),
+                    Some(Err(reason)) => Served::Entry(ProxyEntry::Refused {
+                        reason: reason.clone(),
+                    }),
+                    None => continue,
+                };
+                plans.push((key, served));
+            }
+            let jobs: Vec<(ProxyKey, &Desired)> = plans[planned..]
+                .iter()
+                .filter_map(|(key, served)| match served {
+                    Served::Decided {
+                        desired,
+                        issue: true,
+                        ..
+                    } => Some((key.clone(), &**desired)),
+                    _ => None,
+                })
+                .collect();
+            self.submit(&jobs, now);
         }
-        let jobs: Vec<(ProxyKey, &Desired)> = plans
-            .iter()
-            .filter_map(|(key, served)| match served {
-                Served::Decided {
-                    desired,
-                    issue: true,
-                    ..
-                } => Some((key.clone(), &**desired)),
-                _ => None,
-            })
-            .collect();
-        self.submit(&jobs, now);
         let mut entries = Vec::with_capacity(plans.len());
         for (key, served) in plans {
             let (entry, renew_at) = match served {
