@@ -140,15 +140,18 @@ impl Progress {
 #[derive(Debug, Default)]
 struct Bundles {
     /// The last few distinct bundles (their PEMs) and their certificates.
-    seen: Mutex<VecDeque<(Vec<String>, Arc<[CertificateDer<'static>]>)>>,
+    seen: Mutex<VecDeque<(Vec<String>, Cas)>>,
 }
+
+/// A bundle's certificates, shared by every stream that received it.
+type Cas = Arc<[CertificateDer<'static>]>;
 
 impl Bundles {
     /// How many distinct bundles are kept: a rotation shows two or three.
     const KEPT: usize = 8;
 
     /// The certificates of the bundle made of `pems`; an error if a PEM does not decode.
-    fn decode(&self, pems: Vec<String>) -> anyhow::Result<Arc<[CertificateDer<'static>]>> {
+    fn decode(&self, pems: Vec<String>) -> anyhow::Result<Cas> {
         let lock = || self.seen.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((_, cas)) = lock().iter().find(|(seen, _)| *seen == pems) {
             return Ok(cas.clone());
@@ -159,7 +162,7 @@ impl Bundles {
                 cas.push(cert.map_err(|e| anyhow!("a bundle PEM does not decode: {e}"))?);
             }
         }
-        let cas: Arc<[CertificateDer<'static>]> = cas.into();
+        let cas: Cas = cas.into();
         let mut seen = lock();
         if seen.len() == Self::KEPT {
             seen.pop_front();
@@ -337,7 +340,7 @@ impl Fleet {
 /// What one response held, as far as the bench cares.
 #[derive(Default)]
 struct Seen {
-    bundle: Option<Arc<[CertificateDer<'static>]>>,
+    bundle: Option<Cas>,
     /// The issuer (DER) of the identity's leaf certificate.
     leaf_issuer: Option<Vec<u8>>,
 }
