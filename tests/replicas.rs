@@ -422,7 +422,8 @@ fn wait_gated_together(daemons: [(&common::Daemon, &str); 2]) {
                 "/api/replicas",
                 "the gate to count the other replica",
                 |v| {
-                    let want = serde_json::json!([{"name": other, "readable": true}]);
+                    let want =
+                        serde_json::json!([{"name": other, "readable": true, "gone": false}]);
                     (v["rollout_peers"] == want).then_some(())
                 },
             )

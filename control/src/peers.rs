@@ -11,8 +11,10 @@
 //!   ACKed;
 //! - a removed CA, or a SPIFFE ID that left a context, stays while a peer's proxies present it.
 //!
-//! A peer whose view is missing or unreadable holds every step back. `rollout.ackTimeout` bounds every
-//! wait, as it does for this replica's own proxies.
+//! A peer whose view is missing or unreadable holds every step back. A peer whose lease expired keeps
+//! holding what its last view held for another `replica.leaseTimeout`: its proxies keep serving with
+//! the trust they had until they reconnect to another replica, which then counts them.
+//! `rollout.ackTimeout` bounds every wait, as it does for this replica's own proxies.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -71,12 +73,18 @@ pub struct PeerView {
     /// Its view; `None` when it has not written one yet or it cannot be read: then it holds every
     /// step back.
     pub view: Option<GateView>,
+    /// Its lease expired: this is its last view, which still holds what it held (its proxies keep
+    /// the trust they had until they reconnect to another replica) for another `replica.leaseTimeout`.
+    pub gone: bool,
 }
 
 impl PeerView {
     /// How the peer is named in a wait's list.
     pub(crate) fn label(&self) -> String {
         match self.view {
+            Some(_) if self.gone => {
+                format!("replica {} (gone: as its last state said)", self.replica)
+            }
             Some(_) => format!("replica {}", self.replica),
             None => format!("replica {} (rollout state not readable)", self.replica),
         }
@@ -121,6 +129,7 @@ mod tests {
         let peer = PeerView {
             replica: "b".into(),
             view: Some(view),
+            gone: false,
         };
         assert!(!peer.holds_trust("default", &entry("ca-1")));
         assert!(peer.holds_trust("default", &entry("ca-2")), "not ACKed");
@@ -128,6 +137,7 @@ mod tests {
         let unreadable = PeerView {
             replica: "c".into(),
             view: None,
+            gone: false,
         };
         assert!(unreadable.holds_trust("other", &entry("ca-2")));
         assert!(unreadable.holds_san("other", "web", "spiffe://other/web"));
@@ -143,6 +153,7 @@ mod tests {
         let peer = PeerView {
             replica: "b".into(),
             view: Some(view),
+            gone: false,
         };
         assert!(!peer.holds_san("default", "web", "spiffe://default/web"));
         assert!(peer.holds_san("default", "web", "spiffe://default/ns/web"));

@@ -120,6 +120,10 @@ fn print_database(database: &serde_json::Value) {
         .into_iter()
         .flatten()
         .map(|peer| match peer["readable"].as_bool() {
+            Some(true) if peer["gone"].as_bool() == Some(true) => format!(
+                "{} (gone: its last state holds while its proxies reconnect)",
+                text(&peer["name"])
+            ),
             Some(true) => text(&peer["name"]),
             _ => format!(
                 "{} (state not readable: holds every step)",

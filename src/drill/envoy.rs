@@ -144,9 +144,10 @@ impl EnvoyRing {
         // About a quarter of the ring lags, at least one sidecar.
         let laggard_count = (count / 4).max(1);
         let mut laggards = Vec::new();
-        let ports: Vec<(u16, u16, u16)> = (0..count)
-            .map(|_| Ok((free_port()?, free_port()?, free_port()?)))
-            .collect::<anyhow::Result<_>>()?;
+        let ports: Vec<(u16, u16, u16)> = free_ports(3 * count)?
+            .chunks_exact(3)
+            .map(|p| (p[0], p[1], p[2]))
+            .collect();
         let mut sidecars = Vec::with_capacity(count);
         for (i, member) in members.iter().enumerate() {
             let (admin_port, inbound_port, outbound_port) = ports[i];
@@ -500,7 +501,26 @@ async fn admin_get(addr: SocketAddr, path: &str) -> Option<String> {
     Some(String::from_utf8_lossy(&body).into_owned())
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
+/// `count` distinct free ports. Each stays bound until all are chosen, so the kernel cannot hand one
+/// out twice: Envoy binds its listeners with `SO_REUSEPORT`, and two sidecars given the same port would
+/// both listen on it and split its connections between them.
+fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
+    let held = (0..count)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()
+        .context("cannot find free ports for the Envoys")?;
+    held.iter().map(|l| Ok(l.local_addr()?.port())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::free_ports;
+
+    #[test]
+    fn the_ports_given_to_the_envoys_are_all_different() {
+        let ports = free_ports(600).expect("free ports");
+        let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), 600, "a port was handed out twice");
+        assert!(!distinct.contains(&0));
+    }
 }

@@ -178,6 +178,7 @@ impl Daemon {
                     replicas: Replicas::new(db),
                     name: settings.replica.name.clone(),
                     lease: settings.replica.lease_timeout.as_std(),
+                    hold_gone: settings.replica.lease_timeout.as_std(),
                     view: view_rx,
                     peers: peers_tx,
                     database: database_tx,

@@ -12,6 +12,7 @@ mod process;
 mod programs;
 mod user;
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
@@ -19,6 +20,7 @@ use std::net::TcpListener;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 
 use tempfile::TempDir;
 
@@ -29,6 +31,9 @@ use crate::user::ServerUser;
 const APP: &str = "meshca";
 /// The superuser, reached only over the unix socket (where authentication is `trust`).
 const SUPERUSER: &str = "postgres";
+/// The lowest port [`free_port`] picks: above the well-known and most registered ones.
+const LOWEST_PORT: u16 = 20_000;
+
 /// How many free ports to try when another process takes the port between choosing and binding it.
 const PORT_ATTEMPTS: u32 = 5;
 /// How many lines of the server log a start failure quotes.
@@ -387,11 +392,53 @@ impl fmt::Debug for TestPostgres {
 }
 
 /// A port of 127.0.0.1 that was free when asked; another process may take it before the server does.
+///
+/// It comes from below the kernel's ephemeral range, so that while a server is stopped (see
+/// [`TestPostgres::start_again`]) no `bind(…:0)` or outgoing connection elsewhere in the tests is
+/// handed its port, and never twice in one process, so that two servers of one test binary do not
+/// race for it.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("binding 127.0.0.1:0 to find a free port")
-        .port()
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    let below = ephemeral_start().unwrap_or(0);
+    if below > LOWEST_PORT + 1024 {
+        let span = u32::from(below - LOWEST_PORT);
+        for _ in 0..1000 {
+            let port = LOWEST_PORT + u16::try_from(random_u32() % span).expect("under the span");
+            if !handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                handed_out.insert(port);
+                return port;
+            }
+        }
+    }
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("binding 127.0.0.1:0 to find a free port")
+            .port();
+        if handed_out.insert(port) {
+            return port;
+        }
+    }
+}
+
+/// The first port of the kernel's ephemeral range (`net.ipv4.ip_local_port_range`), if readable.
+fn ephemeral_start() -> Option<u16> {
+    fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// A random number from the kernel.
+fn random_u32() -> u32 {
+    let mut bytes = [0u8; 4];
+    File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .expect("reading /dev/urandom");
+    u32::from_le_bytes(bytes)
 }
 
 /// 16 random bytes from the kernel, in hex: a password with no character that needs quoting.

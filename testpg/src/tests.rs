@@ -218,3 +218,21 @@ fn a_taken_port_is_recognised_and_reported_with_the_log() {
         failure.message
     );
 }
+
+/// Ports are never handed out twice in one process, and come from below the ephemeral range (where
+/// no `bind(…:0)` is given them while a stopped server is away).
+#[test]
+fn free_ports_are_all_different_and_below_the_ephemeral_range() {
+    let ports: Vec<u16> = (0..500).map(|_| free_port()).collect();
+    let distinct: BTreeSet<u16> = ports.iter().copied().collect();
+    assert_eq!(distinct.len(), ports.len(), "a port was handed out twice");
+    let start = ephemeral_start().expect("the ephemeral range is readable on Linux");
+    assert!(
+        start > LOWEST_PORT + 1024,
+        "ephemeral range starts at {start}"
+    );
+    assert!(
+        ports.iter().all(|p| (LOWEST_PORT..start).contains(p)),
+        "{ports:?}"
+    );
+}

@@ -3,7 +3,6 @@ admin API and SDS, the way an operator and Envoy use it."""
 
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.request
@@ -11,6 +10,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+
+from sidecars import free_port
 
 MESHCA = os.environ.get("MESHCA_BIN", str(Path(__file__).resolve().parents[2] / "target" / "debug" / "meshca"))
 
@@ -26,12 +27,6 @@ mtls:
         rotation:
           expiration: 1h
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Daemon:

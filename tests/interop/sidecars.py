@@ -27,10 +27,19 @@ def envoy_binary():
     return ENVOY
 
 
+_handed_out = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port no earlier call returned. Envoy binds its listeners with SO_REUSEPORT: two sidecars
+    given the same port would both listen on it and split its connections between them."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def wait_until(what, probe, timeout=60.0, interval=0.05):

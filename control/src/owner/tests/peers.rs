@@ -31,6 +31,7 @@ fn peer_acking(acked: &[TrustEntry]) -> PeerView {
     PeerView {
         replica: "b".into(),
         view: Some(view),
+        gone: false,
     }
 }
 
@@ -110,6 +111,7 @@ fn a_peer_that_does_not_publish_the_mesh_holds_nothing_back() {
     h.owner.set_peers(vec![PeerView {
         replica: "b".into(),
         view: Some(view),
+        gone: false,
     }]);
     switched_and_acked_here(&mut h);
     assert_eq!(issuer_of(&h.ready("web-1")), ca_subject(&h, "ca-2"));
@@ -122,6 +124,7 @@ fn a_peer_whose_view_cannot_be_read_holds_every_step_until_the_timeout() {
     let unreadable = PeerView {
         replica: "b".into(),
         view: None,
+        gone: false,
     };
     h.owner.set_peers(vec![unreadable]);
     switched_and_acked_here(&mut h);
@@ -184,6 +187,7 @@ fn a_removed_ca_stays_trusted_while_a_peers_proxy_presents_it() {
         PeerView {
             replica: "b".into(),
             view: Some(view),
+            gone: false,
         }
     };
     h.owner.set_peers(vec![peer(&e1, ca1_anchors)]);
@@ -253,6 +257,7 @@ fn a_new_spiffe_id_waits_for_a_peer_whose_subscribers_have_not_acked_it() {
         PeerView {
             replica: "b".into(),
             view: Some(view),
+            gone: false,
         }
     };
     let mut h = Harness::new(&resources("/a/{{ .Workload }}"));
@@ -307,6 +312,7 @@ fn an_id_a_peers_proxy_presents_stays_in_the_service_context() {
     assert!(h.owner.set_peers(vec![PeerView {
         replica: "b".into(),
         view: Some(view),
+        gone: false,
     }]));
     h.reconcile(t0() + Duration::from_secs(1));
     assert!(service_context(&h, "web").contains(&"spiffe://default/old/api-7".to_owned()));
@@ -347,6 +353,7 @@ fn a_proxy_that_moves_here_from_a_gone_replica_keeps_the_ca_it_may_present() {
     h.owner.set_peers(vec![PeerView {
         replica: "b".into(),
         view: Some(view),
+        gone: false,
     }]);
     switched_and_acked_here(&mut h);
     let g = generation(&h);
