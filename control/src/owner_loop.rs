@@ -344,6 +344,14 @@ impl OwnerLoop {
                 () = view_due(view_at) => {
                     false
                 }
+                // Quiet proxies a full reconcile left for later, a chunk per turn, in between the
+                // other events, once the issuance threads run short of work.
+                () = std::future::ready(()), if self.owner.deferred_due() => {
+                    self.health.begin();
+                    tokio::task::block_in_place(|| self.owner.serve_deferred(SystemTime::now()));
+                    next_due = self.owner.next_due();
+                    false
+                }
             };
             if dirty {
                 next_due = self.reconcile();

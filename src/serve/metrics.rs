@@ -192,7 +192,7 @@ impl Metrics {
         );
         registry.register(
             "meshca_reconcile_seconds",
-            "Time the control loop spent on one reconcile, by scope (full: every connected proxy; proxies: those an event touched)",
+            "Time the control loop spent on one reconcile, by scope (full: every connected proxy; proxies: those an event touched; acks: a batch of ACKs during a rollout; deferred: quiet proxies a full reconcile left for later turns)",
             reconcile_seconds.clone(),
         );
         let reconciled_proxies = Family::<ScopeLabels, Counter>::default();

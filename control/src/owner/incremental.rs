@@ -10,10 +10,18 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::SystemTime;
 
-use super::{Dataplanes, Owner};
+use super::{Dataplanes, Owner, Scope};
 use crate::bundles;
 use crate::plan::DataplaneInfo;
 use crate::snapshot::{Changed, ProxyEntry, ProxyKey};
+
+/// How many deferred proxies one turn of the loop serves: a few milliseconds of work, so that issued
+/// certificates, ACKs and new streams are taken in between.
+const DEFERRED_PER_TURN: usize = 1024;
+/// Deferred proxies wait while more certificates than this are being issued: those issued for proxies
+/// that wait for them go first, and deciding the quiet ones would only take CPU from them. Two turns'
+/// worth keeps the issuance threads fed once the queue runs short.
+pub(super) const DEFERRED_WHILE_ISSUING: usize = 2 * DEFERRED_PER_TURN;
 
 /// When each served proxy's certificate is renewed, by time and by proxy.
 #[derive(Debug, Default)]
@@ -116,6 +124,41 @@ impl Owner {
         self.publish_entries(generation, entries, &left, Some((keys, dataplanes)));
         self.reconciled_at = now;
         true
+    }
+
+    /// Whether quiet proxies wait for their turn ([`Owner::serve_deferred`]).
+    pub fn has_deferred(&self) -> bool {
+        !self.deferred.is_empty()
+    }
+
+    /// Whether the loop should serve deferred proxies now: some wait, and the issuance threads have
+    /// few certificates left to issue. While they are busy with a wave (the certificates of proxies
+    /// that wait for them, submitted first), the quiet proxies keep what they hold; their turn comes
+    /// as the wave ends, and a queue that never runs short means the machine is issuing as fast as it
+    /// can anyway.
+    pub fn deferred_due(&self) -> bool {
+        self.has_deferred() && self.issuing.in_flight() < DEFERRED_WHILE_ISSUING
+    }
+
+    /// Serves the next [`DEFERRED_PER_TURN`] quiet proxies the last full reconcile left for later, as
+    /// it would have (deciding, issuing where the gate allows, publishing what changed). Their
+    /// descriptions are unchanged since, and a reconcile of the fleet in between replaces this list.
+    pub fn serve_deferred(&mut self, now: SystemTime) {
+        let started = std::time::Instant::now();
+        let take = self.deferred.len().min(DEFERRED_PER_TURN);
+        let keys: Vec<ProxyKey> = self
+            .deferred
+            .drain(..take)
+            .filter(|key| self.streams.is_connected(key))
+            .collect();
+        let count = keys.len();
+        let dataplanes = std::mem::take(&mut self.dataplanes);
+        let entries = self.serve(keys, &dataplanes, now);
+        self.dataplanes = dataplanes;
+        let generation = self.snapshot_generation + 1;
+        self.publish_entries(generation, entries, &[], None);
+        self.telemetry
+            .reconciled(Scope::Deferred, count, started.elapsed());
     }
 
     /// Publishes the last snapshot with `entries` replaced, the proxies that `left` removed and, with

@@ -109,6 +109,11 @@ impl Issuing {
     pub fn is_issuing(&self, key: &ProxyKey) -> bool {
         self.in_flight.contains_key(key)
     }
+
+    /// How many certificates are being issued (submitted, and not taken in yet).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
 }
 
 /// Whether two decisions ask for the same certificate.

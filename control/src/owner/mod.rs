@@ -69,6 +69,8 @@ pub enum Scope {
     Proxies,
     /// No proxy: ACKs while a rollout waits (is a wait over? which replaced certificates are ACKed?).
     Acks,
+    /// Quiet proxies a full reconcile left for the loop's next turns (see [`Owner::serve_deferred`]).
+    Deferred,
 }
 
 impl Scope {
@@ -78,6 +80,7 @@ impl Scope {
             Scope::Full => "full",
             Scope::Proxies => "proxies",
             Scope::Acks => "acks",
+            Scope::Deferred => "deferred",
         }
     }
 }
@@ -234,6 +237,9 @@ pub struct Owner {
     full: bool,
     /// Proxies that connected or left since the last reconcile.
     touched: BTreeSet<ProxyKey>,
+    /// Quiet proxies the last full reconcile left for later turns, served a chunk at a time by
+    /// [`Owner::serve_deferred`]; each keeps its published certificate meanwhile.
+    deferred: Vec<ProxyKey>,
     /// When each served proxy's certificate is renewed.
     renewals: Renewals,
     /// The earliest rollout timeout or CA rotation step, as of the last full reconcile.
@@ -293,6 +299,7 @@ impl Owner {
             issuing: Issuing::default(),
             full: true,
             touched: BTreeSet::new(),
+            deferred: Vec::new(),
             renewals: Renewals::default(),
             next_global: None,
             configured: HashSet::new(),

@@ -113,7 +113,8 @@ impl Owner {
         };
         self.reasons.clear();
         let connected: Vec<ProxyKey> = self.streams.proxies().cloned().collect();
-        let entries = self.serve(connected, &dataplanes, now);
+        let (now_keys, deferred) = self.split_quiet(connected, unchanged_world.then_some(touched));
+        let entries = self.serve(now_keys, &dataplanes, now);
         let streams = &self.streams;
         self.renewals.retain(|key| streams.is_connected(key));
         self.forget_vanished(&dataplanes, unchanged_world.then_some(touched));
@@ -123,10 +124,12 @@ impl Owner {
             generation,
             &trust,
             entries,
+            &deferred,
             &service_ids,
             &dataplanes,
             rules_changed,
         );
+        self.deferred = deferred;
         self.report_gate_events();
         self.reconciled_at = now;
         self.dataplanes = dataplanes;
@@ -340,6 +343,30 @@ impl Owner {
         }
         self.configured = desired.iter().map(CaTrust::key).collect();
         self.gate.plan_trust(desired, &presented, generation, now)
+    }
+
+    /// Splits the connected proxies of a full reconcile into those it serves now and the quiet ones it
+    /// leaves for later turns ([`Owner::serve_deferred`]), so that what proxies wait for (a first
+    /// certificate, a certificate their streams ask for) is decided, issued and published without
+    /// waiting for a pass over the whole fleet. A proxy is quiet when it holds a published certificate,
+    /// none of its streams asks for it, and its description is the one the last reconcile saw
+    /// (`touched` names the proxies whose description may have changed; `None`: any may have). Its
+    /// turn comes within the loop's next turns; meanwhile it keeps what it was published, as it would
+    /// while the pass over the fleet ran.
+    fn split_quiet(
+        &self,
+        connected: Vec<ProxyKey>,
+        touched: Option<&BTreeSet<ProxyKey>>,
+    ) -> (Vec<ProxyKey>, Vec<ProxyKey>) {
+        let Some(touched) = touched else {
+            return (connected, Vec::new());
+        };
+        let published = self.snapshot_tx.borrow().clone();
+        connected.into_iter().partition(|key| {
+            touched.contains(key)
+                || !matches!(published.proxies.get(key), Some(ProxyEntry::Ready(_)))
+                || self.waits_for_identity(key)
+        })
     }
 
     /// Decides, issues (where the gate allows) and returns the snapshot entry of each of `keys`
@@ -775,11 +802,13 @@ impl Owner {
     /// start from the last snapshot's and change only where an entry or rule differs, so an unchanged
     /// proxy costs a lookup. Claim rules are recomputed for `rules_changed` (every dataplane when `None`:
     /// a new configuration).
+    #[allow(clippy::too_many_arguments)]
     fn publish_snapshot(
         &mut self,
         generation: u64,
         trust: &BTreeMap<String, Vec<CaTrust>>,
         entries: Vec<(ProxyKey, ProxyEntry)>,
+        deferred: &[ProxyKey],
         service_ids: &ServiceIds,
         dataplanes: &Dataplanes,
         rules_changed: Option<&BTreeSet<ProxyKey>>,
@@ -787,7 +816,12 @@ impl Owner {
         let previous = self.snapshot_tx.borrow().clone();
         let mut changed: BTreeSet<ProxyKey> = BTreeSet::new();
         let mut proxies = previous.proxies.clone();
-        let served: HashSet<ProxyKey> = entries.iter().map(|(key, _)| key.clone()).collect();
+        // Deferred proxies keep their entries until their turn.
+        let served: HashSet<ProxyKey> = entries
+            .iter()
+            .map(|(key, _)| key.clone())
+            .chain(deferred.iter().cloned())
+            .collect();
         for (key, entry) in entries {
             if proxies
                 .get(&key)

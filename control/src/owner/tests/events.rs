@@ -195,7 +195,8 @@ fn a_proxy_that_brings_a_new_identity_to_a_service_context_reconciles_everyone()
         &[("kuma.io/service", "front"), ("tier", "front")],
     );
     h.reconcile(t0() + Duration::from_secs(3));
-    assert_eq!(scopes.take(), vec![(Scope::Full, 3)]);
+    // (The quiet web proxies may be served in a deferred turn after it.)
+    assert_eq!(scopes.take().first(), Some(&(Scope::Full, 3)));
     assert!(
         service_context(&h, "web").contains(&"spiffe://default/front".to_owned()),
         "{:?}",

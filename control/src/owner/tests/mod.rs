@@ -93,13 +93,17 @@ impl Harness {
         self.snapshots = snapshots;
     }
 
-    /// Reconciles at `now`, as the owner's loop does: then runs the certificates it started issuing,
-    /// on two threads, and hands their results back in reverse order (as a pool may complete them),
-    /// reconciling again when they ask for it, until nothing is being issued. Returns when something
-    /// is next due.
+    /// Reconciles at `now`, as the owner's loop does: serves the proxies it deferred, then runs the
+    /// certificates it started issuing, on two threads, and hands their results back in reverse order
+    /// (as a pool may complete them), reconciling again when they ask for it, until nothing is being
+    /// issued. Returns when something is next due.
     fn reconcile(&mut self, now: SystemTime) -> Option<SystemTime> {
         let mut next = self.owner.reconcile(now);
         loop {
+            while self.owner.has_deferred() {
+                self.owner.serve_deferred(now);
+                next = self.owner.next_due();
+            }
             let jobs = self.owner.take_jobs();
             if jobs.is_empty() {
                 return next;
@@ -1181,6 +1185,123 @@ mtls:
         "nothing waits for d-1: {:?}",
         status.rollout
     );
+}
+
+/// When a trust wait ends, the proxies whose streams ask for their certificate are decided, issued and
+/// published first; a quiet one (it holds a certificate no stream asks for) keeps its certificate until
+/// the loop's next turns serve it, and then rotates too.
+#[test]
+fn quiet_proxies_are_served_after_those_waiting_for_their_certificate() {
+    let mut h = gated(true);
+    let quiet = h.connect("web-3", &[], &[("kuma.io/service", "web")]);
+    h.reconcile(t0());
+    h.stream(quiet.0, &["system_trust_bundle"], Some(generation(&h)));
+    let ca1 = issuer_of(&h.ready("web-3"));
+    h.update(SWITCHED).expect("valid");
+    h.reconcile(t0() + Duration::from_secs(1));
+    let g_trust = generation(&h);
+    h.ack(1, Some(g_trust));
+    h.ack(2, Some(g_trust));
+    h.stream(quiet.0, &["system_trust_bundle"], Some(g_trust));
+    // The wait is over: the reconcile the loop runs for it.
+    let at = t0() + Duration::from_secs(2);
+    h.owner.reconcile(at);
+    assert!(h.owner.has_deferred(), "web-3 is left for later");
+    let jobs = h.owner.take_jobs();
+    assert_eq!(jobs.len(), 2, "web-1 and web-2 are issued first");
+    let done = crate::pool::run_all(&jobs, 2, crate::owner::run_job);
+    h.owner.on_issued(done, at);
+    let ca2 = ca_subject(&h, "ca-2");
+    assert_eq!(issuer_of(&h.ready("web-1")), ca2);
+    assert_eq!(issuer_of(&h.ready("web-2")), ca2);
+    assert_eq!(
+        issuer_of(&h.ready("web-3")),
+        ca1,
+        "web-3 keeps its certificate until its turn"
+    );
+    while h.owner.has_deferred() {
+        h.owner.serve_deferred(at);
+    }
+    let jobs = h.owner.take_jobs();
+    assert_eq!(jobs.len(), 1, "web-3's turn issues its certificate");
+    let done = crate::pool::run_all(&jobs, 2, crate::owner::run_job);
+    h.owner.on_issued(done, at);
+    assert_eq!(issuer_of(&h.ready("web-3")), ca2);
+}
+
+/// While a wave of certificates for proxies that wait for them is being issued, the quiet proxies keep
+/// theirs: their turn comes once the issuance threads run short of work, so deciding them takes no CPU
+/// from the wave.
+#[test]
+fn quiet_proxies_wait_while_a_wave_is_being_issued() {
+    let mut h = gated(true);
+    // With web-1 and web-2, more proxies waiting for their certificate than the loop lets be in flight
+    // before it serves deferred ones.
+    let waiting = super::incremental::DEFERRED_WHILE_ISSUING;
+    let streams: Vec<u64> = (0..waiting - 2)
+        .map(|i| {
+            h.connect(&format!("svc-{i}"), &[], &[("kuma.io/service", "svc")])
+                .0
+        })
+        .collect();
+    let quiet = h.connect("web-3", &[], &[("kuma.io/service", "web")]);
+    h.reconcile(t0());
+    let g = generation(&h);
+    for &id in &streams {
+        h.ack(id, Some(g));
+    }
+    h.stream(quiet.0, &["system_trust_bundle"], Some(g));
+    let ca1 = issuer_of(&h.ready("web-3"));
+    h.update(SWITCHED).expect("valid");
+    h.reconcile(t0() + Duration::from_secs(1));
+    let g_trust = generation(&h);
+    for id in [1, 2].into_iter().chain(streams.iter().copied()) {
+        h.ack(id, Some(g_trust));
+    }
+    h.stream(quiet.0, &["system_trust_bundle"], Some(g_trust));
+    let at = t0() + Duration::from_secs(2);
+    h.owner.reconcile(at);
+    assert!(h.owner.has_deferred(), "web-3 is left for later");
+    assert!(
+        !h.owner.deferred_due(),
+        "its turn waits while {waiting} certificates are being issued"
+    );
+    let jobs = h.owner.take_jobs();
+    assert_eq!(jobs.len(), waiting);
+    let done = crate::pool::run_all(&jobs, 2, crate::owner::run_job);
+    h.owner.on_issued(done, at);
+    assert!(h.owner.deferred_due(), "the wave is in: web-3's turn");
+    assert_eq!(issuer_of(&h.ready("web-3")), ca1);
+    h.owner.serve_deferred(at);
+    let jobs = h.owner.take_jobs();
+    assert_eq!(jobs.len(), 1, "web-3's turn issues its certificate");
+    let done = crate::pool::run_all(&jobs, 2, crate::owner::run_job);
+    h.owner.on_issued(done, at);
+    assert_eq!(issuer_of(&h.ready("web-3")), ca_subject(&h, "ca-2"));
+}
+
+/// A full reconcile after the dataplanes' files changed defers nobody: any proxy's description may have
+/// changed, and with it what it may hold.
+#[test]
+fn no_proxy_is_deferred_when_the_dataplanes_may_have_changed() {
+    let mut h = gated(true);
+    let quiet = h.connect("web-3", &[], &[("kuma.io/service", "web")]);
+    h.reconcile(t0());
+    h.stream(quiet.0, &["system_trust_bundle"], Some(generation(&h)));
+    let dataplane = r#"
+type: Dataplane
+mesh: default
+name: web-9
+networking:
+  address: 10.0.0.9
+  inbound:
+    - port: 8080
+      tags: {kuma.io/service: web}
+"#;
+    h.update(&format!("{LEGACY}---\n{dataplane}"))
+        .expect("valid");
+    h.owner.reconcile(t0() + Duration::from_secs(1));
+    assert!(!h.owner.has_deferred());
 }
 
 /// Switches the mesh to ca-2 at t0 + 1 s; streams 1 and 2 ACK its trust and the owner reconciles at
