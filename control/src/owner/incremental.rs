@@ -157,6 +157,8 @@ impl Owner {
         self.dataplanes = dataplanes;
         let generation = self.snapshot_generation + 1;
         self.publish_entries(generation, entries, &[], None);
+        // As after any pass: the gate's events reported, whether ACKs must wake the owner recounted.
+        self.report_gate_events();
         self.telemetry
             .reconciled(Scope::Deferred, count, started.elapsed());
     }

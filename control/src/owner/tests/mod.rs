@@ -1187,15 +1187,31 @@ mtls:
     );
 }
 
+/// Runs the certificates the owner holds for issuing and hands their results back at `at`; returns how
+/// many there were.
+fn issue_held(h: &mut Harness, at: SystemTime) -> usize {
+    let jobs = h.owner.take_jobs();
+    let done = crate::pool::run_all(&jobs, 2, crate::owner::run_job);
+    h.owner.on_issued(done, at);
+    jobs.len()
+}
+
+/// Connects web-3 with a stream that asks only for the trust bundle (so it is quiet once it holds its
+/// certificate), reconciles at t0 and ACKs; returns its stream.
+fn connect_quiet(h: &mut Harness) -> StreamId {
+    let quiet = h.connect("web-3", &[], &[("kuma.io/service", "web")]);
+    h.reconcile(t0());
+    h.stream(quiet.0, &["system_trust_bundle"], Some(generation(h)));
+    quiet
+}
+
 /// When a trust wait ends, the proxies whose streams ask for their certificate are decided, issued and
 /// published first; a quiet one (it holds a certificate no stream asks for) keeps its certificate until
 /// the loop's next turns serve it, and then rotates too.
 #[test]
 fn quiet_proxies_are_served_after_those_waiting_for_their_certificate() {
     let mut h = gated(true);
-    let quiet = h.connect("web-3", &[], &[("kuma.io/service", "web")]);
-    h.reconcile(t0());
-    h.stream(quiet.0, &["system_trust_bundle"], Some(generation(&h)));
+    let quiet = connect_quiet(&mut h);
     let ca1 = issuer_of(&h.ready("web-3"));
     h.update(SWITCHED).expect("valid");
     h.reconcile(t0() + Duration::from_secs(1));
@@ -1207,10 +1223,11 @@ fn quiet_proxies_are_served_after_those_waiting_for_their_certificate() {
     let at = t0() + Duration::from_secs(2);
     h.owner.reconcile(at);
     assert!(h.owner.has_deferred(), "web-3 is left for later");
-    let jobs = h.owner.take_jobs();
-    assert_eq!(jobs.len(), 2, "web-1 and web-2 are issued first");
-    let done = crate::pool::run_all(&jobs, 2, crate::owner::run_job);
-    h.owner.on_issued(done, at);
+    assert_eq!(
+        issue_held(&mut h, at),
+        2,
+        "web-1 and web-2 are issued first"
+    );
     let ca2 = ca_subject(&h, "ca-2");
     assert_eq!(issuer_of(&h.ready("web-1")), ca2);
     assert_eq!(issuer_of(&h.ready("web-2")), ca2);
@@ -1222,10 +1239,11 @@ fn quiet_proxies_are_served_after_those_waiting_for_their_certificate() {
     while h.owner.has_deferred() {
         h.owner.serve_deferred(at);
     }
-    let jobs = h.owner.take_jobs();
-    assert_eq!(jobs.len(), 1, "web-3's turn issues its certificate");
-    let done = crate::pool::run_all(&jobs, 2, crate::owner::run_job);
-    h.owner.on_issued(done, at);
+    assert_eq!(
+        issue_held(&mut h, at),
+        1,
+        "web-3's turn issues its certificate"
+    );
     assert_eq!(issuer_of(&h.ready("web-3")), ca2);
 }
 
@@ -1266,17 +1284,15 @@ fn quiet_proxies_wait_while_a_wave_is_being_issued() {
         !h.owner.deferred_due(),
         "its turn waits while {waiting} certificates are being issued"
     );
-    let jobs = h.owner.take_jobs();
-    assert_eq!(jobs.len(), waiting);
-    let done = crate::pool::run_all(&jobs, 2, crate::owner::run_job);
-    h.owner.on_issued(done, at);
+    assert_eq!(issue_held(&mut h, at), waiting);
     assert!(h.owner.deferred_due(), "the wave is in: web-3's turn");
     assert_eq!(issuer_of(&h.ready("web-3")), ca1);
     h.owner.serve_deferred(at);
-    let jobs = h.owner.take_jobs();
-    assert_eq!(jobs.len(), 1, "web-3's turn issues its certificate");
-    let done = crate::pool::run_all(&jobs, 2, crate::owner::run_job);
-    h.owner.on_issued(done, at);
+    assert_eq!(
+        issue_held(&mut h, at),
+        1,
+        "web-3's turn issues its certificate"
+    );
     assert_eq!(issuer_of(&h.ready("web-3")), ca_subject(&h, "ca-2"));
 }
 
@@ -1285,9 +1301,7 @@ fn quiet_proxies_wait_while_a_wave_is_being_issued() {
 #[test]
 fn no_proxy_is_deferred_when_the_dataplanes_may_have_changed() {
     let mut h = gated(true);
-    let quiet = h.connect("web-3", &[], &[("kuma.io/service", "web")]);
-    h.reconcile(t0());
-    h.stream(quiet.0, &["system_trust_bundle"], Some(generation(&h)));
+    connect_quiet(&mut h);
     let dataplane = r#"
 type: Dataplane
 mesh: default
