@@ -337,8 +337,9 @@ impl Gate {
             .push((mesh.to_owned(), GateEvent::TimedOut(step)));
     }
 
-    /// The waits of the last reconcile, with who trust and SAN waits still wait for counted now (ACKs
-    /// since the last reconcile are not recounted one batch at a time: see [`Gate::any_wait_over`]).
+    /// The waits of the last reconcile, with who trust and SAN waits still wait for counted now: a
+    /// reconcile only asks whether anyone does, and ACKs are not recounted one batch at a time (see
+    /// [`Gate::any_wait_over`]), so that a wait on 100,000 streams costs a count only when a status asks.
     pub fn waits_now(&self, streams: &Streams) -> Vec<Wait> {
         self.waits
             .iter()
@@ -426,18 +427,15 @@ impl Gate {
             let mesh = &key.0;
             let selection = Selection::MeshTrust(mesh.clone());
             // Once all its streams ACKed, a stream that connects later is first served this trust.
-            let local = if p.acked {
-                crate::streams::Waiting::default()
-            } else {
-                streams.waiting_for(p.since_generation, NAMED_WAITERS, |s| selection.selects(s))
-            };
-            p.acked |= local.count == 0;
+            let local_waits =
+                !p.acked && streams.any_waiting(p.since_generation, |s| selection.selects(s));
+            p.acked |= !local_waits;
             if p.confirmed {
                 // Confirmed by its timeout: counted on only for what the peers are told.
                 continue;
             }
             let peers = holding.get(key).cloned().unwrap_or_default();
-            if local.count == 0 && peers.is_empty() {
+            if !local_waits && peers.is_empty() {
                 if p.waited {
                     tracing::info!(
                         mesh = %mesh,
@@ -450,12 +448,14 @@ impl Gate {
                 confirmed = true;
                 continue;
             }
-            let (waiting_count, waiting_first) = waiting_list(&peers, local);
             if !p.waited {
                 p.waited = true;
                 started.push(mesh.clone());
             }
             if now >= p.since + timeout {
+                let local = streams
+                    .waiting_for(p.since_generation, NAMED_WAITERS, |s| selection.selects(s));
+                let (waiting_count, waiting_first) = waiting_list(&peers, local);
                 tracing::warn!(
                     mesh = %mesh,
                     ca = %p.subject,
@@ -475,8 +475,9 @@ impl Gate {
                         ca: p.subject.clone(),
                         since: rfc3339(p.since),
                         timeout_in_seconds: remaining(p.since + timeout, now),
-                        waiting_count,
-                        waiting_for: waiting_first,
+                        // Counted when asked for ([`Gate::waits_now`]).
+                        waiting_count: 0,
+                        waiting_for: Vec::new(),
                     },
                     recount: Some((p.since_generation, selection)),
                     peers,
@@ -512,12 +513,9 @@ impl Gate {
                 mesh: mesh.clone(),
                 service: service.clone(),
             };
-            let local = if p.acked {
-                crate::streams::Waiting::default()
-            } else {
-                streams.waiting_for(p.since_generation, NAMED_WAITERS, |s| selection.selects(s))
-            };
-            p.acked |= local.count == 0;
+            let local_waits =
+                !p.acked && streams.any_waiting(p.since_generation, |s| selection.selects(s));
+            p.acked |= !local_waits;
             if p.confirmed {
                 continue;
             }
@@ -526,12 +524,11 @@ impl Gate {
                 .filter(|peer| peer.holds_san(mesh, service, id))
                 .map(PeerView::label)
                 .collect();
-            if local.count == 0 && holding.is_empty() {
+            if !local_waits && holding.is_empty() {
                 p.confirmed = true;
                 confirmed = true;
                 continue;
             }
-            let (waiting_count, waiting_first) = waiting_list(&holding, local);
             if !p.waited {
                 p.waited = true;
                 events.push((
@@ -540,6 +537,9 @@ impl Gate {
                 ));
             }
             if now >= p.since + timeout {
+                let local = streams
+                    .waiting_for(p.since_generation, NAMED_WAITERS, |s| selection.selects(s));
+                let (waiting_count, waiting_first) = waiting_list(&holding, local);
                 tracing::warn!(
                     mesh = %mesh,
                     service = %service,
@@ -562,8 +562,9 @@ impl Gate {
                         ca: format!("{id} in meshservice:{service}"),
                         since: rfc3339(p.since),
                         timeout_in_seconds: remaining(p.since + timeout, now),
-                        waiting_count,
-                        waiting_for: waiting_first,
+                        // Counted when asked for ([`Gate::waits_now`]).
+                        waiting_count: 0,
+                        waiting_for: Vec::new(),
                     },
                     recount: Some((p.since_generation, selection)),
                     peers: holding,
@@ -803,6 +804,25 @@ impl Gate {
             }
         }
         !carried
+    }
+
+    /// The meshes in which a trust or SAN wait holds issuance back. The reconcile at the end of such a
+    /// wait (or its timeout) decides every proxy again.
+    pub fn holding_meshes(&self) -> HashSet<&str> {
+        if !self.enabled {
+            return HashSet::new();
+        }
+        let trust = self
+            .published
+            .iter()
+            .filter(|(_, p)| !p.state.confirmed)
+            .map(|((mesh, _, _), _)| mesh.as_str());
+        let sans = self
+            .sans
+            .iter()
+            .filter(|(_, p)| !p.confirmed)
+            .map(|((mesh, _, _), _)| mesh.as_str());
+        trust.chain(sans).collect()
     }
 
     /// Whether anything waits on ACKs (so ACK events must trigger a reconcile).

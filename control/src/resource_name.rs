@@ -200,6 +200,16 @@ impl ResourceName {
         }
     }
 
+    /// Whether this name may mean `asker`'s identity, whichever identity it holds: [`Self::target`]
+    /// without looking at the identity, for which an alias (a SPIFFE ID or MeshIdentity name) counts.
+    pub fn may_name_identity(&self, asker: Asker<'_>) -> bool {
+        match self.kind {
+            NameKind::Identity | NameKind::IdentityAlias => true,
+            NameKind::LegacyIdentity => self.argument() == &*asker.key.mesh,
+            _ => false,
+        }
+    }
+
     /// Whether a stream subscribed to this name must carry a CA of `mesh` (the gate's "trust before
     /// identity" waits for such streams).
     pub fn carries_mesh_trust(&self, asker: Asker<'_>, mesh: &str) -> bool {

@@ -34,21 +34,40 @@ impl Stream {
     pub fn has_acked(&self, generation: u64) -> bool {
         self.acked.is_some_and(|g| g >= generation)
     }
+
+    /// Whether it subscribes to a name that may mean its proxy's identity
+    /// ([`ResourceName::may_name_identity`]).
+    fn may_ask_identity(&self) -> bool {
+        self.resources
+            .iter()
+            .any(|r| r.may_name_identity(self.asker()))
+    }
+}
+
+/// The streams of one proxy.
+#[derive(Debug, Default)]
+struct ProxyStreams {
+    ids: HashSet<StreamId>,
+    /// How many of them may ask for its identity: kept as subscriptions change, so that the owner
+    /// can tell whether a proxy waits for its identity without reading every stream's names.
+    asking_identity: usize,
 }
 
 /// Every open stream, by id and by proxy.
 #[derive(Debug, Default)]
 pub(crate) struct Streams {
     by_id: HashMap<StreamId, Stream>,
-    by_proxy: HashMap<ProxyKey, HashSet<StreamId>>,
+    by_proxy: HashMap<ProxyKey, ProxyStreams>,
+    /// The proxies with a stream that may ask for their identity.
+    asking: HashSet<ProxyKey>,
 }
 
 impl Streams {
     /// Records a new stream; returns whether its proxy was not connected before.
     pub fn connect(&mut self, id: StreamId, proxy: ProxyKey, zone_egress: bool) -> bool {
-        let ids = self.by_proxy.entry(proxy.clone()).or_default();
-        let first = ids.is_empty();
-        ids.insert(id);
+        let streams = self.by_proxy.entry(proxy.clone()).or_default();
+        let first = streams.ids.is_empty();
+        streams.ids.insert(id);
         self.by_id.insert(
             id,
             Stream {
@@ -63,13 +82,26 @@ impl Streams {
 
     /// Replaces a stream's subscription; false for a stream the table does not hold.
     pub fn subscribe(&mut self, id: StreamId, resources: Vec<ResourceName>) -> bool {
-        match self.by_id.get_mut(&id) {
-            Some(stream) => {
-                stream.resources = resources;
-                true
+        let Some(stream) = self.by_id.get_mut(&id) else {
+            return false;
+        };
+        let asked = stream.may_ask_identity();
+        stream.resources = resources;
+        let asks = stream.may_ask_identity();
+        if asked != asks {
+            if let Some(streams) = self.by_proxy.get_mut(&stream.proxy) {
+                if asks {
+                    streams.asking_identity += 1;
+                    self.asking.insert(stream.proxy.clone());
+                } else {
+                    streams.asking_identity -= 1;
+                    if streams.asking_identity == 0 {
+                        self.asking.remove(&stream.proxy);
+                    }
+                }
             }
-            None => false,
         }
+        true
     }
 
     /// Records an ACK; false for a stream the table does not hold.
@@ -86,9 +118,15 @@ impl Streams {
     /// Forgets a stream; returns its proxy when that was its last stream.
     pub fn disconnect(&mut self, id: StreamId) -> Option<ProxyKey> {
         let stream = self.by_id.remove(&id)?;
-        let ids = self.by_proxy.get_mut(&stream.proxy)?;
-        ids.remove(&id);
-        if ids.is_empty() {
+        let streams = self.by_proxy.get_mut(&stream.proxy)?;
+        streams.ids.remove(&id);
+        if stream.may_ask_identity() {
+            streams.asking_identity -= 1;
+            if streams.asking_identity == 0 {
+                self.asking.remove(&stream.proxy);
+            }
+        }
+        if streams.ids.is_empty() {
             self.by_proxy.remove(&stream.proxy);
             return Some(stream.proxy);
         }
@@ -112,7 +150,18 @@ impl Streams {
 
     /// How many streams and fetches `proxy` has open.
     pub fn count(&self, proxy: &ProxyKey) -> usize {
-        self.by_proxy.get(proxy).map_or(0, HashSet::len)
+        self.by_proxy.get(proxy).map_or(0, |s| s.ids.len())
+    }
+
+    /// Whether a stream of `proxy` subscribes to a name that may mean its identity
+    /// ([`ResourceName::may_name_identity`]).
+    pub fn may_ask_identity(&self, proxy: &ProxyKey) -> bool {
+        self.asking.contains(proxy)
+    }
+
+    /// The proxies with a stream that may ask for their identity.
+    pub fn asking_identity(&self) -> impl Iterator<Item = &ProxyKey> {
+        self.asking.iter()
     }
 
     /// The streams of `proxy`.
@@ -120,7 +169,7 @@ impl Streams {
         self.by_proxy
             .get(proxy)
             .into_iter()
-            .flatten()
+            .flat_map(|s| &s.ids)
             .filter_map(|id| self.by_id.get(id))
     }
 
@@ -143,8 +192,9 @@ impl Streams {
         let mut count = 0;
         // The `named` smallest waiting proxies so far; the largest of them on top.
         let mut first: BinaryHeap<&ProxyKey> = BinaryHeap::with_capacity(named + 1);
-        for (proxy, ids) in &self.by_proxy {
-            let waits = ids
+        for (proxy, streams) in &self.by_proxy {
+            let waits = streams
+                .ids
                 .iter()
                 .filter_map(|id| self.by_id.get(id))
                 .any(|s| !s.has_acked(generation) && selected(s));
@@ -213,6 +263,43 @@ mod tests {
         let waiting = streams.waiting_for(1, 3, |_| true);
         assert_eq!(waiting.count, 50);
         assert_eq!(waiting.first, ["m.p-000", "m.p-002", "m.p-004"]);
+    }
+
+    /// The table knows which proxies may ask for their identity as subscriptions change and streams
+    /// leave: a proxy counts while any of its streams names its identity (or an alias of it).
+    #[test]
+    fn proxies_asking_for_their_identity_are_kept_as_streams_change() {
+        let mut streams = Streams::default();
+        let web = ProxyKey::new("m", "web");
+        let names = |names: &[&str]| names.iter().map(|n| ResourceName::parse(*n)).collect();
+        let asking = |streams: &Streams| streams.asking_identity().cloned().collect::<Vec<_>>();
+        streams.connect(StreamId(1), web.clone(), false);
+        streams.connect(StreamId(2), web.clone(), false);
+        assert!(!streams.may_ask_identity(&web), "no names yet");
+        assert!(streams.subscribe(StreamId(1), names(&["system_trust_bundle", "ALL"])));
+        assert!(!streams.may_ask_identity(&web), "trust only");
+        streams.subscribe(StreamId(1), names(&["identity_cert:secret:other"]));
+        assert!(
+            !streams.may_ask_identity(&web),
+            "another mesh's legacy name"
+        );
+        streams.subscribe(StreamId(1), names(&["default", "system_trust_bundle"]));
+        streams.subscribe(StreamId(2), names(&["spiffe://m/web"]));
+        assert_eq!(asking(&streams), std::slice::from_ref(&web));
+        streams.subscribe(StreamId(1), names(&["system_trust_bundle"]));
+        assert!(
+            streams.may_ask_identity(&web),
+            "stream 2 still asks, by alias"
+        );
+        assert_eq!(streams.disconnect(StreamId(2)), None);
+        assert!(asking(&streams).is_empty());
+        streams.subscribe(StreamId(1), names(&["identity_cert:secret:m"]));
+        assert!(
+            streams.may_ask_identity(&web),
+            "the legacy name of its own mesh"
+        );
+        assert_eq!(streams.disconnect(StreamId(1)), Some(web.clone()));
+        assert!(!streams.may_ask_identity(&web));
     }
 
     #[test]

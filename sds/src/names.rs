@@ -79,10 +79,10 @@ pub(crate) fn resolve(snapshot: &Snapshot, ctx: &ProxyContext, name: &ResourceNa
             let form = if plain { Form::Plain } else { ctx.form };
             match scope {
                 TrustScope::Mesh(mesh) => match mesh_view(snapshot, mesh) {
-                    Ok(view) => trust(&view.trust, form, &format!("the trust of mesh {mesh:?}")),
+                    Ok(view) => trust(&view.trust, form, || format!("the trust of mesh {mesh:?}")),
                     Err(lookup) => lookup,
                 },
-                TrustScope::All => trust(&snapshot.all, form, "the trust of all meshes"),
+                TrustScope::All => trust(&snapshot.all, form, || "the trust of all meshes".into()),
                 TrustScope::Egress => match &snapshot.egress {
                     Some(egress) if !egress.trust().is_empty() => Lookup::Found(
                         Resolved::Validation(secret::mesh_service_secret(egress, form)),
@@ -121,9 +121,9 @@ fn mesh_view<'a>(snapshot: &'a Snapshot, mesh: &str) -> Result<&'a MeshView, Loo
         .ok_or_else(|| Lookup::Unavailable(format!("mesh {mesh:?} is not known")))
 }
 
-fn trust(bundle: &TrustBundle, form: Form, what: &str) -> Lookup {
+fn trust(bundle: &TrustBundle, form: Form, what: impl FnOnce() -> String) -> Lookup {
     if bundle.is_empty() {
-        return Lookup::Unavailable(format!("{what} holds no CA certificate"));
+        return Lookup::Unavailable(format!("{} holds no CA certificate", what()));
     }
     Lookup::Found(Resolved::Validation(secret::bundle_secret(bundle, form)))
 }

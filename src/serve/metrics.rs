@@ -198,7 +198,7 @@ impl Metrics {
         let reconciled_proxies = Family::<ScopeLabels, Counter>::default();
         registry.register(
             "meshca_reconciled_proxies",
-            "Proxies looked at by reconciles, by scope",
+            "Proxies decided by reconciles, by scope",
             reconciled_proxies.clone(),
         );
         let rejected_updates = Counter::default();

@@ -45,14 +45,6 @@ impl Renewals {
         }
     }
 
-    /// Keeps the renewals of the proxies `keep` says.
-    pub fn retain(&mut self, keep: impl Fn(&ProxyKey) -> bool) {
-        let gone: Vec<ProxyKey> = self.by_proxy.keys().filter(|k| !keep(k)).cloned().collect();
-        for key in gone {
-            self.set(&key, None);
-        }
-    }
-
     /// The proxies due for renewal at `now`.
     pub fn due(&self, now: SystemTime) -> impl Iterator<Item = ProxyKey> + '_ {
         self.by_time
@@ -140,17 +132,21 @@ impl Owner {
         self.has_deferred() && self.issuing.in_flight() < DEFERRED_WHILE_ISSUING
     }
 
-    /// Serves the next [`DEFERRED_PER_TURN`] quiet proxies the last full reconcile left for later, as
-    /// it would have (deciding, issuing where the gate allows, publishing what changed). Their
-    /// descriptions are unchanged since, and a reconcile of the fleet in between replaces this list.
+    /// Serves the next [`DEFERRED_PER_TURN`] proxies the last full reconcile left for later, as it
+    /// would have (deciding, issuing where the gate allows, publishing what changed), except those
+    /// held for a rollout step of their mesh, which its end decides. Their descriptions are unchanged
+    /// since, and a reconcile of the fleet in between replaces this list.
     pub fn serve_deferred(&mut self, now: SystemTime) {
         let started = std::time::Instant::now();
         let take = self.deferred.len().min(DEFERRED_PER_TURN);
-        let keys: Vec<ProxyKey> = self
-            .deferred
+        let mut deferred = std::mem::take(&mut self.deferred);
+        let held = self.held_for_rollout();
+        let keys: Vec<ProxyKey> = deferred
             .drain(..take)
-            .filter(|key| self.streams.is_connected(key))
+            .filter(|key| self.streams.is_connected(key) && !held(key))
             .collect();
+        drop(held);
+        self.deferred = deferred;
         let count = keys.len();
         let dataplanes = std::mem::take(&mut self.dataplanes);
         let entries = self.serve(keys, &dataplanes, now);

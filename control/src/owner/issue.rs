@@ -14,7 +14,6 @@ use crate::error::IssueFailure;
 use crate::keys_ahead::KeysAhead;
 use crate::plan::{self, Desired};
 use crate::pool::{Background, Priority};
-use crate::resource_name::Target;
 use crate::snapshot::{ProxyEntry, ProxyIdentity, ProxyKey, ProxyMap, SecretPem};
 use crate::standalone::issue_verified;
 
@@ -227,17 +226,11 @@ impl Owner {
         }
     }
 
-    /// Whether `key` has no certificate, or one of its streams asks for its identity.
+    /// Whether `key` has no certificate, or one of its streams asks for a name that may mean its
+    /// identity (an alias counts, whether or not it names the current one: the answer orders work and
+    /// decides nothing, and the stream table keeps it without reading names).
     pub(super) fn waits_for_identity(&self, key: &ProxyKey) -> bool {
-        let Some(issued) = self.issued.get(key) else {
-            return true;
-        };
-        let identity = Some(&*issued.published);
-        self.streams.of(key).any(|s| {
-            s.resources
-                .iter()
-                .any(|r| r.target(s.asker(), identity) == Target::Identity)
-        })
+        !self.issued.contains_key(key) || self.streams.may_ask_identity(key)
     }
 
     /// Takes in certificates issued (or failed) since the last call, in any order, and publishes

@@ -38,6 +38,19 @@ pub(super) enum Served {
 /// How many proxies a wait names (the count says how many there are).
 const NAMED_WAITERS: usize = 20;
 
+/// How many proxies a pass decides before it hands their certificates to the issuance threads: they
+/// start issuing while the pass decides the rest.
+const SUBMIT_EVERY: usize = 512;
+
+/// `keys` in order, `size` at a time.
+fn chunked(keys: Vec<ProxyKey>, size: usize) -> impl Iterator<Item = Vec<ProxyKey>> {
+    let mut keys = keys.into_iter().peekable();
+    std::iter::from_fn(move || {
+        keys.peek()?;
+        Some(keys.by_ref().take(size).collect())
+    })
+}
+
 impl Owner {
     /// Brings every connected proxy's certificate up to date at `now`, in the order the rollout gate
     /// allows, then publishes a snapshot if its content changed.
@@ -70,23 +83,27 @@ impl Owner {
             }
         }
         self.full = false;
-        let next = self.reconcile_all(&keys, now);
-        let (proxies, took) = (self.streams.proxies().count(), started.elapsed());
+        let (next, decided) = self.reconcile_all(&keys, now);
+        let took = started.elapsed();
         tracing::debug!(
-            proxies,
+            connected = self.streams.proxies().count(),
+            decided,
+            deferred = self.deferred.len(),
             millis = took.as_millis() as u64,
-            "reconciled every connected proxy"
+            "reconciled the fleet"
         );
-        self.telemetry.reconciled(Scope::Full, proxies, took);
+        self.telemetry.reconciled(Scope::Full, decided, took);
         next
     }
 
-    /// Reconciles every connected proxy; `touched` connected or left since the last reconcile.
+    /// Reconciles every connected proxy (deciding now those [`Owner::split_quiet`] says); `touched`
+    /// connected or left since the last reconcile. Returns when it is next due, and how many proxies it
+    /// decided.
     fn reconcile_all(
         &mut self,
         touched: &BTreeSet<ProxyKey>,
         now: SystemTime,
-    ) -> Option<SystemTime> {
+    ) -> (Option<SystemTime>, usize) {
         // While the files that describe dataplanes are unchanged, only the touched proxies'
         // descriptions and claim rules can have changed.
         let unchanged_world = self.descriptions_current();
@@ -102,8 +119,6 @@ impl Owner {
         let (service_ids, presented_ids) = self.service_identities(&dataplanes);
         self.presented_ids = presented_ids;
         self.gate.plan_sans(&service_ids, generation, now);
-        // A CA or an ID that no connected stream must carry may be used at once.
-        self.gate.confirm(&self.streams, now);
         // New trust goes out before the pass over every proxy, which only adds certificates the gate
         // lets through once that trust is ACKed.
         let generation = if self.publish_trust_first(generation, &trust, &service_ids) {
@@ -111,12 +126,18 @@ impl Owner {
         } else {
             generation
         };
+        // A CA or an ID that no connected stream must carry may be used at once. (No stream has ACKed
+        // what was just published: its ACKs are read between turns.)
+        self.gate.confirm(&self.streams, now);
         self.reasons.clear();
         let connected: Vec<ProxyKey> = self.streams.proxies().cloned().collect();
         let (now_keys, deferred) = self.split_quiet(connected, unchanged_world.then_some(touched));
+        let decided = now_keys.len();
         let entries = self.serve(now_keys, &dataplanes, now);
-        let streams = &self.streams;
-        self.renewals.retain(|key| streams.is_connected(key));
+        // Every proxy that left since the last reconcile is touched.
+        for key in touched.iter().filter(|k| !self.streams.is_connected(k)) {
+            self.renewals.set(key, None);
+        }
         self.forget_vanished(&dataplanes, unchanged_world.then_some(touched));
         self.update_service_tls(&dataplanes, &trust);
         let rules_changed = unchanged_world.then_some(touched);
@@ -124,7 +145,6 @@ impl Owner {
             generation,
             &trust,
             entries,
-            &deferred,
             &service_ids,
             &dataplanes,
             rules_changed,
@@ -135,7 +155,7 @@ impl Owner {
         self.dataplanes = dataplanes;
         self.service_ids = service_ids;
         self.next_global = self.next_global_event();
-        self.next_due()
+        (self.next_due(), decided)
     }
 
     /// Forgets the previous certificates of proxies that ACKed their replacement on each stream they
@@ -345,14 +365,20 @@ impl Owner {
         self.gate.plan_trust(desired, &presented, generation, now)
     }
 
-    /// Splits the connected proxies of a full reconcile into those it serves now and the quiet ones it
-    /// leaves for later turns ([`Owner::serve_deferred`]), so that what proxies wait for (a first
-    /// certificate, a certificate their streams ask for) is decided, issued and published without
-    /// waiting for a pass over the whole fleet. A proxy is quiet when it holds a published certificate,
-    /// none of its streams asks for it, and its description is the one the last reconcile saw
-    /// (`touched` names the proxies whose description may have changed; `None`: any may have). Its
-    /// turn comes within the loop's next turns; meanwhile it keeps what it was published, as it would
-    /// while the pass over the fleet ran.
+    /// Splits the connected proxies of a full reconcile into those it serves now and the ones it leaves
+    /// for later turns ([`Owner::serve_deferred`]), so that what proxies wait for (a certificate their
+    /// streams ask for) is decided, issued and published without waiting for a pass over the whole
+    /// fleet. Served now: every proxy when any description may have changed (`touched: None`), else the
+    /// touched proxies and those with a stream that may ask for their identity, both found without
+    /// looking at the others. The rest keep what they were published until their turn comes within the
+    /// loop's next turns, as they would while a pass over the fleet ran.
+    ///
+    /// A proxy that asks for its identity but is served the certificate it holds, in a mesh where the
+    /// gate holds issuance back (a new CA or SPIFFE ID waits for ACKs), is in neither list unless its
+    /// renewal comes before the wait times out: it keeps its certificate until the wait ends, and the
+    /// reconcile at the end decides it with the rest of the fleet. Deciding it during the wait would
+    /// find its new certificate held back, at the cost of a pass that the streams delivering the new
+    /// trust need the CPU for.
     fn split_quiet(
         &self,
         connected: Vec<ProxyKey>,
@@ -361,12 +387,46 @@ impl Owner {
         let Some(touched) = touched else {
             return (connected, Vec::new());
         };
+        let held = self.held_for_rollout();
+        let touched_now = touched
+            .iter()
+            .filter(|key| self.streams.is_connected(key))
+            .map(|key| (key, true));
+        let asking = self.streams.asking_identity().map(|key| (key, false));
+        let mut looked_at: HashSet<&ProxyKey> = HashSet::new();
+        let mut now = Vec::new();
+        for (key, touched) in touched_now.chain(asking) {
+            if looked_at.insert(key) && (touched || !held(key)) {
+                now.push(key.clone());
+            }
+        }
+        let deferred = connected
+            .into_iter()
+            .filter(|key| !looked_at.contains(key))
+            .collect();
+        (now, deferred)
+    }
+
+    /// Whether a proxy that was not touched waits for a rollout step of its mesh: the gate holds
+    /// issuance back there, and the proxy is served the certificate it holds, which is not due for
+    /// renewal before the wait times out (it keeps it until the wait ends, and the reconcile then decides
+    /// it). A zone egress never waits here: its identity comes from a mesh of its own.
+    pub(super) fn held_for_rollout(&self) -> impl Fn(&ProxyKey) -> bool + '_ {
+        let holding = self.gate.holding_meshes();
+        let deadline = self.gate.next_deadline();
         let published = self.snapshot_tx.borrow().clone();
-        connected.into_iter().partition(|key| {
-            touched.contains(key)
-                || !matches!(published.proxies.get(key), Some(ProxyEntry::Ready(_)))
-                || self.waits_for_identity(key)
-        })
+        move |key| {
+            if !holding.contains(&*key.mesh) {
+                return false;
+            }
+            let Some(ProxyEntry::Ready(served)) = published.proxies.get(key) else {
+                return false;
+            };
+            self.issued.get(key).is_some_and(|issued| {
+                Arc::ptr_eq(&issued.published, served)
+                    && deadline.is_some_and(|deadline| issued.renew_at > deadline)
+            }) && !self.is_zone_egress(key)
+        }
     }
 
     /// Decides, issues (where the gate allows) and returns the snapshot entry of each of `keys`
@@ -379,13 +439,17 @@ impl Owner {
     ) -> Vec<(ProxyKey, ProxyEntry)> {
         // Decide every proxy first, then start issuing what the gate allows, then serve. A proxy
         // whose certificate is being issued keeps the one it has (or waits) until the result is in.
-        // Proxies waiting for their identity are decided and submitted first: their certificates are
-        // issued while the others are decided (a trust wait that ends decides the whole fleet).
+        // Proxies waiting for their identity are decided and submitted first, a batch at a time: their
+        // certificates are issued while the others are decided (a trust wait that ends decides the
+        // whole fleet).
         let (first, then): (Vec<ProxyKey>, Vec<ProxyKey>) = keys
             .into_iter()
             .partition(|key| self.waits_for_identity(key));
         let mut plans: Vec<(ProxyKey, Served)> = Vec::with_capacity(first.len() + then.len());
-        for keys in [first, then] {
+        let batches = [first, then]
+            .into_iter()
+            .flat_map(|keys| chunked(keys, SUBMIT_EVERY));
+        for keys in batches {
             let planned = plans.len();
             for key in keys {
                 let served = match dataplanes.get(&key) {
@@ -808,7 +872,6 @@ impl Owner {
         generation: u64,
         trust: &BTreeMap<String, Vec<CaTrust>>,
         entries: Vec<(ProxyKey, ProxyEntry)>,
-        deferred: &[ProxyKey],
         service_ids: &ServiceIds,
         dataplanes: &Dataplanes,
         rules_changed: Option<&BTreeSet<ProxyKey>>,
@@ -816,12 +879,13 @@ impl Owner {
         let previous = self.snapshot_tx.borrow().clone();
         let mut changed: BTreeSet<ProxyKey> = BTreeSet::new();
         let mut proxies = previous.proxies.clone();
-        // Deferred proxies keep their entries until their turn.
-        let served: HashSet<ProxyKey> = entries
-            .iter()
-            .map(|(key, _)| key.clone())
-            .chain(deferred.iter().cloned())
-            .collect();
+        // Every connected proxy with a description keeps an entry (deferred proxies and those held for
+        // a rollout keep theirs until their turn). While the descriptions are the last reconcile's,
+        // only a touched proxy can have lost its description, or its stream.
+        let described = |key: &ProxyKey| match rules_changed {
+            Some(touched) if !touched.contains(key) => true,
+            _ => dataplanes.contains_key(key),
+        };
         for (key, entry) in entries {
             if proxies
                 .get(&key)
@@ -831,11 +895,16 @@ impl Owner {
                 proxies.insert(key, entry);
             }
         }
-        let gone: Vec<ProxyKey> = proxies
-            .keys()
-            .filter(|key| !served.contains(*key))
-            .cloned()
-            .collect();
+        // Every proxy that left since the last reconcile is touched too.
+        let lost = |key: &ProxyKey| !self.streams.is_connected(key) || !described(key);
+        let gone: Vec<ProxyKey> = match rules_changed {
+            Some(touched) => touched
+                .iter()
+                .filter(|key| proxies.contains_key(*key) && lost(key))
+                .cloned()
+                .collect(),
+            None => proxies.keys().filter(|key| lost(key)).cloned().collect(),
+        };
         for key in gone {
             proxies.remove(&key);
             changed.insert(key);

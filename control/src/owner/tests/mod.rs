@@ -1215,6 +1215,10 @@ fn quiet_proxies_are_served_after_those_waiting_for_their_certificate() {
     let ca1 = issuer_of(&h.ready("web-3"));
     h.update(SWITCHED).expect("valid");
     h.reconcile(t0() + Duration::from_secs(1));
+    assert!(
+        !h.owner.has_deferred(),
+        "while ca-2 waits for ACKs, web-3 waits for the end of the wait, not for a turn"
+    );
     let g_trust = generation(&h);
     h.ack(1, Some(g_trust));
     h.ack(2, Some(g_trust));
