@@ -37,8 +37,9 @@ pub(crate) async fn fetch(
     let mut session = Session::open(shared.clone(), claims, ctx, None).await?;
     let snapshot = session.wait_for_identity().await?;
     let mut items = Vec::with_capacity(asked.len());
+    let entry = snapshot.proxies.get(&session.ctx.key);
     for name in asked {
-        match names::resolve(&snapshot, &session.ctx, &name) {
+        match names::resolve(&snapshot, entry, &session.ctx, &name) {
             Lookup::Found(resolved) => {
                 let version = resolved.version();
                 items.push((name.to_string(), resolved, version));

@@ -149,10 +149,29 @@ pub(crate) struct ResponseBody<M> {
     messages: Option<Messages<M>>,
 }
 
+/// A message a response body writes: a prost message, or one encoded in part ahead of time and shared
+/// by many streams (see `sotw::SotwResponse`).
+pub(crate) trait Encode {
+    /// Its length, encoded.
+    fn message_len(&self) -> usize;
+    /// Appends its encoding to `buf`.
+    fn write_message(&self, buf: &mut Vec<u8>);
+}
+
+impl<M: prost::Message> Encode for M {
+    fn message_len(&self) -> usize {
+        self.encoded_len()
+    }
+
+    fn write_message(&self, buf: &mut Vec<u8>) {
+        self.encode_raw(buf);
+    }
+}
+
 /// A streaming response carrying `messages`.
 pub(crate) fn response<M>(messages: Messages<M>) -> http::Response<tonic::body::Body>
 where
-    M: prost::Message + 'static,
+    M: Encode + 'static,
 {
     let mut response = http::Response::new(tonic::body::Body::new(ResponseBody {
         messages: Some(messages),
@@ -164,7 +183,7 @@ where
     response
 }
 
-impl<M: prost::Message> Body for ResponseBody<M> {
+impl<M: Encode> Body for ResponseBody<M> {
     type Data = Bytes;
     type Error = Status;
 
@@ -199,17 +218,21 @@ impl<M: prost::Message> Body for ResponseBody<M> {
 }
 
 /// `message` framed for gRPC, in a buffer of exactly its size.
-fn frame(message: &impl prost::Message) -> Result<Bytes, Status> {
-    let len = message.encoded_len();
+fn frame(message: &impl Encode) -> Result<Bytes, Status> {
+    let len = message.message_len();
     let prefix = u32::try_from(len).map_err(|_| {
         Status::internal(format!("a response of {len} bytes is too large for gRPC"))
     })?;
     let mut buf = Vec::with_capacity(HEADER + len);
     buf.push(0); // not compressed
     buf.extend_from_slice(&prefix.to_be_bytes());
-    message
-        .encode(&mut buf)
-        .map_err(|e| Status::internal(format!("encoding a response: {e}")))?;
+    message.write_message(&mut buf);
+    if buf.len() != HEADER + len {
+        return Err(Status::internal(format!(
+            "encoding a response gave {} bytes, not the {len} it announced",
+            buf.len() - HEADER
+        )));
+    }
     Ok(Bytes::from(buf))
 }
 
@@ -270,7 +293,7 @@ mod tests {
         DiscoveryRequest::decode(sent.encode_to_vec().as_slice()).expect("decodes")
     }
 
-    fn framed(message: &impl Message) -> Vec<u8> {
+    fn framed(message: &impl Encode) -> Vec<u8> {
         frame(message).expect("encodes").to_vec()
     }
 

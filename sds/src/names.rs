@@ -66,9 +66,14 @@ pub(crate) enum Lookup {
     Unknown,
 }
 
-/// Looks `name` up for the proxy described by `ctx` in `snapshot`.
-pub(crate) fn resolve(snapshot: &Snapshot, ctx: &ProxyContext, name: &ResourceName) -> Lookup {
-    let entry = snapshot.proxies.get(&ctx.key);
+/// Looks `name` up for the proxy described by `ctx` in `snapshot`, where the proxy's entry is `entry`
+/// (looked up once for all the names of a response).
+pub(crate) fn resolve(
+    snapshot: &Snapshot,
+    entry: Option<&ProxyEntry>,
+    ctx: &ProxyContext,
+    name: &ResourceName,
+) -> Lookup {
     let identity = match entry {
         Some(ProxyEntry::Ready(identity)) => Some(&**identity),
         _ => None,

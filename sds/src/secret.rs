@@ -4,7 +4,7 @@
 //! only prepends the asked name. Identity secrets carry a private key and are built on
 //! demand, never cached.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use envoy_types::pb::envoy::config::core::v3::{
     data_source::Specifier, DataSource, TypedExtensionConfig,
@@ -78,7 +78,22 @@ impl ValidationCache {
 pub(crate) struct EncodedSecret {
     body: Vec<u8>,
     version: String,
+    /// Whole responses carrying this secret alone, by the name it was asked under: the streams that
+    /// ask for it by that name share one encoding.
+    alone: Mutex<Vec<(Box<str>, Arc<SharedResponse>)>>,
 }
+
+/// A response encoded once, without the nonce each stream adds, and its version.
+#[derive(Debug)]
+pub(crate) struct SharedResponse {
+    pub version: String,
+    pub encoded: Vec<u8>,
+}
+
+/// How many names one secret keeps a shared response for: the names that mean the same trust are
+/// few (`system_trust_bundle`, `ROOTCA`, `system_trust_bundle_<mesh>`...); past these, responses are
+/// built per stream.
+const SHARED_NAMES: usize = 8;
 
 impl EncodedSecret {
     fn validation(context: CertificateValidationContext) -> Self {
@@ -88,7 +103,31 @@ impl EncodedSecret {
         }
         .encode_to_vec();
         let version = content_version(b"validation_context", &body);
-        Self { body, version }
+        Self {
+            body,
+            version,
+            alone: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The response carrying this secret alone under `name`, built by `build` on first use and
+    /// kept for the next streams that ask by that name (`None` when this secret keeps as many as it
+    /// may: then the stream builds its own).
+    pub(crate) fn alone(
+        &self,
+        name: &str,
+        build: impl FnOnce() -> SharedResponse,
+    ) -> Option<Arc<SharedResponse>> {
+        let mut alone = self.alone.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, shared)) = alone.iter().find(|(n, _)| &**n == name) {
+            return Some(shared.clone());
+        }
+        if alone.len() >= SHARED_NAMES {
+            return None;
+        }
+        let shared = Arc::new(build());
+        alone.push((name.into(), shared.clone()));
+        Some(shared)
     }
 
     pub(crate) fn version(&self) -> &str {
@@ -247,4 +286,40 @@ pub(crate) fn content_version(kind: &[u8], content: &[u8]) -> String {
     context.update(kind);
     context.update(content);
     hex::encode(&context.finish().as_ref()[..16])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared(version: &str) -> SharedResponse {
+        SharedResponse {
+            version: version.into(),
+            encoded: version.as_bytes().to_vec(),
+        }
+    }
+
+    /// Streams asking for a secret by the same name share one response; each name has its own, up to
+    /// a bound past which streams build their own.
+    #[test]
+    fn a_secret_shares_one_response_per_name_up_to_a_bound() {
+        let secret = EncodedSecret::validation(CertificateValidationContext::default());
+        let first = secret.alone("ROOTCA", || shared("a")).expect("kept");
+        let again = secret
+            .alone("ROOTCA", || unreachable!("built once"))
+            .expect("kept");
+        assert!(Arc::ptr_eq(&first, &again));
+        let other = secret
+            .alone("system_trust_bundle", || shared("b"))
+            .expect("kept");
+        assert_eq!(other.version, "b");
+        for i in 2..SHARED_NAMES {
+            assert!(secret.alone(&format!("n-{i}"), || shared("c")).is_some());
+        }
+        assert!(secret.alone("one-too-many", || shared("d")).is_none());
+        assert!(
+            secret.alone("ROOTCA", || shared("e")).is_some(),
+            "kept ones stay"
+        );
+    }
 }

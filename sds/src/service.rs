@@ -426,7 +426,7 @@ impl SdsServer {
     ) -> http::Response<tonic::body::Body>
     where
         P::Request: prost::Message + Default,
-        P::Response: prost::Message,
+        P::Response: grpc::Encode,
     {
         let (parts, body) = request.into_parts();
         if let Some(encoding) = parts

@@ -2,12 +2,14 @@
 //! the proxy's identity, and watching for snapshot changes and revocations.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use meshca_auth::{Claims, RevocationList, CLOCK_SKEW_LEEWAY_SECS};
 use meshca_control::{ProxyEntry, ProxyKey, Snapshot, StreamEvent, StreamId};
 use tokio::sync::watch;
+use tokio_util::sync::WaitForCancellationFutureOwned;
 use tonic::Status;
 
 use crate::log_budget::LogBudget;
@@ -31,6 +33,11 @@ pub(crate) struct Session {
     revocations: Option<watch::Receiver<Arc<RevocationList>>>,
     /// When the token stops being valid (its expiry plus the clock-skew leeway): the session ends then.
     expires: tokio::time::Instant,
+    /// The two things that end every wait (the server shutting down, the token expiring), kept for
+    /// the session's life: its waits register with the shutdown token and the timer once, not at each
+    /// of the session's wake-ups.
+    shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
+    expiry: Pin<Box<tokio::time::Sleep>>,
     registered: bool,
     /// Warnings this proxy's streams may still log this minute (shared by its streams).
     warnings: Arc<LogBudget>,
@@ -87,6 +94,8 @@ impl Session {
         }
         let claims = Arc::new(claims);
         let expires = token_deadline(claims.expires_at);
+        let shutdown = Box::pin(shared.shutdown.clone().cancelled_owned());
+        let expiry = Box::pin(tokio::time::sleep_until(expires));
         let mut revocations = shared.revocations.clone();
         revocations.mark_changed();
         // The waiter first: a snapshot published after it is read below wakes it.
@@ -108,6 +117,8 @@ impl Session {
             waiter,
             revocations: Some(revocations),
             expires,
+            shutdown,
+            expiry,
             registered: kind.is_some(),
             warnings,
         })
@@ -161,7 +172,7 @@ impl Session {
             let wake = {
                 let revocations = &mut self.revocations;
                 let waiter = &mut self.waiter;
-                let shutdown = &self.shared.shutdown;
+                let (shutdown, expiry) = (self.shutdown.as_mut(), self.expiry.as_mut());
                 let revocation = async move {
                     match revocations.as_mut() {
                         Some(rx) => rx.changed().await.is_ok(),
@@ -170,8 +181,8 @@ impl Session {
                 };
                 tokio::select! {
                     biased;
-                    () = shutdown.cancelled() => Wake::Shutdown,
-                    () = tokio::time::sleep_until(self.expires) => Wake::Expired,
+                    () = shutdown => Wake::Shutdown,
+                    () = expiry => Wake::Expired,
                     alive = revocation => Wake::Revocations { alive },
                     alive = waiter.changed() => Wake::Snapshot { alive },
                 }

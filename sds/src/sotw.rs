@@ -4,13 +4,16 @@
 //! the names is a new subscription.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
 use meshca_control::{parse_names, ResourceName};
+use prost::Message;
 
+use crate::grpc::Encode;
 use crate::names;
 use crate::registry::StreamKind;
-use crate::secret::SECRET_TYPE_URL;
+use crate::secret::{SharedResponse, SECRET_TYPE_URL};
 use crate::stream::{Build, Current, Header, Protocol};
 use crate::wire::{DiscoveryRequest, Node};
 
@@ -20,9 +23,51 @@ pub(crate) struct Sotw {
     names: Vec<ResourceName>,
 }
 
+/// A `StreamSecrets` response: built for one stream, or shared by every stream that asks for the same
+/// trust by the same name (encoded once; each stream adds its nonce).
+#[derive(Debug)]
+pub(crate) enum SotwResponse {
+    Built(DiscoveryResponse),
+    Shared {
+        response: Arc<SharedResponse>,
+        nonce: String,
+    },
+}
+
+impl SotwResponse {
+    /// The nonce field alone, encoded: protobuf merges it into what precedes it.
+    fn nonce_field(nonce: &str) -> DiscoveryResponse {
+        DiscoveryResponse {
+            nonce: nonce.to_owned(),
+            ..Default::default()
+        }
+    }
+}
+
+impl Encode for SotwResponse {
+    fn message_len(&self) -> usize {
+        match self {
+            SotwResponse::Built(response) => Message::encoded_len(response),
+            SotwResponse::Shared { response, nonce } => {
+                response.encoded.len() + Message::encoded_len(&Self::nonce_field(nonce))
+            }
+        }
+    }
+
+    fn write_message(&self, buf: &mut Vec<u8>) {
+        match self {
+            SotwResponse::Built(response) => response.encode_raw(buf),
+            SotwResponse::Shared { response, nonce } => {
+                buf.extend_from_slice(&response.encoded);
+                Self::nonce_field(nonce).encode_raw(buf);
+            }
+        }
+    }
+}
+
 impl Protocol for Sotw {
     type Request = DiscoveryRequest;
-    type Response = DiscoveryResponse;
+    type Response = SotwResponse;
     const KIND: StreamKind = StreamKind::Sotw;
     /// A request with a stale nonce crossed a push: its names are as stale as its reply.
     const STALE_IGNORES_SUBSCRIPTION: bool = true;
@@ -59,7 +104,7 @@ impl Protocol for Sotw {
         (fresh || changed).then_some(fresh)
     }
 
-    fn build(&mut self, current: &mut Current<'_>) -> Build<DiscoveryResponse> {
+    fn build(&mut self, current: &mut Current<'_>) -> Build<SotwResponse> {
         let items: Vec<(&ResourceName, names::Resolved, String)> = self
             .names
             .iter()
@@ -69,38 +114,116 @@ impl Protocol for Sotw {
                 Some((name, resolved, version))
             })
             .collect();
-        if items.is_empty() {
-            return Build::Withheld;
-        }
-        let version = names::response_version(
-            items
-                .iter()
-                .map(|(name, _, version)| (name.as_str(), version.as_str())),
-        );
+        let shared = match items.as_slice() {
+            [] => return Build::Withheld,
+            // Trust alone: the response every stream asking by this name gets.
+            [(name, names::Resolved::Validation(encoded), _)] => {
+                encoded.alone(name.as_str(), || {
+                    let response = whole_response(&items);
+                    SharedResponse {
+                        encoded: response.encode_to_vec(),
+                        version: response.version_info,
+                    }
+                })
+            }
+            _ => None,
+        };
+        let (response, version) = match shared {
+            Some(shared) => {
+                let version = shared.version.clone();
+                let response = SotwResponse::Shared {
+                    response: shared,
+                    nonce: String::new(),
+                };
+                (response, version)
+            }
+            None => {
+                let response = whole_response(&items);
+                let version = response.version_info.clone();
+                (SotwResponse::Built(response), version)
+            }
+        };
         if !current.force && current.last_version == Some(version.as_str()) {
             return Build::Unchanged;
         }
-        let resources = items
-            .iter()
-            .map(|(name, resolved, _)| resolved.to_any(name.as_str()))
-            .collect();
         Build::Send {
-            response: DiscoveryResponse {
-                version_info: version.clone(),
-                resources,
-                type_url: SECRET_TYPE_URL.to_owned(),
-                ..Default::default()
-            },
+            response,
             version,
             resources: items.iter().map(|(name, ..)| name.to_string()).collect(),
         }
     }
 
-    fn set_nonce(response: &mut DiscoveryResponse, nonce: String) {
-        response.nonce = nonce;
+    fn set_nonce(response: &mut SotwResponse, nonce: String) {
+        match response {
+            SotwResponse::Built(response) => response.nonce = nonce,
+            SotwResponse::Shared { nonce: n, .. } => *n = nonce,
+        }
+    }
+}
+
+/// The response that carries `items` (each asked name, what it resolved to, and its version), without
+/// a nonce; its version changes iff a name or a content does.
+fn whole_response(items: &[(&ResourceName, names::Resolved, String)]) -> DiscoveryResponse {
+    let version = names::response_version(
+        items
+            .iter()
+            .map(|(name, _, version)| (name.as_str(), version.as_str())),
+    );
+    DiscoveryResponse {
+        version_info: version,
+        resources: items
+            .iter()
+            .map(|(name, resolved, _)| resolved.to_any(name.as_str()))
+            .collect(),
+        type_url: SECRET_TYPE_URL.to_owned(),
+        ..Default::default()
     }
 }
 
 fn as_set(names: &[ResourceName]) -> BTreeSet<&str> {
     names.iter().map(ResourceName::as_str).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::google::protobuf::Any;
+
+    use super::*;
+
+    /// A shared response with its nonce is the very response built for one stream: its length is
+    /// announced right and it decodes to the same message.
+    #[test]
+    fn a_shared_response_decodes_as_the_built_one() {
+        let built = DiscoveryResponse {
+            version_info: "v1".into(),
+            resources: vec![Any {
+                type_url: SECRET_TYPE_URL.into(),
+                value: b"secret bytes".to_vec(),
+            }],
+            type_url: SECRET_TYPE_URL.into(),
+            nonce: "7-3".into(),
+            ..Default::default()
+        };
+        let without_nonce = DiscoveryResponse {
+            nonce: String::new(),
+            ..built.clone()
+        };
+        let shared = SotwResponse::Shared {
+            response: Arc::new(SharedResponse {
+                version: "v1".into(),
+                encoded: without_nonce.encode_to_vec(),
+            }),
+            nonce: "7-3".into(),
+        };
+        let mut buf = Vec::new();
+        shared.write_message(&mut buf);
+        assert_eq!(buf.len(), shared.message_len());
+        assert_eq!(
+            DiscoveryResponse::decode(buf.as_slice()).expect("decodes"),
+            built
+        );
+        let mut own = Vec::new();
+        SotwResponse::Built(built.clone()).write_message(&mut own);
+        assert_eq!(own.len(), SotwResponse::Built(built).message_len());
+    }
 }

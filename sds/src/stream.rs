@@ -406,8 +406,10 @@ impl<'o, P: Protocol> Driver<'o, P> {
             let snapshot = self.snapshot.clone();
             let (session, logged_unknown) = (&self.session, &mut self.logged_unknown);
             let most_names = session.shared.options.limits.names_per_stream;
+            let entry = snapshot.proxies.get(&session.ctx.key);
             let mut resolve = |name: &ResourceName| match names::resolve(
                 &snapshot,
+                entry,
                 &session.ctx,
                 name,
             ) {
