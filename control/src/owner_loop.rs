@@ -184,6 +184,8 @@ pub struct LoopHealth {
     turns: AtomicU64,
     /// Nanoseconds spent in finished turns.
     busy_nanos: AtomicU64,
+    /// After the last turn: proxies left for later turns, plus certificates being issued.
+    backlog: AtomicU64,
 }
 
 /// The loop's work so far: turns finished and the time they took.
@@ -203,6 +205,12 @@ impl LoopHealth {
             let now_ms = millis(now);
             Duration::from_millis(now_ms.saturating_sub(since))
         })
+    }
+
+    /// What the loop had left to do after its last turn: proxies it left for later turns, and
+    /// certificates being issued. 0 when it waits for events only.
+    pub fn backlog(&self) -> u64 {
+        self.backlog.load(Ordering::Acquire)
     }
 
     /// The turns finished so far and the time they took.
@@ -357,6 +365,9 @@ impl OwnerLoop {
                 next_due = self.reconcile();
             }
             self.publish_view();
+            self.health
+                .backlog
+                .store(self.owner.backlog() as u64, Ordering::Release);
             self.health.end();
         }
     }

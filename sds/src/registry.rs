@@ -45,6 +45,30 @@ pub struct StreamInfo {
     pub last_nack: Option<String>,
 }
 
+/// A stream about to be registered.
+#[derive(Debug)]
+pub(crate) struct NewStream {
+    pub id: StreamId,
+    pub proxy: ProxyKey,
+    pub kind: StreamKind,
+    pub connected_at: SystemTime,
+}
+
+/// What a stream's responses and its proxy's replies leave behind. Each stream updates its own under a
+/// lock of its own: a push to every stream updates them all at once, and a lock over the whole
+/// registry would make the streams wait for each other.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Progress {
+    pub last_sent_version: String,
+    pub last_acked_version: Option<String>,
+    pub acked_generation: Option<u64>,
+    pub nacks: u64,
+    pub last_nack: Option<String>,
+}
+
+/// A stream's progress, shared by the stream and the registry.
+pub(crate) type SharedProgress = Arc<Mutex<Progress>>;
+
 /// Open streams, shared between the server and the admin API. Cheap to clone; the lock
 /// is held only to copy or update one entry, never across an await.
 #[derive(Clone, Debug, Default)]
@@ -52,9 +76,49 @@ pub struct StreamRegistry {
     inner: Arc<Mutex<Streams>>,
 }
 
+/// One open stream in the registry.
+#[derive(Debug)]
+struct Entry {
+    opened: NewStream,
+    resources: Vec<String>,
+    progress: SharedProgress,
+}
+
+impl Entry {
+    fn info(&self) -> StreamInfo {
+        let NewStream {
+            id,
+            proxy,
+            kind,
+            connected_at,
+        } = &self.opened;
+        let progress = lock(&self.progress).clone();
+        StreamInfo {
+            id: *id,
+            proxy: proxy.clone(),
+            kind: *kind,
+            connected_at: *connected_at,
+            resources: self.resources.clone(),
+            last_sent_version: progress.last_sent_version,
+            last_acked_version: progress.last_acked_version,
+            acked_generation: progress.acked_generation,
+            nacks: progress.nacks,
+            last_nack: progress.last_nack,
+        }
+    }
+}
+
+/// Locks `mutex`. A panic while holding one of the registry's locks cannot leave an entry
+/// half-updated in a way that matters to readers: keep serving the data.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[derive(Debug, Default)]
 struct Streams {
-    by_id: HashMap<StreamId, StreamInfo>,
+    by_id: HashMap<StreamId, Entry>,
     by_proxy: HashMap<ProxyKey, ProxyStreams>,
     /// Proxies whose last stream closed while their warning budget was in use, with when the
     /// budget's window ends: they keep their entry (and budget) until then, so reconnecting does
@@ -78,7 +142,7 @@ pub(crate) struct TooManyStreams(pub(crate) usize);
 impl StreamRegistry {
     /// Every open stream, ordered by id.
     pub fn list(&self) -> Vec<StreamInfo> {
-        let mut all: Vec<StreamInfo> = self.lock().by_id.values().cloned().collect();
+        let mut all: Vec<StreamInfo> = self.lock().by_id.values().map(Entry::info).collect();
         all.sort_by_key(|info| info.id);
         all
     }
@@ -99,18 +163,19 @@ impl StreamRegistry {
     }
 
     /// Registers a stream unless its proxy has `max_per_proxy` open already. Returns the proxy's
-    /// warning budget (`warnings_per_minute`), shared by all its streams.
+    /// warning budget (`warnings_per_minute`), shared by all its streams, and the stream's progress,
+    /// which the stream updates.
     pub(crate) fn insert(
         &self,
-        info: StreamInfo,
+        opened: NewStream,
         max_per_proxy: usize,
         warnings_per_minute: u32,
-    ) -> Result<Arc<LogBudget>, TooManyStreams> {
+    ) -> Result<(Arc<LogBudget>, SharedProgress), TooManyStreams> {
         let mut streams = self.lock();
         streams.forget_lingering();
         let proxy = streams
             .by_proxy
-            .entry(info.proxy.clone())
+            .entry(opened.proxy.clone())
             .or_insert_with(|| ProxyStreams {
                 open: 0,
                 names: 0,
@@ -121,8 +186,14 @@ impl StreamRegistry {
         }
         proxy.open += 1;
         let warnings = proxy.warnings.clone();
-        streams.by_id.insert(info.id, info);
-        Ok(warnings)
+        let progress = SharedProgress::default();
+        let entry = Entry {
+            opened,
+            resources: Vec::new(),
+            progress: progress.clone(),
+        };
+        streams.by_id.insert(entry.opened.id, entry);
+        Ok((warnings, progress))
     }
 
     /// Records a stream's new subscription, unless its proxy would then subscribe to more than
@@ -140,7 +211,7 @@ impl StreamRegistry {
         let Some(info) = by_id.get_mut(&id) else {
             return Ok(());
         };
-        let Some(proxy) = by_proxy.get_mut(&info.proxy) else {
+        let Some(proxy) = by_proxy.get_mut(&info.opened.proxy) else {
             return Ok(());
         };
         let total = proxy.names - info.resources.len() + resources.len();
@@ -152,26 +223,21 @@ impl StreamRegistry {
         Ok(())
     }
 
-    pub(crate) fn update(&self, id: StreamId, change: impl FnOnce(&mut StreamInfo)) {
-        if let Some(info) = self.lock().by_id.get_mut(&id) {
-            change(info);
-        }
-    }
-
     pub(crate) fn remove(&self, id: StreamId) {
         let mut streams = self.lock();
         streams.forget_lingering();
         let Some(info) = streams.by_id.remove(&id) else {
             return;
         };
-        if let Some(proxy) = streams.by_proxy.get_mut(&info.proxy) {
+        let key = info.opened.proxy;
+        if let Some(proxy) = streams.by_proxy.get_mut(&key) {
             proxy.open -= 1;
             proxy.names -= info.resources.len();
             if proxy.open == 0 {
                 match proxy.warnings.window_end() {
-                    Some(end) => streams.lingering.push_back((end, info.proxy)),
+                    Some(end) => streams.lingering.push_back((end, key)),
                     None => {
-                        streams.by_proxy.remove(&info.proxy);
+                        streams.by_proxy.remove(&key);
                     }
                 }
             }
@@ -184,11 +250,7 @@ impl StreamRegistry {
     }
 
     fn lock(&self) -> MutexGuard<'_, Streams> {
-        // A panic while holding this lock cannot leave an entry half-updated in a way
-        // that matters to readers: keep serving the data.
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.inner)
     }
 }
 
@@ -214,27 +276,51 @@ impl Streams {
 mod tests {
     use super::*;
 
-    fn info(id: u64, proxy: &ProxyKey) -> StreamInfo {
-        StreamInfo {
+    fn info(id: u64, proxy: &ProxyKey) -> NewStream {
+        NewStream {
             id: StreamId(id),
             proxy: proxy.clone(),
             kind: StreamKind::Sotw,
             connected_at: SystemTime::UNIX_EPOCH,
-            resources: Vec::new(),
-            last_sent_version: String::new(),
-            last_acked_version: None,
-            acked_generation: None,
-            nacks: 0,
-            last_nack: None,
         }
+    }
+
+    /// The registry lists what each stream recorded of its progress, under its own lock.
+    #[test]
+    fn the_list_shows_what_each_stream_recorded() {
+        let registry = StreamRegistry::default();
+        let web = ProxyKey::new("m", "web");
+        let (_, progress) = registry.insert(info(1, &web), 2, 5).expect("room");
+        registry.insert(info(2, &web), 2, 5).expect("room");
+        registry
+            .subscribe(StreamId(1), vec!["default".into()], 8)
+            .expect("room");
+        {
+            let mut progress = lock(&progress);
+            progress.last_sent_version = "v2".into();
+            progress.last_acked_version = Some("v1".into());
+            progress.acked_generation = Some(7);
+        }
+        let listed = registry.list();
+        assert_eq!(listed.len(), 2);
+        let first = &listed[0];
+        assert_eq!(first.id, StreamId(1));
+        assert_eq!(first.resources, ["default"]);
+        assert_eq!(first.last_sent_version, "v2");
+        assert_eq!(first.last_acked_version.as_deref(), Some("v1"));
+        assert_eq!(first.acked_generation, Some(7));
+        assert_eq!(
+            listed[1].last_sent_version, "",
+            "the other stream sent nothing"
+        );
     }
 
     #[test]
     fn streams_per_proxy_are_capped_and_freed_on_close() {
         let registry = StreamRegistry::default();
         let (web, db) = (ProxyKey::new("m", "web"), ProxyKey::new("m", "db"));
-        let first = registry.insert(info(1, &web), 2, 5).expect("room");
-        let second = registry.insert(info(2, &web), 2, 5).expect("room");
+        let (first, _) = registry.insert(info(1, &web), 2, 5).expect("room");
+        let (second, _) = registry.insert(info(2, &web), 2, 5).expect("room");
         assert!(Arc::ptr_eq(&first, &second), "one budget per proxy");
         assert_eq!(
             registry.insert(info(3, &web), 2, 5).err(),
@@ -261,10 +347,10 @@ mod tests {
     async fn a_proxy_that_warned_keeps_its_budget_across_reconnects_for_the_window() {
         let registry = StreamRegistry::default();
         let web = ProxyKey::new("m", "web");
-        let budget = registry.insert(info(1, &web), 8, 1).expect("room");
+        let (budget, _) = registry.insert(info(1, &web), 8, 1).expect("room");
         assert_eq!(budget.admit(), Some(0));
         registry.remove(StreamId(1));
-        let again = registry.insert(info(2, &web), 8, 1).expect("room");
+        let (again, _) = registry.insert(info(2, &web), 8, 1).expect("room");
         assert!(Arc::ptr_eq(&budget, &again), "the spent budget is kept");
         assert_eq!(again.admit(), None);
         registry.remove(StreamId(2));

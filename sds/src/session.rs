@@ -15,7 +15,7 @@ use tonic::Status;
 use crate::log_budget::LogBudget;
 use crate::metrics::SdsMetrics;
 use crate::names::ProxyContext;
-use crate::registry::{StreamInfo, StreamKind, TooManyStreams};
+use crate::registry::{NewStream, Progress, SharedProgress, StreamKind, TooManyStreams};
 use crate::service::Shared;
 use crate::wake::Waiter;
 
@@ -38,7 +38,8 @@ pub(crate) struct Session {
     /// of the session's wake-ups.
     shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
     expiry: Pin<Box<tokio::time::Sleep>>,
-    registered: bool,
+    /// What the registry shows of this stream; `None` for a fetch, which is not registered.
+    progress: Option<SharedProgress>,
     /// Warnings this proxy's streams may still log this minute (shared by its streams).
     warnings: Arc<LogBudget>,
 }
@@ -56,27 +57,21 @@ impl Session {
     ) -> Result<Self, Status> {
         let id = shared.next_stream_id();
         let limits = &shared.options.limits;
-        let warnings = match kind {
+        let (warnings, progress) = match kind {
             Some(kind) => {
-                let info = StreamInfo {
+                let opened = NewStream {
                     id,
                     proxy: ctx.key.clone(),
                     kind,
                     connected_at: SystemTime::now(),
-                    resources: Vec::new(),
-                    last_sent_version: String::new(),
-                    last_acked_version: None,
-                    acked_generation: None,
-                    nacks: 0,
-                    last_nack: None,
                 };
                 let registered = shared.registry.insert(
-                    info,
+                    opened,
                     limits.streams_per_proxy,
                     limits.warnings_per_minute,
                 );
                 match registered {
-                    Ok(warnings) => warnings,
+                    Ok((warnings, progress)) => (warnings, Some(progress)),
                     Err(TooManyStreams(open)) => {
                         SdsMetrics::incr(&shared.metrics.over_limit);
                         return Err(Status::resource_exhausted(format!(
@@ -87,7 +82,7 @@ impl Session {
                     }
                 }
             }
-            None => Arc::new(LogBudget::new(limits.warnings_per_minute)),
+            None => (Arc::new(LogBudget::new(limits.warnings_per_minute)), None),
         };
         if kind.is_some() {
             SdsMetrics::incr(&shared.metrics.streams_open);
@@ -119,7 +114,7 @@ impl Session {
             expires,
             shutdown,
             expiry,
-            registered: kind.is_some(),
+            progress,
             warnings,
         })
     }
@@ -257,7 +252,7 @@ impl Session {
     /// Records the stream's new subscription; refuses it (`RESOURCE_EXHAUSTED`) when its proxy
     /// would subscribe to more names than [`crate::SdsLimits::names_per_proxy`] over all its streams.
     pub(crate) fn subscribe(&self, resources: Vec<String>) -> Result<(), Status> {
-        if !self.registered {
+        if self.progress.is_none() {
             return Ok(());
         }
         let most = self.shared.options.limits.names_per_proxy;
@@ -274,16 +269,17 @@ impl Session {
             })
     }
 
-    pub(crate) fn update_info(&self, change: impl FnOnce(&mut StreamInfo)) {
-        if self.registered {
-            self.shared.registry.update(self.id, change);
+    /// Records what the stream sent or heard, for the registry.
+    pub(crate) fn update_info(&self, change: impl FnOnce(&mut Progress)) {
+        if let Some(progress) = &self.progress {
+            change(&mut progress.lock().unwrap_or_else(|e| e.into_inner()));
         }
     }
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
-        if self.registered {
+        if self.progress.is_some() {
             self.shared.registry.remove(self.id);
             SdsMetrics::decr(&self.shared.metrics.streams_open);
         }

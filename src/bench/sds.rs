@@ -312,6 +312,9 @@ async fn play(
     tokio::time::sleep(options.idle).await;
     let rss_idle = rss_bytes(None)?;
     drop(kept);
+    // Single events are measured with the daemon idle too: no proxy left for a later turn of its loop,
+    // no certificate being issued (proxies whose streams ask only for trust may get theirs after setup).
+    quiescent(daemon, options.timeout).await?;
     // One event that touches nothing: the same resources again.
     let before_noop = generation();
     let mut events = EventCosts::default();
@@ -377,6 +380,21 @@ async fn loop_idle(daemon: &Daemon, turns: u64) -> anyhow::Result<meshca_control
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+}
+
+/// Waits until the daemon's loop has nothing left to do but wait for events.
+async fn quiescent(daemon: &Daemon, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while daemon.loop_health().backlog() > 0 {
+        if Instant::now() > deadline {
+            return Err(anyhow!(
+                "the control loop still had {} proxies or certificates to handle after {timeout:?}",
+                daemon.loop_health().backlog()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
 }
 
 /// How many proxies measure a single connect and ACK.

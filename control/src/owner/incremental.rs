@@ -118,6 +118,12 @@ impl Owner {
         true
     }
 
+    /// Proxies left for later turns, plus certificates being issued: what the loop has yet to do
+    /// beyond the events to come.
+    pub fn backlog(&self) -> usize {
+        self.deferred.len() + self.issuing.in_flight()
+    }
+
     /// Whether quiet proxies wait for their turn ([`Owner::serve_deferred`]).
     pub fn has_deferred(&self) -> bool {
         !self.deferred.is_empty()
