@@ -373,6 +373,9 @@ impl Owner {
     /// looking at the others. The rest keep what they were published until their turn comes within the
     /// loop's next turns, as they would while a pass over the fleet ran.
     ///
+    /// An asking proxy whose certificate is being issued is in neither list either: the result's arrival
+    /// decides it.
+    ///
     /// A proxy that asks for its identity but is served the certificate it holds, in a mesh where the
     /// gate holds issuance back (a new CA or SPIFFE ID waits for ACKs), is in neither list unless its
     /// renewal comes before the wait times out: it keeps its certificate until the wait ends, and the
@@ -396,7 +399,10 @@ impl Owner {
         let mut looked_at: HashSet<&ProxyKey> = HashSet::new();
         let mut now = Vec::new();
         for (key, touched) in touched_now.chain(asking) {
-            if looked_at.insert(key) && (touched || !held(key)) {
+            // An asking proxy whose certificate is being issued is decided again when it comes back
+            // (`Owner::on_issued` asks whether it still wants it, and decides it anew if not).
+            let waits_for_result = !touched && self.issuing.is_issuing(key);
+            if looked_at.insert(key) && (touched || !held(key)) && !waits_for_result {
                 now.push(key.clone());
             }
         }

@@ -347,3 +347,33 @@ fn a_short_lived_certificate_is_renewed_before_it_expires() {
     h.reconcile(due);
     assert!(!Arc::ptr_eq(&before, &h.ready("web-1")), "renewed when due");
 }
+
+/// A full reconcile while the certificates of the proxies asking for them are being issued does not
+/// decide those proxies again: each result, when it comes back, is checked and published.
+#[test]
+fn proxies_whose_certificates_are_being_issued_wait_for_the_result() {
+    let (mut h, scopes) = fleet(LEGACY, 3);
+    h.update(SWITCHED).expect("valid");
+    h.reconcile(t0() + Duration::from_secs(1));
+    let bundle = h.snapshots.borrow().generation;
+    for id in 1..=3 {
+        h.ack(id, Some(bundle));
+    }
+    // The wait is over: the loop's reconcile submits their ca-2 certificates.
+    h.owner.reconcile(t0() + Duration::from_secs(2));
+    assert_eq!(scopes.take(), vec![(Scope::Full, 0), (Scope::Full, 3)]);
+    // They are being issued when something makes the loop reconcile the fleet.
+    h.owner.full = true;
+    h.owner.reconcile(t0() + Duration::from_secs(3));
+    assert_eq!(
+        scopes.take(),
+        vec![(Scope::Full, 0)],
+        "nobody decided again"
+    );
+    let at = t0() + Duration::from_secs(3);
+    assert_eq!(super::issue_held(&mut h, at), 3, "one job each, not two");
+    assert_eq!(
+        h.status().meshes[0].proxies_by_issuer,
+        BTreeMap::from([("backend ca-2".to_owned(), 3)])
+    );
+}
