@@ -391,13 +391,13 @@ impl fmt::Debug for TestPostgres {
     }
 }
 
-/// A port of 127.0.0.1 that was free when asked; another process may take it before the server does.
+/// A port of 127.0.0.1 that was free when asked; another process may take it before its user does.
 ///
-/// It comes from below the kernel's ephemeral range, so that while a server is stopped (see
-/// [`TestPostgres::start_again`]) no `bind(…:0)` or outgoing connection elsewhere in the tests is
-/// handed its port, and never twice in one process, so that two servers of one test binary do not
-/// race for it.
-fn free_port() -> u16 {
+/// It comes from below the kernel's ephemeral range, so that between choosing it and binding it (and
+/// while a server is stopped, see [`TestPostgres::start_again`]) no `bind(…:0)` or outgoing
+/// connection elsewhere in the tests is handed it, and never twice in one process, so that two
+/// servers or daemons of one test binary do not race for it.
+pub fn free_port() -> u16 {
     static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
     let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
     let below = ephemeral_start().unwrap_or(0);

@@ -18,7 +18,7 @@ pub use files::{mode, pem_certs, uri_sans, walk, webpki_verify};
 #[allow(unused_imports)]
 pub use process::{http_get, Background, Daemon, HttpResponse};
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -76,10 +76,11 @@ pub fn wait_for<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
     }
 }
 
-/// A free loopback port (bound, then released for the daemon to take).
+/// A free loopback address for the daemon to take. Its port comes from below the kernel's ephemeral
+/// range and is never handed out twice in one test binary, so neither a parallel test's `bind(…:0)`
+/// nor an outgoing connection's source port takes it before the daemon binds it.
 pub fn free_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0 always works on loopback");
-    l.local_addr().expect("a bound listener has an address")
+    SocketAddr::from(([127, 0, 0, 1], meshca_testpg::free_port()))
 }
 
 /// Removes ANSI colour sequences (tracing colours its text output).
