@@ -78,6 +78,8 @@ impl Owner {
         dataplanes: &mut Dataplanes,
         now: SystemTime,
     ) -> bool {
+        // The keys' descriptions may change.
+        self.issuing.new_epoch();
         for key in keys {
             let described = self.describe(key);
             if !self.stays_within(key, dataplanes.get(key), described.as_ref()) {
@@ -178,14 +180,19 @@ impl Owner {
         let mut snapshot = (**self.snapshot_tx.borrow()).clone();
         let mut changed = BTreeSet::new();
         for (key, entry) in entries {
-            if snapshot
-                .proxies
-                .get(&key)
-                .is_none_or(|old| !bundles::same_entry(old, &entry))
-            {
-                changed.insert(key.clone());
+            let differs = match snapshot.proxies.get_mut(&key) {
+                Some(slot) => {
+                    let old = std::mem::replace(slot, entry);
+                    !bundles::same_entry(&old, slot)
+                }
+                None => {
+                    snapshot.proxies.insert(key.clone(), entry);
+                    true
+                }
+            };
+            if differs {
+                changed.insert(key);
             }
-            snapshot.proxies.insert(key, entry);
         }
         for key in left {
             if snapshot.proxies.remove(key).is_some() {
@@ -229,11 +236,11 @@ impl Owner {
     /// depend on it), and every local MeshService that selects it, before or after, already lists what
     /// it gives and presents, and would list the same without it (so no `meshservice:` context and no
     /// `status.tls` changes).
-    fn stays_within(
+    fn stays_within<'a>(
         &self,
         key: &ProxyKey,
-        before: Option<&Result<DataplaneInfo, String>>,
-        after: Option<&Result<DataplaneInfo, String>>,
+        before: Option<&'a Result<DataplaneInfo, String>>,
+        after: Option<&'a Result<DataplaneInfo, String>>,
     ) -> bool {
         if self.is_zone_egress(key) {
             return false;
@@ -252,8 +259,8 @@ impl Owner {
             presented.push(&issued.published.spiffe_id);
             presented.extend(issued.previous.iter().map(|p| p.spiffe_id.as_str()));
         }
-        let info = |described: Option<&Result<DataplaneInfo, String>>| {
-            described.and_then(|d| d.as_ref().ok()).cloned()
+        let info = |described: Option<&'a Result<DataplaneInfo, String>>| {
+            described.and_then(|d| d.as_ref().ok())
         };
         let (before, after) = (info(before), info(after));
         let mesh = self.world.meshes.get(&*key.mesh);
@@ -268,10 +275,9 @@ impl Owner {
             let Some(selector) = &service.dataplane_tags else {
                 continue;
             };
-            let selects = |info: &Option<DataplaneInfo>| {
-                info.as_ref().is_some_and(|i| i.has_inbound_with(selector))
-            };
-            if !selects(&before) && !selects(&after) {
+            let selects =
+                |info: Option<&DataplaneInfo>| info.is_some_and(|i| i.has_inbound_with(selector));
+            if !selects(before) && !selects(after) {
                 continue;
             }
             // A changed description (a returning proxy's token with other tags) may drop identities of
@@ -279,7 +285,7 @@ impl Owner {
             if before.is_some() && before != after {
                 return false;
             }
-            let Some(dp) = &after else { continue };
+            let Some(dp) = after else { continue };
             let service_key = (service.mesh.clone(), service.name.clone());
             if mtls_on && !self.tls_ready.contains(&service_key) {
                 return false;

@@ -80,6 +80,8 @@ struct InFlight {
     /// Only the newest job of a proxy counts: an older one's late result is dropped.
     ticket: u64,
     desired: Arc<Desired>,
+    /// The [`Issuing::epoch`] it was decided in.
+    epoch: u64,
 }
 
 /// The owner's side of issuance: what is being issued, and where.
@@ -90,6 +92,10 @@ pub(super) struct Issuing {
     in_flight: HashMap<ProxyKey, InFlight>,
     /// When the first job of the wave under way was submitted.
     wave_started: Option<Instant>,
+    /// Counts the changes to what decisions read besides the proxy's own certificate (the world, the
+    /// settings, the descriptions, the gate's plans): a result decided in the current epoch, for a
+    /// proxy untouched since, is still wanted without deciding the proxy again.
+    epoch: u64,
 }
 
 impl Default for Issuing {
@@ -99,6 +105,7 @@ impl Default for Issuing {
             next_ticket: 0,
             in_flight: HashMap::new(),
             wave_started: None,
+            epoch: 0,
         }
     }
 }
@@ -112,6 +119,12 @@ impl Issuing {
     /// How many certificates are being issued (submitted, and not taken in yet).
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()
+    }
+
+    /// Notes that what decisions read may change from now on: results of jobs decided before are
+    /// checked against a new decision when they arrive.
+    pub fn new_epoch(&mut self) {
+        self.epoch += 1;
     }
 }
 
@@ -201,6 +214,7 @@ impl Owner {
                 InFlight {
                     ticket: issuing.next_ticket,
                     desired: desired.clone(),
+                    epoch: issuing.epoch,
                 },
             );
             let priority = if self.waits_for_identity(key) {
@@ -257,11 +271,15 @@ impl Owner {
                 // Superseded by a newer job for the proxy.
                 _ => None,
             };
-            let Some(InFlight { desired, .. }) = in_flight else {
+            let Some(InFlight { desired, epoch, .. }) = in_flight else {
                 continue;
             };
+            // Decided in this epoch, and nothing happened to the proxy since: the decision stands.
+            // (A rollout gate only opens between epochs: its waits end or time out.)
+            let decided_now =
+                epoch == self.issuing.epoch && !self.full && !self.touched.contains(&key);
             match result {
-                Ok(svid) if self.still_wanted(&key, &desired, now) => {
+                Ok(svid) if decided_now || self.still_wanted(&key, &desired, now) => {
                     self.keep(&key, &desired, svid, took, now);
                     kept.push(key);
                 }

@@ -104,6 +104,8 @@ impl Owner {
         touched: &BTreeSet<ProxyKey>,
         now: SystemTime,
     ) -> (Option<SystemTime>, usize) {
+        // Descriptions, the gate's plans and (before this call) the world may change from here on.
+        self.issuing.new_epoch();
         // While the files that describe dataplanes are unchanged, only the touched proxies'
         // descriptions and claim rules can have changed.
         let unchanged_world = self.descriptions_current();

@@ -377,3 +377,95 @@ fn proxies_whose_certificates_are_being_issued_wait_for_the_result() {
         BTreeMap::from([("backend ca-2".to_owned(), 3)])
     );
 }
+
+/// A mesh without mTLS: its proxies hold no identity.
+const NO_MTLS: &str = "type: Mesh\nname: default\n";
+
+/// web-0, asking for its identity, connected at t0 with its first certificate submitted and not yet
+/// issued.
+fn web_0_being_issued() -> Harness {
+    let mut h = Harness::new(LEGACY);
+    let stream = h.connect("web-0", &[], &[("kuma.io/service", "web")]);
+    h.stream(stream.0, &["default"], None);
+    h.owner.reconcile(t0());
+    assert!(h
+        .owner
+        .issuing
+        .is_issuing(&ProxyKey::new("default", "web-0")));
+    h
+}
+
+/// A certificate decided before the configuration changed is decided again when it comes back, even
+/// though no reconcile in between looked at its proxy (it was being issued): mTLS turned off, the
+/// proxy keeps none.
+#[test]
+fn a_result_decided_before_a_reconciled_change_is_decided_again() {
+    let mut h = web_0_being_issued();
+    h.update(NO_MTLS).expect("valid");
+    let at = t0() + Duration::from_secs(1);
+    h.owner.reconcile(at);
+    assert!(
+        h.owner
+            .issuing
+            .is_issuing(&ProxyKey::new("default", "web-0")),
+        "the reconcile left web-0 to its result"
+    );
+    assert_eq!(super::issue_held(&mut h, at), 1);
+    h.reconcile(at);
+    assert!(
+        matches!(h.entry("web-0"), ProxyEntry::NoIdentity { .. }),
+        "{:?}",
+        h.entry("web-0")
+    );
+    assert!(h.status().meshes[0].proxies_by_issuer.is_empty());
+}
+
+/// The same when the result comes back after the change and before the reconcile that follows it.
+#[test]
+fn a_result_arriving_between_a_change_and_its_reconcile_is_decided_again() {
+    let mut h = web_0_being_issued();
+    h.update(NO_MTLS).expect("valid");
+    let at = t0() + Duration::from_secs(1);
+    assert_eq!(super::issue_held(&mut h, at), 1);
+    h.reconcile(at);
+    assert!(
+        matches!(h.entry("web-0"), ProxyEntry::NoIdentity { .. }),
+        "{:?}",
+        h.entry("web-0")
+    );
+    assert!(h.status().meshes[0].proxies_by_issuer.is_empty());
+}
+
+/// The same when the change is the proxy's own, reconciled alone: web-0 comes back with a token whose
+/// labels select a SPIRE identity, which meshca does not issue.
+#[test]
+fn a_result_decided_before_its_proxy_changed_is_decided_again() {
+    let yaml = format!(
+        "{LEGACY}---\ntype: MeshIdentity\nname: spire\nmesh: default\nspec:\n  selector: {{dataplane: {{matchLabels: {{team: spire}}}}}}\n  provider: {{type: Spire}}\n"
+    );
+    let (mut h, scopes) = {
+        let scopes = Arc::new(Scopes::default());
+        (Harness::with_telemetry(&yaml, scopes.clone()), scopes)
+    };
+    let web_0 = ProxyKey::new("default", "web-0");
+    let stream = h.connect("web-0", &[], &[("kuma.io/service", "web")]);
+    h.owner.reconcile(t0());
+    assert!(h.owner.issuing.is_issuing(&web_0));
+    assert!(h.disconnect(stream.0));
+    let (stream, _) = h.try_connect("web-0", &[("team", "spire")], &[("kuma.io/service", "web")]);
+    h.stream(stream.0, &["default"], None);
+    h.owner.reconcile(t0());
+    assert_eq!(
+        scopes.take().last(),
+        Some(&(Scope::Proxies, 1)),
+        "web-0 was reconciled alone"
+    );
+    assert!(h.owner.issuing.is_issuing(&web_0), "its job is still out");
+    assert_eq!(super::issue_held(&mut h, t0()), 1);
+    h.reconcile(t0());
+    assert!(
+        h.reason("web-0").contains("SPIRE"),
+        "{:?}",
+        h.entry("web-0")
+    );
+}
