@@ -38,6 +38,37 @@ pub struct CaTrust {
 /// is two entries, each ordered on its own.
 pub(crate) type TrustKey = (String, String, String);
 
+/// A set of CAs told apart as the gate does, looked up without allocating (once per certificate taken
+/// in during a wave).
+#[derive(Debug, Default)]
+pub(crate) struct TrustKeys(HashMap<String, Vec<(String, String)>>);
+
+impl TrustKeys {
+    /// Whether `ca` (by mesh, trust domain and id) is in the set.
+    pub(crate) fn contains(&self, ca: &CaTrust) -> bool {
+        self.0.get(ca.ca_id.as_str()).is_some_and(|entries| {
+            entries
+                .iter()
+                .any(|(mesh, td)| *mesh == ca.mesh && *td == ca.trust_domain)
+        })
+    }
+}
+
+impl<'a> FromIterator<&'a CaTrust> for TrustKeys {
+    fn from_iter<I: IntoIterator<Item = &'a CaTrust>>(cas: I) -> TrustKeys {
+        let mut set = TrustKeys::default();
+        for ca in cas {
+            if !set.contains(ca) {
+                set.0
+                    .entry(ca.ca_id.clone())
+                    .or_default()
+                    .push((ca.mesh.clone(), ca.trust_domain.clone()));
+            }
+        }
+        set
+    }
+}
+
 impl CaTrust {
     /// Its key in the gate.
     pub(crate) fn key(&self) -> TrustKey {

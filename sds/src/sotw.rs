@@ -34,12 +34,16 @@ pub(crate) enum SotwResponse {
     },
 }
 
+/// `DiscoveryResponse.nonce`'s field number.
+const NONCE_FIELD: u32 = 5;
+
 impl SotwResponse {
-    /// The nonce field alone, encoded: protobuf merges it into what precedes it.
-    fn nonce_field(nonce: &str) -> DiscoveryResponse {
-        DiscoveryResponse {
-            nonce: nonce.to_owned(),
-            ..Default::default()
+    /// The length of the nonce field alone, encoded (as a message would: an empty one is left out).
+    fn nonce_len(nonce: &String) -> usize {
+        if nonce.is_empty() {
+            0
+        } else {
+            prost::encoding::string::encoded_len(NONCE_FIELD, nonce)
         }
     }
 }
@@ -49,7 +53,7 @@ impl Encode for SotwResponse {
         match self {
             SotwResponse::Built(response) => Message::encoded_len(response),
             SotwResponse::Shared { response, nonce } => {
-                response.encoded.len() + Message::encoded_len(&Self::nonce_field(nonce))
+                response.encoded.len() + Self::nonce_len(nonce)
             }
         }
     }
@@ -57,9 +61,12 @@ impl Encode for SotwResponse {
     fn write_message(&self, buf: &mut Vec<u8>) {
         match self {
             SotwResponse::Built(response) => response.encode_raw(buf),
+            // Protobuf merges the nonce field into the message that precedes it.
             SotwResponse::Shared { response, nonce } => {
                 buf.extend_from_slice(&response.encoded);
-                Self::nonce_field(nonce).encode_raw(buf);
+                if !nonce.is_empty() {
+                    prost::encoding::string::encode(NONCE_FIELD, nonce, buf);
+                }
             }
         }
     }

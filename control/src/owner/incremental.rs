@@ -250,10 +250,7 @@ impl Owner {
         if let Some(issued) = self.issued.get(key) {
             let cas = std::iter::once(&issued.ca_trust)
                 .chain(issued.previous.iter().map(|p| &p.ca_trust));
-            if !cas
-                .into_iter()
-                .all(|ca| self.configured.contains(&ca.key()))
-            {
+            if !cas.into_iter().all(|ca| self.configured.contains(ca)) {
                 return false;
             }
             presented.push(&issued.published.spiffe_id);

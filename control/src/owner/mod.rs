@@ -27,7 +27,7 @@ use crate::bundles::ServiceIds;
 use crate::egress::EgressPlan;
 use crate::error::UpdateError;
 use crate::events::StreamEvent;
-use crate::gate::{CaTrust, Gate, GateEvent, TrustKey};
+use crate::gate::{CaTrust, Gate, GateEvent, TrustKey, TrustKeys};
 use crate::peers::{GateView, PeerView, PresentedCa, PresentedIds};
 use crate::plan::{DataplaneInfo, Issuer};
 use crate::snapshot::{ClaimRule, ProxyIdentity, ProxyKey, Snapshot};
@@ -246,7 +246,7 @@ pub struct Owner {
     next_global: Option<SystemTime>,
     /// The CAs the configuration publishes, as of the last full reconcile (not those kept only because a
     /// proxy still presents them).
-    configured: HashSet<TrustKey>,
+    configured: TrustKeys,
     /// The time of the last reconcile.
     reconciled_at: SystemTime,
     /// Every dataplane as of the last reconcile.
@@ -302,7 +302,7 @@ impl Owner {
             deferred: Vec::new(),
             renewals: Renewals::default(),
             next_global: None,
-            configured: HashSet::new(),
+            configured: TrustKeys::default(),
             reconciled_at: SystemTime::UNIX_EPOCH,
             dataplanes: Dataplanes::new(),
             described_from: None,

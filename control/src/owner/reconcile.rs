@@ -185,8 +185,7 @@ impl Owner {
                 continue;
             }
             reaches_beyond |= issued.previous.iter().any(|p| {
-                !self.configured.contains(&p.ca_trust.key())
-                    || p.spiffe_id != issued.published.spiffe_id
+                !self.configured.contains(&p.ca_trust) || p.spiffe_id != issued.published.spiffe_id
             });
             if unacked {
                 timed_out
@@ -363,7 +362,7 @@ impl Owner {
         if let Some(Ok(plan)) = &self.egress {
             desired.extend(egress::egress_cas(&self.world, plan));
         }
-        self.configured = desired.iter().map(CaTrust::key).collect();
+        self.configured = desired.iter().collect();
         self.gate.plan_trust(desired, &presented, generation, now)
     }
 

@@ -16,8 +16,8 @@ pub(super) struct Replacing {
     /// were last looked at.
     stirred: HashSet<ProxyKey>,
     /// How many replaced certificates are kept, per mesh and replaced CA subject: the groups the
-    /// status shows as identity-ACK waits.
-    groups: HashMap<(String, String), usize>,
+    /// status shows as identity-ACK waits. (Nested, so that a lookup allocates nothing.)
+    groups: HashMap<String, HashMap<String, usize>>,
     /// Meshes where a group was entered while empty (a wait started), since last taken.
     started: Vec<String>,
 }
@@ -27,21 +27,33 @@ impl Replacing {
     pub fn update(&mut self, key: &ProxyKey, old: &[Previous], new: &[Previous]) {
         // New ones first: a group the proxy stays in never passes through empty.
         for previous in new {
-            let count = self
-                .groups
-                .entry((key.mesh.to_string(), previous.ca_trust.subject.clone()))
-                .or_default();
-            if *count == 0 {
-                self.started.push(key.mesh.to_string());
+            let subject = &previous.ca_trust.subject;
+            if !self.groups.contains_key(&*key.mesh) {
+                self.groups.insert(key.mesh.to_string(), HashMap::new());
             }
-            *count += 1;
+            let Some(mesh) = self.groups.get_mut(&*key.mesh) else {
+                continue;
+            };
+            match mesh.get_mut(subject) {
+                Some(count) => *count += 1,
+                None => {
+                    mesh.insert(subject.clone(), 1);
+                    self.started.push(key.mesh.to_string());
+                }
+            }
         }
         for previous in old {
-            let group = (key.mesh.to_string(), previous.ca_trust.subject.clone());
-            if let Some(count) = self.groups.get_mut(&group) {
+            let Some(mesh) = self.groups.get_mut(&*key.mesh) else {
+                continue;
+            };
+            let subject = previous.ca_trust.subject.as_str();
+            if let Some(count) = mesh.get_mut(subject) {
                 *count -= 1;
                 if *count == 0 {
-                    self.groups.remove(&group);
+                    mesh.remove(subject);
+                    if mesh.is_empty() {
+                        self.groups.remove(&*key.mesh);
+                    }
                 }
             }
         }
