@@ -903,3 +903,32 @@ pub(crate) fn covers(entry: &CaTrust, ca_id: &str, anchors: &[String]) -> bool {
 fn remaining(deadline: SystemTime, now: SystemTime) -> i64 {
     seconds_until(deadline, now).max(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{CaTrust, TrustKeys};
+
+    fn ca(mesh: &str, trust_domain: &str, ca_id: &str) -> CaTrust {
+        CaTrust {
+            mesh: mesh.into(),
+            ca_id: ca_id.into(),
+            trust_domain: trust_domain.into(),
+            pems: Vec::new().into(),
+            subject: format!("CN={ca_id}"),
+        }
+    }
+
+    #[test]
+    fn trust_keys_tell_cas_apart_by_mesh_trust_domain_and_id() {
+        let set: TrustKeys = [ca("a", "a", "1"), ca("a", "x", "1"), ca("b", "b", "2")]
+            .iter()
+            .collect();
+        assert!(set.contains(&ca("a", "a", "1")));
+        assert!(set.contains(&ca("a", "x", "1")));
+        assert!(set.contains(&ca("b", "b", "2")));
+        assert!(!set.contains(&ca("b", "b", "1")), "another mesh");
+        assert!(!set.contains(&ca("a", "y", "1")), "another trust domain");
+        assert!(!set.contains(&ca("a", "a", "2")), "another CA");
+        assert!(!TrustKeys::default().contains(&ca("a", "a", "1")));
+    }
+}
