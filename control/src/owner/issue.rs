@@ -275,7 +275,7 @@ impl Owner {
                 continue;
             };
             // Decided in this epoch, and nothing happened to the proxy since: the decision stands.
-            // (A rollout gate only opens between epochs: its waits end or time out.)
+            // (Within an epoch the rollout gate only opens: its waits end or time out.)
             let decided_now =
                 epoch == self.issuing.epoch && !self.full && !self.touched.contains(&key);
             match result {
