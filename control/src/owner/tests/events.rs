@@ -395,6 +395,19 @@ fn web_0_being_issued() -> Harness {
     h
 }
 
+/// Issues web-0's held certificate, hands it back and reconciles, all at `at`; web-0 must then hold no
+/// identity, and the status must count no certificate for it.
+fn drop_result_at(h: &mut Harness, at: SystemTime) {
+    assert_eq!(super::issue_held(h, at), 1);
+    h.reconcile(at);
+    assert!(
+        matches!(h.entry("web-0"), ProxyEntry::NoIdentity { .. }),
+        "{:?}",
+        h.entry("web-0")
+    );
+    assert!(h.status().meshes[0].proxies_by_issuer.is_empty());
+}
+
 /// A certificate decided before the configuration changed is decided again when it comes back, even
 /// though no reconcile in between looked at its proxy (it was being issued): mTLS turned off, the
 /// proxy keeps none.
@@ -410,14 +423,7 @@ fn a_result_decided_before_a_reconciled_change_is_decided_again() {
             .is_issuing(&ProxyKey::new("default", "web-0")),
         "the reconcile left web-0 to its result"
     );
-    assert_eq!(super::issue_held(&mut h, at), 1);
-    h.reconcile(at);
-    assert!(
-        matches!(h.entry("web-0"), ProxyEntry::NoIdentity { .. }),
-        "{:?}",
-        h.entry("web-0")
-    );
-    assert!(h.status().meshes[0].proxies_by_issuer.is_empty());
+    drop_result_at(&mut h, at);
 }
 
 /// The same when the result comes back after the change and before the reconcile that follows it.
@@ -426,14 +432,7 @@ fn a_result_arriving_between_a_change_and_its_reconcile_is_decided_again() {
     let mut h = web_0_being_issued();
     h.update(NO_MTLS).expect("valid");
     let at = t0() + Duration::from_secs(1);
-    assert_eq!(super::issue_held(&mut h, at), 1);
-    h.reconcile(at);
-    assert!(
-        matches!(h.entry("web-0"), ProxyEntry::NoIdentity { .. }),
-        "{:?}",
-        h.entry("web-0")
-    );
-    assert!(h.status().meshes[0].proxies_by_issuer.is_empty());
+    drop_result_at(&mut h, at);
 }
 
 /// The same when the change is the proxy's own, reconciled alone: web-0 comes back with a token whose
