@@ -95,7 +95,12 @@ pub struct Snapshot {
     pub changed: Changed,
 }
 
-/// What a snapshot changed relative to generation `since`.
+/// What a snapshot changed relative to generation `since`, and what the snapshots before it changed.
+///
+/// SDS reads snapshots from a `watch` channel, which keeps only the newest: a reader that falls behind
+/// (its task waits on a busy runtime while the owner publishes twice) never sees some of them. The
+/// snapshots it missed are remembered here, within bounds, so that it still learns which proxies they
+/// touched instead of having to assume that anything may have changed.
 #[derive(Debug, Clone, Default)]
 pub struct Changed {
     /// The generation this snapshot was compared with.
@@ -103,6 +108,64 @@ pub struct Changed {
     /// `Some`: only these proxies' entries and claim rules changed, and every bundle and context is the
     /// very object generation `since` served. `None`: anything may have changed.
     pub proxies: Option<Arc<[ProxyKey]>>,
+    /// The publishes that led to generation `since`, newest first: as many as [`HISTORY_STEPS`] and
+    /// [`HISTORY_KEYS`] allow, and none from before a publish that may have changed anything.
+    earlier: Arc<[Step]>,
+}
+
+/// How many earlier publishes a snapshot remembers.
+const HISTORY_STEPS: usize = 64;
+/// How many proxy keys it remembers over all of them. A reader further behind wakes every stream.
+const HISTORY_KEYS: usize = 1 << 16;
+
+/// One earlier publish: generation `generation` changed only `proxies` relative to generation `since`.
+#[derive(Debug, Clone)]
+struct Step {
+    generation: u64,
+    since: u64,
+    proxies: Arc<[ProxyKey]>,
+}
+
+impl Changed {
+    /// The change of a snapshot published right after `previous`: only `proxies` changed, or (`None`)
+    /// anything may have. It remembers what `previous` and the snapshots before it changed.
+    pub fn after(previous: &Snapshot, proxies: Option<Arc<[ProxyKey]>>) -> Changed {
+        let last = previous.changed.proxies.as_ref().map(|keys| Step {
+            generation: previous.generation,
+            since: previous.changed.since,
+            proxies: keys.clone(),
+        });
+        let mut kept_keys = 0;
+        let earlier = last
+            .into_iter()
+            .chain(previous.changed.earlier.iter().cloned())
+            .take(HISTORY_STEPS)
+            .take_while(|step| {
+                kept_keys += step.proxies.len();
+                kept_keys <= HISTORY_KEYS
+            })
+            .collect();
+        Changed {
+            since: previous.generation,
+            proxies,
+            earlier,
+        }
+    }
+
+    /// The proxies whose entries or claim rules may differ between generation `seen` and this
+    /// snapshot, when that is known to be only some: this change and the remembered ones before it lead
+    /// back to `seen`, and none of them may have changed anything. A key may come more than once.
+    pub fn proxies_since(&self, seen: u64) -> Option<impl Iterator<Item = &ProxyKey>> {
+        let newest = self.proxies.as_deref()?;
+        let (mut since, mut steps) = (self.since, 0);
+        while since != seen {
+            let step = self.earlier.get(steps).filter(|s| s.generation == since)?;
+            since = step.since;
+            steps += 1;
+        }
+        let earlier = self.earlier[..steps].iter().flat_map(|s| s.proxies.iter());
+        Some(newest.iter().chain(earlier))
+    }
 }
 
 /// The labels and services a proxy was given; a token may claim a subset, never other
@@ -336,6 +399,77 @@ mod tests {
             key_pem: key,
         };
         assert!(!format!("{identity:?}").contains("abc"));
+    }
+
+    /// The snapshot published after `previous`, changing only `keys` (`None`: anything).
+    fn next(previous: &Snapshot, keys: Option<Vec<ProxyKey>>) -> Snapshot {
+        let mut snapshot = previous.clone();
+        snapshot.changed = Changed::after(previous, keys.map(Into::into));
+        snapshot.generation = previous.generation + 1;
+        snapshot
+    }
+
+    fn since(snapshot: &Snapshot, seen: u64) -> Option<BTreeSet<String>> {
+        let keys = snapshot.changed.proxies_since(seen)?;
+        Some(keys.map(|k| k.to_string()).collect())
+    }
+
+    fn names(names: &[&str]) -> Option<BTreeSet<String>> {
+        Some(names.iter().map(|n| format!("m.{n}")).collect())
+    }
+
+    #[test]
+    fn a_reader_that_missed_snapshots_learns_what_they_changed() {
+        let (a, b, c) = (
+            ProxyKey::new("m", "a"),
+            ProxyKey::new("m", "b"),
+            ProxyKey::new("m", "c"),
+        );
+        let first = next(&Snapshot::empty(), None);
+        let second = next(&first, Some(vec![a.clone()]));
+        let third = next(&second, Some(vec![b.clone()]));
+        let fourth = next(&third, Some(vec![a.clone(), c]));
+        assert_eq!(since(&fourth, 3), names(&["a", "c"]));
+        assert_eq!(since(&fourth, 2), names(&["a", "b", "c"]));
+        assert_eq!(since(&fourth, 1), names(&["a", "b", "c"]));
+        // Before the first, anything may have changed; and a generation the chain does not pass
+        // through tells nothing.
+        assert_eq!(since(&fourth, 0), None);
+        assert_eq!(since(&fourth, 7), None);
+        // A publish that may have changed anything hides everything before it.
+        let fifth = next(&fourth, None);
+        let sixth = next(&fifth, Some(vec![b]));
+        assert_eq!(since(&sixth, 5), names(&["b"]));
+        assert_eq!(since(&sixth, 4), None);
+        assert_eq!(since(&fifth, 4), None);
+    }
+
+    #[test]
+    fn the_memory_of_earlier_publishes_is_bounded() {
+        let a = ProxyKey::new("m", "a");
+        let mut snapshot = next(&Snapshot::empty(), None);
+        let start = snapshot.generation;
+        for _ in 0..HISTORY_STEPS + 1 {
+            snapshot = next(&snapshot, Some(vec![a.clone()]));
+        }
+        // The newest change plus HISTORY_STEPS remembered ones reach back exactly to the start.
+        assert_eq!(since(&snapshot, start), names(&["a"]));
+        snapshot = next(&snapshot, Some(vec![a.clone()]));
+        assert_eq!(since(&snapshot, start), None, "one step too many");
+        assert_eq!(since(&snapshot, start + 1), names(&["a"]));
+
+        // So is the number of keys: a publish of more than HISTORY_KEYS is not remembered at all.
+        let many: Vec<ProxyKey> = (0..=HISTORY_KEYS)
+            .map(|i| ProxyKey::new("m", i.to_string()))
+            .collect();
+        let big = next(&snapshot, Some(many.clone()));
+        let after_big = next(&big, Some(vec![a]));
+        assert_eq!(
+            since(&big, snapshot.generation).map(|k| k.len()),
+            Some(many.len())
+        );
+        assert_eq!(since(&after_big, snapshot.generation), None);
+        assert_eq!(since(&after_big, big.generation), names(&["a"]));
     }
 
     #[test]

@@ -366,10 +366,7 @@ async fn a_snapshot_that_changes_one_proxy_wakes_only_its_streams() {
             Some("mi-web"),
         )),
     );
-    renewed.changed = meshca_control::Changed {
-        since: 1,
-        proxies: Some(vec![web1()].into()),
-    };
+    renewed.changed = meshca_control::Changed::after(&world.snapshot(1), Some(vec![web1()].into()));
     harness.publish(renewed.clone());
     let second = stream1.expect_response().await;
     assert_ne!(

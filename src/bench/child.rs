@@ -132,6 +132,11 @@ impl ChildFleet {
         }
     }
 
+    /// The child's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// Waits for the child's report on the rotation.
     pub async fn wait_reached(&mut self) -> anyhow::Result<Reach> {
         match self.receive().await? {

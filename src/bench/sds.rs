@@ -12,7 +12,7 @@ use meshca_config::Settings;
 
 use super::child::ChildFleet;
 use super::fleet::{Fleet, FleetPlan, Reach, StreamPlan};
-use super::{quantile, rss_bytes};
+use super::{cpu_seconds, quantile, rss_bytes};
 use crate::cli::{BenchClient, BenchSdsArgs};
 use crate::drill::sandbox::Sandbox;
 use crate::serve::{Daemon, DaemonOptions};
@@ -147,6 +147,9 @@ pub struct Outcome {
     pub reach: Reach,
     /// Snapshots the daemon published while the streams opened, and during the rotation.
     pub generations: (u64, u64),
+    /// The CPU seconds the daemon and the client process used from the switch to ca-2 until the rotation
+    /// had reached every stream (clients in their own process only: otherwise the two share one).
+    pub rotation_cpu: Option<(f64, f64)>,
 }
 
 fn backend(name: &str) -> String {
@@ -258,6 +261,19 @@ impl Clients {
         }
     }
 
+    /// The CPU seconds the client process has used so far (clients in their own process only).
+    fn cpu_seconds(&self) -> anyhow::Result<Option<f64>> {
+        match self {
+            Clients::Local(..) => Ok(None),
+            Clients::Child(child) => {
+                let pid = child
+                    .pid()
+                    .ok_or_else(|| anyhow!("the client process has exited"))?;
+                cpu_seconds(Some(pid)).map(Some)
+            }
+        }
+    }
+
     async fn stop(self) {
         match self {
             Clients::Local(fleet, _) => fleet.stop().await,
@@ -343,10 +359,24 @@ async fn play(
 
     sandbox.write_resource("mesh.yaml", &mesh_yaml(true))?;
     fleet.arm().await?;
+    // The bench process is the daemon's alone when the clients run in their own.
+    let cpu = |fleet: &Clients| -> anyhow::Result<Option<(f64, f64)>> {
+        let Some(client) = fleet.cpu_seconds()? else {
+            return Ok(None);
+        };
+        Ok(Some((cpu_seconds(None)?, client)))
+    };
+    let cpu_before = cpu(fleet)?;
     let reload_started = Instant::now();
     reload(daemon, "the switch to ca-2").await?;
     let reload_seconds = reload_started.elapsed().as_secs_f64();
     let reach = fleet.wait_reached(options.timeout).await?;
+    let rotation_cpu = match (cpu_before, cpu(fleet)?) {
+        (Some((daemon0, client0)), Some((daemon1, client1))) => {
+            Some((daemon1 - daemon0, client1 - client0))
+        }
+        _ => None,
+    };
     let generations = (
         idle_generation - start_generation,
         generation() - idle_generation,
@@ -362,6 +392,7 @@ async fn play(
         noop_reload_published,
         events,
         reach,
+        rotation_cpu,
     })
 }
 
@@ -504,6 +535,8 @@ fn report(options: &Options, outcome: &Outcome) -> serde_json::Value {
         "identity_p50_seconds": ms(quantile(&reach.identity_latencies, 0.5)),
         "identity_p99_seconds": ms(quantile(&reach.identity_latencies, 0.99)),
         "identity_max_seconds": ms(reach.identity_latencies.last().copied()),
+        "daemon_cpu_rotation_seconds": outcome.rotation_cpu.map(|(daemon, _)| round(daemon, 2)),
+        "client_cpu_rotation_seconds": outcome.rotation_cpu.map(|(_, client)| round(client, 2)),
         "identity_reached": reach.identity_reached,
         "failed": reach.failed,
         "nacks": reach.nacks,

@@ -214,10 +214,7 @@ impl Owner {
         }
         if !changed.is_empty() {
             self.mark_served(generation, &snapshot.proxies, &changed);
-            snapshot.changed = Changed {
-                since: snapshot.generation,
-                proxies: Some(changed.into_iter().collect()),
-            };
+            snapshot.changed = Changed::after(&snapshot, Some(changed.into_iter().collect()));
             snapshot.generation = generation;
             self.snapshot_generation = generation;
             self.snapshot_tx.send_replace(std::sync::Arc::new(snapshot));

@@ -964,10 +964,10 @@ impl Owner {
         let proxies_only = bundles::same_trust(&previous, &snapshot);
         if !proxies_only || !changed.is_empty() {
             self.mark_served(generation, &snapshot.proxies, &changed);
-            snapshot.changed = Changed {
-                since: previous.generation,
-                proxies: proxies_only.then(|| changed.into_iter().collect()),
-            };
+            snapshot.changed = Changed::after(
+                &previous,
+                proxies_only.then(|| changed.into_iter().collect()),
+            );
             self.snapshot_generation = generation;
             self.snapshot_tx.send_replace(Arc::new(snapshot));
         }
@@ -1003,10 +1003,7 @@ impl Owner {
             return false;
         }
         snapshot.claim_rules = previous.claim_rules.clone();
-        snapshot.changed = Changed {
-            since: previous.generation,
-            proxies: None,
-        };
+        snapshot.changed = Changed::after(&previous, None);
         self.snapshot_generation = generation;
         self.snapshot_tx.send_replace(Arc::new(snapshot));
         true
