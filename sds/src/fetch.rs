@@ -13,7 +13,7 @@ use crate::metrics::SdsMetrics;
 use crate::names::{self, Lookup};
 use crate::secret::{self, SECRET_TYPE_URL};
 use crate::service::Shared;
-use crate::session::Session;
+use crate::session::{Session, Usable};
 use crate::untrusted::shown;
 use crate::wire::DiscoveryRequest;
 
@@ -35,11 +35,10 @@ pub(crate) async fn fetch(
     }
     let ctx = authn::proxy_context(&claims, request.node.as_ref());
     let mut session = Session::open(shared.clone(), claims, ctx, None).await?;
-    let snapshot = session.wait_for_identity().await?;
+    let Usable { snapshot, entry } = session.wait_for_identity().await?;
     let mut items = Vec::with_capacity(asked.len());
-    let entry = snapshot.proxies.get(&session.ctx.key);
     for name in asked {
-        match names::resolve(&snapshot, entry, &session.ctx, &name) {
+        match names::resolve(&snapshot, Some(&entry), &session.ctx, &name) {
             Lookup::Found(resolved) => {
                 let version = resolved.version();
                 items.push((name.to_string(), resolved, version));

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use meshca_auth::{Claims, RevocationList, CLOCK_SKEW_LEEWAY_SECS};
-use meshca_control::{ProxyEntry, ProxyKey, Snapshot, StreamEvent, StreamId};
+use meshca_control::{ClaimRule, ProxyEntry, ProxyKey, Snapshot, StreamEvent, StreamId};
 use tokio::sync::watch;
 use tokio_util::sync::WaitForCancellationFutureOwned;
 use tonic::Status;
@@ -42,6 +42,16 @@ pub(crate) struct Session {
     progress: Option<SharedProgress>,
     /// Warnings this proxy's streams may still log this minute (shared by its streams).
     warnings: Arc<LogBudget>,
+    /// The claim rule the token was last checked against: a snapshot that carries the very same rule
+    /// (its content unchanged) needs no new check.
+    checked_rule: Option<Arc<ClaimRule>>,
+}
+
+/// A snapshot in which the proxy may be served (its identity Ready, or NoIdentity), with its entry
+/// there, looked up once.
+pub(crate) struct Usable {
+    pub snapshot: Arc<Snapshot>,
+    pub entry: ProxyEntry,
 }
 
 impl Session {
@@ -116,6 +126,7 @@ impl Session {
             expiry,
             progress,
             warnings,
+            checked_rule: None,
         })
     }
 
@@ -140,11 +151,11 @@ impl Session {
     /// Waits until the snapshot has this proxy Ready or NoIdentity, and returns that
     /// snapshot. Refused → `PERMISSION_DENIED`; still waiting after the identity wait →
     /// `UNAVAILABLE`.
-    pub(crate) async fn wait_for_identity(&mut self) -> Result<Arc<Snapshot>, Status> {
+    pub(crate) async fn wait_for_identity(&mut self) -> Result<Usable, Status> {
         let wait = self.shared.options.identity_wait;
         let current = self.snapshots.borrow_and_update().clone();
-        if let Some(snapshot) = self.usable(current)? {
-            return Ok(snapshot);
+        if let Some(usable) = self.usable(current)? {
+            return Ok(usable);
         }
         let timeout = Status::unavailable(format!(
             "the identity of proxy {} is not ready after {wait:?}: the daemon has not \
@@ -162,7 +173,7 @@ impl Session {
     /// Resolves with the next snapshot in which this proxy is Ready or NoIdentity (a
     /// Pending proxy keeps what it has). Fails when the proxy is refused, its token is
     /// revoked, or the server shuts down. Cancel-safe.
-    pub(crate) async fn next_change(&mut self) -> Result<Arc<Snapshot>, Status> {
+    pub(crate) async fn next_change(&mut self) -> Result<Usable, Status> {
         loop {
             let wake = {
                 let revocations = &mut self.revocations;
@@ -191,8 +202,8 @@ impl Session {
                 Wake::Revocations { alive: false } => self.revocations = None,
                 Wake::Snapshot { alive: true } => {
                     let snapshot = self.snapshots.borrow_and_update().clone();
-                    if let Some(snapshot) = self.usable(snapshot)? {
-                        return Ok(snapshot);
+                    if let Some(usable) = self.usable(snapshot)? {
+                        return Ok(usable);
                     }
                 }
             }
@@ -230,23 +241,34 @@ impl Session {
         Ok(())
     }
 
-    fn usable(&self, snapshot: Arc<Snapshot>) -> Result<Option<Arc<Snapshot>>, Status> {
+    fn usable(&mut self, snapshot: Arc<Snapshot>) -> Result<Option<Usable>, Status> {
         if let Some(rule) = snapshot.claim_rules.get(self.key()) {
-            if let Err(reason) = rule.check(&self.claims) {
-                return Err(self.shared.auth_failure(Status::permission_denied(format!(
-                    "token {} is refused for proxy {}: {reason}",
-                    self.claims.id,
-                    self.key()
-                ))));
+            let checked = self
+                .checked_rule
+                .as_ref()
+                .is_some_and(|last| Arc::ptr_eq(last, rule));
+            if !checked {
+                if let Err(reason) = rule.check(&self.claims) {
+                    return Err(self.shared.auth_failure(Status::permission_denied(format!(
+                        "token {} is refused for proxy {}: {reason}",
+                        self.claims.id,
+                        self.key()
+                    ))));
+                }
+                self.checked_rule = Some(rule.clone());
             }
         }
-        match snapshot.proxies.get(self.key()) {
-            Some(ProxyEntry::Ready(_) | ProxyEntry::NoIdentity { .. }) => Ok(Some(snapshot)),
-            Some(ProxyEntry::Pending) | None => Ok(None),
-            Some(ProxyEntry::Refused { reason }) => Err(self.shared.auth_failure(
-                Status::permission_denied(format!("proxy {} is refused: {reason}", self.key())),
-            )),
-        }
+        let entry = match snapshot.proxies.get(self.key()) {
+            Some(entry @ (ProxyEntry::Ready(_) | ProxyEntry::NoIdentity { .. })) => entry.clone(),
+            Some(ProxyEntry::Pending) | None => return Ok(None),
+            Some(ProxyEntry::Refused { reason }) => {
+                return Err(self.shared.auth_failure(Status::permission_denied(format!(
+                    "proxy {} is refused: {reason}",
+                    self.key()
+                ))))
+            }
+        };
+        Ok(Some(Usable { snapshot, entry }))
     }
 
     /// Records the stream's new subscription; refuses it (`RESOURCE_EXHAUSTED`) when its proxy

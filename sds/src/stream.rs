@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use meshca_auth::Claims;
-use meshca_control::{ResourceName, Snapshot, StreamEvent};
+use meshca_control::{ProxyEntry, ResourceName, Snapshot, StreamEvent};
 use tonic::Status;
 
 use crate::authn;
@@ -22,7 +22,7 @@ use crate::outbox::Outbox;
 use crate::registry::StreamKind;
 use crate::secret;
 use crate::service::Shared;
-use crate::session::{self, Session};
+use crate::session::{self, Session, Usable};
 use crate::untrusted::{bounded, shown};
 use crate::wire::Node;
 
@@ -150,7 +150,7 @@ where
 
 /// What wakes an open stream.
 enum Next<R> {
-    Snapshot(Arc<Snapshot>),
+    Snapshot(Usable),
     Request(R),
 }
 
@@ -212,8 +212,8 @@ where
     let ctx = authn::proxy_context(&claims, node.as_ref());
     drop(node);
     let mut session = Session::open(shared, claims, ctx, Some(P::KIND)).await?;
-    let snapshot = session.wait_for_identity().await?;
-    let mut stream = Driver::<P>::new(session, outbox, snapshot);
+    let usable = session.wait_for_identity().await?;
+    let mut stream = Driver::<P>::new(session, outbox, usable);
     stream.on_request(first, true).await?;
     Ok(Some(stream))
 }
@@ -235,6 +235,8 @@ struct Driver<'o, P: Protocol> {
     session: Session,
     outbox: &'o Outbound<P::Response>,
     snapshot: Arc<Snapshot>,
+    /// The proxy's entry in `snapshot`.
+    entry: ProxyEntry,
     last_sent: Option<Sent>,
     acked: bool,
     nonce_seq: u64,
@@ -242,12 +244,13 @@ struct Driver<'o, P: Protocol> {
 }
 
 impl<'o, P: Protocol> Driver<'o, P> {
-    fn new(session: Session, outbox: &'o Outbound<P::Response>, snapshot: Arc<Snapshot>) -> Self {
+    fn new(session: Session, outbox: &'o Outbound<P::Response>, usable: Usable) -> Self {
         Self {
             protocol: P::default(),
             session,
             outbox,
-            snapshot,
+            snapshot: usable.snapshot,
+            entry: usable.entry,
             last_sent: None,
             acked: false,
             nonce_seq: 0,
@@ -394,8 +397,9 @@ impl<'o, P: Protocol> Driver<'o, P> {
         self.session.emit(event).await;
     }
 
-    async fn on_snapshot(&mut self, snapshot: Arc<Snapshot>) -> Result<(), Status> {
-        self.snapshot = snapshot;
+    async fn on_snapshot(&mut self, usable: Usable) -> Result<(), Status> {
+        self.snapshot = usable.snapshot;
+        self.entry = usable.entry;
         self.respond(false).await
     }
 
@@ -403,13 +407,12 @@ impl<'o, P: Protocol> Driver<'o, P> {
     /// is deemed to be of the current generation, and ACKed again if it was ACKed.
     async fn respond(&mut self, force: bool) -> Result<(), Status> {
         let built = {
-            let snapshot = self.snapshot.clone();
+            let (snapshot, entry) = (&self.snapshot, &self.entry);
             let (session, logged_unknown) = (&self.session, &mut self.logged_unknown);
             let most_names = session.shared.options.limits.names_per_stream;
-            let entry = snapshot.proxies.get(&session.ctx.key);
             let mut resolve = |name: &ResourceName| match names::resolve(
-                &snapshot,
-                entry,
+                snapshot,
+                Some(entry),
                 &session.ctx,
                 name,
             ) {

@@ -258,6 +258,59 @@ async fn a_token_contradicting_the_proxy_claim_rule_gets_nothing() {
 }
 
 #[tokio::test]
+async fn an_open_stream_is_closed_when_its_claim_rule_changes_to_contradict_its_token() {
+    use meshca_control::{Changed, ClaimRule};
+    use std::collections::BTreeMap;
+    let rule = |app: &str| {
+        Arc::new(ClaimRule {
+            labels: BTreeMap::from([("app".to_owned(), app.to_owned())]).into(),
+            services: vec!["web".to_owned()],
+        })
+    };
+    let world = World::new();
+    let mut first = world.snapshot(1);
+    first.claim_rules.insert(web1(), rule("web"));
+    let harness = Harness::start_with(meshca_sds::ServerOptions::default(), first.clone()).await;
+    let claims = Claims::new_dataplane(
+        "default",
+        "web-1",
+        BTreeMap::from([("app".to_owned(), "web".to_owned())]),
+        BTreeMap::new(),
+        Duration::from_secs(3600),
+        now_unix(),
+    )
+    .expect("valid claims");
+    let token = harness.signing.mint(&claims).expect("mint");
+    let asked = names(&["default"]);
+    let mut stream = Sotw::open(
+        harness.unix_channel().await,
+        Some(&token),
+        first_request("default.web-1", &["default"]),
+    )
+    .await
+    .expect("the token agrees with the rule");
+    let response = stream.expect_response().await;
+    stream.ack(&response, &asked).await;
+    // The same rule again, as a new snapshot carries it: the stream stays.
+    let mut same = first.clone();
+    same.generation = 2;
+    same.changed = Changed::after(&first, Some(vec![web1()].into()));
+    harness.publish(same.clone());
+    // Then a rule that gives web-1 other labels: the token now contradicts it.
+    let mut contradicting = same.clone();
+    contradicting.generation = 3;
+    contradicting.claim_rules.insert(web1(), rule("db"));
+    contradicting.changed = Changed::after(&same, Some(vec![web1()].into()));
+    harness.publish(contradicting);
+    let status = stream
+        .recv()
+        .await
+        .expect_err("the stream is closed, nothing more is sent");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(status.message().contains("app=web"), "{status:?}");
+}
+
+#[tokio::test]
 async fn an_open_stream_is_closed_when_its_token_expires() {
     let harness = Harness::start().await;
     // Valid for one to two more seconds: it expired 28 s ago, within the verifier's 30 s leeway.
