@@ -193,7 +193,7 @@ pub fn snapshot(
         cache.service(EGRESS_BUNDLE, EGRESS_SERVICE, &bundle, ids)
     });
     Snapshot {
-        claim_rules: ProxyMap::new(),
+        claim_rules: ProxyMap::default(),
         changed: Changed::default(),
         generation,
         proxies,

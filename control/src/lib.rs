@@ -51,8 +51,8 @@ pub use peers::{GateView, PeerView, PresentedCa, PresentedIds, TrustEntry};
 pub use plan::{decide, renewal_time, DataplaneInfo, Decision, Desired, Issuer, Origin};
 pub use resource_name::{parse_names, Asker, NameKind, ResourceName, Target, TrustScope};
 pub use snapshot::{
-    Changed, ClaimRule, Derived, MeshServiceTrust, MeshView, ProxyEntry, ProxyIdentity, ProxyKey,
-    ProxyMap, SecretPem, Snapshot, TrustBundle,
+    Changed, ClaimRule, Derived, KeyHasher, MeshServiceTrust, MeshView, ProxyEntry, ProxyHashMap,
+    ProxyHashSet, ProxyIdentity, ProxyKey, ProxyMap, SecretPem, Snapshot, TrustBundle,
 };
 pub use standalone::{issue_standalone, Standalone, StandaloneError};
 pub use status::{

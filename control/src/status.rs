@@ -3,7 +3,7 @@
 //! The same types serialise the document (`GET /api/status`) and deserialise it in the CLI, so the two
 //! cannot drift apart.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
@@ -13,7 +13,7 @@ use crate::egress::{EgressPlan, MeshChoice, EGRESS_BUNDLE, EGRESS_SERVICE};
 use crate::gate::Wait;
 use crate::owner::{Issued, ProxyRecord, Rejected};
 use crate::plan::{DataplaneInfo, Origin};
-use crate::snapshot::ProxyKey;
+use crate::snapshot::{ProxyHashMap, ProxyKey};
 use crate::streams::Streams;
 use crate::timefmt::{rfc3339, seconds_until};
 use crate::world::{BackendKind, IdentityProvider, LoadedCa, MeshIdentityState, MeshState, World};
@@ -287,8 +287,8 @@ pub(crate) struct Inputs<'a> {
     pub dataplanes: &'a BTreeMap<ProxyKey, Result<DataplaneInfo, String>>,
     pub service_ids: &'a ServiceIds,
     pub streams: &'a Streams,
-    pub issued: &'a HashMap<ProxyKey, Issued>,
-    pub reasons: &'a HashMap<ProxyKey, String>,
+    pub issued: &'a ProxyHashMap<Issued>,
+    pub reasons: &'a ProxyHashMap<String>,
     pub records: &'a BTreeMap<ProxyKey, ProxyRecord>,
     pub last_rejected: Option<&'a Rejected>,
     pub waits: &'a [Wait],

@@ -6,7 +6,7 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use crate::events::StreamId;
 use crate::resource_name::{Asker, ResourceName};
-use crate::snapshot::ProxyKey;
+use crate::snapshot::{ProxyHashMap, ProxyHashSet, ProxyKey};
 
 /// One open stream (or fetch, which subscribes to nothing).
 #[derive(Debug)]
@@ -57,9 +57,9 @@ struct ProxyStreams {
 #[derive(Debug, Default)]
 pub(crate) struct Streams {
     by_id: HashMap<StreamId, Stream>,
-    by_proxy: HashMap<ProxyKey, ProxyStreams>,
+    by_proxy: ProxyHashMap<ProxyStreams>,
     /// The proxies with a stream that may ask for their identity.
-    asking: HashSet<ProxyKey>,
+    asking: ProxyHashSet,
 }
 
 impl Streams {

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use tokio::time::Instant;
 
-use meshca_control::{ProxyKey, StreamId};
+use meshca_control::{ProxyHashMap, ProxyKey, StreamId};
 
 use crate::log_budget::LogBudget;
 
@@ -119,7 +119,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Debug, Default)]
 struct Streams {
     by_id: HashMap<StreamId, Entry>,
-    by_proxy: HashMap<ProxyKey, ProxyStreams>,
+    by_proxy: ProxyHashMap<ProxyStreams>,
     /// Proxies whose last stream closed while their warning budget was in use, with when the
     /// budget's window ends: they keep their entry (and budget) until then, so reconnecting does
     /// not buy a proxy a fresh budget.

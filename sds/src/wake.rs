@@ -11,12 +11,10 @@
 //! everyone after any missed generation; at 100,000 streams each such wake cost about a CPU-second in
 //! the middle of an identity wave.) Streams still read the snapshot itself from the channel.
 
-use std::collections::hash_map::DefaultHasher;
-use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
-use meshca_control::{ProxyKey, Snapshot};
+use meshca_control::{KeyHasher, ProxyHashMap, ProxyKey, Snapshot};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -32,23 +30,24 @@ pub(crate) struct Wakes {
     /// Bumped when a change may concern every stream.
     everyone: watch::Sender<u64>,
     /// Per proxy with a waiting stream: bumped when its entry or claim rule changed.
-    proxies: [Mutex<HashMap<ProxyKey, watch::Sender<u64>>>; SHARDS],
+    proxies: [Mutex<ProxyHashMap<watch::Sender<u64>>>; SHARDS],
+    /// Picks a proxy's shard.
+    shard_by: KeyHasher,
 }
 
 impl Default for Wakes {
     fn default() -> Self {
         Wakes {
             everyone: watch::Sender::new(0),
-            proxies: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+            proxies: std::array::from_fn(|_| Mutex::new(ProxyHashMap::default())),
+            shard_by: KeyHasher::default(),
         }
     }
 }
 
 impl Wakes {
-    fn shard(&self, key: &ProxyKey) -> &Mutex<HashMap<ProxyKey, watch::Sender<u64>>> {
-        let mut hasher = DefaultHasher::new();
-        key.hash(&mut hasher);
-        &self.proxies[hasher.finish() as usize % SHARDS]
+    fn shard(&self, key: &ProxyKey) -> &Mutex<ProxyHashMap<watch::Sender<u64>>> {
+        &self.proxies[self.shard_by.hash_one(key) as usize % SHARDS]
     }
 
     /// A waiter for the streams of `key`: woken by changes to its entry and by changes for everyone.

@@ -7,13 +7,13 @@
 //! anything shared (the trust bundles, a `meshservice:` context, a MeshService's `status.tls`, the zone
 //! egress bundle) sends the reconcile to the full path, which computes everything from scratch.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::time::SystemTime;
 
 use super::{Dataplanes, Owner, Scope};
 use crate::bundles;
 use crate::plan::DataplaneInfo;
-use crate::snapshot::{Changed, ProxyEntry, ProxyKey};
+use crate::snapshot::{Changed, ProxyEntry, ProxyHashMap, ProxyKey};
 
 /// How many deferred proxies one turn of the loop serves: a few milliseconds of work, so that issued
 /// certificates, ACKs and new streams are taken in between.
@@ -27,7 +27,7 @@ pub(super) const DEFERRED_WHILE_ISSUING: usize = 2 * DEFERRED_PER_TURN;
 #[derive(Debug, Default)]
 pub(super) struct Renewals {
     by_time: BTreeSet<(SystemTime, ProxyKey)>,
-    by_proxy: HashMap<ProxyKey, SystemTime>,
+    by_proxy: ProxyHashMap<SystemTime>,
 }
 
 impl Renewals {

@@ -1,6 +1,5 @@
 //! Issuing a proxy's certificate: when one is needed, and how it is made, checked and kept.
 
-use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -14,7 +13,7 @@ use crate::error::IssueFailure;
 use crate::keys_ahead::KeysAhead;
 use crate::plan::{self, Desired};
 use crate::pool::{Background, Priority};
-use crate::snapshot::{ProxyEntry, ProxyIdentity, ProxyKey, ProxyMap, SecretPem};
+use crate::snapshot::{ProxyEntry, ProxyHashMap, ProxyIdentity, ProxyKey, ProxyMap, SecretPem};
 use crate::standalone::issue_verified;
 
 /// How long a proxy whose issuance failed waits before it is tried again.
@@ -89,7 +88,7 @@ struct InFlight {
 pub(super) struct Issuing {
     runner: Runner,
     next_ticket: u64,
-    in_flight: HashMap<ProxyKey, InFlight>,
+    in_flight: ProxyHashMap<InFlight>,
     /// When the first job of the wave under way was submitted.
     wave_started: Option<Instant>,
     /// Counts the changes to what decisions read besides the proxy's own certificate (the world, the
@@ -103,7 +102,7 @@ impl Default for Issuing {
         Issuing {
             runner: Runner::Held(Vec::new()),
             next_ticket: 0,
-            in_flight: HashMap::new(),
+            in_flight: ProxyHashMap::default(),
             wave_started: None,
             epoch: 0,
         }

@@ -14,7 +14,7 @@ mod replacing;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -30,7 +30,7 @@ use crate::events::StreamEvent;
 use crate::gate::{CaTrust, Gate, GateEvent, TrustKey, TrustKeys};
 use crate::peers::{GateView, PeerView, PresentedCa, PresentedIds};
 use crate::plan::{DataplaneInfo, Issuer};
-use crate::snapshot::{ClaimRule, ProxyIdentity, ProxyKey, Snapshot};
+use crate::snapshot::{ClaimRule, ProxyHashMap, ProxyHashSet, ProxyIdentity, ProxyKey, Snapshot};
 use crate::status::{self, Detail, Status};
 use crate::streams::Streams;
 use crate::timefmt::rfc3339;
@@ -208,11 +208,14 @@ pub struct Owner {
     config: OwnerConfig,
     world: Arc<World>,
     /// The claims each token-registered proxy presented when it first connected.
-    registrations: HashMap<ProxyKey, Arc<Claims>>,
+    registrations: ProxyHashMap<Arc<Claims>>,
+    /// The registered proxies whose token is a zone egress token: a handful, looked at by every
+    /// reconcile without a pass over the fleet.
+    egress_keys: BTreeSet<ProxyKey>,
     streams: Streams,
-    issued: HashMap<ProxyKey, Issued>,
+    issued: ProxyHashMap<Issued>,
     /// Why each connected proxy without a certificate has none.
-    reasons: HashMap<ProxyKey, String>,
+    reasons: ProxyHashMap<String>,
     records: BTreeMap<ProxyKey, ProxyRecord>,
     /// MeshServices whose `status.tls` is Ready: set once every selected dataplane holds a trusted
     /// certificate, cleared only when the mesh's mTLS is switched off.
@@ -265,7 +268,7 @@ pub struct Owner {
     /// Identities issued since the last batch was sent.
     to_record: Vec<IssuedIdentity>,
     /// Proxies whose recorded identity was asked for and has not come back.
-    looking_up: HashSet<ProxyKey>,
+    looking_up: ProxyHashSet,
 }
 
 /// What is known of every dataplane: its description, or why its token was refused.
@@ -283,10 +286,11 @@ impl Owner {
             gate: Gate::new(config.gate, config.ack_timeout),
             config,
             world: Arc::new(world),
-            registrations: HashMap::new(),
+            registrations: ProxyHashMap::default(),
+            egress_keys: BTreeSet::new(),
             streams: Streams::default(),
-            issued: HashMap::new(),
-            reasons: HashMap::new(),
+            issued: ProxyHashMap::default(),
+            reasons: ProxyHashMap::default(),
             records: BTreeMap::new(),
             tls_ready: BTreeSet::new(),
             last_rejected: None,
@@ -312,7 +316,7 @@ impl Owner {
             snapshot_tx,
             record_link: None,
             to_record: Vec::new(),
-            looking_up: HashSet::new(),
+            looking_up: ProxyHashSet::default(),
         }
     }
 
@@ -518,6 +522,11 @@ impl Owner {
         }
         let zone_egress = claims.proxy_type == ProxyType::ZoneEgress;
         if !self.streams.is_connected(&key) {
+            if zone_egress {
+                self.egress_keys.insert(key.clone());
+            } else {
+                self.egress_keys.remove(&key);
+            }
             self.registrations.insert(key.clone(), claims);
         }
         let first = self.streams.connect(stream, key.clone(), zone_egress);
@@ -612,8 +621,6 @@ impl Owner {
 
     /// Whether `key` is a zone egress (its token says so).
     fn is_zone_egress(&self, key: &ProxyKey) -> bool {
-        self.registrations
-            .get(key)
-            .is_some_and(|c| c.proxy_type == ProxyType::ZoneEgress)
+        self.egress_keys.contains(key)
     }
 }

@@ -5,7 +5,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use meshca_auth::ProxyType;
 use meshca_config::SERVICE_TAG;
 
 use super::issue::ISSUE_RETRY;
@@ -16,7 +15,7 @@ use crate::gate::{covers, CaTrust, GateEvent, RolloutStep, Wait};
 use crate::peers::PresentedIds;
 use crate::plan::{self, DataplaneInfo, Decision, Desired, Origin};
 use crate::resource_name::Target;
-use crate::snapshot::{Changed, ClaimRule, ProxyEntry, ProxyKey, ProxyMap};
+use crate::snapshot::{Changed, ClaimRule, KeyHasher, ProxyEntry, ProxyKey, ProxyMap};
 use crate::timefmt::{rfc3339, seconds_until};
 use crate::world::MeshState;
 
@@ -283,11 +282,8 @@ impl Owner {
         if self.egress.as_ref() == Some(&plan) {
             return;
         }
-        let egress_known = self
-            .registrations
-            .values()
-            .any(|c| c.proxy_type == ProxyType::ZoneEgress)
-            || !self.world.resources.zone_egresses.is_empty();
+        let egress_known =
+            !self.egress_keys.is_empty() || !self.world.resources.zone_egresses.is_empty();
         match &plan {
             Ok(p) if p.chosen_by == MeshChoice::FirstWithIdentity => tracing::warn!(
                 mesh = %p.mesh,
@@ -397,7 +393,7 @@ impl Owner {
             .filter(|key| self.streams.is_connected(key))
             .map(|key| (key, true));
         let asking = self.streams.asking_identity().map(|key| (key, false));
-        let mut looked_at: HashSet<&ProxyKey> = HashSet::new();
+        let mut looked_at: HashSet<&ProxyKey, KeyHasher> = HashSet::default();
         let mut now = Vec::new();
         for (key, touched) in touched_now.chain(asking) {
             // An asking proxy whose certificate is being issued is decided again when it comes back
@@ -795,10 +791,10 @@ impl Owner {
             .filter_map(|egress| decided(&DataplaneInfo::from_zone_egress(mesh, egress)))
             .collect();
         let mut presented = BTreeSet::new();
-        for (key, info) in dataplanes
-            .iter()
-            .filter(|(key, _)| self.is_zone_egress(key))
-        {
+        for key in &self.egress_keys {
+            let Some(info) = dataplanes.get(key) else {
+                continue;
+            };
             ids.extend(info.as_ref().ok().and_then(decided));
             presented.extend(self.presented_ids(key));
         }

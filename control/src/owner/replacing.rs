@@ -2,19 +2,19 @@
 //! see, until they ACK it. Kept beside the issued certificates so that a batch of ACKs looks only at
 //! the proxies it is about, never at every certificate of the fleet.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use super::Previous;
-use crate::snapshot::ProxyKey;
+use crate::snapshot::{ProxyHashSet, ProxyKey};
 
 /// The proxies whose `Issued::previous` is not empty, and what a batch of stream events may settle.
 #[derive(Debug, Default)]
 pub(super) struct Replacing {
     /// Every proxy that keeps replaced certificates.
-    proxies: HashSet<ProxyKey>,
+    proxies: ProxyHashSet,
     /// Of those, the ones with a stream event (an ACK, a new subscription, a stream gone) since they
     /// were last looked at.
-    stirred: HashSet<ProxyKey>,
+    stirred: ProxyHashSet,
     /// How many replaced certificates are kept, per mesh and replaced CA subject: the groups the
     /// status shows as identity-ACK waits. (Nested, so that a lookup allocates nothing.)
     groups: HashMap<String, HashMap<String, usize>>,
