@@ -73,6 +73,9 @@ pub struct Reach {
     pub failed: usize,
     /// Responses the fleet could not use (NACKed).
     pub nacks: u64,
+    /// Responses the streams received from [`Fleet::arm`] until the report: one per stream for the
+    /// new bundle, one more per identity stream for its certificate, and any the daemon sent besides.
+    pub responses: u64,
     /// The first failure or NACK, for the report.
     pub first_error: Option<String>,
 }
@@ -88,6 +91,8 @@ struct Progress {
     identity_reached: AtomicUsize,
     failed: AtomicUsize,
     nacks: AtomicU64,
+    /// Responses received once armed.
+    responses: AtomicU64,
     first_error: Mutex<Option<String>>,
     armed: OnceLock<Instant>,
     baseline: OnceLock<Baseline>,
@@ -228,6 +233,7 @@ impl Fleet {
             identity_reached: AtomicUsize::new(0),
             failed: AtomicUsize::new(0),
             nacks: AtomicU64::new(0),
+            responses: AtomicU64::new(0),
             first_error: Mutex::new(None),
             armed: OnceLock::new(),
             baseline: OnceLock::new(),
@@ -328,6 +334,7 @@ impl Fleet {
             identity_latencies,
             failed: p.failed.load(Ordering::Relaxed),
             nacks: p.nacks.load(Ordering::Relaxed),
+            responses: p.responses.load(Ordering::Relaxed),
             first_error: p
                 .first_error
                 .lock()
@@ -644,6 +651,7 @@ fn note(index: usize, seen: &Seen, progress: &Progress) {
         }
         return;
     };
+    progress.responses.fetch_add(1, Ordering::Relaxed);
     let Some(baseline) = progress.baseline.get() else {
         return;
     };

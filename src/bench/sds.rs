@@ -540,6 +540,7 @@ fn report(options: &Options, outcome: &Outcome) -> serde_json::Value {
         "identity_reached": reach.identity_reached,
         "failed": reach.failed,
         "nacks": reach.nacks,
+        "responses_rotation": reach.responses,
         "snapshots_setup": outcome.generations.0,
         "snapshots_rotation": outcome.generations.1,
     })
@@ -632,6 +633,11 @@ mod tests {
         assert_eq!(reach.latencies.len(), 200);
         assert_eq!(reach.identity_streams, 50);
         assert_eq!(reach.identity_reached, 50);
+        assert!(
+            reach.responses >= 250,
+            "a bundle per stream and a certificate per identity stream: {}",
+            reach.responses
+        );
         assert!(outcome.rss_idle > 0 && outcome.rss_before > 0);
         assert!(
             !outcome.noop_reload_published,

@@ -22,6 +22,11 @@ const DEFERRED_PER_TURN: usize = 1024;
 /// that wait for them go first, and deciding the quiet ones would only take CPU from them. Two turns'
 /// worth keeps the issuance threads fed once the queue runs short.
 pub(super) const DEFERRED_WHILE_ISSUING: usize = 2 * DEFERRED_PER_TURN;
+/// Deferred proxies also wait while more proxies than this have not ACKed the certificate that replaced
+/// their last one: the wave's certificates are still on their way to the proxies that wait for them,
+/// and the streams delivering them need the CPU. A proxy that never ACKs stops counting at its
+/// `ackTimeout`.
+pub(super) const DEFERRED_WHILE_DELIVERING: usize = DEFERRED_PER_TURN;
 
 /// When each served proxy's certificate is renewed, by time and by proxy.
 #[derive(Debug, Default)]
@@ -131,13 +136,15 @@ impl Owner {
         !self.deferred.is_empty()
     }
 
-    /// Whether the loop should serve deferred proxies now: some wait, and the issuance threads have
-    /// few certificates left to issue. While they are busy with a wave (the certificates of proxies
-    /// that wait for them, submitted first), the quiet proxies keep what they hold; their turn comes
-    /// as the wave ends, and a queue that never runs short means the machine is issuing as fast as it
-    /// can anyway.
+    /// Whether the loop should serve deferred proxies now: some wait, the issuance threads have few
+    /// certificates left to issue, and few proxies have yet to ACK the certificates just published.
+    /// While a wave (the certificates of proxies that wait for them, submitted first) is being issued
+    /// and delivered, the quiet proxies keep what they hold; their turn comes as the wave ends, and a
+    /// queue that never runs short means the machine is issuing as fast as it can anyway.
     pub fn deferred_due(&self) -> bool {
-        self.has_deferred() && self.issuing.in_flight() < DEFERRED_WHILE_ISSUING
+        self.has_deferred()
+            && self.issuing.in_flight() < DEFERRED_WHILE_ISSUING
+            && self.replacing.len() < DEFERRED_WHILE_DELIVERING
     }
 
     /// Serves the next [`DEFERRED_PER_TURN`] proxies the last full reconcile left for later, as it

@@ -77,6 +77,11 @@ impl Replacing {
         self.proxies.is_empty()
     }
 
+    /// How many proxies keep replaced certificates: those that have not ACKed their new one yet.
+    pub fn len(&self) -> usize {
+        self.proxies.len()
+    }
+
     /// Every proxy that keeps replaced certificates.
     pub fn proxies(&self) -> impl Iterator<Item = &ProxyKey> {
         self.proxies.iter()

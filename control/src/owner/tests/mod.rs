@@ -1251,9 +1251,9 @@ fn quiet_proxies_are_served_after_those_waiting_for_their_certificate() {
     assert_eq!(issuer_of(&h.ready("web-3")), ca2);
 }
 
-/// While a wave of certificates for proxies that wait for them is being issued, the quiet proxies keep
-/// theirs: their turn comes once the issuance threads run short of work, so deciding them takes no CPU
-/// from the wave.
+/// While a wave of certificates for proxies that wait for them is being issued and delivered, the quiet
+/// proxies keep theirs: their turn comes once the issuance threads run short of work and the wave's
+/// proxies have ACKed their new certificates, so deciding them takes no CPU from the wave.
 #[test]
 fn quiet_proxies_wait_while_a_wave_is_being_issued() {
     let mut h = gated(true);
@@ -1289,7 +1289,29 @@ fn quiet_proxies_wait_while_a_wave_is_being_issued() {
         "its turn waits while {waiting} certificates are being issued"
     );
     assert_eq!(issue_held(&mut h, at), waiting);
-    assert!(h.owner.deferred_due(), "the wave is in: web-3's turn");
+    assert!(
+        !h.owner.deferred_due(),
+        "the wave is issued, and on its way to {waiting} proxies"
+    );
+    let g_wave = generation(&h);
+    let delivering = super::incremental::DEFERRED_WHILE_DELIVERING;
+    let wave: Vec<u64> = [1, 2].into_iter().chain(streams.iter().copied()).collect();
+    let (acked, last) = wave.split_at(waiting - delivering);
+    // The loop reconciles after a batch of ACKs, which forgets the certificates they replaced.
+    for &id in acked {
+        h.ack(id, Some(g_wave));
+    }
+    h.owner.reconcile(at);
+    assert!(
+        !h.owner.deferred_due(),
+        "{delivering} proxies have not ACKed theirs"
+    );
+    h.ack(last[0], Some(g_wave));
+    h.owner.reconcile(at);
+    assert!(
+        h.owner.deferred_due(),
+        "the wave is delivered: web-3's turn"
+    );
     assert_eq!(issuer_of(&h.ready("web-3")), ca1);
     h.owner.serve_deferred(at);
     assert_eq!(
