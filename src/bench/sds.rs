@@ -112,7 +112,8 @@ const DEFAULT_CONNECTIONS: usize = 50;
 /// spent, whatever else it waited on), which should not grow with the fleet.
 #[derive(Debug, Default)]
 pub struct EventCosts {
-    /// The loop's time on the no-op reload (the files are read on another thread).
+    /// The loop's time on the no-op reload (the files are read on another thread); the median of
+    /// [`EVENT_SAMPLES`] reloads.
     pub noop_reload_loop: Duration,
     /// A new proxy opening a connection and a stream: from opening it until its identity arrives (the
     /// median of [`EVENT_SAMPLES`] proxies, like the two below).
@@ -136,10 +137,10 @@ pub struct Outcome {
     pub client_rss_idle: Option<u64>,
     /// How long `reload_resources` took (load, reconcile, publish).
     pub reload_seconds: f64,
-    /// How long a reload of unchanged resources took, with every stream idle: a per-event cost that
-    /// should not grow with the fleet.
+    /// How long a reload of unchanged resources took, with every stream idle (the median of
+    /// [`EVENT_SAMPLES`]): a per-event cost that should not grow with the fleet.
     pub noop_reload_seconds: f64,
-    /// Whether that reload published a snapshot (it should not: nothing changed).
+    /// Whether those reloads published a snapshot (they should not: nothing changed).
     pub noop_reload_published: bool,
     /// What single events cost the control loop with every other stream idle.
     pub events: EventCosts,
@@ -331,27 +332,33 @@ async fn play(
     // Single events are measured with the daemon idle too: no proxy left for a later turn of its loop,
     // no certificate being issued (proxies whose streams ask only for trust may get theirs after setup).
     quiescent(daemon, options.timeout).await?;
+    // Single events are short and the machine is shared: each is measured several times, one after
+    // the other, and the median reported.
     // One event that touches nothing: the same resources again.
     let before_noop = generation();
     let mut events = EventCosts::default();
-    let loop_before = daemon.loop_health().work();
-    let noop_started = Instant::now();
-    reload(daemon, "the unchanged resources").await?;
-    let noop_reload_seconds = noop_started.elapsed().as_secs_f64();
-    events.noop_reload_loop =
-        loop_idle(daemon, loop_before.turns + 1).await?.busy - loop_before.busy;
+    let mut noops = Vec::with_capacity(EVENT_SAMPLES);
+    for _ in 0..EVENT_SAMPLES {
+        let loop_before = daemon.loop_health().work();
+        let noop_started = Instant::now();
+        reload(daemon, "the unchanged resources").await?;
+        let took = noop_started.elapsed();
+        let busy = loop_idle(daemon, loop_before.turns + 1).await?.busy - loop_before.busy;
+        noops.push((took, busy));
+    }
+    let middle = |mut values: Vec<Duration>| {
+        values.sort();
+        values[values.len() / 2]
+    };
+    let noop_reload_seconds = middle(noops.iter().map(|n| n.0).collect()).as_secs_f64();
+    events.noop_reload_loop = middle(noops.iter().map(|n| n.1).collect());
     let noop_reload_published = generation() != before_noop;
-    // Single events are short and the machine is shared: each is measured on several proxies, one after
-    // the other, and the median reported.
+    // Each proxy event on a proxy of its own.
     let mut samples = Vec::with_capacity(EVENT_SAMPLES);
     for i in 0..EVENT_SAMPLES {
         samples.push(one_proxy(daemon, &target, &format!("bench-late-{i}")).await?);
     }
-    let median = |pick: fn(&EventCosts) -> Duration| {
-        let mut values: Vec<Duration> = samples.iter().map(pick).collect();
-        values.sort();
-        values[values.len() / 2]
-    };
+    let median = |pick: fn(&EventCosts) -> Duration| middle(samples.iter().map(pick).collect());
     events.connect = median(|e| e.connect);
     events.connect_loop = median(|e| e.connect_loop);
     events.ack_loop = median(|e| e.ack_loop);
@@ -428,7 +435,8 @@ async fn quiescent(daemon: &Daemon, timeout: Duration) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// How many proxies measure a single connect and ACK.
+/// How many times a single event is measured: the no-op reload, and a connect and an ACK (each on a
+/// proxy of its own).
 const EVENT_SAMPLES: usize = 5;
 
 /// One more proxy, `name`, on a connection of its own, while every other stream is idle: how long until it
