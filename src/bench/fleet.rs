@@ -73,8 +73,9 @@ pub struct Reach {
     pub failed: usize,
     /// Responses the fleet could not use (NACKed).
     pub nacks: u64,
-    /// Responses the streams received from [`Fleet::arm`] until the report: one per stream for the
-    /// new bundle, one more per identity stream for its certificate, and any the daemon sent besides.
+    /// Responses the streams received from [`Fleet::arm`] until the report, used or NACKed: one per
+    /// stream for the new bundle, one more per identity stream for its certificate, and any the daemon
+    /// sent besides.
     pub responses: u64,
     /// The first failure or NACK, for the report.
     pub first_error: Option<String>,
@@ -584,6 +585,9 @@ async fn run_stream(
             .next()
             .await?
             .ok_or_else(|| anyhow!("the daemon ended the SDS stream"))?;
+        if progress.armed.get().is_some() {
+            progress.responses.fetch_add(1, Ordering::Relaxed);
+        }
         let error_detail = match inspect(&response, &progress.bundles) {
             Ok(seen) => {
                 note(index, &seen, progress);
@@ -651,7 +655,6 @@ fn note(index: usize, seen: &Seen, progress: &Progress) {
         }
         return;
     };
-    progress.responses.fetch_add(1, Ordering::Relaxed);
     let Some(baseline) = progress.baseline.get() else {
         return;
     };
