@@ -15,7 +15,7 @@ use crate::bundles::ServiceIds;
 use crate::egress::EGRESS_BUNDLE;
 use crate::peers::{PeerView, TrustEntry};
 use crate::resource_name::{Target, TrustScope};
-use crate::snapshot::ProxyKey;
+use crate::snapshot::{KeyHasher, ProxyKey};
 use crate::streams::{Stream, Streams};
 use crate::timefmt::{rfc3339, seconds_until};
 
@@ -41,7 +41,7 @@ pub(crate) type TrustKey = (String, String, String);
 /// A set of CAs told apart as the gate does, looked up without allocating (once per certificate taken
 /// in during a wave).
 #[derive(Debug, Default)]
-pub(crate) struct TrustKeys(HashMap<String, Vec<(String, String)>>);
+pub(crate) struct TrustKeys(HashMap<String, Vec<(String, String)>, KeyHasher>);
 
 impl TrustKeys {
     /// Whether `ca` (by mesh, trust domain and id) is in the set.
@@ -839,9 +839,9 @@ impl Gate {
 
     /// The meshes in which a trust or SAN wait holds issuance back. The reconcile at the end of such a
     /// wait (or its timeout) decides every proxy again.
-    pub fn holding_meshes(&self) -> HashSet<&str> {
+    pub fn holding_meshes(&self) -> HashSet<&str, KeyHasher> {
         if !self.enabled {
-            return HashSet::new();
+            return HashSet::default();
         }
         let trust = self
             .published

@@ -99,6 +99,16 @@ impl Protocol for Sotw {
     }
 
     fn subscribe(&mut self, request: DiscoveryRequest, _first: bool) -> Option<Vec<ResourceName>> {
+        // An ACK repeats the names of its request, in the same order: nothing to parse then.
+        let repeated = request.resource_names.len() == self.names.len()
+            && request
+                .resource_names
+                .iter()
+                .zip(&self.names)
+                .all(|(asked, held)| asked == held.as_str());
+        if repeated {
+            return None;
+        }
         let names = parse_names(request.resource_names);
         if as_set(&names) == as_set(&self.names) {
             return None;
@@ -232,5 +242,61 @@ mod tests {
         let mut own = Vec::new();
         SotwResponse::Built(built.clone()).write_message(&mut own);
         assert_eq!(own.len(), SotwResponse::Built(built).message_len());
+    }
+
+    /// A request changes the subscription only when its set of names differs from the last one's: an
+    /// ACK repeating the names (in any order, with repeats) changes nothing.
+    #[test]
+    fn only_another_set_of_names_changes_the_subscription() {
+        let mut sotw = Sotw::default();
+        let asking = |names: &[&str]| DiscoveryRequest {
+            resource_names: names.iter().map(|n| n.to_string()).collect(),
+            ..Default::default()
+        };
+        let held = |names: Option<Vec<ResourceName>>| {
+            names.map(|names| {
+                names
+                    .iter()
+                    .map(|n| n.as_str().to_owned())
+                    .collect::<Vec<_>>()
+            })
+        };
+        let first = sotw.subscribe(asking(&["default", "ROOTCA"]), true);
+        assert_eq!(held(first), Some(vec!["default".into(), "ROOTCA".into()]));
+        assert_eq!(
+            held(sotw.subscribe(asking(&["default", "ROOTCA"]), false)),
+            None
+        );
+        assert_eq!(
+            held(sotw.subscribe(asking(&["ROOTCA", "default"]), false)),
+            None
+        );
+        assert_eq!(
+            held(sotw.subscribe(asking(&["ROOTCA", "default", "ROOTCA"]), false)),
+            None
+        );
+        assert_eq!(
+            held(sotw.subscribe(asking(&["ROOTCA"]), false)),
+            Some(vec!["ROOTCA".into()])
+        );
+        assert_eq!(
+            held(sotw.subscribe(asking(&["ROOTCA", "ROOTCA"]), false)),
+            None
+        );
+        assert_eq!(
+            held(sotw.subscribe(asking(&["default"]), false)),
+            Some(vec!["default".into()])
+        );
+        // As many names, as long, but other ones.
+        assert_eq!(
+            held(sotw.subscribe(asking(&["ROOTCA"]), false)),
+            Some(vec!["ROOTCA".into()])
+        );
+        assert_eq!(
+            held(sotw.subscribe(asking(&["rootca"]), false)),
+            Some(vec!["rootca".into()])
+        );
+        assert_eq!(held(sotw.subscribe(asking(&[]), false)), Some(vec![]));
+        assert_eq!(held(sotw.subscribe(asking(&[]), false)), None);
     }
 }

@@ -25,7 +25,8 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
-use x509_parser::prelude::{FromDer, X509Certificate};
+use x509_parser::nom::Parser;
+use x509_parser::prelude::{FromDer, X509Certificate, X509CertificateParser};
 
 /// The identity secret a stream may ask for.
 pub const IDENTITY: &str = "default";
@@ -388,7 +389,10 @@ fn inspect(response: &DiscoveryResponse, bundles: &Bundles) -> anyhow::Result<Se
                     .next()
                     .ok_or_else(|| anyhow!("the identity holds no certificate"))?
                     .map_err(|e| anyhow!("the identity PEM does not decode: {e}"))?;
-                let (_, cert) = X509Certificate::from_der(&leaf)
+                // Only its issuer is read: the extensions are left unparsed.
+                let (_, cert) = X509CertificateParser::new()
+                    .with_deep_parse_extensions(false)
+                    .parse(&leaf)
                     .map_err(|e| anyhow!("the identity certificate does not parse: {e}"))?;
                 seen.leaf_issuer = Some(cert.issuer().as_raw().to_vec());
             }

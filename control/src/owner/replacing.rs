@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use super::Previous;
-use crate::snapshot::{ProxyHashSet, ProxyKey};
+use crate::snapshot::{KeyHasher, ProxyHashSet, ProxyKey};
 
 /// The proxies whose `Issued::previous` is not empty, and what a batch of stream events may settle.
 #[derive(Debug, Default)]
@@ -17,7 +17,7 @@ pub(super) struct Replacing {
     stirred: ProxyHashSet,
     /// How many replaced certificates are kept, per mesh and replaced CA subject: the groups the
     /// status shows as identity-ACK waits. (Nested, so that a lookup allocates nothing.)
-    groups: HashMap<String, HashMap<String, usize>>,
+    groups: HashMap<String, HashMap<String, usize, KeyHasher>, KeyHasher>,
     /// Meshes where a group was entered while empty (a wait started), since last taken.
     started: Vec<String>,
 }
@@ -29,7 +29,7 @@ impl Replacing {
         for previous in new {
             let subject = &previous.ca_trust.subject;
             if !self.groups.contains_key(&*key.mesh) {
-                self.groups.insert(key.mesh.to_string(), HashMap::new());
+                self.groups.insert(key.mesh.to_string(), HashMap::default());
             }
             let Some(mesh) = self.groups.get_mut(&*key.mesh) else {
                 continue;
