@@ -144,6 +144,7 @@ impl Shared {
                 self.wakes.clone(),
                 snapshots,
                 last,
+                self.revocations.clone(),
                 self.shutdown.clone(),
             ));
         });

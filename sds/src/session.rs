@@ -9,7 +9,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use meshca_auth::{Claims, RevocationList, CLOCK_SKEW_LEEWAY_SECS};
 use meshca_control::{ClaimRule, ProxyEntry, ProxyKey, Snapshot, StreamEvent, StreamId};
 use tokio::sync::watch;
-use tokio_util::sync::WaitForCancellationFutureOwned;
 use tonic::Status;
 
 use crate::log_budget::LogBudget;
@@ -29,14 +28,13 @@ pub(crate) struct Session {
     snapshots: watch::Receiver<Arc<Snapshot>>,
     /// Woken by the snapshots that concern this proxy.
     waiter: Waiter,
-    /// `None` once the revocation publisher is gone: the last list stays in force.
-    revocations: Option<watch::Receiver<Arc<RevocationList>>>,
+    /// The tokens revoked; checked whenever the stream wakes (a new list rings every stream).
+    revocations: watch::Receiver<Arc<RevocationList>>,
     /// When the token stops being valid (its expiry plus the clock-skew leeway): the session ends then.
     expires: tokio::time::Instant,
-    /// The two things that end every wait (the server shutting down, the token expiring), kept for
-    /// the session's life: its waits register with the shutdown token and the timer once, not at each
-    /// of the session's wake-ups.
-    shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// The token's expiry, which ends every wait, kept for the session's life: its waits register
+    /// with the timer once, not at each of the session's wake-ups. (The server shutting down closes
+    /// the waiter.)
     expiry: Pin<Box<tokio::time::Sleep>>,
     /// What the registry shows of this stream; `None` for a fetch, which is not registered.
     progress: Option<SharedProgress>,
@@ -99,7 +97,6 @@ impl Session {
         }
         let claims = Arc::new(claims);
         let expires = token_deadline(claims.expires_at);
-        let shutdown = Box::pin(shared.shutdown.clone().cancelled_owned());
         let expiry = Box::pin(tokio::time::sleep_until(expires));
         let mut revocations = shared.revocations.clone();
         revocations.mark_changed();
@@ -120,9 +117,8 @@ impl Session {
             ctx,
             snapshots,
             waiter,
-            revocations: Some(revocations),
+            revocations,
             expires,
-            shutdown,
             expiry,
             progress,
             warnings,
@@ -175,32 +171,24 @@ impl Session {
     /// revoked, or the server shuts down. Cancel-safe.
     pub(crate) async fn next_change(&mut self) -> Result<Usable, Status> {
         loop {
-            let wake = {
-                let revocations = &mut self.revocations;
-                let waiter = &mut self.waiter;
-                let (shutdown, expiry) = (self.shutdown.as_mut(), self.expiry.as_mut());
-                let revocation = async move {
-                    match revocations.as_mut() {
-                        Some(rx) => rx.changed().await.is_ok(),
-                        None => std::future::pending().await,
-                    }
-                };
+            // A new revocation list rings every stream's bell, and is read before anything is served;
+            // one that came while the stream was not waiting is read here.
+            self.check_revocation()?;
+            let alive = {
+                let (waiter, expiry) = (&mut self.waiter, self.expiry.as_mut());
                 tokio::select! {
                     biased;
-                    () = shutdown => Wake::Shutdown,
-                    () = expiry => Wake::Expired,
-                    alive = revocation => Wake::Revocations { alive },
-                    alive = waiter.changed() => Wake::Snapshot { alive },
+                    () = expiry => None,
+                    alive = waiter.changed() => Some(alive),
                 }
             };
-            match wake {
-                Wake::Shutdown | Wake::Snapshot { alive: false } => {
-                    return Err(Status::unavailable("the SDS server is shutting down"));
-                }
-                Wake::Expired => return Err(self.expired()),
-                Wake::Revocations { alive: true } => self.check_revocation()?,
-                Wake::Revocations { alive: false } => self.revocations = None,
-                Wake::Snapshot { alive: true } => {
+            match alive {
+                None => return Err(self.expired()),
+                // The dispatcher closes the bells when the server shuts down.
+                Some(false) => return Err(Status::unavailable("the SDS server is shutting down")),
+                Some(true) => {
+                    // The ring may have been the revocation's, with a new snapshot beside it.
+                    self.check_revocation()?;
                     let snapshot = self.snapshots.borrow_and_update().clone();
                     if let Some(usable) = self.usable(snapshot)? {
                         return Ok(usable);
@@ -226,10 +214,15 @@ impl Session {
         )))
     }
 
+    /// Fails when the revocation list, if it changed since last read, names this token.
     fn check_revocation(&mut self) -> Result<(), Status> {
-        let revoked = match self.revocations.as_mut() {
-            Some(rx) => rx.borrow_and_update().contains(&self.claims.id),
-            None => false,
+        let revoked = match self.revocations.has_changed() {
+            Ok(false) => false,
+            // Changed, or its publisher is gone: then its last list, read each time, stays in force.
+            Ok(true) | Err(_) => self
+                .revocations
+                .borrow_and_update()
+                .contains(&self.claims.id),
         };
         if revoked {
             return Err(self.shared.auth_failure(Status::unauthenticated(format!(
@@ -326,13 +319,6 @@ fn token_deadline(expires_at: u64) -> tokio::time::Instant {
             t.duration_since(SystemTime::now()).unwrap_or_default()
         });
     tokio::time::Instant::now() + deadline.min(FAR)
-}
-
-enum Wake {
-    Shutdown,
-    Expired,
-    Revocations { alive: bool },
-    Snapshot { alive: bool },
 }
 
 /// Awaits the first request of a stream, bounded by the identity wait. `None` when the

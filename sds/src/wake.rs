@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 
 use futures::task::AtomicWaker;
+use meshca_auth::RevocationList;
 use meshca_control::{KeyHasher, ProxyHashMap, ProxyKey, Snapshot};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -159,15 +160,25 @@ impl Drop for Waiter {
     }
 }
 
-/// Follows `snapshots` from generation `last` on, waking the streams each new one concerns, until the
-/// publisher is gone or `shutdown` fires.
+/// Follows `snapshots` from generation `last` on, waking the streams each new one concerns, and wakes
+/// every stream when the revocation list changes (each then reads it), until the publisher is gone or
+/// `shutdown` fires; then closes every wait.
 pub(crate) async fn dispatch(
     wakes: Arc<Wakes>,
     mut snapshots: watch::Receiver<Arc<Snapshot>>,
     mut last: u64,
+    revocations: watch::Receiver<Arc<RevocationList>>,
     shutdown: CancellationToken,
 ) {
+    // `None` once the revocation publisher is gone: its last list stays in force.
+    let mut revocations = Some(revocations);
     loop {
+        let revoked = async {
+            match revocations.as_mut() {
+                Some(rx) => rx.changed().await.is_ok(),
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = shutdown.cancelled() => break,
             changed = snapshots.changed() => {
@@ -177,6 +188,13 @@ pub(crate) async fn dispatch(
                 let snapshot = snapshots.borrow_and_update().clone();
                 wakes.wake(&snapshot, last);
                 last = snapshot.generation;
+            }
+            alive = revoked => {
+                if alive {
+                    wakes.ring_everyone();
+                } else {
+                    revocations = None;
+                }
             }
         }
     }
@@ -242,15 +260,72 @@ mod tests {
         assert!(!wakes.shard(&a).lock().expect("lock").contains_key(&a));
     }
 
+    fn no_revocations() -> watch::Receiver<Arc<RevocationList>> {
+        watch::channel(Arc::new(RevocationList::new())).1
+    }
+
     #[tokio::test]
     async fn waiters_hear_when_the_publisher_is_gone() {
         let wakes = Arc::new(Wakes::default());
         let (tx, rx) = watch::channel(next(&Snapshot::empty(), None));
         let mut waiter = wakes.subscribe(&ProxyKey::new("m", "a"));
-        let dispatcher = tokio::spawn(dispatch(wakes.clone(), rx, 1, CancellationToken::new()));
+        let revocations = no_revocations();
+        let dispatcher = tokio::spawn(dispatch(
+            wakes.clone(),
+            rx,
+            1,
+            revocations,
+            CancellationToken::new(),
+        ));
         drop(tx);
         dispatcher.await.expect("the dispatcher ends");
         assert!(!waiter.changed().await);
+    }
+
+    #[tokio::test]
+    async fn waiters_hear_when_the_server_shuts_down() {
+        let wakes = Arc::new(Wakes::default());
+        let (_tx, rx) = watch::channel(next(&Snapshot::empty(), None));
+        let mut waiter = wakes.subscribe(&ProxyKey::new("m", "a"));
+        let shutdown = CancellationToken::new();
+        let dispatcher = tokio::spawn(dispatch(
+            wakes.clone(),
+            rx,
+            1,
+            no_revocations(),
+            shutdown.clone(),
+        ));
+        shutdown.cancel();
+        assert!(!waiter.changed().await);
+        dispatcher.await.expect("the dispatcher ends");
+    }
+
+    /// A new revocation list wakes every stream (each reads it); its publisher leaving wakes nobody.
+    #[tokio::test]
+    async fn a_new_revocation_list_wakes_every_stream() {
+        let wakes = Arc::new(Wakes::default());
+        let first = next(&Snapshot::empty(), None);
+        let (tx, rx) = watch::channel(first.clone());
+        let (mut a, mut b) = (
+            wakes.subscribe(&ProxyKey::new("m", "a")),
+            wakes.subscribe(&ProxyKey::new("n", "b")),
+        );
+        let (revoke, revocations) = watch::channel(Arc::new(RevocationList::new()));
+        tokio::spawn(dispatch(
+            wakes.clone(),
+            rx,
+            first.generation,
+            revocations,
+            CancellationToken::new(),
+        ));
+        revoke.send_replace(Arc::new(RevocationList::new()));
+        assert!(a.changed().await);
+        assert!(b.changed().await);
+        drop(revoke);
+        // The dispatcher goes on without revocations: a snapshot for a still wakes it alone.
+        tx.send_replace(next(&first, Some(vec![ProxyKey::new("m", "a")])));
+        assert!(a.changed().await);
+        assert!(!woken(&mut b).await);
     }
 
     /// A ring heard by no wait is kept for the next one, even when a wait was dropped unfinished in
