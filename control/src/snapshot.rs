@@ -68,10 +68,12 @@ impl fmt::Display for ProxyKey {
     }
 }
 
-/// How maps keyed by proxy hash their keys: foldhash, seeded at random per process. A key is hashed on
+/// How maps keyed by proxy hash their keys (and the owner's maps looked up once per proxy or certificate,
+/// keyed by CA id, CA subject or mesh name): foldhash, seeded at random per process. A key is hashed on
 /// every lookup, several per proxy and event, and SipHash (the standard library's) was a tenth of the
-/// owner's time in a 100,000-proxy rotation. The keys come from the operator's files and from tokens the
-/// daemon verified, so the hash needs no more resistance to chosen collisions than a random seed gives.
+/// owner's time in a 100,000-proxy rotation. The keys come from the operator's files, the CAs and tokens
+/// the daemon verified, so the hash needs no more resistance to chosen collisions than a random seed
+/// gives.
 pub type KeyHasher = foldhash::fast::RandomState;
 
 /// A map keyed by proxy, with [`KeyHasher`].
