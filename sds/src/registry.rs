@@ -108,9 +108,9 @@ impl Entry {
     }
 }
 
-/// Locks `mutex`. A panic while holding one of the registry's locks cannot leave an entry
-/// half-updated in a way that matters to readers: keep serving the data.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+/// Locks `mutex`. A panic while holding one of the registry's locks (or the wake table's) cannot
+/// leave an entry half-updated in a way that matters to readers: keep serving the data.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -23,6 +23,8 @@ use meshca_control::{KeyHasher, ProxyHashMap, ProxyKey, Snapshot};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::registry::lock;
+
 /// How many locks the per-proxy table is split over, so that streams opening together rarely wait.
 const SHARDS: usize = 16;
 
@@ -112,11 +114,6 @@ impl Wakes {
         self.closed.store(true, Ordering::Release);
         self.ring_everyone();
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Nothing panics while a shard is held: a poisoned one is whole.
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// One stream's wait for a snapshot that concerns it.
