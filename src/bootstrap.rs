@@ -96,6 +96,36 @@ pub struct Bootstrap {
     pub one_request_per_connection: bool,
 }
 
+/// Refuses ports Envoy could not all bind: the admin port, every inbound port (on all addresses) and
+/// every outbound port (on 127.0.0.1) must differ, or Envoy rejects the whole bootstrap at start.
+/// Port 0 (any free port) never clashes. The error names the two flags.
+pub fn check_ports(
+    admin_port: u16,
+    inbound: &[Inbound],
+    outbound: &[Outbound],
+) -> Result<(), String> {
+    let mut taken: Vec<(u16, String)> = vec![(admin_port, format!("--admin-port {admin_port}"))];
+    let flags = inbound
+        .iter()
+        .map(|i| (i.port, format!("--inbound {}:{}", i.port, i.app_port)))
+        .chain(outbound.iter().map(|o| {
+            (
+                o.local_port,
+                format!("--outbound {}={}:{}", o.local_port, o.host, o.port),
+            )
+        }));
+    for (port, flag) in flags {
+        if let Some((_, first)) = taken.iter().find(|(p, _)| *p == port && port != 0) {
+            return Err(format!(
+                "{first} and {flag} both listen on port {port}: Envoy would refuse this bootstrap; give \
+                 each listener a port of its own"
+            ));
+        }
+        taken.push((port, flag));
+    }
+    Ok(())
+}
+
 impl Bootstrap {
     /// The bootstrap as Envoy's v3 `Bootstrap` message, in JSON form.
     pub fn render(&self) -> Value {
@@ -451,6 +481,45 @@ fn is_resource_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ports_envoy_cannot_all_bind_are_refused_naming_both_flags() {
+        let inbound = |port, app_port| Inbound { port, app_port };
+        let outbound = |local_port| Outbound {
+            local_port,
+            host: "api".into(),
+            port: 80,
+            peer: Peer::AnyInMesh,
+        };
+        assert_eq!(
+            check_ports(9901, &[inbound(8080, 80)], &[outbound(15001)]),
+            Ok(())
+        );
+        assert_eq!(
+            check_ports(0, &[inbound(0, 80), inbound(0, 81)], &[outbound(0)]),
+            Ok(())
+        );
+        let clash = |error: Result<(), String>, flags: [&str; 2]| {
+            let error = error.expect_err("a clash");
+            assert!(flags.iter().all(|f| error.contains(f)), "{error}");
+        };
+        clash(
+            check_ports(9901, &[inbound(9901, 80)], &[]),
+            ["--admin-port 9901", "--inbound 9901:80"],
+        );
+        clash(
+            check_ports(9901, &[], &[outbound(15001), outbound(15001)]),
+            ["--outbound 15001=api:80", "port 15001"],
+        );
+        clash(
+            check_ports(9901, &[inbound(8080, 80)], &[outbound(8080)]),
+            ["--inbound 8080:80", "--outbound 8080=api:80"],
+        );
+        clash(
+            check_ports(9901, &[inbound(8080, 80), inbound(8080, 81)], &[]),
+            ["--inbound 8080:80", "--inbound 8080:81"],
+        );
+    }
     use std::collections::BTreeMap;
     use std::time::Duration;
 

@@ -5,6 +5,7 @@ mod allocator;
 mod atomic_file;
 mod bench;
 mod bootstrap;
+mod children;
 mod cli;
 mod commands;
 mod drill;

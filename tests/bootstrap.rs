@@ -105,3 +105,34 @@ fn bad_input_exits_2_naming_what_to_fix() {
         );
     }
 }
+
+#[test]
+fn listeners_envoy_could_not_all_bind_exit_2_naming_the_flags() {
+    let env = Env::new();
+    let token = env.token("default", "web-1", &[]);
+    let file = token.file.to_str().expect("UTF-8");
+    for (flags, named) in [
+        (
+            &["--outbound", "15001=api:80", "--outbound", "15001=db:5432"][..],
+            &["--outbound 15001=api:80", "--outbound 15001=db:5432"][..],
+        ),
+        (
+            &["--admin-port", "9901", "--inbound", "9901:8080"],
+            &["--admin-port 9901", "--inbound 9901:8080"],
+        ),
+        (
+            &["--inbound", "8080:80", "--outbound", "8080=api:80"],
+            &["--inbound 8080:80", "--outbound 8080=api:80"],
+        ),
+    ] {
+        let mut args = vec!["--token-file", file];
+        args.extend_from_slice(flags);
+        let run = bootstrap(&env, &args);
+        assert_eq!(run.code(), Some(2), "{flags:?}: {run}");
+        assert!(
+            named.iter().all(|flag| run.stderr.contains(flag)),
+            "{flags:?}: names both flags: {run}"
+        );
+        assert!(run.stdout.is_empty(), "nothing printed: {run}");
+    }
+}

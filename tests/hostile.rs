@@ -355,3 +355,172 @@ fn a_huge_name_in_a_resource_file_is_not_echoed_whole() {
         rejected.len()
     );
 }
+
+/// An HTTP/2 connection to the daemon's unix SDS socket, driven by a task of its own.
+async fn h2_unix(env: &Env) -> h2::client::SendRequest<bytes::Bytes> {
+    let io = tokio::net::UnixStream::connect(env.data.join("sds.sock"))
+        .await
+        .expect("connect");
+    let (client, connection) = h2::client::handshake(io).await.expect("HTTP/2");
+    tokio::spawn(connection);
+    client
+}
+
+/// Starts a `FetchSecrets` call and sends the first 1,000 bytes of a message announced as 1 MiB; the
+/// rest never comes. Returns the answer's `grpc-status` (from the headers of a trailers-only answer).
+async fn fetch_with_a_body_that_never_ends(env: &Env, token: Option<&str>) -> String {
+    let mut client = h2_unix(env).await;
+    let mut request = http::Request::post(
+        "http://localhost/envoy.service.secret.v3.SecretDiscoveryService/FetchSecrets",
+    )
+    .header("content-type", "application/grpc")
+    .header("te", "trailers");
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let (response, mut body) = client
+        .send_request(request.body(()).expect("a request"), false)
+        .expect("the stream opens");
+    let mut start = vec![0, 0, 0x10, 0, 0];
+    start.extend_from_slice(&[0x0a; 1000]);
+    body.send_data(bytes::Bytes::from(start), false)
+        .expect("the first bytes are sent");
+    let response = tokio::time::timeout(common::TIMEOUT, response)
+        .await
+        .expect("answered while the request's body is still open")
+        .expect("an HTTP/2 response");
+    let status = response
+        .headers()
+        .get("grpc-status")
+        .expect("a trailers-only gRPC answer");
+    drop(body);
+    status.to_str().expect("ASCII").to_owned()
+}
+
+/// No body is read before its stream's token is checked, for the unary method too: a `FetchSecrets`
+/// without a token is refused on its headers, and one with a token waits for its body only as long
+/// as a stream waits for its first request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetch_secrets_checks_the_token_before_reading_the_body() {
+    let env = mesh_env("");
+    let daemon = tokio::task::block_in_place(|| env.start());
+    let token = tokio::task::block_in_place(|| env.token("default", "web-1", &[]));
+    assert_eq!(
+        fetch_with_a_body_that_never_ends(&env, None).await,
+        (tonic::Code::Unauthenticated as i32).to_string(),
+        "refused on the headers"
+    );
+    assert_eq!(
+        fetch_with_a_body_that_never_ends(&env, Some(&token.token)).await,
+        (tonic::Code::DeadlineExceeded as i32).to_string(),
+        "an unfinished body is given up on"
+    );
+    // Neither kept anything: a whole fetch still works.
+    tokio::task::block_in_place(|| env.fetch_identity(&token));
+    let rss = daemon.rss_mib();
+    assert!(rss < RSS_CEILING_MIB, "RSS {rss} MiB");
+}
+
+/// What a delta stream keeps of the versions a proxy says it holds is bounded by the name limits,
+/// not by the request size: 200 streams each claiming a 1 MB version keep none of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_a_delta_stream_claims_to_hold_are_not_kept_whole() {
+    use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+    let env = mesh_env("");
+    let daemon = tokio::task::block_in_place(|| env.start());
+    let token = tokio::task::block_in_place(|| env.token("default", "web-1", &[]));
+    let client = SdsClient::connect(&env.sds_unix(), None, token.token.clone())
+        .await
+        .expect("connect");
+    let mut held = Vec::new();
+    for _ in 0..200 {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tx.send(DeltaDiscoveryRequest {
+            node: Some(Node {
+                id: "default.web-1".to_owned(),
+                ..Default::default()
+            }),
+            type_url: SECRET_TYPE_URL.to_owned(),
+            resource_names_subscribe: vec!["default".to_owned()],
+            initial_resource_versions: [("default".to_owned(), "v".repeat(1_000_000))].into(),
+            ..Default::default()
+        })
+        .await
+        .expect("queued");
+        let mut call = tonic::Request::new(ReceiverStream::new(rx));
+        client.authorize(&mut call);
+        let mut stream = client
+            .raw()
+            .delta_secrets(call)
+            .await
+            .expect("the stream opens")
+            .into_inner();
+        let first = stream
+            .message()
+            .await
+            .expect("a response")
+            .expect("not ended");
+        assert_eq!(
+            first.resources.len(),
+            1,
+            "the claimed version is not ours, so the identity is sent"
+        );
+        held.push((tx, stream));
+    }
+    let rss = daemon.rss_mib();
+    assert!(rss < RSS_CEILING_MIB, "RSS {rss} MiB with 200 streams open");
+}
+
+/// Admin clients that ask and never read what comes back are disconnected once a response has waited
+/// `limits.connectTimeout` for them, so they cannot hold every admin slot.
+#[test]
+fn admin_clients_that_never_read_cannot_hold_the_admin_api() {
+    let env = mesh_env("limits: {adminConnections: 4, connectTimeout: 1s}\n");
+    let daemon = env.start();
+    // Thousands of pipelined /metrics requests: far more response bytes than the sockets buffer.
+    let requests = b"GET /metrics HTTP/1.1\r\nHost: meshca\r\n\r\n".repeat(4000);
+    let held: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let mut socket = TcpStream::connect(env.admin).expect("connect");
+            socket
+                .set_write_timeout(Some(std::time::Duration::from_secs(1)))
+                .expect("a timeout");
+            // Whatever the daemon takes before it stops reading.
+            let _ = socket.write_all(&requests);
+            socket
+        })
+        .collect();
+    common::wait_for("the admin API to answer again", || {
+        common::http_get(env.admin, "/ready")
+            .ok()
+            .filter(|r| r.status == 200)
+    });
+    assert!(daemon.admin_get("/metrics").body.contains("meshca_"));
+    let status = env.cli(&["status", "--admin", &env.admin.to_string()]);
+    assert_eq!(status.code(), Some(0), "{status}");
+    drop(held);
+}
+
+/// A path the admin API does not know is echoed escaped and cut, never raw: no CR, LF or terminal
+/// escape of a client's reaches a 404's body, and a long name is not returned whole.
+#[test]
+fn admin_404s_echo_the_path_escaped_and_cut() {
+    let env = mesh_env("");
+    let daemon = env.start();
+    let long = "x".repeat(3000);
+    for path in [
+        format!("/api/dataplanes/default/%0D%0Ainjected%1B[31m{long}"),
+        format!("/api/dataplanes/%0D%0Ainjected{long}/web-1"),
+        format!("/api/meshes/%0D%0Ainjected%1B[31m{long}"),
+    ] {
+        let response = daemon.admin_get(&path);
+        assert_eq!(response.status, 404, "{path}: {}", response.body);
+        let body = response.body.trim_end_matches('\n');
+        assert!(
+            !body.contains(['\r', '\n', '\u{1b}']),
+            "{path}: raw control characters echoed: {body:?}"
+        );
+        assert!(body.contains("injected"), "{path}: {body:?}");
+        assert!(body.len() < 600, "{path}: {} bytes echoed", body.len());
+    }
+}

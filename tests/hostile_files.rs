@@ -551,3 +551,132 @@ fn a_start_without_the_list_after_it_existed_is_refused() {
     let _daemon = env.start();
     env.fetch_identity(&token);
 }
+
+/// Makes a FIFO at `path` (nothing ever writes to it).
+fn mkfifo(path: &std::path::Path) {
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success(), "mkfifo {}", path.display());
+}
+
+/// The daemon's count of revocation lists it could not read.
+fn revocation_reload_failures(daemon: &common::Daemon) -> Option<u64> {
+    daemon
+        .admin_get("/metrics")
+        .body
+        .lines()
+        .find_map(|l| l.strip_prefix("meshca_revocation_reload_failures_total "))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Whatever is put in the revocation list's place, the running daemon reads nothing that blocks or
+/// never ends: it refuses the file, keeps the list it had, and keeps serving and stopping.
+#[test]
+fn a_fifo_or_a_device_in_place_of_the_revocation_list_is_refused_without_stalling() {
+    let env = env_with_web_1();
+    let mut daemon = env.start();
+    let token = env.token("default", "web-1", &[]);
+    env.fetch_identity(&token);
+    let list = env.data.join("revoked-tokens");
+    let saved = std::fs::read_to_string(&list).expect("the list exists");
+    for (n, replace) in ["fifo", "/dev/zero"].into_iter().enumerate() {
+        let staging = env.root().join(format!("staged-list-{n}"));
+        match replace {
+            "fifo" => mkfifo(&staging),
+            device => std::os::unix::fs::symlink(device, &staging).expect("symlink"),
+        }
+        std::fs::rename(&staging, &list).expect("the data directory is writable");
+        wait_for("the refused list to be counted", || {
+            (revocation_reload_failures(&daemon)? > n as u64).then_some(())
+        });
+        let health = daemon.admin_get("/healthz");
+        assert_eq!(health.status, 200, "{replace}: {}", health.body);
+        env.fetch_identity(&token);
+        let rss = daemon.rss_mib();
+        assert!(rss < 200, "{replace}: RSS {rss} MiB");
+        let log = daemon.log();
+        let expected = match replace {
+            "fifo" => "a FIFO",
+            _ => "a device",
+        };
+        assert!(
+            log.contains("revocation list not reloaded") && log.contains(expected),
+            "{replace}: the log says why: {log}"
+        );
+    }
+    std::fs::remove_file(&list).expect("removable");
+    std::fs::write(&list, saved).expect("writable");
+    let status = {
+        common::sigterm(daemon.pid());
+        wait_for("the daemon to stop on SIGTERM", || daemon.exited())
+    };
+    assert!(status.success(), "{status}");
+}
+
+/// Every file meshca is pointed at is opened without blocking and refused unless it is a regular
+/// file: a FIFO named by a setting stops the start at once, naming the setting or the file.
+#[test]
+fn a_fifo_named_by_a_setting_stops_the_start_naming_it() {
+    let env = env_with_web_1();
+    let fifo = env.root().join("fifo");
+    mkfifo(&fifo);
+    let fifo_path = fifo.to_str().expect("UTF-8");
+
+    for command in [
+        &["serve", "--config"][..],
+        &["token", "--mesh", "default", "--name", "web-1", "--config"],
+    ] {
+        let mut args = command.to_vec();
+        args.push(fifo_path);
+        let run = env.cli(&args);
+        assert_ne!(run.code(), Some(0), "{run}");
+        assert!(
+            run.stderr.contains(fifo_path) && run.stderr.contains("a FIFO"),
+            "names the settings file and what it is: {run}"
+        );
+    }
+
+    let key = env.root().join("key.pem");
+    std::fs::write(&key, "").expect("writable");
+    let cases = [
+        (
+            format!("tls: {{certFile: {fifo_path}, keyFile: {}}}, ", key.display()),
+            "sds.tls.certFile",
+        ),
+        (
+            format!(
+                "keystore: {{type: postgres, postgres: {{url: \"postgres://meshca@127.0.0.1:9/meshca\", \
+                 passwordFile: {fifo_path}, keyEncryptionKeyFile: {}}}}}\n",
+                key.display()
+            ),
+            "keystore.postgres.passwordFile",
+        ),
+        (
+            format!(
+                "keystore: {{type: postgres, postgres: {{url: \"postgres://meshca@127.0.0.1:9/meshca\", \
+                 caFile: {fifo_path}, keyEncryptionKeyFile: {}}}}}\n",
+                key.display()
+            ),
+            "keystore.postgres.caFile",
+        ),
+    ];
+    for (n, (settings, setting)) in cases.iter().enumerate() {
+        let config = env.root().join(format!("fifo-{n}.yaml"));
+        let base = std::fs::read_to_string(&env.config).expect("readable");
+        let text = match settings.strip_prefix("tls: ") {
+            Some(_) => base.replace("sds: {", &format!("sds: {{{settings}")),
+            None => format!("{base}{settings}"),
+        };
+        std::fs::write(&config, text).expect("writable");
+        let run = env.cli(&["serve", "--config", config.to_str().expect("UTF-8")]);
+        assert_ne!(run.code(), Some(0), "{setting}: {run}");
+        assert!(
+            run.stderr.contains(setting) && run.stderr.contains("a FIFO"),
+            "names {setting} and what it is: {run}"
+        );
+    }
+}

@@ -193,3 +193,36 @@ fn issue_refuses_an_output_directory_others_can_write() {
     issue_into(&env, &out).ok();
     check_issued_files(&out);
 }
+
+#[test]
+fn the_exec_command_gets_the_environment_without_meshcas_secrets() {
+    let env = env_with_web_1();
+    let out = env.root().join("out");
+    let seen = env.root().join("seen-env");
+    let exec = format!("env > {}", seen.display());
+    let mut command = env.command(&[]);
+    command
+        .env("MESHCA_KEYSTORE_POSTGRES_PASSWORD", "not-for-children")
+        .env("MESHCA_TEST_PASSED_ON", "yes");
+    let args = [
+        "issue",
+        "--config",
+        env.cfg(),
+        "--out",
+        out.to_str().expect("UTF-8"),
+        "--mesh",
+        "default",
+        "--name",
+        "web-1",
+        "--exec",
+        &exec,
+    ];
+    command.args(args);
+    env.cli_with(command, &args).ok();
+    let seen = std::fs::read_to_string(&seen).expect("the command ran");
+    assert!(seen.contains("MESHCA_TEST_PASSED_ON=yes"), "{seen}");
+    assert!(
+        !seen.contains("MESHCA_KEYSTORE_POSTGRES_PASSWORD") && !seen.contains("not-for-children"),
+        "the database password reached the child: {seen}"
+    );
+}

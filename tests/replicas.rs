@@ -502,3 +502,66 @@ async fn a_proxy_that_moves_to_another_replica_mid_rotation_is_served_the_identi
     }
     drop((daemon_a, daemon_b));
 }
+
+/// A database that only reads (a standby, or `default_transaction_read_only`) still lets
+/// `meshca token` mint with the key it holds: nothing is written to check the schema.
+#[test]
+fn tokens_are_minted_while_the_database_only_reads() {
+    let pg = TestPostgres::start();
+    let shared = shared_secrets(&pg);
+    let env = replica(&pg, shared.path(), "meshca-a");
+    let first = env.token("default", "web-1", &[]);
+    pg.psql(
+        "postgres",
+        "ALTER DATABASE meshca SET default_transaction_read_only = on;",
+    );
+    let second = env.token("default", "web-2", &[]);
+    assert_ne!(first.id, second.id);
+    let refused = env.cli(&["token", "--config", env.cfg(), "--revoke", &first.id]);
+    assert_ne!(
+        refused.code(),
+        Some(0),
+        "a revocation needs a write, and says it failed: {refused}"
+    );
+    assert!(refused.stderr.contains("read-only"), "{refused}");
+}
+
+/// An update that needs the database (a new CA) is rejected while the database does not answer, and
+/// applied without another edit once it answers again.
+#[test]
+fn an_update_rejected_while_the_database_was_down_applies_when_it_answers() {
+    let mut pg = TestPostgres::start();
+    let shared = shared_secrets(&pg);
+    let env = replica(&pg, shared.path(), "meshca-a");
+    let daemon = env.start_with(|daemon| {
+        daemon
+            .env("MESHCA_REPLICA_LEASE_TIMEOUT", "3s")
+            .env("MESHCA_KEYSTORE_POSTGRES_TIMEOUT", "2s");
+    });
+    pg.stop();
+    wait_for("the replica to see the database gone", || {
+        daemon
+            .admin_get("/ready")
+            .body
+            .contains("the database does not answer")
+            .then_some(())
+    });
+    env.write_resource("mesh.yaml", SWITCH);
+    let rejected = wait_for("the update to be rejected", || {
+        let rejected = daemon.admin_json("/api/rejected-update");
+        (!rejected.is_null()).then_some(rejected)
+    });
+    assert!(rejected.to_string().contains("ca-2"), "{rejected}");
+
+    pg.start_again();
+    wait_for("the update to apply once the database answers", || {
+        daemon.admin_json("/api/rejected-update").is_null().then_some(())
+    });
+    let mesh = daemon.admin_json("/api/meshes/default");
+    assert!(mesh.to_string().contains("ca-2"), "{mesh}");
+    assert!(
+        daemon.log().contains("re-reading the resource files"),
+        "{}",
+        daemon.log()
+    );
+}

@@ -1,11 +1,7 @@
-//! Reading the operator's files without trusting what they turned out to be: only regular files,
-//! never more than a limit, never blocking on a FIFO or a device; and YAML that nests no deeper than
-//! a limit, checked before the parser sees it (its cost grows with the square of the depth).
-
-use std::fs::{File, OpenOptions};
-use std::io::{self, Read};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+//! Bounds on reading the operator's files (files themselves are read through `meshca_files`: only
+//! regular files, never more than a limit, never blocking on a FIFO or a device); and YAML that nests
+//! no deeper than a limit, checked before the parser sees it (its cost grows with the square of the
+//! depth).
 
 /// Bounds on reading the resources directory (the `limits:` settings).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,52 +31,6 @@ impl crate::Limits {
             depth: usize::try_from(self.yaml_depth).unwrap_or(usize::MAX),
             data_source_bytes: self.data_source_bytes,
         }
-    }
-}
-
-/// Reads `path` whole if it is a regular file of at most `max_bytes`; `setting` names the limit
-/// in the error. Opening does not block (a FIFO without a writer would), and anything but a
-/// regular file is refused before a byte is read.
-pub(crate) fn read_regular(path: &Path, max_bytes: u64, setting: &str) -> io::Result<Vec<u8>> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
-        .open(path)?;
-    let kind = file.metadata()?.file_type();
-    if !kind.is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("not a regular file ({}); refused", describe(kind)),
-        ));
-    }
-    read_at_most(file, max_bytes, setting)
-}
-
-fn read_at_most(file: File, max_bytes: u64, setting: &str) -> io::Result<Vec<u8>> {
-    let mut bytes = Vec::new();
-    file.take(max_bytes.saturating_add(1))
-        .read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > max_bytes {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("larger than {max_bytes} bytes ({setting}); refused"),
-        ));
-    }
-    Ok(bytes)
-}
-
-fn describe(kind: std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if kind.is_dir() {
-        "a directory"
-    } else if kind.is_fifo() {
-        "a FIFO"
-    } else if kind.is_char_device() || kind.is_block_device() {
-        "a device"
-    } else if kind.is_socket() {
-        "a socket"
-    } else {
-        "not a file"
     }
 }
 
@@ -158,30 +108,5 @@ mod tests {
             let text = format!("{}{noise}{}", "[".repeat(depth), "]".repeat(depth));
             prop_assert!(nesting_depth(&text) >= depth);
         }
-    }
-
-    #[test]
-    fn only_regular_files_of_bounded_size_are_read() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let file = dir.path().join("a.yaml");
-        std::fs::write(&file, b"0123456789").expect("write");
-        assert_eq!(read_regular(&file, 10, "x").expect("fits"), b"0123456789");
-        let error = read_regular(&file, 9, "limits.x").expect_err("too large");
-        assert!(
-            error.to_string().contains("larger than 9 bytes (limits.x)"),
-            "{error}"
-        );
-        let error = read_regular(dir.path(), 10, "x").expect_err("a directory");
-        assert!(error.to_string().contains("a directory"), "{error}");
-        let fifo = dir.path().join("fifo.yaml");
-        let made = std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .expect("mkfifo runs");
-        assert!(made.success());
-        let error = read_regular(&fifo, 10, "x").expect_err("a FIFO, refused without blocking");
-        assert!(error.to_string().contains("a FIFO"), "{error}");
-        let error = read_regular(Path::new("/dev/zero"), 10, "x").expect_err("a device");
-        assert!(error.to_string().contains("a device"), "{error}");
     }
 }

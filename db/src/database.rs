@@ -236,8 +236,13 @@ fn client_config(ca_file: Option<&Path>) -> Result<ClientConfig, DbError> {
                 file: path.to_owned(),
                 message,
             };
-            let certs = CertificateDer::pem_file_iter(path)
-                .map_err(|e| file_error(format!("cannot read: {e}")))?;
+            let pem = meshca_files::read(
+                path,
+                meshca_files::PEM_FILE_BYTES,
+                meshca_files::PEM_FILE_BOUND,
+            )
+            .map_err(|e| file_error(format!("cannot read (keystore.postgres.caFile): {e}")))?;
+            let certs = CertificateDer::pem_slice_iter(&pem);
             for cert in certs {
                 let cert = cert.map_err(|e| file_error(format!("not a PEM certificate: {e}")))?;
                 roots

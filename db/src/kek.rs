@@ -34,26 +34,20 @@ impl KeyEncryptionKey {
             file: path.to_owned(),
             message,
         };
-        let meta = std::fs::metadata(path).map_err(|e| file_error(format!("cannot read: {e}")))?;
-        if !meta.is_file() {
-            return Err(file_error("is not a regular file".into()));
-        }
-        let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777;
+        let file = meshca_files::open(path).map_err(|e| file_error(format!("cannot read: {e}")))?;
+        let mode = std::os::unix::fs::PermissionsExt::mode(&file.metadata().permissions()) & 0o777;
         if mode & 0o077 != 0 {
             return Err(file_error(format!(
                 "has mode {mode:04o}, but the key-encryption key must be readable by its owner only: \
                  check who read it, then `chmod 600` it"
             )));
         }
-        if meta.len() > MAX_FILE {
-            return Err(file_error(format!(
-                "is {} bytes; a key-encryption key is 32 bytes or 64 hex digits",
-                meta.len()
-            )));
-        }
-        let bytes = Zeroizing::new(
-            std::fs::read(path).map_err(|e| file_error(format!("cannot read: {e}")))?,
-        );
+        let bytes = file
+            .read_secret(
+                MAX_FILE,
+                "a key-encryption key is 32 bytes or 64 hex digits",
+            )
+            .map_err(|e| file_error(format!("cannot read: {e}")))?;
         let key = parse(&bytes).map_err(file_error)?;
         Ok(KeyEncryptionKey::from_bytes(&key))
     }

@@ -38,6 +38,15 @@ impl PostgresKeystore {
         let stored: Vec<u8> = db.block_on("check the key-encryption key", |pool| async move {
             let client = pool.get().await.map_err(pool_error("connect"))?;
             let action = "check the key-encryption key";
+            let select = "SELECT value FROM meshca_meta WHERE key = $1";
+            // Read first: a database that only reads (a standby) still opens with its key.
+            if let Some(row) = client
+                .query_opt(select, &[&KEY_CHECK])
+                .await
+                .map_err(DbError::database(action))?
+            {
+                return Ok(row.get(0));
+            }
             client
                 .execute(
                     "INSERT INTO meshca_meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING",
@@ -46,7 +55,7 @@ impl PostgresKeystore {
                 .await
                 .map_err(DbError::database(action))?;
             let row = client
-                .query_one("SELECT value FROM meshca_meta WHERE key = $1", &[&KEY_CHECK])
+                .query_one(select, &[&KEY_CHECK])
                 .await
                 .map_err(DbError::database(action))?;
             Ok(row.get(0))

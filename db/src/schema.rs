@@ -68,6 +68,19 @@ pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
 /// Brings the schema to [`SCHEMA_VERSION`]; returns it. A schema newer than that is an error, and
 /// left untouched.
 pub(crate) async fn migrate(client: &mut Client) -> Result<i32, DbError> {
+    // A schema that is current needs no lock and no DDL: read first, so that a database open for
+    // reading only (a standby, `default_transaction_read_only`) still serves what needs no write.
+    if let Some(found) = current_version(client).await? {
+        if found > SCHEMA_VERSION {
+            return Err(DbError::SchemaTooNew {
+                found,
+                known: SCHEMA_VERSION,
+            });
+        }
+        if found == SCHEMA_VERSION {
+            return Ok(found);
+        }
+    }
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATE_LOCK])
         .await
@@ -80,6 +93,23 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<i32, DbError> {
     let version = migrated?;
     released.map_err(DbError::database("release the schema lock"))?;
     Ok(version)
+}
+
+/// The schema's version, read without writing; `None` before the version table exists.
+async fn current_version(client: &mut Client) -> Result<Option<i32>, DbError> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass('meshca_schema') IS NOT NULL", &[])
+        .await
+        .map_err(DbError::database("look for the schema version table"))?
+        .get(0);
+    if !exists {
+        return Ok(None);
+    }
+    let row = client
+        .query_opt("SELECT version FROM meshca_schema", &[])
+        .await
+        .map_err(DbError::database("read the schema version"))?;
+    Ok(row.map(|row| row.get(0)))
 }
 
 async fn apply(client: &mut Client) -> Result<i32, DbError> {

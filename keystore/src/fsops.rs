@@ -1,7 +1,7 @@
 //! The filesystem steps behind [`crate::FileKeystore`]: atomic replace, private directories, checked reads.
 
 use std::fs::{self, DirBuilder, File, OpenOptions, Permissions};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,6 +19,8 @@ pub(crate) const PUBLIC_MODE: u32 = 0o644;
 
 /// Bookkeeping files start with this; `#` is not a name character, so they never look like entries.
 const BOOKKEEPING_MARKER: &str = ".#";
+/// The largest entry read: keys, certificates and state are kilobytes; a larger file is not one of ours.
+const MAX_ENTRY_BYTES: u64 = 64 * 1024 * 1024;
 const TEMP_SUFFIX: &str = ".tmp";
 
 /// A temporary file name next to `file_name`: `.#<file_name>.<pid>.<counter>.tmp`.
@@ -126,7 +128,9 @@ pub(crate) fn read_file(
     path: &Path,
     secret: bool,
 ) -> Result<Option<Zeroizing<Vec<u8>>>, KeystoreError> {
-    let mut file = match File::open(path) {
+    // Opened without blocking and checked on the descriptor: a FIFO or a device put where an entry
+    // belongs is refused before anything is read from it.
+    let file = match meshca_files::open(path) {
         Ok(file) => file,
         // A missing file, or a name whose parent "directory" is a file: either way there is no such entry.
         Err(err)
@@ -137,26 +141,20 @@ pub(crate) fn read_file(
         {
             return Ok(None)
         }
+        Err(err) if err.kind() == io::ErrorKind::InvalidInput => {
+            return Err(KeystoreError::NotAFile { path: path.into() })
+        }
         Err(err) => return Err(KeystoreError::io("open", path)(err)),
     };
-    let meta = file
-        .metadata()
-        .map_err(KeystoreError::io("inspect", path))?;
-    if !meta.is_file() {
-        return Err(KeystoreError::NotAFile { path: path.into() });
-    }
-    let mode = meta.mode() & 0o7777;
+    let mode = file.metadata().mode() & 0o7777;
     if secret && mode & 0o077 != 0 {
         return Err(KeystoreError::InsecurePermissions {
             path: path.into(),
             mode,
         });
     }
-    // Sized up front so the buffer does not reallocate (each reallocation would leave an unwiped copy).
-    const MAX_PREALLOCATION: u64 = 1 << 20;
-    let capacity = usize::try_from(meta.len().min(MAX_PREALLOCATION)).unwrap_or(0);
-    let mut data = Zeroizing::new(Vec::with_capacity(capacity.saturating_add(1)));
-    file.read_to_end(&mut data)
+    let data = file
+        .read_secret(MAX_ENTRY_BYTES, "the largest keystore entry")
         .map_err(KeystoreError::io("read", path))?;
     Ok(Some(data))
 }

@@ -10,7 +10,7 @@ use meshca_control::ResourceName;
 
 use crate::names;
 use crate::registry::StreamKind;
-use crate::secret::SECRET_TYPE_URL;
+use crate::secret::{self, SECRET_TYPE_URL};
 use crate::stream::{Build, Current, Header, Protocol};
 use crate::wire::{DeltaDiscoveryRequest, Node};
 
@@ -53,7 +53,21 @@ impl Protocol for Delta {
         first: bool,
     ) -> Option<Vec<ResourceName>> {
         if first {
-            self.held.extend(request.initial_resource_versions);
+            // Every version meshca gives is VERSION_LEN bytes; a longer one is none of ours, so the
+            // proxy holds something other than what is current, which an empty version says as well
+            // without keeping what the proxy sent (up to a whole request's worth per name).
+            self.held
+                .extend(
+                    request
+                        .initial_resource_versions
+                        .into_iter()
+                        .map(
+                            |(name, version)| match version.len() <= secret::VERSION_LEN {
+                                true => (name, version),
+                                false => (name, String::new()),
+                            },
+                        ),
+                );
         }
         let mut changed = false;
         for name in request.resource_names_subscribe {
@@ -136,5 +150,32 @@ impl Protocol for Delta {
 
     fn set_nonce(response: &mut DeltaDiscoveryResponse, nonce: String) {
         response.nonce = nonce;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_a_proxy_says_it_holds_is_kept_only_as_long_as_a_version_of_ours() {
+        let ours = "0123456789abcdef0123456789abcdef".to_owned();
+        let request = DeltaDiscoveryRequest {
+            resource_names_subscribe: vec!["default".into(), "system_trust_bundle".into()],
+            initial_resource_versions: HashMap::from([
+                ("default".to_owned(), ours.clone()),
+                ("system_trust_bundle".to_owned(), "v".repeat(1 << 20)),
+            ]),
+            ..Default::default()
+        };
+        let mut delta = Delta::default();
+        delta.subscribe(request, true);
+        assert_eq!(delta.held.get("default"), Some(&ours));
+        let other = delta.held.get("system_trust_bundle").expect("still held");
+        assert!(
+            other.is_empty() && other.capacity() == 0,
+            "a version no response of ours carries is kept as unknown, not as sent ({} bytes)",
+            other.capacity()
+        );
     }
 }

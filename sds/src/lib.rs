@@ -42,3 +42,4 @@ pub use metrics::{AckLag, SdsMetrics, ACK_LAG_BOUNDS};
 pub use registry::{StreamInfo, StreamKind, StreamRegistry};
 pub use secret::{NO_IDENTITY_SAN, SECRET_TYPE_URL, SPIFFE_VALIDATOR_NAME};
 pub use service::{SdsLimits, SdsServer, ServerOptions, EVENT_BUFFER};
+pub use untrusted::shown;

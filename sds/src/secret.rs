@@ -279,13 +279,16 @@ pub(crate) fn wipe_private_key(message: &mut Secret) {
     }
 }
 
-/// A short, stable hex hash of `kind` and `content`.
+/// The length of every version meshca gives a secret: hex digits of a content hash.
+pub(crate) const VERSION_LEN: usize = 32;
+
+/// A short, stable hex hash of `kind` and `content`, [`VERSION_LEN`] digits.
 pub(crate) fn content_version(kind: &[u8], content: &[u8]) -> String {
     let mut context = ring::digest::Context::new(&ring::digest::SHA256);
     context.update(&(kind.len() as u64).to_be_bytes());
     context.update(kind);
     context.update(content);
-    hex::encode(&context.finish().as_ref()[..16])
+    hex::encode(&context.finish().as_ref()[..VERSION_LEN / 2])
 }
 
 #[cfg(test)]

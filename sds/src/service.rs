@@ -1,20 +1,16 @@
 //! The SDS gRPC service: construction and the three RPCs.
 
 use std::convert::Infallible;
-use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
 use meshca_auth::{Claims, RevocationList, Verifier};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
-use tonic::codec::{BufferSettings, Codec};
 use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
-use tonic::server::{NamedService, UnaryService};
-use tonic::{Request, Response, Status};
-use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
+use tonic::server::NamedService;
+use tonic::Status;
 
 use meshca_control::{ProxyKey, Snapshot, StreamEvent, StreamId};
 
@@ -29,7 +25,7 @@ use crate::stream::Protocol;
 use crate::untrusted::shown;
 use crate::wake::{Waiter, Wakes};
 use crate::wire::DiscoveryRequest;
-use crate::{authn, fetch, grpc, stream};
+use crate::{authn, fetch, grpc, session, stream};
 
 /// A good capacity for the event channel handed to [`SdsServer::new`]: enough for a burst of
 /// connections and ACKs while the owner reconciles; when it is full, streams wait to report.
@@ -321,43 +317,8 @@ impl SdsServer {
     }
 }
 
-/// Bytes tonic sets aside for decoding a `FetchSecrets` request and encoding its response, and the steps
-/// in which those buffers grow (tonic's default is 8 KiB). A fetch holds them only while it runs; the
-/// streaming methods do not use tonic's codec buffers at all.
-const CODEC_BUFFER: usize = 1024;
-/// Encoded responses gathered before they are handed to HTTP/2 (tonic's default).
-const CODEC_YIELD_THRESHOLD: usize = 32 * 1024;
-
-/// The prost codec with [`CODEC_BUFFER`]-sized buffers, for `FetchSecrets`.
-struct SdsCodec<T, U>(PhantomData<fn() -> (T, U)>);
-
-impl<T, U> Default for SdsCodec<T, U> {
-    fn default() -> Self {
-        SdsCodec(PhantomData)
-    }
-}
-
-impl<T, U> Codec for SdsCodec<T, U>
-where
-    T: prost::Message + Send + 'static,
-    U: prost::Message + Default + Send + 'static,
-{
-    type Encode = T;
-    type Decode = U;
-    type Encoder = ProstEncoder<T>;
-    type Decoder = ProstDecoder<U>;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        ProstCodec::<T, U>::raw_encoder(BufferSettings::new(CODEC_BUFFER, CODEC_YIELD_THRESHOLD))
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        ProstCodec::<T, U>::raw_decoder(BufferSettings::new(CODEC_BUFFER, CODEC_YIELD_THRESHOLD))
-    }
-}
-
-/// Routes the three SDS methods to [`SdsServer`]: the streams framed by [`crate::grpc`], fetches by
-/// tonic with [`SdsCodec`].
+/// Routes the three SDS methods to [`SdsServer`], all framed by [`crate::grpc`]: every request's
+/// token is checked on its headers, before any of its body is read.
 #[derive(Clone)]
 struct GrpcService {
     server: SdsServer,
@@ -386,7 +347,6 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let server = self.server.clone();
-        let request_bytes = server.shared.options.limits.request_bytes;
         match request.uri().path() {
             STREAM_SECRETS => {
                 let response = server.open_stream::<Sotw>(request.map(tonic::body::Body::new));
@@ -396,25 +356,9 @@ where
                 let response = server.open_stream::<Delta>(request.map(tonic::body::Body::new));
                 Box::pin(async move { Ok(response) })
             }
-            FETCH_SECRETS => Box::pin(async move {
-                let mut grpc = tonic::server::Grpc::new(SdsCodec::default())
-                    .max_decoding_message_size(request_bytes);
-                Ok(grpc.unary(FetchSecrets(server), request).await)
-            }),
+            FETCH_SECRETS => server.fetch(request.map(tonic::body::Body::new)),
             _ => Box::pin(async move { Ok(Status::unimplemented("").into_http()) }),
         }
-    }
-}
-
-struct FetchSecrets(SdsServer);
-
-impl UnaryService<DiscoveryRequest> for FetchSecrets {
-    type Response = DiscoveryResponse;
-    type Future = BoxFuture<Response<DiscoveryResponse>, Status>;
-
-    fn call(&mut self, request: Request<DiscoveryRequest>) -> Self::Future {
-        let server = self.0.clone();
-        Box::pin(async move { server.fetch_secrets(request).await })
     }
 }
 
@@ -430,21 +374,8 @@ impl SdsServer {
         P::Response: grpc::Encode,
     {
         let (parts, body) = request.into_parts();
-        if let Some(encoding) = parts
-            .headers
-            .get("grpc-encoding")
-            .filter(|e| *e != "identity")
-        {
-            return Status::unimplemented(format!(
-                "requests compressed with {} are not accepted; send them uncompressed",
-                shown(&String::from_utf8_lossy(encoding.as_bytes()))
-            ))
-            .into_http();
-        }
-        let open = opened_on_connection(&parts.extensions);
-        let metadata = tonic::metadata::MetadataMap::from_headers(parts.headers);
-        let claims = match self.shared.authenticate(&metadata) {
-            Ok(claims) => claims,
+        let (claims, open) = match self.admit(parts) {
+            Ok(admitted) => admitted,
             Err(status) => return status.into_http(),
         };
         let start = Box::new(stream::Start {
@@ -458,15 +389,64 @@ impl SdsServer {
         })))
     }
 
-    async fn fetch_secrets(
+    /// Checks a request's headers: an uncompressed body and a valid token. Nothing of its body has
+    /// been read: a request that fails here is answered without reading any.
+    fn admit(
         &self,
-        request: Request<DiscoveryRequest>,
-    ) -> Result<Response<DiscoveryResponse>, Status> {
-        let claims = self.shared.authenticate(request.metadata())?;
-        let _open = opened_on_connection(request.extensions());
-        fetch::fetch(&self.shared, claims, request.into_inner())
-            .await
-            .map(Response::new)
+        parts: http::request::Parts,
+    ) -> Result<(Claims, Option<crate::conn::StreamGuard>), Status> {
+        if let Some(encoding) = parts
+            .headers
+            .get("grpc-encoding")
+            .filter(|e| *e != "identity")
+        {
+            return Err(Status::unimplemented(format!(
+                "requests compressed with {} are not accepted; send them uncompressed",
+                shown(&String::from_utf8_lossy(encoding.as_bytes()))
+            )));
+        }
+        let open = opened_on_connection(&parts.extensions);
+        let metadata = tonic::metadata::MetadataMap::from_headers(parts.headers);
+        let claims = self.shared.authenticate(&metadata)?;
+        Ok((claims, open))
+    }
+
+    /// `FetchSecrets`: authenticates the token on the headers, then reads the one request message
+    /// the way a stream reads its first (through the trimmer, bounded in size and in time), and
+    /// answers it.
+    fn fetch(
+        &self,
+        request: http::Request<tonic::body::Body>,
+    ) -> BoxFuture<http::Response<tonic::body::Body>, Infallible> {
+        let (parts, body) = request.into_parts();
+        let (claims, open) = match self.admit(parts) {
+            Ok(admitted) => admitted,
+            Err(status) => return Box::pin(async move { Ok(status.into_http()) }),
+        };
+        let shared = self.shared.clone();
+        Box::pin(async move {
+            let limit = shared.options.limits.request_bytes;
+            let mut inbound = grpc::Requests::<DiscoveryRequest>::new(body, limit);
+            let answer = match session::first_request(&shared, inbound.message()).await {
+                Ok(Some(request)) => {
+                    // The rest of the body (its end) is not waited for: the answer needs nothing
+                    // more, and what the body held goes now.
+                    drop(inbound);
+                    fetch::fetch(&shared, claims, request).await
+                }
+                Ok(None) => Err(Status::invalid_argument(
+                    "the request ended without a message: FetchSecrets takes one DiscoveryRequest",
+                )),
+                Err(status) => Err(status),
+            };
+            drop(open);
+            Ok(match answer {
+                Ok(response) => grpc::response(Box::pin(futures::stream::once(async move {
+                    Ok::<_, Status>(response)
+                }))),
+                Err(status) => status.into_http(),
+            })
+        })
     }
 }
 

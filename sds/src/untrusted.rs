@@ -7,7 +7,7 @@ use std::fmt::Write;
 pub(crate) const ECHO_CHARS: usize = 200;
 
 /// `text` quoted: what [`bounded`] makes of it, between double quotes.
-pub(crate) fn shown(text: &str) -> String {
+pub fn shown(text: &str) -> String {
     format!("\"{}\"", bounded(text))
 }
 

@@ -59,14 +59,16 @@ impl ChildFleet {
     /// Starts `meshca bench sds-client` from this executable and hands it the plan.
     pub async fn spawn(plan: FleetPlan, timeout: Duration) -> anyhow::Result<ChildFleet> {
         let exe = std::env::current_exe().context("cannot find the meshca executable")?;
-        let mut child = tokio::process::Command::new(&exe)
-            .args(["bench", "sds-client"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("cannot start {} bench sds-client", exe.display()))?;
+        let mut child = tokio::process::Command::from(crate::children::without_secrets(
+            std::process::Command::new(&exe),
+        ))
+        .args(["bench", "sds-client"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("cannot start {} bench sds-client", exe.display()))?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err(anyhow!("the client process has no stdin or stdout pipe"));
         };

@@ -12,11 +12,10 @@ use crate::cli::BootstrapArgs;
 use crate::InvalidInput;
 
 pub fn run(args: BootstrapArgs) -> anyhow::Result<ExitCode> {
+    crate::bootstrap::check_ports(args.admin_port, &args.inbound, &args.outbound)
+        .map_err(InvalidInput)?;
     let settings = super::load_settings(args.config.config.as_deref())?;
-    let token = std::fs::read_to_string(&args.token_file)
-        .with_context(|| format!("--token-file: cannot read {}", args.token_file.display()))?
-        .trim()
-        .to_owned();
+    let token = super::issue::read_token(&args.token_file)?;
     let claims = Verifier::read_unverified(&token).map_err(|e| {
         InvalidInput(format!(
             "--token-file {}: not a meshca token: {e}",
@@ -73,9 +72,13 @@ fn target(server: &str, sds_ca: Option<&Path>, data_dir: &Path) -> anyhow::Resul
         Some(file) => file.to_path_buf(),
         None => data_dir.join("sds-ca.pem"),
     };
-    if !ca_file.is_file() {
+    if let Err(e) = meshca_files::open(&ca_file) {
+        let why = match e.kind() {
+            std::io::ErrorKind::NotFound => "no such file".to_owned(),
+            _ => e.to_string(),
+        };
         return Err(InvalidInput(format!(
-            "--sds-ca {}: no such file (the CA of meshca's SDS certificate, `<dataDir>/sds-ca.pem` on the meshca host)",
+            "--sds-ca {}: {why} (the CA of meshca's SDS certificate, `<dataDir>/sds-ca.pem` on the meshca host)",
             ca_file.display()
         ))
         .into());

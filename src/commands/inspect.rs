@@ -8,8 +8,12 @@ use crate::cli::{InspectArgs, Output};
 use crate::InvalidInput;
 
 pub fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
-    let data = std::fs::read(&args.file)
-        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    let data = meshca_files::read(
+        &args.file,
+        meshca_files::PEM_FILE_BYTES,
+        meshca_files::PEM_FILE_BOUND,
+    )
+    .with_context(|| format!("cannot read {}", args.file.display()))?;
     let certs = meshca_ca::inspect_pem(&data)
         .map_err(|e| anyhow::Error::new(InvalidInput(format!("{}: {e}", args.file.display()))))?;
     match args.output {

@@ -58,7 +58,8 @@ fn write_files(dir: &Path, files: &Files, exec: Option<&str>) -> anyhow::Result<
     write_atomic(dir, "key.pem", files.key.as_bytes(), 0o600)?;
     write_atomic(dir, "svid.pem", files.svid.as_bytes(), 0o644)?;
     if let Some(cmd) = exec {
-        let status = std::process::Command::new("sh")
+        let mut command = crate::children::without_secrets(std::process::Command::new("sh"));
+        let status = command
             .arg("-c")
             .arg(cmd)
             .status()
@@ -157,8 +158,12 @@ pub fn token_subject(token: &str) -> anyhow::Result<(String, String)> {
 
 /// Reads a token file (surrounding whitespace ignored).
 pub fn read_token(path: &Path) -> anyhow::Result<String> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("--token-file: cannot read {}", path.display()))?;
+    let text = meshca_files::read_text(
+        path,
+        meshca_files::PEM_FILE_BYTES,
+        meshca_files::PEM_FILE_BOUND,
+    )
+    .with_context(|| format!("--token-file: cannot read {}", path.display()))?;
     Ok(text.trim().to_owned())
 }
 
@@ -171,7 +176,12 @@ pub async fn connect(
     let tls = if server.starts_with("unix:") {
         None
     } else {
-        let ca_pem = std::fs::read(ca_file).with_context(|| {
+        let ca_pem = meshca_files::read(
+            ca_file,
+            meshca_files::PEM_FILE_BYTES,
+            meshca_files::PEM_FILE_BOUND,
+        )
+        .with_context(|| {
             format!(
                 "cannot read the SDS CA {} (give --server-ca, or use the unix socket)",
                 ca_file.display()

@@ -201,22 +201,24 @@ impl EnvoyRing {
                 .with_context(|| format!("cannot write {}", config.display()))?;
             let log = dir.join(format!("envoy-{i}.log"));
             let out = std::fs::File::create(&log)?;
-            let child = Command::new(envoy)
-                .arg("-c")
-                .arg(&config)
-                .args([
-                    "--disable-hot-restart",
-                    "--concurrency",
-                    "1",
-                    "--log-level",
-                    "error",
-                ])
-                .stdout(out.try_clone()?)
-                .stderr(out)
-                .stdin(Stdio::null())
-                .kill_on_drop(true)
-                .spawn()
-                .with_context(|| format!("cannot start Envoy {}", envoy.display()))?;
+            let child = Command::from(crate::children::without_secrets(
+                std::process::Command::new(envoy),
+            ))
+            .arg("-c")
+            .arg(&config)
+            .args([
+                "--disable-hot-restart",
+                "--concurrency",
+                "1",
+                "--log-level",
+                "error",
+            ])
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start Envoy {}", envoy.display()))?;
             sidecars.push(Sidecar {
                 name: member.name.clone(),
                 initial_id: member.initial_id.clone(),

@@ -9,7 +9,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use meshca_sds::{LogBudget, StreamInfo, StreamRegistry};
+use meshca_sds::{shown, LogBudget, StreamInfo, StreamRegistry};
 use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -17,6 +17,7 @@ use tokio_util::task::TaskTracker;
 
 use super::metrics::Metrics;
 use super::replica::DatabaseView;
+use super::stalled_writes::StalledWrites;
 use meshca_control::{
     DataplaneStatus, Detail, LoopHealth, Status, StatusHandle, StatusUnavailable,
 };
@@ -194,7 +195,11 @@ async fn mesh(State(s): State<AdminState>, Path(name): Path<String>) -> Response
     };
     match status.meshes.into_iter().find(|m| m.name == name) {
         Some(m) => Json(m).into_response(),
-        None => (StatusCode::NOT_FOUND, format!("no mesh named {name:?}\n")).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            format!("no mesh named {}\n", shown(&name)),
+        )
+            .into_response(),
     }
 }
 
@@ -221,7 +226,7 @@ async fn dataplane(
         Some(d) => Json(dataplane_view(d, &s.streams.list())).into_response(),
         None => (
             StatusCode::NOT_FOUND,
-            format!("no dataplane {mesh}/{name}\n"),
+            format!("no dataplane {} in mesh {}\n", shown(&name), shown(&mesh)),
         )
             .into_response(),
     }
@@ -242,7 +247,8 @@ async fn rejected(State(s): State<AdminState>) -> Response {
 ///
 /// At most `limits.connections` connections are served at once (more are closed when accepted,
 /// with a warning a few times a minute), and a client that takes longer than `limits.head_timeout`
-/// to send a request's head (or to start the next one on a kept-alive connection) is disconnected.
+/// to send a request's head (or to start the next one on a kept-alive connection), or that leaves a
+/// response unread that long, is disconnected.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AdminState,
@@ -284,7 +290,10 @@ pub async fn serve(
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(limits.head_timeout)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                .serve_connection(
+                    hyper_util::rt::TokioIo::new(StalledWrites::new(stream, limits.head_timeout)),
+                    service,
+                );
             tokio::pin!(connection);
             let result = tokio::select! {
                 result = connection.as_mut() => result,
@@ -312,7 +321,7 @@ const ACCEPT_ERROR_BACKOFF: std::time::Duration = std::time::Duration::from_mill
 pub struct AdminLimits {
     /// Connections served at once.
     pub connections: usize,
-    /// Time a client has to send a request's head.
+    /// Time a client has to send a request's head, and to take a byte of a response being written.
     pub head_timeout: std::time::Duration,
     /// Warnings about shed connections logged per minute.
     pub warnings_per_minute: u32,

@@ -149,6 +149,7 @@ impl Daemon {
             streams: sds.registry(),
             view: database_tx.clone(),
             metrics: metrics.clone(),
+            reloader: reloader.clone(),
         });
         let owner = Owner::new(
             OwnerConfig {

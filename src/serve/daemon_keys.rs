@@ -83,17 +83,28 @@ pub fn server_identity_from_files(
     key_file: &Path,
 ) -> anyhow::Result<ServerIdentity> {
     use rustls_pki_types::pem::PemObject;
-    let chain = rustls_pki_types::CertificateDer::pem_file_iter(cert_file)
-        .with_context(|| format!("sds.tls.certFile: cannot read {}", cert_file.display()))?
-        .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("sds.tls.certFile: {} is not valid PEM", cert_file.display()))?;
+    let read = |setting: &str, file: &Path| {
+        meshca_files::read(
+            file,
+            meshca_files::PEM_FILE_BYTES,
+            meshca_files::PEM_FILE_BOUND,
+        )
+        .with_context(|| format!("{setting}: cannot read {}", file.display()))
+    };
+    let chain =
+        rustls_pki_types::CertificateDer::pem_slice_iter(&read("sds.tls.certFile", cert_file)?)
+            .collect::<Result<Vec<_>, _>>()
+            .with_context(|| {
+                format!("sds.tls.certFile: {} is not valid PEM", cert_file.display())
+            })?;
     if chain.is_empty() {
         return Err(anyhow!(
             "sds.tls.certFile: {} holds no certificate",
             cert_file.display()
         ));
     }
-    let key = rustls_pki_types::PrivateKeyDer::from_pem_file(key_file).with_context(|| {
+    let key_pem = zeroize::Zeroizing::new(read("sds.tls.keyFile", key_file)?);
+    let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(&key_pem).with_context(|| {
         format!(
             "sds.tls.keyFile: cannot read a private key from {}",
             key_file.display()

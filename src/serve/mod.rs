@@ -11,6 +11,7 @@ pub mod metrics;
 mod reload;
 mod replica;
 pub mod revocations;
+mod stalled_writes;
 mod store;
 mod watcher;
 

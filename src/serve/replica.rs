@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::Metrics;
+use super::reload::{Change, Reloader};
 
 /// The fastest heartbeat, however short `replica.leaseTimeout` is.
 const MIN_HEARTBEAT: Duration = Duration::from_millis(200);
@@ -49,7 +50,7 @@ pub struct RolloutPeer {
 
 /// What waits for the database while it is unreachable (everything else is served from memory).
 const WAITS_FOR_DATABASE: [&str; 2] = [
-    "a resource update that needs a CA this replica has not loaded (a new backend, MeshIdentity or rotation generation) is rejected until it answers",
+    "a resource update that needs a CA this replica has not loaded (a new backend, MeshIdentity or rotation generation) is rejected until it answers, then applied",
     "tokens revoked through other replicas are refused here only once it answers",
 ];
 
@@ -68,6 +69,8 @@ pub struct Heartbeat {
     pub view: watch::Sender<Arc<DatabaseView>>,
     /// Where the gauges go.
     pub metrics: Arc<Metrics>,
+    /// Re-applies the resource files when the database answers again.
+    pub reloader: Reloader,
 }
 
 impl Heartbeat {
@@ -97,11 +100,22 @@ impl Heartbeat {
             self.replicas.list(self.lease).await
         }
         .await;
-        let was_up = self.view.borrow().up;
+        let (was_up, was_down) = {
+            let view = self.view.borrow();
+            (view.up, view.error.is_some())
+        };
         match heard {
             Ok(replicas) => {
                 if !was_up {
                     tracing::info!(replica = %self.name, replicas = replicas.len(), "the database answers");
+                }
+                if was_down {
+                    // An update that needed the database (a new CA) was rejected while it did not
+                    // answer: the files are read again now, so that it applies without an edit.
+                    tracing::info!(
+                        "re-reading the resource files, now that the database answers again"
+                    );
+                    self.reloader.try_apply_with(Change::Resources, None);
                 }
                 self.metrics.observe_replicas(&self.name, Some(&replicas));
                 self.view.send_modify(|view| {

@@ -22,6 +22,9 @@ pub const FILE_NAME: &str = "revoked-tokens";
 /// The writers' lock beside it (the daemon creating the list, `meshca token --revoke`).
 const LOCK_NAME: &str = "revoked-tokens.lock";
 
+/// The largest list read: two million revoked tokens, each with the note `--revoke` writes.
+const MAX_LIST_BYTES: u64 = 128 * 1024 * 1024;
+
 /// What [`revoke`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Revoked {
@@ -34,7 +37,7 @@ pub enum Revoked {
 /// Reads and parses the list. Missing, unreadable and invalid are all errors naming the file: the caller
 /// keeps what it had (a running daemon) or stops (a starting one).
 pub fn read(path: &Path) -> anyhow::Result<RevocationList> {
-    let text = std::fs::read_to_string(path).map_err(|e| match e.kind() {
+    let text = read_text(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => anyhow!("{}", missing_message(path)),
         _ => anyhow!(
             "cannot read the token revocation list {}: {e}",
@@ -69,7 +72,7 @@ pub fn create_if_missing(path: &Path) -> anyhow::Result<()> {
 /// an error, since writing a list with only this id would un-revoke every token of the lost one.
 pub fn revoke(path: &Path, id: &str, key_exists: bool) -> anyhow::Result<Revoked> {
     let _lock = lock(path)?;
-    let text = match std::fs::read_to_string(path) {
+    let text = match read_text(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !key_exists => {
             RevocationList::EMPTY_FILE.to_owned()
@@ -116,7 +119,13 @@ impl Source {
     /// Reads the list. Every failure is an error: the caller keeps what it had, or does not start.
     pub async fn read(&self) -> anyhow::Result<RevocationList> {
         match self {
-            Source::File(path) => read(path),
+            // Off the runtime's threads: a file read can take as long as the disk does.
+            Source::File(path) => {
+                let path = path.clone();
+                tokio::task::spawn_blocking(move || read(&path))
+                    .await
+                    .map_err(|e| anyhow!("reading the token revocation list failed: {e}"))?
+            }
             Source::Database(revocations) => {
                 let ids = revocations.ids().await.map_err(|e| anyhow!("{e}"))?;
                 from_ids(&ids)
@@ -131,6 +140,12 @@ fn from_ids(ids: &[String]) -> anyhow::Result<RevocationList> {
     RevocationList::parse(&ids.join("\n")).map_err(|e| {
         anyhow!("the database's revoked tokens (table meshca_revoked_tokens) are invalid: {e}")
     })
+}
+
+/// The list's text: a regular file (a FIFO or a device put in its place is refused without blocking)
+/// of at most [`MAX_LIST_BYTES`].
+fn read_text(path: &Path) -> std::io::Result<String> {
+    meshca_files::read_text(path, MAX_LIST_BYTES, "the largest token revocation list")
 }
 
 /// Why a missing list is an error, and how to recover on purpose.

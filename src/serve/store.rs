@@ -153,8 +153,8 @@ fn connect(settings: &PostgresSettings) -> Result<Database, Unavailable> {
 /// The password in `file` (a trailing newline is not part of it); the file must be private.
 fn read_password(file: &Path) -> anyhow::Result<Zeroizing<String>> {
     let context = || format!("keystore.postgres.passwordFile: {}", file.display());
-    let meta = std::fs::metadata(file).with_context(context)?;
-    let mode = meta.permissions().mode() & 0o777;
+    let opened = meshca_files::open(file).with_context(context)?;
+    let mode = opened.metadata().permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
         return Err(anyhow!(
             "keystore.postgres.passwordFile: {} has mode {mode:04o}, but a password file must be readable by \
@@ -162,14 +162,16 @@ fn read_password(file: &Path) -> anyhow::Result<Zeroizing<String>> {
             file.display()
         ));
     }
-    if meta.len() > MAX_PASSWORD_FILE {
-        return Err(anyhow!(
-            "keystore.postgres.passwordFile: {} is larger than {MAX_PASSWORD_FILE} bytes",
+    let bytes = opened
+        .read_secret(MAX_PASSWORD_FILE, "the largest password file")
+        .with_context(context)?;
+    let text = std::str::from_utf8(&bytes).map_err(|_| {
+        anyhow!(
+            "keystore.postgres.passwordFile: {} is not UTF-8 text",
             file.display()
-        ));
-    }
-    let text = Zeroizing::new(std::fs::read_to_string(file).with_context(context)?);
-    let password = text.strip_suffix('\n').unwrap_or(&text);
+        )
+    })?;
+    let password = text.strip_suffix('\n').unwrap_or(text);
     let password = password.strip_suffix('\r').unwrap_or(password);
     Ok(Zeroizing::new(password.to_owned()))
 }

@@ -11,7 +11,6 @@ use serde::Deserialize;
 use zeroize::Zeroize;
 
 use super::error::Report;
-use crate::bounded::read_regular;
 
 /// The bytes of a certificate or private key, or where to read them.
 ///
@@ -37,7 +36,7 @@ impl DataSource {
     pub fn read(&self, max_bytes: u64) -> Result<Vec<u8>, io::Error> {
         let bytes = match self {
             DataSource::File(path) => {
-                return read_regular(path, max_bytes, "limits.dataSourceBytes")
+                return meshca_files::read(path, max_bytes, "limits.dataSourceBytes")
                     .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())));
             }
             DataSource::Inline(bytes) => bytes.clone(),

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use zeroize::Zeroize;
 
-use crate::bounded::{nesting_depth, read_regular, LoadLimits};
+use crate::bounded::{nesting_depth, LoadLimits};
 
 pub use data_source::DataSource;
 pub use dataplane::{Dataplane, Inbound, ZoneEgress, SERVICE_TAG};
@@ -170,7 +170,7 @@ pub fn parse_str(file: &Path, text: &str) -> Result<Vec<Resource>, Vec<ResourceE
 
 /// The text of one resource file, read within `limits` and checked for depth before parsing.
 fn read_resource_file(file: &Path, limits: &LoadLimits) -> Result<String, String> {
-    let bytes = read_regular(file, limits.file_bytes, "limits.resourceFileBytes")
+    let bytes = meshca_files::read(file, limits.file_bytes, "limits.resourceFileBytes")
         .map_err(|e| format!("cannot read: {e}"))?;
     let text = String::from_utf8(bytes).map_err(|e| {
         let mut bytes = e.into_bytes();

@@ -15,6 +15,11 @@ use super::types::{
 use super::{env, ListenAddr, Settings, SettingsError};
 use crate::names::check_name;
 
+/// The largest settings file read; a settings file is a few hundred bytes.
+pub const SETTINGS_FILE_BYTES: u64 = 1024 * 1024;
+/// How a read error names a bound that is not a setting.
+const FIXED_BOUND: &str = "a fixed bound";
+
 const DEFAULTS_ORIGIN: &str = "built-in defaults";
 
 impl Settings {
@@ -36,10 +41,11 @@ impl Settings {
         let mut origins: BTreeMap<&'static str, String> = BTreeMap::new();
         let mut layer = match path {
             Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|source| SettingsError::Read {
-                    path: path.to_owned(),
-                    source,
-                })?;
+                let text = meshca_files::read_text(path, SETTINGS_FILE_BYTES, FIXED_BOUND)
+                    .map_err(|source| SettingsError::Read {
+                        path: path.to_owned(),
+                        source,
+                    })?;
                 let layer = parse_file(path, &text)?;
                 for field in fields().filter(|f| layer.is_set(f)) {
                     origins.insert(field, path.display().to_string());

@@ -170,6 +170,10 @@ pub const MAX_POSTGRES_CONNECTIONS: usize = 256;
 /// never shown by `meshca status` or the admin API).
 pub const POSTGRES_PASSWORD_ENV: &str = "MESHCA_KEYSTORE_POSTGRES_PASSWORD";
 
+/// The environment variables that hold secrets: meshca reads them, and never hands them on to a
+/// process it starts (`meshca issue --exec`, a drill's Envoys).
+pub const SECRET_ENV_VARS: &[&str] = &[POSTGRES_PASSWORD_ENV];
+
 /// `replica:` in the settings file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
