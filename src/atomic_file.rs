@@ -5,6 +5,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use anyhow::{anyhow, Context};
+use meshca_keystore::crash_point;
 
 /// Writes `data` to `dir/name` atomically: a temporary file with a random name, created exclusively
 /// (never an existing file, never through a symlink) with `mode` from the start, written, synced, then
@@ -13,16 +14,22 @@ use anyhow::{anyhow, Context};
 pub fn write_atomic(dir: &Path, name: &str, data: &[u8], mode: u32) -> anyhow::Result<()> {
     let target = dir.join(name);
     let tmp = dir.join(format!(".{name}.{}.tmp", random_suffix()?));
+    crash_point(format_args!("create {}", tmp.display()));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(mode)
         .open(&tmp)
         .with_context(|| format!("cannot create {}", tmp.display()))?;
-    let written = f
-        .write_all(data)
-        .and_then(|_| f.sync_all())
-        .and_then(|_| std::fs::rename(&tmp, &target));
+    crash_point(format_args!("write {}", tmp.display()));
+    let written = f.write_all(data).and_then(|_| f.sync_all()).and_then(|_| {
+        crash_point(format_args!(
+            "rename {} to {}",
+            tmp.display(),
+            target.display()
+        ));
+        std::fs::rename(&tmp, &target)
+    });
     if let Err(e) = written {
         // Nothing half-written is left behind.
         let _ = std::fs::remove_file(&tmp);

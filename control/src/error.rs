@@ -86,8 +86,9 @@ pub enum CaLoadError {
         /// Why it cannot be loaded.
         error: Box<CaError>,
     },
-    /// Only one of a CA's two keystore files exists.
-    #[error("the keystore holds only half of the CA at {path} (certificate or key missing); restore the missing file or remove both to generate a new CA")]
+    /// Only one of a CA's two keystore files exists, and no interrupted creation explains it (the keystore
+    /// rolls those back by itself): a file was removed or lost.
+    #[error("the keystore holds only half of the CA at {path} (certificate or key missing), and no creation of it was interrupted: a file was removed or lost; restore the missing file, or remove both to generate a new CA")]
     HalfPersisted {
         /// The CA's keystore path.
         path: String,

@@ -38,11 +38,12 @@ pub enum KeystoreError {
         /// The offending path.
         path: PathBuf,
     },
-    /// Some entries of a group that is created together exist and others do not (see
-    /// [`crate::Keystore::create_if_absent`]); nothing was written.
+    /// Some entries of a group that is created together exist and others do not, and no interrupted
+    /// creation explains it (see [`crate::Keystore::create_if_absent`]): a file was removed or lost.
+    /// Nothing was written.
     #[error(
-        "the keystore holds {} but not {}: an earlier write was interrupted or a file was removed; restore the \
-         missing entries from a backup, or remove the others to have them created anew",
+        "the keystore holds {} but not {}, and no creation was interrupted there: a file was removed or lost; \
+         restore the missing entries from a backup, or remove the others to have them created anew",
         present.join(", "), missing.join(", ")
     )]
     PartlyPresent {
@@ -50,6 +51,16 @@ pub enum KeystoreError {
         present: Vec<String>,
         /// The entries that do not.
         missing: Vec<String>,
+    },
+    /// The creation journal does not list entry names: it was not written by meshca.
+    #[error(
+        "{} is not a creation journal meshca wrote (a line is not an entry name); it was edited by hand: \
+         restore it, or remove it to leave the entries it named as they are",
+        path.display()
+    )]
+    Journal {
+        /// The journal file.
+        path: PathBuf,
     },
     /// A database keystore could not do what was asked (the message names the operation and the cause).
     #[error("{0}")]

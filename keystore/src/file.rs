@@ -9,6 +9,7 @@ use zeroize::Zeroizing;
 
 use crate::error::KeystoreError;
 use crate::fsops::{self, DIR_MODE, PUBLIC_MODE, SECRET_MODE};
+use crate::journal;
 use crate::name::{split_prefix, validate_name, validate_prefix};
 use crate::secret::Secret;
 use crate::store::{Creation, Keystore, NewEntry};
@@ -19,6 +20,11 @@ use crate::store::{Creation, Keystore, NewEntry};
 /// fsync, rename, directory fsync) and are serialised across threads and processes by an advisory lock on
 /// `<dir>/.#lock`; reads take no lock. Leftover temporary files of interrupted writes are never read, and are
 /// removed on [`FileKeystore::open`] and on the next write of the same entry.
+///
+/// A group of entries ([`Keystore::create_if_absent`]) is created under a journal, `<dir>/.#creating`, that
+/// names it while its files are written; a creation a kill interrupted is completed or rolled back on
+/// [`FileKeystore::open`] and before the next creation, so a crash never leaves half a CA (see the
+/// `journal` module).
 #[derive(Debug)]
 pub struct FileKeystore {
     root: PathBuf,
@@ -27,7 +33,7 @@ pub struct FileKeystore {
 impl FileKeystore {
     /// Opens the keystore at `dir`, creating it with mode 0700 (missing parents get the default mode). An
     /// existing directory that group or others can access is tightened to 0700 with a warning. Removes
-    /// leftover temporary files.
+    /// leftover temporary files, and recovers a creation a kill interrupted.
     pub fn open(dir: &Path) -> Result<FileKeystore, KeystoreError> {
         match fs::metadata(dir) {
             Ok(meta) if !meta.is_dir() => {
@@ -52,6 +58,7 @@ impl FileKeystore {
                     fs::create_dir_all(parent)
                         .map_err(KeystoreError::io("create directory", parent))?;
                 }
+                crate::crash::crash_point(format_args!("create directory {}", dir.display()));
                 match DirBuilder::new().mode(DIR_MODE).create(dir) {
                     Ok(()) => {}
                     // Another process created it in between; the permission fix below still applies.
@@ -66,6 +73,7 @@ impl FileKeystore {
         let store = FileKeystore { root: dir.into() };
         let _lock = store.lock()?;
         store.remove_all_stale_temps(&store.root)?;
+        journal::recover(&store.root)?;
         Ok(store)
     }
 
@@ -198,6 +206,8 @@ impl Keystore for FileKeystore {
             .map(|entry| self.path_of(entry.name()))
             .collect::<Result<Vec<_>, _>>()?;
         let _lock = self.lock()?;
+        // A creation a killed writer left half done would otherwise read as PartlyPresent below.
+        journal::recover(&self.root)?;
         let (mut present, mut missing) = (Vec::new(), Vec::new());
         for (entry, path) in entries.iter().zip(&paths) {
             let exists = match fs::metadata(path) {
@@ -223,13 +233,23 @@ impl Keystore for FileKeystore {
         if !present.is_empty() {
             return Err(KeystoreError::PartlyPresent { present, missing });
         }
+        // One entry is one atomic rename already; a group of several needs the journal.
+        let journaled = entries.len() > 1;
+        if journaled {
+            let names: Vec<&str> = entries.iter().map(NewEntry::name).collect();
+            journal::begin(&self.root, &names)?;
+        }
         for entry in entries {
             let mode = if entry.is_secret() {
                 SECRET_MODE
             } else {
                 PUBLIC_MODE
             };
+            // On an error the journal stays: the next creation (or open) rolls back what was written.
             self.write_locked(entry.name(), entry.data(), mode)?;
+        }
+        if journaled {
+            journal::finish(&self.root)?;
         }
         Ok(Creation::Created)
     }
@@ -237,21 +257,7 @@ impl Keystore for FileKeystore {
     fn delete(&self, name: &str) -> Result<(), KeystoreError> {
         let path = self.path_of(name)?;
         let _lock = self.lock()?;
-        match fs::remove_file(&path) {
-            Ok(()) => match path.parent() {
-                Some(parent) => fsops::sync_dir(parent),
-                None => Ok(()),
-            },
-            Err(err)
-                if matches!(
-                    err.kind(),
-                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
-                ) =>
-            {
-                Ok(())
-            }
-            Err(err) => Err(KeystoreError::io("remove", path)(err)),
-        }
+        fsops::remove_file(&path).map(drop)
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<String>, KeystoreError> {

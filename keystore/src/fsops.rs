@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use zeroize::Zeroizing;
 
+use crate::crash::crash_point;
 use crate::error::KeystoreError;
 
 /// Mode of every directory in the keystore.
@@ -64,6 +65,7 @@ pub(crate) fn write_atomic(
     let temp = dir.join(temp_name(file_name));
     let target = dir.join(file_name);
     let written = (|| {
+        crash_point(format_args!("create {}", temp.display()));
         let mut file = OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -73,10 +75,16 @@ pub(crate) fn write_atomic(
         // The umask may have narrowed `mode`; set it exactly (only ever narrower before this point).
         file.set_permissions(Permissions::from_mode(mode))
             .map_err(KeystoreError::io("set permissions of", &temp))?;
+        crash_point(format_args!("write {}", temp.display()));
         file.write_all(data)
             .map_err(KeystoreError::io("write", &temp))?;
         file.sync_all().map_err(KeystoreError::io("sync", &temp))?;
         drop(file);
+        crash_point(format_args!(
+            "rename {} to {}",
+            temp.display(),
+            target.display()
+        ));
         fs::rename(&temp, &target).map_err(KeystoreError::io("replace", &target))
     })();
     if let Err(err) = written {
@@ -100,6 +108,10 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), KeystoreError> {
 /// Creates `path` as a 0700 directory if it is missing (its parent must exist); an existing non-directory is
 /// an error.
 pub(crate) fn ensure_dir(path: &Path) -> Result<(), KeystoreError> {
+    if path.is_dir() {
+        return Ok(());
+    }
+    crash_point(format_args!("create directory {}", path.display()));
     match DirBuilder::new().mode(DIR_MODE).create(path) {
         Ok(()) => {
             fs::set_permissions(path, Permissions::from_mode(DIR_MODE))
@@ -177,6 +189,7 @@ pub(crate) fn remove_stale_temps(dir: &Path, for_file: Option<&str>) -> Result<(
             continue;
         }
         let path = entry.path();
+        crash_point(format_args!("remove {}", path.display()));
         match fs::remove_file(&path) {
             Ok(()) => {
                 tracing::warn!(path = %path.display(), "removed a temporary keystore file left by an interrupted write");
@@ -192,7 +205,39 @@ pub(crate) fn remove_stale_temps(dir: &Path, for_file: Option<&str>) -> Result<(
     Ok(())
 }
 
-/// Opens (creating with 0600) the keystore's lock file.
+/// Removes the file at `path` and makes that durable; a missing file (or parent) counts as removed.
+/// Returns whether there was a file to remove.
+pub(crate) fn remove_file(path: &Path) -> Result<bool, KeystoreError> {
+    if let Err(err) = fs::symlink_metadata(path) {
+        if matches!(
+            err.kind(),
+            io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+        ) {
+            return Ok(false);
+        }
+    }
+    crash_point(format_args!("remove {}", path.display()));
+    match fs::remove_file(path) {
+        Ok(()) => {
+            if let Some(parent) = path.parent() {
+                sync_dir(parent)?;
+            }
+            Ok(true)
+        }
+        Err(err)
+            if matches!(
+                err.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+            ) =>
+        {
+            Ok(false)
+        }
+        Err(err) => Err(KeystoreError::io("remove", path)(err)),
+    }
+}
+
+/// Opens (creating with 0600) the keystore's lock file. Its creation is no crash point: a lock file is
+/// empty, and a missing one is created by whoever locks next.
 pub(crate) fn open_lock_file(root: &Path) -> Result<File, KeystoreError> {
     let path = root.join(format!("{BOOKKEEPING_MARKER}lock"));
     OpenOptions::new()

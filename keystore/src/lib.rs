@@ -7,14 +7,17 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod crash;
 mod error;
 mod file;
 mod fsops;
+mod journal;
 mod memory;
 mod name;
 mod secret;
 mod store;
 
+pub use crash::{crash_point, CRASH_AT_ENV};
 pub use error::KeystoreError;
 pub use file::FileKeystore;
 pub use memory::MemoryKeystore;

@@ -27,11 +27,17 @@ pub trait Keystore: Send + Sync + Debug {
     /// Creates a group of entries that belong together (a CA's key and certificate, a token key) unless they
     /// exist: for writers in any thread or process, exactly one creates them and every other gets
     /// [`Creation::Existing`] and must read the winner's entries instead of using its own. The check and the
-    /// writes happen under the keystore's writers' lock; the entries are written in the order given.
+    /// writes happen under the keystore's writers' lock.
+    ///
+    /// The creation is all-or-nothing, even when the process is killed in the middle: a later call (or
+    /// opening the keystore again) finds either none of the entries or all of them, never some (the file
+    /// keystore keeps a journal and rolls back an unfinished group nobody was told about; the database
+    /// writes it in one transaction). So a crash never needs a human.
     ///
     /// Generate the data before calling (it may be thrown away): nothing slow runs under the lock. When only
-    /// some of the entries exist (a crash between two writes, a file removed by hand), nothing is written and
-    /// the result is [`KeystoreError::PartlyPresent`], for the operator to resolve.
+    /// some of the entries exist although no creation was interrupted (a file removed by hand or lost),
+    /// nothing is written and the result is [`KeystoreError::PartlyPresent`], for the operator to resolve:
+    /// the rest may be a CA that already issued certificates, and it is never replaced silently.
     fn create_if_absent(&self, entries: &[NewEntry<'_>]) -> Result<Creation, KeystoreError>;
 
     /// Removes an entry; removing an absent entry succeeds.

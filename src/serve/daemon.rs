@@ -109,6 +109,7 @@ impl Daemon {
             ServerOptions::default().with_limits(limits.sds.clone()),
         );
         let metrics = Arc::new(metrics::Metrics::new(sds.metrics()));
+        meshca_keystore::crash_point("bind the SDS listeners (creates the unix socket)");
         let bound = bind_sds(&settings, keystore.as_ref()).await?;
         let sds_addrs = bound.local_addrs();
         let admin_listener = admin::bind(settings.admin.listen).await?;
@@ -241,6 +242,8 @@ impl Daemon {
             limits.admin,
             shutdown.clone(),
         ));
+        // Not a write, but the last moment of a start: a kill here leaves every file the start made.
+        meshca_keystore::crash_point("report ready");
         ready.store(true, Ordering::Release);
         tracing::info!("meshca is ready");
         Ok(Daemon {

@@ -198,7 +198,8 @@ fn sds_ca(keystore: &dyn Keystore, now: SystemTime) -> anyhow::Result<(String, K
             anyhow!("the SDS CA (daemon/sds-ca) was created by another process, then removed")
         }),
         Err(KeystoreError::PartlyPresent { .. }) => Err(anyhow!(
-            "the keystore holds only half of the SDS CA (daemon/sds-ca): restore it or remove both files"
+            "the keystore holds only half of the SDS CA (daemon/sds-ca), and no creation of it was interrupted: a \
+             file was removed or lost; restore it, or remove both files to have a new one created"
         )),
         Err(e) => Err(e.into()),
     }

@@ -7,7 +7,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Context};
-use meshca_keystore::FileKeystore;
+use meshca_keystore::{crash_point, FileKeystore};
 
 /// Mode of a data directory meshca creates.
 const DIR_MODE: u32 = 0o700;
@@ -66,6 +66,7 @@ impl DataDir {
     /// directory fails here, naming the first one's pid. The lock lasts as long as the returned value.
     pub fn lock_for_daemon(&self) -> anyhow::Result<DaemonLock> {
         let path = self.path.join(DAEMON_LOCK);
+        crash_point(format_args!("open {}", path.display()));
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -97,6 +98,7 @@ impl DataDir {
             }
         }
         let pid = std::process::id();
+        crash_point(format_args!("write the pid into {}", path.display()));
         file.set_len(0)
             .and_then(|_| file.rewind())
             .and_then(|_| writeln!(file, "{pid}"))
@@ -118,6 +120,7 @@ fn create_private(path: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("dataDir: cannot create {}", parent.display()))?;
     }
+    crash_point(format_args!("create directory {}", path.display()));
     match DirBuilder::new().mode(DIR_MODE).create(path) {
         Ok(()) => std::fs::set_permissions(path, Permissions::from_mode(DIR_MODE))
             .with_context(|| format!("dataDir: cannot set the mode of {}", path.display())),

@@ -31,8 +31,13 @@ pub fn ensure_resources(dir: &Path) -> anyhow::Result<()> {
         });
     if !has_yaml {
         let path = dir.join("default.yaml");
-        std::fs::write(&path, meshca_config::default_resources_yaml())
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        // Atomically: a kill mid-write must not leave a cut file, which the next start would take as
+        // the operator's resources.
+        crate::atomic_file::write_atomic_path(
+            &path,
+            meshca_config::default_resources_yaml().as_bytes(),
+            0o644,
+        )?;
         tracing::info!(file = %path.display(), "resources directory was empty: wrote the default Mesh and MeshIdentity");
     }
     Ok(())

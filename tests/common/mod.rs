@@ -387,6 +387,15 @@ impl Env {
         Daemon::start(self, None, |_| {})
     }
 
+    /// Starts `meshca serve` with its command adjusted by `configure`, and waits until it is ready or
+    /// has exited (then its exit status and log).
+    pub fn try_start_with(
+        &self,
+        configure: impl FnOnce(&mut Command),
+    ) -> Result<Daemon, (ExitStatus, String)> {
+        Daemon::try_start(self, None, configure)
+    }
+
     /// Starts `meshca serve` with `RUST_LOG` set, and waits until ready.
     pub fn start_logging(&self, rust_log: &str) -> Daemon {
         Daemon::start(self, Some(rust_log), |_| {})

@@ -92,6 +92,18 @@ impl Daemon {
         rust_log: Option<&str>,
         configure: impl FnOnce(&mut Command),
     ) -> Daemon {
+        Daemon::try_start(env, rust_log, configure).unwrap_or_else(|(status, log)| {
+            panic!("meshca serve exited ({status}) before it was ready:\n{log}")
+        })
+    }
+
+    /// Starts `meshca serve` and waits until `/ready` answers 200, or until it exits first: then its
+    /// exit status and log.
+    pub(super) fn try_start(
+        env: &Env,
+        rust_log: Option<&str>,
+        configure: impl FnOnce(&mut Command),
+    ) -> Result<Daemon, (ExitStatus, String)> {
         let n = env.runs.fetch_add(1, Ordering::Relaxed);
         let log = env.root().join(format!("daemon-{n}.log"));
         let err = std::fs::File::create(&log).expect("the temp dir is writable");
@@ -110,19 +122,19 @@ impl Daemon {
             admin: env.admin,
             log,
         };
-        wait_for("the daemon to answer 200 on /ready", || {
+        let exited = wait_for("the daemon to answer 200 on /ready", || {
             if let Some(status) = daemon.exited() {
-                panic!(
-                    "meshca serve exited ({status}) before it was ready:\n{}",
-                    daemon.log()
-                );
+                return Some(Some(status));
             }
             match http_get(daemon.admin, "/ready") {
-                Ok(r) if r.status == 200 => Some(()),
+                Ok(r) if r.status == 200 => Some(None),
                 _ => None,
             }
         });
-        daemon
+        match exited {
+            None => Ok(daemon),
+            Some(status) => Err((status, daemon.log())),
+        }
     }
 
     /// Whether the daemon has exited, and how.

@@ -11,6 +11,10 @@ use super::SettingsError;
 /// The prefix of every settings environment variable.
 pub const ENV_PREFIX: &str = "MESHCA_";
 
+/// The test hook that kills the process at its Nth write (`meshca_keystore::CRASH_AT_ENV`): not a
+/// setting, and announced by the hook itself at every write while set.
+const TEST_CRASH_AT_ENV: &str = "MESHCA_TEST_CRASH_AT";
+
 /// Every accepted variable name for a field: each camelCase segment may be glued (`DATADIR`) or
 /// snake-cased (`DATA_DIR`); segments are joined with `_`.
 fn variable_names(field: &str) -> Vec<String> {
@@ -68,8 +72,8 @@ pub(super) fn apply(
         .collect();
     vars.sort();
     for (var, value) in vars {
-        if var == POSTGRES_PASSWORD_ENV {
-            // A secret the daemon reads itself, never a settings field.
+        if var == POSTGRES_PASSWORD_ENV || var == TEST_CRASH_AT_ENV {
+            // A secret the daemon reads itself, or the test hook: never a settings field.
             continue;
         }
         let Some(&field) = known.get(&var) else {

@@ -259,8 +259,8 @@ fn load_or_generate(
     // Missing, or half written by a creator still at work: decided under the keystore's lock.
     let ca = CertificateAuthority::generate(params, src.now)?;
     let (chain, key) = ca.to_pem();
-    // Key first: a crash between the two writes leaves a key without a cert, reported on the next start
-    // rather than a cert whose key is lost.
+    // All or nothing: a kill between the two writes is rolled back by the keystore (nothing used this CA
+    // yet), so only a file removed by hand leaves half of it (HalfPersisted, never replaced silently).
     let created = src.keystore.create_if_absent(&[
         NewEntry::secret(&key_name, key.as_bytes()),
         NewEntry::public(&cert_name, chain.as_bytes()),
