@@ -555,7 +555,10 @@ fn an_update_rejected_while_the_database_was_down_applies_when_it_answers() {
 
     pg.start_again();
     wait_for("the update to apply once the database answers", || {
-        daemon.admin_json("/api/rejected-update").is_null().then_some(())
+        daemon
+            .admin_json("/api/rejected-update")
+            .is_null()
+            .then_some(())
     });
     let mesh = daemon.admin_json("/api/meshes/default");
     assert!(mesh.to_string().contains("ca-2"), "{mesh}");
@@ -564,4 +567,67 @@ fn an_update_rejected_while_the_database_was_down_applies_when_it_answers() {
         "{}",
         daemon.log()
     );
+}
+
+/// A self-signed CA certificate, PEM: what someone who can write the database would slip in.
+fn attackers_ca() -> String {
+    let key = rcgen::KeyPair::generate().expect("a key");
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "attacker");
+    params.self_signed(&key).expect("self-signed").pem()
+}
+
+/// No row the database can edit changes what meshca trusts: a mesh CA's certificate row with another CA
+/// appended, or the SDS CA's certificate row replaced, stops a replica's start with an error naming the
+/// entry, instead of putting that CA in every proxy's bundle or in `sds-ca.pem`. The row restored, the
+/// replica starts.
+#[test]
+fn a_replica_refuses_ca_rows_edited_in_the_database_and_says_which() {
+    let pg = TestPostgres::start();
+    let shared = shared_secrets(&pg);
+    let first = replica(&pg, shared.path(), "meshca-a");
+    drop(first.start());
+    let ca_cert = pg.psql(
+        "meshca",
+        "SELECT name FROM meshca_entries WHERE name LIKE 'ca/default/%ca-1/cert.pem'",
+    );
+    assert!(
+        !ca_cert.is_empty(),
+        "the CA's certificate is in the database"
+    );
+    let attacker = attackers_ca();
+    let attacker_hex: String = attacker.bytes().map(|b| format!("{b:02x}")).collect();
+    let second = replica(&pg, shared.path(), "meshca-b");
+    for (entry, edit) in [
+        (
+            ca_cert.as_str(),
+            format!("UPDATE meshca_entries SET data = data || '\\x{attacker_hex}' WHERE name = '{ca_cert}'"),
+        ),
+        (
+            "daemon/sds-ca/cert.pem",
+            format!("UPDATE meshca_entries SET data = '\\x{attacker_hex}' WHERE name = 'daemon/sds-ca/cert.pem'"),
+        ),
+    ] {
+        let saved = pg.psql(
+            "meshca",
+            &format!("SELECT encode(data, 'hex') FROM meshca_entries WHERE name = '{entry}'"),
+        );
+        pg.psql("meshca", &edit);
+        let run = second.cli(&["serve", "--config", second.cfg()]);
+        assert_ne!(run.code(), Some(0), "{run}");
+        assert!(
+            run.stderr.contains(entry) && run.stderr.contains("refused"),
+            "the error names the refused entry: {run}"
+        );
+        let sds_ca = std::fs::read_to_string(second.data.join("sds-ca.pem")).unwrap_or_default();
+        assert!(!sds_ca.contains(&attacker), "the attacker's CA was not written out");
+        pg.psql(
+            "meshca",
+            &format!("UPDATE meshca_entries SET data = '\\x{saved}' WHERE name = '{entry}'"),
+        );
+    }
+    drop(second.start());
 }

@@ -61,6 +61,18 @@ pub enum DbError {
         /// What it is the value of.
         name: String,
     },
+    /// A row fails its authentication (see the `integrity` module): it is never used. The message
+    /// names the row and why.
+    #[error(
+        "database: refused {row}: {reason}. meshca trusts no row of the database it cannot \
+         authenticate: find who wrote it, and restore the row from a backup"
+    )]
+    Refused {
+        /// The row: `keystore entry NAME`, `proxy record MESH/NAME`, `revoked tokens`.
+        row: String,
+        /// Why it was refused.
+        reason: String,
+    },
     /// A value is not one the database may hold.
     #[error("{0}")]
     Invalid(String),

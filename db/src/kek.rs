@@ -1,12 +1,15 @@
 //! The key-encryption key. Every secret the database keeps is sealed with it (AES-256-GCM, a fresh
 //! random nonce per write, the entry's name as associated data), so a dump of the database alone
-//! reveals no private key, and a sealed value moved to another entry's row does not open.
+//! reveals no private key, and a sealed value moved to another entry's row does not open. A second key
+//! derived from it (HKDF-SHA256) tags the rows (HMAC-SHA256), so that one edited in the database is
+//! refused instead of trusted.
 
 use std::fmt;
 use std::path::Path;
 
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use ring::rand::{SecureRandom, SystemRandom};
+use ring::{hkdf, hmac};
 use zeroize::Zeroizing;
 
 use crate::error::DbError;
@@ -17,12 +20,17 @@ const FORMAT: u8 = 1;
 /// What the associated data starts with, before the entry's name.
 const AAD_PREFIX: &[u8] = b"meshca keystore entry\0";
 
+/// What the key that tags rows is derived for (HKDF's info): no other use of the key-encryption key
+/// yields it.
+const ROW_TAG_INFO: &[u8] = b"meshca database row tags v1";
+
 /// The largest key file read (a key is 32 bytes, or 64 hex digits and a newline).
 const MAX_FILE: u64 = 4096;
 
 /// The key that seals secrets in the database; the same on every replica.
 pub struct KeyEncryptionKey {
     key: LessSafeKey,
+    tags: hmac::Key,
     rng: SystemRandom,
 }
 
@@ -56,10 +64,26 @@ impl KeyEncryptionKey {
     pub fn from_bytes(key: &[u8; 32]) -> KeyEncryptionKey {
         // AES-256-GCM takes any 32 bytes: the unbound key cannot be refused.
         let unbound = UnboundKey::new(&AES_256_GCM, key).expect("a 32-byte AES-256-GCM key");
+        let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, &[]).extract(key);
+        let tags = prk
+            .expand(&[ROW_TAG_INFO], hmac::HMAC_SHA256)
+            .expect("32 bytes are within what HKDF-SHA256 can expand to");
         KeyEncryptionKey {
             key: LessSafeKey::new(unbound),
+            tags: hmac::Key::from(tags),
             rng: SystemRandom::new(),
         }
+    }
+
+    /// A tag for a row of kind `label` (each kind has its own, so a tag of one kind is never valid for
+    /// another); the row's fields follow with [`RowTag::field`].
+    pub(crate) fn row_tag(&self, label: &str) -> RowTag<'_> {
+        let mut tag = RowTag {
+            key: &self.tags,
+            context: hmac::Context::with_key(&self.tags),
+        };
+        tag.field(label.as_bytes());
+        tag
     }
 
     /// Seals `plaintext` as the value of entry `name`.
@@ -101,6 +125,35 @@ impl KeyEncryptionKey {
             .len();
         buffer.truncate(plaintext_len);
         Some(buffer)
+    }
+}
+
+/// An HMAC-SHA256 over a row's fields, each length-prefixed so that no two rows' fields run together
+/// into the same bytes.
+pub(crate) struct RowTag<'k> {
+    key: &'k hmac::Key,
+    context: hmac::Context,
+}
+
+impl RowTag<'_> {
+    /// Adds the next field.
+    pub(crate) fn field(&mut self, bytes: &[u8]) -> &mut Self {
+        self.context.update(&(bytes.len() as u64).to_be_bytes());
+        self.context.update(bytes);
+        self
+    }
+
+    /// The tag, to store with the row.
+    pub(crate) fn sign(self) -> Vec<u8> {
+        self.context.sign().as_ref().to_vec()
+    }
+
+    /// Whether `stored` is this row's tag. Compared in constant time: both are tagged again and
+    /// `hmac::verify` compares them, so a wrong guess tells nothing of where it went wrong.
+    pub(crate) fn matches(self, stored: &[u8]) -> bool {
+        let key = self.key;
+        let computed = self.context.sign();
+        hmac::verify(key, stored, hmac::sign(key, computed.as_ref()).as_ref()).is_ok()
     }
 }
 
@@ -204,6 +257,25 @@ mod tests {
         assert!(err.to_string().contains("32 random bytes"), "{err}");
         let missing = dir.path().join("missing");
         assert!(KeyEncryptionKey::read(&missing).is_err());
+    }
+
+    #[test]
+    fn a_row_tag_depends_on_the_key_the_kind_and_every_field() {
+        fn tag<'k>(k: &'k KeyEncryptionKey, label: &str, fields: &[&[u8]]) -> RowTag<'k> {
+            let mut tag = k.row_tag(label);
+            for f in fields {
+                tag.field(f);
+            }
+            tag
+        }
+        let stored = tag(&key(1), "entry", &[b"a", b"bc"]).sign();
+        assert!(tag(&key(1), "entry", &[b"a", b"bc"]).matches(&stored));
+        assert!(!tag(&key(2), "entry", &[b"a", b"bc"]).matches(&stored));
+        assert!(!tag(&key(1), "proxy", &[b"a", b"bc"]).matches(&stored));
+        assert!(!tag(&key(1), "entry", &[b"ab", b"c"]).matches(&stored));
+        assert!(!tag(&key(1), "entry", &[b"a", b"bc", b""]).matches(&stored));
+        assert!(!tag(&key(1), "entry", &[b"a", b"bc"]).matches(&stored[..31]));
+        assert!(!tag(&key(1), "entry", &[b"a", b"bc"]).matches(b""));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Each proxy's served identity, shared by every replica: the certificate chain a replica issued to a
 //! proxy and its private key, sealed with the key-encryption key. A replica a proxy moves to (its own
 //! died, or the proxy was moved) serves it the identity it already holds instead of nothing until a new
-//! one is ready, so the rollout gate counts it from its first response.
+//! one is ready, so the rollout gate counts it from its first response. Each row is tagged over all its
+//! columns and its proxy's name: one changed, or moved to another proxy, is refused.
 
 use std::sync::Arc;
 
@@ -9,7 +10,11 @@ use zeroize::Zeroizing;
 
 use crate::database::{pool_error, Database};
 use crate::error::DbError;
-use crate::kek::KeyEncryptionKey;
+use crate::integrity;
+use crate::kek::{KeyEncryptionKey, RowTag};
+
+/// The tag label of a proxy's row (`meshca_proxies`).
+const PROXY: &str = "meshca_proxies v1";
 
 /// One proxy's identity as a replica issued it.
 #[derive(Clone, PartialEq, Eq)]
@@ -58,13 +63,31 @@ fn sealed_name(mesh: &str, name: &str) -> String {
     format!("proxy/{mesh}/{name}/key.pem")
 }
 
+/// The tag of `record`'s row, whose key is stored `sealed`.
+fn tag<'k>(key: &'k KeyEncryptionKey, record: &ProxyRecord, sealed: &[u8]) -> RowTag<'k> {
+    let mut tag = key.row_tag(PROXY);
+    for field in [
+        &record.mesh,
+        &record.name,
+        &record.replica,
+        &record.ca_id,
+        &record.issuer,
+        &record.chain_pem,
+    ] {
+        tag.field(field.as_bytes());
+    }
+    tag.field(sealed).field(&record.not_after.to_be_bytes());
+    tag
+}
+
 impl ProxyRecords {
     /// The records in `db`, sealed with `key`.
     pub fn new(db: Arc<Database>, key: KeyEncryptionKey) -> ProxyRecords {
-        ProxyRecords {
-            db,
-            key: Arc::new(key),
-        }
+        ProxyRecords::with_key(db, Arc::new(key))
+    }
+
+    pub(crate) fn with_key(db: Arc<Database>, key: Arc<KeyEncryptionKey>) -> ProxyRecords {
+        ProxyRecords { db, key }
     }
 
     /// Writes `records` in one statement, each replacing the proxy's previous one.
@@ -74,12 +97,14 @@ impl ProxyRecords {
         }
         let mut columns: [Vec<String>; 6] = Default::default();
         let mut keys: Vec<Vec<u8>> = Vec::with_capacity(records.len());
+        let mut tags: Vec<Vec<u8>> = Vec::with_capacity(records.len());
         let mut not_after: Vec<i64> = Vec::with_capacity(records.len());
         for r in records {
-            keys.push(
-                self.key
-                    .seal(&sealed_name(&r.mesh, &r.name), r.key_pem.as_bytes())?,
-            );
+            let sealed = self
+                .key
+                .seal(&sealed_name(&r.mesh, &r.name), r.key_pem.as_bytes())?;
+            tags.push(tag(&self.key, r, &sealed).sign());
+            keys.push(sealed);
             for (column, value) in columns.iter_mut().zip([
                 &r.mesh,
                 &r.name,
@@ -99,13 +124,15 @@ impl ProxyRecords {
                 client
                     .execute(
                         "INSERT INTO meshca_proxies
-                             (mesh, name, replica, ca_id, issuer, chain, key, not_after, updated_at)
+                             (mesh, name, replica, ca_id, issuer, chain, key, not_after, tag, updated_at)
                          SELECT *, now() FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],
-                                                     $5::text[], $6::text[], $7::bytea[], $8::int8[])
+                                                     $5::text[], $6::text[], $7::bytea[], $8::int8[],
+                                                     $9::bytea[])
                          ON CONFLICT (mesh, name) DO UPDATE SET replica = EXCLUDED.replica,
                              ca_id = EXCLUDED.ca_id, issuer = EXCLUDED.issuer, chain = EXCLUDED.chain,
-                             key = EXCLUDED.key, not_after = EXCLUDED.not_after, updated_at = now()",
-                        &[mesh, name, replica, ca_id, issuer, chain, &keys, &not_after],
+                             key = EXCLUDED.key, not_after = EXCLUDED.not_after, tag = EXCLUDED.tag,
+                             updated_at = now()",
+                        &[mesh, name, replica, ca_id, issuer, chain, &keys, &not_after, &tags],
                     )
                     .await
                     .map_err(DbError::database("write proxies' identities"))?;
@@ -114,7 +141,8 @@ impl ProxyRecords {
             .await
     }
 
-    /// The identity last issued to `mesh`.`name`, if any. A key that does not open is an error.
+    /// The identity last issued to `mesh`.`name`, if any. A row whose tag fails, or whose key does not
+    /// open, is an error.
     pub async fn get(&self, mesh: &str, name: &str) -> Result<Option<ProxyRecord>, DbError> {
         let (m, n) = (mesh.to_owned(), name.to_owned());
         let row = self
@@ -123,7 +151,7 @@ impl ProxyRecords {
                 let client = pool.get().await.map_err(pool_error("connect"))?;
                 client
                     .query_opt(
-                        "SELECT replica, ca_id, issuer, chain, key, not_after FROM meshca_proxies
+                        "SELECT replica, ca_id, issuer, chain, key, not_after, tag FROM meshca_proxies
                          WHERE mesh = $1 AND name = $2",
                         &[&m, &n],
                     )
@@ -133,26 +161,30 @@ impl ProxyRecords {
             .await?;
         let Some(row) = row else { return Ok(None) };
         let sealed: Vec<u8> = row.get(4);
-        let key = self
-            .key
-            .open(&sealed_name(mesh, name), &sealed)
-            .ok_or_else(|| DbError::Unsealable {
-                name: sealed_name(mesh, name),
-            })?;
-        let key_pem = std::str::from_utf8(&key)
-            .map(|pem| Zeroizing::new(pem.to_owned()))
-            .map_err(|_| DbError::Unsealable {
-                name: sealed_name(mesh, name),
-            })?;
-        Ok(Some(ProxyRecord {
+        let stored_tag: Option<Vec<u8>> = row.get(6);
+        let mut record = ProxyRecord {
             mesh: mesh.to_owned(),
             name: name.to_owned(),
             replica: row.get(0),
             ca_id: row.get(1),
             issuer: row.get(2),
             chain_pem: row.get(3),
-            key_pem,
+            key_pem: Zeroizing::new(String::new()),
             not_after: row.get(5),
-        }))
+        };
+        integrity::check(stored_tag.as_deref(), tag(&self.key, &record, &sealed))
+            .map_err(|why| integrity::refuse(&format!("proxy record {mesh}/{name}"), why))?;
+        let key = self
+            .key
+            .open(&sealed_name(mesh, name), &sealed)
+            .ok_or_else(|| DbError::Unsealable {
+                name: sealed_name(mesh, name),
+            })?;
+        record.key_pem = std::str::from_utf8(&key)
+            .map(|pem| Zeroizing::new(pem.to_owned()))
+            .map_err(|_| DbError::Unsealable {
+                name: sealed_name(mesh, name),
+            })?;
+        Ok(Some(record))
     }
 }

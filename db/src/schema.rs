@@ -60,6 +60,15 @@ const MIGRATIONS: &[(i32, &str)] = &[
         PRIMARY KEY (mesh, name)
     );",
     ),
+    (
+        // Rows are tagged (see the integrity module); rows written before have no tag until a replica
+        // with the key-encryption key tags them, once, as found.
+        5,
+        "ALTER TABLE meshca_entries
+        ADD COLUMN version bigint NOT NULL DEFAULT 0,
+        ADD COLUMN tag bytea;
+    ALTER TABLE meshca_proxies ADD COLUMN tag bytea;",
+    ),
 ];
 
 /// The newest schema version this build knows.

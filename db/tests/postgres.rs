@@ -195,7 +195,7 @@ fn entries_behave_as_in_the_file_keystore() {
 }
 
 #[test]
-fn a_sealed_value_moved_to_another_entry_does_not_open() {
+fn a_sealed_value_moved_to_another_entry_is_refused() {
     let pg = TestPostgres::start();
     let store = keystore(&pg, 1).expect("opens");
     store
@@ -210,7 +210,7 @@ fn a_sealed_value_moved_to_another_entry_does_not_open() {
          WHERE name = 'ca/m/two/key.pem'",
     );
     let err = store.get_secret("ca/m/two/key.pem").expect_err("moved");
-    assert!(matches!(err, KeystoreError::Unsealable { .. }), "{err}");
+    assert!(matches!(err, KeystoreError::Refused { .. }), "{err}");
     assert!(err.to_string().contains("ca/m/two/key.pem"), "{err}");
 }
 
@@ -384,7 +384,7 @@ fn proxy(name: &str, key: &str) -> meshca_db::ProxyRecord {
 }
 
 /// A proxy's identity reads back as written, the last write wins, and a sealed key moved to another
-/// proxy's row, or read with another key-encryption key, does not open.
+/// proxy's row, or read with another key-encryption key, is refused.
 #[test]
 fn proxies_identities_read_back_and_their_keys_open_only_in_their_own_row() {
     let pg = TestPostgres::start();
@@ -412,16 +412,11 @@ fn proxies_identities_read_back_and_their_keys_open_only_in_their_own_row() {
         "meshca",
         "UPDATE meshca_proxies SET key = (SELECT key FROM meshca_proxies WHERE name = 'web-2') WHERE name = 'web-1'",
     );
+    // Refused by the row's tag before the key is even opened.
     let moved = runtime.block_on(records.get("default", "web-1"));
-    assert!(
-        matches!(moved, Err(DbError::Unsealable { .. })),
-        "{moved:?}"
-    );
+    assert!(matches!(moved, Err(DbError::Refused { .. })), "{moved:?}");
     let other_key = proxy_records(&pg, 2);
     let wrong = runtime.block_on(other_key.get("default", "web-2"));
-    assert!(
-        matches!(wrong, Err(DbError::Unsealable { .. })),
-        "{wrong:?}"
-    );
+    assert!(matches!(wrong, Err(DbError::Refused { .. })), "{wrong:?}");
     assert!(!format!("{moved:?}{wrong:?}").contains("KEY TWO"));
 }

@@ -75,6 +75,15 @@ pub enum KeystoreError {
         /// The entry.
         name: String,
     },
+    /// A database keystore holds a row for the entry that fails its authentication (changed, moved from
+    /// another entry, written by hand, or an older copy put back); it is refused, never used.
+    #[error("{message}")]
+    Refused {
+        /// The entry.
+        name: String,
+        /// What the database layer said, naming the entry and why.
+        message: String,
+    },
     /// An entry was read as the other kind: a secret as public data, or public data as a secret.
     #[error("keystore entry {name} holds {stored}, not {asked}")]
     WrongKind {

@@ -165,6 +165,22 @@ impl Collector for SdsCollector {
     }
 }
 
+/// Reads the database layer's count of refused rows at scrape time.
+#[derive(Debug)]
+struct RefusedRowsCollector;
+
+impl Collector for RefusedRowsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let counter = ConstCounter::new(meshca_db::refused_rows());
+        counter.encode(encoder.encode_descriptor(
+            "meshca_database_rows_refused",
+            "Database rows refused because they fail their authentication (changed outside meshca, moved to another name, untagged, or an older copy put back); keystore.type: postgres only",
+            None,
+            counter.metric_type(),
+        )?)
+    }
+}
+
 impl Metrics {
     /// Registers every metric; SDS counters are read from `sds` at scrape time.
     pub fn new(sds: Arc<meshca_sds::SdsMetrics>) -> Metrics {
@@ -281,6 +297,7 @@ impl Metrics {
             ca_expiry.clone(),
         );
         registry.register_collector(Box::new(SdsCollector(sds)));
+        registry.register_collector(Box::new(RefusedRowsCollector));
         Metrics {
             registry,
             issued,
@@ -491,6 +508,7 @@ mod tests {
             "meshca_earliest_ca_expiry_seconds",
             "meshca_rejected_updates_total",
             "meshca_revocation_reload_failures_total 0",
+            "meshca_database_rows_refused_total 0",
             "meshca_rollout_waits_total{mesh=\"default\",step=\"break-last\"} 1",
             "meshca_rollout_timeouts_total{mesh=\"default\",step=\"identity-ack\"} 1",
             "meshca_ca_removed_while_presented_total{mesh=\"default\"} 1",

@@ -32,6 +32,8 @@ pub struct Store {
     pub database: Option<Arc<Database>>,
     /// The proxies' identities in the database, with `keystore.type: postgres`.
     pub proxy_records: Option<ProxyRecords>,
+    /// The revoked tokens in the database, with `keystore.type: postgres`.
+    revocations: Option<TokenRevocations>,
 }
 
 impl Store {
@@ -73,27 +75,26 @@ impl Store {
                 keystore: Arc::new(data_dir.keystore().map_err(Unavailable::Other)?),
                 database: None,
                 proxy_records: None,
+                revocations: None,
             });
         };
         let db = Arc::new(connect(postgres)?);
-        let read_key = || {
-            KeyEncryptionKey::read(&postgres.key_encryption_key_file)
-                .context("keystore.postgres.keyEncryptionKeyFile")
-                .map_err(Unavailable::Other)
-        };
-        let keystore = PostgresKeystore::open(db.clone(), read_key()?)?;
-        let proxy_records = ProxyRecords::new(db.clone(), read_key()?);
+        let key = KeyEncryptionKey::read(&postgres.key_encryption_key_file)
+            .context("keystore.postgres.keyEncryptionKeyFile")
+            .map_err(Unavailable::Other)?;
+        let keystore = PostgresKeystore::open(db.clone(), key)?;
         tracing::info!(url = %db.url(), replica = %settings.replica.name, "keystore in PostgreSQL");
         Ok(Store {
+            proxy_records: Some(keystore.proxy_records()),
+            revocations: Some(keystore.revocations()),
             keystore: Arc::new(keystore),
             database: Some(db),
-            proxy_records: Some(proxy_records),
         })
     }
 
     /// The database's revoked tokens, with `keystore.type: postgres`.
     pub fn revocations(&self) -> Option<TokenRevocations> {
-        self.database.clone().map(TokenRevocations::new)
+        self.revocations.clone()
     }
 
     /// The token signing key, created the first time. With files, the revocation list is created
