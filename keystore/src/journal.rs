@@ -26,6 +26,9 @@ use crate::name::validate_name;
 /// The journal's file name in the keystore root (`#` never appears in an entry name).
 const JOURNAL: &str = ".#creating";
 
+/// The largest journal read: a few entry names.
+const MAX_JOURNAL_BYTES: u64 = 64 * 1024;
+
 /// Records that the group `names` is about to be written. The caller holds the writers' lock, has
 /// checked the names, and recovered any earlier journal.
 pub(crate) fn begin(root: &Path, names: &[&str]) -> Result<(), KeystoreError> {
@@ -46,7 +49,7 @@ pub(crate) fn finish(root: &Path) -> Result<(), KeystoreError> {
 /// a journal. The caller holds the writers' lock.
 pub(crate) fn recover(root: &Path) -> Result<(), KeystoreError> {
     let path = root.join(JOURNAL);
-    let text = match fs::read_to_string(&path) {
+    let text = match meshca_files::read_text(&path, MAX_JOURNAL_BYTES, "the largest creation journal") {
         Ok(text) => text,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(err) => return Err(KeystoreError::io("read", &path)(err)),
