@@ -80,6 +80,13 @@ impl<T: wire::Request> Requests<T> {
         }
     }
 
+    /// The bytes it holds of the request (the data frame being read is the body's, bounded by HTTP/2
+    /// flow control): a message header as far as it arrived and what the trimmer keeps of the message,
+    /// so never more than a header and `max_bytes`.
+    pub(crate) fn held(&self) -> usize {
+        self.header_len + self.current.as_ref().map_or(0, Trimmer::held)
+    }
+
     /// Reads the pending bytes up to the end of the next message, and decodes it.
     fn read_pending(&mut self) -> Result<Option<T>, Status> {
         let message = loop {
@@ -87,6 +94,7 @@ impl<T: wire::Request> Requests<T> {
                 let n = trimmer.left().min(self.pending.len());
                 trimmer.feed(&self.pending[..n]).map_err(malformed)?;
                 self.pending.advance(n);
+                debug_assert!(self.held() <= HEADER + self.max_bytes);
             }
             if self.current.as_ref().is_some_and(|t| t.left() == 0) {
                 let trimmer = self.current.take().expect("checked above");
@@ -131,7 +139,7 @@ impl<T: wire::Request> Requests<T> {
                 self.max_bytes
             )));
         }
-        self.current = Some(Trimmer::new(T::NODE_FIELD, len));
+        self.current = Some(Trimmer::new::<T>(len));
         Ok(())
     }
 }

@@ -14,6 +14,8 @@ mod delta;
 mod describe;
 mod error;
 mod fetch;
+#[doc(hidden)]
+pub mod fuzzing;
 mod grpc;
 mod h2_header_fixup;
 mod listen;

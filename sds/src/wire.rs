@@ -62,19 +62,37 @@ pub(crate) struct DeltaDiscoveryRequest {
 pub(crate) trait Request: prost::Message + Default {
     /// The field number of its `node`.
     const NODE_FIELD: u32;
+    /// Its last field in Envoy's definition. Every field from 1 to this one is a string, a message or a
+    /// map: length-delimited.
+    const LAST_FIELD: u32;
 }
 
 impl Request for DiscoveryRequest {
     const NODE_FIELD: u32 = 2;
+    const LAST_FIELD: u32 = 7;
 }
 
 impl Request for DeltaDiscoveryRequest {
     const NODE_FIELD: u32 = 1;
+    const LAST_FIELD: u32 = 9;
 }
 
 /// The node's fields that are kept ([`Node`]): `id` and `metadata`.
 fn node_keeps(field: u32) -> bool {
     matches!(field, 1 | 3)
+}
+
+/// Whether Envoy defines field `field` of a request (whose last field is `last`), or of its node when
+/// `in_node`, as length-delimited: every field it defines in either is. (Field 5 of the node is
+/// reserved.) The trimmer refuses such a field with another wire type: prost decodes a map field
+/// whatever its wire type says, so reading it otherwise would cut the message elsewhere than the
+/// decoder does.
+fn length_delimited(field: u32, in_node: bool, last: u32) -> bool {
+    if in_node {
+        matches!(field, 1..=4 | 6..=12)
+    } else {
+        (1..=last).contains(&field)
+    }
 }
 
 /// Why a request's bytes are not a message.
@@ -86,6 +104,10 @@ pub(crate) struct Malformed(pub &'static str);
 /// Field keys and lengths are read a byte at a time, field contents in bulk.
 pub(crate) struct Trimmer {
     node_field: u32,
+    /// The request's last field ([`Request::LAST_FIELD`]).
+    last_field: u32,
+    /// The message's length, in bytes.
+    len: usize,
     /// Bytes of the message still to come.
     left: usize,
     /// The message as kept so far.
@@ -154,10 +176,12 @@ fn put_varint(out: &mut Vec<u8>, mut value: u64) {
 }
 
 impl Trimmer {
-    /// A trimmer for a message of `len` bytes whose node is field `node_field`.
-    pub(crate) fn new(node_field: u32, len: usize) -> Self {
+    /// A trimmer for a request `T` of `len` bytes.
+    pub(crate) fn new<T: Request>(len: usize) -> Self {
         Trimmer {
-            node_field,
+            node_field: T::NODE_FIELD,
+            last_field: T::LAST_FIELD,
+            len,
             left: len,
             out: Vec::new(),
             node: None,
@@ -168,6 +192,12 @@ impl Trimmer {
     /// Bytes of the message still to come.
     pub(crate) fn left(&self) -> usize {
         self.left
+    }
+
+    /// The bytes it holds: never more than it was fed, so never more than the message's length
+    /// (which the gRPC framer bounds by `limits.requestBytes` before a trimmer starts).
+    pub(crate) fn held(&self) -> usize {
+        self.out.len() + self.node.as_ref().map_or(0, |(node, _)| node.len())
     }
 
     /// Reads the next bytes of the message: at most [`Self::left`] of them.
@@ -204,6 +234,7 @@ impl Trimmer {
             }
             self.close_node()?;
         }
+        debug_assert!(self.held() <= self.len - self.left);
         Ok(())
     }
 
@@ -244,6 +275,11 @@ impl Trimmer {
                     .filter(|f| *f != 0)
                     .ok_or(Malformed("a field number is zero or too large"))?;
                 let keep = !in_node || node_keeps(field);
+                if value & 7 != 2 && length_delimited(field, in_node, self.last_field) {
+                    return Err(Malformed(
+                        "a field that is length-delimited comes with another wire type",
+                    ));
+                }
                 let size = match value & 7 {
                     0 => None,
                     1 => Some(8),
@@ -402,12 +438,12 @@ mod tests {
     }
 
     /// Trims `bytes` fed in pieces cut at `cuts`.
-    fn trim(node_field: u32, bytes: &[u8], cuts: &[usize]) -> Result<Vec<u8>, Malformed> {
+    fn trim<T: Request>(bytes: &[u8], cuts: &[usize]) -> Result<Vec<u8>, Malformed> {
         let mut at: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
         at.extend([0, bytes.len()]);
         at.sort_unstable();
         at.dedup();
-        let mut trimmer = Trimmer::new(node_field, bytes.len());
+        let mut trimmer = Trimmer::new::<T>(bytes.len());
         for piece in at.windows(2) {
             trimmer.feed(&bytes[piece[0]..piece[1]])?;
         }
@@ -429,7 +465,7 @@ mod tests {
                 ..Default::default()
             };
             let bytes = sent.encode_to_vec();
-            let kept = trim(DiscoveryRequest::NODE_FIELD, &bytes, &cuts).expect("well formed");
+            let kept = trim::<DiscoveryRequest>(&bytes, &cuts).expect("well formed");
             prop_assert_eq!(
                 DiscoveryRequest::decode(kept.as_slice()).expect("decodes"),
                 DiscoveryRequest::decode(bytes.as_slice()).expect("decodes")
@@ -454,7 +490,7 @@ mod tests {
                 ..Default::default()
             };
             let bytes = sent.encode_to_vec();
-            let kept = trim(DeltaDiscoveryRequest::NODE_FIELD, &bytes, &cuts).expect("well formed");
+            let kept = trim::<DeltaDiscoveryRequest>(&bytes, &cuts).expect("well formed");
             prop_assert_eq!(
                 DeltaDiscoveryRequest::decode(kept.as_slice()).expect("decodes"),
                 DeltaDiscoveryRequest::decode(bytes.as_slice()).expect("decodes")
@@ -468,7 +504,7 @@ mod tests {
             bytes in proptest::collection::vec(any::<u8>(), 0..300),
             cuts in proptest::collection::vec(any::<usize>(), 0..6),
         ) {
-            if let Ok(kept) = trim(DiscoveryRequest::NODE_FIELD, &bytes, &cuts) {
+            if let Ok(kept) = trim::<DiscoveryRequest>(&bytes, &cuts) {
                 prop_assert!(kept.len() <= bytes.len() + 10);
                 if let (Ok(whole), Ok(trimmed)) = (
                     DiscoveryRequest::decode(bytes.as_slice()),
@@ -484,27 +520,34 @@ mod tests {
     fn malformed_requests_are_refused_with_a_reason() {
         let field_overruns = [0x1a, 0x05, b'a']; // field 3, 5 bytes announced, 1 sent
         assert_eq!(
-            trim(2, &field_overruns, &[]),
+            trim::<DiscoveryRequest>(&field_overruns, &[]),
             Err(Malformed("a field overruns its message"))
         );
-        let group = [0x0b]; // field 1, wire type 3
+        let group = [0x43]; // field 8 (not one of the request's), wire type 3
         assert_eq!(
-            trim(2, &group, &[]),
+            trim::<DiscoveryRequest>(&group, &[]),
             Err(Malformed("a field has a group or unknown wire type"))
+        );
+        let varint_version = [0x08, 0x01]; // version_info (a string) as a varint
+        assert_eq!(
+            trim::<DiscoveryRequest>(&varint_version, &[]),
+            Err(Malformed(
+                "a field that is length-delimited comes with another wire type"
+            ))
         );
         let field_zero = [0x02, 0x00];
         assert_eq!(
-            trim(2, &field_zero, &[]),
+            trim::<DiscoveryRequest>(&field_zero, &[]),
             Err(Malformed("a field number is zero or too large"))
         );
         let node_overrun = [0x12, 0x02, 0x0a, 0x05, b'a', b'b']; // node of 2 bytes holding an id of 5
         assert_eq!(
-            trim(2, &node_overrun, &[]),
+            trim::<DiscoveryRequest>(&node_overrun, &[]),
             Err(Malformed("a field overruns its message"))
         );
         let cut_key = [0x80];
         assert_eq!(
-            trim(2, &cut_key, &[]),
+            trim::<DiscoveryRequest>(&cut_key, &[]),
             Err(Malformed("the message ends inside a field"))
         );
     }
@@ -528,7 +571,7 @@ mod tests {
             ..Default::default()
         };
         let bytes = sent.encode_to_vec();
-        let kept = trim(DiscoveryRequest::NODE_FIELD, &bytes, &[]).expect("well formed");
+        let kept = trim::<DiscoveryRequest>(&bytes, &[]).expect("well formed");
         assert!(
             bytes.len() > 20_000 && kept.len() < 40,
             "{} -> {}",

@@ -83,6 +83,43 @@ async fn a_header_block_past_the_header_list_limit_closes_the_unix_connection() 
     );
 }
 
+/// Held bytes never exceed the bound, whatever the frames: empty CONTINUATION frames carry no header
+/// block bytes, but each is a 9-byte frame the rewriter would hold, so they count too.
+#[tokio::test]
+async fn a_flood_of_empty_continuation_frames_closes_the_unix_connection() {
+    // The connect timeout would close the connection anyway: only the flood may close it here.
+    let harness = harness_with(SdsLimits {
+        connect_timeout: Duration::from_secs(600),
+        ..SdsLimits::default()
+    })
+    .await;
+    let mut stream = UnixStream::connect(socket_path(&harness))
+        .await
+        .expect("connect");
+    let mut start = PREFACE.to_vec();
+    start.extend(frame(0x4, 0, 0, &[])); // SETTINGS
+    start.extend(frame(0x1, 0, 1, &[0x82])); // HEADERS without END_HEADERS
+    stream.write_all(&start).await.expect("the preface is read");
+    let empty = frame(0x9, 0, 1, &[]);
+    let flood: Vec<u8> = empty.repeat(64 * 1024 / empty.len());
+    let mut written = 0usize;
+    let refused = loop {
+        if written > 16 * 1024 * 1024 {
+            break false;
+        }
+        match stream.write_all(&flood).await {
+            Ok(()) => written += flood.len(),
+            Err(_) => break true,
+        }
+    };
+    assert!(
+        refused,
+        "the server took {} empty CONTINUATION frames of one header block without closing the connection",
+        written / empty.len()
+    );
+    closed_by_server(&mut stream).await;
+}
+
 #[tokio::test]
 async fn silent_connections_are_closed_after_the_connect_timeout() {
     let harness = harness_with(SdsLimits {

@@ -1,0 +1,248 @@
+//! Entry points for the coverage-guided fuzz targets in `fuzz/` (docs/fuzzing.md), one per parser
+//! that reads a peer's bytes before its token is checked. Each takes an arbitrary byte string (the
+//! first bytes choose a limit and where reads are cut), drives the parser's sans-IO core, and panics
+//! when an invariant fails. `cargo test` replays the committed corpus through them
+//! (`sds/tests/fuzz_corpus.rs`). Hidden from the documentation: this is not an API.
+
+use std::fmt::Debug;
+
+use bytes::Bytes;
+use envoy_types::pb::envoy::service::discovery::v3 as envoy;
+use http_body::Frame;
+use prost::Message;
+use tonic::Status;
+
+use crate::grpc::Requests;
+use crate::h2_header_fixup::HeaderFixup;
+use crate::wire::{self, DeltaDiscoveryRequest, DiscoveryRequest, Malformed, Node, Trimmer};
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The unix socket's `:authority` rewriter. Input: a limit byte (0: the 16 KiB the server uses,
+/// else that many times 8 bytes), three read-size bytes, then the bytes after the HTTP/2 preface.
+///
+/// Checks: held bytes never exceed the documented bound after any read; no byte is lost or made
+/// up; the output does not depend on where reads cut the stream; a stream that does not overflow
+/// comes out the same length, changed only where an `:authority` was replaced, and the output
+/// (whose authorities are all valid) passes through a second time byte for byte.
+pub fn header_fixup(data: &[u8]) {
+    let Some((&[limit, sizes @ ..], frames)) = data.split_first_chunk::<4>() else {
+        return;
+    };
+    let max_block = match limit {
+        0 => 16 * 1024,
+        n => usize::from(n) * 8,
+    };
+    let input = [PREFACE, frames].concat();
+    let whole = fixup(&input, &[], max_block);
+    let cut = fixup(&input, &sizes, max_block);
+    assert_eq!(
+        whole, cut,
+        "the output depends on where reads cut the stream"
+    );
+    let (output, overflow) = whole;
+    if overflow {
+        return;
+    }
+    assert_eq!(output.len(), input.len());
+    for (sent, passed) in input.iter().zip(&output) {
+        assert!(
+            sent == passed || b"localhostx-".contains(passed),
+            "a byte changed to {passed:#04x}, which no replacement authority holds"
+        );
+    }
+    let again = fixup(&output, &sizes, max_block);
+    assert_eq!(
+        again,
+        (output, false),
+        "valid traffic does not pass unchanged"
+    );
+}
+
+/// Feeds `input` to a rewriter in reads of `sizes` (cycled); its output and whether it overflowed.
+fn fixup(input: &[u8], sizes: &[u8], max_block: usize) -> (Vec<u8>, bool) {
+    let mut core = HeaderFixup::new(max_block);
+    let mut out = Vec::new();
+    let mut fed = 0;
+    for chunk in chunks(input, sizes) {
+        let result = core.feed(chunk);
+        fed += chunk.len();
+        assert!(
+            core.held() <= core.bound(),
+            "{} bytes held, over the bound of {}",
+            core.held(),
+            core.bound()
+        );
+        out.extend_from_slice(core.output());
+        core.consume(core.output().len());
+        if result.is_err() {
+            assert_eq!(core.held(), 0, "bytes kept after an overflow");
+            return (out, true);
+        }
+        assert_eq!(out.len() + core.held(), fed, "bytes lost or made up");
+    }
+    core.finish();
+    out.extend_from_slice(core.output());
+    (out, false)
+}
+
+/// The gRPC framer of streaming requests. Input: a limit byte (`limits.requestBytes` = 16 times
+/// it), a byte choosing SotW or delta requests, three data-frame-size bytes, then the body.
+///
+/// Checks (besides the framer's own assertion that it never holds more than a header and the limit):
+/// every message it yields fits the limit, and nothing of a message is held once it is yielded.
+pub fn grpc_requests(data: &[u8]) {
+    let Some((&[limit, kind, sizes @ ..], body)) = data.split_first_chunk::<5>() else {
+        return;
+    };
+    let max_bytes = usize::from(limit) * 16;
+    let frames: Vec<Bytes> = chunks(body, &sizes).map(Bytes::copy_from_slice).collect();
+    if kind & 1 == 0 {
+        read_requests::<DiscoveryRequest>(frames, max_bytes);
+    } else {
+        read_requests::<DeltaDiscoveryRequest>(frames, max_bytes);
+    }
+}
+
+fn read_requests<T: wire::Request>(frames: Vec<Bytes>, max_bytes: usize) {
+    let frames = frames.into_iter().map(|data| Ok(Frame::data(data)));
+    let body = tonic::body::Body::new(http_body_util::StreamBody::new(futures::stream::iter(
+        frames.collect::<Vec<Result<Frame<Bytes>, Status>>>(),
+    )));
+    let mut requests = Requests::<T>::new(body, max_bytes);
+    futures::executor::block_on(async {
+        while let Ok(Some(message)) = requests.message().await {
+            assert!(
+                message.encoded_len() <= max_bytes,
+                "a message over the limit was decoded"
+            );
+            assert_eq!(requests.held(), 0, "bytes held between messages");
+        }
+    });
+}
+
+/// The request trimmer, checked against envoy-types. Input: a byte choosing `DiscoveryRequest` or
+/// `DeltaDiscoveryRequest`, three read-size bytes, then one message.
+///
+/// Checks: the trimmer never holds more than it was fed, and keeps no more than the message; when
+/// envoy-types decodes the message, what the trimmer keeps decodes to the same fields, unless the
+/// trimmer refuses it for a group or for a wire type that is not the field's (prost skips groups,
+/// and reads a map field whatever its wire type says), and envoy-types' own encoding of what it
+/// decoded is always accepted and read the same; when only meshca's types decode the message, the
+/// trimmed and the whole message read the same.
+pub fn request_trimmer(data: &[u8]) {
+    let Some((&[kind, sizes @ ..], message)) = data.split_first_chunk::<4>() else {
+        return;
+    };
+    if kind & 1 == 0 {
+        compare(message, &sizes, |e: envoy::DiscoveryRequest| {
+            DiscoveryRequest {
+                version_info: e.version_info,
+                node: e.node.map(node),
+                resource_names: e.resource_names,
+                type_url: e.type_url,
+                response_nonce: e.response_nonce,
+                error_detail: e.error_detail,
+            }
+        });
+    } else {
+        compare(message, &sizes, |e: envoy::DeltaDiscoveryRequest| {
+            DeltaDiscoveryRequest {
+                node: e.node.map(node),
+                type_url: e.type_url,
+                resource_names_subscribe: e.resource_names_subscribe,
+                resource_names_unsubscribe: e.resource_names_unsubscribe,
+                initial_resource_versions: e.initial_resource_versions,
+                response_nonce: e.response_nonce,
+                error_detail: e.error_detail,
+            }
+        });
+    }
+}
+
+fn node(node: envoy_types::pb::envoy::config::core::v3::Node) -> Node {
+    Node {
+        id: node.id,
+        metadata: node.metadata,
+    }
+}
+
+/// Trims `message` as a `T` and checks it against its decoding as Envoy's type `E`; `read` is what
+/// meshca reads of an `E`.
+fn compare<T, E>(message: &[u8], sizes: &[u8], read: impl Fn(E) -> T)
+where
+    T: wire::Request + PartialEq + Debug,
+    E: Message + Default,
+{
+    let kept = trim::<T>(message, sizes);
+    if let Ok(kept) = &kept {
+        assert!(
+            kept.len() <= message.len(),
+            "the trimmer kept more than it read"
+        );
+    }
+    match (E::decode(message), kept) {
+        (Ok(envoy), kept) => {
+            let canonical = envoy.encode_to_vec();
+            let expected = read(envoy);
+            match kept {
+                Ok(kept) => assert_eq!(
+                    T::decode(kept.as_slice())
+                        .expect("envoy-types decodes it, trimmed it does not"),
+                    expected,
+                    "trimmed, the request reads otherwise"
+                ),
+                Err(Malformed(why)) => assert!(
+                    matches!(
+                        why,
+                        "a field has a group or unknown wire type"
+                            | "a field that is length-delimited comes with another wire type"
+                    ),
+                    "envoy-types decodes a request the trimmer refuses: {why}"
+                ),
+            }
+            let kept = trim::<T>(&canonical, sizes).expect("envoy-types' encoding is trimmed");
+            assert_eq!(
+                T::decode(kept.as_slice()).expect("envoy-types' encoding, trimmed, decodes"),
+                expected,
+                "envoy-types' encoding, trimmed, reads otherwise"
+            );
+        }
+        (Err(_), Ok(kept)) => {
+            if let (Ok(read), Ok(whole)) = (T::decode(kept.as_slice()), T::decode(message)) {
+                assert_eq!(read, whole, "trimmed, the request reads otherwise");
+            }
+        }
+        (Err(_), Err(_)) => {}
+    }
+}
+
+fn trim<T: wire::Request>(message: &[u8], sizes: &[u8]) -> Result<Vec<u8>, Malformed> {
+    let mut trimmer = Trimmer::new::<T>(message.len());
+    let mut fed = 0;
+    for chunk in chunks(message, sizes) {
+        trimmer.feed(chunk)?;
+        fed += chunk.len();
+        assert!(trimmer.held() <= fed, "the trimmer holds more than it read");
+    }
+    trimmer.finish()
+}
+
+/// `data` cut into pieces of the sizes `sizes` gives, cycled (all of it at once when `sizes` is
+/// empty): a size byte `s` reads `1 + s * s / 4` bytes, from 1 to about 16 KiB.
+fn chunks<'a>(mut data: &'a [u8], sizes: &'a [u8]) -> impl Iterator<Item = &'a [u8]> + 'a {
+    let mut turn = 0;
+    std::iter::from_fn(move || {
+        if data.is_empty() {
+            return None;
+        }
+        let size = match sizes.get(turn % sizes.len().max(1)) {
+            Some(&s) => 1 + usize::from(s) * usize::from(s) / 4,
+            None => data.len(),
+        };
+        turn += 1;
+        let (chunk, rest) = data.split_at(size.min(data.len()));
+        data = rest;
+        Some(chunk)
+    })
+}
