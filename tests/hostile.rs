@@ -443,7 +443,8 @@ async fn versions_a_delta_stream_claims_to_hold_are_not_kept_whole() {
             type_url: SECRET_TYPE_URL.to_owned(),
             resource_names_subscribe: vec!["default".to_owned()],
             // A name the stream never subscribes to: no response ever replaces what it claims.
-            initial_resource_versions: [("held-elsewhere".to_owned(), "v".repeat(1_000_000))].into(),
+            initial_resource_versions: [("held-elsewhere".to_owned(), "v".repeat(1_000_000))]
+                .into(),
             ..Default::default()
         })
         .await
@@ -461,11 +462,7 @@ async fn versions_a_delta_stream_claims_to_hold_are_not_kept_whole() {
             .await
             .expect("a response")
             .expect("not ended");
-        assert_eq!(
-            first.resources.len(),
-            1,
-            "the identity is sent"
-        );
+        assert_eq!(first.resources.len(), 1, "the identity is sent");
         held.push((tx, stream));
     }
     let rss = daemon.rss_mib();

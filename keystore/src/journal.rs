@@ -49,11 +49,12 @@ pub(crate) fn finish(root: &Path) -> Result<(), KeystoreError> {
 /// a journal. The caller holds the writers' lock.
 pub(crate) fn recover(root: &Path) -> Result<(), KeystoreError> {
     let path = root.join(JOURNAL);
-    let text = match meshca_files::read_text(&path, MAX_JOURNAL_BYTES, "the largest creation journal") {
-        Ok(text) => text,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(err) => return Err(KeystoreError::io("read", &path)(err)),
-    };
+    let text =
+        match meshca_files::read_text(&path, MAX_JOURNAL_BYTES, "the largest creation journal") {
+            Ok(text) => text,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(err) => return Err(KeystoreError::io("read", &path)(err)),
+        };
     let names: Vec<&str> = text.lines().filter(|line| !line.is_empty()).collect();
     for name in &names {
         // Only this crate writes the journal, atomically; anything else in it was put there by hand.
