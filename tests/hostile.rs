@@ -522,3 +522,44 @@ fn admin_404s_echo_the_path_escaped_and_cut() {
         assert!(body.len() < 600, "{path}: {} bytes echoed", body.len());
     }
 }
+
+/// Only an authenticated stream keeps a connection past `limits.connectTimeout`: requests of every
+/// method refused for want of a token, sent back to back, do not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_requests_do_not_keep_a_connection_open() {
+    let env = mesh_env("limits: {connectTimeout: 1s}\n");
+    let _daemon = tokio::task::block_in_place(|| env.start());
+    let io = tokio::net::UnixStream::connect(env.data.join("sds.sock"))
+        .await
+        .expect("connect");
+    let (mut client, connection) = h2::client::handshake(io).await.expect("HTTP/2");
+    let mut connection = tokio::spawn(connection);
+    let refused = async {
+        let mut answered = 0u64;
+        loop {
+            let method = ["StreamSecrets", "DeltaSecrets", "FetchSecrets"][answered as usize % 3];
+            let request = http::Request::post(format!(
+                "http://localhost/envoy.service.secret.v3.SecretDiscoveryService/{method}"
+            ))
+            .header("content-type", "application/grpc")
+            .body(())
+            .expect("a request");
+            let Ok(ready) = client.clone().ready().await else {
+                return answered;
+            };
+            client = ready;
+            let Ok((response, _)) = client.send_request(request, true) else {
+                return answered;
+            };
+            match response.await {
+                Ok(_) => answered += 1,
+                Err(_) => return answered,
+            }
+        }
+    };
+    let answered = tokio::time::timeout(common::TIMEOUT, refused)
+        .await
+        .expect("the daemon closes the connection at the connect timeout");
+    assert!(answered > 0, "the refusals were answered first");
+    let _ = tokio::time::timeout(common::TIMEOUT, &mut connection).await;
+}

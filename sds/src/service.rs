@@ -405,10 +405,11 @@ impl SdsServer {
                 shown(&String::from_utf8_lossy(encoding.as_bytes()))
             )));
         }
-        let open = opened_on_connection(&parts.extensions);
+        let extensions = parts.extensions;
         let metadata = tonic::metadata::MetadataMap::from_headers(parts.headers);
         let claims = self.shared.authenticate(&metadata)?;
-        Ok((claims, open))
+        // Counted only once authenticated: a refused request must not keep its connection open.
+        Ok((claims, opened_on_connection(&extensions)))
     }
 
     /// `FetchSecrets`: authenticates the token on the headers, then reads the one request message
