@@ -63,5 +63,5 @@ pub use status::{
 pub use timefmt::{rfc3339, seconds_until};
 pub use world::{
     check_world, load_world, record_path, BackendKind, BackendState, CaSource, CreatedTrust,
-    IdentityProvider, LoadedCa, MeshIdentityState, MeshState, MeshTrustState, World,
+    IdentityProvider, LoadMode, LoadedCa, MeshIdentityState, MeshState, MeshTrustState, World,
 };

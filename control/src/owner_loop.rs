@@ -23,7 +23,7 @@ use crate::owner::{Completed, IssuedIdentity, Owner, RecordLink};
 use crate::peers::{GateView, PeerView};
 use crate::snapshot::ProxyKey;
 use crate::status::{Detail, Status};
-use crate::world::{load_world, CaSource, World};
+use crate::world::{load_world, CaSource, LoadMode, World};
 
 /// How long the loop sleeps when nothing is due (it wakes earlier for any event).
 const IDLE_WAKE: Duration = Duration::from_secs(3600);
@@ -586,6 +586,7 @@ pub fn rotate_cas(
     let resources = (*owner.world().resources).clone();
     let src = CaSource {
         keystore,
+        mode: LoadMode::Apply,
         settings,
         previous: Some(owner.world()),
         now,

@@ -160,6 +160,7 @@ pub fn load_world(
         resources,
         &crate::world::CaSource {
             keystore,
+            mode: crate::world::LoadMode::Apply,
             settings,
             previous,
             now,

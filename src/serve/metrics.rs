@@ -487,6 +487,7 @@ mod tests {
         let now = std::time::SystemTime::now();
         let src = meshca_control::CaSource {
             keystore: &keystore,
+            mode: meshca_control::LoadMode::Apply,
             settings: &settings,
             previous: None,
             now,

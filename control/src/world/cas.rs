@@ -11,7 +11,7 @@ use meshca_config::{Backend, Bundled, BundledCa, DataSource, MeshIdentity};
 use meshca_identity::{KeyAlgorithm, TrustDomain};
 use meshca_keystore::{Creation, KeystoreError, NewEntry};
 
-use super::{BackendKind, BackendState, CaSource, IdentityProvider, LoadedCa};
+use super::{BackendKind, BackendState, CaSource, IdentityProvider, LoadMode, LoadedCa};
 use crate::error::CaLoadError;
 use crate::lineage::{self, Validity};
 
@@ -203,7 +203,9 @@ fn generate_successor(
     index: usize,
     params: &CaParams,
 ) -> Result<LoadedCa, CaLoadError> {
-    tracing::info!(ca = %params.name, lineage_index = index, "automatic CA rotation: generating the successor CA");
+    if src.mode == LoadMode::Apply {
+        tracing::info!(ca = %params.name, lineage_index = index, "automatic CA rotation: generating the successor CA");
+    }
     load_or_generate(src, &lineage_path(base, index), params)
 }
 
@@ -237,7 +239,8 @@ fn load_provided(
     })
 }
 
-/// Loads a generated CA from the keystore, or generates and persists it the first time.
+/// Loads a generated CA from the keystore, or generates and persists it the first time (with
+/// [`LoadMode::Check`], generates it in memory only).
 ///
 /// Another process (a second daemon, `meshca issue --mesh`) may generate the same CA at the same time:
 /// the keystore lets exactly one persist its CA, and every other caller loads that one, so all of them
@@ -256,8 +259,11 @@ fn load_or_generate(
     if let Some(ca) = load_persisted(src, &cert_name, &key_name)? {
         return Ok(loaded(ca));
     }
-    // Missing, or half written by a creator still at work: decided under the keystore's lock.
     let ca = CertificateAuthority::generate(params, src.now)?;
+    if src.mode == LoadMode::Check {
+        return Ok(loaded(ca));
+    }
+    // Missing, or half written by a creator still at work: decided under the keystore's lock.
     let (chain, key) = ca.to_pem();
     // All or nothing: a kill between the two writes is rolled back by the keystore (nothing used this CA
     // yet), so only a file removed by hand leaves half of it (HalfPersisted, never replaced silently).

@@ -16,6 +16,8 @@ use crate::error::{IdentityLoadError, UpdateError};
 pub struct CaSource<'a> {
     /// Persisted CAs.
     pub keystore: &'a dyn Keystore,
+    /// Whether the load persists and logs what it creates, or only checks.
+    pub mode: LoadMode,
     /// Daemon settings (zone for trust-domain templates).
     pub settings: &'a Settings,
     /// The world currently serving: its CAs are reused rather than read again.
@@ -24,9 +26,22 @@ pub struct CaSource<'a> {
     pub now: SystemTime,
 }
 
+/// What loading a [`World`] does besides building it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadMode {
+    /// The daemon, and the commands that act for it: a CA generated on the way and a created MeshTrust
+    /// are persisted in the keystore, and each is logged.
+    Apply,
+    /// `meshca validate`: a CA the world needs and the keystore lacks is generated in memory, only to
+    /// check the world; nothing is written to the keystore and nothing is logged, since nothing that
+    /// lasts is created.
+    Check,
+}
+
 impl std::fmt::Debug for CaSource<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CaSource")
+            .field("mode", &self.mode)
             .field("previous", &self.previous.is_some())
             .field("now", &self.now)
             .finish_non_exhaustive()
@@ -49,6 +64,7 @@ pub fn load_world(
         errors,
         &CaSource {
             keystore,
+            mode: LoadMode::Apply,
             settings,
             previous,
             now,
@@ -66,7 +82,7 @@ pub fn check_world(
     let mut errors: Vec<UpdateError> = errors.iter().map(UpdateError::from).collect();
     match World::build(resources, src) {
         Ok(world) if errors.is_empty() => {
-            trust::persist(&world, src.keystore)?;
+            persist(&world, src)?;
             Ok(world)
         }
         Ok(_) => Err(errors),
@@ -78,18 +94,19 @@ pub fn check_world(
 }
 
 impl World {
-    /// Builds the world for `resources`, loading or generating every CA it needs, and then writes the
-    /// MeshTrusts it creates that changed.
+    /// Builds the world for `resources`, loading or generating every CA it needs, and then (with
+    /// [`LoadMode::Apply`]) writes the MeshTrusts it creates that changed.
     ///
     /// Returns every error found; nothing of a failed load is used and no created MeshTrust is written
     /// (CAs generated on the way stay in the keystore and are reused by the corrected update).
     pub fn load(resources: Resources, src: &CaSource<'_>) -> Result<World, Vec<UpdateError>> {
         let world = World::build(resources, src)?;
-        trust::persist(&world, src.keystore)?;
+        persist(&world, src)?;
         Ok(world)
     }
 
-    /// Builds the world without writing anything but the CAs it generates.
+    /// Builds the world without writing anything but the CAs it generates (none with
+    /// [`LoadMode::Check`]).
     fn build(resources: Resources, src: &CaSource<'_>) -> Result<World, Vec<UpdateError>> {
         let mut errors = Vec::new();
         let mut meshes: BTreeMap<String, MeshState> = resources
@@ -165,6 +182,14 @@ impl World {
         } else {
             Err(errors)
         }
+    }
+}
+
+/// Writes the MeshTrusts `world` creates that changed, unless the load only checks.
+fn persist(world: &World, src: &CaSource<'_>) -> Result<(), Vec<UpdateError>> {
+    match src.mode {
+        LoadMode::Apply => trust::persist(world, src.keystore),
+        LoadMode::Check => Ok(()),
     }
 }
 

@@ -16,7 +16,7 @@ use meshca_ca::{CertificateAuthority, IdentityTemplate, TrustAnchor};
 use meshca_config::Resources;
 use meshca_identity::TrustDomain;
 
-pub use load::{check_world, load_world, CaSource};
+pub use load::{check_world, load_world, CaSource, LoadMode};
 pub use trust::record_path;
 
 /// A loaded certificate authority and where it came from.
