@@ -1,5 +1,5 @@
-//! Proxy tokens against a running daemon: labels fixed in a token cannot contradict the Dataplane file, and
-//! a revoked token stops working (fetches and open streams).
+//! Proxy tokens: `meshca token` says when a token expires; against a running daemon, labels fixed in a token
+//! cannot contradict the Dataplane file, and a revoked token stops working (fetches and open streams).
 
 mod common;
 
@@ -21,6 +21,46 @@ fn assert_permission_denied(run: &common::Run) {
     assert!(
         !run.stdout.contains("BEGIN CERTIFICATE"),
         "a refused proxy got a certificate: {run}"
+    );
+}
+
+#[test]
+fn minted_token_says_its_expiry_as_a_utc_date_and_the_time_left() {
+    let env = Env::new();
+    let valid_for = std::time::Duration::from_secs(2 * 86_400 + 12 * 3600);
+    let before = std::time::SystemTime::now() + valid_for;
+    let run = env
+        .cli(&[
+            "token",
+            "--config",
+            env.cfg(),
+            "--mesh",
+            "default",
+            "--name",
+            "web-1",
+            "--valid-for",
+            "2d12h",
+        ])
+        .ok();
+    let after = std::time::SystemTime::now() + valid_for;
+    assert!(!run.stderr.contains("unix time"), "{run}");
+    let until = run
+        .stderr
+        .split_once("valid until ")
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no expiry in the output: {run}"));
+    // RFC 3339 in UTC with whole seconds sorts as text: the expiry lies between the two clock reads.
+    let (earliest, latest) = (
+        meshca_control::rfc3339(before),
+        meshca_control::rfc3339(after),
+    );
+    assert!(
+        until.ends_with('Z') && earliest.as_str() <= until && until <= latest.as_str(),
+        "expiry {until:?} is not between {earliest} and {latest}: {run}"
+    );
+    assert!(
+        run.stderr.contains("(2d11h left)") || run.stderr.contains("(2d12h left)"),
+        "the time left, as `meshca status` shows a certificate's expiry: {run}"
     );
 }
 

@@ -50,6 +50,19 @@ pub fn process_env() -> impl Iterator<Item = (String, String)> {
     std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
 }
 
+/// A signed number of seconds as people read a time left: `2d11h`, `5h3m`, `4m10s`, `-1d2h` once past.
+pub fn human_duration(secs: i64) -> String {
+    let (sign, secs) = if secs < 0 { ("-", -secs) } else { ("", secs) };
+    let (d, h, m) = (secs / 86_400, secs % 86_400 / 3600, secs % 3600 / 60);
+    if d > 0 {
+        format!("{sign}{d}d{h}h")
+    } else if h > 0 {
+        format!("{sign}{h}h{m}m")
+    } else {
+        format!("{sign}{m}m{}s", secs % 60)
+    }
+}
+
 /// Prints a value as pretty JSON on stdout.
 pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);

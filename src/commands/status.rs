@@ -11,6 +11,7 @@ use meshca_control::{
 };
 use serde_json::Value;
 
+use super::human_duration;
 use crate::cli::{Output, StatusArgs};
 
 /// GETs `path` from the admin API and parses the JSON body.
@@ -36,18 +37,6 @@ pub async fn admin_get(admin: &str, path: &str) -> anyhow::Result<Value> {
         ));
     }
     serde_json::from_slice(&body).context("the admin API answered something that is not JSON")
-}
-
-fn human_duration(secs: i64) -> String {
-    let (sign, secs) = if secs < 0 { ("-", -secs) } else { ("", secs) };
-    let (d, h, m) = (secs / 86_400, secs % 86_400 / 3600, secs % 3600 / 60);
-    if d > 0 {
-        format!("{sign}{d}d{h}h")
-    } else if h > 0 {
-        format!("{sign}{h}h{m}m")
-    } else {
-        format!("{sign}{m}m{}s", secs % 60)
-    }
 }
 
 pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {

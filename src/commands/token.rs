@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use meshca_auth::{Claims, ProxyType};
 
@@ -23,6 +23,24 @@ fn pairs(flag: &str, values: &[String]) -> anyhow::Result<BTreeMap<String, Strin
         out.insert(k, val);
     }
     Ok(out)
+}
+
+/// A token's expiry as meshca shows a certificate's: the UTC date (RFC 3339) and the time left. A time
+/// past what a date can hold (year 9999, reachable only through a huge `tokens.maxValidFor`) is shown
+/// as the unix time it is.
+fn expiry(expires_at: u64, now: SystemTime) -> String {
+    let representable = i64::try_from(expires_at)
+        .ok()
+        .is_some_and(|secs| time::OffsetDateTime::from_unix_timestamp(secs).is_ok());
+    if !representable {
+        return format!("unix time {expires_at}");
+    }
+    let t = UNIX_EPOCH + Duration::from_secs(expires_at);
+    format!(
+        "{} ({} left)",
+        meshca_control::rfc3339(t),
+        super::human_duration(meshca_control::seconds_until(t, now))
+    )
 }
 
 pub fn run(args: TokenArgs) -> anyhow::Result<ExitCode> {
@@ -99,11 +117,11 @@ pub fn run(args: TokenArgs) -> anyhow::Result<ExitCode> {
         Output::Human => {
             println!("{token}");
             eprintln!(
-                "token {} for {} ({}) valid until unix time {}",
+                "token {} for {} ({}) valid until {}",
                 claims.id,
                 claims.node_id(),
                 claims.proxy_type,
-                claims.expires_at
+                expiry(claims.expires_at, SystemTime::now())
             );
         }
         Output::Json => super::print_json(&serde_json::json!({
@@ -115,4 +133,23 @@ pub fn run(args: TokenArgs) -> anyhow::Result<ExitCode> {
         }))?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expiry_is_a_utc_date_and_the_time_left() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        assert_eq!(
+            expiry(1_800_000_000 + 2 * 86_400 + 3600, now),
+            "2027-01-17T09:00:00Z (2d1h left)"
+        );
+        assert_eq!(
+            expiry(u64::MAX, now),
+            format!("unix time {}", u64::MAX),
+            "beyond year 9999"
+        );
+    }
 }
