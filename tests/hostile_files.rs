@@ -25,11 +25,10 @@ struct Spawned {
 }
 
 impl Spawned {
-    fn start(env: &Env, name: &str, args: &[&str]) -> Spawned {
+    fn start(env: &Env, name: &str, mut command: std::process::Command) -> Spawned {
         let stdout = env.root().join(format!("{name}.out"));
         let stderr = env.root().join(format!("{name}.err"));
-        let child = env
-            .command(args)
+        let child = command
             .stdout(std::fs::File::create(&stdout).expect("the temp dir is writable"))
             .stderr(std::fs::File::create(&stderr).expect("the temp dir is writable"))
             .spawn()
@@ -176,35 +175,29 @@ fn a_second_daemon_on_a_locked_data_directory_exits_1() {
     env.fetch_identity(&token);
 }
 
-/// Settings files that are FIFOs: a process given one blocks reading its settings until
-/// [`StartGate::release`], which lets every such process go at the same instant.
+/// Processes held at a gate until [`StartGate::release`], which lets every one of them go at the same
+/// instant: each waits (in a shell, before meshca runs) to read a line from a FIFO of its own.
 struct StartGate {
     fifos: Vec<PathBuf>,
-    settings: String,
 }
 
 impl StartGate {
     fn new(env: &Env, count: usize) -> StartGate {
         let fifos: Vec<PathBuf> = (0..count)
-            .map(|i| env.root().join(format!("gate-{i}.yaml")))
+            .map(|i| env.root().join(format!("gate-{i}")))
             .collect();
         for fifo in &fifos {
-            let status = std::process::Command::new("mkfifo")
-                .arg(fifo)
-                .status()
-                .expect("mkfifo runs");
-            assert!(status.success(), "mkfifo {}", fifo.display());
+            mkfifo(fifo);
         }
-        let settings = std::fs::read_to_string(&env.config).expect("the settings file");
-        StartGate { fifos, settings }
+        StartGate { fifos }
     }
 
-    /// The settings argument of process `i`.
-    fn config(&self, i: usize) -> &str {
-        self.fifos[i].to_str().expect("UTF-8")
+    /// Starts `meshca ARGS` as process `i`, held at the gate.
+    fn spawn(&self, env: &Env, i: usize, name: &str, args: &[&str]) -> Spawned {
+        Spawned::start(env, name, env.gated_command(&self.fifos[i], args))
     }
 
-    /// Waits until every process is blocked on its settings file, then releases them all at once.
+    /// Waits until every process waits at its FIFO, then releases them all at once.
     fn release(self) {
         use std::io::Write;
         let (tx, rx) = std::sync::mpsc::channel();
@@ -224,12 +217,10 @@ impl StartGate {
         });
         let mut writers = rx
             .recv_timeout(common::TIMEOUT)
-            .expect("every process opened its settings file");
+            .expect("every process waits at its gate");
         for w in &mut writers {
-            w.write_all(self.settings.as_bytes())
-                .expect("write settings");
+            w.write_all(b"go\n").expect("write to the gate");
         }
-        // Every reader sees the end of its settings file now.
         drop(writers);
     }
 }
@@ -239,8 +230,8 @@ fn two_daemons_started_together_leave_one_running() {
     let env = env_with_web_1();
     let gate = StartGate::new(&env, 2);
     let mut daemons = [
-        Spawned::start(&env, "serve-a", &["serve", "--config", gate.config(0)]),
-        Spawned::start(&env, "serve-b", &["serve", "--config", gate.config(1)]),
+        gate.spawn(&env, 0, "serve-a", &["serve", "--config", env.cfg()]),
+        gate.spawn(&env, 1, "serve-b", &["serve", "--config", env.cfg()]),
     ];
     gate.release();
     let (loser, status) = wait_for("one of the two daemons to exit", || {
@@ -279,13 +270,13 @@ fn concurrent_first_users_of_an_empty_data_directory_agree_on_keys_and_cas() {
     const TOKENS: usize = 4;
     const ISSUES: usize = 3;
     let gate = StartGate::new(&env, 1 + TOKENS + ISSUES);
-    let mut daemon = Spawned::start(&env, "serve", &["serve", "--config", gate.config(0)]);
+    let mut daemon = gate.spawn(&env, 0, "serve", &["serve", "--config", env.cfg()]);
     let tokens: Vec<Spawned> = (0..TOKENS)
         .map(|i| {
             let args = [
                 "token",
                 "--config",
-                gate.config(1 + i),
+                env.cfg(),
                 "--mesh",
                 "default",
                 "--name",
@@ -293,7 +284,7 @@ fn concurrent_first_users_of_an_empty_data_directory_agree_on_keys_and_cas() {
                 "--output",
                 "json",
             ];
-            Spawned::start(&env, &format!("token-{i}"), &args)
+            gate.spawn(&env, 1 + i, &format!("token-{i}"), &args)
         })
         .collect();
     let outs: Vec<PathBuf> = (0..ISSUES)
@@ -306,7 +297,7 @@ fn concurrent_first_users_of_an_empty_data_directory_agree_on_keys_and_cas() {
             let args = [
                 "issue",
                 "--config",
-                gate.config(1 + TOKENS + i),
+                env.cfg(),
                 "--out",
                 out.to_str().expect("UTF-8"),
                 "--mesh",
@@ -314,7 +305,7 @@ fn concurrent_first_users_of_an_empty_data_directory_agree_on_keys_and_cas() {
                 "--name",
                 "web-1",
             ];
-            Spawned::start(&env, &format!("issue-{i}"), &args)
+            gate.spawn(&env, 1 + TOKENS + i, &format!("issue-{i}"), &args)
         })
         .collect();
     gate.release();

@@ -255,9 +255,26 @@ impl Env {
 
     /// A `meshca` command with a clean environment (no `MESHCA_*` from the caller, no colours).
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(MESHCA);
-        cmd.args(args)
-            .current_dir(self.root())
+        let mut cmd = self.command_of(MESHCA);
+        cmd.args(args);
+        cmd
+    }
+
+    /// `meshca ARGS` that starts only once a line is written to the FIFO `gate`: a shell waits
+    /// reading it, then becomes meshca. The environment is [`Env::command`]'s.
+    pub fn gated_command(&self, gate: &Path, args: &[&str]) -> Command {
+        let mut cmd = self.command_of("sh");
+        cmd.args(["-c", "read -r _ < \"$0\" && exec \"$@\""])
+            .arg(gate)
+            .arg(MESHCA)
+            .args(args);
+        cmd
+    }
+
+    /// `program` in the temp dir with a clean environment (no `MESHCA_*` from the caller, no colours).
+    fn command_of(&self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.current_dir(self.root())
             .env("NO_COLOR", "1")
             .env_remove("RUST_LOG")
             .stdin(Stdio::null());
