@@ -190,21 +190,9 @@ mod tests {
         }
     }
 
+    /// A frame of `kind` carrying `payload` (on stream 1).
     fn frame(kind: u8, flags: u8, payload: &[u8]) -> Vec<u8> {
-        let len = payload.len();
-        let mut out = vec![
-            (len >> 16) as u8,
-            (len >> 8) as u8,
-            len as u8,
-            kind,
-            flags,
-            0,
-            0,
-            0,
-            1,
-        ];
-        out.extend_from_slice(payload);
-        out
+        super::frames::tests::frame(payload.len(), kind, flags, payload)
     }
 
     /// A frame: mostly header frames carrying an `:authority` literal with arbitrary bytes.

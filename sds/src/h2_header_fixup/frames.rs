@@ -243,14 +243,19 @@ fn header(bytes: &[u8]) -> (usize, u8, u8) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use proptest::prelude::*;
 
     const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
     /// A frame header announcing `len` bytes, and `payload` (which may be shorter or longer).
-    fn frame(len: usize, kind: u8, flags: u8, payload: &[u8]) -> Vec<u8> {
+    pub(in crate::h2_header_fixup) fn frame(
+        len: usize,
+        kind: u8,
+        flags: u8,
+        payload: &[u8],
+    ) -> Vec<u8> {
         let mut out = vec![
             (len >> 16) as u8,
             (len >> 8) as u8,
