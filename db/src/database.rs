@@ -271,3 +271,20 @@ fn client_config(ca_file: Option<&Path>) -> Result<ClientConfig, DbError> {
         .with_root_certificates(roots)
         .with_no_client_auth())
 }
+
+/// A transaction holding the advisory lock `lock` until it ends: writers under the same lock, in every
+/// replica, run one at a time. `action` names the work in errors.
+pub(crate) async fn locked_transaction<'c>(
+    client: &'c mut deadpool_postgres::Client,
+    lock: i64,
+    action: &str,
+) -> Result<deadpool_postgres::Transaction<'c>, DbError> {
+    let tx = client
+        .transaction()
+        .await
+        .map_err(DbError::database(action))?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock])
+        .await
+        .map_err(DbError::database(action))?;
+    Ok(tx)
+}

@@ -7,7 +7,7 @@ use meshca_keystore::{
     validate_name, validate_prefix, Creation, Keystore, KeystoreError, NewEntry, Secret,
 };
 
-use crate::database::{pool_error, Database};
+use crate::database::{locked_transaction, pool_error, Database};
 use crate::error::DbError;
 use crate::integrity::{self, entry_tag, next_version, Versions};
 use crate::kek::KeyEncryptionKey;
@@ -67,14 +67,8 @@ impl PostgresKeystore {
                     return Ok((key, None));
                 }
             }
-            let tx = client
-                .transaction()
-                .await
-                .map_err(DbError::database(action))?;
-            // Held until the transaction ends: one replica at a time checks, and tags an older database.
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CREATE_LOCK])
-                .await
-                .map_err(DbError::database(action))?;
+            // One replica at a time checks, and tags an older database.
+            let tx = locked_transaction(&mut client, CREATE_LOCK, action).await?;
             let inserted = tx
                 .execute(
                     "INSERT INTO meshca_meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING",
@@ -282,14 +276,8 @@ impl Keystore for PostgresKeystore {
             .block_on("create keystore entries", |pool| async move {
                 let mut client = pool.get().await.map_err(pool_error("connect"))?;
                 let action = "create keystore entries";
-                let tx = client
-                    .transaction()
-                    .await
-                    .map_err(DbError::database(action))?;
-                // Held until the transaction ends: one creator at a time, in every replica.
-                tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CREATE_LOCK])
-                    .await
-                    .map_err(DbError::database(action))?;
+                // One creator at a time, in every replica.
+                let tx = locked_transaction(&mut client, CREATE_LOCK, action).await?;
                 let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
                 let present: Vec<String> = tx
                     .query(

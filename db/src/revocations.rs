@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use crate::database::{pool_error, Database};
+use crate::database::{locked_transaction, pool_error, Database};
 use crate::error::DbError;
 use crate::integrity::{self, Refusal};
 use crate::kek::{KeyEncryptionKey, RowTag};
@@ -79,13 +79,7 @@ impl TokenRevocations {
         self.db.block_on("revoke a token", |pool| async move {
             let action = format!("revoke token {id}");
             let mut client = pool.get().await.map_err(pool_error("connect"))?;
-            let tx = client
-                .transaction()
-                .await
-                .map_err(DbError::database(action.clone()))?;
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&REVOKE_LOCK])
-                .await
-                .map_err(DbError::database(action.clone()))?;
+            let tx = locked_transaction(&mut client, REVOKE_LOCK, &action).await?;
             let (mut ids, serial) = authenticated(&tx, &key, &newest).await?;
             let Err(at) = ids.binary_search(&id) else {
                 return Ok(false);
