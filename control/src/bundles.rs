@@ -3,64 +3,38 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use meshca_ca::{CertificateAuthority, TrustAnchor};
 use meshca_config::{MeshService, ServiceIdentity};
 
-use crate::egress::{EGRESS_BUNDLE, EGRESS_SERVICE};
-use crate::gate::CaTrust;
 use crate::snapshot::{
     Changed, MeshServiceTrust, MeshView, ProxyEntry, ProxyMap, Snapshot, TrustBundle,
 };
+use crate::trust::{BundleKey, CaTrust, ServiceIds, ServiceKey};
 use crate::world::{MeshState, World};
-
-/// (mesh, MeshService name) → the exact SPIFFE IDs its proxies present.
-pub type ServiceIds = HashMap<(String, String), BTreeSet<String>>;
 
 /// Trust domain → PEM certificates, deduplicated and in a stable order.
 type Anchors = BTreeMap<String, BTreeSet<String>>;
-
-/// A CA as a mesh's bundles carry it.
-pub fn ca_trust(mesh: &str, trust_domain: &str, ca: &CertificateAuthority) -> CaTrust {
-    CaTrust {
-        mesh: mesh.to_owned(),
-        ca_id: ca.id().to_owned(),
-        trust_domain: trust_domain.to_owned(),
-        pems: ca.bundle_pems(),
-        subject: ca.subject().to_owned(),
-    }
-}
 
 /// Everything `mesh`'s bundles publish, as the rollout gate orders it: its enabled and secondary backends
 /// (trust domain: the mesh name), every certificate of the MeshTrusts meshca keeps for its MeshIdentities
 /// with `meshTrustCreation: Enabled` (their current CAs among them), and every certificate of its
 /// MeshTrust resources.
 pub fn mesh_cas(mesh: &MeshState) -> Vec<CaTrust> {
+    let bundle = BundleKey::mesh(mesh.name.as_str());
     let backends = mesh
         .backends()
         .flat_map(|b| &b.trusted)
-        .map(|g| ca_trust(&mesh.name, &mesh.name, &g.ca));
+        .map(|g| CaTrust::of_ca(bundle.clone(), &mesh.name, &g.ca));
     let created = mesh.created_trusts.iter().flat_map(|t| {
         t.certificates
             .iter()
-            .map(|c| anchor_trust(&mesh.name, t.trust_domain.as_str(), c))
+            .map(|c| CaTrust::of_anchor(bundle.clone(), t.trust_domain.as_str(), c))
     });
     let trusts = mesh.trusts.iter().flat_map(|t| {
         t.certificates
             .iter()
-            .map(|c| anchor_trust(&mesh.name, t.trust_domain.as_str(), c))
+            .map(|c| CaTrust::of_anchor(bundle.clone(), t.trust_domain.as_str(), c))
     });
     backends.chain(created).chain(trusts).collect()
-}
-
-/// A MeshTrust certificate as a mesh's bundles carry it.
-fn anchor_trust(mesh: &str, trust_domain: &str, anchor: &TrustAnchor) -> CaTrust {
-    CaTrust {
-        mesh: mesh.to_owned(),
-        ca_id: anchor.id.clone(),
-        trust_domain: trust_domain.to_owned(),
-        pems: Arc::from(vec![anchor.pem.clone()]),
-        subject: anchor.subject.clone(),
-    }
 }
 
 /// Everything a mesh trusts, by trust domain: the CAs `cas` (what [`mesh_cas`] gives, as the rollout gate
@@ -84,7 +58,7 @@ type CachedService = (Arc<TrustBundle>, BTreeSet<String>, Arc<MeshServiceTrust>)
 #[derive(Debug, Default)]
 pub struct BundleCache {
     bundles: HashMap<String, (Anchors, Arc<TrustBundle>)>,
-    services: HashMap<(String, String), CachedService>,
+    services: HashMap<ServiceKey, CachedService>,
 }
 
 impl BundleCache {
@@ -107,12 +81,10 @@ impl BundleCache {
 
     fn service(
         &mut self,
-        mesh: &str,
-        name: &str,
+        key: ServiceKey,
         trust: &Arc<TrustBundle>,
         ids: BTreeSet<String>,
     ) -> Arc<MeshServiceTrust> {
-        let key = (mesh.to_owned(), name.to_owned());
         if let Some((t, cached_ids, s)) = self.services.get(&key) {
             if Arc::ptr_eq(t, trust) && cached_ids == &ids {
                 return s.clone();
@@ -140,7 +112,7 @@ pub fn service_spiffe_ids(mesh: &str, service: &MeshService) -> BTreeSet<String>
 pub fn snapshot(
     generation: u64,
     world: &World,
-    trust: &BTreeMap<String, Vec<CaTrust>>,
+    trust: &BTreeMap<BundleKey, Vec<CaTrust>>,
     proxies: ProxyMap<ProxyEntry>,
     service_ids: &ServiceIds,
     cache: &mut BundleCache,
@@ -148,7 +120,10 @@ pub fn snapshot(
     let mut all = Anchors::new();
     let mut meshes = HashMap::new();
     for mesh in world.meshes.values() {
-        let cas = trust.get(&mesh.name).map(Vec::as_slice).unwrap_or_default();
+        let cas = trust
+            .get(&BundleKey::mesh(mesh.name.as_str()))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
         let anchors = mesh_anchors(cas);
         for (td, pems) in &anchors {
             all.entry(td.clone())
@@ -162,15 +137,12 @@ pub fn snapshot(
             .iter()
             .filter(|s| s.mesh == mesh.name)
             .map(|s| {
-                let key = (mesh.name.clone(), s.name.clone());
+                let key = ServiceKey::new(mesh.name.as_str(), s.name.clone());
                 let ids = service_ids
                     .get(&key)
                     .cloned()
                     .unwrap_or_else(|| service_spiffe_ids(&mesh.name, s));
-                (
-                    s.name.clone(),
-                    cache.service(&mesh.name, &s.name, &trust, ids),
-                )
+                (s.name.clone(), cache.service(key, &trust, ids))
             })
             .collect();
         meshes.insert(
@@ -184,13 +156,11 @@ pub fn snapshot(
     let all = cache.bundle("all", &all);
     // The zone egress bundle: the CAs of the egress identity, as the gate publishes them, and the egress
     // SPIFFE IDs as SAN matchers, so that a sidecar's egress context accepts the egress and nothing else.
-    let egress = trust.get(EGRESS_BUNDLE).map(|cas| {
+    let egress = trust.get(&BundleKey::Egress).map(|cas| {
         let bundle = cache.bundle("egress", &mesh_anchors(cas));
-        let ids = service_ids
-            .get(&(EGRESS_BUNDLE.to_owned(), EGRESS_SERVICE.to_owned()))
-            .cloned()
-            .unwrap_or_default();
-        cache.service(EGRESS_BUNDLE, EGRESS_SERVICE, &bundle, ids)
+        let key = ServiceKey::egress();
+        let ids = service_ids.get(&key).cloned().unwrap_or_default();
+        cache.service(key, &bundle, ids)
     });
     Snapshot {
         claim_rules: ProxyMap::default(),

@@ -8,18 +8,9 @@ use std::fmt;
 
 use meshca_identity::KeyAlgorithm;
 
-use crate::bundles::ca_trust;
-use crate::gate::CaTrust;
 use crate::plan::{DataplaneInfo, Decision, Issuance};
+use crate::trust::{BundleKey, CaTrust, EGRESS_SERVICE};
 use crate::world::{IdentityProvider, World};
-
-/// The rollout gate's key for `system_trust_bundle_egress` (not a valid mesh name, so it never collides
-/// with one): the egress identity's CA is trusted there before the egress presents a certificate from
-/// it, and stays while the egress still presents one.
-pub const EGRESS_BUNDLE: &str = "(zone egress)";
-/// The service name under which the egress's SPIFFE IDs are gated (SANs before identity), and the
-/// service of a legacy egress certificate (`spiffe://<mesh>/zone-egress`).
-pub const EGRESS_SERVICE: &str = "zone-egress";
 
 /// How the mesh whose identity the egress uses was chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -147,7 +138,9 @@ pub fn decide(
         labels: &info.labels,
         zone,
         key_algorithm,
-        trusted_in: EGRESS_BUNDLE,
+        // The egress identity's CA is trusted in the egress bundle before the egress presents a
+        // certificate from it, and stays there while the egress still presents one.
+        trusted_in: BundleKey::Egress,
     };
     match &plan.issuer {
         EgressIssuer::Identity(name) => match mesh.identities.iter().find(|i| &i.name == name) {
@@ -174,9 +167,11 @@ pub fn egress_cas(world: &World, plan: &EgressPlan) -> Vec<CaTrust> {
             .iter()
             .filter(|i| &i.name == name)
             .filter_map(|i| match &i.provider {
-                IdentityProvider::Bundled { ca, .. } => {
-                    Some(ca_trust(EGRESS_BUNDLE, i.trust_domain.as_str(), &ca.ca))
-                }
+                IdentityProvider::Bundled { ca, .. } => Some(CaTrust::of_ca(
+                    BundleKey::Egress,
+                    i.trust_domain.as_str(),
+                    &ca.ca,
+                )),
                 _ => None,
             })
             .collect(),
@@ -184,7 +179,7 @@ pub fn egress_cas(world: &World, plan: &EgressPlan) -> Vec<CaTrust> {
             .backends()
             .filter(|b| &b.name == name)
             .flat_map(|b| &b.trusted)
-            .map(|g| ca_trust(EGRESS_BUNDLE, &mesh.name, &g.ca))
+            .map(|g| CaTrust::of_ca(BundleKey::Egress, &mesh.name, &g.ca))
             .collect(),
     }
 }

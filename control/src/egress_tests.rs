@@ -163,7 +163,7 @@ fn the_egress_certificate_is_trusted_in_the_egress_bundle() {
         desired.spiffe_id.to_string(),
         "spiffe://default.egress.test/egress/egress-1"
     );
-    assert_eq!(desired.trusted_in, EGRESS_BUNDLE);
+    assert_eq!(desired.trusted_in, BundleKey::Egress);
 
     let w = world(&legacy("default"));
     let Decision::Issue(desired) = decide(
@@ -179,7 +179,7 @@ fn the_egress_certificate_is_trusted_in_the_egress_bundle() {
         desired.spiffe_id.to_string(),
         "spiffe://default/zone-egress"
     );
-    assert_eq!(desired.trusted_in, EGRESS_BUNDLE);
+    assert_eq!(desired.trusted_in, BundleKey::Egress);
 }
 
 #[test]

@@ -11,74 +11,12 @@ use std::time::{Duration, SystemTime};
 use meshca_ca::CertificateAuthority;
 use serde::{Deserialize, Serialize};
 
-use crate::bundles::ServiceIds;
-use crate::egress::EGRESS_BUNDLE;
 use crate::peers::{PeerView, TrustEntry};
 use crate::resource_name::{Target, TrustScope};
 use crate::snapshot::{KeyHasher, ProxyKey};
-use crate::streams::{Stream, Streams};
+use crate::streams::{Stream, StreamTable};
 use crate::timefmt::{rfc3339, seconds_until};
-
-/// A CA as it appears in a mesh's trust bundle.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CaTrust {
-    /// The mesh whose bundles carry it.
-    pub mesh: String,
-    /// The CA's id (SHA-256 of its signing certificate).
-    pub ca_id: String,
-    /// The trust domain it signs for.
-    pub trust_domain: String,
-    /// Its trust anchors, PEM (shared with the CA, not copied per proxy).
-    pub pems: std::sync::Arc<[String]>,
-    /// Its subject, for operators.
-    pub subject: String,
-}
-
-/// What the gate tells CAs apart by: (mesh, trust domain, CA id). One CA published for two trust domains
-/// is two entries, each ordered on its own.
-pub(crate) type TrustKey = (String, String, String);
-
-/// A set of CAs told apart as the gate does, looked up without allocating (once per certificate taken
-/// in during a wave).
-#[derive(Debug, Default)]
-pub(crate) struct TrustKeys(HashMap<String, Vec<(String, String)>, KeyHasher>);
-
-impl TrustKeys {
-    /// Whether `ca` (by mesh, trust domain and id) is in the set.
-    pub(crate) fn contains(&self, ca: &CaTrust) -> bool {
-        self.0.get(ca.ca_id.as_str()).is_some_and(|entries| {
-            entries
-                .iter()
-                .any(|(mesh, td)| *mesh == ca.mesh && *td == ca.trust_domain)
-        })
-    }
-}
-
-impl<'a> FromIterator<&'a CaTrust> for TrustKeys {
-    fn from_iter<I: IntoIterator<Item = &'a CaTrust>>(cas: I) -> TrustKeys {
-        let mut set = TrustKeys::default();
-        for ca in cas {
-            if !set.contains(ca) {
-                set.0
-                    .entry(ca.ca_id.clone())
-                    .or_default()
-                    .push((ca.mesh.clone(), ca.trust_domain.clone()));
-            }
-        }
-        set
-    }
-}
-
-impl CaTrust {
-    /// Its key in the gate.
-    pub(crate) fn key(&self) -> TrustKey {
-        (
-            self.mesh.clone(),
-            self.trust_domain.clone(),
-            self.ca_id.clone(),
-        )
-    }
-}
+use crate::trust::{BundleKey, CaId, CaTrust, MeshName, ServiceIds, ServiceKey, TrustKey};
 
 /// A step of a rollout that can wait on ACKs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -116,8 +54,8 @@ impl fmt::Display for RolloutStep {
 /// What a rollout step waits for, shown by `/api/` and `meshca status`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Wait {
-    /// The mesh.
-    pub mesh: String,
+    /// The mesh, or the zone egress bundle (shown as `(zone egress)`).
+    pub mesh: BundleKey,
     /// The step that waits.
     pub step: RolloutStep,
     /// The CA concerned.
@@ -172,32 +110,39 @@ pub enum GateEvent {
 pub struct Gate {
     enabled: bool,
     ack_timeout: Duration,
-    /// Every CA the last plan published, by (mesh, trust domain, CA id).
+    /// Every CA the last plan published, by bundle, trust domain and CA id.
     published: BTreeMap<TrustKey, PublishedCa>,
-    /// (mesh, MeshService, SPIFFE ID) → when the ID entered the service's `meshservice:` context.
-    sans: HashMap<(String, String, String), Published>,
+    /// When each SPIFFE ID entered its `meshservice:` context.
+    sans: HashMap<SanKey, Published>,
     retained_since: HashMap<TrustKey, SystemTime>,
     /// Meshes whose bundles a previous snapshot published: a CA new to an unpublished mesh needs no ACKs
     /// (no proxy can hold a bundle without it).
-    known_meshes: HashSet<String>,
+    known_meshes: HashSet<BundleKey>,
     /// Removed CAs whose retention timed out: no longer retained, not reported again.
     given_up: HashSet<TrustKey>,
     waits: Vec<Waiting>,
-    events: Vec<(String, GateEvent)>,
+    events: Vec<(BundleKey, GateEvent)>,
     /// The other live replicas on the same database, as their last views say.
     peers: Vec<PeerView>,
 }
 
 const NAMED_WAITERS: usize = 20;
 
+/// A SPIFFE ID in a `meshservice:` context, as the gate orders it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct SanKey {
+    service: ServiceKey,
+    spiffe_id: String,
+}
+
 /// Which streams a trust or SAN wait waits for (those that have not ACKed its generation yet).
 #[derive(Clone, Debug)]
 enum Selection {
-    /// Streams that carry `mesh`'s trust.
-    MeshTrust(String),
-    /// Streams subscribed to a `meshservice:` context of `mesh` (the egress bundle's SAN matchers, for
-    /// [`EGRESS_BUNDLE`]).
-    Service { mesh: String, service: String },
+    /// Streams that carry the trust of a bundle.
+    MeshTrust(BundleKey),
+    /// Streams subscribed to a `meshservice:` context (the egress bundle's SAN matchers, for
+    /// [`ServiceKey::egress`]).
+    Service(ServiceKey),
 }
 
 impl Selection {
@@ -207,17 +152,17 @@ impl Selection {
                 .resources
                 .iter()
                 .any(|r| r.carries_mesh_trust(s.asker(), mesh)),
-            Selection::Service { mesh, service } => {
+            Selection::Service(key) => {
                 s.resources.iter().any(|r| match r.target(s.asker(), None) {
                     Target::MeshService {
                         mesh: m,
                         service: n,
-                    } => m == mesh && n == service,
+                    } => key.bundle.is_mesh(m) && n == key.service,
                     // The zone egress's IDs are gated in the egress bundle's SAN matchers.
                     Target::Trust {
                         scope: TrustScope::Egress,
                         ..
-                    } => mesh == EGRESS_BUNDLE,
+                    } => key.bundle == BundleKey::Egress,
                     _ => false,
                 })
             }
@@ -284,14 +229,16 @@ impl Gate {
         let mut out: BTreeMap<String, BTreeSet<TrustEntry>> = self
             .known_meshes
             .iter()
-            .map(|mesh| (mesh.clone(), BTreeSet::new()))
+            .map(|mesh| (mesh.to_string(), BTreeSet::new()))
             .collect();
-        for ((mesh, trust_domain, ca), p) in &self.published {
+        for (key, p) in &self.published {
             if p.state.acked {
-                out.entry(mesh.clone()).or_default().insert(TrustEntry {
-                    trust_domain: trust_domain.clone(),
-                    ca: ca.clone(),
-                });
+                out.entry(key.bundle.to_string())
+                    .or_default()
+                    .insert(TrustEntry {
+                        trust_domain: key.trust_domain.clone(),
+                        ca: key.ca.to_string(),
+                    });
             }
         }
         out
@@ -301,33 +248,36 @@ impl Gate {
     /// subscribers ACKed (for the peers).
     pub fn sans_acked(&self) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
         let mut out: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
-        for ((mesh, service, id), p) in &self.sans {
+        for (key, p) in &self.sans {
             let ids = out
-                .entry(mesh.clone())
+                .entry(key.service.bundle.to_string())
                 .or_default()
-                .entry(service.clone())
+                .entry(key.service.service.clone())
                 .or_default();
             if p.acked {
-                ids.insert(id.clone());
+                ids.insert(key.spiffe_id.clone());
             }
         }
         out
     }
 
     /// The entry of `mesh`'s bundles for the CA with id `ca_id`, if they carry it.
-    pub fn published_ca(&self, mesh: &str, ca_id: &str) -> Option<&CaTrust> {
+    pub fn published_ca(&self, mesh: &BundleKey, ca_id: &str) -> Option<&CaTrust> {
         self.published
             .iter()
-            .find(|((m, _, id), _)| m == mesh && id == ca_id)
+            .find(|(key, _)| key.bundle == *mesh && key.ca == *ca_id)
             .map(|(_, p)| &p.ca)
     }
 
     /// The CAs `mesh`'s bundles carry only because proxies may still present them (break last).
-    pub fn retained_in<'a>(&'a self, mesh: &'a str) -> impl Iterator<Item = &'a CaTrust> + 'a {
+    pub fn retained_in<'a>(
+        &'a self,
+        mesh: &'a BundleKey,
+    ) -> impl Iterator<Item = &'a CaTrust> + 'a {
         self.published
             .iter()
             .filter(move |(key, _)| {
-                key.0 == mesh
+                key.bundle == *mesh
                     && self.retained_since.contains_key(*key)
                     && !self.given_up.contains(*key)
             })
@@ -335,14 +285,14 @@ impl Gate {
     }
 
     /// The peers that hold back the trust entry `key`.
-    fn peers_holding_trust(&self, (mesh, trust_domain, ca): &TrustKey) -> Vec<String> {
+    fn peers_holding_trust(&self, key: &TrustKey) -> Vec<String> {
         let entry = TrustEntry {
-            trust_domain: trust_domain.clone(),
-            ca: ca.clone(),
+            trust_domain: key.trust_domain.clone(),
+            ca: key.ca.to_string(),
         };
         self.peers
             .iter()
-            .filter(|peer| peer.holds_trust(mesh, &entry))
+            .filter(|peer| peer.holds_trust(key.bundle.as_str(), &entry))
             .map(PeerView::label)
             .collect()
     }
@@ -363,15 +313,14 @@ impl Gate {
     }
 
     /// Records a timeout.
-    pub fn timed_out(&mut self, mesh: &str, step: RolloutStep) {
-        self.events
-            .push((mesh.to_owned(), GateEvent::TimedOut(step)));
+    pub fn timed_out(&mut self, mesh: &BundleKey, step: RolloutStep) {
+        self.events.push((mesh.clone(), GateEvent::TimedOut(step)));
     }
 
     /// The waits of the last reconcile, with who trust and SAN waits still wait for counted now: a
     /// reconcile only asks whether anyone does, and ACKs are not recounted one batch at a time (see
     /// [`Gate::any_wait_over`]), so that a wait on 100,000 streams costs a count only when a status asks.
-    pub fn waits_now(&self, streams: &Streams) -> Vec<Wait> {
+    pub fn waits_now(&self, streams: &StreamTable) -> Vec<Wait> {
         self.waits
             .iter()
             .map(|w| {
@@ -390,7 +339,7 @@ impl Gate {
     /// passed): then a reconcile must confirm it. One pass that stops at the first stream still
     /// waiting, so that a batch of ACKs while 100,000 streams wait costs little; [`Gate::confirm`]
     /// does the counting.
-    pub fn any_wait_over(&self, streams: &Streams, now: SystemTime) -> bool {
+    pub fn any_wait_over(&self, streams: &StreamTable, now: SystemTime) -> bool {
         if !self.enabled {
             return false;
         }
@@ -407,23 +356,17 @@ impl Gate {
             .published
             .iter()
             .filter(|(_, p)| !p.state.confirmed || (!p.state.acked && !alone))
-            .any(|((mesh, _, _), p)| over(&p.state, &Selection::MeshTrust(mesh.clone())));
+            .any(|(key, p)| over(&p.state, &Selection::MeshTrust(key.bundle.clone())));
         trust
             || self
                 .sans
                 .iter()
                 .filter(|(_, p)| !p.confirmed || (!p.acked && !alone))
-                .any(|((mesh, service, _), p)| {
-                    let selection = Selection::Service {
-                        mesh: mesh.clone(),
-                        service: service.clone(),
-                    };
-                    over(p, &selection)
-                })
+                .any(|(key, p)| over(p, &Selection::Service(key.service.clone())))
     }
 
     /// Metric events since the last call.
-    pub fn take_events(&mut self) -> Vec<(String, GateEvent)> {
+    pub fn take_events(&mut self) -> Vec<(BundleKey, GateEvent)> {
         std::mem::take(&mut self.events)
     }
 
@@ -433,7 +376,7 @@ impl Gate {
     /// Called more than once per reconcile (ACKs while it waits only ask [`Gate::any_wait_over`]):
     /// each call replaces the trust-before-identity and SANs-before-identity waits of the previous one,
     /// so a status lists every wait once. Returns whether it confirmed anything.
-    pub fn confirm(&mut self, streams: &Streams, now: SystemTime) -> bool {
+    pub fn confirm(&mut self, streams: &StreamTable, now: SystemTime) -> bool {
         self.waits.retain(|w| {
             w.wait.step != RolloutStep::TrustBeforeIdentity
                 && w.wait.step != RolloutStep::SansBeforeIdentity
@@ -455,7 +398,7 @@ impl Gate {
             .iter_mut()
             .filter(|(_, p)| !p.state.confirmed || !p.state.acked)
         {
-            let mesh = &key.0;
+            let mesh = &key.bundle;
             let selection = Selection::MeshTrust(mesh.clone());
             // Once all its streams ACKed, a stream that connects later is first served this trust.
             let local_waits =
@@ -529,21 +472,19 @@ impl Gate {
     /// Confirms new SPIFFE IDs of `meshservice:` contexts: each once every stream subscribed to that
     /// context has ACKed a version carrying it, or once `ackTimeout` passed. Returns whether it confirmed
     /// any.
-    fn confirm_sans(&mut self, streams: &Streams, now: SystemTime) -> bool {
+    fn confirm_sans(&mut self, streams: &StreamTable, now: SystemTime) -> bool {
         let timeout = self.ack_timeout;
         let mut confirmed = false;
         let mut waits = Vec::new();
         let mut events = Vec::new();
         let peers = &self.peers;
-        for ((mesh, service, id), p) in self
+        for (key, p) in self
             .sans
             .iter_mut()
             .filter(|(_, p)| !p.confirmed || !p.acked)
         {
-            let selection = Selection::Service {
-                mesh: mesh.clone(),
-                service: service.clone(),
-            };
+            let (mesh, service, id) = (&key.service.bundle, &key.service.service, &key.spiffe_id);
+            let selection = Selection::Service(key.service.clone());
             let local_waits =
                 !p.acked && streams.any_waiting(p.since_generation, |s| selection.selects(s));
             p.acked |= !local_waits;
@@ -552,7 +493,7 @@ impl Gate {
             }
             let holding: Vec<String> = peers
                 .iter()
-                .filter(|peer| peer.holds_san(mesh, service, id))
+                .filter(|peer| peer.holds_san(mesh.as_str(), service, id))
                 .map(PeerView::label)
                 .collect();
             if !local_waits && holding.is_empty() {
@@ -610,16 +551,19 @@ impl Gate {
     /// Records what each `meshservice:` context of the snapshot about to be published (`generation`)
     /// carries: an ID new to a context starts unconfirmed; IDs that left are forgotten.
     pub fn plan_sans(&mut self, service_ids: &ServiceIds, generation: u64, now: SystemTime) {
-        self.sans.retain(|(mesh, service, id), _| {
+        self.sans.retain(|key, _| {
             service_ids
-                .get(&(mesh.clone(), service.clone()))
-                .is_some_and(|ids| ids.contains(id))
+                .get(&key.service)
+                .is_some_and(|ids| ids.contains(&key.spiffe_id))
         });
         let enabled = self.enabled;
-        for ((mesh, service), ids) in service_ids {
+        for (service, ids) in service_ids {
             for id in ids {
                 self.sans
-                    .entry((mesh.clone(), service.clone(), id.clone()))
+                    .entry(SanKey {
+                        service: service.clone(),
+                        spiffe_id: id.clone(),
+                    })
                     .or_insert_with(|| Published {
                         since_generation: generation,
                         since: now,
@@ -634,11 +578,14 @@ impl Gate {
 
     /// Whether a proxy of `service` may present `spiffe_id`: every stream subscribed to the service's
     /// `meshservice:` context has ACKed a version carrying it (or the timeout passed).
-    pub fn may_present(&self, mesh: &str, service: &str, spiffe_id: &str) -> bool {
+    pub fn may_present(&self, service: &ServiceKey, spiffe_id: &str) -> bool {
         !self.enabled
             || self
                 .sans
-                .get(&(mesh.to_owned(), service.to_owned(), spiffe_id.to_owned()))
+                .get(&SanKey {
+                    service: service.clone(),
+                    spiffe_id: spiffe_id.to_owned(),
+                })
                 .is_none_or(|p| p.confirmed)
     }
 
@@ -655,16 +602,16 @@ impl Gate {
         presented: &[(&CaTrust, Vec<&ProxyKey>)],
         generation: u64,
         now: SystemTime,
-    ) -> BTreeMap<String, Vec<CaTrust>> {
-        let mut out: BTreeMap<String, Vec<CaTrust>> = BTreeMap::new();
+    ) -> BTreeMap<BundleKey, Vec<CaTrust>> {
+        let mut out: BTreeMap<BundleKey, Vec<CaTrust>> = BTreeMap::new();
         let mut keys: HashSet<TrustKey> = HashSet::new();
         // (mesh, trust domain, anchor PEM) the configuration publishes.
-        let mut anchors: HashSet<(&str, &str, &str)> = HashSet::new();
+        let mut anchors: HashSet<(&BundleKey, &str, &str)> = HashSet::new();
         for ca in &desired {
             anchors.extend(
                 ca.pems
                     .iter()
-                    .map(|p| (ca.mesh.as_str(), ca.trust_domain.as_str(), p.as_str())),
+                    .map(|p| (&ca.bundle, ca.trust_domain.as_str(), p.as_str())),
             );
         }
         // Per published CA the configuration no longer carries: who still presents it (named, and
@@ -674,11 +621,9 @@ impl Gate {
             let desired_keys: HashSet<TrustKey> = desired.iter().map(CaTrust::key).collect();
             let removed = |key: &TrustKey, p: &PublishedCa| {
                 !desired_keys.contains(key)
-                    && !p
-                        .ca
-                        .pems
-                        .iter()
-                        .all(|pem| anchors.contains(&(&key.0, &key.1, pem.as_str())))
+                    && !p.ca.pems.iter().all(|pem| {
+                        anchors.contains(&(&key.bundle, &key.trust_domain, pem.as_str()))
+                    })
             };
             let mut retain = |key: &TrustKey,
                               p: &PublishedCa,
@@ -691,8 +636,8 @@ impl Gate {
                 held.2 += more;
             };
             for (ca, proxies) in presented {
-                for (key, p) in self.published_for(&ca.mesh, &ca.trust_domain) {
-                    if removed(key, p) && covers(&p.ca, ca.ca_id.as_str(), &ca.pems) {
+                for (key, p) in self.published_for(&ca.bundle, &ca.trust_domain) {
+                    if removed(key, p) && p.ca.covers(ca.ca_id.as_str(), &ca.pems) {
                         retain(key, p, &mut proxies.iter().map(ToString::to_string), 0);
                     }
                 }
@@ -706,8 +651,9 @@ impl Gate {
                     continue;
                 };
                 for ca in &view.presented {
-                    for (key, p) in self.published_for(&ca.mesh, &ca.trust_domain) {
-                        if removed(key, p) && covers(&p.ca, &ca.ca, &ca.anchors) {
+                    let bundle = BundleKey::from_name(&ca.mesh);
+                    for (key, p) in self.published_for(&bundle, &ca.trust_domain) {
+                        if removed(key, p) && p.ca.covers(&ca.ca, &ca.anchors) {
                             let mut named = ca
                                 .named
                                 .iter()
@@ -725,7 +671,7 @@ impl Gate {
         }
         for ca in desired {
             if keys.insert(ca.key()) {
-                out.entry(ca.mesh.clone()).or_default().push(ca);
+                out.entry(ca.bundle.clone()).or_default().push(ca);
             }
         }
         self.retained_since.retain(|k, _| retained.contains_key(k));
@@ -733,14 +679,14 @@ impl Gate {
         for (key, (ca, holders, more)) in retained {
             let since = *self.retained_since.entry(key.clone()).or_insert_with(|| {
                 tracing::warn!(
-                    mesh = %ca.mesh,
+                    mesh = %ca.bundle,
                     trust_domain = %ca.trust_domain,
                     ca = %ca.subject,
                     proxies = holders.len() + more,
                     "a CA was removed from the configuration while proxies still present certificates from it; it stays trusted until they have ACKed replacements (at most rollout.ackTimeout)"
                 );
-                self.events.push((ca.mesh.clone(), GateEvent::RemovedWhilePresented));
-                self.events.push((ca.mesh.clone(), GateEvent::WaitStarted(RolloutStep::BreakLast)));
+                self.events.push((ca.bundle.clone(), GateEvent::RemovedWhilePresented));
+                self.events.push((ca.bundle.clone(), GateEvent::WaitStarted(RolloutStep::BreakLast)));
                 now
             });
             if self.given_up.contains(&key) {
@@ -748,20 +694,22 @@ impl Gate {
             }
             if now >= since + self.ack_timeout {
                 tracing::warn!(
-                    mesh = %ca.mesh,
+                    mesh = %ca.bundle,
                     trust_domain = %ca.trust_domain,
                     ca = %ca.subject,
                     proxies = ?holders.iter().take(NAMED_WAITERS).collect::<Vec<_>>(),
                     "rollout.ackTimeout passed: removing the CA although these proxies may still present its certificates"
                 );
-                self.events
-                    .push((ca.mesh.clone(), GateEvent::TimedOut(RolloutStep::BreakLast)));
+                self.events.push((
+                    ca.bundle.clone(),
+                    GateEvent::TimedOut(RolloutStep::BreakLast),
+                ));
                 self.given_up.insert(key);
                 continue;
             }
             self.waits.push(Waiting {
                 wait: Wait {
-                    mesh: ca.mesh.clone(),
+                    mesh: ca.bundle.clone(),
                     step: RolloutStep::BreakLast,
                     ca: ca.subject.clone(),
                     since: rfc3339(since),
@@ -772,14 +720,14 @@ impl Gate {
                 recount: None,
                 peers: Vec::new(),
             });
-            out.entry(ca.mesh.clone()).or_default().push(ca);
+            out.entry(ca.bundle.clone()).or_default().push(ca);
         }
 
         let published_now: HashSet<TrustKey> = out.values().flatten().map(CaTrust::key).collect();
         self.published.retain(|k, _| published_now.contains(k));
         let enabled = self.enabled;
         for ca in out.values().flatten() {
-            let fresh_mesh = !self.known_meshes.contains(&ca.mesh);
+            let fresh_mesh = !self.known_meshes.contains(&ca.bundle);
             self.published
                 .entry(ca.key())
                 .or_insert_with(|| PublishedCa {
@@ -803,29 +751,38 @@ impl Gate {
     /// The published CAs of one trust domain of a mesh.
     fn published_for<'a>(
         &'a self,
-        mesh: &'a str,
+        mesh: &'a BundleKey,
         trust_domain: &'a str,
     ) -> impl Iterator<Item = (&'a TrustKey, &'a PublishedCa)> + 'a {
-        let from = (mesh.to_owned(), trust_domain.to_owned(), String::new());
+        let from = TrustKey {
+            bundle: mesh.clone(),
+            trust_domain: trust_domain.to_owned(),
+            ca: CaId::new(String::new()),
+        };
         self.published
             .range(from..)
-            .take_while(move |((m, td, _), _)| m == mesh && td == trust_domain)
+            .take_while(move |(key, _)| key.bundle == *mesh && key.trust_domain == trust_domain)
     }
 
     /// Whether `ca` may issue certificates in `trust_domain` of `mesh`: a published CA that the bundles
     /// carry for that trust domain and that its certificates chain to (the CA itself, or an entry holding its
     /// trust anchor, such as a MeshTrust with its root) was ACKed by every stream that must carry it, or the
     /// timeout passed. A CA that no such entry carries is not gated (its trust is managed elsewhere).
-    pub fn may_issue(&self, mesh: &str, trust_domain: &str, ca: &CertificateAuthority) -> bool {
+    pub fn may_issue(
+        &self,
+        mesh: &BundleKey,
+        trust_domain: &str,
+        ca: &CertificateAuthority,
+    ) -> bool {
         if !self.enabled {
             return true;
         }
         let mut anchors: Option<std::sync::Arc<[String]>> = None;
         let mut carried = false;
         for (_, p) in self.published_for(mesh, trust_domain) {
-            let chains = p.ca.ca_id == ca.id() || {
+            let chains = p.ca.ca_id == *ca.id() || {
                 let anchors = anchors.get_or_insert_with(|| ca.bundle_pems());
-                covers(&p.ca, ca.id(), anchors)
+                p.ca.covers(ca.id(), anchors)
             };
             if chains {
                 if p.state.confirmed {
@@ -837,7 +794,8 @@ impl Gate {
         !carried
     }
 
-    /// The meshes in which a trust or SAN wait holds issuance back. The reconcile at the end of such a
+    /// The meshes in which a trust or SAN wait holds issuance back (the egress bundle's waits hold no
+    /// mesh back). The reconcile at the end of such a
     /// wait (or its timeout) decides every proxy again.
     pub fn holding_meshes(&self) -> HashSet<&str, KeyHasher> {
         if !self.enabled {
@@ -847,13 +805,13 @@ impl Gate {
             .published
             .iter()
             .filter(|(_, p)| !p.state.confirmed)
-            .map(|((mesh, _, _), _)| mesh.as_str());
+            .filter_map(|(key, _)| key.bundle.mesh_name());
         let sans = self
             .sans
             .iter()
             .filter(|(_, p)| !p.confirmed)
-            .map(|((mesh, _, _), _)| mesh.as_str());
-        trust.chain(sans).collect()
+            .filter_map(|(key, _)| key.service.bundle.mesh_name());
+        trust.chain(sans).map(MeshName::as_str).collect()
     }
 
     /// Whether anything waits on ACKs (so ACK events must trigger a reconcile).
@@ -894,41 +852,6 @@ impl Gate {
     }
 }
 
-/// Whether certificates of the CA with id `ca_id` and trust anchors `anchors` chain to `entry`: it is
-/// that CA, or it carries one of those anchors.
-pub(crate) fn covers(entry: &CaTrust, ca_id: &str, anchors: &[String]) -> bool {
-    entry.ca_id == ca_id || entry.pems.iter().any(|p| anchors.contains(p))
-}
-
 fn remaining(deadline: SystemTime, now: SystemTime) -> i64 {
     seconds_until(deadline, now).max(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{CaTrust, TrustKeys};
-
-    fn ca(mesh: &str, trust_domain: &str, ca_id: &str) -> CaTrust {
-        CaTrust {
-            mesh: mesh.into(),
-            ca_id: ca_id.into(),
-            trust_domain: trust_domain.into(),
-            pems: Vec::new().into(),
-            subject: format!("CN={ca_id}"),
-        }
-    }
-
-    #[test]
-    fn trust_keys_tell_cas_apart_by_mesh_trust_domain_and_id() {
-        let set: TrustKeys = [ca("a", "a", "1"), ca("a", "x", "1"), ca("b", "b", "2")]
-            .iter()
-            .collect();
-        assert!(set.contains(&ca("a", "a", "1")));
-        assert!(set.contains(&ca("a", "x", "1")));
-        assert!(set.contains(&ca("b", "b", "2")));
-        assert!(!set.contains(&ca("b", "b", "1")), "another mesh");
-        assert!(!set.contains(&ca("a", "y", "1")), "another trust domain");
-        assert!(!set.contains(&ca("a", "a", "2")), "another CA");
-        assert!(!TrustKeys::default().contains(&ca("a", "a", "1")));
-    }
 }

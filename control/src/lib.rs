@@ -32,12 +32,13 @@ mod streams;
 #[cfg(test)]
 mod test_certs;
 mod timefmt;
+mod trust;
 mod world;
 
-pub use egress::{EgressIssuer, EgressPlan, MeshChoice, EGRESS_BUNDLE, EGRESS_SERVICE};
+pub use egress::{EgressIssuer, EgressPlan, MeshChoice};
 pub use error::{CaLoadError, IdentityLoadError, IssueFailure, UpdateError};
 pub use events::{StreamEvent, StreamId};
-pub use gate::{CaTrust, GateEvent, RolloutStep, Wait};
+pub use gate::{GateEvent, RolloutStep, Wait};
 pub use lineage::{lineage, Lineage, Validity};
 pub use owner::{
     run_job, Completed, IssuedIdentity, Job, NoTelemetry, Owner, OwnerConfig, RecordLink, Rejected,
@@ -61,6 +62,7 @@ pub use status::{
     TrustStatus,
 };
 pub use timefmt::{rfc3339, seconds_until};
+pub use trust::{BundleKey, CaId, CaTrust, MeshName, ServiceKey, EGRESS_SERVICE};
 pub use world::{
     check_world, load_world, record_path, BackendKind, BackendState, CaSource, CreatedTrust,
     IdentityProvider, LoadMode, LoadedCa, MeshIdentityState, MeshState, MeshTrustState, World,

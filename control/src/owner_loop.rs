@@ -524,7 +524,6 @@ impl OwnerLoop {
     }
 }
 
-/// Resolves when the peers' views change; never without peers, or once the link is gone.
 /// What came from the other replicas.
 enum FromPeers {
     /// Their views changed.
@@ -533,8 +532,8 @@ enum FromPeers {
     Found(ProxyKey, Option<IssuedIdentity>),
 }
 
-/// Resolves with the next thing from the other replicas; never without peers, nor from a channel
-/// that closed (the daemon is stopping).
+/// Resolves with the next thing from the other replicas: their views changed, or a recorded identity
+/// asked for came back. Never without peers, nor from a channel that closed (the daemon is stopping).
 async fn from_peers(peering: &mut Option<Peering>) -> FromPeers {
     let Some(p) = peering else {
         return std::future::pending().await;

@@ -14,6 +14,7 @@ use meshca_identity::KeyAlgorithm;
 use meshca_identity::SpiffeId;
 
 use crate::snapshot::ClaimRule;
+use crate::trust::BundleKey;
 use crate::world::{BackendState, IdentityProvider, MeshIdentityState, MeshState};
 
 /// Certificate lifetime when neither the backend nor the MeshIdentity says.
@@ -173,8 +174,8 @@ pub struct Desired {
     /// The MeshIdentity name (an SDS alias of `default`), when one issues.
     pub identity_name: Option<String>,
     /// Whose bundles must trust the CA before it issues this certificate (the rollout gate's key): the
-    /// dataplane's mesh, or [`crate::egress::EGRESS_BUNDLE`] for the zone egress.
-    pub trusted_in: String,
+    /// dataplane's mesh, or the egress bundle for the zone egress.
+    pub trusted_in: BundleKey,
     /// Key algorithm of the leaf.
     pub key_algorithm: KeyAlgorithm,
     /// Requested lifetime.
@@ -210,7 +211,7 @@ pub fn decide(
         labels: &dp.labels,
         zone,
         key_algorithm,
-        trusted_in: &dp.mesh,
+        trusted_in: BundleKey::mesh(dp.mesh.as_str()),
     };
     if let Some(identity) = meshca_ca::select(with_provider, &dp.labels) {
         return by.identity(identity);
@@ -242,7 +243,7 @@ pub(crate) struct Issuance<'a> {
     /// The leaf's key algorithm.
     pub key_algorithm: KeyAlgorithm,
     /// See [`Desired::trusted_in`].
-    pub trusted_in: &'a str,
+    pub trusted_in: BundleKey,
 }
 
 impl Issuance<'_> {
@@ -261,7 +262,7 @@ impl Issuance<'_> {
                         ca: ca.ca.clone(),
                         spiffe_id,
                         identity_name: Some(identity.name.clone()),
-                        trusted_in: self.trusted_in.to_owned(),
+                        trusted_in: self.trusted_in.clone(),
                         key_algorithm: self.key_algorithm,
                         lifetime: expiry.unwrap_or(DEFAULT_CERT_LIFETIME),
                     })),
@@ -291,7 +292,7 @@ impl Issuance<'_> {
                 ca: backend.ca.ca.clone(),
                 spiffe_id,
                 identity_name: None,
-                trusted_in: self.trusted_in.to_owned(),
+                trusted_in: self.trusted_in.clone(),
                 key_algorithm: self.key_algorithm,
                 lifetime: backend.dp_cert_lifetime.unwrap_or(DEFAULT_CERT_LIFETIME),
             })),

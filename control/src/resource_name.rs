@@ -6,8 +6,8 @@
 
 use std::fmt;
 
-use crate::egress::EGRESS_BUNDLE;
 use crate::snapshot::{ProxyIdentity, ProxyKey};
+use crate::trust::BundleKey;
 
 const DEFAULT: &str = "default";
 const SYSTEM_TRUST_BUNDLE: &str = "system_trust_bundle";
@@ -66,14 +66,14 @@ pub enum TrustScope<'a> {
 }
 
 impl TrustScope<'_> {
-    /// Whether a context of this scope must carry a CA that the bundles of `mesh` publish (`mesh` may be
-    /// [`EGRESS_BUNDLE`], the gate's key of the zone egress bundle).
-    pub fn carries_mesh(&self, mesh: &str) -> bool {
-        match self {
-            TrustScope::Mesh(m) => *m == mesh,
-            TrustScope::All => mesh != EGRESS_BUNDLE,
+    /// Whether a context of this scope must carry a CA that `bundle` publishes.
+    pub fn carries_mesh(&self, bundle: &BundleKey) -> bool {
+        match (self, bundle) {
+            (TrustScope::Mesh(m), BundleKey::Mesh(mesh)) => *m == mesh.as_str(),
+            (TrustScope::All, BundleKey::Mesh(_)) => true,
             // The egress bundle carries the egress identity's CAs only, never a mesh's whole trust.
-            TrustScope::Egress => mesh == EGRESS_BUNDLE,
+            (TrustScope::Egress, BundleKey::Egress) => true,
+            _ => false,
         }
     }
 }
@@ -212,10 +212,10 @@ impl ResourceName {
 
     /// Whether a stream subscribed to this name must carry a CA of `mesh` (the gate's "trust before
     /// identity" waits for such streams).
-    pub fn carries_mesh_trust(&self, asker: Asker<'_>, mesh: &str) -> bool {
+    pub fn carries_mesh_trust(&self, asker: Asker<'_>, mesh: &BundleKey) -> bool {
         match self.target(asker, None) {
             Target::Trust { scope, .. } => scope.carries_mesh(mesh),
-            Target::MeshService { mesh: own, .. } => own == mesh,
+            Target::MeshService { mesh: own, .. } => mesh.is_mesh(own),
             Target::Identity | Target::Unknown => false,
         }
     }
@@ -362,13 +362,14 @@ mod tests {
         let k = key("default");
         let name = ResourceName::parse("system_trust_bundle_egress");
         assert_eq!(name.kind(), NameKind::EgressTrust);
-        assert!(!name.carries_mesh_trust(sidecar(&k), "egress"));
-        assert!(!name.carries_mesh_trust(sidecar(&k), "default"));
+        assert!(!name.carries_mesh_trust(sidecar(&k), &BundleKey::mesh("egress")));
+        assert!(!name.carries_mesh_trust(sidecar(&k), &BundleKey::mesh("default")));
         let egress_mesh = key("egress");
         assert!(
-            !name.carries_mesh_trust(sidecar(&egress_mesh), "egress"),
+            !name.carries_mesh_trust(sidecar(&egress_mesh), &BundleKey::mesh("egress")),
             "even for a proxy of a mesh named egress"
         );
+        assert!(name.carries_mesh_trust(sidecar(&k), &BundleKey::Egress));
     }
 
     #[test]
@@ -380,8 +381,14 @@ mod tests {
             "identity_cert:secret:b",
         ] {
             let name = ResourceName::parse(n);
-            assert!(!name.carries_mesh_trust(sidecar(&k), "a"), "{n}");
-            assert!(!name.carries_mesh_trust(sidecar(&k), "b"), "{n}");
+            assert!(
+                !name.carries_mesh_trust(sidecar(&k), &BundleKey::mesh("a")),
+                "{n}"
+            );
+            assert!(
+                !name.carries_mesh_trust(sidecar(&k), &BundleKey::mesh("b")),
+                "{n}"
+            );
             assert_eq!(name.target(sidecar(&k), Some(&identity())), Target::Unknown);
         }
     }
@@ -389,7 +396,9 @@ mod tests {
     #[test]
     fn trust_names_carry_exactly_their_meshes() {
         let k = key("a");
-        let carries = |n: &str, m: &str| ResourceName::parse(n).carries_mesh_trust(sidecar(&k), m);
+        let carries = |n: &str, m: &str| {
+            ResourceName::parse(n).carries_mesh_trust(sidecar(&k), &BundleKey::mesh(m))
+        };
         assert!(carries("system_trust_bundle", "a"));
         assert!(!carries("system_trust_bundle", "b"));
         assert!(carries("ALL", "b"));

@@ -8,14 +8,14 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use crate::bundles::ServiceIds;
-use crate::egress::{EgressPlan, MeshChoice, EGRESS_BUNDLE, EGRESS_SERVICE};
+use crate::egress::{EgressPlan, MeshChoice};
 use crate::gate::Wait;
 use crate::owner::{Issued, ProxyRecord, Rejected};
 use crate::plan::{DataplaneInfo, Origin};
 use crate::snapshot::{ProxyHashMap, ProxyKey};
-use crate::streams::Streams;
+use crate::streams::StreamTable;
 use crate::timefmt::{rfc3339, seconds_until};
+use crate::trust::{ServiceIds, ServiceKey};
 use crate::world::{BackendKind, IdentityProvider, LoadedCa, MeshIdentityState, MeshState, World};
 
 /// How much of the status to build.
@@ -286,13 +286,13 @@ pub(crate) struct Inputs<'a> {
     pub world: &'a World,
     pub dataplanes: &'a BTreeMap<ProxyKey, Result<DataplaneInfo, String>>,
     pub service_ids: &'a ServiceIds,
-    pub streams: &'a Streams,
+    pub streams: &'a StreamTable,
     pub issued: &'a ProxyHashMap<Issued>,
     pub reasons: &'a ProxyHashMap<String>,
     pub records: &'a BTreeMap<ProxyKey, ProxyRecord>,
     pub last_rejected: Option<&'a Rejected>,
     pub waits: &'a [Wait],
-    pub tls_ready: &'a BTreeSet<(String, String)>,
+    pub tls_ready: &'a BTreeSet<ServiceKey>,
     pub egress: Option<&'a Result<EgressPlan, String>>,
     pub now: SystemTime,
 }
@@ -333,7 +333,7 @@ pub(crate) fn build(i: &Inputs<'_>, detail: Detail) -> Status {
 fn egress_status(i: &Inputs<'_>) -> EgressStatus {
     let spiffe_ids = i
         .service_ids
-        .get(&(EGRESS_BUNDLE.to_owned(), EGRESS_SERVICE.to_owned()))
+        .get(&ServiceKey::egress())
         .map(|ids| ids.iter().cloned().collect())
         .unwrap_or_default();
     match i.egress {
@@ -495,7 +495,7 @@ fn service_statuses(i: &Inputs<'_>, mesh: &str) -> Vec<ServiceStatus> {
         .iter()
         .filter(|s| s.mesh == mesh)
         .map(|s| {
-            let key = (mesh.to_owned(), s.name.clone());
+            let key = ServiceKey::new(mesh, s.name.clone());
             ServiceStatus {
                 name: s.name.clone(),
                 spiffe_ids: i

@@ -55,14 +55,14 @@ struct ProxyStreams {
 
 /// Every open stream, by id and by proxy.
 #[derive(Debug, Default)]
-pub(crate) struct Streams {
+pub(crate) struct StreamTable {
     by_id: HashMap<StreamId, Stream>,
     by_proxy: ProxyHashMap<ProxyStreams>,
     /// The proxies with a stream that may ask for their identity.
     asking: ProxyHashSet,
 }
 
-impl Streams {
+impl StreamTable {
     /// Records a new stream; returns whether its proxy was not connected before.
     pub fn connect(&mut self, id: StreamId, proxy: ProxyKey, zone_egress: bool) -> bool {
         let streams = self.by_proxy.entry(proxy.clone()).or_default();
@@ -235,7 +235,7 @@ mod tests {
 
     #[test]
     fn a_proxy_is_connected_while_any_of_its_streams_is_open() {
-        let mut streams = Streams::default();
+        let mut streams = StreamTable::default();
         let web = ProxyKey::new("m", "web");
         assert!(streams.connect(StreamId(1), web.clone(), false));
         assert!(!streams.connect(StreamId(2), web.clone(), false));
@@ -250,7 +250,7 @@ mod tests {
     /// Many proxies: the count is exact and the names are the first by name, whatever the order.
     #[test]
     fn a_wait_names_the_first_proxies_by_name_and_counts_them_all() {
-        let mut streams = Streams::default();
+        let mut streams = StreamTable::default();
         for i in (0..100).rev() {
             streams.connect(StreamId(i), ProxyKey::new("m", format!("p-{i:03}")), false);
         }
@@ -269,10 +269,10 @@ mod tests {
     /// leave: a proxy counts while any of its streams names its identity (or an alias of it).
     #[test]
     fn proxies_asking_for_their_identity_are_kept_as_streams_change() {
-        let mut streams = Streams::default();
+        let mut streams = StreamTable::default();
         let web = ProxyKey::new("m", "web");
         let names = |names: &[&str]| names.iter().map(|n| ResourceName::parse(*n)).collect();
-        let asking = |streams: &Streams| streams.asking_identity().cloned().collect::<Vec<_>>();
+        let asking = |streams: &StreamTable| streams.asking_identity().cloned().collect::<Vec<_>>();
         streams.connect(StreamId(1), web.clone(), false);
         streams.connect(StreamId(2), web.clone(), false);
         assert!(!streams.may_ask_identity(&web), "no names yet");
@@ -304,7 +304,7 @@ mod tests {
 
     #[test]
     fn acks_only_move_forward_and_unknown_streams_are_ignored() {
-        let mut streams = Streams::default();
+        let mut streams = StreamTable::default();
         let web = ProxyKey::new("m", "web");
         streams.connect(StreamId(1), web.clone(), false);
         assert!(streams.subscribe(StreamId(1), vec![ResourceName::parse("default")]));

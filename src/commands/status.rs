@@ -7,7 +7,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use meshca_control::{
-    DataplaneStatus, EgressStatus, MeshStatus, Rejected, RolloutStep, Status, Wait, EGRESS_BUNDLE,
+    BundleKey, DataplaneStatus, EgressStatus, MeshStatus, Rejected, RolloutStep, Status, Wait,
 };
 use serde_json::Value;
 
@@ -255,10 +255,9 @@ fn print_rollout(waits: &[Wait]) {
 /// One waiting rollout step. A `sans-before-identity` step waits on a SPIFFE ID in a `meshservice:`
 /// context (its `ca` says which), every other step on a CA.
 fn rollout_line(w: &Wait) -> String {
-    let scope = if w.mesh == EGRESS_BUNDLE {
-        "the zone egress bundle".to_owned()
-    } else {
-        format!("mesh {}", w.mesh)
+    let scope = match &w.mesh {
+        BundleKey::Egress => "the zone egress bundle".to_owned(),
+        BundleKey::Mesh(mesh) => format!("mesh {mesh}"),
     };
     let subject = match w.step {
         RolloutStep::SansBeforeIdentity => w.ca.clone(),
@@ -292,7 +291,7 @@ mod tests {
 
     fn wait(step: RolloutStep, ca: &str) -> Wait {
         Wait {
-            mesh: "default".into(),
+            mesh: BundleKey::mesh("default"),
             step,
             ca: ca.into(),
             since: "2026-11-23T07:00:00Z".into(),

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use super::{Issued, Leaf, Owner, Previous};
 use crate::plan::Issuer;
 use crate::snapshot::{ProxyIdentity, ProxyKey, SecretPem};
+use crate::trust::{BundleKey, CaId};
 
 /// A certificate this replica issued, to be recorded for the other replicas.
 #[derive(Clone)]
@@ -126,7 +127,7 @@ impl Owner {
         }
         let ca_trust = self
             .gate
-            .published_ca(&key.mesh, &held.ca_id)
+            .published_ca(&BundleKey::mesh(key.mesh.clone()), &held.ca_id)
             .cloned()
             .ok_or("its CA is in none of the mesh's bundles")?;
         let chain: Vec<Vec<u8>> = pem::parse_many(&held.chain_pem)
@@ -168,8 +169,8 @@ impl Owner {
         // one yet): the CAs the bundles keep only for such proxies stay for it until it ACKs.
         let previous = self
             .gate
-            .retained_in(&key.mesh)
-            .filter(|ca| ca.ca_id != held.ca_id)
+            .retained_in(&BundleKey::mesh(key.mesh.clone()))
+            .filter(|ca| ca.ca_id != *held.ca_id)
             .map(|ca| Previous {
                 ca_trust: ca.clone(),
                 spiffe_id: spiffe_id.to_string(),
@@ -182,7 +183,7 @@ impl Owner {
                 serial: leaf.serial.clone(),
             },
             issuer,
-            ca_id: held.ca_id,
+            ca_id: CaId::new(held.ca_id),
             identity_name: identity_name.clone(),
             // This replica replaces it with its own as soon as the gate lets it.
             renew_at: now,

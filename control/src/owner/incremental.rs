@@ -14,6 +14,7 @@ use super::{Dataplanes, Owner, Scope};
 use crate::bundles;
 use crate::plan::DataplaneInfo;
 use crate::snapshot::{Changed, ProxyEntry, ProxyHashMap, ProxyKey};
+use crate::trust::ServiceKey;
 
 /// How many deferred proxies one turn of the loop serves: a few milliseconds of work, so that issued
 /// certificates, ACKs and new streams are taken in between.
@@ -287,7 +288,7 @@ impl Owner {
                 return false;
             }
             let Some(dp) = after else { continue };
-            let service_key = (service.mesh.clone(), service.name.clone());
+            let service_key = ServiceKey::new(service.mesh.as_str(), service.name.clone());
             if mtls_on && !self.tls_ready.contains(&service_key) {
                 return false;
             }

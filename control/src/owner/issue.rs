@@ -8,13 +8,13 @@ use meshca_ca::Svid;
 use tokio::sync::mpsc;
 
 use super::{Issued, IssuedIdentity, Leaf, Owner, Previous};
-use crate::bundles;
 use crate::error::IssueFailure;
 use crate::keys_ahead::KeysAhead;
 use crate::plan::{self, Desired};
 use crate::pool::{Background, Priority};
 use crate::snapshot::{ProxyEntry, ProxyHashMap, ProxyIdentity, ProxyKey, ProxyMap, SecretPem};
 use crate::standalone::issue_verified;
+use crate::trust::{BundleKey, CaId, CaTrust};
 
 /// How long a proxy whose issuance failed waits before it is tried again.
 pub(super) const ISSUE_RETRY: Duration = Duration::from_secs(10);
@@ -183,7 +183,7 @@ impl Owner {
         match self.issued.get(key) {
             None => true,
             Some(issued) => {
-                issued.ca_id != desired.ca.id()
+                issued.ca_id != *desired.ca.id()
                     || issued.leaf.spiffe_id != desired.spiffe_id
                     || issued.identity_name != desired.identity_name
                     || now >= issued.renew_at
@@ -402,8 +402,8 @@ impl Owner {
         );
         let old = self.issued.get(key);
         let regenerations = old.map_or(0, |i| i.regenerations + 1);
-        let ca_trust = bundles::ca_trust(
-            &desired.trusted_in,
+        let ca_trust = CaTrust::of_ca(
+            desired.trusted_in.clone(),
             svid.spiffe_id.trust_domain().as_str(),
             &desired.ca,
         );
@@ -427,10 +427,14 @@ impl Owner {
             // A proxy new to this replica may come from another one (which died, or it was moved),
             // or from before a restart, presenting a certificate from any CA its mesh still trusts.
             // Those the configuration removed stay trusted until it ACKs this one.
-            previous.extend(self.gate.retained_in(&key.mesh).map(|ca| Previous {
-                ca_trust: ca.clone(),
-                spiffe_id: svid.spiffe_id.to_string(),
-            }));
+            previous.extend(
+                self.gate
+                    .retained_in(&BundleKey::mesh(key.mesh.clone()))
+                    .map(|ca| Previous {
+                        ca_trust: ca.clone(),
+                        spiffe_id: svid.spiffe_id.to_string(),
+                    }),
+            );
         }
         // One never served was never presented: nothing to keep trusted for it.
         if let Some(old) = old.filter(|o| self.gate.enabled() && o.first_served_in.is_some()) {
@@ -469,7 +473,7 @@ impl Owner {
                     serial,
                 },
                 issuer: desired.issuer.clone(),
-                ca_id: desired.ca.id().to_owned(),
+                ca_id: CaId::new(desired.ca.id()),
                 identity_name: desired.identity_name.clone(),
                 renew_at,
                 regenerations,

@@ -23,17 +23,17 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::bundles::BundleCache;
-use crate::bundles::ServiceIds;
 use crate::egress::EgressPlan;
 use crate::error::UpdateError;
 use crate::events::StreamEvent;
-use crate::gate::{CaTrust, Gate, GateEvent, TrustKey, TrustKeys};
+use crate::gate::{Gate, GateEvent};
 use crate::peers::{GateView, PeerView, PresentedCa, PresentedIds};
 use crate::plan::{DataplaneInfo, Issuer};
 use crate::snapshot::{ClaimRule, ProxyHashMap, ProxyHashSet, ProxyIdentity, ProxyKey, Snapshot};
 use crate::status::{self, Detail, Status};
-use crate::streams::Streams;
+use crate::streams::StreamTable;
 use crate::timefmt::rfc3339;
+use crate::trust::{CaId, CaTrust, ServiceIds, ServiceKey, TrustKey, TrustKeys};
 use crate::world::World;
 pub use adopt::{IssuedIdentity, RecordLink};
 use incremental::Renewals;
@@ -100,7 +100,7 @@ pub(crate) struct Issued {
     /// Who issued it.
     pub issuer: Issuer,
     /// The issuing CA's id.
-    pub ca_id: String,
+    pub ca_id: CaId,
     /// The MeshIdentity name, when one issued it.
     pub identity_name: Option<String>,
     /// When it is renewed.
@@ -212,14 +212,14 @@ pub struct Owner {
     /// The registered proxies whose token is a zone egress token: a handful, looked at by every
     /// reconcile without a pass over the fleet.
     egress_keys: BTreeSet<ProxyKey>,
-    streams: Streams,
+    streams: StreamTable,
     issued: ProxyHashMap<Issued>,
     /// Why each connected proxy without a certificate has none.
     reasons: ProxyHashMap<String>,
     records: BTreeMap<ProxyKey, ProxyRecord>,
     /// MeshServices whose `status.tls` is Ready: set once every selected dataplane holds a trusted
     /// certificate, cleared only when the mesh's mTLS is switched off.
-    tls_ready: BTreeSet<(String, String)>,
+    tls_ready: BTreeSet<ServiceKey>,
     last_rejected: Option<Rejected>,
     /// The generation of the last published snapshot.
     snapshot_generation: u64,
@@ -288,7 +288,7 @@ impl Owner {
             world: Arc::new(world),
             registrations: ProxyHashMap::default(),
             egress_keys: BTreeSet::new(),
-            streams: Streams::default(),
+            streams: StreamTable::default(),
             issued: ProxyHashMap::default(),
             reasons: ProxyHashMap::default(),
             records: BTreeMap::new(),
@@ -390,9 +390,9 @@ impl Owner {
                 proxies.sort_unstable();
                 proxies.dedup();
                 PresentedCa {
-                    mesh: ca.mesh.clone(),
+                    mesh: ca.bundle.to_string(),
                     trust_domain: ca.trust_domain.clone(),
-                    ca: ca.ca_id.clone(),
+                    ca: ca.ca_id.to_string(),
                     anchors: ca.pems.to_vec(),
                     proxies: proxies.len(),
                     named: proxies

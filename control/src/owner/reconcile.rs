@@ -9,14 +9,15 @@ use meshca_config::SERVICE_TAG;
 
 use super::issue::ISSUE_RETRY;
 use super::{Dataplanes, Issued, Owner, Scope};
-use crate::bundles::{self, ServiceIds};
-use crate::egress::{self, MeshChoice, EGRESS_BUNDLE, EGRESS_SERVICE};
-use crate::gate::{covers, CaTrust, GateEvent, RolloutStep, Wait};
+use crate::bundles;
+use crate::egress::{self, MeshChoice};
+use crate::gate::{GateEvent, RolloutStep, Wait};
 use crate::peers::PresentedIds;
 use crate::plan::{self, DataplaneInfo, Decision, Desired, Origin};
 use crate::resource_name::Target;
 use crate::snapshot::{Changed, ClaimRule, KeyHasher, ProxyEntry, ProxyKey, ProxyMap};
 use crate::timefmt::{rfc3339, seconds_until};
+use crate::trust::{BundleKey, CaTrust, ServiceIds, ServiceKey, TrustKey, EGRESS_SERVICE};
 use crate::world::MeshState;
 
 /// How one connected proxy is served this reconcile.
@@ -174,7 +175,7 @@ impl Owner {
         } else {
             stirred
         };
-        let mut timed_out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut timed_out: BTreeMap<BundleKey, Vec<String>> = BTreeMap::new();
         for key in keys {
             let Some(issued) = self.issued.get(&key) else {
                 continue;
@@ -188,7 +189,7 @@ impl Owner {
             });
             if unacked {
                 timed_out
-                    .entry(key.mesh.to_string())
+                    .entry(BundleKey::mesh(key.mesh.clone()))
                     .or_default()
                     .push(key.to_string());
             }
@@ -250,7 +251,7 @@ impl Owner {
         waiting
             .into_iter()
             .map(|((mesh, ca), (since, proxies))| Wait {
-                mesh: mesh.to_owned(),
+                mesh: BundleKey::mesh(mesh),
                 step: RolloutStep::IdentityAck,
                 ca: ca.to_owned(),
                 since: rfc3339(since),
@@ -302,9 +303,13 @@ impl Owner {
 
     /// What each mesh's bundles, and the zone egress bundle, carry: the configured CAs, plus (break
     /// last) removed CAs that connected proxies still present, as the gate decides.
-    fn plan_trust(&mut self, generation: u64, now: SystemTime) -> BTreeMap<String, Vec<CaTrust>> {
+    fn plan_trust(
+        &mut self,
+        generation: u64,
+        now: SystemTime,
+    ) -> BTreeMap<BundleKey, Vec<CaTrust>> {
         // Who presents which CA, grouped by CA: the gate looks at each CA once, however many proxies.
-        let mut grouped: HashMap<(&str, &str, &str), (&CaTrust, Vec<&ProxyKey>)> = HashMap::new();
+        let mut grouped: HashMap<TrustKey, (&CaTrust, Vec<&ProxyKey>)> = HashMap::new();
         for (key, issued) in &self.issued {
             if !self.streams.is_connected(key) {
                 continue;
@@ -312,12 +317,11 @@ impl Owner {
             let cas = std::iter::once(&issued.ca_trust)
                 .chain(issued.previous.iter().map(|p| &p.ca_trust));
             for ca in cas {
-                let id = (
-                    ca.mesh.as_str(),
-                    ca.trust_domain.as_str(),
-                    ca.ca_id.as_str(),
-                );
-                grouped.entry(id).or_insert((ca, Vec::new())).1.push(key);
+                grouped
+                    .entry(ca.key())
+                    .or_insert((ca, Vec::new()))
+                    .1
+                    .push(key);
             }
         }
         // A connected proxy this replica has issued nothing to yet may present a certificate from
@@ -327,23 +331,18 @@ impl Owner {
             .streams
             .proxies()
             .filter(|key| !self.issued.contains_key(*key))
-            .map(|key| &*key.mesh)
-            .collect::<HashSet<&str>>()
+            .map(|key| BundleKey::mesh(key.mesh.clone()))
+            .collect::<HashSet<BundleKey>>()
             .into_iter()
-            .flat_map(|mesh| self.gate.retained_in(mesh).cloned().collect::<Vec<_>>())
+            .flat_map(|mesh| self.gate.retained_in(&mesh).cloned().collect::<Vec<_>>())
             .collect();
         for ca in &retained {
             let newcomers = self
                 .streams
                 .proxies()
-                .filter(|key| *key.mesh == *ca.mesh && !self.issued.contains_key(*key));
-            let id = (
-                ca.mesh.as_str(),
-                ca.trust_domain.as_str(),
-                ca.ca_id.as_str(),
-            );
+                .filter(|key| ca.bundle.is_mesh(&key.mesh) && !self.issued.contains_key(*key));
             grouped
-                .entry(id)
+                .entry(ca.key())
                 .or_insert((ca, Vec::new()))
                 .1
                 .extend(newcomers);
@@ -612,10 +611,7 @@ impl Owner {
             .get(key)
             .is_none_or(|issued| issued.published.spiffe_id == spiffe_id);
         if self.is_zone_egress(key) {
-            return presents
-                || self
-                    .gate
-                    .may_present(EGRESS_BUNDLE, EGRESS_SERVICE, spiffe_id);
+            return presents || self.gate.may_present(&ServiceKey::egress(), spiffe_id);
         }
         presents
             || self
@@ -629,7 +625,10 @@ impl Owner {
                         .as_ref()
                         .is_some_and(|t| info.has_inbound_with(t))
                 })
-                .all(|s| self.gate.may_present(&s.mesh, &s.name, spiffe_id))
+                .all(|s| {
+                    let service = ServiceKey::new(s.mesh.as_str(), s.name.clone());
+                    self.gate.may_present(&service, spiffe_id)
+                })
     }
 
     /// Certificates of dataplanes that no longer exist are dropped; those of disconnected proxies are
@@ -673,7 +672,10 @@ impl Owner {
             let Some(selector) = computed else {
                 // Another zone's service (or one that selects nothing): its identities as given.
                 let ids = bundles::service_spiffe_ids(&service.mesh, service);
-                out.insert((service.mesh.clone(), service.name.clone()), ids);
+                out.insert(
+                    ServiceKey::new(service.mesh.as_str(), service.name.clone()),
+                    ids,
+                );
                 continue;
             };
             // A local service's identities are computed, whatever its file lists: the ServiceTag of
@@ -691,18 +693,20 @@ impl Owner {
                 theirs.extend(self.presented_ids(key));
             }
             ids.extend(theirs.iter().cloned());
-            self.add_peers_ids(&service.mesh, &service.name, &mut ids);
-            out.insert((service.mesh.clone(), service.name.clone()), ids);
+            let key = ServiceKey::new(service.mesh.as_str(), service.name.clone());
+            self.add_peers_ids(&key, &mut ids);
+            out.insert(key, ids);
             presented
                 .entry(service.mesh.clone())
                 .or_default()
                 .insert(service.name.clone(), theirs);
         }
         let (mut ids, theirs) = self.egress_identities(dataplanes);
-        self.add_peers_ids(EGRESS_BUNDLE, EGRESS_SERVICE, &mut ids);
-        out.insert((EGRESS_BUNDLE.to_owned(), EGRESS_SERVICE.to_owned()), ids);
+        let egress = ServiceKey::egress();
+        self.add_peers_ids(&egress, &mut ids);
+        out.insert(egress, ids);
         presented
-            .entry(EGRESS_BUNDLE.to_owned())
+            .entry(BundleKey::Egress.to_string())
             .or_default()
             .insert(EGRESS_SERVICE.to_owned(), theirs);
         (out, presented)
@@ -710,15 +714,18 @@ impl Owner {
 
     /// Adds to a computed context's `ids` what the peers' proxies of `service` present (break last
     /// across replicas); while a peer's view cannot be read, every ID the context carried.
-    fn add_peers_ids(&self, mesh: &str, service: &str, ids: &mut BTreeSet<String>) {
+    fn add_peers_ids(&self, service: &ServiceKey, ids: &mut BTreeSet<String>) {
         for peer in self.gate.peers() {
             match &peer.view {
                 Some(view) => {
-                    let theirs = view.presented_ids.get(mesh).and_then(|s| s.get(service));
+                    let theirs = view
+                        .presented_ids
+                        .get(service.bundle.as_str())
+                        .and_then(|s| s.get(&service.service));
                     ids.extend(theirs.into_iter().flatten().cloned());
                 }
                 None => {
-                    let carried = self.service_ids.get(&(mesh.to_owned(), service.to_owned()));
+                    let carried = self.service_ids.get(service);
                     ids.extend(carried.into_iter().flatten().cloned());
                 }
             }
@@ -807,10 +814,10 @@ impl Owner {
     fn update_service_tls(
         &mut self,
         dataplanes: &Dataplanes,
-        trust: &BTreeMap<String, Vec<CaTrust>>,
+        trust: &BTreeMap<BundleKey, Vec<CaTrust>>,
     ) {
         for service in &self.world.resources.mesh_services {
-            let key = (service.mesh.clone(), service.name.clone());
+            let key = ServiceKey::new(service.mesh.as_str(), service.name.clone());
             let mtls_on = self
                 .world
                 .meshes
@@ -827,7 +834,7 @@ impl Owner {
                 continue;
             }
             let trusted = trust
-                .get(&service.mesh)
+                .get(&key.bundle)
                 .map(Vec::as_slice)
                 .unwrap_or_default();
             let mut selected = dataplanes
@@ -845,7 +852,7 @@ impl Owner {
                 self.issued.get(k).is_some_and(|i| {
                     trusted.iter().any(|t| {
                         t.trust_domain == i.ca_trust.trust_domain
-                            && covers(t, &i.ca_id, &i.ca_trust.pems)
+                            && t.covers(i.ca_id.as_str(), &i.ca_trust.pems)
                     })
                 })
             });
@@ -861,7 +868,7 @@ impl Owner {
             .map(|s| (s.mesh.as_str(), s.name.as_str()))
             .collect();
         self.tls_ready
-            .retain(|(m, s)| services.contains(&(m.as_str(), s.as_str())));
+            .retain(|k| services.contains(&(k.bundle.as_str(), k.service.as_str())));
     }
 
     /// Builds the snapshot and publishes it when its content differs from the last one, saying which
@@ -873,7 +880,7 @@ impl Owner {
     fn publish_snapshot(
         &mut self,
         generation: u64,
-        trust: &BTreeMap<String, Vec<CaTrust>>,
+        trust: &BTreeMap<BundleKey, Vec<CaTrust>>,
         entries: Vec<(ProxyKey, ProxyEntry)>,
         service_ids: &ServiceIds,
         dataplanes: &Dataplanes,
@@ -977,7 +984,7 @@ impl Owner {
     fn publish_trust_first(
         &mut self,
         generation: u64,
-        trust: &BTreeMap<String, Vec<CaTrust>>,
+        trust: &BTreeMap<BundleKey, Vec<CaTrust>>,
         service_ids: &ServiceIds,
     ) -> bool {
         let previous = self.snapshot_tx.borrow().clone();
@@ -1028,7 +1035,7 @@ impl Owner {
                 .gate_event(&mesh, GateEvent::WaitStarted(RolloutStep::IdentityAck));
         }
         for (mesh, event) in self.gate.take_events() {
-            self.telemetry.gate_event(&mesh, event);
+            self.telemetry.gate_event(mesh.as_str(), event);
         }
         self.waiting_on_acks = self.gate.pending() || !self.replacing.is_empty();
     }

@@ -103,7 +103,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::gate::CaTrust;
+    use crate::trust::{BundleKey, CaId, CaTrust};
 
     fn key(name: &str) -> ProxyKey {
         ProxyKey::new(Arc::from("default"), Arc::from(name))
@@ -112,9 +112,9 @@ mod tests {
     fn replaced(subject: &str) -> Previous {
         Previous {
             ca_trust: CaTrust {
-                mesh: "default".into(),
+                bundle: BundleKey::mesh("default"),
                 trust_domain: "default".into(),
-                ca_id: subject.into(),
+                ca_id: CaId::new(subject),
                 pems: Arc::from(Vec::new()),
                 subject: subject.into(),
             },

@@ -1547,7 +1547,7 @@ fn a_sans_before_identity_wait_is_counted_once_and_names_the_proxy_it_waits_for(
     let waits = waits_on(&status, RolloutStep::SansBeforeIdentity);
     assert_eq!(waits.len(), 1, "one wait, shown once: {:?}", status.rollout);
     let wait = waits[0];
-    assert_eq!(wait.mesh, "default");
+    assert_eq!(wait.mesh.to_string(), "default");
     assert_eq!(wait.ca, "spiffe://default/b/web-1 in meshservice:web");
     assert_eq!(wait.since, crate::timefmt::rfc3339(changed_at));
     assert_eq!(wait.waiting_for, ["default.client-1"]);
