@@ -69,19 +69,38 @@ pub struct EgressPlan {
     pub issuer: EgressIssuer,
 }
 
+/// Why the zone egress has no identity to choose.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NoEgressIdentity {
+    /// `defaults.mesh` names a mesh that is not defined.
+    #[error("defaults.mesh names mesh {0:?}, which is not defined")]
+    UnknownDefaultMesh(String),
+    /// No mesh is defined.
+    #[error("no mesh is defined")]
+    NoMesh,
+    /// Several meshes and nothing to choose one by (the count of meshes).
+    #[error("{0} meshes are defined, none is named default and none has a MeshIdentity: set defaults.mesh to the mesh whose identity the zone egress uses")]
+    NoDefaultMesh(usize),
+    /// The chosen mesh has nothing that issues for the egress.
+    #[error("mesh {mesh} ({chosen_by}) has no MeshIdentity with a provider that selects every dataplane (matchLabels: {{}}) and no enabled mTLS backend")]
+    NoIssuer {
+        /// The mesh.
+        mesh: String,
+        /// Why that mesh.
+        chosen_by: MeshChoice,
+    },
+}
+
 /// Chooses the mesh and issuer of the egress identity: the mesh `default_mesh` names (`defaults.mesh`);
 /// else the mesh named `default`; else the only mesh; else the lexicographically first mesh with a
 /// MeshIdentity. Within it, the first MeshIdentity by name, among those with a provider that select
 /// every dataplane; else the mesh's legacy enabled backend. The error says why there is none.
-pub fn choose(world: &World, default_mesh: Option<&str>) -> Result<EgressPlan, String> {
+pub fn choose(world: &World, default_mesh: Option<&str>) -> Result<EgressPlan, NoEgressIdentity> {
     let (mesh, chosen_by) = match default_mesh {
         Some(name) => match world.meshes.get(name) {
             Some(mesh) => (mesh, MeshChoice::Setting),
-            None => {
-                return Err(format!(
-                    "defaults.mesh names mesh {name:?}, which is not defined"
-                ))
-            }
+            None => return Err(NoEgressIdentity::UnknownDefaultMesh(name.to_owned())),
         },
         None => match world.meshes.get("default") {
             Some(mesh) => (mesh, MeshChoice::NamedDefault),
@@ -91,13 +110,8 @@ pub fn choose(world: &World, default_mesh: Option<&str>) -> Result<EgressPlan, S
             }
             None => match world.meshes.values().find(|m| !m.identities.is_empty()) {
                 Some(mesh) => (mesh, MeshChoice::FirstWithIdentity),
-                None if world.meshes.is_empty() => return Err("no mesh is defined".into()),
-                None => {
-                    return Err(format!(
-                        "{} meshes are defined, none is named default and none has a MeshIdentity: set defaults.mesh to the mesh whose identity the zone egress uses",
-                        world.meshes.len()
-                    ))
-                }
+                None if world.meshes.is_empty() => return Err(NoEgressIdentity::NoMesh),
+                None => return Err(NoEgressIdentity::NoDefaultMesh(world.meshes.len())),
             },
         },
     };
@@ -109,10 +123,10 @@ pub fn choose(world: &World, default_mesh: Option<&str>) -> Result<EgressPlan, S
         (Some(identity), _) => EgressIssuer::Identity(identity.name.clone()),
         (None, Some(backend)) => EgressIssuer::Backend(backend.name.clone()),
         (None, None) => {
-            return Err(format!(
-                "mesh {} ({chosen_by}) has no MeshIdentity with a provider that selects every dataplane (matchLabels: {{}}) and no enabled mTLS backend",
-                mesh.name
-            ))
+            return Err(NoEgressIdentity::NoIssuer {
+                mesh: mesh.name.clone(),
+                chosen_by,
+            })
         }
     };
     Ok(EgressPlan {

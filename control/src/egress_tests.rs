@@ -57,7 +57,9 @@ fn defaults_mesh_names_the_mesh_even_when_one_is_named_default() {
             issuer: EgressIssuer::Backend("ca-1".into()),
         }
     );
-    let error = choose(&w, Some("missing")).expect_err("no such mesh");
+    let error = choose(&w, Some("missing"))
+        .expect_err("no such mesh")
+        .to_string();
     assert!(
         error.contains("defaults.mesh") && error.contains("missing"),
         "{error}"
@@ -107,13 +109,17 @@ fn otherwise_the_first_mesh_with_a_meshidentity_by_name() {
 
 #[test]
 fn no_eligible_mesh_or_identity_says_why() {
-    let error = choose(&world(&(legacy("a") + &legacy("b"))), None).expect_err("ambiguous");
+    let error = choose(&world(&(legacy("a") + &legacy("b"))), None)
+        .expect_err("ambiguous")
+        .to_string();
     assert!(error.contains("set defaults.mesh"), "{error}");
-    let error = choose(&world(""), None).expect_err("no mesh");
+    let error = choose(&world(""), None).expect_err("no mesh").to_string();
     assert_eq!(error, "no mesh is defined");
     // The mesh is chosen, but nothing in it issues for every dataplane.
     let w = world(&(plain("default") + &identity("default", "web", SOME, "bundled")));
-    let error = choose(&w, None).expect_err("no identity selects all");
+    let error = choose(&w, None)
+        .expect_err("no identity selects all")
+        .to_string();
     assert!(
         error.contains("mesh default") && error.contains("matchLabels: {}"),
         "{error}"

@@ -149,3 +149,60 @@ pub enum IssueFailure {
     #[error("{0}")]
     Internal(String),
 }
+
+/// How a proxy's token contradicts what the proxy was given (its Dataplane file, or the token that
+/// registered it): the token is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClaimMismatch {
+    /// The token claims a label with another value than the proxy was given.
+    #[error("the token claims label {label}={value}, but the proxy was given {label}={given}")]
+    LabelValue {
+        /// The label.
+        label: String,
+        /// What the token claims.
+        value: String,
+        /// What the proxy was given.
+        given: String,
+    },
+    /// The token claims a label the proxy was not given.
+    #[error("the token claims label {label}={value}, which the proxy was not given")]
+    UnknownLabel {
+        /// The label.
+        label: String,
+        /// What the token claims.
+        value: String,
+    },
+    /// The token claims a service none of the proxy's inbounds has.
+    #[error(
+        "the token claims {}={service}, which none of the proxy's inbounds has",
+        meshca_config::SERVICE_TAG
+    )]
+    UnknownService {
+        /// The `kuma.io/service` the token claims.
+        service: String,
+    },
+}
+
+/// Why an identity another replica recorded for a proxy is not served here.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum NotAdoptable {
+    #[error("it expires")]
+    Expires,
+    #[error("its CA is in none of the mesh's bundles")]
+    CaNotCarried,
+    #[error("its chain does not parse: {0}")]
+    ChainUnreadable(String),
+    #[error("its chain is empty")]
+    EmptyChain,
+    #[error("its leaf has no SPIFFE ID")]
+    NoSpiffeId,
+    #[error("it does not verify against its CA: {0}")]
+    Unverified(String),
+    #[error("its key does not parse: {0}")]
+    KeyUnreadable(String),
+    #[error("its key is not its certificate's")]
+    KeyMismatch,
+    #[error("unknown issuer {0:?}")]
+    UnknownIssuer(String),
+}

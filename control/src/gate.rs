@@ -87,6 +87,14 @@ struct Published {
     subject: String,
 }
 
+/// A removed CA that proxies still present: the first of them by name, and how many more on peers.
+#[derive(Debug)]
+struct Presenters {
+    ca: CaTrust,
+    named: BTreeSet<String>,
+    more: usize,
+}
+
 /// A CA the bundles carry, and where its rollout stands.
 #[derive(Clone, Debug)]
 struct PublishedCa {
@@ -603,86 +611,111 @@ impl Gate {
         generation: u64,
         now: SystemTime,
     ) -> BTreeMap<BundleKey, Vec<CaTrust>> {
+        let retained = if self.enabled {
+            self.still_presented(&desired, presented)
+        } else {
+            BTreeMap::new()
+        };
         let mut out: BTreeMap<BundleKey, Vec<CaTrust>> = BTreeMap::new();
         let mut keys: HashSet<TrustKey> = HashSet::new();
-        // (mesh, trust domain, anchor PEM) the configuration publishes.
+        for ca in desired {
+            if keys.insert(ca.key()) {
+                out.entry(ca.bundle.clone()).or_default().push(ca);
+            }
+        }
+        for ca in self.retain(retained, now) {
+            out.entry(ca.bundle.clone()).or_default().push(ca);
+        }
+        self.record_published(&out, generation, now);
+        out
+    }
+
+    /// Break last: per published CA that `desired` no longer carries, who still presents it (this
+    /// replica's proxies in `presented`, and the peers').
+    fn still_presented(
+        &self,
+        desired: &[CaTrust],
+        presented: &[(&CaTrust, Vec<&ProxyKey>)],
+    ) -> BTreeMap<TrustKey, Presenters> {
+        // (bundle, trust domain, anchor PEM) the configuration publishes.
         let mut anchors: HashSet<(&BundleKey, &str, &str)> = HashSet::new();
-        for ca in &desired {
+        for ca in desired {
             anchors.extend(
                 ca.pems
                     .iter()
                     .map(|p| (&ca.bundle, ca.trust_domain.as_str(), p.as_str())),
             );
         }
-        // Per published CA the configuration no longer carries: who still presents it (named, and
-        // how many more on peers).
-        let mut retained: BTreeMap<TrustKey, (CaTrust, BTreeSet<String>, usize)> = BTreeMap::new();
-        if self.enabled {
-            let desired_keys: HashSet<TrustKey> = desired.iter().map(CaTrust::key).collect();
-            let removed = |key: &TrustKey, p: &PublishedCa| {
+        let desired_keys: HashSet<TrustKey> = desired.iter().map(CaTrust::key).collect();
+        let removed =
+            |key: &TrustKey, p: &PublishedCa| {
                 !desired_keys.contains(key)
                     && !p.ca.pems.iter().all(|pem| {
                         anchors.contains(&(&key.bundle, &key.trust_domain, pem.as_str()))
                     })
             };
-            let mut retain = |key: &TrustKey,
-                              p: &PublishedCa,
-                              named: &mut dyn Iterator<Item = String>,
-                              more: usize| {
-                let held = retained
-                    .entry(key.clone())
-                    .or_insert_with(|| (p.ca.clone(), BTreeSet::new(), 0));
-                held.1.extend(named);
-                held.2 += more;
+        let mut retained: BTreeMap<TrustKey, Presenters> = BTreeMap::new();
+        let mut retain = |key: &TrustKey,
+                          p: &PublishedCa,
+                          named: &mut dyn Iterator<Item = String>,
+                          more: usize| {
+            let held = retained.entry(key.clone()).or_insert_with(|| Presenters {
+                ca: p.ca.clone(),
+                named: BTreeSet::new(),
+                more: 0,
+            });
+            held.named.extend(named);
+            held.more += more;
+        };
+        for (ca, proxies) in presented {
+            for (key, p) in self.published_for(&ca.bundle, &ca.trust_domain) {
+                if removed(key, p) && p.ca.covers(ca.ca_id.as_str(), &ca.pems) {
+                    retain(key, p, &mut proxies.iter().map(ToString::to_string), 0);
+                }
+            }
+        }
+        for peer in &self.peers {
+            let Some(view) = &peer.view else {
+                // What it presents is unknown: every removed CA may be.
+                for (key, p) in self.published.iter().filter(|(k, p)| removed(k, p)) {
+                    retain(key, p, &mut std::iter::once(peer.label()), 0);
+                }
+                continue;
             };
-            for (ca, proxies) in presented {
-                for (key, p) in self.published_for(&ca.bundle, &ca.trust_domain) {
-                    if removed(key, p) && p.ca.covers(ca.ca_id.as_str(), &ca.pems) {
-                        retain(key, p, &mut proxies.iter().map(ToString::to_string), 0);
-                    }
-                }
-            }
-            for peer in &self.peers {
-                let Some(view) = &peer.view else {
-                    // What it presents is unknown: every removed CA may be.
-                    for (key, p) in self.published.iter().filter(|(k, p)| removed(k, p)) {
-                        retain(key, p, &mut std::iter::once(peer.label()), 0);
-                    }
-                    continue;
-                };
-                for ca in &view.presented {
-                    let bundle = BundleKey::from_name(&ca.mesh);
-                    for (key, p) in self.published_for(&bundle, &ca.trust_domain) {
-                        if removed(key, p) && p.ca.covers(&ca.ca, &ca.anchors) {
-                            let mut named = ca
-                                .named
-                                .iter()
-                                .map(|name| format!("{name} on replica {}", peer.replica));
-                            retain(
-                                key,
-                                p,
-                                &mut named,
-                                ca.proxies.saturating_sub(ca.named.len()),
-                            );
-                        }
+            for ca in &view.presented {
+                let bundle = BundleKey::from_name(&ca.mesh);
+                for (key, p) in self.published_for(&bundle, &ca.trust_domain) {
+                    if removed(key, p) && p.ca.covers(&ca.ca, &ca.anchors) {
+                        let mut named = ca
+                            .named
+                            .iter()
+                            .map(|name| format!("{name} on replica {}", peer.replica));
+                        let more = ca.proxies.saturating_sub(ca.named.len());
+                        retain(key, p, &mut named, more);
                     }
                 }
             }
         }
-        for ca in desired {
-            if keys.insert(ca.key()) {
-                out.entry(ca.bundle.clone()).or_default().push(ca);
-            }
-        }
+        retained
+    }
+
+    /// Of the removed CAs still presented, those the bundles keep (break last) until `ackTimeout` after
+    /// their removal; each is a wait, logged and counted when it starts and when it times out.
+    fn retain(
+        &mut self,
+        retained: BTreeMap<TrustKey, Presenters>,
+        now: SystemTime,
+    ) -> Vec<CaTrust> {
         self.retained_since.retain(|k, _| retained.contains_key(k));
         self.given_up.retain(|k| retained.contains_key(k));
-        for (key, (ca, holders, more)) in retained {
+        let mut kept = Vec::new();
+        for (key, Presenters { ca, named, more }) in retained {
             let since = *self.retained_since.entry(key.clone()).or_insert_with(|| {
                 tracing::warn!(
                     mesh = %ca.bundle,
                     trust_domain = %ca.trust_domain,
                     ca = %ca.subject,
-                    proxies = holders.len() + more,
+                    proxies = named.len() + more,
                     "a CA was removed from the configuration while proxies still present certificates from it; it stays trusted until they have ACKed replacements (at most rollout.ackTimeout)"
                 );
                 self.events.push((ca.bundle.clone(), GateEvent::RemovedWhilePresented));
@@ -697,7 +730,7 @@ impl Gate {
                     mesh = %ca.bundle,
                     trust_domain = %ca.trust_domain,
                     ca = %ca.subject,
-                    proxies = ?holders.iter().take(NAMED_WAITERS).collect::<Vec<_>>(),
+                    proxies = ?named.iter().take(NAMED_WAITERS).collect::<Vec<_>>(),
                     "rollout.ackTimeout passed: removing the CA although these proxies may still present its certificates"
                 );
                 self.events.push((
@@ -714,15 +747,25 @@ impl Gate {
                     ca: ca.subject.clone(),
                     since: rfc3339(since),
                     timeout_in_seconds: remaining(since + self.ack_timeout, now),
-                    waiting_count: holders.len() + more,
-                    waiting_for: holders.into_iter().take(NAMED_WAITERS).collect(),
+                    waiting_count: named.len() + more,
+                    waiting_for: named.into_iter().take(NAMED_WAITERS).collect(),
                 },
                 recount: None,
                 peers: Vec::new(),
             });
-            out.entry(ca.bundle.clone()).or_default().push(ca);
+            kept.push(ca);
         }
+        kept
+    }
 
+    /// Remembers what the bundles of snapshot `generation` carry: entries new to them start
+    /// unconfirmed (unless nothing can hold a bundle without them), those that left are forgotten.
+    fn record_published(
+        &mut self,
+        out: &BTreeMap<BundleKey, Vec<CaTrust>>,
+        generation: u64,
+        now: SystemTime,
+    ) {
         let published_now: HashSet<TrustKey> = out.values().flatten().map(CaTrust::key).collect();
         self.published.retain(|k, _| published_now.contains(k));
         let enabled = self.enabled;
@@ -745,7 +788,6 @@ impl Gate {
                 });
         }
         self.known_meshes = out.keys().cloned().collect();
-        out
     }
 
     /// The published CAs of one trust domain of a mesh.

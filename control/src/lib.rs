@@ -35,8 +35,8 @@ mod timefmt;
 mod trust;
 mod world;
 
-pub use egress::{EgressIssuer, EgressPlan, MeshChoice};
-pub use error::{CaLoadError, IdentityLoadError, IssueFailure, UpdateError};
+pub use egress::{EgressIssuer, EgressPlan, MeshChoice, NoEgressIdentity};
+pub use error::{CaLoadError, ClaimMismatch, IdentityLoadError, IssueFailure, UpdateError};
 pub use events::{StreamEvent, StreamId};
 pub use gate::{GateEvent, RolloutStep, Wait};
 pub use lineage::{lineage, Lineage, Validity};

@@ -15,6 +15,8 @@ use meshca_ca::WORKLOAD_LABEL;
 use meshca_config::SERVICE_TAG;
 use zeroize::Zeroizing;
 
+use crate::error::ClaimMismatch;
+
 /// Data a consumer derives from an immutable value and keeps with it, built on first use. SDS keeps
 /// its encoded validation contexts here; this crate never looks inside.
 #[derive(Default)]
@@ -196,7 +198,7 @@ pub struct ClaimRule {
 impl ClaimRule {
     /// Why `claims` contradict the rule, if they do. The implicit `kuma.io/workload` label
     /// (the proxy name) is not a claim.
-    pub fn check(&self, claims: &meshca_auth::Claims) -> Result<(), String> {
+    pub fn check(&self, claims: &meshca_auth::Claims) -> Result<(), ClaimMismatch> {
         for (k, v) in claims.labels.iter() {
             if k == WORKLOAD_LABEL && v == &claims.name {
                 continue;
@@ -204,22 +206,25 @@ impl ClaimRule {
             match self.labels.get(k) {
                 Some(given) if given == v => {}
                 Some(given) => {
-                    return Err(format!(
-                        "the token claims label {k}={v}, but the proxy was given {k}={given}"
-                    ))
+                    return Err(ClaimMismatch::LabelValue {
+                        label: k.clone(),
+                        value: v.clone(),
+                        given: given.clone(),
+                    })
                 }
                 None => {
-                    return Err(format!(
-                        "the token claims label {k}={v}, which the proxy was not given"
-                    ))
+                    return Err(ClaimMismatch::UnknownLabel {
+                        label: k.clone(),
+                        value: v.clone(),
+                    })
                 }
             }
         }
         if let Some(service) = claims.tags.get(SERVICE_TAG) {
             if !self.services.iter().any(|s| s == service) {
-                return Err(format!(
-                    "the token claims {SERVICE_TAG}={service}, which none of the proxy's inbounds has"
-                ));
+                return Err(ClaimMismatch::UnknownService {
+                    service: service.clone(),
+                });
             }
         }
         Ok(())

@@ -8,7 +8,8 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use crate::egress::{EgressPlan, MeshChoice};
+use crate::egress::{EgressPlan, MeshChoice, NoEgressIdentity};
+use crate::error::ClaimMismatch;
 use crate::gate::Wait;
 use crate::owner::{Issued, ProxyRecord, Rejected};
 use crate::plan::{DataplaneInfo, Origin};
@@ -284,7 +285,7 @@ pub struct DataplaneStatus {
 pub(crate) struct Inputs<'a> {
     pub generation: u64,
     pub world: &'a World,
-    pub dataplanes: &'a BTreeMap<ProxyKey, Result<DataplaneInfo, String>>,
+    pub dataplanes: &'a BTreeMap<ProxyKey, Result<DataplaneInfo, ClaimMismatch>>,
     pub service_ids: &'a ServiceIds,
     pub streams: &'a StreamTable,
     pub issued: &'a ProxyHashMap<Issued>,
@@ -293,7 +294,7 @@ pub(crate) struct Inputs<'a> {
     pub last_rejected: Option<&'a Rejected>,
     pub waits: &'a [Wait],
     pub tls_ready: &'a BTreeSet<ServiceKey>,
-    pub egress: Option<&'a Result<EgressPlan, String>>,
+    pub egress: Option<&'a Result<EgressPlan, NoEgressIdentity>>,
     pub now: SystemTime,
 }
 
@@ -345,7 +346,7 @@ fn egress_status(i: &Inputs<'_>) -> EgressStatus {
             spiffe_ids,
         },
         Some(Err(reason)) => EgressStatus {
-            reason: Some(reason.clone()),
+            reason: Some(reason.to_string()),
             spiffe_ids,
             ..EgressStatus::default()
         },
@@ -516,13 +517,13 @@ fn service_statuses(i: &Inputs<'_>, mesh: &str) -> Vec<ServiceStatus> {
 fn dataplane_status(
     i: &Inputs<'_>,
     key: &ProxyKey,
-    info: &Result<DataplaneInfo, String>,
+    info: &Result<DataplaneInfo, ClaimMismatch>,
 ) -> DataplaneStatus {
     let streams = i.streams.count(key);
     let issued = i.issued.get(key);
     let record = i.records.get(key);
     let reason = match info {
-        Err(r) => Some(r.clone()),
+        Err(r) => Some(r.to_string()),
         Ok(_) => i.reasons.get(key).cloned(),
     };
     DataplaneStatus {

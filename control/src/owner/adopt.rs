@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
 
 use super::{Issued, Leaf, Owner, Previous};
+use crate::error::NotAdoptable;
 use crate::plan::Issuer;
 use crate::snapshot::{ProxyIdentity, ProxyKey, SecretPem};
 use crate::trust::{BundleKey, CaId};
@@ -121,28 +122,28 @@ impl Owner {
         key: &ProxyKey,
         held: IssuedIdentity,
         now: SystemTime,
-    ) -> Result<Issued, String> {
+    ) -> Result<Issued, NotAdoptable> {
         if held.not_after <= now + ADOPT_MARGIN {
-            return Err("it expires".into());
+            return Err(NotAdoptable::Expires);
         }
         let ca_trust = self
             .gate
             .published_ca(&BundleKey::mesh(key.mesh.clone()), &held.ca_id)
             .cloned()
-            .ok_or("its CA is in none of the mesh's bundles")?;
+            .ok_or(NotAdoptable::CaNotCarried)?;
         let chain: Vec<Vec<u8>> = pem::parse_many(&held.chain_pem)
-            .map_err(|e| format!("its chain does not parse: {e}"))?
+            .map_err(|e| NotAdoptable::ChainUnreadable(e.to_string()))?
             .into_iter()
             .map(pem::Pem::into_contents)
             .collect();
         let info = meshca_ca::inspect_pem(held.chain_pem.as_bytes())
-            .map_err(|e| format!("its chain does not parse: {e}"))?;
-        let leaf = info.first().ok_or("its chain is empty")?;
+            .map_err(|e| NotAdoptable::ChainUnreadable(e.to_string()))?;
+        let leaf = info.first().ok_or(NotAdoptable::EmptyChain)?;
         let spiffe_id = leaf
             .spiffe_ids
             .first()
             .and_then(|id| meshca_identity::SpiffeId::parse(id).ok())
-            .ok_or("its leaf has no SPIFFE ID")?;
+            .ok_or(NotAdoptable::NoSpiffeId)?;
         let anchors: Vec<Vec<u8>> = ca_trust
             .pems
             .iter()
@@ -150,16 +151,16 @@ impl Owner {
             .map(pem::Pem::into_contents)
             .collect();
         meshca_ca::verify_svid(&chain, &anchors, &spiffe_id, now)
-            .map_err(|e| format!("it does not verify against its CA: {e}"))?;
+            .map_err(|e| NotAdoptable::Unverified(e.to_string()))?;
         let private = meshca_ca::PrivateKey::from_pem(held.key_pem.expose().as_bytes())
-            .map_err(|e| format!("its key does not parse: {e}"))?;
+            .map_err(|e| NotAdoptable::KeyUnreadable(e.to_string()))?;
         if !meshca_ca::key_matches(&private, &chain[0]) {
-            return Err("its key is not its certificate's".into());
+            return Err(NotAdoptable::KeyMismatch);
         }
         let issuer = match held.issuer.split_once(' ') {
             Some(("backend", name)) => Issuer::Backend(name.to_owned()),
             Some(("MeshIdentity", name)) => Issuer::MeshIdentity(name.to_owned()),
-            _ => return Err(format!("unknown issuer {:?}", held.issuer)),
+            _ => return Err(NotAdoptable::UnknownIssuer(held.issuer)),
         };
         let identity_name = match &issuer {
             Issuer::MeshIdentity(name) => Some(name.clone()),

@@ -12,6 +12,7 @@ use std::time::SystemTime;
 
 use super::{Dataplanes, Owner, Scope};
 use crate::bundles;
+use crate::error::ClaimMismatch;
 use crate::plan::DataplaneInfo;
 use crate::snapshot::{Changed, ProxyEntry, ProxyHashMap, ProxyKey};
 use crate::trust::ServiceKey;
@@ -244,8 +245,8 @@ impl Owner {
     fn stays_within<'a>(
         &self,
         key: &ProxyKey,
-        before: Option<&'a Result<DataplaneInfo, String>>,
-        after: Option<&'a Result<DataplaneInfo, String>>,
+        before: Option<&'a Result<DataplaneInfo, ClaimMismatch>>,
+        after: Option<&'a Result<DataplaneInfo, ClaimMismatch>>,
     ) -> bool {
         if self.is_zone_egress(key) {
             return false;
@@ -261,7 +262,7 @@ impl Owner {
             presented.push(&issued.published.spiffe_id);
             presented.extend(issued.previous.iter().map(|p| p.spiffe_id.as_str()));
         }
-        let info = |described: Option<&'a Result<DataplaneInfo, String>>| {
+        let info = |described: Option<&'a Result<DataplaneInfo, ClaimMismatch>>| {
             described.and_then(|d| d.as_ref().ok())
         };
         let (before, after) = (info(before), info(after));

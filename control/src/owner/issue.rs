@@ -380,6 +380,44 @@ impl Owner {
         }
     }
 
+    /// What a proxy may still present once `key` holds a new certificate from `ca_trust` for `spiffe_id`
+    /// (break last): what its `old` one kept, and the old one itself if it was served and differs; for
+    /// a proxy new to this replica, every CA its mesh keeps only for such proxies.
+    fn replaced(
+        &self,
+        key: &ProxyKey,
+        old: Option<&Issued>,
+        ca_trust: &CaTrust,
+        spiffe_id: &str,
+    ) -> Vec<Previous> {
+        let mut previous = old.map(|o| o.previous.clone()).unwrap_or_default();
+        if old.is_none() && self.gate.enabled() {
+            // A proxy new to this replica may come from another one (which died, or it was moved),
+            // or from before a restart, presenting a certificate from any CA its mesh still trusts.
+            // Those the configuration removed stay trusted until it ACKs this one.
+            previous.extend(
+                self.gate
+                    .retained_in(&BundleKey::mesh(key.mesh.clone()))
+                    .map(|ca| Previous {
+                        ca_trust: ca.clone(),
+                        spiffe_id: spiffe_id.to_owned(),
+                    }),
+            );
+        }
+        // One never served was never presented: nothing to keep trusted for it.
+        if let Some(old) = old.filter(|o| self.gate.enabled() && o.first_served_in.is_some()) {
+            let replaced = Previous {
+                ca_trust: old.ca_trust.clone(),
+                spiffe_id: old.published.spiffe_id.clone(),
+            };
+            let changes = old.ca_trust != *ca_trust || replaced.spiffe_id != spiffe_id;
+            if changes && !previous.contains(&replaced) {
+                previous.push(replaced);
+            }
+        }
+        previous
+    }
+
     /// Keeps a certificate issued and checked for `key`, remembering what it replaces (break last).
     fn keep(
         &mut self,
@@ -422,31 +460,7 @@ impl Owner {
             not_after,
             ..
         } = svid;
-        let mut previous = old.map(|o| o.previous.clone()).unwrap_or_default();
-        if old.is_none() && self.gate.enabled() {
-            // A proxy new to this replica may come from another one (which died, or it was moved),
-            // or from before a restart, presenting a certificate from any CA its mesh still trusts.
-            // Those the configuration removed stay trusted until it ACKs this one.
-            previous.extend(
-                self.gate
-                    .retained_in(&BundleKey::mesh(key.mesh.clone()))
-                    .map(|ca| Previous {
-                        ca_trust: ca.clone(),
-                        spiffe_id: svid.spiffe_id.to_string(),
-                    }),
-            );
-        }
-        // One never served was never presented: nothing to keep trusted for it.
-        if let Some(old) = old.filter(|o| self.gate.enabled() && o.first_served_in.is_some()) {
-            let replaced = Previous {
-                ca_trust: old.ca_trust.clone(),
-                spiffe_id: old.published.spiffe_id.clone(),
-            };
-            let changes = old.ca_trust != ca_trust || replaced.spiffe_id != spiffe_id;
-            if changes && !previous.contains(&replaced) {
-                previous.push(replaced);
-            }
-        }
+        let previous = self.replaced(key, old, &ca_trust, &spiffe_id);
         self.replacing
             .update(key, old.map_or(&[][..], |o| &o.previous), &previous);
         let published = Arc::new(ProxyIdentity {

@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::bundles::BundleCache;
-use crate::egress::EgressPlan;
-use crate::error::UpdateError;
+use crate::egress::{EgressPlan, NoEgressIdentity};
+use crate::error::{ClaimMismatch, UpdateError};
 use crate::events::StreamEvent;
 use crate::gate::{Gate, GateEvent};
 use crate::peers::{GateView, PeerView, PresentedCa, PresentedIds};
@@ -230,7 +230,7 @@ pub struct Owner {
     /// The proxies whose certificate replaced ones peers may still see, until they ACK it.
     replacing: Replacing,
     /// Where the zone egress identity comes from, as of the last reconcile (logged when it changes).
-    egress: Option<Result<EgressPlan, String>>,
+    egress: Option<Result<EgressPlan, NoEgressIdentity>>,
     /// Certificates issued in the wave under way, per (mesh, issuer).
     wave: BTreeMap<(String, String), u64>,
     /// What is being issued, and where.
@@ -272,7 +272,7 @@ pub struct Owner {
 }
 
 /// What is known of every dataplane: its description, or why its token was refused.
-pub(crate) type Dataplanes = BTreeMap<ProxyKey, Result<DataplaneInfo, String>>;
+pub(crate) type Dataplanes = BTreeMap<ProxyKey, Result<DataplaneInfo, ClaimMismatch>>;
 
 impl Owner {
     /// An owner serving `world`, publishing on the given channels.
@@ -515,7 +515,7 @@ impl Owner {
         if let Some(rule) = self.claim_rule(&key) {
             if let Err(reason) = rule.check(&claims) {
                 tracing::warn!(proxy = %key, token = %claims.id, "refused a token: {reason}");
-                self.records.entry(key).or_default().refused_token = Some(reason);
+                self.records.entry(key).or_default().refused_token = Some(reason.to_string());
                 // Only the status changes, and it is built when asked for.
                 return false;
             }
@@ -600,7 +600,7 @@ impl Owner {
     /// What meshca knows of one dataplane: its Dataplane file, else (for a zone egress) its ZoneEgress
     /// file, else the token that registered it. A token that contradicts a file makes it an error naming
     /// the contradiction. `None` for a proxy nobody described.
-    fn describe(&self, key: &ProxyKey) -> Option<Result<DataplaneInfo, String>> {
+    fn describe(&self, key: &ProxyKey) -> Option<Result<DataplaneInfo, ClaimMismatch>> {
         let resources = &self.world.resources;
         let filed = resources
             .dataplane(&key.mesh, &key.name)

@@ -11,6 +11,7 @@ use super::issue::ISSUE_RETRY;
 use super::{Dataplanes, Issued, Owner, Scope};
 use crate::bundles;
 use crate::egress::{self, MeshChoice};
+use crate::error::ClaimMismatch;
 use crate::gate::{GateEvent, RolloutStep, Wait};
 use crate::peers::PresentedIds;
 use crate::plan::{self, DataplaneInfo, Decision, Desired, Origin};
@@ -441,9 +442,26 @@ impl Owner {
     ) -> Vec<(ProxyKey, ProxyEntry)> {
         // Decide every proxy first, then start issuing what the gate allows, then serve. A proxy
         // whose certificate is being issued keeps the one it has (or waits) until the result is in.
-        // Proxies waiting for their identity are decided and submitted first, a batch at a time: their
-        // certificates are issued while the others are decided (a trust wait that ends decides the
-        // whole fleet).
+        let plans = self.decide_and_submit(keys, dataplanes, now);
+        let mut entries = Vec::with_capacity(plans.len());
+        for (key, served) in plans {
+            let (entry, renew_at) = self.entry_of(&key, served, now);
+            self.renewals.set(&key, renew_at);
+            self.note_reason(&key, &entry);
+            entries.push((key, entry));
+        }
+        entries
+    }
+
+    /// Decides each of `keys` and hands what must be issued to the issuance threads. Proxies waiting
+    /// for their identity are decided and submitted first, a batch at a time: their certificates are
+    /// issued while the others are decided (a trust wait that ends decides the whole fleet).
+    fn decide_and_submit(
+        &mut self,
+        keys: Vec<ProxyKey>,
+        dataplanes: &Dataplanes,
+        now: SystemTime,
+    ) -> Vec<(ProxyKey, Served)> {
         let (first, then): (Vec<ProxyKey>, Vec<ProxyKey>) = keys
             .into_iter()
             .partition(|key| self.waits_for_identity(key));
@@ -457,7 +475,7 @@ impl Owner {
                 let served = match dataplanes.get(&key) {
                     Some(Ok(info)) => self.plan_proxy(&key, info, now),
                     Some(Err(reason)) => Served::Entry(ProxyEntry::Refused {
-                        reason: reason.clone(),
+                        reason: reason.to_string(),
                     }),
                     None => continue,
                 };
@@ -476,65 +494,71 @@ impl Owner {
                 .collect();
             self.submit(&jobs, now);
         }
-        let mut entries = Vec::with_capacity(plans.len());
-        for (key, served) in plans {
-            let (entry, renew_at) = match served {
-                Served::Entry(entry) => (entry, None),
-                Served::Decided { gated, issue, .. } => {
-                    // Being issued now: its result publishes it (or, on failure, sets its retry).
-                    // Meanwhile the proxy keeps the certificate it has, unless that has expired.
-                    let issuing = issue && self.issuing.is_issuing(&key);
-                    let waits = gated || issuing;
-                    let held = self
-                        .issued
-                        .get(&key)
-                        .filter(|i| !issuing || now < i.leaf.not_after);
-                    match held {
-                        // Held back by the gate: the wait's end (or its timeout) reconciles every
-                        // proxy, this one included; a renewal time in the past would only spin the loop.
-                        Some(issued) if waits => {
-                            (ProxyEntry::Ready(issued.published.clone()), None)
-                        }
-                        // A renewal that failed (its time has passed) is tried again after a pause.
-                        Some(issued) => {
-                            let retry = (issued.renew_at <= now).then_some(now + ISSUE_RETRY);
-                            (
-                                ProxyEntry::Ready(issued.published.clone()),
-                                Some(retry.unwrap_or(issued.renew_at)),
-                            )
-                        }
-                        None if waits => (ProxyEntry::Pending, None),
-                        None => (
-                            ProxyEntry::NoIdentity {
-                                reason: "issuance failed; see the daemon log".into(),
-                            },
-                            Some(now + ISSUE_RETRY),
-                        ),
-                    }
-                }
-            };
-            self.renewals.set(&key, renew_at);
-            match &entry {
-                ProxyEntry::Ready(_) => {
-                    self.reasons.remove(&key);
-                }
-                ProxyEntry::Pending if self.issuing.is_issuing(&key) => {
-                    self.reasons
-                        .insert(key.clone(), "its certificate is being issued".into());
-                }
-                ProxyEntry::Pending => {
-                    self.reasons.insert(
-                        key.clone(),
-                        "waiting for connected proxies to ACK the new CA's trust bundle".into(),
-                    );
-                }
-                ProxyEntry::NoIdentity { reason } | ProxyEntry::Refused { reason } => {
-                    self.reasons.insert(key.clone(), reason.clone());
-                }
+        plans
+    }
+
+    /// What `key` is served as decided, and when it is looked at again for renewal (`None`: when
+    /// something else wakes it).
+    fn entry_of(
+        &self,
+        key: &ProxyKey,
+        served: Served,
+        now: SystemTime,
+    ) -> (ProxyEntry, Option<SystemTime>) {
+        let (gated, issue) = match served {
+            Served::Entry(entry) => return (entry, None),
+            Served::Decided { gated, issue, .. } => (gated, issue),
+        };
+        // Being issued now: its result publishes it (or, on failure, sets its retry). Meanwhile the
+        // proxy keeps the certificate it has, unless that has expired.
+        let issuing = issue && self.issuing.is_issuing(key);
+        let waits = gated || issuing;
+        let held = self
+            .issued
+            .get(key)
+            .filter(|i| !issuing || now < i.leaf.not_after);
+        match held {
+            // Held back by the gate: the wait's end (or its timeout) reconciles every proxy, this one
+            // included; a renewal time in the past would only spin the loop.
+            Some(issued) if waits => (ProxyEntry::Ready(issued.published.clone()), None),
+            // A renewal that failed (its time has passed) is tried again after a pause.
+            Some(issued) => {
+                let retry = (issued.renew_at <= now).then_some(now + ISSUE_RETRY);
+                (
+                    ProxyEntry::Ready(issued.published.clone()),
+                    Some(retry.unwrap_or(issued.renew_at)),
+                )
             }
-            entries.push((key, entry));
+            None if waits => (ProxyEntry::Pending, None),
+            None => (
+                ProxyEntry::NoIdentity {
+                    reason: "issuance failed; see the daemon log".into(),
+                },
+                Some(now + ISSUE_RETRY),
+            ),
         }
-        entries
+    }
+
+    /// Keeps why `key` has no certificate, as the status shows it.
+    fn note_reason(&mut self, key: &ProxyKey, entry: &ProxyEntry) {
+        match entry {
+            ProxyEntry::Ready(_) => {
+                self.reasons.remove(key);
+            }
+            ProxyEntry::Pending if self.issuing.is_issuing(key) => {
+                self.reasons
+                    .insert(key.clone(), "its certificate is being issued".into());
+            }
+            ProxyEntry::Pending => {
+                self.reasons.insert(
+                    key.clone(),
+                    "waiting for connected proxies to ACK the new CA's trust bundle".into(),
+                );
+            }
+            ProxyEntry::NoIdentity { reason } | ProxyEntry::Refused { reason } => {
+                self.reasons.insert(key.clone(), reason.clone());
+            }
+        }
     }
 
     /// One INFO line per mesh and issuer when a wave of issuance is over (how many, and how long the
@@ -1018,7 +1042,7 @@ impl Owner {
     pub(super) fn claim_rule_of(
         &self,
         key: &ProxyKey,
-        described: &Result<DataplaneInfo, String>,
+        described: &Result<DataplaneInfo, ClaimMismatch>,
     ) -> Option<Arc<ClaimRule>> {
         match described {
             Ok(info) if info.origin == Origin::File || self.streams.is_connected(key) => {
