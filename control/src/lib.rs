@@ -27,7 +27,6 @@ mod pool;
 mod resource_name;
 mod snapshot;
 mod standalone;
-mod status;
 mod streams;
 #[cfg(test)]
 mod test_certs;
@@ -40,6 +39,11 @@ pub use error::{CaLoadError, ClaimMismatch, IdentityLoadError, IssueFailure, Upd
 pub use events::{StreamEvent, StreamId};
 pub use gate::{GateEvent, RolloutStep, Wait};
 pub use lineage::{lineage, Lineage, Validity};
+pub use owner::status::{
+    BackendRole, BackendStatus, CaStatus, Condition, DataplaneStatus, Detail, EgressStatus,
+    IdentityStatus, MeshStatus, MtlsStatus, ServiceStatus, ServiceTls, Status, TrustOrigin,
+    TrustStatus,
+};
 pub use owner::{
     run_job, Completed, IssuedIdentity, Job, NoTelemetry, Owner, OwnerConfig, RecordLink, Rejected,
     Scope, Telemetry,
@@ -56,11 +60,6 @@ pub use snapshot::{
     ProxyHashSet, ProxyIdentity, ProxyKey, ProxyMap, SecretPem, Snapshot, TrustBundle,
 };
 pub use standalone::{issue_standalone, Standalone, StandaloneError};
-pub use status::{
-    BackendRole, BackendStatus, CaStatus, Condition, DataplaneStatus, Detail, EgressStatus,
-    IdentityStatus, MeshStatus, MtlsStatus, ServiceStatus, ServiceTls, Status, TrustOrigin,
-    TrustStatus,
-};
 pub use timefmt::{rfc3339, seconds_until};
 pub use trust::{BundleKey, CaId, CaTrust, MeshName, ServiceKey, EGRESS_SERVICE};
 pub use world::{

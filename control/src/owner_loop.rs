@@ -19,10 +19,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::UpdateError;
 use crate::events::StreamEvent;
+use crate::owner::status::{Detail, Status};
 use crate::owner::{Completed, IssuedIdentity, Owner, RecordLink};
 use crate::peers::{GateView, PeerView};
 use crate::snapshot::ProxyKey;
-use crate::status::{Detail, Status};
 use crate::world::{load_world, CaSource, LoadMode, World};
 
 /// How long the loop sleeps when nothing is due (it wakes earlier for any event).

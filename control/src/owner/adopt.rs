@@ -58,37 +58,14 @@ const ADOPT_MARGIN: Duration = Duration::from_secs(60);
 impl Owner {
     /// Records every certificate issued from now on and looks proxies up through `link`.
     pub fn record_through(&mut self, link: RecordLink) {
-        self.record_link = Some(link);
+        self.links.connect(link);
     }
 
-    /// Queues `identity` to be recorded with the next batch.
-    pub(super) fn record(&mut self, identity: impl FnOnce() -> IssuedIdentity) {
-        if self.record_link.is_some() {
-            self.to_record.push(identity());
-        }
-    }
-
-    /// Sends the queued identities.
-    pub(super) fn flush_records(&mut self) {
-        if let Some(link) = &self.record_link {
-            if !self.to_record.is_empty() {
-                // The receiver is gone only while the daemon stops.
-                let _ = link.issued.send(std::mem::take(&mut self.to_record));
-            }
-        }
-    }
-
-    /// Asks for the identity another replica issued to `key`, which connected holding none from
+    /// Asks for the identity another replica issued to `key`, if it connected holding none from
     /// this one.
     pub(super) fn look_up(&mut self, key: &ProxyKey) {
-        let Some(link) = &self.record_link else {
-            return;
-        };
-        if self.issued.contains_key(key) || !self.looking_up.insert(key.clone()) {
-            return;
-        }
-        if link.lookups.send(key.clone()).is_err() {
-            self.looking_up.remove(key);
+        if !self.issued.contains_key(key) {
+            self.links.look_up(key);
         }
     }
 
@@ -96,9 +73,9 @@ impl Owner {
     /// none, or it could not be read). Served while it is valid, chains to a CA the bundles carry, and
     /// this replica has issued the proxy nothing meanwhile; whether a reconcile must serve it.
     pub fn adopt(&mut self, key: ProxyKey, held: Option<IssuedIdentity>, now: SystemTime) -> bool {
-        self.looking_up.remove(&key);
+        self.links.answered(&key);
         let Some(held) = held else { return false };
-        if self.issued.contains_key(&key) || !self.streams.is_connected(&key) {
+        if self.issued.contains_key(&key) || !self.proxies.streams.is_connected(&key) {
             return false;
         }
         match self.adoptable(&key, held, now) {

@@ -88,7 +88,7 @@ impl Owner {
         // The keys' descriptions may change.
         self.issuing.new_epoch();
         for key in keys {
-            let described = self.describe(key);
+            let described = self.proxies.describe(&self.world, key);
             if !self.stays_within(key, dataplanes.get(key), described.as_ref()) {
                 return false;
             }
@@ -97,11 +97,11 @@ impl Owner {
                 None => dataplanes.remove(key),
             };
         }
-        let generation = self.snapshot_generation + 1;
+        let generation = self.publisher.generation() + 1;
         let (connected, left): (Vec<ProxyKey>, Vec<ProxyKey>) = keys
             .iter()
             .cloned()
-            .partition(|key| self.streams.is_connected(key));
+            .partition(|key| self.proxies.streams.is_connected(key));
         let entries = self.serve(connected, dataplanes, now);
         // A certificate that replaced one from another CA or with another SPIFFE ID starts a wait for
         // its ACK (break last): that is a rollout, which the full reconcile tracks.
@@ -160,7 +160,7 @@ impl Owner {
         let held = self.held_for_rollout();
         let keys: Vec<ProxyKey> = deferred
             .drain(..take)
-            .filter(|key| self.streams.is_connected(key) && !held(key))
+            .filter(|key| self.proxies.streams.is_connected(key) && !held(key))
             .collect();
         drop(held);
         self.deferred = deferred;
@@ -168,7 +168,7 @@ impl Owner {
         let dataplanes = std::mem::take(&mut self.dataplanes);
         let entries = self.serve(keys, &dataplanes, now);
         self.dataplanes = dataplanes;
-        let generation = self.snapshot_generation + 1;
+        let generation = self.publisher.generation() + 1;
         self.publish_entries(generation, entries, &[], None);
         // As after any pass: the gate's events reported, whether ACKs must wake the owner recounted.
         self.report_gate_events();
@@ -186,7 +186,7 @@ impl Owner {
         left: &[ProxyKey],
         rules: Option<(&BTreeSet<ProxyKey>, &Dataplanes)>,
     ) {
-        let mut snapshot = (**self.snapshot_tx.borrow()).clone();
+        let mut snapshot = (*self.publisher.last()).clone();
         let mut changed = BTreeSet::new();
         for (key, entry) in entries {
             let differs = match snapshot.proxies.get_mut(&key) {
@@ -225,8 +225,7 @@ impl Owner {
             self.mark_served(generation, &snapshot.proxies, &changed);
             snapshot.changed = Changed::after(&snapshot, Some(changed.into_iter().collect()));
             snapshot.generation = generation;
-            self.snapshot_generation = generation;
-            self.snapshot_tx.send_replace(std::sync::Arc::new(snapshot));
+            self.publisher.send(snapshot);
         }
     }
 
@@ -248,7 +247,7 @@ impl Owner {
         before: Option<&'a Result<DataplaneInfo, ClaimMismatch>>,
         after: Option<&'a Result<DataplaneInfo, ClaimMismatch>>,
     ) -> bool {
-        if self.is_zone_egress(key) {
+        if self.proxies.is_zone_egress(key) {
             return false;
         }
         // What it presents while connected, whether it just connected or just left.
@@ -290,7 +289,7 @@ impl Owner {
             }
             let Some(dp) = after else { continue };
             let service_key = ServiceKey::new(service.mesh.as_str(), service.name.clone());
-            if mtls_on && !self.tls_ready.contains(&service_key) {
+            if mtls_on && !self.publisher.tls_ready().contains(&service_key) {
                 return false;
             }
             let Some(listed) = self.service_ids.get(&service_key) else {

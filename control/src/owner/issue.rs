@@ -243,7 +243,7 @@ impl Owner {
     /// identity (an alias counts, whether or not it names the current one: the answer orders work and
     /// decides nothing, and the stream table keeps it without reading names).
     pub(super) fn waits_for_identity(&self, key: &ProxyKey) -> bool {
-        !self.issued.contains_key(key) || self.streams.may_ask_identity(key)
+        !self.issued.contains_key(key) || self.proxies.streams.may_ask_identity(key)
     }
 
     /// Takes in certificates issued (or failed) since the last call, in any order, and publishes
@@ -255,7 +255,7 @@ impl Owner {
         if let Runner::Background(pool) = &self.issuing.runner {
             pool.taken(done.len());
         }
-        let generation = self.snapshot_generation + 1;
+        let generation = self.publisher.generation() + 1;
         let mut kept = Vec::new();
         let mut failed = Vec::new();
         for completed in done {
@@ -301,12 +301,12 @@ impl Owner {
                 .unwrap_or_default();
             self.log_wave(took);
         }
-        self.flush_records();
+        self.links.flush();
         if self.full {
             return true;
         }
         // Only connected proxies are served; the others' certificates wait for their return.
-        kept.retain(|key| self.streams.is_connected(key));
+        kept.retain(|key| self.proxies.streams.is_connected(key));
         if !kept.iter().all(|key| self.stays_within_now(key)) {
             self.full = true;
             return true;
@@ -324,7 +324,10 @@ impl Owner {
             self.reasons.remove(&key);
             entries.push((key.clone(), ProxyEntry::Ready(issued.published.clone())));
         }
-        for key in failed.into_iter().filter(|k| self.streams.is_connected(k)) {
+        for key in failed
+            .into_iter()
+            .filter(|k| self.proxies.streams.is_connected(k))
+        {
             let entry = match self.issued.get(&key) {
                 Some(issued) => ProxyEntry::Ready(issued.published.clone()),
                 None => {
@@ -470,7 +473,7 @@ impl Owner {
             key_pem: SecretPem::new(leaf_key.to_pem().to_string()),
         });
         tracing::debug!(proxy = %key, spiffe_id = %leaf_id, issuer = %desired.issuer, serial = %serial, "issued certificate");
-        self.record(|| IssuedIdentity {
+        self.links.record(|| IssuedIdentity {
             key: key.clone(),
             issuer: desired.issuer.to_string(),
             ca_id: desired.ca.id().to_owned(),

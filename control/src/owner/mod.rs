@@ -9,8 +9,12 @@
 mod adopt;
 mod incremental;
 mod issue;
+mod links;
+mod proxies;
+mod publisher;
 mod reconcile;
 mod replacing;
+pub(crate) mod status;
 #[cfg(test)]
 mod tests;
 
@@ -18,28 +22,31 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use meshca_auth::{Claims, ProxyType};
+use meshca_auth::Claims;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::bundles::BundleCache;
 use crate::egress::{EgressPlan, NoEgressIdentity};
 use crate::error::{ClaimMismatch, UpdateError};
 use crate::events::StreamEvent;
 use crate::gate::{Gate, GateEvent};
 use crate::peers::{GateView, PeerView, PresentedCa, PresentedIds};
 use crate::plan::{DataplaneInfo, Issuer};
-use crate::snapshot::{ClaimRule, ProxyHashMap, ProxyHashSet, ProxyIdentity, ProxyKey, Snapshot};
-use crate::status::{self, Detail, Status};
-use crate::streams::StreamTable;
+use crate::snapshot::{ProxyHashMap, ProxyIdentity, ProxyKey, Snapshot};
+
 use crate::timefmt::rfc3339;
-use crate::trust::{CaId, CaTrust, ServiceIds, ServiceKey, TrustKey, TrustKeys};
+use crate::trust::{CaId, CaTrust, ServiceIds, TrustKey, TrustKeys};
 use crate::world::World;
 pub use adopt::{IssuedIdentity, RecordLink};
 use incremental::Renewals;
 use issue::Issuing;
 pub use issue::{run_job, Completed, Job};
+use links::RecordLinks;
+pub(crate) use proxies::ProxyRecord;
+use proxies::ProxyTable;
+use publisher::Publisher;
 use replacing::Replacing;
+use status::{Detail, Status};
 
 /// How many proxies a replica names per CA its proxies present (its view says how many there are).
 const NAMED_PRESENTERS: usize = 20;
@@ -144,17 +151,6 @@ pub(crate) struct Previous {
     pub spiffe_id: String,
 }
 
-/// What the owner remembers of a proxy beyond its certificate, for operators.
-#[derive(Debug, Default)]
-pub(crate) struct ProxyRecord {
-    /// Why the last token presented for this proxy was refused, if one was.
-    pub refused_token: Option<String>,
-    /// Responses it rejected.
-    pub nacks: u64,
-    /// Its last rejection message.
-    pub last_nack: Option<String>,
-}
-
 /// A rejected resource update, kept for the admin API and `meshca status`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Rejected {
@@ -207,23 +203,12 @@ impl OwnerConfig {
 pub struct Owner {
     config: OwnerConfig,
     world: Arc<World>,
-    /// The claims each token-registered proxy presented when it first connected.
-    registrations: ProxyHashMap<Arc<Claims>>,
-    /// The registered proxies whose token is a zone egress token: a handful, looked at by every
-    /// reconcile without a pass over the fleet.
-    egress_keys: BTreeSet<ProxyKey>,
-    streams: StreamTable,
+    /// The connected proxies, their streams and registrations.
+    proxies: ProxyTable,
     issued: ProxyHashMap<Issued>,
     /// Why each connected proxy without a certificate has none.
     reasons: ProxyHashMap<String>,
-    records: BTreeMap<ProxyKey, ProxyRecord>,
-    /// MeshServices whose `status.tls` is Ready: set once every selected dataplane holds a trusted
-    /// certificate, cleared only when the mesh's mTLS is switched off.
-    tls_ready: BTreeSet<ServiceKey>,
     last_rejected: Option<Rejected>,
-    /// The generation of the last published snapshot.
-    snapshot_generation: u64,
-    bundles: BundleCache,
     gate: Gate,
     /// Something waits on ACKs: ACK events trigger a reconcile.
     waiting_on_acks: bool,
@@ -262,13 +247,10 @@ pub struct Owner {
     /// reconcile (for the peers).
     presented_ids: PresentedIds,
     telemetry: Arc<dyn Telemetry>,
-    snapshot_tx: watch::Sender<Arc<Snapshot>>,
+    /// The snapshots sent to SDS, their bundles, and which MeshServices are TLS-ready.
+    publisher: Publisher,
     /// Where issued identities are recorded and recorded ones looked up (replicas on a database).
-    record_link: Option<RecordLink>,
-    /// Identities issued since the last batch was sent.
-    to_record: Vec<IssuedIdentity>,
-    /// Proxies whose recorded identity was asked for and has not come back.
-    looking_up: ProxyHashSet,
+    links: RecordLinks,
 }
 
 /// What is known of every dataplane: its description, or why its token was refused.
@@ -286,16 +268,10 @@ impl Owner {
             gate: Gate::new(config.gate, config.ack_timeout),
             config,
             world: Arc::new(world),
-            registrations: ProxyHashMap::default(),
-            egress_keys: BTreeSet::new(),
-            streams: StreamTable::default(),
+            proxies: ProxyTable::default(),
             issued: ProxyHashMap::default(),
             reasons: ProxyHashMap::default(),
-            records: BTreeMap::new(),
-            tls_ready: BTreeSet::new(),
             last_rejected: None,
-            snapshot_generation: 0,
-            bundles: BundleCache::default(),
             waiting_on_acks: false,
             replacing: Replacing::default(),
             egress: None,
@@ -313,10 +289,8 @@ impl Owner {
             service_ids: ServiceIds::new(),
             presented_ids: PresentedIds::new(),
             telemetry,
-            snapshot_tx,
-            record_link: None,
-            to_record: Vec::new(),
-            looking_up: ProxyHashSet::default(),
+            publisher: Publisher::new(snapshot_tx),
+            links: RecordLinks::default(),
         }
     }
 
@@ -324,20 +298,20 @@ impl Owner {
     /// [`Detail::Summary`] leaves out the per-dataplane list, whose size is the fleet's.
     pub fn status(&self, now: SystemTime, detail: Detail) -> Status {
         let mut waits = self.identity_ack_waits(now);
-        waits.extend(self.gate.waits_now(&self.streams));
+        waits.extend(self.gate.waits_now(&self.proxies.streams));
         status::build(
             &status::Inputs {
-                generation: self.snapshot_generation,
+                generation: self.publisher.generation(),
                 world: &self.world,
                 dataplanes: &self.dataplanes,
                 service_ids: &self.service_ids,
-                streams: &self.streams,
+                streams: &self.proxies.streams,
                 issued: &self.issued,
                 reasons: &self.reasons,
-                records: &self.records,
+                records: self.proxies.records(),
                 last_rejected: self.last_rejected.as_ref(),
                 waits: &waits,
-                tls_ready: &self.tls_ready,
+                tls_ready: self.publisher.tls_ready(),
                 egress: self.egress.as_ref(),
                 now,
             },
@@ -371,7 +345,7 @@ impl Owner {
     fn presented_cas(&self) -> Vec<PresentedCa> {
         let mut grouped: HashMap<TrustKey, (&CaTrust, Vec<&ProxyKey>)> = HashMap::new();
         for (key, issued) in &self.issued {
-            if !self.streams.is_connected(key) {
+            if !self.proxies.streams.is_connected(key) {
                 continue;
             }
             let cas = std::iter::once(&issued.ca_trust)
@@ -464,23 +438,19 @@ impl Owner {
             StreamEvent::Connected { stream, claims } => self.on_connected(stream, claims),
             StreamEvent::Subscribed { stream, resources } => {
                 self.stir(stream);
-                self.streams.subscribe(stream, resources) && self.waiting_on_acks
+                self.proxies.streams.subscribe(stream, resources) && self.waiting_on_acks
             }
             StreamEvent::Acked {
                 stream, generation, ..
             } => {
                 // A rollout waiting on ACKs may proceed.
                 self.stir(stream);
-                self.streams.ack(stream, generation) && self.waiting_on_acks
+                self.proxies.streams.ack(stream, generation) && self.waiting_on_acks
             }
             StreamEvent::Nacked {
                 stream, message, ..
             } => {
-                if let Some(proxy) = self.streams.proxy_of(stream) {
-                    let record = self.records.entry(proxy.clone()).or_default();
-                    record.nacks += 1;
-                    record.last_nack = Some(message);
-                }
+                self.proxies.note_nack(stream, message);
                 // Only the status changes, and it is built when asked for.
                 false
             }
@@ -489,7 +459,7 @@ impl Owner {
             // Another stream of the proxy leaving matters only to a rollout that may wait on it.
             StreamEvent::Disconnected { stream } => {
                 self.stir(stream);
-                match self.streams.disconnect(stream) {
+                match self.proxies.streams.disconnect(stream) {
                     Some(proxy) => {
                         self.touched.insert(proxy);
                         true
@@ -502,7 +472,7 @@ impl Owner {
 
     /// Notes that `stream`'s proxy may have settled the certificates its new one replaced.
     fn stir(&mut self, stream: crate::StreamId) {
-        if let Some(proxy) = self.streams.proxy_of(stream) {
+        if let Some(proxy) = self.proxies.streams.proxy_of(stream) {
             self.replacing.stir(proxy);
         }
     }
@@ -512,24 +482,15 @@ impl Owner {
         // A token that contradicts what the proxy was given (its Dataplane file, or the token that
         // registered it and is still connected) neither changes the proxy nor counts as it: the stream
         // refuses itself against the snapshot's claim rule.
-        if let Some(rule) = self.claim_rule(&key) {
+        if let Some(rule) = self.proxies.claim_rule(&self.world, &key) {
             if let Err(reason) = rule.check(&claims) {
                 tracing::warn!(proxy = %key, token = %claims.id, "refused a token: {reason}");
-                self.records.entry(key).or_default().refused_token = Some(reason.to_string());
+                self.proxies.refuse_token(key, reason);
                 // Only the status changes, and it is built when asked for.
                 return false;
             }
         }
-        let zone_egress = claims.proxy_type == ProxyType::ZoneEgress;
-        if !self.streams.is_connected(&key) {
-            if zone_egress {
-                self.egress_keys.insert(key.clone());
-            } else {
-                self.egress_keys.remove(&key);
-            }
-            self.registrations.insert(key.clone(), claims);
-        }
-        let first = self.streams.connect(stream, key.clone(), zone_egress);
+        let first = self.proxies.connect(stream, key.clone(), claims);
         // Any stream, not only the first: Envoy may open its streams to several replicas, and the
         // one that carries its identity may move here last.
         self.look_up(&key);
@@ -541,44 +502,17 @@ impl Owner {
         self.waiting_on_acks
     }
 
-    /// What a token for `key` must not contradict: the Dataplane file, else the registering token while
-    /// its proxy is connected.
-    fn claim_rule(&self, key: &ProxyKey) -> Option<ClaimRule> {
-        if let Some(dp) = self.world.resources.dataplane(&key.mesh, &key.name) {
-            return Some(DataplaneInfo::from_file(dp).claim_rule());
-        }
-        if !self.streams.is_connected(key) {
-            return None;
-        }
-        let claims = self.registrations.get(key)?;
-        Some(DataplaneInfo::from_claims(claims).claim_rule())
-    }
-
-    /// The dataplanes meshca knows: from files, and from tokens of proxies that connected.
-    fn known_dataplanes(&self) -> Dataplanes {
-        let filed = self
-            .world
-            .resources
-            .dataplanes
-            .iter()
-            .map(|dp| ProxyKey::new(dp.mesh.clone(), dp.name.clone()));
-        let keys: BTreeSet<ProxyKey> = filed.chain(self.registrations.keys().cloned()).collect();
-        keys.into_iter()
-            .filter_map(|key| Some((key.clone(), self.describe(&key)?)))
-            .collect()
-    }
-
     /// Every dataplane, described anew only where something changed: all of them under a new
     /// configuration, else the proxies in `touched` (whose registration may have changed).
     fn refresh_dataplanes(&mut self, touched: &BTreeSet<ProxyKey>) -> Dataplanes {
         if !self.descriptions_current() {
             self.described_from = Some(self.world.resources.clone());
-            return self.known_dataplanes();
+            return self.proxies.known_dataplanes(&self.world);
         }
         self.described_from = Some(self.world.resources.clone());
         let mut dataplanes = std::mem::take(&mut self.dataplanes);
         for key in touched {
-            match self.describe(key) {
+            match self.proxies.describe(&self.world, key) {
                 Some(described) => dataplanes.insert(key.clone(), described),
                 None => dataplanes.remove(key),
             };
@@ -595,32 +529,5 @@ impl Owner {
             Arc::ptr_eq(from, now)
                 || (from.dataplanes == now.dataplanes && from.zone_egresses == now.zone_egresses)
         })
-    }
-
-    /// What meshca knows of one dataplane: its Dataplane file, else (for a zone egress) its ZoneEgress
-    /// file, else the token that registered it. A token that contradicts a file makes it an error naming
-    /// the contradiction. `None` for a proxy nobody described.
-    fn describe(&self, key: &ProxyKey) -> Option<Result<DataplaneInfo, ClaimMismatch>> {
-        let resources = &self.world.resources;
-        let filed = resources
-            .dataplane(&key.mesh, &key.name)
-            .map(DataplaneInfo::from_file);
-        let Some(claims) = self.registrations.get(key) else {
-            return filed.map(Ok);
-        };
-        let egress_file = (claims.proxy_type == ProxyType::ZoneEgress)
-            .then(|| resources.zone_egress(&key.name))
-            .flatten();
-        let info = match (filed, egress_file) {
-            (Some(info), _) => info,
-            (None, Some(egress)) => DataplaneInfo::from_zone_egress(&key.mesh, egress),
-            (None, None) => return Some(Ok(DataplaneInfo::from_claims(claims))),
-        };
-        Some(info.claim_rule().check(claims).map(|()| info))
-    }
-
-    /// Whether `key` is a zone egress (its token says so).
-    fn is_zone_egress(&self, key: &ProxyKey) -> bool {
-        self.egress_keys.contains(key)
     }
 }

@@ -87,7 +87,7 @@ impl Owner {
         let (next, decided) = self.reconcile_all(&keys, now);
         let took = started.elapsed();
         tracing::debug!(
-            connected = self.streams.proxies().count(),
+            connected = self.proxies.streams.proxies().count(),
             decided,
             deferred = self.deferred.len(),
             millis = took.as_millis() as u64,
@@ -112,9 +112,9 @@ impl Owner {
         let unchanged_world = self.descriptions_current();
         let dataplanes = self.refresh_dataplanes(touched);
         self.plan_egress();
-        let generation = self.snapshot_generation + 1;
+        let generation = self.publisher.generation() + 1;
         self.gate.begin();
-        self.gate.confirm(&self.streams, now);
+        self.gate.confirm(&self.proxies.streams, now);
         self.settle_previous(now, true);
         let trust = self.plan_trust(generation, now);
         // SANs before identity: the contexts of this snapshot carry every ID decided now, and the gate
@@ -124,25 +124,33 @@ impl Owner {
         self.gate.plan_sans(&service_ids, generation, now);
         // New trust goes out before the pass over every proxy, which only adds certificates the gate
         // lets through once that trust is ACKed.
-        let generation = if self.publish_trust_first(generation, &trust, &service_ids) {
-            generation + 1
-        } else {
-            generation
-        };
+        let generation =
+            if self
+                .publisher
+                .publish_trust_first(generation, &self.world, &trust, &service_ids)
+            {
+                generation + 1
+            } else {
+                generation
+            };
         // A CA or an ID that no connected stream must carry may be used at once. (No stream has ACKed
         // what was just published: its ACKs are read between turns.)
-        self.gate.confirm(&self.streams, now);
+        self.gate.confirm(&self.proxies.streams, now);
         self.reasons.clear();
-        let connected: Vec<ProxyKey> = self.streams.proxies().cloned().collect();
+        let connected: Vec<ProxyKey> = self.proxies.streams.proxies().cloned().collect();
         let (now_keys, deferred) = self.split_quiet(connected, unchanged_world.then_some(touched));
         let decided = now_keys.len();
         let entries = self.serve(now_keys, &dataplanes, now);
         // Every proxy that left since the last reconcile is touched.
-        for key in touched.iter().filter(|k| !self.streams.is_connected(k)) {
+        for key in touched
+            .iter()
+            .filter(|k| !self.proxies.streams.is_connected(k))
+        {
             self.renewals.set(key, None);
         }
         self.forget_vanished(&dataplanes, unchanged_world.then_some(touched));
-        self.update_service_tls(&dataplanes, &trust);
+        self.publisher
+            .update_service_tls(&self.world, &dataplanes, &self.issued, &trust);
         let rules_changed = unchanged_world.then_some(touched);
         self.publish_snapshot(
             generation,
@@ -218,7 +226,7 @@ impl Owner {
     /// Whether a stream on which `key` receives its identity has not ACKed `issued` yet.
     fn unacked(&self, key: &ProxyKey, issued: &Issued) -> bool {
         let identity = Some(&*issued.published);
-        self.streams.of(key).any(|s| {
+        self.proxies.streams.of(key).any(|s| {
             issued
                 .first_served_in
                 .is_none_or(|generation| !s.has_acked(generation))
@@ -268,7 +276,7 @@ impl Owner {
     /// when a wait is over or a forgotten certificate may change what is published: then every proxy
     /// is reconciled. Costs the batch's proxies, not a reconcile of the fleet for every batch of ACKs.
     fn reconcile_acks(&mut self, now: SystemTime) -> bool {
-        if self.gate.any_wait_over(&self.streams, now) {
+        if self.gate.any_wait_over(&self.proxies.streams, now) {
             return false;
         }
         if self.settle_previous(now, false) {
@@ -284,8 +292,8 @@ impl Owner {
         if self.egress.as_ref() == Some(&plan) {
             return;
         }
-        let egress_known =
-            !self.egress_keys.is_empty() || !self.world.resources.zone_egresses.is_empty();
+        let egress_known = self.proxies.egresses().next().is_some()
+            || !self.world.resources.zone_egresses.is_empty();
         match &plan {
             Ok(p) if p.chosen_by == MeshChoice::FirstWithIdentity => tracing::warn!(
                 mesh = %p.mesh,
@@ -312,7 +320,7 @@ impl Owner {
         // Who presents which CA, grouped by CA: the gate looks at each CA once, however many proxies.
         let mut grouped: HashMap<TrustKey, (&CaTrust, Vec<&ProxyKey>)> = HashMap::new();
         for (key, issued) in &self.issued {
-            if !self.streams.is_connected(key) {
+            if !self.proxies.streams.is_connected(key) {
                 continue;
             }
             let cas = std::iter::once(&issued.ca_trust)
@@ -329,6 +337,7 @@ impl Owner {
         // any CA its mesh still trusts (it moved here from another replica, or from before a
         // restart): those kept only because proxies may present them stay for it too.
         let retained: Vec<CaTrust> = self
+            .proxies
             .streams
             .proxies()
             .filter(|key| !self.issued.contains_key(*key))
@@ -339,6 +348,7 @@ impl Owner {
             .collect();
         for ca in &retained {
             let newcomers = self
+                .proxies
                 .streams
                 .proxies()
                 .filter(|key| ca.bundle.is_mesh(&key.mesh) && !self.issued.contains_key(*key));
@@ -390,9 +400,13 @@ impl Owner {
         let held = self.held_for_rollout();
         let touched_now = touched
             .iter()
-            .filter(|key| self.streams.is_connected(key))
+            .filter(|key| self.proxies.streams.is_connected(key))
             .map(|key| (key, true));
-        let asking = self.streams.asking_identity().map(|key| (key, false));
+        let asking = self
+            .proxies
+            .streams
+            .asking_identity()
+            .map(|key| (key, false));
         let mut looked_at: HashSet<&ProxyKey, KeyHasher> = HashSet::default();
         let mut now = Vec::new();
         for (key, touched) in touched_now.chain(asking) {
@@ -417,7 +431,7 @@ impl Owner {
     pub(super) fn held_for_rollout(&self) -> impl Fn(&ProxyKey) -> bool + '_ {
         let holding = self.gate.holding_meshes();
         let deadline = self.gate.next_deadline();
-        let published = self.snapshot_tx.borrow().clone();
+        let published = self.publisher.last();
         move |key| {
             if !holding.contains(&*key.mesh) {
                 return false;
@@ -428,7 +442,7 @@ impl Owner {
             self.issued.get(key).is_some_and(|issued| {
                 Arc::ptr_eq(&issued.published, served)
                     && deadline.is_some_and(|deadline| issued.renew_at > deadline)
-            }) && !self.is_zone_egress(key)
+            }) && !self.proxies.is_zone_egress(key)
         }
     }
 
@@ -609,7 +623,7 @@ impl Owner {
     /// The certificate `key` should hold: the zone egress identity for an egress, else its dataplane
     /// identity.
     fn decide(&self, key: &ProxyKey, info: &DataplaneInfo) -> Decision {
-        if !self.is_zone_egress(key) {
+        if !self.proxies.is_zone_egress(key) {
             let mesh = self.world.meshes.get(&*key.mesh);
             return plan::decide(mesh, info, &self.config.zone, self.config.key_algorithm);
         }
@@ -634,7 +648,7 @@ impl Owner {
             .issued
             .get(key)
             .is_none_or(|issued| issued.published.spiffe_id == spiffe_id);
-        if self.is_zone_egress(key) {
+        if self.proxies.is_zone_egress(key) {
             return presents || self.gate.may_present(&ServiceKey::egress(), spiffe_id);
         }
         presents
@@ -787,7 +801,7 @@ impl Owner {
     /// and those of the certificates it replaced and has not ACKed the replacement of.
     pub(super) fn presented_ids(&self, key: &ProxyKey) -> Vec<String> {
         match self.issued.get(key) {
-            Some(issued) if self.streams.is_connected(key) => {
+            Some(issued) if self.proxies.streams.is_connected(key) => {
                 std::iter::once(issued.published.spiffe_id.clone())
                     .chain(issued.previous.iter().map(|p| p.spiffe_id.clone()))
                     .collect()
@@ -822,7 +836,7 @@ impl Owner {
             .filter_map(|egress| decided(&DataplaneInfo::from_zone_egress(mesh, egress)))
             .collect();
         let mut presented = BTreeSet::new();
-        for key in &self.egress_keys {
+        for key in self.proxies.egresses() {
             let Some(info) = dataplanes.get(key) else {
                 continue;
             };
@@ -831,68 +845,6 @@ impl Owner {
         }
         ids.extend(presented.iter().cloned());
         (ids, presented)
-    }
-
-    /// Updates MeshService `status.tls`: Ready once mTLS is on and every dataplane the service selects
-    /// holds a certificate from a CA its mesh trusts; then Ready until mTLS is switched off.
-    fn update_service_tls(
-        &mut self,
-        dataplanes: &Dataplanes,
-        trust: &BTreeMap<BundleKey, Vec<CaTrust>>,
-    ) {
-        for service in &self.world.resources.mesh_services {
-            let key = ServiceKey::new(service.mesh.as_str(), service.name.clone());
-            let mtls_on = self
-                .world
-                .meshes
-                .get(&service.mesh)
-                .is_some_and(|m| m.mtls_on());
-            if !mtls_on {
-                self.tls_ready.remove(&key);
-                continue;
-            }
-            let Some(selector) = &service.dataplane_tags else {
-                continue;
-            };
-            if self.tls_ready.contains(&key) {
-                continue;
-            }
-            let trusted = trust
-                .get(&key.bundle)
-                .map(Vec::as_slice)
-                .unwrap_or_default();
-            let mut selected = dataplanes
-                .iter()
-                .filter(|(_, d)| {
-                    d.as_ref()
-                        .is_ok_and(|d| d.mesh == service.mesh && d.has_inbound_with(selector))
-                })
-                .peekable();
-            if selected.peek().is_none() {
-                continue;
-            }
-            // Trusted: the bundle of its trust domain carries its CA or the CA's trust anchor.
-            let all_hold = selected.all(|(k, _)| {
-                self.issued.get(k).is_some_and(|i| {
-                    trusted.iter().any(|t| {
-                        t.trust_domain == i.ca_trust.trust_domain
-                            && t.covers(i.ca_id.as_str(), &i.ca_trust.pems)
-                    })
-                })
-            });
-            if all_hold {
-                self.tls_ready.insert(key);
-            }
-        }
-        let services: HashSet<(&str, &str)> = self
-            .world
-            .resources
-            .mesh_services
-            .iter()
-            .map(|s| (s.mesh.as_str(), s.name.as_str()))
-            .collect();
-        self.tls_ready
-            .retain(|k| services.contains(&(k.bundle.as_str(), k.service.as_str())));
     }
 
     /// Builds the snapshot and publishes it when its content differs from the last one, saying which
@@ -910,7 +862,7 @@ impl Owner {
         dataplanes: &Dataplanes,
         rules_changed: Option<&BTreeSet<ProxyKey>>,
     ) {
-        let previous = self.snapshot_tx.borrow().clone();
+        let previous = self.publisher.last();
         let mut changed: BTreeSet<ProxyKey> = BTreeSet::new();
         let mut proxies = previous.proxies.clone();
         // Every connected proxy with a description keeps an entry (deferred proxies and those held for
@@ -930,7 +882,7 @@ impl Owner {
             }
         }
         // Every proxy that left since the last reconcile is touched too.
-        let lost = |key: &ProxyKey| !self.streams.is_connected(key) || !described(key);
+        let lost = |key: &ProxyKey| !self.proxies.streams.is_connected(key) || !described(key);
         let gone: Vec<ProxyKey> = match rules_changed {
             Some(touched) => touched
                 .iter()
@@ -943,14 +895,9 @@ impl Owner {
             proxies.remove(&key);
             changed.insert(key);
         }
-        let mut snapshot = bundles::snapshot(
-            generation,
-            &self.world,
-            trust,
-            proxies,
-            service_ids,
-            &mut self.bundles,
-        );
+        let mut snapshot =
+            self.publisher
+                .build(generation, &self.world, trust, proxies, service_ids);
         snapshot.claim_rules = match rules_changed {
             Some(keys) => {
                 let mut rules = previous.claim_rules.clone();
@@ -995,45 +942,8 @@ impl Owner {
                 &previous,
                 proxies_only.then(|| changed.into_iter().collect()),
             );
-            self.snapshot_generation = generation;
-            self.snapshot_tx.send_replace(Arc::new(snapshot));
+            self.publisher.send(snapshot);
         }
-    }
-
-    /// Publishes this reconcile's bundles and contexts at once, with every proxy's entry and claim rule
-    /// as last published, when they differ from the last snapshot's and cover the same meshes (a mesh
-    /// that comes or goes changes its proxies too, so it waits for the whole snapshot). Nothing the
-    /// pass over the proxies decides can change them: they are planned from the certificates proxies
-    /// hold and the IDs decided before it. Returns whether it published.
-    fn publish_trust_first(
-        &mut self,
-        generation: u64,
-        trust: &BTreeMap<BundleKey, Vec<CaTrust>>,
-        service_ids: &ServiceIds,
-    ) -> bool {
-        let previous = self.snapshot_tx.borrow().clone();
-        let mut snapshot = bundles::snapshot(
-            generation,
-            &self.world,
-            trust,
-            previous.proxies.clone(),
-            service_ids,
-            &mut self.bundles,
-        );
-        let same_meshes = snapshot.meshes.len() == previous.meshes.len()
-            && snapshot
-                .meshes
-                .keys()
-                .all(|m| previous.meshes.contains_key(m))
-            && snapshot.egress.is_some() == previous.egress.is_some();
-        if !same_meshes || bundles::same_trust(&previous, &snapshot) {
-            return false;
-        }
-        snapshot.claim_rules = previous.claim_rules.clone();
-        snapshot.changed = Changed::after(&previous, None);
-        self.snapshot_generation = generation;
-        self.snapshot_tx.send_replace(Arc::new(snapshot));
-        true
     }
 
     /// The claim rule a snapshot carries for a dataplane: every filed dataplane has one (a contradicting
@@ -1045,7 +955,7 @@ impl Owner {
         described: &Result<DataplaneInfo, ClaimMismatch>,
     ) -> Option<Arc<ClaimRule>> {
         match described {
-            Ok(info) if info.origin == Origin::File || self.streams.is_connected(key) => {
+            Ok(info) if info.origin == Origin::File || self.proxies.streams.is_connected(key) => {
                 Some(Arc::new(info.claim_rule()))
             }
             _ => None,

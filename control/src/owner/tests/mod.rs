@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use super::{NoTelemetry, Owner, OwnerConfig, Scope, Telemetry};
 use crate::gate::{GateEvent, RolloutStep};
-use crate::status::{Detail, ServiceTls, Status};
+use crate::owner::status::{Detail, ServiceTls, Status};
 use crate::world::World;
 use crate::Wait;
 use crate::{
@@ -251,7 +251,7 @@ impl Harness {
 }
 
 /// The status of dataplane `name`, which the status must list.
-fn dataplane<'a>(status: &'a Status, name: &str) -> &'a crate::status::DataplaneStatus {
+fn dataplane<'a>(status: &'a Status, name: &str) -> &'a crate::owner::status::DataplaneStatus {
     status
         .dataplanes
         .iter()

@@ -8,10 +8,10 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
+use super::{Issued, ProxyRecord, Rejected};
 use crate::egress::{EgressPlan, MeshChoice, NoEgressIdentity};
 use crate::error::ClaimMismatch;
 use crate::gate::Wait;
-use crate::owner::{Issued, ProxyRecord, Rejected};
 use crate::plan::{DataplaneInfo, Origin};
 use crate::snapshot::{ProxyHashMap, ProxyKey};
 use crate::streams::StreamTable;
