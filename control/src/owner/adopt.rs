@@ -84,7 +84,7 @@ impl Owner {
                 self.issued.insert(key.clone(), issued);
                 let previous = self.issued[&key].previous.clone();
                 self.replacing.update(&key, &[], &previous);
-                self.touched.insert(key);
+                self.agenda.touched.insert(key);
                 true
             }
             Err(why) => {

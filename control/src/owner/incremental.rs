@@ -73,9 +73,9 @@ impl Owner {
         if self.egress.is_none() {
             return false;
         }
-        let mut dataplanes = std::mem::take(&mut self.dataplanes);
+        let mut dataplanes = std::mem::take(&mut self.last.dataplanes);
         let done = self.try_reconcile_proxies(keys, &mut dataplanes, now);
-        self.dataplanes = dataplanes;
+        self.last.dataplanes = dataplanes;
         done
     }
 
@@ -113,7 +113,7 @@ impl Owner {
         }
         for key in &left {
             self.reasons.remove(key);
-            self.renewals.set(key, None);
+            self.agenda.renewals.set(key, None);
         }
         for key in keys {
             if !matches!(dataplanes.get(key), Some(Ok(_))) {
@@ -123,19 +123,19 @@ impl Owner {
             }
         }
         self.publish_entries(generation, entries, &left, Some((keys, dataplanes)));
-        self.reconciled_at = now;
+        self.last.at = now;
         true
     }
 
     /// Proxies left for later turns, plus certificates being issued: what the loop has yet to do
     /// beyond the events to come.
     pub fn backlog(&self) -> usize {
-        self.deferred.len() + self.issuing.in_flight()
+        self.agenda.deferred.len() + self.issuing.in_flight()
     }
 
     /// Whether quiet proxies wait for their turn ([`Owner::serve_deferred`]).
     pub fn has_deferred(&self) -> bool {
-        !self.deferred.is_empty()
+        !self.agenda.deferred.is_empty()
     }
 
     /// Whether the loop should serve deferred proxies now: some wait, the issuance threads have few
@@ -155,19 +155,19 @@ impl Owner {
     /// since, and a reconcile of the fleet in between replaces this list.
     pub fn serve_deferred(&mut self, now: SystemTime) {
         let started = std::time::Instant::now();
-        let take = self.deferred.len().min(DEFERRED_PER_TURN);
-        let mut deferred = std::mem::take(&mut self.deferred);
+        let take = self.agenda.deferred.len().min(DEFERRED_PER_TURN);
+        let mut deferred = std::mem::take(&mut self.agenda.deferred);
         let held = self.held_for_rollout();
         let keys: Vec<ProxyKey> = deferred
             .drain(..take)
             .filter(|key| self.proxies.streams.is_connected(key) && !held(key))
             .collect();
         drop(held);
-        self.deferred = deferred;
+        self.agenda.deferred = deferred;
         let count = keys.len();
-        let dataplanes = std::mem::take(&mut self.dataplanes);
+        let dataplanes = std::mem::take(&mut self.last.dataplanes);
         let entries = self.serve(keys, &dataplanes, now);
-        self.dataplanes = dataplanes;
+        self.last.dataplanes = dataplanes;
         let generation = self.publisher.generation() + 1;
         self.publish_entries(generation, entries, &[], None);
         // As after any pass: the gate's events reported, whether ACKs must wake the owner recounted.
@@ -232,7 +232,7 @@ impl Owner {
     /// Whether publishing `key`'s entry alone gives what a full reconcile would, its description
     /// unchanged (see [`Owner::stays_within`]).
     pub(super) fn stays_within_now(&self, key: &ProxyKey) -> bool {
-        let described = self.dataplanes.get(key);
+        let described = self.last.dataplanes.get(key);
         self.egress.is_some() && self.stays_within(key, described, described)
     }
 
@@ -255,7 +255,7 @@ impl Owner {
         if let Some(issued) = self.issued.get(key) {
             let cas = std::iter::once(&issued.ca_trust)
                 .chain(issued.previous.iter().map(|p| &p.ca_trust));
-            if !cas.into_iter().all(|ca| self.configured.contains(ca)) {
+            if !cas.into_iter().all(|ca| self.last.configured.contains(ca)) {
                 return false;
             }
             presented.push(&issued.published.spiffe_id);
@@ -292,7 +292,7 @@ impl Owner {
             if mtls_on && !self.publisher.tls_ready().contains(&service_key) {
                 return false;
             }
-            let Some(listed) = self.service_ids.get(&service_key) else {
+            let Some(listed) = self.last.service_ids.get(&service_key) else {
                 return false;
             };
             let given = self.given_ids(mesh, dp, selector);

@@ -158,7 +158,7 @@ impl Owner {
             // The old threads' results are lost with their channel: decide every proxy anew.
             Runner::Background(_) => {
                 self.issuing.in_flight.clear();
-                self.full = true;
+                self.agenda.full = true;
             }
         }
         results
@@ -275,15 +275,16 @@ impl Owner {
             };
             // Decided in this epoch, and nothing happened to the proxy since: the decision stands.
             // (Within an epoch the rollout gate only opens: its waits end or time out.)
-            let decided_now =
-                epoch == self.issuing.epoch && !self.full && !self.touched.contains(&key);
+            let decided_now = epoch == self.issuing.epoch
+                && !self.agenda.full
+                && !self.agenda.touched.contains(&key);
             match result {
                 Ok(svid) if decided_now || self.still_wanted(&key, &desired, now) => {
                     self.keep(&key, &desired, svid, took, now);
                     kept.push(key);
                 }
                 Ok(_) => {
-                    self.touched.insert(key);
+                    self.agenda.touched.insert(key);
                 }
                 Err(e) => {
                     self.telemetry.issue_failed(&key.mesh, &desired.issuer);
@@ -302,13 +303,13 @@ impl Owner {
             self.log_wave(took);
         }
         self.links.flush();
-        if self.full {
+        if self.agenda.full {
             return true;
         }
         // Only connected proxies are served; the others' certificates wait for their return.
         kept.retain(|key| self.proxies.streams.is_connected(key));
         if !kept.iter().all(|key| self.stays_within_now(key)) {
-            self.full = true;
+            self.agenda.full = true;
             return true;
         }
         let mut entries = Vec::with_capacity(kept.len() + failed.len());
@@ -318,9 +319,13 @@ impl Owner {
                 // Break last: the replaced certificate's CA and ID stay until this one is ACKed, or
                 // until the ACK timeout, which must wake the loop.
                 let deadline = issued.issued_at + self.gate.ack_timeout();
-                self.next_global = Some(self.next_global.map_or(deadline, |t| t.min(deadline)));
+                self.agenda.next_global = Some(
+                    self.agenda
+                        .next_global
+                        .map_or(deadline, |t| t.min(deadline)),
+                );
             }
-            self.renewals.set(&key, Some(issued.renew_at));
+            self.agenda.renewals.set(&key, Some(issued.renew_at));
             self.reasons.remove(&key);
             entries.push((key.clone(), ProxyEntry::Ready(issued.published.clone())));
         }
@@ -336,20 +341,20 @@ impl Owner {
                     ProxyEntry::NoIdentity { reason }
                 }
             };
-            self.renewals.set(&key, Some(now + ISSUE_RETRY));
+            self.agenda.renewals.set(&key, Some(now + ISSUE_RETRY));
             entries.push((key, entry));
         }
         self.publish_entries(generation, entries, &[], None);
         // A certificate that replaced one starts (or joins) an identity-ACK wait.
         self.report_gate_events();
-        !self.touched.is_empty()
+        !self.agenda.touched.is_empty()
     }
 
     /// Whether `key` still wants the certificate of `desired`, and the gate allows it now. A proxy
     /// that disconnected meanwhile keeps it for when it comes back (a proxy that only fetches is
     /// gone again before its certificate is issued).
     fn still_wanted(&self, key: &ProxyKey, desired: &Desired, now: SystemTime) -> bool {
-        let Some(Ok(info)) = self.dataplanes.get(key) else {
+        let Some(Ok(info)) = self.last.dataplanes.get(key) else {
             return false;
         };
         match self.plan_proxy(key, info, now) {

@@ -7,12 +7,14 @@
 //! built from the owner's state when someone asks for it ([`Owner::status`]).
 
 mod adopt;
+mod agenda;
 mod incremental;
 mod issue;
 mod links;
 mod proxies;
 mod publisher;
 mod reconcile;
+mod reconciled;
 mod replacing;
 pub(crate) mod status;
 #[cfg(test)]
@@ -30,21 +32,22 @@ use crate::egress::{EgressPlan, NoEgressIdentity};
 use crate::error::{ClaimMismatch, UpdateError};
 use crate::events::StreamEvent;
 use crate::gate::{Gate, GateEvent};
-use crate::peers::{GateView, PeerView, PresentedCa, PresentedIds};
+use crate::peers::{GateView, PeerView, PresentedCa};
 use crate::plan::{DataplaneInfo, Issuer};
 use crate::snapshot::{ProxyHashMap, ProxyIdentity, ProxyKey, Snapshot};
 
 use crate::timefmt::rfc3339;
-use crate::trust::{CaId, CaTrust, ServiceIds, TrustKey, TrustKeys};
+use crate::trust::{CaId, CaTrust, TrustKey};
 use crate::world::World;
 pub use adopt::{IssuedIdentity, RecordLink};
-use incremental::Renewals;
+use agenda::Agenda;
 use issue::Issuing;
 pub use issue::{run_job, Completed, Job};
 use links::RecordLinks;
 pub(crate) use proxies::ProxyRecord;
 use proxies::ProxyTable;
 use publisher::Publisher;
+use reconciled::Reconciled;
 use replacing::Replacing;
 use status::{Detail, Status};
 
@@ -220,32 +223,10 @@ pub struct Owner {
     wave: BTreeMap<(String, String), u64>,
     /// What is being issued, and where.
     issuing: Issuing,
-    /// The next reconcile must look at every proxy (the configuration changed, or nothing was
-    /// reconciled yet).
-    full: bool,
-    /// Proxies that connected or left since the last reconcile.
-    touched: BTreeSet<ProxyKey>,
-    /// Quiet proxies the last full reconcile left for later turns, served a chunk at a time by
-    /// [`Owner::serve_deferred`]; each keeps its published certificate meanwhile.
-    deferred: Vec<ProxyKey>,
-    /// When each served proxy's certificate is renewed.
-    renewals: Renewals,
-    /// The earliest rollout timeout or CA rotation step, as of the last full reconcile.
-    next_global: Option<SystemTime>,
-    /// The CAs the configuration publishes, as of the last full reconcile (not those kept only because a
-    /// proxy still presents them).
-    configured: TrustKeys,
-    /// The time of the last reconcile.
-    reconciled_at: SystemTime,
-    /// Every dataplane as of the last reconcile.
-    dataplanes: Dataplanes,
-    /// The resources `dataplanes` was described from.
-    described_from: Option<Arc<meshca_config::Resources>>,
-    /// Every MeshService's SPIFFE IDs as of the last reconcile.
-    service_ids: ServiceIds,
-    /// The SPIFFE IDs this replica's proxies present, per computed service, as of the last full
-    /// reconcile (for the peers).
-    presented_ids: PresentedIds,
+    /// What the next reconcile looks at, and when it is due.
+    agenda: Agenda,
+    /// What the last reconcile found.
+    last: Reconciled,
     telemetry: Arc<dyn Telemetry>,
     /// The snapshots sent to SDS, their bundles, and which MeshServices are TLS-ready.
     publisher: Publisher,
@@ -277,17 +258,8 @@ impl Owner {
             egress: None,
             wave: BTreeMap::new(),
             issuing: Issuing::default(),
-            full: true,
-            touched: BTreeSet::new(),
-            deferred: Vec::new(),
-            renewals: Renewals::default(),
-            next_global: None,
-            configured: TrustKeys::default(),
-            reconciled_at: SystemTime::UNIX_EPOCH,
-            dataplanes: Dataplanes::new(),
-            described_from: None,
-            service_ids: ServiceIds::new(),
-            presented_ids: PresentedIds::new(),
+            agenda: Agenda::default(),
+            last: Reconciled::default(),
             telemetry,
             publisher: Publisher::new(snapshot_tx),
             links: RecordLinks::default(),
@@ -303,8 +275,8 @@ impl Owner {
             &status::Inputs {
                 generation: self.publisher.generation(),
                 world: &self.world,
-                dataplanes: &self.dataplanes,
-                service_ids: &self.service_ids,
+                dataplanes: &self.last.dataplanes,
+                service_ids: &self.last.service_ids,
                 streams: &self.proxies.streams,
                 issued: &self.issued,
                 reasons: &self.reasons,
@@ -325,7 +297,7 @@ impl Owner {
         if !self.gate.set_peers(peers) {
             return false;
         }
-        self.full = true;
+        self.agenda.full = true;
         self.gate.enabled()
     }
 
@@ -336,7 +308,7 @@ impl Owner {
             trust_acked: self.gate.trust_acked(),
             sans_acked: self.gate.sans_acked(),
             presented: self.presented_cas(),
-            presented_ids: self.presented_ids.clone(),
+            presented_ids: self.last.presented_ids.clone(),
         }
     }
 
@@ -386,7 +358,7 @@ impl Owner {
     /// The time of the last reconcile.
     #[cfg(test)]
     pub(crate) fn reconciled_at(&self) -> SystemTime {
-        self.reconciled_at
+        self.last.at
     }
 
     /// The configuration currently serving.
@@ -408,7 +380,7 @@ impl Owner {
             return;
         }
         self.world = Arc::new(world);
-        self.full = true;
+        self.agenda.full = true;
     }
 
     /// Changes `defaults.mesh` (the mesh whose identity the zone egress uses) while serving; the next
@@ -416,7 +388,7 @@ impl Owner {
     pub fn set_default_mesh(&mut self, mesh: Option<String>) {
         if self.config.default_mesh != mesh {
             self.config.default_mesh = mesh;
-            self.full = true;
+            self.agenda.full = true;
         }
     }
 
@@ -461,7 +433,7 @@ impl Owner {
                 self.stir(stream);
                 match self.proxies.streams.disconnect(stream) {
                     Some(proxy) => {
-                        self.touched.insert(proxy);
+                        self.agenda.touched.insert(proxy);
                         true
                     }
                     None => self.waiting_on_acks,
@@ -495,7 +467,7 @@ impl Owner {
         // one that carries its identity may move here last.
         self.look_up(&key);
         if first {
-            self.touched.insert(key);
+            self.agenda.touched.insert(key);
             return true;
         }
         // Another stream of a connected proxy matters only to a rollout that may wait on it.
@@ -505,12 +477,12 @@ impl Owner {
     /// Every dataplane, described anew only where something changed: all of them under a new
     /// configuration, else the proxies in `touched` (whose registration may have changed).
     fn refresh_dataplanes(&mut self, touched: &BTreeSet<ProxyKey>) -> Dataplanes {
-        if !self.descriptions_current() {
-            self.described_from = Some(self.world.resources.clone());
+        if !self.last.descriptions_current(&self.world) {
+            self.last.described_from = Some(self.world.resources.clone());
             return self.proxies.known_dataplanes(&self.world);
         }
-        self.described_from = Some(self.world.resources.clone());
-        let mut dataplanes = std::mem::take(&mut self.dataplanes);
+        self.last.described_from = Some(self.world.resources.clone());
+        let mut dataplanes = std::mem::take(&mut self.last.dataplanes);
         for key in touched {
             match self.proxies.describe(&self.world, key) {
                 Some(described) => dataplanes.insert(key.clone(), described),
@@ -518,16 +490,5 @@ impl Owner {
             };
         }
         dataplanes
-    }
-
-    /// Whether the dataplanes were described from files that describe them as the serving ones do: the
-    /// same Dataplane and ZoneEgress resources (an edit of a Mesh or a MeshIdentity changes no
-    /// description).
-    pub(super) fn descriptions_current(&self) -> bool {
-        self.described_from.as_ref().is_some_and(|from| {
-            let now = &self.world.resources;
-            Arc::ptr_eq(from, now)
-                || (from.dataplanes == now.dataplanes && from.zone_egresses == now.zone_egresses)
-        })
     }
 }

@@ -65,15 +65,14 @@ impl Owner {
     /// Returns the earliest time something is due: a renewal, a rollout timeout or a CA rotation step.
     pub fn reconcile(&mut self, now: SystemTime) -> Option<SystemTime> {
         let started = Instant::now();
-        let global_due = self.next_global.is_some_and(|t| now >= t);
-        let mut keys = std::mem::take(&mut self.touched);
-        keys.extend(self.renewals.due(now));
-        if !(self.full || global_due) && self.waiting_on_acks && keys.is_empty() {
+        let global_due = self.agenda.global_due(now);
+        let keys = self.agenda.take_keys(now);
+        if !(self.agenda.full || global_due) && self.waiting_on_acks && keys.is_empty() {
             if self.reconcile_acks(now) {
                 self.telemetry.reconciled(Scope::Acks, 0, started.elapsed());
                 return self.next_due();
             }
-        } else if !(self.full || global_due || self.waiting_on_acks) {
+        } else if !(self.agenda.full || global_due || self.waiting_on_acks) {
             if keys.is_empty() {
                 return self.next_due();
             }
@@ -83,13 +82,13 @@ impl Owner {
                 return self.next_due();
             }
         }
-        self.full = false;
+        self.agenda.full = false;
         let (next, decided) = self.reconcile_all(&keys, now);
         let took = started.elapsed();
         tracing::debug!(
             connected = self.proxies.streams.proxies().count(),
             decided,
-            deferred = self.deferred.len(),
+            deferred = self.agenda.deferred.len(),
             millis = took.as_millis() as u64,
             "reconciled the fleet"
         );
@@ -109,7 +108,7 @@ impl Owner {
         self.issuing.new_epoch();
         // While the files that describe dataplanes are unchanged, only the touched proxies'
         // descriptions and claim rules can have changed.
-        let unchanged_world = self.descriptions_current();
+        let unchanged_world = self.last.descriptions_current(&self.world);
         let dataplanes = self.refresh_dataplanes(touched);
         self.plan_egress();
         let generation = self.publisher.generation() + 1;
@@ -120,7 +119,7 @@ impl Owner {
         // SANs before identity: the contexts of this snapshot carry every ID decided now, and the gate
         // tracks when each entered them. (Issuing below adds no ID: it presents decided ones.)
         let (service_ids, presented_ids) = self.service_identities(&dataplanes);
-        self.presented_ids = presented_ids;
+        self.last.presented_ids = presented_ids;
         self.gate.plan_sans(&service_ids, generation, now);
         // New trust goes out before the pass over every proxy, which only adds certificates the gate
         // lets through once that trust is ACKed.
@@ -146,7 +145,7 @@ impl Owner {
             .iter()
             .filter(|k| !self.proxies.streams.is_connected(k))
         {
-            self.renewals.set(key, None);
+            self.agenda.renewals.set(key, None);
         }
         self.forget_vanished(&dataplanes, unchanged_world.then_some(touched));
         self.publisher
@@ -160,12 +159,12 @@ impl Owner {
             &dataplanes,
             rules_changed,
         );
-        self.deferred = deferred;
+        self.agenda.deferred = deferred;
         self.report_gate_events();
-        self.reconciled_at = now;
-        self.dataplanes = dataplanes;
-        self.service_ids = service_ids;
-        self.next_global = self.next_global_event();
+        self.last.at = now;
+        self.last.dataplanes = dataplanes;
+        self.last.service_ids = service_ids;
+        self.agenda.next_global = self.next_global_event();
         (self.next_due(), decided)
     }
 
@@ -194,7 +193,8 @@ impl Owner {
                 continue;
             }
             reaches_beyond |= issued.previous.iter().any(|p| {
-                !self.configured.contains(&p.ca_trust) || p.spiffe_id != issued.published.spiffe_id
+                !self.last.configured.contains(&p.ca_trust)
+                    || p.spiffe_id != issued.published.spiffe_id
             });
             if unacked {
                 timed_out
@@ -368,7 +368,7 @@ impl Owner {
         if let Some(Ok(plan)) = &self.egress {
             desired.extend(egress::egress_cas(&self.world, plan));
         }
-        self.configured = desired.iter().collect();
+        self.last.configured = desired.iter().collect();
         self.gate.plan_trust(desired, &presented, generation, now)
     }
 
@@ -460,7 +460,7 @@ impl Owner {
         let mut entries = Vec::with_capacity(plans.len());
         for (key, served) in plans {
             let (entry, renew_at) = self.entry_of(&key, served, now);
-            self.renewals.set(&key, renew_at);
+            self.agenda.renewals.set(&key, renew_at);
             self.note_reason(&key, &entry);
             entries.push((key, entry));
         }
@@ -763,7 +763,7 @@ impl Owner {
                     ids.extend(theirs.into_iter().flatten().cloned());
                 }
                 None => {
-                    let carried = self.service_ids.get(service);
+                    let carried = self.last.service_ids.get(service);
                     ids.extend(carried.into_iter().flatten().cloned());
                 }
             }
@@ -995,9 +995,6 @@ impl Owner {
 
     /// When the next reconcile is due: the next renewal or the next global event.
     pub fn next_due(&self) -> Option<SystemTime> {
-        [self.renewals.next(), self.next_global]
-            .into_iter()
-            .flatten()
-            .min()
+        self.agenda.next_due()
     }
 }

@@ -363,7 +363,7 @@ fn proxies_whose_certificates_are_being_issued_wait_for_the_result() {
     h.owner.reconcile(t0() + Duration::from_secs(2));
     assert_eq!(scopes.take(), vec![(Scope::Full, 0), (Scope::Full, 3)]);
     // They are being issued when something makes the loop reconcile the fleet.
-    h.owner.full = true;
+    h.owner.agenda.full = true;
     h.owner.reconcile(t0() + Duration::from_secs(3));
     assert_eq!(
         scopes.take(),
