@@ -8,7 +8,7 @@ use meshca_config::{MeshService, ServiceIdentity};
 use crate::snapshot::{
     Changed, MeshServiceTrust, MeshView, ProxyEntry, ProxyMap, Snapshot, TrustBundle,
 };
-use crate::trust::{BundleKey, CaTrust, ServiceIds, ServiceKey};
+use crate::trust::{legacy_trust_domain, BundleKey, CaTrust, ServiceIds, ServiceKey};
 use crate::world::{MeshState, World};
 
 /// Trust domain → PEM certificates, deduplicated and in a stable order.
@@ -20,19 +20,21 @@ type Anchors = BTreeMap<String, BTreeSet<String>>;
 /// MeshTrust resources.
 pub fn mesh_cas(mesh: &MeshState) -> Vec<CaTrust> {
     let bundle = BundleKey::mesh(mesh.name.as_str());
-    let backends = mesh
-        .backends()
-        .flat_map(|b| &b.trusted)
-        .map(|g| CaTrust::of_ca(bundle.clone(), &mesh.name, &g.ca));
+    let legacy = legacy_trust_domain(&mesh.name);
+    let backends = legacy.iter().flat_map(|td| {
+        mesh.backends()
+            .flat_map(|b| &b.trusted)
+            .map(|g| CaTrust::of_ca(bundle.clone(), td, &g.ca))
+    });
     let created = mesh.created_trusts.iter().flat_map(|t| {
         t.certificates
             .iter()
-            .map(|c| CaTrust::of_anchor(bundle.clone(), t.trust_domain.as_str(), c))
+            .map(|c| CaTrust::of_anchor(bundle.clone(), &t.trust_domain, c))
     });
     let trusts = mesh.trusts.iter().flat_map(|t| {
         t.certificates
             .iter()
-            .map(|c| CaTrust::of_anchor(bundle.clone(), t.trust_domain.as_str(), c))
+            .map(|c| CaTrust::of_anchor(bundle.clone(), &t.trust_domain, c))
     });
     backends.chain(created).chain(trusts).collect()
 }
@@ -43,7 +45,7 @@ pub fn mesh_anchors(cas: &[CaTrust]) -> Anchors {
     let mut anchors = Anchors::new();
     for ca in cas {
         anchors
-            .entry(ca.trust_domain.clone())
+            .entry(ca.trust_domain.to_string())
             .or_default()
             .extend(ca.pems.iter().cloned());
     }

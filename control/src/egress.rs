@@ -9,7 +9,7 @@ use std::fmt;
 use meshca_identity::KeyAlgorithm;
 
 use crate::plan::{DataplaneInfo, Decision, Issuance};
-use crate::trust::{BundleKey, CaTrust, EGRESS_SERVICE};
+use crate::trust::{legacy_trust_domain, BundleKey, CaTrust, EGRESS_SERVICE};
 use crate::world::{IdentityProvider, World};
 
 /// How the mesh whose identity the egress uses was chosen.
@@ -181,20 +181,22 @@ pub fn egress_cas(world: &World, plan: &EgressPlan) -> Vec<CaTrust> {
             .iter()
             .filter(|i| &i.name == name)
             .filter_map(|i| match &i.provider {
-                IdentityProvider::Bundled { ca, .. } => Some(CaTrust::of_ca(
-                    BundleKey::Egress,
-                    i.trust_domain.as_str(),
-                    &ca.ca,
-                )),
+                IdentityProvider::Bundled { ca, .. } => {
+                    Some(CaTrust::of_ca(BundleKey::Egress, &i.trust_domain, &ca.ca))
+                }
                 _ => None,
             })
             .collect(),
-        EgressIssuer::Backend(name) => mesh
-            .backends()
-            .filter(|b| &b.name == name)
-            .flat_map(|b| &b.trusted)
-            .map(|g| CaTrust::of_ca(BundleKey::Egress, &mesh.name, &g.ca))
-            .collect(),
+        EgressIssuer::Backend(name) => {
+            let Some(td) = legacy_trust_domain(&mesh.name) else {
+                return Vec::new();
+            };
+            mesh.backends()
+                .filter(|b| &b.name == name)
+                .flat_map(|b| &b.trusted)
+                .map(|g| CaTrust::of_ca(BundleKey::Egress, &td, &g.ca))
+                .collect()
+        }
     }
 }
 

@@ -9,6 +9,7 @@ use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use meshca_ca::CertificateAuthority;
+use meshca_identity::TrustDomain;
 use serde::{Deserialize, Serialize};
 
 use crate::peers::{PeerView, TrustEntry};
@@ -244,7 +245,7 @@ impl Gate {
                 out.entry(key.bundle.to_string())
                     .or_default()
                     .insert(TrustEntry {
-                        trust_domain: key.trust_domain.clone(),
+                        trust_domain: key.trust_domain.to_string(),
                         ca: key.ca.to_string(),
                     });
             }
@@ -295,7 +296,7 @@ impl Gate {
     /// The peers that hold back the trust entry `key`.
     fn peers_holding_trust(&self, key: &TrustKey) -> Vec<String> {
         let entry = TrustEntry {
-            trust_domain: key.trust_domain.clone(),
+            trust_domain: key.trust_domain.to_string(),
             ca: key.ca.to_string(),
         };
         self.peers
@@ -647,13 +648,12 @@ impl Gate {
             );
         }
         let desired_keys: HashSet<TrustKey> = desired.iter().map(CaTrust::key).collect();
-        let removed =
-            |key: &TrustKey, p: &PublishedCa| {
-                !desired_keys.contains(key)
-                    && !p.ca.pems.iter().all(|pem| {
-                        anchors.contains(&(&key.bundle, &key.trust_domain, pem.as_str()))
-                    })
-            };
+        let removed = |key: &TrustKey, p: &PublishedCa| {
+            !desired_keys.contains(key)
+                && !p.ca.pems.iter().all(|pem| {
+                    anchors.contains(&(&key.bundle, key.trust_domain.as_str(), pem.as_str()))
+                })
+        };
         let mut retained: BTreeMap<TrustKey, Presenters> = BTreeMap::new();
         let mut retain = |key: &TrustKey,
                           p: &PublishedCa,
@@ -684,7 +684,11 @@ impl Gate {
             };
             for ca in &view.presented {
                 let bundle = BundleKey::from_name(&ca.mesh);
-                for (key, p) in self.published_for(&bundle, &ca.trust_domain) {
+                // A trust domain that does not parse is none of the published ones.
+                let Ok(trust_domain) = TrustDomain::parse(&ca.trust_domain) else {
+                    continue;
+                };
+                for (key, p) in self.published_for(&bundle, &trust_domain) {
                     if removed(key, p) && p.ca.covers(&ca.ca, &ca.anchors) {
                         let mut named = ca
                             .named
@@ -794,16 +798,16 @@ impl Gate {
     fn published_for<'a>(
         &'a self,
         mesh: &'a BundleKey,
-        trust_domain: &'a str,
+        trust_domain: &'a TrustDomain,
     ) -> impl Iterator<Item = (&'a TrustKey, &'a PublishedCa)> + 'a {
         let from = TrustKey {
             bundle: mesh.clone(),
-            trust_domain: trust_domain.to_owned(),
+            trust_domain: trust_domain.clone(),
             ca: CaId::new(String::new()),
         };
         self.published
             .range(from..)
-            .take_while(move |(key, _)| key.bundle == *mesh && key.trust_domain == trust_domain)
+            .take_while(move |(key, _)| key.bundle == *mesh && key.trust_domain == *trust_domain)
     }
 
     /// Whether `ca` may issue certificates in `trust_domain` of `mesh`: a published CA that the bundles
@@ -813,7 +817,7 @@ impl Gate {
     pub fn may_issue(
         &self,
         mesh: &BundleKey,
-        trust_domain: &str,
+        trust_domain: &TrustDomain,
         ca: &CertificateAuthority,
     ) -> bool {
         if !self.enabled {

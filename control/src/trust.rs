@@ -9,6 +9,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use meshca_ca::{CertificateAuthority, TrustAnchor};
+use meshca_identity::TrustDomain;
 use serde::{Deserialize, Serialize};
 
 use crate::snapshot::KeyHasher;
@@ -41,6 +42,12 @@ impl MeshName {
 impl fmt::Display for MeshName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+impl PartialEq<&str> for MeshName {
+    fn eq(&self, other: &&str) -> bool {
+        &*self.0 == *other
     }
 }
 
@@ -167,7 +174,7 @@ pub struct CaTrust {
     /// The CA's id (SHA-256 of its signing certificate).
     pub ca_id: CaId,
     /// The trust domain it signs for.
-    pub trust_domain: String,
+    pub trust_domain: TrustDomain,
     /// Its trust anchors, PEM (shared with the CA, not copied per proxy).
     pub pems: Arc<[String]>,
     /// Its subject, for operators.
@@ -176,22 +183,30 @@ pub struct CaTrust {
 
 impl CaTrust {
     /// A CA as `bundle` carries it for `trust_domain`.
-    pub fn of_ca(bundle: BundleKey, trust_domain: &str, ca: &CertificateAuthority) -> CaTrust {
+    pub fn of_ca(
+        bundle: BundleKey,
+        trust_domain: &TrustDomain,
+        ca: &CertificateAuthority,
+    ) -> CaTrust {
         CaTrust {
             bundle,
             ca_id: CaId::new(ca.id()),
-            trust_domain: trust_domain.to_owned(),
+            trust_domain: trust_domain.clone(),
             pems: ca.bundle_pems(),
             subject: ca.subject().to_owned(),
         }
     }
 
     /// A MeshTrust certificate as `bundle` carries it for `trust_domain`.
-    pub fn of_anchor(bundle: BundleKey, trust_domain: &str, anchor: &TrustAnchor) -> CaTrust {
+    pub fn of_anchor(
+        bundle: BundleKey,
+        trust_domain: &TrustDomain,
+        anchor: &TrustAnchor,
+    ) -> CaTrust {
         CaTrust {
             bundle,
             ca_id: CaId::new(anchor.id.clone()),
-            trust_domain: trust_domain.to_owned(),
+            trust_domain: trust_domain.clone(),
             pems: Arc::from(vec![anchor.pem.clone()]),
             subject: anchor.subject.clone(),
         }
@@ -220,7 +235,7 @@ pub(crate) struct TrustKey {
     /// Whose bundles carry it.
     pub bundle: BundleKey,
     /// The trust domain it is published for.
-    pub trust_domain: String,
+    pub trust_domain: TrustDomain,
     /// The CA's id.
     pub ca: CaId,
 }
@@ -228,7 +243,7 @@ pub(crate) struct TrustKey {
 /// A set of CAs told apart as the gate does, looked up without allocating (once per certificate taken
 /// in during a wave).
 #[derive(Debug, Default)]
-pub(crate) struct TrustKeys(HashMap<CaId, Vec<(BundleKey, String)>, KeyHasher>);
+pub(crate) struct TrustKeys(HashMap<CaId, Vec<(BundleKey, TrustDomain)>, KeyHasher>);
 
 impl TrustKeys {
     /// Whether `ca` (by bundle, trust domain and id) is in the set.
@@ -254,6 +269,14 @@ impl<'a> FromIterator<&'a CaTrust> for TrustKeys {
         }
         set
     }
+}
+
+/// The trust domain a mesh's legacy backends issue in: the mesh's name. A mesh name is a DNS-1123
+/// name (checked when its file was read), which is always a valid trust domain; were it not, the
+/// backends could issue nothing either (their SPIFFE IDs would not parse), and their CAs are published
+/// for no trust domain.
+pub(crate) fn legacy_trust_domain(mesh: &str) -> Option<TrustDomain> {
+    TrustDomain::parse(mesh).ok()
 }
 
 /// A `meshservice:` context: a MeshService of a mesh, or the SAN matchers of the zone egress bundle
@@ -295,7 +318,7 @@ mod tests {
         CaTrust {
             bundle: BundleKey::mesh(mesh),
             ca_id: CaId::new(ca_id),
-            trust_domain: trust_domain.into(),
+            trust_domain: TrustDomain::parse(trust_domain).unwrap(),
             pems: Vec::new().into(),
             subject: format!("CN={ca_id}"),
         }

@@ -450,7 +450,7 @@ impl Owner {
         let regenerations = old.map_or(0, |i| i.regenerations + 1);
         let ca_trust = CaTrust::of_ca(
             desired.trusted_in.clone(),
-            svid.spiffe_id.trust_domain().as_str(),
+            svid.spiffe_id.trust_domain(),
             &desired.ca,
         );
         // Break last: until the proxy ACKs this certificate, peers may still see the one it replaces,

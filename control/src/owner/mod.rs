@@ -337,7 +337,7 @@ impl Owner {
                 proxies.dedup();
                 PresentedCa {
                     mesh: ca.bundle.to_string(),
-                    trust_domain: ca.trust_domain.clone(),
+                    trust_domain: ca.trust_domain.to_string(),
                     ca: ca.ca_id.to_string(),
                     anchors: ca.pems.to_vec(),
                     proxies: proxies.len(),

@@ -607,7 +607,7 @@ impl Owner {
         // Trust before identity: a CA issues only once every stream that must trust it has ACKed it.
         // SANs before identity: a proxy changes its SPIFFE ID only once the `meshservice:` contexts of
         // its services, as their subscribers hold them, accept the new one.
-        let trust_domain = desired.spiffe_id.trust_domain().as_str();
+        let trust_domain = desired.spiffe_id.trust_domain();
         let gated = !self
             .gate
             .may_issue(&desired.trusted_in, trust_domain, &desired.ca)
@@ -965,8 +965,10 @@ impl Owner {
     /// Hands the gate's events to telemetry and notes whether ACKs must wake the owner.
     pub(super) fn report_gate_events(&mut self) {
         for mesh in self.replacing.take_started() {
-            self.telemetry
-                .gate_event(&mesh, GateEvent::WaitStarted(RolloutStep::IdentityAck));
+            self.telemetry.gate_event(
+                mesh.as_str(),
+                GateEvent::WaitStarted(RolloutStep::IdentityAck),
+            );
         }
         for (mesh, event) in self.gate.take_events() {
             self.telemetry.gate_event(mesh.as_str(), event);

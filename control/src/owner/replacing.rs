@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use super::Previous;
 use crate::snapshot::{KeyHasher, ProxyHashSet, ProxyKey};
+use crate::trust::MeshName;
 
 /// The proxies whose `Issued::previous` is not empty, and what a batch of stream events may settle.
 #[derive(Debug, Default)]
@@ -17,9 +18,9 @@ pub(super) struct Replacing {
     stirred: ProxyHashSet,
     /// How many replaced certificates are kept, per mesh and replaced CA subject: the groups the
     /// status shows as identity-ACK waits. (Nested, so that a lookup allocates nothing.)
-    groups: HashMap<String, HashMap<String, usize, KeyHasher>, KeyHasher>,
+    groups: HashMap<MeshName, HashMap<String, usize, KeyHasher>, KeyHasher>,
     /// Meshes where a group was entered while empty (a wait started), since last taken.
-    started: Vec<String>,
+    started: Vec<MeshName>,
 }
 
 impl Replacing {
@@ -29,7 +30,8 @@ impl Replacing {
         for previous in new {
             let subject = &previous.ca_trust.subject;
             if !self.groups.contains_key(&*key.mesh) {
-                self.groups.insert(key.mesh.to_string(), HashMap::default());
+                self.groups
+                    .insert(MeshName::new(key.mesh.clone()), HashMap::default());
             }
             let Some(mesh) = self.groups.get_mut(&*key.mesh) else {
                 continue;
@@ -38,7 +40,7 @@ impl Replacing {
                 Some(count) => *count += 1,
                 None => {
                     mesh.insert(subject.clone(), 1);
-                    self.started.push(key.mesh.to_string());
+                    self.started.push(MeshName::new(key.mesh.clone()));
                 }
             }
         }
@@ -93,7 +95,7 @@ impl Replacing {
     }
 
     /// The meshes where an identity-ACK wait started since the last call, one entry per wait.
-    pub fn take_started(&mut self) -> Vec<String> {
+    pub fn take_started(&mut self) -> Vec<MeshName> {
         std::mem::take(&mut self.started)
     }
 }
@@ -113,7 +115,7 @@ mod tests {
         Previous {
             ca_trust: CaTrust {
                 bundle: BundleKey::mesh("default"),
-                trust_domain: "default".into(),
+                trust_domain: meshca_identity::TrustDomain::parse("default").unwrap(),
                 ca_id: CaId::new(subject),
                 pems: Arc::from(Vec::new()),
                 subject: subject.into(),
