@@ -55,17 +55,26 @@ pub fn mesh_anchors(cas: &[CaTrust]) -> Anchors {
 /// A MeshService context and what it was built from.
 type CachedService = (Arc<TrustBundle>, BTreeSet<String>, Arc<MeshServiceTrust>);
 
+/// Which bundle of a snapshot a cached one is: a mesh's or the egress bundle, or the trust of every mesh.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum CachedBundle {
+    /// `system_trust_bundle_<mesh>` or `system_trust_bundle_egress`.
+    Of(BundleKey),
+    /// `ALL`.
+    All,
+}
+
 /// Bundles of earlier snapshots, reused while their content is unchanged: SDS builds each bundle's protos once
 /// per `Arc`, so reusing it spares every stream that work when something else changed.
 #[derive(Debug, Default)]
 pub struct BundleCache {
-    bundles: HashMap<String, (Anchors, Arc<TrustBundle>)>,
+    bundles: HashMap<CachedBundle, (Anchors, Arc<TrustBundle>)>,
     services: HashMap<ServiceKey, CachedService>,
 }
 
 impl BundleCache {
-    fn bundle(&mut self, key: &str, anchors: &Anchors) -> Arc<TrustBundle> {
-        if let Some((cached, bundle)) = self.bundles.get(key) {
+    fn bundle(&mut self, key: CachedBundle, anchors: &Anchors) -> Arc<TrustBundle> {
+        if let Some((cached, bundle)) = self.bundles.get(&key) {
             if cached == anchors {
                 return bundle.clone();
             }
@@ -76,8 +85,7 @@ impl BundleCache {
                 .map(|(td, pems)| (td.clone(), pems.iter().cloned().collect()))
                 .collect(),
         ));
-        self.bundles
-            .insert(key.to_owned(), (anchors.clone(), bundle.clone()));
+        self.bundles.insert(key, (anchors.clone(), bundle.clone()));
         bundle
     }
 
@@ -122,17 +130,15 @@ pub fn snapshot(
     let mut all = Anchors::new();
     let mut meshes = HashMap::new();
     for mesh in world.meshes.values() {
-        let cas = trust
-            .get(&BundleKey::mesh(mesh.name.as_str()))
-            .map(Vec::as_slice)
-            .unwrap_or_default();
+        let bundle = BundleKey::mesh(mesh.name.as_str());
+        let cas = trust.get(&bundle).map(Vec::as_slice).unwrap_or_default();
         let anchors = mesh_anchors(cas);
         for (td, pems) in &anchors {
             all.entry(td.clone())
                 .or_default()
                 .extend(pems.iter().cloned());
         }
-        let trust = cache.bundle(&format!("mesh/{}", mesh.name), &anchors);
+        let trust = cache.bundle(CachedBundle::Of(bundle), &anchors);
         let mesh_services = world
             .resources
             .mesh_services
@@ -155,11 +161,11 @@ pub fn snapshot(
             },
         );
     }
-    let all = cache.bundle("all", &all);
+    let all = cache.bundle(CachedBundle::All, &all);
     // The zone egress bundle: the CAs of the egress identity, as the gate publishes them, and the egress
     // SPIFFE IDs as SAN matchers, so that a sidecar's egress context accepts the egress and nothing else.
     let egress = trust.get(&BundleKey::Egress).map(|cas| {
-        let bundle = cache.bundle("egress", &mesh_anchors(cas));
+        let bundle = cache.bundle(CachedBundle::Of(BundleKey::Egress), &mesh_anchors(cas));
         let key = ServiceKey::egress();
         let ids = service_ids.get(&key).cloned().unwrap_or_default();
         cache.service(key, &bundle, ids)
