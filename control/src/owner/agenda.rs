@@ -7,7 +7,7 @@ use super::incremental::Renewals;
 use crate::snapshot::ProxyKey;
 
 /// What the next reconcile looks at: every proxy, or those an event touched and those due for
-/// renewal; and the quiet proxies a full reconcile left for later turns.
+/// renewal; the quiet proxies a full reconcile left for later turns; and whether ACKs wake it.
 #[derive(Debug)]
 pub(super) struct Agenda {
     /// The next reconcile must look at every proxy (the configuration changed, or nothing was
@@ -22,6 +22,8 @@ pub(super) struct Agenda {
     pub renewals: Renewals,
     /// The earliest rollout timeout or CA rotation step, as of the last full reconcile.
     pub next_global: Option<SystemTime>,
+    /// Something waits on ACKs: ACK events trigger a reconcile.
+    pub waiting_on_acks: bool,
 }
 
 impl Default for Agenda {
@@ -33,6 +35,7 @@ impl Default for Agenda {
             deferred: Vec::new(),
             renewals: Renewals::default(),
             next_global: None,
+            waiting_on_acks: false,
         }
     }
 }

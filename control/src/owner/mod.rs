@@ -213,8 +213,6 @@ pub struct Owner {
     reasons: ProxyHashMap<String>,
     last_rejected: Option<Rejected>,
     gate: Gate,
-    /// Something waits on ACKs: ACK events trigger a reconcile.
-    waiting_on_acks: bool,
     /// The proxies whose certificate replaced ones peers may still see, until they ACK it.
     replacing: Replacing,
     /// Where the zone egress identity comes from, as of the last reconcile (logged when it changes).
@@ -253,7 +251,6 @@ impl Owner {
             issued: ProxyHashMap::default(),
             reasons: ProxyHashMap::default(),
             last_rejected: None,
-            waiting_on_acks: false,
             replacing: Replacing::default(),
             egress: None,
             wave: BTreeMap::new(),
@@ -410,14 +407,14 @@ impl Owner {
             StreamEvent::Connected { stream, claims } => self.on_connected(stream, claims),
             StreamEvent::Subscribed { stream, resources } => {
                 self.stir(stream);
-                self.proxies.streams.subscribe(stream, resources) && self.waiting_on_acks
+                self.proxies.streams.subscribe(stream, resources) && self.agenda.waiting_on_acks
             }
             StreamEvent::Acked {
                 stream, generation, ..
             } => {
                 // A rollout waiting on ACKs may proceed.
                 self.stir(stream);
-                self.proxies.streams.ack(stream, generation) && self.waiting_on_acks
+                self.proxies.streams.ack(stream, generation) && self.agenda.waiting_on_acks
             }
             StreamEvent::Nacked {
                 stream, message, ..
@@ -436,7 +433,7 @@ impl Owner {
                         self.agenda.touched.insert(proxy);
                         true
                     }
-                    None => self.waiting_on_acks,
+                    None => self.agenda.waiting_on_acks,
                 }
             }
         }
@@ -471,7 +468,7 @@ impl Owner {
             return true;
         }
         // Another stream of a connected proxy matters only to a rollout that may wait on it.
-        self.waiting_on_acks
+        self.agenda.waiting_on_acks
     }
 
     /// Every dataplane, described anew only where something changed: all of them under a new

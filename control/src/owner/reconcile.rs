@@ -67,12 +67,12 @@ impl Owner {
         let started = Instant::now();
         let global_due = self.agenda.global_due(now);
         let keys = self.agenda.take_keys(now);
-        if !(self.agenda.full || global_due) && self.waiting_on_acks && keys.is_empty() {
+        if !(self.agenda.full || global_due) && self.agenda.waiting_on_acks && keys.is_empty() {
             if self.reconcile_acks(now) {
                 self.telemetry.reconciled(Scope::Acks, 0, started.elapsed());
                 return self.next_due();
             }
-        } else if !(self.agenda.full || global_due || self.waiting_on_acks) {
+        } else if !(self.agenda.full || global_due || self.agenda.waiting_on_acks) {
             if keys.is_empty() {
                 return self.next_due();
             }
@@ -973,7 +973,7 @@ impl Owner {
         for (mesh, event) in self.gate.take_events() {
             self.telemetry.gate_event(mesh.as_str(), event);
         }
-        self.waiting_on_acks = self.gate.pending() || !self.replacing.is_empty();
+        self.agenda.waiting_on_acks = self.gate.pending() || !self.replacing.is_empty();
     }
 
     /// The earliest of: a rollout timeout, the ACK timeout of a replaced certificate, and the next
