@@ -1,6 +1,6 @@
 //! Authenticating proxies: the bearer token, the node id, the node's preferences.
 
-use crate::untrusted::shown;
+use crate::log_text::shown;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::google::protobuf::value::Kind;

@@ -16,6 +16,7 @@ use tonic::Status;
 
 use crate::authn;
 use crate::grpc::Requests;
+use crate::log_text::{bounded, shown};
 use crate::metrics::SdsMetrics;
 use crate::names::{self, Lookup, Resolved};
 use crate::outbox::Outbox;
@@ -23,7 +24,6 @@ use crate::registry::StreamKind;
 use crate::secret;
 use crate::service::Shared;
 use crate::session::{self, Session, Usable};
-use crate::untrusted::{bounded, shown};
 use crate::wire::Node;
 
 /// The reply part of a request: which response it answers and how.
