@@ -12,7 +12,7 @@ use meshca_control::ProxyKey;
 
 use crate::names::ProxyContext;
 use crate::secret::Form;
-use crate::wire::Node;
+use crate::transport::wire::Node;
 
 /// The node metadata key that asks for plain `trusted_ca` validation contexts.
 pub const DISABLE_SPIFFE_VALIDATION_KEY: &str = "disable_spiffe_cert_validation";

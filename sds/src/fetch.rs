@@ -15,7 +15,7 @@ use crate::names::{self, Lookup};
 use crate::secret::{self, SECRET_TYPE_URL};
 use crate::service::Shared;
 use crate::session::{Session, Usable};
-use crate::wire::DiscoveryRequest;
+use crate::transport::wire::DiscoveryRequest;
 
 /// Serves one fetch for a proxy whose token was verified.
 pub(crate) async fn fetch(

@@ -14,18 +14,19 @@ use tonic::Status;
 
 use meshca_control::{ProxyKey, Snapshot, StreamEvent, StreamId};
 
-use crate::conn::ConnInfo;
 use crate::delta::Delta;
 use crate::log_budget::LogBudget;
 use crate::log_text::shown;
 use crate::metrics::SdsMetrics;
-use crate::outbox::OutboxStream;
 use crate::registry::StreamRegistry;
 use crate::sotw::Sotw;
 use crate::stream::Protocol;
+use crate::transport::conn::ConnInfo;
+use crate::transport::grpc;
+use crate::transport::outbox::OutboxStream;
+use crate::transport::wire::DiscoveryRequest;
 use crate::wake::{Waiter, Wakes};
-use crate::wire::DiscoveryRequest;
-use crate::{authn, fetch, grpc, session, stream};
+use crate::{authn, fetch, session, stream};
 
 /// A good capacity for the event channel handed to [`SdsServer::new`]: enough for a burst of
 /// connections and ACKs while the owner reconciles; when it is full, streams wait to report.
@@ -300,7 +301,7 @@ impl SdsServer {
 
     /// The tonic service, for embedding in another tonic server. It answers what the generated
     /// `SecretDiscoveryServiceServer` answers, but frames the two streaming methods itself
-    /// ([`crate::grpc`]) so that an idle stream holds no message buffer.
+    /// ([`crate::transport::grpc`]) so that an idle stream holds no message buffer.
     pub fn into_service(
         self,
     ) -> impl Service<
@@ -317,7 +318,7 @@ impl SdsServer {
     }
 }
 
-/// Routes the three SDS methods to [`SdsServer`], all framed by [`crate::grpc`]: every request's
+/// Routes the three SDS methods to [`SdsServer`], all framed by [`crate::transport::grpc`]: every request's
 /// token is checked on its headers, before any of its body is read.
 #[derive(Clone)]
 struct GrpcService {
@@ -394,7 +395,7 @@ impl SdsServer {
     fn admit(
         &self,
         parts: http::request::Parts,
-    ) -> Result<(Claims, Option<crate::conn::StreamGuard>), Status> {
+    ) -> Result<(Claims, Option<crate::transport::conn::StreamGuard>), Status> {
         if let Some(encoding) = parts
             .headers
             .get("grpc-encoding")
@@ -454,7 +455,9 @@ impl SdsServer {
 /// Counts an authenticated request as a stream open on its connection (which keeps the connection
 /// from being closed as idle) until the guard drops. Requests that did not come through
 /// [`crate::bind`]'s listeners (a server embedded elsewhere) have no connection to count on.
-fn opened_on_connection(extensions: &http::Extensions) -> Option<crate::conn::StreamGuard> {
+fn opened_on_connection(
+    extensions: &http::Extensions,
+) -> Option<crate::transport::conn::StreamGuard> {
     extensions
         .get::<ConnInfo>()
         .map(|info| info.tracker.stream_opened())
