@@ -13,8 +13,8 @@ use crate::log_text::shown;
 use crate::metrics::SdsMetrics;
 use crate::names::{self, Lookup};
 use crate::secret::{self, SECRET_TYPE_URL};
-use crate::service::Shared;
 use crate::session::{Session, Usable};
+use crate::shared::Shared;
 use crate::transport::wire::DiscoveryRequest;
 
 /// Serves one fetch for a proxy whose token was verified.

@@ -22,7 +22,8 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{ListenError, ServeError};
 use crate::log_budget::LogBudget;
 use crate::metrics::SdsMetrics;
-use crate::service::{SdsLimits, SdsServer};
+use crate::options::SdsLimits;
+use crate::service::SdsServer;
 use crate::transport::conn::{Conn, Io};
 use crate::transport::h2_header_fixup::{UnixPathHeaderFix, MAX_FRAME_SIZE};
 

@@ -5,7 +5,7 @@
 //! change that would let it go. Where a piece handles bytes, its logic is a sans-IO core (pure
 //! functions and state machines over byte slices: no tokio, no `async`, no socket), kept in a file
 //! apart from the shell that moves bytes between the core and tokio or http-body. Tests and the fuzz
-//! targets (`sds/fuzz/`, through [`crate::fuzzing`]) drive the cores directly.
+//! targets (`sds/fuzz/`, through `sds/src/fuzzing.rs`) drive the cores directly.
 //!
 //! | piece | core | shell |
 //! |---|---|---|
