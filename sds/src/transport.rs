@@ -7,13 +7,13 @@
 //! apart from the shell that moves bytes between the core and tokio or http-body. Tests and the fuzz
 //! targets (`sds/fuzz/`, through `sds/src/fuzzing.rs`) drive the cores directly.
 //!
-//! | piece | core | shell |
-//! |---|---|---|
-//! | [`h2_header_fixup`]: the unix socket's `:authority` rewriter | `h2_header_fixup/frames.rs`, `h2_header_fixup/hpack.rs` | `h2_header_fixup.rs` (`AsyncRead`) |
-//! | [`grpc`]: gRPC framing of requests and responses | `grpc/framing.rs` | `grpc.rs` (request body, response `Body`) |
-//! | [`wire`]: the request trimmer and the request types | all of `wire.rs` | none: `grpc.rs` feeds it |
-//! | [`outbox`]: a response stream written as one function | none: no bytes | all of `outbox.rs` |
-//! | [`conn`]: one accepted connection and its deadlines | none: no bytes | all of `conn.rs` |
+//! | piece | core | shell | would go with |
+//! |---|---|---|---|
+//! | [`h2_header_fixup`]: the unix socket's `:authority` rewriter | `h2_header_fixup/frames.rs`, `h2_header_fixup/hpack.rs` | `h2_header_fixup.rs` (`AsyncRead`) | hyperium/h2#487 |
+//! | [`grpc`]: gRPC framing of requests and responses | `grpc/framing.rs` | `grpc.rs` (request body, response `Body`) | per-message buffers in tonic (no issue found) |
+//! | [`wire`]: the request trimmer and the request types | all of `wire.rs` | none: `grpc.rs` feeds it | a decoder fed as frames arrive (no issue found) |
+//! | [`outbox`]: a response stream written as one function | none: no bytes | all of `outbox.rs` | async generators |
+//! | [`conn`]: one accepted connection and its deadlines | none: no bytes | all of `conn.rs` | hyperium/hyper#1628 |
 
 pub(crate) mod conn;
 pub(crate) mod grpc;
