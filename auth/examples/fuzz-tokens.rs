@@ -1,8 +1,9 @@
 //! Writes the token fuzz target's seeds (docs/fuzzing.md): a P-256 key used for nothing but fuzzing
-//! (`fuzz/seeds/token-key.pk8`, created if absent), the tokens it signed (`fuzz/seeds/tokens.txt`, the
-//! only inputs the target may see accepted) and a copy of each in `fuzz/corpus/token/`.
+//! (`auth/fuzz/seeds/token-key.pk8`, created if absent), the tokens it signed
+//! (`auth/fuzz/seeds/tokens.txt`, the only inputs the target may see accepted) and a copy of each in
+//! `auth/fuzz/corpus/token/`.
 //!
-//! `cargo run -p meshca-auth --example fuzz-tokens -- fuzz`
+//! `cargo run -p meshca-auth --example fuzz-tokens -- auth/fuzz`
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -3,7 +3,7 @@
 //! CONTINUATION frames, and a first request shaped like Envoy's (its node with the extension list),
 //! framed for gRPC and bare, as a SotW and a delta request.
 //!
-//! `cargo run -p meshca-sds --example fuzz-seeds -- fuzz`
+//! `cargo run -p meshca-sds --example fuzz-seeds -- sds/fuzz`
 
 use std::path::{Path, PathBuf};
 

@@ -1,6 +1,6 @@
 //! Authenticating proxies: the bearer token, the node id, the node's preferences.
 
-use crate::untrusted::shown;
+use crate::log_text::shown;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::google::protobuf::value::Kind;
@@ -12,7 +12,7 @@ use meshca_control::ProxyKey;
 
 use crate::names::ProxyContext;
 use crate::secret::Form;
-use crate::wire::Node;
+use crate::transport::wire::Node;
 
 /// The node metadata key that asks for plain `trusted_ca` validation contexts.
 pub const DISABLE_SPIFFE_VALIDATION_KEY: &str = "disable_spiffe_cert_validation";

@@ -12,7 +12,7 @@ use crate::names;
 use crate::registry::StreamKind;
 use crate::secret::{self, SECRET_TYPE_URL};
 use crate::stream::{Build, Current, Header, Protocol};
-use crate::wire::{DeltaDiscoveryRequest, Node};
+use crate::transport::wire::{DeltaDiscoveryRequest, Node};
 
 /// A delta stream's subscription and what the proxy holds.
 #[derive(Debug, Default)]

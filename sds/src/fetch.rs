@@ -9,13 +9,13 @@ use meshca_control::parse_names;
 use tonic::Status;
 
 use crate::authn;
+use crate::log_text::shown;
 use crate::metrics::SdsMetrics;
 use crate::names::{self, Lookup};
 use crate::secret::{self, SECRET_TYPE_URL};
-use crate::service::Shared;
 use crate::session::{Session, Usable};
-use crate::untrusted::shown;
-use crate::wire::DiscoveryRequest;
+use crate::shared::Shared;
+use crate::transport::wire::DiscoveryRequest;
 
 /// Serves one fetch for a proxy whose token was verified.
 pub(crate) async fn fetch(

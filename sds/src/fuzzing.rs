@@ -1,4 +1,4 @@
-//! Entry points for the coverage-guided fuzz targets in `fuzz/` (docs/fuzzing.md), one per parser
+//! Entry points for the coverage-guided fuzz targets in `sds/fuzz/` (docs/fuzzing.md), one per parser
 //! that reads a peer's bytes before its token is checked. Each takes an arbitrary byte string (the
 //! first bytes choose a limit and where reads are cut), drives the parser's sans-IO core, and panics
 //! when an invariant fails. `cargo test` replays the committed corpus through them
@@ -6,15 +6,14 @@
 
 use std::fmt::Debug;
 
-use bytes::Bytes;
 use envoy_types::pb::envoy::service::discovery::v3 as envoy;
-use http_body::Frame;
 use prost::Message;
-use tonic::Status;
 
-use crate::grpc::Requests;
-use crate::h2_header_fixup::HeaderFixup;
-use crate::wire::{self, DeltaDiscoveryRequest, DiscoveryRequest, Malformed, Node, Trimmer};
+use crate::transport::grpc::framing::{RequestFramer, HEADER};
+use crate::transport::h2_header_fixup::HeaderFixup;
+use crate::transport::wire::{
+    self, DeltaDiscoveryRequest, DiscoveryRequest, Malformed, Node, Trimmer,
+};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -90,35 +89,48 @@ fn fixup(input: &[u8], sizes: &[u8], max_block: usize) -> (Vec<u8>, bool) {
 /// it), a byte choosing SotW or delta requests, three data-frame-size bytes, then the body.
 ///
 /// Checks (besides the framer's own assertion that it never holds more than a header and the limit):
-/// every message it yields fits the limit, and nothing of a message is held once it is yielded.
+/// it never holds more than that after a read, every message it yields fits the limit, and nothing of
+/// a message is held once it is yielded.
 pub fn grpc_requests(data: &[u8]) {
     let Some((&[limit, kind, sizes @ ..], body)) = data.split_first_chunk::<5>() else {
         return;
     };
     let max_bytes = usize::from(limit) * 16;
-    let frames: Vec<Bytes> = chunks(body, &sizes).map(Bytes::copy_from_slice).collect();
     if kind & 1 == 0 {
-        read_requests::<DiscoveryRequest>(frames, max_bytes);
+        read_requests::<DiscoveryRequest>(body, &sizes, max_bytes);
     } else {
-        read_requests::<DeltaDiscoveryRequest>(frames, max_bytes);
+        read_requests::<DeltaDiscoveryRequest>(body, &sizes, max_bytes);
     }
 }
 
-fn read_requests<T: wire::Request>(frames: Vec<Bytes>, max_bytes: usize) {
-    let frames = frames.into_iter().map(|data| Ok(Frame::data(data)));
-    let body = tonic::body::Body::new(http_body_util::StreamBody::new(futures::stream::iter(
-        frames.collect::<Vec<Result<Frame<Bytes>, Status>>>(),
-    )));
-    let mut requests = Requests::<T>::new(body, max_bytes);
-    futures::executor::block_on(async {
-        while let Ok(Some(message)) = requests.message().await {
+/// Feeds `body` to a framer in data frames of `sizes` (cycled), until the end or its first refusal.
+fn read_requests<T: wire::Request>(body: &[u8], sizes: &[u8], max_bytes: usize) {
+    let mut framer = RequestFramer::<T>::new(max_bytes);
+    for mut frame in chunks(body, sizes) {
+        loop {
+            let Ok((read, message)) = framer.read(frame) else {
+                return;
+            };
+            frame = &frame[read..];
+            assert!(
+                framer.held() <= HEADER + max_bytes,
+                "{} bytes held, over a header and the limit of {max_bytes}",
+                framer.held()
+            );
+            let Some(message) = message else {
+                assert!(frame.is_empty(), "a read stopped short of a message's end");
+                break;
+            };
             assert!(
                 message.encoded_len() <= max_bytes,
                 "a message over the limit was decoded"
             );
-            assert_eq!(requests.held(), 0, "bytes held between messages");
+            assert!(
+                framer.between_messages() && framer.held() == 0,
+                "bytes held between messages"
+            );
         }
-    });
+    }
 }
 
 /// The request trimmer, checked against envoy-types. Input: a byte choosing `DiscoveryRequest` or

@@ -9,39 +9,38 @@
 
 mod authn;
 mod client;
-mod conn;
 mod delta;
 mod describe;
 mod error;
 mod fetch;
 #[doc(hidden)]
 pub mod fuzzing;
-mod grpc;
-mod h2_header_fixup;
 mod listen;
 mod log_budget;
+mod log_text;
 mod metrics;
 mod names;
-mod outbox;
+mod options;
 mod registry;
 mod secret;
 mod service;
 mod session;
+mod shared;
 mod sotw;
 mod stream;
-mod untrusted;
+mod transport;
 mod wake;
-mod wire;
 
 pub use authn::DISABLE_SPIFFE_VALIDATION_KEY;
 pub use client::{connect_channel, decode_secrets, ClientTls, SdsClient};
-pub use conn::ConnInfo;
 pub use describe::{describe, tls_certificate_parts, SecretKindView, SecretView};
 pub use error::{ClientError, ListenError, ServeError};
 pub use listen::{bind, BoundAddr, BoundListeners, Listener};
 pub use log_budget::LogBudget;
+pub use log_text::shown;
 pub use metrics::{AckLag, SdsMetrics, ACK_LAG_BOUNDS};
+pub use options::{SdsLimits, ServerOptions};
 pub use registry::{StreamInfo, StreamKind, StreamRegistry};
 pub use secret::{NO_IDENTITY_SAN, SECRET_TYPE_URL, SPIFFE_VALIDATOR_NAME};
-pub use service::{SdsLimits, SdsServer, ServerOptions, EVENT_BUFFER};
-pub use untrusted::shown;
+pub use service::{SdsServer, EVENT_BUFFER};
+pub use transport::conn::ConnInfo;

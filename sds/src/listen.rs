@@ -19,12 +19,13 @@ use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::conn::{Conn, Io};
 use crate::error::{ListenError, ServeError};
-use crate::h2_header_fixup::{UnixPathHeaderFix, MAX_FRAME_SIZE};
 use crate::log_budget::LogBudget;
 use crate::metrics::SdsMetrics;
-use crate::service::{SdsLimits, SdsServer};
+use crate::options::SdsLimits;
+use crate::service::SdsServer;
+use crate::transport::conn::{Conn, Io};
+use crate::transport::h2_header_fixup::{UnixPathHeaderFix, MAX_FRAME_SIZE};
 
 /// HTTP/2 PING interval, so that dead peers are noticed and their streams closed.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);

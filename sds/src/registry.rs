@@ -73,7 +73,7 @@ pub(crate) type SharedProgress = Arc<Mutex<Progress>>;
 /// is held only to copy or update one entry, never across an await.
 #[derive(Clone, Debug, Default)]
 pub struct StreamRegistry {
-    inner: Arc<Mutex<Streams>>,
+    inner: Arc<Mutex<StreamSlots>>,
 }
 
 /// One open stream in the registry.
@@ -116,8 +116,9 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Every open stream, by id and by proxy: the slots the per-proxy limits count.
 #[derive(Debug, Default)]
-struct Streams {
+struct StreamSlots {
     by_id: HashMap<StreamId, Entry>,
     by_proxy: ProxyHashMap<ProxyStreams>,
     /// Proxies whose last stream closed while their warning budget was in use, with when the
@@ -205,7 +206,7 @@ impl StreamRegistry {
         max_per_proxy: usize,
     ) -> Result<(), usize> {
         let mut streams = self.lock();
-        let Streams {
+        let StreamSlots {
             by_id, by_proxy, ..
         } = &mut *streams;
         let Some(info) = by_id.get_mut(&id) else {
@@ -249,12 +250,12 @@ impl StreamRegistry {
         self.lock().by_proxy.len()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Streams> {
+    fn lock(&self) -> MutexGuard<'_, StreamSlots> {
         lock(&self.inner)
     }
 }
 
-impl Streams {
+impl StreamSlots {
     /// Drops the entries of proxies without streams whose warning window has ended.
     fn forget_lingering(&mut self) {
         let now = Instant::now();

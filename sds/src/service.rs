@@ -1,237 +1,33 @@
 //! The SDS gRPC service: construction and the three RPCs.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
 
 use meshca_auth::{Claims, RevocationList, Verifier};
 use tokio::sync::{mpsc, watch};
-use tokio_util::sync::CancellationToken;
 use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
 use tonic::server::NamedService;
 use tonic::Status;
 
-use meshca_control::{ProxyKey, Snapshot, StreamEvent, StreamId};
+use meshca_control::{Snapshot, StreamEvent};
 
-use crate::conn::ConnInfo;
 use crate::delta::Delta;
-use crate::log_budget::LogBudget;
+use crate::log_text::shown;
 use crate::metrics::SdsMetrics;
-use crate::outbox::OutboxStream;
+use crate::options::{SdsLimits, ServerOptions};
 use crate::registry::StreamRegistry;
+use crate::shared::Shared;
 use crate::sotw::Sotw;
 use crate::stream::Protocol;
-use crate::untrusted::shown;
-use crate::wake::{Waiter, Wakes};
-use crate::wire::DiscoveryRequest;
-use crate::{authn, fetch, grpc, session, stream};
+use crate::transport::conn::ConnInfo;
+use crate::transport::grpc;
+use crate::transport::outbox::OutboxStream;
+use crate::transport::wire::DiscoveryRequest;
+use crate::{fetch, session, stream};
 
 /// A good capacity for the event channel handed to [`SdsServer::new`]: enough for a burst of
 /// connections and ACKs while the owner reconciles; when it is full, streams wait to report.
 pub const EVENT_BUFFER: usize = 4096;
-
-/// Tunables of the SDS server.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct ServerOptions {
-    /// How long a stream or fetch waits for the proxy's identity to become ready (or for
-    /// the first request of a stream) before failing with `UNAVAILABLE`.
-    pub identity_wait: Duration,
-    /// What one client can make the server hold or wait for.
-    pub limits: SdsLimits,
-}
-
-impl Default for ServerOptions {
-    fn default() -> Self {
-        Self {
-            identity_wait: Duration::from_secs(15),
-            limits: SdsLimits::default(),
-        }
-    }
-}
-
-impl ServerOptions {
-    /// Options with a different identity wait.
-    pub fn with_identity_wait(mut self, identity_wait: Duration) -> Self {
-        self.identity_wait = identity_wait;
-        self
-    }
-
-    /// Options with different limits.
-    pub fn with_limits(mut self, limits: SdsLimits) -> Self {
-        self.limits = limits;
-        self
-    }
-}
-
-/// Bounds on what a client can make the SDS server hold or wait for (the daemon takes them from
-/// the `limits:` settings; the defaults here are the same).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SdsLimits {
-    /// Open connections per listener; more are closed as soon as they are accepted.
-    pub connections_per_listener: usize,
-    /// Time a new connection has to finish its TLS handshake and open its first authenticated
-    /// stream.
-    pub connect_timeout: Duration,
-    /// Time a connection may stay open without an authenticated stream once its streams ended.
-    pub idle_timeout: Duration,
-    /// Concurrent streams per connection (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`).
-    pub streams_per_connection: u32,
-    /// Concurrent streams of one proxy, over all connections.
-    pub streams_per_proxy: usize,
-    /// Resource names one stream may subscribe to.
-    pub names_per_stream: usize,
-    /// Resource names one proxy may subscribe to, over all its streams.
-    pub names_per_proxy: usize,
-    /// The longest resource name, in bytes.
-    pub name_bytes: usize,
-    /// The largest request message, in bytes.
-    pub request_bytes: usize,
-    /// Warnings logged per proxy, and per listener for refused peers, per minute.
-    pub warnings_per_minute: u32,
-}
-
-impl Default for SdsLimits {
-    fn default() -> Self {
-        SdsLimits {
-            connections_per_listener: 16_384,
-            connect_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-            streams_per_connection: 1024,
-            streams_per_proxy: 256,
-            names_per_stream: 256,
-            names_per_proxy: 4096,
-            name_bytes: 512,
-            request_bytes: 1024 * 1024,
-            warnings_per_minute: 10,
-        }
-    }
-}
-
-/// State shared by every stream of one server.
-pub(crate) struct Shared {
-    pub(crate) snapshots: watch::Receiver<Arc<Snapshot>>,
-    pub(crate) verifier: Verifier,
-    pub(crate) revocations: watch::Receiver<Arc<RevocationList>>,
-    pub(crate) events: mpsc::Sender<StreamEvent>,
-    pub(crate) options: ServerOptions,
-    pub(crate) registry: StreamRegistry,
-    pub(crate) metrics: Arc<SdsMetrics>,
-    pub(crate) shutdown: CancellationToken,
-    /// Log lines about refused requests, which anyone who can connect can cause.
-    refusals_logged: LogBudget,
-    next_id: AtomicU64,
-    /// Where streams wait for the snapshots that concern them.
-    wakes: Arc<Wakes>,
-    /// Starts the task that wakes them, with the first stream (it needs the runtime).
-    dispatcher: std::sync::Once,
-}
-
-impl Shared {
-    /// A waiter for the streams of `key`, woken by the snapshots that concern them. Subscribe before
-    /// reading the snapshot.
-    pub(crate) fn waiter(&self, key: &ProxyKey) -> Waiter {
-        self.dispatcher.call_once(|| {
-            // The generation seen now is the dispatcher's start: any later publish wakes someone.
-            let mut snapshots = self.snapshots.clone();
-            let last = snapshots.borrow_and_update().generation;
-            tokio::spawn(crate::wake::dispatch(
-                self.wakes.clone(),
-                snapshots,
-                last,
-                self.revocations.clone(),
-                self.shutdown.clone(),
-            ));
-        });
-        self.wakes.subscribe(key)
-    }
-
-    pub(crate) fn next_stream_id(&self) -> StreamId {
-        StreamId(self.next_id.fetch_add(1, Ordering::Relaxed))
-    }
-
-    /// Reports an event to the owner. The channel is bounded: when the owner falls behind, the stream
-    /// waits here (backpressure on that proxy) rather than dropping the event, which the owner's view
-    /// of streams and ACKs depends on.
-    pub(crate) async fn emit(&self, event: StreamEvent) {
-        // The owner may have stopped listening during shutdown; nothing to do then.
-        let _ = self.events.send(event).await;
-    }
-
-    /// [`Self::emit`] where nothing can wait (a `Drop`): sent at once when there is room, else by a
-    /// task that waits for room. Never dropped while the owner listens.
-    pub(crate) fn emit_from_drop(&self, event: StreamEvent) {
-        match self.events.try_send(event) {
-            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
-            Err(mpsc::error::TrySendError::Full(event)) => {
-                let events = self.events.clone();
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    runtime.spawn(async move {
-                        let _ = events.send(event).await;
-                    });
-                }
-            }
-        }
-    }
-
-    pub(crate) fn auth_failure(&self, status: Status) -> Status {
-        SdsMetrics::incr(&self.metrics.auth_failures);
-        if let Some(suppressed) = self.refusals_logged.admit() {
-            tracing::info!(
-                code = ?status.code(),
-                message = status.message(),
-                suppressed,
-                "SDS request refused"
-            );
-        }
-        status
-    }
-
-    /// Refuses a request carrying a name longer than [`SdsLimits::name_bytes`] (`INVALID_ARGUMENT`)
-    /// or more names than [`SdsLimits::names_per_stream`] (`RESOURCE_EXHAUSTED`).
-    pub(crate) fn check_names<'r>(
-        &self,
-        names: impl Iterator<Item = &'r str>,
-    ) -> Result<(), Status> {
-        let most_bytes = self.options.limits.name_bytes;
-        let mut count = 0;
-        for name in names {
-            count += 1;
-            if name.len() > most_bytes {
-                SdsMetrics::incr(&self.metrics.over_limit);
-                return Err(Status::invalid_argument(format!(
-                    "resource name {} is longer than {most_bytes} bytes (limits.nameBytes)",
-                    shown(name),
-                )));
-            }
-        }
-        self.check_name_count(count)
-    }
-
-    /// Refuses a subscription of more than [`SdsLimits::names_per_stream`] names.
-    pub(crate) fn check_name_count(&self, names: usize) -> Result<(), Status> {
-        let most = self.options.limits.names_per_stream;
-        if names > most {
-            SdsMetrics::incr(&self.metrics.over_limit);
-            return Err(Status::resource_exhausted(format!(
-                "{names} resource names in one subscription; at most {most} are served \
-                 (limits.namesPerStream)"
-            )));
-        }
-        Ok(())
-    }
-
-    /// Verifies the bearer token of a request against the current revocation list.
-    pub(crate) fn authenticate(
-        &self,
-        metadata: &tonic::metadata::MetadataMap,
-    ) -> Result<Claims, Status> {
-        let revoked = self.revocations.borrow().clone();
-        authn::authenticate(metadata, &self.verifier, &revoked, SystemTime::now())
-            .map_err(|status| self.auth_failure(status))
-    }
-}
 
 /// The SDS server. Cheap to clone; every clone serves the same streams.
 #[derive(Clone)]
@@ -259,20 +55,13 @@ impl SdsServer {
         options: ServerOptions,
     ) -> Self {
         Self {
-            shared: Arc::new(Shared {
+            shared: Arc::new(Shared::new(
                 snapshots,
                 verifier,
                 revocations,
                 events,
-                registry: StreamRegistry::default(),
-                metrics: Arc::new(SdsMetrics::default()),
-                shutdown: CancellationToken::new(),
-                refusals_logged: LogBudget::new(options.limits.warnings_per_minute),
-                next_id: AtomicU64::new(1),
-                wakes: Arc::default(),
-                dispatcher: std::sync::Once::new(),
                 options,
-            }),
+            )),
         }
     }
 
@@ -300,7 +89,7 @@ impl SdsServer {
 
     /// The tonic service, for embedding in another tonic server. It answers what the generated
     /// `SecretDiscoveryServiceServer` answers, but frames the two streaming methods itself
-    /// ([`crate::grpc`]) so that an idle stream holds no message buffer.
+    /// ([`crate::transport::grpc`]) so that an idle stream holds no message buffer.
     pub fn into_service(
         self,
     ) -> impl Service<
@@ -317,7 +106,7 @@ impl SdsServer {
     }
 }
 
-/// Routes the three SDS methods to [`SdsServer`], all framed by [`crate::grpc`]: every request's
+/// Routes the three SDS methods to [`SdsServer`], all framed by [`crate::transport::grpc`]: every request's
 /// token is checked on its headers, before any of its body is read.
 #[derive(Clone)]
 struct GrpcService {
@@ -394,7 +183,7 @@ impl SdsServer {
     fn admit(
         &self,
         parts: http::request::Parts,
-    ) -> Result<(Claims, Option<crate::conn::StreamGuard>), Status> {
+    ) -> Result<(Claims, Option<crate::transport::conn::StreamGuard>), Status> {
         if let Some(encoding) = parts
             .headers
             .get("grpc-encoding")
@@ -454,7 +243,9 @@ impl SdsServer {
 /// Counts an authenticated request as a stream open on its connection (which keeps the connection
 /// from being closed as idle) until the guard drops. Requests that did not come through
 /// [`crate::bind`]'s listeners (a server embedded elsewhere) have no connection to count on.
-fn opened_on_connection(extensions: &http::Extensions) -> Option<crate::conn::StreamGuard> {
+fn opened_on_connection(
+    extensions: &http::Extensions,
+) -> Option<crate::transport::conn::StreamGuard> {
     extensions
         .get::<ConnInfo>()
         .map(|info| info.tracker.stream_opened())
@@ -462,6 +253,8 @@ fn opened_on_connection(extensions: &http::Extensions) -> Option<crate::conn::St
 
 #[cfg(test)]
 mod tests {
+    use meshca_control::StreamId;
+
     use super::*;
 
     fn request_with_encoding(encoding: Option<&str>) -> http::Request<tonic::body::Body> {

@@ -15,7 +15,7 @@ use crate::log_budget::LogBudget;
 use crate::metrics::SdsMetrics;
 use crate::names::ProxyContext;
 use crate::registry::{NewStream, Progress, SharedProgress, StreamKind, TooManyStreams};
-use crate::service::Shared;
+use crate::shared::Shared;
 use crate::wake::Waiter;
 
 /// One authenticated proxy conversation. Dropping a registered session unregisters the

@@ -10,12 +10,12 @@ use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
 use meshca_control::{parse_names, ResourceName};
 use prost::Message;
 
-use crate::grpc::Encode;
 use crate::names;
 use crate::registry::StreamKind;
 use crate::secret::{SharedResponse, SECRET_TYPE_URL};
 use crate::stream::{Build, Current, Header, Protocol};
-use crate::wire::{DiscoveryRequest, Node};
+use crate::transport::grpc::Encode;
+use crate::transport::wire::{DiscoveryRequest, Node};
 
 /// A state-of-the-world stream's subscription.
 #[derive(Debug, Default)]

@@ -15,16 +15,16 @@ use meshca_control::{ProxyEntry, ResourceName, Snapshot, StreamEvent};
 use tonic::Status;
 
 use crate::authn;
-use crate::grpc::Requests;
+use crate::log_text::{bounded, shown};
 use crate::metrics::SdsMetrics;
 use crate::names::{self, Lookup, Resolved};
-use crate::outbox::Outbox;
 use crate::registry::StreamKind;
 use crate::secret;
-use crate::service::Shared;
 use crate::session::{self, Session, Usable};
-use crate::untrusted::{bounded, shown};
-use crate::wire::Node;
+use crate::shared::Shared;
+use crate::transport::grpc::Requests;
+use crate::transport::outbox::Outbox;
+use crate::transport::wire::Node;
 
 /// The reply part of a request: which response it answers and how.
 #[derive(Debug)]
@@ -100,7 +100,7 @@ pub(crate) enum Build<R> {
 
 /// What differs between the state-of-the-world and the delta protocol.
 pub(crate) trait Protocol: Default + Send + Sync + 'static {
-    type Request: crate::wire::Request + Send + 'static;
+    type Request: crate::transport::wire::Request + Send + 'static;
     type Response: Send + 'static;
     const KIND: StreamKind;
     /// A request whose nonce is stale is ignored whole (state of the world), or only its reply part

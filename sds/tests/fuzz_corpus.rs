@@ -1,4 +1,4 @@
-//! The committed fuzz corpus (fuzz/corpus/, docs/fuzzing.md), replayed through the SDS fuzz entry
+//! The committed fuzz corpus (sds/fuzz/corpus/, docs/fuzzing.md), replayed through the SDS fuzz entry
 //! points on every test run: what the fuzzer once found stays checked, without its instrumentation.
 
 use std::path::Path;
@@ -8,7 +8,7 @@ type Target = fn(&[u8]);
 
 #[test]
 fn the_committed_corpus_keeps_every_invariant() {
-    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus");
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus");
     let targets: [(&str, Target); 3] = [
         ("header_fixup", meshca_sds::fuzzing::header_fixup),
         ("grpc_requests", meshca_sds::fuzzing::grpc_requests),

@@ -2,7 +2,7 @@
 //! before anything else. Input: the header's value.
 //!
 //! Checks: neither `verify` nor `read_unverified` panics; the only inputs the fuzz key's verifier
-//! accepts are the tokens that key signed (`fuzz/seeds/tokens.txt`): no other spelling of them, no
+//! accepts are the tokens that key signed (`auth/fuzz/seeds/tokens.txt`): no other spelling of them, no
 //! forgery; and then `read_unverified` reads the same claims; another key's verifier accepts nothing.
 #![no_main]
 
@@ -10,7 +10,7 @@ use std::sync::LazyLock;
 
 use meshca_auth::{SigningKey, Verifier};
 
-/// A key made for fuzzing only (`cargo run -p meshca-auth --example fuzz-tokens -- fuzz`).
+/// A key made for fuzzing only (`cargo run -p meshca-auth --example fuzz-tokens -- auth/fuzz`).
 const KEY: &[u8] = include_bytes!("../seeds/token-key.pk8");
 /// The tokens it signed, one a line.
 const SIGNED: &str = include_str!("../seeds/tokens.txt");

@@ -18,9 +18,9 @@
 //! server's header list limit, frame headers included, in at most [`frames::MAX_BLOCK_FRAMES`]
 //! frames. A larger block closes the connection, as the HTTP/2 server would once it saw it.
 //!
-//! The frames are handled by a sans-IO core, [`HeaderFixup`] (fed byte chunks, it hands out
-//! bytes), which the tests and the fuzzer drive directly; [`UnixPathHeaderFix`] only moves bytes
-//! between the socket and the core.
+//! The frames are handled by a sans-IO core, [`HeaderFixup`] in `frames.rs` with the HPACK side in
+//! `hpack.rs` (fed byte chunks, it hands out bytes), which the tests and the fuzzer drive directly;
+//! this file is its shell: [`UnixPathHeaderFix`] only moves bytes between the socket and the core.
 
 mod frames;
 mod hpack;

@@ -6,6 +6,13 @@
 //! the idle timeout. Without this, sockets that never send anything (or never send more than the
 //! HTTP/2 preface) would be held open forever, and enough of them exhaust the daemon's file
 //! descriptors.
+//!
+//! It is all shell: it counts streams and keeps a deadline around the socket, and handles no bytes
+//! (the unix socket's bytes go through [`super::h2_header_fixup`], which has its own core), so there
+//! is no sans-IO core to take out of it.
+//!
+//! What would let it go: an HTTP/2 server idle timeout in hyper (close a connection that has had no
+//! open stream for a while, and one that opens none in time): hyperium/hyper#1628, still open.
 
 use std::future::Future;
 use std::io;
@@ -23,11 +30,11 @@ use tokio::time::{Instant, Sleep};
 use tokio_rustls::server::TlsStream;
 use tonic::transport::server::Connected;
 
-use crate::h2_header_fixup::UnixPathHeaderFix;
+use crate::transport::h2_header_fixup::UnixPathHeaderFix;
 
 /// The transport under a connection.
 pub(crate) enum Io {
-    /// Unix socket clients may be grpc-core ones: see [`crate::h2_header_fixup`].
+    /// Unix socket clients may be grpc-core ones: see [`crate::transport::h2_header_fixup`].
     Unix(UnixPathHeaderFix<UnixStream>),
     Plain(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),

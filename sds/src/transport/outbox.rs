@@ -8,6 +8,13 @@
 //!
 //! Back-pressure is the encoder's: while the proxy does not read, the stream is not polled, and the
 //! function does not run.
+//!
+//! It is all shell: it moves values between a future and a `Stream`, and handles no bytes, so there
+//! is no sans-IO core to take out of it.
+//!
+//! What would let it go: async generators in the language (an `async gen` block is a `Stream` whose
+//! state is the function's), or a tonic server API that takes a response writer instead of a
+//! `Stream`; no upstream issue is tracked for it here.
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;

@@ -1,0 +1,81 @@
+//! What the embedder tunes: the server's options and the limits on what a client can make it hold.
+
+use std::time::Duration;
+
+/// Tunables of the SDS server.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ServerOptions {
+    /// How long a stream or fetch waits for the proxy's identity to become ready (or for
+    /// the first request of a stream) before failing with `UNAVAILABLE`.
+    pub identity_wait: Duration,
+    /// What one client can make the server hold or wait for.
+    pub limits: SdsLimits,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            identity_wait: Duration::from_secs(15),
+            limits: SdsLimits::default(),
+        }
+    }
+}
+
+impl ServerOptions {
+    /// Options with a different identity wait.
+    pub fn with_identity_wait(mut self, identity_wait: Duration) -> Self {
+        self.identity_wait = identity_wait;
+        self
+    }
+
+    /// Options with different limits.
+    pub fn with_limits(mut self, limits: SdsLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+}
+
+/// Bounds on what a client can make the SDS server hold or wait for (the daemon takes them from
+/// the `limits:` settings; the defaults here are the same).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SdsLimits {
+    /// Open connections per listener; more are closed as soon as they are accepted.
+    pub connections_per_listener: usize,
+    /// Time a new connection has to finish its TLS handshake and open its first authenticated
+    /// stream.
+    pub connect_timeout: Duration,
+    /// Time a connection may stay open without an authenticated stream once its streams ended.
+    pub idle_timeout: Duration,
+    /// Concurrent streams per connection (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`).
+    pub streams_per_connection: u32,
+    /// Concurrent streams of one proxy, over all connections.
+    pub streams_per_proxy: usize,
+    /// Resource names one stream may subscribe to.
+    pub names_per_stream: usize,
+    /// Resource names one proxy may subscribe to, over all its streams.
+    pub names_per_proxy: usize,
+    /// The longest resource name, in bytes.
+    pub name_bytes: usize,
+    /// The largest request message, in bytes.
+    pub request_bytes: usize,
+    /// Warnings logged per proxy, and per listener for refused peers, per minute.
+    pub warnings_per_minute: u32,
+}
+
+impl Default for SdsLimits {
+    fn default() -> Self {
+        SdsLimits {
+            connections_per_listener: 16_384,
+            connect_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            streams_per_connection: 1024,
+            streams_per_proxy: 256,
+            names_per_stream: 256,
+            names_per_proxy: 4096,
+            name_bytes: 512,
+            request_bytes: 1024 * 1024,
+            warnings_per_minute: 10,
+        }
+    }
+}
