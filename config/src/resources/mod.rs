@@ -23,7 +23,7 @@ pub use dataplane::{Dataplane, Inbound, ZoneEgress, SERVICE_TAG};
 pub use defaults::default_resources_yaml;
 pub use document::{Resource, ResourceType};
 pub use error::{ResourceError, Source};
-pub use identity::{Bundled, BundledCa, MeshIdentity, Provider, SpiffeIdTemplates};
+pub use identity::{Bundled, BundledCa, Extension, MeshIdentity, Provider, SpiffeIdTemplates};
 pub use mesh::{Backend, BackendKind, Mesh, Mtls, MtlsMode};
 pub use service::{MeshService, ServiceIdentity, ServicePort, TargetPort, ZONE_LABEL};
 pub use trust::MeshTrust;
