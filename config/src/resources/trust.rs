@@ -26,26 +26,23 @@ pub struct MeshTrust {
     pub source: Source,
 }
 
+/// `spec`, with the trust domain and the bundle types read as text so that each wrong one is reported
+/// with the others.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(super) struct TrustSpec {
-    trust_domain: String,
+    trust_domain: Option<String>,
     #[serde(default)]
     ca_bundles: Vec<RawCaBundle>,
     #[serde(rename = "origin")]
     _origin: Option<IgnoredAny>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-enum BundleType {
-    Pem,
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawCaBundle {
     #[serde(rename = "type")]
-    _kind: BundleType,
+    kind: Option<String>,
     pem: Option<RawPem>,
 }
 
@@ -85,10 +82,17 @@ impl TrustSpec {
         labels: Labels,
         report: &mut Report,
     ) -> Option<MeshTrust> {
-        let trust_domain = match self.trust_domain.parse::<TrustDomain>() {
-            Ok(td) => Some(td),
-            Err(e) => {
+        let trust_domain = match self.trust_domain.as_deref().map(str::parse::<TrustDomain>) {
+            Some(Ok(td)) => Some(td),
+            Some(Err(e)) => {
                 report.error("spec.trustDomain", e.to_string());
+                None
+            }
+            None => {
+                report.error(
+                    "spec.trustDomain",
+                    "required: the trust domain whose CAs the bundles hold",
+                );
                 None
             }
         };
@@ -97,6 +101,17 @@ impl TrustSpec {
         }
         let mut ca_bundles = Vec::with_capacity(self.ca_bundles.len());
         for (i, bundle) in self.ca_bundles.into_iter().enumerate() {
+            let type_field = format!("spec.caBundles[{i}].type");
+            let pem_type = match &bundle.kind {
+                Some(kind) => report.one_of(type_field, kind, &[("Pem", ())]),
+                None => {
+                    report.error(type_field, "required; one of Pem");
+                    None
+                }
+            };
+            if pem_type.is_none() {
+                continue;
+            }
             match bundle.pem {
                 None => report.error(
                     format!("spec.caBundles[{i}].pem"),
