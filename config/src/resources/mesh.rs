@@ -248,7 +248,7 @@ impl RawMtls {
         for (i, raw) in self.backends.into_iter().enumerate() {
             let field = format!("mtls.backends[{i}]");
             if let Err(m) = check_name(&raw.name) {
-                report.error(format!("{field}.name"), m);
+                report.error(format!("{field}.name"), m.to_string());
             } else if !names.insert(raw.name.clone()) {
                 report.error(
                     format!("{field}.name"),
