@@ -6,6 +6,7 @@ use serde::Deserialize;
 use super::data_source::{DataSource, SecureDataSource};
 use super::error::{Report, Source};
 use super::Labels;
+use crate::names::{cut, ECHO_CHARS, MAX_NAME_LEN};
 use crate::Duration;
 use meshca_identity::{IdentityError, Template};
 
@@ -332,6 +333,17 @@ impl RawExtension {
         let name = match self.name {
             Some(name) if name.trim().is_empty() => {
                 report.error(format!("{FIELD}.name"), "must not be empty");
+                None
+            }
+            // Quoted in every status line of the dataplanes it selects: bounded and printable.
+            Some(name) if name.len() > MAX_NAME_LEN || name.chars().any(char::is_control) => {
+                report.error(
+                    format!("{FIELD}.name"),
+                    format!(
+                        "{:?} is not a name: at most {MAX_NAME_LEN} bytes, no control characters",
+                        cut(&name, ECHO_CHARS)
+                    ),
+                );
                 None
             }
             Some(name) => Some(name),

@@ -276,6 +276,12 @@ fn extension_provider_needs_a_name_and_an_object_config() {
     assert_error(&e, "spec.provider.extension.name", "required");
     let e = one_error(&doc("    extension: {name: \" \"}\n"));
     assert_error(&e, "spec.provider.extension.name", "must not be empty");
+    let e = one_error(&doc(&format!(
+        "    extension: {{name: {}}}\n",
+        "x".repeat(300)
+    )));
+    assert_error(&e, "spec.provider.extension.name", "at most 253 bytes");
+    assert!(e.message.len() < 200, "{e}");
     let e = one_error(&doc(""));
     assert_error(
         &e,
