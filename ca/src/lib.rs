@@ -10,14 +10,12 @@ mod authority;
 mod bench;
 mod certs;
 mod der;
-mod identity;
 mod inspect;
 mod issue;
 mod key;
 mod pem_out;
 mod provided;
 mod select;
-mod template;
 #[cfg(test)]
 mod test_fixtures;
 mod verify;
@@ -25,15 +23,17 @@ mod verify;
 pub use anchor::{AnchorError, TrustAnchor};
 pub use authority::{CaError, CaParams, CertificateAuthority, FULL_CHECK_EVERY};
 pub use bench::{floor_once, FloorError};
-pub use identity::{IdentityError, IdentityTemplate, DEFAULT_PATH, DEFAULT_TRUST_DOMAIN};
 pub use inspect::{inspect_pem, CertInfo, InspectError};
 pub use issue::{IssueError, Svid, SvidRequest};
 pub use key::{GeneratedKey, KeyError, PrivateKey, PublicKey};
 pub use meshca_identity::KeyAlgorithm;
 pub use provided::{ProvidedCaError, ProvidedOptions};
 pub use select::select;
-pub use template::{
-    Template, TemplateError, TemplateVars, NAMESPACE_LABEL, SERVICE_ACCOUNT_LABEL, WORKLOAD_LABEL,
+// The templates live with the identity types (resource files are checked against them where they are
+// read); they stay part of this crate's API.
+pub use meshca_identity::{
+    IdentityError, IdentityTemplate, Template, TemplateError, TemplateVars, DEFAULT_PATH,
+    DEFAULT_TRUST_DOMAIN, NAMESPACE_LABEL, SERVICE_ACCOUNT_LABEL, WORKLOAD_LABEL,
 };
 pub use verify::{
     check_svid_rules, key_matches, verify_structure, verify_svid, verify_with, Anchors,

@@ -18,9 +18,10 @@ pub use bounded::LoadLimits;
 pub use duration::{Duration, DurationError};
 pub use resources::{
     default_resources_yaml, load_dir, load_dir_lenient, parse_str, Backend, BackendKind, Bundled,
-    BundledCa, DataSource, Dataplane, Inbound, Labels, Mesh, MeshIdentity, MeshService, MeshTrust,
-    Mtls, MtlsMode, Provider, Resource, ResourceError, ResourceType, Resources, ServiceIdentity,
-    ServicePort, Source, SpiffeIdTemplates, TargetPort, ZoneEgress, SERVICE_TAG, ZONE_LABEL,
+    BundledCa, DataSource, Dataplane, Extension, Inbound, Labels, Mesh, MeshIdentity, MeshService,
+    MeshTrust, Mtls, MtlsMode, Provider, Resource, ResourceError, ResourceType, Resources,
+    ServiceIdentity, ServicePort, Source, SpiffeIdTemplates, TargetPort, ZoneEgress, SERVICE_TAG,
+    ZONE_LABEL,
 };
 pub use settings::{
     settings_env_vars, AdminSettings, Defaults, IssuanceSettings, KeystoreSettings, KeystoreType,

@@ -17,18 +17,39 @@ pub(crate) fn cut(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// Why a name was refused; the caller places it in its own error, which names the field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum NameError {
+    /// The name is empty.
+    #[error("must not be empty")]
+    Empty,
+    /// The name is longer than [`MAX_NAME_LEN`] bytes.
+    #[error("{quoted:?} is {len} bytes long; at most {MAX_NAME_LEN} are allowed")]
+    TooLong {
+        /// The name, cut to [`ECHO_CHARS`] characters.
+        quoted: String,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The name has a character, or starts or ends with one, the grammar does not allow.
+    #[error("{quoted:?} is not a valid name: use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit")]
+    Invalid {
+        /// The name, cut to [`ECHO_CHARS`] characters.
+        quoted: String,
+    },
+}
+
 /// Checks a DNS-1123-style name: `[a-z0-9]([-a-z0-9.]*[a-z0-9])?`, at most 253 bytes.
-/// Returns a message saying what is wrong, for the caller to place in its own error.
-pub(crate) fn check_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_name(name: &str) -> Result<(), NameError> {
     if name.is_empty() {
-        return Err("must not be empty".to_owned());
+        return Err(NameError::Empty);
     }
     if name.len() > MAX_NAME_LEN {
-        return Err(format!(
-            "{:?} is {} bytes long; at most {MAX_NAME_LEN} are allowed",
-            cut(name, ECHO_CHARS),
-            name.len()
-        ));
+        return Err(NameError::TooLong {
+            quoted: cut(name, ECHO_CHARS).into_owned(),
+            len: name.len(),
+        });
     }
     let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
     let bytes = name.as_bytes();
@@ -38,10 +59,9 @@ pub(crate) fn check_name(name: &str) -> Result<(), String> {
     if ends_ok && all_ok {
         Ok(())
     } else {
-        Err(format!(
-            "{:?} is not a valid name: use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit",
-            cut(name, ECHO_CHARS)
-        ))
+        Err(NameError::Invalid {
+            quoted: cut(name, ECHO_CHARS).into_owned(),
+        })
     }
 }
 
@@ -84,7 +104,9 @@ mod tests {
     fn long_values_are_cut_in_errors() {
         assert_eq!(cut("short", 10), "short");
         assert_eq!(cut("abcdef", 3), "abc… (3 more bytes)");
-        let error = check_name(&"X".repeat(10_000)).expect_err("too long");
+        let error = check_name(&"X".repeat(10_000))
+            .expect_err("too long")
+            .to_string();
         assert!(error.len() < 200, "{error}");
         assert!(error.contains("10000 bytes long"), "{error}");
     }

@@ -276,6 +276,10 @@ impl Issuance<'_> {
                 "MeshIdentity {} uses the Spire provider: its identity is managed by SPIRE, not meshca",
                 identity.name
             )),
+            IdentityProvider::Extension { name } => Decision::NoIdentity(format!(
+                "MeshIdentity {} uses the Extension provider: its identity is managed by extension {name}, not meshca",
+                identity.name
+            )),
             IdentityProvider::None => Decision::NoIdentity(format!(
                 "MeshIdentity {} has no provider: it publishes SPIFFE IDs only",
                 identity.name

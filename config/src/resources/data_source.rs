@@ -187,13 +187,21 @@ impl Drop for MeshDataSource {
 }
 
 /// The `type` of Kuma's `SecureDataSource`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SecureType {
     File,
     EnvVar,
     InsecureInline,
     Secret,
 }
+
+/// The `type` spellings of a `SecureDataSource`.
+const SECURE_TYPES: [(&str, SecureType); 4] = [
+    ("File", SecureType::File),
+    ("EnvVar", SecureType::EnvVar),
+    ("InsecureInline", SecureType::InsecureInline),
+    ("Secret", SecureType::Secret),
+];
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -219,12 +227,13 @@ impl Drop for InlineValue {
     }
 }
 
-/// Kuma's `SecureDataSource` in a MeshIdentity: `type` and the matching field.
+/// Kuma's `SecureDataSource` in a MeshIdentity: `type` (read as text, checked with the rest) and the
+/// matching field.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(super) struct SecureDataSource {
     #[serde(rename = "type")]
-    kind: SecureType,
+    kind: Option<String>,
     file: Option<PathRef>,
     env_var: Option<NameRef>,
     insecure_inline: Option<InlineValue>,
@@ -235,14 +244,24 @@ impl SecureDataSource {
     /// Checks that the field matching `type` is set and no other; `field` is this data
     /// source's path.
     pub(super) fn into_typed(self, field: &str, report: &mut Report) -> Option<DataSource> {
-        if self.kind == SecureType::Secret || self.secret_ref.is_some() {
+        let kind = match &self.kind {
+            Some(kind) => report.one_of(format!("{field}.type"), kind, &SECURE_TYPES)?,
+            None => {
+                report.error(
+                    format!("{field}.type"),
+                    "required; one of File, EnvVar, InsecureInline",
+                );
+                return None;
+            }
+        };
+        if kind == SecureType::Secret || self.secret_ref.is_some() {
             report.error(
                 format!("{field}.type"),
                 "secret data sources are Kubernetes-only; use File, EnvVar or InsecureInline",
             );
             return None;
         }
-        let (expected, others) = match self.kind {
+        let (expected, others) = match kind {
             SecureType::File => (
                 "file",
                 [
@@ -269,11 +288,11 @@ impl SecureDataSource {
         for (name, _) in others.iter().filter(|(_, set)| *set) {
             report.error(
                 format!("{field}.{name}"),
-                format!("not allowed when type is {:?}", self.kind),
+                format!("not allowed when type is {kind:?}"),
             );
             ok = false;
         }
-        let typed = match self.kind {
+        let typed = match kind {
             SecureType::File => self.file.as_ref().map(|f| f.path.clone()).map(|path| {
                 if path.as_os_str().is_empty() {
                     report.error(format!("{field}.file.path"), "must not be empty");
@@ -301,7 +320,7 @@ impl SecureDataSource {
         if typed.is_none() {
             report.error(
                 format!("{field}.{expected}"),
-                format!("required when type is {:?}", self.kind),
+                format!("required when type is {kind:?}"),
             );
         }
         typed.filter(|_| ok)

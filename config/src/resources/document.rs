@@ -329,7 +329,7 @@ fn parse_header(value: &yaml_serde::Value, report: &mut Report) -> Result<Option
             let mesh = mesh.map(|m| cut(m, MAX_NAME_LEN));
             report.resource = Some(kind.id(mesh.as_deref(), &cut(name, MAX_NAME_LEN)));
             if let Err(m) = check_name(name) {
-                report.error("name", m);
+                report.error("name", m.to_string());
                 ok = false;
             }
         }
@@ -351,7 +351,7 @@ fn parse_header(value: &yaml_serde::Value, report: &mut Report) -> Result<Option
         }
         (Some(mesh), true) => {
             if let Err(m) = check_name(mesh) {
-                report.error("mesh", m);
+                report.error("mesh", m.to_string());
                 ok = false;
             }
         }

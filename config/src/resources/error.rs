@@ -88,6 +88,29 @@ impl Report {
         });
     }
 
+    /// Reads an enum-like field that was read as text, so that a wrong value is one violation among
+    /// the others of the resource rather than the end of parsing: the value `allowed` pairs with
+    /// `value`, or an error in Kuma's words (`"Test" must be one of ["Enabled", "Disabled"]`).
+    pub(crate) fn one_of<T: Copy>(
+        &mut self,
+        field: impl Into<String>,
+        value: &str,
+        allowed: &[(&str, T)],
+    ) -> Option<T> {
+        if let Some((_, v)) = allowed.iter().find(|(name, _)| *name == value) {
+            return Some(*v);
+        }
+        let names: Vec<String> = allowed
+            .iter()
+            .map(|(name, _)| format!("{name:?}"))
+            .collect();
+        self.error(
+            field,
+            format!("{value:?} must be one of [{}]", names.join(", ")),
+        );
+        None
+    }
+
     /// Whether any error was recorded.
     pub(crate) fn has_errors(&self) -> bool {
         !self.errors.is_empty()

@@ -146,21 +146,38 @@ struct RawMtls {
     _skip_validation: Option<IgnoredAny>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum BackendType {
     Builtin,
     Provided,
 }
 
+/// The backend types meshca serves.
+const BACKEND_TYPES: [(&str, BackendType); 2] = [
+    ("builtin", BackendType::Builtin),
+    ("provided", BackendType::Provided),
+];
+
+/// Kuma's other backend types: recognised in the message, refused (meshca cannot issue from them).
+const KUMA_BACKEND_TYPES_REFUSED: [&str; 3] = ["vault", "acmpca", "certmanager"];
+
+/// The `mode` spellings: Kuma's and the upper-case ones of its protobuf.
+const MODES: [(&str, MtlsMode); 4] = [
+    ("Strict", MtlsMode::Strict),
+    ("Permissive", MtlsMode::Permissive),
+    ("STRICT", MtlsMode::Strict),
+    ("PERMISSIVE", MtlsMode::Permissive),
+];
+
+/// One `mtls.backends[]` entry, with `type`, `mode` and durations read as text: each wrong one is
+/// reported with the backend's other violations.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct RawBackend {
     name: String,
     #[serde(rename = "type")]
-    kind: BackendType,
-    #[serde(default)]
-    mode: MtlsMode,
+    kind: Option<String>,
+    mode: Option<String>,
     dp_cert: Option<RawDpCert>,
     conf: Option<RawConf>,
     #[serde(rename = "rootChain")]
@@ -178,7 +195,7 @@ struct RawDpCert {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRotation {
-    expiration: Option<Duration>,
+    expiration: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -194,15 +211,23 @@ struct RawConf {
 struct RawCaCert {
     #[serde(rename = "RSAbits")]
     rsa_bits: Option<u32>,
-    expiration: Option<Duration>,
+    expiration: Option<String>,
 }
 
-/// Reports a zero duration, which would make every certificate expire at once.
-fn check_positive(d: Option<Duration>, field: &str, report: &mut Report) -> Option<Duration> {
-    if d.is_some_and(|d| d.0.is_zero()) {
-        report.error(field, "must be greater than zero");
+/// Parses a duration, reporting one that does not parse or is zero (every certificate would expire at
+/// once).
+fn check_positive(text: Option<String>, field: &str, report: &mut Report) -> Option<Duration> {
+    match text?.parse::<Duration>() {
+        Ok(d) if d.0.is_zero() => {
+            report.error(field, "must be greater than zero");
+            None
+        }
+        Ok(d) => Some(d),
+        Err(e) => {
+            report.error(field, e.to_string());
+            None
+        }
     }
-    d
 }
 
 impl MeshDoc {
@@ -223,7 +248,7 @@ impl RawMtls {
         for (i, raw) in self.backends.into_iter().enumerate() {
             let field = format!("mtls.backends[{i}]");
             if let Err(m) = check_name(&raw.name) {
-                report.error(format!("{field}.name"), m);
+                report.error(format!("{field}.name"), m.to_string());
             } else if !names.insert(raw.name.clone()) {
                 report.error(
                     format!("{field}.name"),
@@ -282,9 +307,28 @@ impl RawBackend {
             &format!("{field}.dpCert.rotation.expiration"),
             report,
         );
+        let mode = match &self.mode {
+            None => Some(MtlsMode::Strict),
+            Some(mode) => report.one_of(format!("{field}.mode"), mode, &MODES),
+        };
         let conf_field = format!("{field}.conf");
         let conf = self.conf.unwrap_or_default();
-        let kind = match self.kind {
+        let type_field = format!("{field}.type");
+        let kind = match self.kind.as_deref() {
+            None => {
+                report.error(type_field, "required; one of builtin, provided");
+                None
+            }
+            Some(kind) if KUMA_BACKEND_TYPES_REFUSED.contains(&kind) => {
+                report.error(
+                    type_field,
+                    format!("{kind:?} backends are not served by meshca; use builtin or provided"),
+                );
+                None
+            }
+            Some(kind) => report.one_of(type_field, kind, &BACKEND_TYPES),
+        };
+        let kind = match kind? {
             BackendType::Builtin => {
                 for (name, set) in [("cert", conf.cert.is_some()), ("key", conf.key.is_some())] {
                     if set {
@@ -342,7 +386,7 @@ impl RawBackend {
         }
         Some(Backend {
             name: self.name,
-            mode: self.mode,
+            mode: mode?,
             dp_cert_expiration,
             kind: kind?,
         })

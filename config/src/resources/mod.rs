@@ -23,7 +23,7 @@ pub use dataplane::{Dataplane, Inbound, ZoneEgress, SERVICE_TAG};
 pub use defaults::default_resources_yaml;
 pub use document::{Resource, ResourceType};
 pub use error::{ResourceError, Source};
-pub use identity::{Bundled, BundledCa, MeshIdentity, Provider, SpiffeIdTemplates};
+pub use identity::{Bundled, BundledCa, Extension, MeshIdentity, Provider, SpiffeIdTemplates};
 pub use mesh::{Backend, BackendKind, Mesh, Mtls, MtlsMode};
 pub use service::{MeshService, ServiceIdentity, ServicePort, TargetPort, ZONE_LABEL};
 pub use trust::MeshTrust;
@@ -168,23 +168,43 @@ pub fn parse_str(file: &Path, text: &str) -> Result<Vec<Resource>, Vec<ResourceE
     }
 }
 
+/// Why a resource file was not parsed; the error is reported against the file.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+enum ReadError {
+    /// The file could not be read, or is not one to read (too large, not a regular file).
+    #[error("cannot read: {0}")]
+    Read(#[source] std::io::Error),
+    /// The file is not UTF-8 text.
+    #[error("cannot read: not UTF-8 text")]
+    NotUtf8,
+    /// The file nests deeper than `limits.yamlDepth`.
+    #[error("nests {depth} levels deep; at most {max} are read (limits.yamlDepth)")]
+    TooDeep {
+        /// How deep it nests.
+        depth: usize,
+        /// The limit.
+        max: usize,
+    },
+}
+
 /// The text of one resource file, read within `limits` and checked for depth before parsing.
-fn read_resource_file(file: &Path, limits: &LoadLimits) -> Result<String, String> {
+fn read_resource_file(file: &Path, limits: &LoadLimits) -> Result<String, ReadError> {
     let bytes = meshca_files::read(file, limits.file_bytes, "limits.resourceFileBytes")
-        .map_err(|e| format!("cannot read: {e}"))?;
+        .map_err(ReadError::Read)?;
     let text = String::from_utf8(bytes).map_err(|e| {
         let mut bytes = e.into_bytes();
         bytes.zeroize();
-        "cannot read: not UTF-8 text".to_owned()
+        ReadError::NotUtf8
     })?;
     let depth = nesting_depth(&text);
     if depth > limits.depth {
         let mut text = text;
         text.zeroize();
-        return Err(format!(
-            "nests {depth} levels deep; at most {} are read (limits.yamlDepth)",
-            limits.depth
-        ));
+        return Err(ReadError::TooDeep {
+            depth,
+            max: limits.depth,
+        });
     }
     Ok(text)
 }
@@ -287,8 +307,8 @@ pub fn load_dir_lenient(dir: &Path, limits: &LoadLimits) -> (Resources, Vec<Reso
     for file in files {
         let mut text = match read_resource_file(&file, limits) {
             Ok(text) => text,
-            Err(message) => {
-                errors.push(dir_error(&file, message));
+            Err(e) => {
+                errors.push(dir_error(&file, e.to_string()));
                 continue;
             }
         };

@@ -129,18 +129,24 @@ struct RawPort {
     name: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum IdentityType {
     ServiceTag,
-    #[serde(rename = "SpiffeID")]
     SpiffeId,
 }
 
+/// The `type` spellings of a service identity.
+const IDENTITY_TYPES: [(&str, IdentityType); 2] = [
+    ("ServiceTag", IdentityType::ServiceTag),
+    ("SpiffeID", IdentityType::SpiffeId),
+];
+
+/// One `spec.identities[]` entry, with `type` read as text: a wrong one is reported with the others.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawIdentity {
     #[serde(rename = "type")]
-    kind: IdentityType,
+    kind: String,
     value: String,
 }
 
@@ -163,17 +169,28 @@ impl ServiceSpec {
         let mut identities = Vec::with_capacity(self.identities.len());
         for (i, raw) in self.identities.into_iter().enumerate() {
             let field = format!("spec.identities[{i}].value");
-            match raw.kind {
+            let kind = report.one_of(
+                format!("spec.identities[{i}].type"),
+                &raw.kind,
+                &IDENTITY_TYPES,
+            );
+            match kind {
+                None => {}
                 _ if raw.value.trim().is_empty() => report.error(field, "must not be empty"),
-                IdentityType::SpiffeId if !raw.value.starts_with("spiffe://") => report.error(
-                    field,
-                    format!(
-                        "a SpiffeID identity must start with spiffe://, got {:?}",
-                        raw.value
+                Some(IdentityType::SpiffeId) if !raw.value.starts_with("spiffe://") => report
+                    .error(
+                        field,
+                        format!(
+                            "a SpiffeID identity must start with spiffe://, got {:?}",
+                            raw.value
+                        ),
                     ),
-                ),
-                IdentityType::SpiffeId => identities.push(ServiceIdentity::SpiffeId(raw.value)),
-                IdentityType::ServiceTag => identities.push(ServiceIdentity::ServiceTag(raw.value)),
+                Some(IdentityType::SpiffeId) => {
+                    identities.push(ServiceIdentity::SpiffeId(raw.value))
+                }
+                Some(IdentityType::ServiceTag) => {
+                    identities.push(ServiceIdentity::ServiceTag(raw.value))
+                }
             }
         }
         MeshService {

@@ -5,6 +5,7 @@ use std::fmt::Display;
 use std::str::FromStr;
 
 use super::file::{fields, Layer};
+use super::limits::LimitError;
 use super::types::POSTGRES_PASSWORD_ENV;
 use super::SettingsError;
 
@@ -92,40 +93,75 @@ pub(super) fn apply(
                 field: field.to_owned(),
             });
         }
-        set(layer, field, &value).map_err(|message| SettingsError::Invalid {
+        set(layer, field, &value).map_err(|e| SettingsError::Invalid {
             origin: var.clone(),
             field: field.to_owned(),
-            message,
+            message: e.to_string(),
         })?;
         set_by.insert(field, var);
     }
     Ok(set_by)
 }
 
-fn parse<T: FromStr>(value: &str) -> Result<T, String>
+/// Why an environment variable's text is not a value of its field; the caller names the variable
+/// and the field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+enum EnvValueError {
+    /// The variable is set to the empty string.
+    #[error("must not be empty; unset the variable to use the default")]
+    Empty,
+    /// The field's own parser refused the text (a listen address, a duration, a key algorithm).
+    #[error("{0}")]
+    Parse(String),
+    /// A switch that is not `true`, `false`, `1` or `0`.
+    #[error("expected true or false, got {0:?}")]
+    NotBool(String),
+    /// A number was expected.
+    #[error("expected a number, got {0:?}")]
+    NotNumber(String),
+    /// A whole number was expected.
+    #[error("expected a whole number, got {0:?}")]
+    NotWholeNumber(String),
+    /// A limit's value.
+    #[error(transparent)]
+    Limit(#[from] LimitError),
+}
+
+fn parse<T: FromStr>(value: &str) -> Result<T, EnvValueError>
 where
     T::Err: Display,
 {
-    value.parse().map_err(|e: T::Err| e.to_string())
+    value
+        .parse()
+        .map_err(|e: T::Err| EnvValueError::Parse(e.to_string()))
 }
 
-fn non_empty(value: &str) -> Result<String, String> {
+fn non_empty(value: &str) -> Result<String, EnvValueError> {
     if value.is_empty() {
-        Err("must not be empty; unset the variable to use the default".to_owned())
+        Err(EnvValueError::Empty)
     } else {
         Ok(value.to_owned())
     }
 }
 
-fn parse_bool(value: &str) -> Result<bool, String> {
+fn parse_bool(value: &str) -> Result<bool, EnvValueError> {
     match value.to_ascii_lowercase().as_str() {
         "true" | "1" => Ok(true),
         "false" | "0" => Ok(false),
-        _ => Err(format!("expected true or false, got {value:?}")),
+        _ => Err(EnvValueError::NotBool(value.to_owned())),
     }
 }
 
-fn parse_list<T: FromStr>(value: &str) -> Result<Vec<T>, String>
+/// A number of `T`, or the error `refused` makes of the text.
+fn parse_number<T: FromStr>(
+    value: &str,
+    refused: fn(String) -> EnvValueError,
+) -> Result<T, EnvValueError> {
+    value.parse().map_err(|_| refused(value.to_owned()))
+}
+
+fn parse_list<T: FromStr>(value: &str) -> Result<Vec<T>, EnvValueError>
 where
     T::Err: Display,
 {
@@ -138,7 +174,7 @@ where
 }
 
 /// Sets one field of `layer` from the text of an environment variable.
-fn set(layer: &mut Layer, field: &str, value: &str) -> Result<(), String> {
+fn set(layer: &mut Layer, field: &str, value: &str) -> Result<(), EnvValueError> {
     let value = non_empty(value)?;
     let value = value.as_str();
     match field {
@@ -161,18 +197,15 @@ fn set(layer: &mut Layer, field: &str, value: &str) -> Result<(), String> {
             layer.issuance.get_or_insert_default().key_algorithm = Some(parse(value)?);
         }
         "issuance.renewAt" => {
-            let renew_at =
-                parse::<f64>(value).map_err(|_| format!("expected a number, got {value:?}"))?;
+            let renew_at = parse_number::<f64>(value, EnvValueError::NotNumber)?;
             layer.issuance.get_or_insert_default().renew_at = Some(renew_at);
         }
         "issuance.workers" => {
-            let workers = parse::<usize>(value)
-                .map_err(|_| format!("expected a whole number, got {value:?}"))?;
+            let workers = parse_number::<usize>(value, EnvValueError::NotWholeNumber)?;
             layer.issuance.get_or_insert_default().workers = Some(workers);
         }
         "issuance.keysAhead" => {
-            let keys = parse::<usize>(value)
-                .map_err(|_| format!("expected a whole number, got {value:?}"))?;
+            let keys = parse_number::<usize>(value, EnvValueError::NotWholeNumber)?;
             layer.issuance.get_or_insert_default().keys_ahead = Some(keys);
         }
         "rollout.ackTimeout" => {
@@ -194,10 +227,8 @@ fn set(layer: &mut Layer, field: &str, value: &str) -> Result<(), String> {
                 "keystore.postgres.caFile" => layer.ca_file = Some(value.into()),
                 "keystore.postgres.timeout" => layer.timeout = Some(parse(value)?),
                 "keystore.postgres.maxConnections" => {
-                    layer.max_connections = Some(
-                        parse::<usize>(value)
-                            .map_err(|_| format!("expected a whole number, got {value:?}"))?,
-                    )
+                    layer.max_connections =
+                        Some(parse_number(value, EnvValueError::NotWholeNumber)?)
                 }
                 other => {
                     unreachable!("FIELDS and set() list the same fields; {other} is missing here")

@@ -47,11 +47,13 @@ macro_rules! limits {
             }
 
             /// Sets the limit at `path` from an environment variable's text.
-            pub(super) fn set(&mut self, path: &str, value: &str) -> Result<(), String> {
+            pub(super) fn set(&mut self, path: &str, value: &str) -> Result<(), LimitError> {
                 match path {
                     $( concat!("limits.", $key) => {
-                        self.$field = Some(value.parse().map_err(|e| {
-                            format!("expected {}, got {value:?}: {e}", <$ty as LimitValue>::EXPECTED)
+                        self.$field = Some(value.parse().map_err(|e| LimitError::Malformed {
+                            expected: <$ty as LimitValue>::EXPECTED,
+                            value: value.to_owned(),
+                            reason: format!("{e}"),
                         })?);
                     } )+
                     other => unreachable!("{other} is not a limit"),
@@ -60,13 +62,12 @@ macro_rules! limits {
             }
 
             /// The limits this layer sets over the defaults; each is checked to be above zero.
-            /// On error: the path of the offending limit and why.
-            pub(super) fn resolve(self) -> Result<Limits, (&'static str, String)> {
+            pub(super) fn resolve(self) -> Result<Limits, LimitError> {
                 let defaults = Limits::default();
                 Ok(Limits {
                     $( $field: match self.$field {
                         Some(value) if value.is_zero() => {
-                            return Err((concat!("limits.", $key), "must be greater than zero".to_owned()));
+                            return Err(LimitError::Zero { path: concat!("limits.", $key) });
                         }
                         Some(value) => value,
                         None => defaults.$field,
@@ -75,6 +76,38 @@ macro_rules! limits {
             }
         }
     };
+}
+
+/// Why a limit's value was refused; the caller names where it was set.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub(super) enum LimitError {
+    /// An environment variable's text is not a value of the limit's kind.
+    #[error("expected {expected}, got {value:?}: {reason}")]
+    Malformed {
+        /// How a value of the limit is written.
+        expected: &'static str,
+        /// The text given.
+        value: String,
+        /// Why it did not parse.
+        reason: String,
+    },
+    /// The limit at `path` is zero, which would refuse everything it bounds.
+    #[error("must be greater than zero")]
+    Zero {
+        /// `limits.<key>`.
+        path: &'static str,
+    },
+}
+
+impl LimitError {
+    /// The settings path of the limit, where the error knows it.
+    pub(super) fn path(&self) -> Option<&'static str> {
+        match self {
+            LimitError::Zero { path } => Some(path),
+            LimitError::Malformed { .. } => None,
+        }
+    }
 }
 
 /// What a limit can be: a count, a size in bytes or a duration.
@@ -173,10 +206,10 @@ mod tests {
             let mut zero = LimitsLayer::default();
             let value = if path.ends_with("Timeout") { "0s" } else { "0" };
             zero.set(path, value).expect("zero parses");
-            assert_eq!(
-                zero.resolve(),
-                Err((*path, "must be greater than zero".to_owned()))
-            );
+            let error = zero.resolve().expect_err("zero is refused");
+            assert_eq!(error, LimitError::Zero { path });
+            assert_eq!(error.path(), Some(*path));
+            assert_eq!(error.to_string(), "must be greater than zero");
         }
     }
 
@@ -195,11 +228,13 @@ mod tests {
         let mut layer = LimitsLayer::default();
         let error = layer
             .set("limits.connectTimeout", "soon")
-            .expect_err("not a duration");
+            .expect_err("not a duration")
+            .to_string();
         assert!(error.starts_with("expected a duration"), "{error}");
         let error = layer
             .set("limits.sdsConnections", "-1")
-            .expect_err("negative");
+            .expect_err("negative")
+            .to_string();
         assert!(error.starts_with("expected a whole number"), "{error}");
     }
 }

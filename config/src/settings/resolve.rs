@@ -126,7 +126,7 @@ fn resolve(
 ) -> Result<Settings, SettingsError> {
     let origins = &Origins(origins);
     let zone = layer.zone.unwrap_or_else(|| DEFAULT_ZONE.to_owned());
-    check_name(&zone).map_err(|m| origins.invalid("zone", m))?;
+    check_name(&zone).map_err(|m| origins.invalid("zone", m.to_string()))?;
     let data_dir = non_empty_path(
         origins,
         "dataDir",
@@ -138,7 +138,7 @@ fn resolve(
     };
     let mesh = layer.defaults.and_then(|d| d.mesh);
     if let Some(mesh) = &mesh {
-        check_name(mesh).map_err(|m| origins.invalid("defaults.mesh", m))?;
+        check_name(mesh).map_err(|m| origins.invalid("defaults.mesh", m.to_string()))?;
     }
     let sds = resolve_sds(layer.sds.unwrap_or_default(), &data_dir, origins)?;
     let admin = AdminSettings {
@@ -182,7 +182,7 @@ fn resolve(
         .limits
         .unwrap_or_default()
         .resolve()
-        .map_err(|(field, message)| origins.invalid(field, message))?;
+        .map_err(|e| origins.invalid(e.path().unwrap_or("limits"), e.to_string()))?;
     let max_valid_for = layer
         .tokens
         .and_then(|t| t.max_valid_for)
@@ -307,7 +307,7 @@ fn resolve_replica(
 ) -> Result<ReplicaSettings, SettingsError> {
     let name = match replica.name {
         Some(name) => {
-            check_name(&name).map_err(|m| origins.invalid("replica.name", m))?;
+            check_name(&name).map_err(|m| origins.invalid("replica.name", m.to_string()))?;
             name
         }
         None => match default_replica_name() {

@@ -190,7 +190,7 @@ pub struct ReplicaSettings {
 pub(super) const FALLBACK_REPLICA_NAME: &str = "meshca";
 
 /// The host name, lower-cased, as the default `replica.name`; why it cannot be one otherwise.
-pub(super) fn default_replica_name() -> Result<String, String> {
+pub(super) fn default_replica_name() -> Result<String, crate::names::NameError> {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_ascii_lowercase())
         .unwrap_or_default();

@@ -179,7 +179,7 @@ pub struct IdentityStatus {
     pub name: String,
     /// Its rendered trust domain.
     pub trust_domain: String,
-    /// `none`, `Spire` or `Bundled`.
+    /// `none`, `Spire`, `Extension` or `Bundled`.
     pub provider: String,
     /// Its CA, when meshca issues for it.
     pub ca: Option<CaStatus>,
@@ -448,6 +448,16 @@ fn identity_status(id: &MeshIdentityState, now: SystemTime) -> IdentityStatus {
                 "True",
                 "ManagedExternally",
                 "certificates are issued by SPIRE",
+            )],
+        ),
+        IdentityProvider::Extension { name } => (
+            "Extension",
+            None,
+            vec![Condition::new(
+                "Ready",
+                "True",
+                "ManagedExternally",
+                &format!("certificates are issued by extension {name}"),
             )],
         ),
         IdentityProvider::Bundled { ca, .. } => (

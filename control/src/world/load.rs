@@ -258,6 +258,9 @@ fn load_identity(
     let provider = match &identity.provider {
         None => IdentityProvider::None,
         Some(Provider::Spire) => IdentityProvider::Spire,
+        Some(Provider::Extension(extension)) => IdentityProvider::Extension {
+            name: extension.name.clone(),
+        },
         Some(Provider::Bundled(bundled)) => {
             cas::load_identity_ca(identity, bundled, &trust_domain, src)
                 .map_err(IdentityLoadError::Ca)?

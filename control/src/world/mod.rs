@@ -75,6 +75,11 @@ pub enum IdentityProvider {
     None,
     /// Identities managed by SPIRE, outside meshca.
     Spire,
+    /// Identities issued by the named extension of the control plane (Kuma 2.14), outside meshca.
+    Extension {
+        /// `provider.extension.name`.
+        name: String,
+    },
     /// meshca issues from this CA.
     Bundled {
         /// The identity's CA.

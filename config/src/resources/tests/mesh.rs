@@ -150,8 +150,34 @@ fn unknown_backend_type_lists_the_supported_ones() {
     assert_error(
         &e,
         "mtls.backends[0].type",
-        "unknown variant `vault`, expected `builtin` or `provided`",
+        "\"vault\" backends are not served by meshca; use builtin or provided",
     );
+    let e = one_error("type: Mesh\nname: m\nmtls:\n  backends:\n  - {name: v, type: Builtin}\n");
+    assert_error(
+        &e,
+        "mtls.backends[0].type",
+        r#""Builtin" must be one of ["builtin", "provided"]"#,
+    );
+}
+
+#[test]
+fn every_violation_of_a_mesh_backend_is_reported() {
+    let errors = errors(
+        "type: Mesh\nname: m\nmtls:\n  backends:\n  - name: a\n    type: builtin\n    mode: Lenient\n    dpCert: {rotation: {expiration: 1fortnight}}\n    conf: {caCert: {RSAbits: 1024, expiration: 0s}}\n  - {name: b, type: acmpca}\n",
+    );
+    let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "mtls.backends[0].dpCert.rotation.expiration",
+            "mtls.backends[0].mode",
+            "mtls.backends[0].conf.caCert.RSAbits",
+            "mtls.backends[0].conf.caCert.expiration",
+            "mtls.backends[1].type",
+        ],
+        "{errors:#?}"
+    );
+    assert!(errors[1].message.starts_with(r#""Lenient" must be one of"#));
 }
 
 #[test]

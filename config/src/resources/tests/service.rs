@@ -67,13 +67,19 @@ fn identities_are_checked() {
         "must start with spiffe://",
     );
     assert_error(&errors[1], "spec.identities[1].value", "must not be empty");
-    let e = one_error(
-        "type: MeshService\nname: s\nmesh: m\nspec:\n  identities:\n  - {type: Tag, value: x}\n",
+    let errors = super::errors(
+        "type: MeshService\nname: s\nmesh: m\nspec:\n  identities:\n  - {type: Tag, value: x}\n  - {type: SpiffeID, value: web}\n",
+    );
+    assert_eq!(errors.len(), 2, "{errors:#?}");
+    assert_error(
+        &errors[0],
+        "spec.identities[0].type",
+        r#""Tag" must be one of ["ServiceTag", "SpiffeID"]"#,
     );
     assert_error(
-        &e,
-        "spec.identities[0].type",
-        "unknown variant `Tag`, expected `ServiceTag` or `SpiffeID`",
+        &errors[1],
+        "spec.identities[1].value",
+        "must start with spiffe://",
     );
 }
 

@@ -77,8 +77,28 @@ fn trust_needs_domain_and_bundles() {
     assert_error(
         &e,
         "spec.caBundles[0].type",
-        "unknown variant `Der`, expected `Pem`",
+        r#""Der" must be one of ["Pem"]"#,
     );
+}
+
+#[test]
+fn every_violation_of_a_mesh_trust_is_reported() {
+    let errors = errors(
+        "type: MeshTrust\nname: t\nmesh: m\nspec:\n  caBundles:\n  - type: Der\n  - {type: Pem, pem: {value: nope}}\n  - pem: {value: x}\n",
+    );
+    let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "spec.trustDomain",
+            "spec.caBundles[0].type",
+            "spec.caBundles[1].pem.value",
+            "spec.caBundles[2].type",
+        ],
+        "{errors:#?}"
+    );
+    assert!(errors[0].message.starts_with("required"), "{}", errors[0]);
+    assert!(errors[3].message.starts_with("required"), "{}", errors[3]);
 }
 
 #[test]

@@ -154,3 +154,58 @@ fn empty_match_labels_select_every_dataplane_and_an_empty_selector_selects_none(
         );
     }
 }
+
+#[test]
+fn a_dataplane_whose_best_identity_is_an_extension_gets_no_certificate_from_meshca() {
+    let yaml = format!(
+        "{LEGACY}---\n{}---\n{}",
+        workloads_identity("/workload/{{ .Workload }}", true),
+        r#"type: MeshIdentity
+name: ext
+mesh: default
+spec:
+  selector: {dataplane: {matchLabels: {team: spire}}}
+  provider:
+    type: Extension
+    extension: {name: my-provider, config: {endpoint: "https://ca.example"}}
+"#
+    );
+    let mut h = Harness::new(&yaml);
+    connect_both(&mut h);
+    h.reconcile(t0());
+    assert_eq!(
+        h.ready("web-1").identity_name.as_deref(),
+        Some("workloads"),
+        "the Bundled identity issues where the extension does not select"
+    );
+    // The most specific identity wins, as for any provider: neither the broader MeshIdentity nor
+    // the legacy backend issues for s-1.
+    let reason = h.reason("s-1");
+    assert!(
+        reason.contains("MeshIdentity ext") && reason.contains("managed by extension my-provider"),
+        "{reason}"
+    );
+    let status = h.status();
+    let ext = status.meshes[0]
+        .mesh_identities
+        .iter()
+        .find(|i| i.name == "ext")
+        .expect("listed");
+    assert_eq!(ext.provider, "Extension");
+    assert!(
+        ext.conditions.iter().any(|c| c.kind == "Ready"
+            && c.reason == "ManagedExternally"
+            && c.message == "certificates are issued by extension my-provider"),
+        "{:?}",
+        ext.conditions
+    );
+    assert_eq!(
+        dataplane(&status, "s-1").reason.as_deref(),
+        Some(reason.as_str())
+    );
+    assert_eq!(
+        status.meshes[0].proxies_by_issuer,
+        BTreeMap::from([("MeshIdentity workloads".to_owned(), 1)]),
+        "s-1 holds no meshca certificate"
+    );
+}

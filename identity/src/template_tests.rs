@@ -1,6 +1,6 @@
 use super::*;
-use crate::identity::{IdentityError, IdentityTemplate};
-use meshca_identity::SpiffeIdError;
+use crate::identity_template::{IdentityError, IdentityTemplate};
+use crate::SpiffeIdError;
 use proptest::prelude::*;
 
 fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

@@ -1,7 +1,7 @@
 //! A MeshIdentity's `spiffeID` templates, rendered into a SPIFFE ID for one dataplane.
 
 use crate::template::{Template, TemplateError, TemplateVars};
-use meshca_identity::{SpiffeId, SpiffeIdError, TrustDomain};
+use crate::{SpiffeId, SpiffeIdError, TrustDomain};
 
 /// The trust-domain template used when a MeshIdentity gives none.
 pub const DEFAULT_TRUST_DOMAIN: &str = "{{ .Mesh }}.{{ .Zone }}.mesh.local";
