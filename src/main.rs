@@ -2,14 +2,11 @@
 #![forbid(unsafe_code)]
 
 mod allocator;
-mod atomic_file;
 mod bench;
 mod bootstrap;
-mod children;
 mod cli;
 mod commands;
 mod drill;
-mod serve;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -17,17 +14,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use cli::{Cli, LogFormat};
 
-/// Invalid input from the user (settings, resources, arguments): exit code 2.
-#[derive(Debug)]
-pub struct InvalidInput(pub String);
-
-impl std::fmt::Display for InvalidInput {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for InvalidInput {}
+pub use meshca_daemon::InvalidInput;
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

@@ -59,7 +59,7 @@ impl ChildFleet {
     /// Starts `meshca bench sds-client` from this executable and hands it the plan.
     pub async fn spawn(plan: FleetPlan, timeout: Duration) -> anyhow::Result<ChildFleet> {
         let exe = std::env::current_exe().context("cannot find the meshca executable")?;
-        let mut child = tokio::process::Command::from(crate::children::without_secrets(
+        let mut child = tokio::process::Command::from(meshca_daemon::children::without_secrets(
             std::process::Command::new(&exe),
         ))
         .args(["bench", "sds-client"])

@@ -15,8 +15,8 @@ use super::fleet::{Fleet, FleetPlan, Reach, StreamPlan};
 use super::{cpu_seconds, quantile, rss_bytes};
 use crate::cli::{BenchClient, BenchSdsArgs};
 use crate::drill::sandbox::Sandbox;
-use crate::serve::{Daemon, DaemonOptions};
 use crate::InvalidInput;
+use meshca_daemon::{Daemon, DaemonOptions};
 
 /// The mesh the bench runs in.
 const MESH: &str = "default";

@@ -201,7 +201,7 @@ impl EnvoyRing {
                 .with_context(|| format!("cannot write {}", config.display()))?;
             let log = dir.join(format!("envoy-{i}.log"));
             let out = std::fs::File::create(&log)?;
-            let child = Command::from(crate::children::without_secrets(
+            let child = Command::from(meshca_daemon::children::without_secrets(
                 std::process::Command::new(envoy),
             ))
             .arg("-c")

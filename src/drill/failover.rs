@@ -28,7 +28,7 @@ use super::sandbox::Sandbox;
 use super::scenario::{Edit, Script};
 use super::traffic::Traffic;
 use crate::cli::DrillScenario;
-use crate::serve::{Daemon, DaemonOptions};
+use meshca_daemon::{Daemon, DaemonOptions};
 
 /// The lease of the drill's replicas: short, so that the killed one counts as gone soon.
 const LEASE: Duration = Duration::from_secs(3);

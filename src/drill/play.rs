@@ -19,7 +19,7 @@ use super::sandbox::Sandbox;
 use super::scenario::{Edit, Script, Wait, MESH};
 use super::tls::{issued_by, PeerCheck};
 use super::traffic::Traffic;
-use crate::serve::{Daemon, DaemonOptions};
+use meshca_daemon::{Daemon, DaemonOptions};
 
 /// Concurrent handshake workers.
 pub(super) const WORKERS: usize = 4;

@@ -1,7 +1,12 @@
-//! `meshca serve`: wiring the owner loop, the SDS server, the admin API, the resource watcher and
-//! signals. The decisions themselves live in `meshca-control`.
+//! What `meshca serve` runs: the daemon's wiring of the owner loop, the SDS server, the admin API, the
+//! metrics, the resource watcher, reloads and signals, with the data directory, the key store and the
+//! files it keeps. The decisions themselves live in `meshca-control`; drills and benches start a
+//! [`Daemon`] in process through this crate.
+#![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod atomic_file;
+pub mod children;
 mod daemon;
 pub mod daemon_keys;
 mod data_dir;
@@ -15,7 +20,7 @@ mod stalled_writes;
 mod store;
 mod watcher;
 
-pub use daemon::{Daemon, DaemonOptions};
+pub use daemon::{Daemon, DaemonOptions, InvalidInput};
 pub use files::open_store;
 use reload::Change;
 
@@ -61,7 +66,7 @@ async fn wait_for_signals(
 /// changed, the one setting applied while serving. Other changes are reported as waiting for a restart;
 /// settings that do not load change nothing.
 fn reread_default_mesh(config: Option<&Path>, current: &mut Settings) -> Option<Option<String>> {
-    let new = match crate::commands::load_settings(config) {
+    let new = match load_settings(config) {
         Ok(new) => new,
         Err(error) => {
             tracing::error!("settings not reloaded, the running ones stay: {error:#}");
@@ -82,4 +87,15 @@ fn reread_default_mesh(config: Option<&Path>, current: &mut Settings) -> Option<
     }
     current.defaults = new.defaults.clone();
     Some(new.defaults.mesh)
+}
+
+/// Settings from embedded defaults, the file and `MESHCA_*` variables; invalid settings are
+/// [`InvalidInput`].
+pub fn load_settings(path: Option<&Path>) -> anyhow::Result<Settings> {
+    Settings::load(path, process_env()).map_err(|e| anyhow::Error::new(InvalidInput(e.to_string())))
+}
+
+/// The process environment, skipping variables that are not UTF-8 (never meshca's own).
+pub fn process_env() -> impl Iterator<Item = (String, String)> {
+    std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
 }

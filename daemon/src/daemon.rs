@@ -22,8 +22,19 @@ use super::reload::Reloader;
 use super::replica::{DatabaseView, GateSync, Heartbeat, RecordSync};
 use super::store::Store;
 use super::{admin, daemon_keys, metrics, revocations, watcher};
-use crate::InvalidInput;
 use meshca_db::Replicas;
+
+/// Invalid input from the user (settings, resources, arguments): `meshca` exits with code 2 on it.
+#[derive(Debug)]
+pub struct InvalidInput(pub String);
+
+impl std::fmt::Display for InvalidInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for InvalidInput {}
 
 /// How long shutdown waits for streams and tasks to finish.
 const GRACE: Duration = Duration::from_secs(10);
