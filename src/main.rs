@@ -2,11 +2,8 @@
 #![forbid(unsafe_code)]
 
 mod allocator;
-mod bench;
-mod bootstrap;
 mod cli;
 mod commands;
-mod drill;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;

@@ -32,8 +32,10 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Inspect(args) => inspect::run(args),
         Command::Status(args) => status::run(args).await,
         Command::Bench(crate::cli::BenchCommand::Issuance(args)) => bench::issuance(args),
-        Command::Bench(crate::cli::BenchCommand::Sds(args)) => crate::bench::sds::run(args).await,
-        Command::Bench(crate::cli::BenchCommand::SdsClient) => crate::bench::child::serve().await,
+        Command::Bench(crate::cli::BenchCommand::Sds(args)) => bench::sds(args).await,
+        Command::Bench(crate::cli::BenchCommand::SdsClient) => {
+            meshca_drill::bench::child::serve().await
+        }
         Command::Drill(args) => drill::run(args).await,
         Command::Bootstrap(args) => bootstrap::run(args),
     }

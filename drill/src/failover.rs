@@ -25,9 +25,9 @@ use super::play::{
 };
 use super::report::{FailoverReport, Header, Outcome, Report};
 use super::sandbox::Sandbox;
+use super::scenario::Scenario;
 use super::scenario::{Edit, Script};
 use super::traffic::Traffic;
-use crate::cli::DrillScenario;
 use meshca_daemon::{Daemon, DaemonOptions};
 
 /// The lease of the drill's replicas: short, so that the killed one counts as gone soon.
@@ -92,7 +92,7 @@ fn connect(url: &str) -> anyhow::Result<Database> {
 
 /// The replicas, each in a sandbox of its own, sharing a key-encryption key; the drill.
 async fn with_replicas(options: &Options) -> anyhow::Result<Report> {
-    let script = Script::new(DrillScenario::Failover, false);
+    let script = Script::new(Scenario::Failover, false);
     let shared = Sandbox::new()?;
     let kek = shared.root().join("kek");
     write_random_key(&kek)?;
