@@ -11,7 +11,27 @@ use std::process::ExitCode;
 use clap::Parser;
 use cli::{Cli, LogFormat};
 
-pub use meshca_daemon::InvalidInput;
+/// Invalid input from the user (settings, resources, arguments): exit code 2.
+#[derive(Debug)]
+pub struct InvalidInput(pub String);
+
+impl std::fmt::Display for InvalidInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for InvalidInput {}
+
+/// The exit code of a failed command: 2 for input the user must fix (the command's own checks or
+/// the daemon library's), 1 for anything else.
+fn exit_code(error: &anyhow::Error) -> ExitCode {
+    let invalid = error.downcast_ref::<InvalidInput>().is_some()
+        || error
+            .downcast_ref::<meshca_daemon::Error>()
+            .is_some_and(meshca_daemon::Error::is_invalid_input);
+    ExitCode::from(if invalid { 2 } else { 1 })
+}
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -46,11 +66,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            if e.downcast_ref::<InvalidInput>().is_some() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::from(1)
-            }
+            exit_code(&e)
         }
     }
 }

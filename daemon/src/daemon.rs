@@ -22,19 +22,8 @@ use super::reload::Reloader;
 use super::replica::{DatabaseView, GateSync, Heartbeat, RecordSync};
 use super::store::Store;
 use super::{admin, daemon_keys, metrics, revocations, watcher};
+use crate::error::{Error, InvalidInput, Result};
 use meshca_db::Replicas;
-
-/// Invalid input from the user (settings, resources, arguments): `meshca` exits with code 2 on it.
-#[derive(Debug)]
-pub struct InvalidInput(pub String);
-
-impl std::fmt::Display for InvalidInput {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for InvalidInput {}
 
 /// How long shutdown waits for streams and tasks to finish.
 const GRACE: Duration = Duration::from_secs(10);
@@ -89,50 +78,28 @@ impl std::fmt::Debug for Daemon {
 }
 
 impl Daemon {
-    /// Loads everything, binds every listener and starts serving. Invalid resources are an
-    /// [`InvalidInput`] error; nothing is started then.
-    pub async fn start(settings: Settings, options: DaemonOptions) -> anyhow::Result<Daemon> {
-        // Before anything in the data directory is created or written: one daemon per directory.
-        let data_dir = DataDir::open(&settings.data_dir)?;
-        let lock = data_dir.lock_for_daemon()?;
-        let store = Store::open_waiting(&settings, &data_dir).await?;
-        let keystore = store.keystore.clone();
-        let limits = ServeLimits::from_settings(&settings);
-        let world = load_initial_world(&settings, keystore.as_ref())?;
-        let signing_key = store.token_signing_key(&data_dir)?;
-        // Fail closed: the list exists from the key's creation on, so missing or invalid stops the start.
-        let revocations_source = match store.revocations() {
-            Some(database) => revocations::Source::Database(database),
-            None => revocations::Source::File(data_dir.revocation_list()),
-        };
-        let revocations = revocations_source
-            .read()
+    /// Loads everything, binds every listener and starts serving. Invalid settings or resources are
+    /// an [`Error::InvalidInput`]; nothing is started then.
+    pub async fn start(settings: Settings, options: DaemonOptions) -> Result<Daemon> {
+        Daemon::start_steps(settings, options)
             .await
-            .context("refusing to start")?;
-        let (revocations_tx, revocations_rx) = watch::channel(Arc::new(revocations));
-        let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(Snapshot::empty()));
-        let (events_tx, events_rx) = mpsc::channel::<StreamEvent>(meshca_sds::EVENT_BUFFER);
-        let sds = SdsServer::new(
-            snapshot_rx.clone(),
-            signing_key.verifier(),
-            revocations_rx,
-            events_tx,
-            ServerOptions::default().with_limits(limits.sds.clone()),
-        );
-        let metrics = Arc::new(metrics::Metrics::new(sds.metrics()));
-        meshca_keystore::crash_point("bind the SDS listeners (creates the unix socket)");
-        let bound = bind_sds(&settings, keystore.as_ref()).await?;
-        let sds_addrs = bound.local_addrs();
-        let admin_listener = admin::bind(settings.admin.listen).await?;
-        let admin_addr = admin_listener.local_addr()?;
-        tracing::info!(addr = %admin_addr, "admin API listening");
-        if !admin_addr.ip().is_loopback() {
-            tracing::warn!(
-                addr = %admin_addr,
-                "the admin API listens beyond loopback (admin.listen): anyone who can reach {admin_addr} sees every proxy, certificate expiry and rotation state, without authentication; put it on 127.0.0.1 or behind a firewall"
-            );
-        }
+            .map_err(Error::from_internal)
+    }
 
+    /// [`Daemon::start`], step by step.
+    async fn start_steps(settings: Settings, options: DaemonOptions) -> anyhow::Result<Daemon> {
+        let Opened {
+            lock,
+            store,
+            limits,
+            world,
+            signing_key,
+            revocations_source,
+            revocations,
+        } = Opened::open(&settings).await?;
+        let serving = Serving::new(revocations, &signing_key, &limits);
+        meshca_keystore::crash_point("bind the SDS listeners (creates the unix socket)");
+        let listeners = Listeners::bind(&settings, store.keystore.as_ref()).await?;
         let shutdown = CancellationToken::new();
         let (reload_tx, reload_rx) = mpsc::channel(RELOAD_QUEUE);
         let revocations_file = match &revocations_source {
@@ -142,8 +109,8 @@ impl Daemon {
         let reloader = Reloader::new(
             reload_tx,
             revocations_source,
-            revocations_tx,
-            metrics.clone(),
+            serving.revocations_tx,
+            serving.metrics.clone(),
         );
         let watcher = match options.watch_files {
             true => Some(watcher::watch(
@@ -154,66 +121,28 @@ impl Daemon {
             false => None,
         };
         let (database_tx, database_rx) = watch::channel(Arc::new(DatabaseView::default()));
-        let heartbeat = store.database.clone().map(|db| Heartbeat {
-            replicas: Replicas::new(db),
-            name: settings.replica.name.clone(),
-            lease: settings.replica.lease_timeout.as_std(),
-            streams: sds.registry(),
-            view: database_tx.clone(),
-            metrics: metrics.clone(),
-            reloader: reloader.clone(),
-        });
+        let heartbeat = heartbeat(
+            &settings,
+            &store,
+            (&serving.sds, &serving.metrics),
+            &database_tx,
+            &reloader,
+        );
         let owner = Owner::new(
             OwnerConfig {
                 gate: options.gate,
                 ..OwnerConfig::from_settings(&settings)
             },
             world,
-            metrics.clone(),
-            snapshot_tx,
+            serving.metrics.clone(),
+            serving.snapshot_tx,
         );
-        // Replicas on one database gate their rollouts together.
-        let (gate_sync, peer_link) = match (store.database.clone(), store.proxy_records.clone()) {
-            (Some(db), Some(records)) => {
-                let (view_tx, view_rx) = watch::channel(Arc::new(GateView::default()));
-                let (peers_tx, peers_rx) = watch::channel(Vec::new());
-                let (issued_tx, issued_rx) = mpsc::unbounded_channel();
-                let (lookups_tx, lookups_rx) = mpsc::unbounded_channel();
-                let (found_tx, found_rx) = mpsc::unbounded_channel();
-                let record_sync = RecordSync {
-                    records,
-                    name: settings.replica.name.clone(),
-                    issued: issued_rx,
-                    lookups: lookups_rx,
-                    found: found_tx,
-                };
-                let sync = GateSync {
-                    replicas: Replicas::new(db),
-                    name: settings.replica.name.clone(),
-                    lease: settings.replica.lease_timeout.as_std(),
-                    hold_gone: settings.replica.lease_timeout.as_std(),
-                    view: view_rx,
-                    peers: peers_tx,
-                    database: database_tx,
-                };
-                let link = PeerLink {
-                    peers: peers_rx,
-                    view: view_tx,
-                    records: RecordLink {
-                        issued: issued_tx,
-                        lookups: lookups_tx,
-                    },
-                    found: found_rx,
-                };
-                (Some((sync, record_sync)), Some(link))
-            }
-            _ => (None, None),
-        };
+        let (replica_sync, peer_link) = replica_links(&settings, &store, database_tx);
         let mut owner_loop = OwnerLoop::new(
             owner,
             settings,
-            keystore,
-            events_rx,
+            store.keystore.clone(),
+            serving.events_rx,
             reload_rx,
             shutdown.clone(),
         );
@@ -224,44 +153,31 @@ impl Daemon {
         let ready = Arc::new(AtomicBool::new(false));
         let admin_state = admin::AdminState {
             status: owner_loop.status_handle(),
-            streams: sds.registry(),
-            metrics,
+            streams: serving.sds.registry(),
+            metrics: serving.metrics,
             ready: ready.clone(),
             owner_health: loop_health.clone(),
             database: heartbeat.is_some().then_some(database_rx),
         };
-        let owner_loop_status = owner_loop.status_handle();
-        let mut tasks = tokio::task::JoinSet::new();
-        tasks.spawn(async move {
-            owner_loop.run().await;
-            Ok(())
-        });
-        tasks.spawn(serve_sds(bound, sds, shutdown.clone()));
-        if revocations_file.is_none() {
-            tasks.spawn(reloader.clone().poll_revocations(shutdown.clone()));
-        }
-        if let Some(heartbeat) = heartbeat {
-            tasks.spawn(heartbeat.run(shutdown.clone()));
-        }
-        if let Some((gate_sync, record_sync)) = gate_sync {
-            tasks.spawn(gate_sync.run(shutdown.clone()));
-            tasks.spawn(record_sync.run(shutdown.clone()));
-        }
-        tasks.spawn(serve_admin(
-            admin_listener,
+        let status = owner_loop.status_handle();
+        let tasks = Tasks {
+            owner_loop,
+            sds: serving.sds,
+            heartbeat,
+            replica_sync,
+            poll_revocations: revocations_file.is_none(),
             admin_state,
-            limits.admin,
-            shutdown.clone(),
-        ));
+        }
+        .spawn(listeners.sds, listeners.admin, &reloader, &shutdown, limits);
         // Not a write, but the last moment of a start: a kill here leaves every file the start made.
         meshca_keystore::crash_point("report ready");
         ready.store(true, Ordering::Release);
         tracing::info!("meshca is ready");
         Ok(Daemon {
-            sds_addrs,
-            admin_addr,
-            status: owner_loop_status,
-            snapshots: snapshot_rx,
+            sds_addrs: listeners.sds_addrs,
+            admin_addr: listeners.admin_addr,
+            status,
+            snapshots: serving.snapshot_rx,
             loop_health,
             signing_key,
             reloader,
@@ -291,27 +207,25 @@ impl Daemon {
     }
 
     /// Mints a proxy token with the daemon's key.
-    pub fn mint_token(&self, claims: &meshca_auth::Claims) -> anyhow::Result<String> {
+    pub fn mint_token(&self, claims: &meshca_auth::Claims) -> Result<String> {
         self.signing_key
             .mint(claims)
-            .map_err(|e| anyhow!("cannot sign a token: {e}"))
+            .map_err(|e| Error::from_internal(anyhow!("cannot sign a token: {e}")))
     }
 
     /// Reloads the resources directory now and waits for the outcome.
-    pub async fn reload_resources(&self) -> anyhow::Result<ReloadOutcome> {
-        self.reloader
-            .resources()
-            .await
-            .ok_or_else(|| anyhow!("the daemon stopped before applying the update"))
+    pub async fn reload_resources(&self) -> Result<ReloadOutcome> {
+        self.reloader.resources().await.ok_or_else(|| {
+            Error::from_internal(anyhow!("the daemon stopped before applying the update"))
+        })
     }
 
     /// Serves `mesh` as `defaults.mesh` (the mesh whose identity the zone egress uses) from now on, as
     /// SIGHUP does after the settings file changed, and waits until the reload it comes with is served.
-    pub async fn set_default_mesh(&self, mesh: Option<String>) -> anyhow::Result<ReloadOutcome> {
-        self.reloader
-            .default_mesh(mesh)
-            .await
-            .ok_or_else(|| anyhow!("the daemon stopped before applying defaults.mesh"))
+    pub async fn set_default_mesh(&self, mesh: Option<String>) -> Result<ReloadOutcome> {
+        self.reloader.default_mesh(mesh).await.ok_or_else(|| {
+            Error::from_internal(anyhow!("the daemon stopped before applying defaults.mesh"))
+        })
     }
 
     /// What reloads resources and revocations (SIGHUP and the file watcher use it).
@@ -320,7 +234,11 @@ impl Daemon {
     }
 
     /// Waits until a daemon task fails (or ends, which is a failure too) or `shutdown` is cancelled.
-    pub async fn wait(&mut self) -> anyhow::Result<()> {
+    pub async fn wait(&mut self) -> Result<()> {
+        self.wait_for_tasks().await.map_err(Error::from_internal)
+    }
+
+    async fn wait_for_tasks(&mut self) -> anyhow::Result<()> {
         tokio::select! {
             _ = self.shutdown.cancelled() => Ok(()),
             done = self.tasks.join_next() => match done {
@@ -349,6 +267,226 @@ impl Daemon {
         if drained.is_err() {
             tracing::warn!(grace = ?GRACE, "tasks still running after the grace period; exiting anyway");
         }
+    }
+}
+
+/// What a start opens before anything serves: the data directory (locked), the store, the first
+/// world, the token key and the revocation list.
+struct Opened {
+    lock: DaemonLock,
+    store: Store,
+    limits: ServeLimits,
+    world: World,
+    signing_key: meshca_auth::SigningKey,
+    revocations_source: revocations::Source,
+    revocations: meshca_auth::RevocationList,
+}
+
+impl Opened {
+    async fn open(settings: &Settings) -> anyhow::Result<Opened> {
+        // Before anything in the data directory is created or written: one daemon per directory.
+        let data_dir = DataDir::open(&settings.data_dir)?;
+        let lock = data_dir.lock_for_daemon()?;
+        let store = Store::open_waiting(settings, &data_dir).await?;
+        let limits = ServeLimits::from_settings(settings);
+        let world = load_initial_world(settings, store.keystore.as_ref())?;
+        let signing_key = store.token_signing_key(&data_dir)?;
+        // Fail closed: the list exists from the key's creation on, so missing or invalid stops the start.
+        let revocations_source = match store.revocations() {
+            Some(database) => revocations::Source::Database(database),
+            None => revocations::Source::File(data_dir.revocation_list()),
+        };
+        let revocations = revocations_source
+            .read()
+            .await
+            .context("refusing to start")?;
+        Ok(Opened {
+            lock,
+            store,
+            limits,
+            world,
+            signing_key,
+            revocations_source,
+            revocations,
+        })
+    }
+}
+
+/// The SDS server and the channels between it, the owner and the reloader, with the metrics.
+struct Serving {
+    sds: SdsServer,
+    metrics: Arc<metrics::Metrics>,
+    revocations_tx: watch::Sender<Arc<meshca_auth::RevocationList>>,
+    snapshot_tx: watch::Sender<Arc<Snapshot>>,
+    snapshot_rx: watch::Receiver<Arc<Snapshot>>,
+    events_rx: mpsc::Receiver<StreamEvent>,
+}
+
+impl Serving {
+    fn new(
+        revocations: meshca_auth::RevocationList,
+        signing_key: &meshca_auth::SigningKey,
+        limits: &ServeLimits,
+    ) -> Serving {
+        let (revocations_tx, revocations_rx) = watch::channel(Arc::new(revocations));
+        let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(Snapshot::empty()));
+        let (events_tx, events_rx) = mpsc::channel::<StreamEvent>(meshca_sds::EVENT_BUFFER);
+        let sds = SdsServer::new(
+            snapshot_rx.clone(),
+            signing_key.verifier(),
+            revocations_rx,
+            events_tx,
+            ServerOptions::default().with_limits(limits.sds.clone()),
+        );
+        let metrics = Arc::new(metrics::Metrics::new(sds.metrics()));
+        Serving {
+            sds,
+            metrics,
+            revocations_tx,
+            snapshot_tx,
+            snapshot_rx,
+            events_rx,
+        }
+    }
+}
+
+/// The SDS listeners and the admin API's, bound.
+struct Listeners {
+    sds: BoundListeners,
+    sds_addrs: Vec<meshca_sds::BoundAddr>,
+    admin: tokio::net::TcpListener,
+    admin_addr: std::net::SocketAddr,
+}
+
+impl Listeners {
+    async fn bind(settings: &Settings, keystore: &dyn Keystore) -> anyhow::Result<Listeners> {
+        let sds = bind_sds(settings, keystore).await?;
+        let sds_addrs = sds.local_addrs();
+        let admin = admin::bind(settings.admin.listen).await?;
+        let admin_addr = admin.local_addr()?;
+        tracing::info!(addr = %admin_addr, "admin API listening");
+        if !admin_addr.ip().is_loopback() {
+            tracing::warn!(
+                addr = %admin_addr,
+                "the admin API listens beyond loopback (admin.listen): anyone who can reach {admin_addr} sees every proxy, certificate expiry and rotation state, without authentication; put it on 127.0.0.1 or behind a firewall"
+            );
+        }
+        Ok(Listeners {
+            sds,
+            sds_addrs,
+            admin,
+            admin_addr,
+        })
+    }
+}
+
+/// A replica's heartbeat, when it shares a database with others.
+fn heartbeat(
+    settings: &Settings,
+    store: &Store,
+    (sds, metrics): (&SdsServer, &Arc<metrics::Metrics>),
+    database: &watch::Sender<Arc<DatabaseView>>,
+    reloader: &Reloader,
+) -> Option<Heartbeat> {
+    store.database.clone().map(|db| Heartbeat {
+        replicas: Replicas::new(db),
+        name: settings.replica.name.clone(),
+        lease: settings.replica.lease_timeout.as_std(),
+        streams: sds.registry(),
+        view: database.clone(),
+        metrics: metrics.clone(),
+        reloader: reloader.clone(),
+    })
+}
+
+/// What replicas on one database run to gate their rollouts together: the gate and proxy-record
+/// syncs, and the owner's end of them. Nothing without a database.
+fn replica_links(
+    settings: &Settings,
+    store: &Store,
+    database: watch::Sender<Arc<DatabaseView>>,
+) -> (Option<(GateSync, RecordSync)>, Option<PeerLink>) {
+    let (Some(db), Some(records)) = (store.database.clone(), store.proxy_records.clone()) else {
+        return (None, None);
+    };
+    let (view_tx, view_rx) = watch::channel(Arc::new(GateView::default()));
+    let (peers_tx, peers_rx) = watch::channel(Vec::new());
+    let (issued_tx, issued_rx) = mpsc::unbounded_channel();
+    let (lookups_tx, lookups_rx) = mpsc::unbounded_channel();
+    let (found_tx, found_rx) = mpsc::unbounded_channel();
+    let record_sync = RecordSync {
+        records,
+        name: settings.replica.name.clone(),
+        issued: issued_rx,
+        lookups: lookups_rx,
+        found: found_tx,
+    };
+    let sync = GateSync {
+        replicas: Replicas::new(db),
+        name: settings.replica.name.clone(),
+        lease: settings.replica.lease_timeout.as_std(),
+        hold_gone: settings.replica.lease_timeout.as_std(),
+        view: view_rx,
+        peers: peers_tx,
+        database,
+    };
+    let link = PeerLink {
+        peers: peers_rx,
+        view: view_tx,
+        records: RecordLink {
+            issued: issued_tx,
+            lookups: lookups_tx,
+        },
+        found: found_rx,
+    };
+    (Some((sync, record_sync)), Some(link))
+}
+
+/// The daemon's long-running parts, before they are spawned.
+struct Tasks {
+    owner_loop: OwnerLoop,
+    sds: SdsServer,
+    heartbeat: Option<Heartbeat>,
+    replica_sync: Option<(GateSync, RecordSync)>,
+    poll_revocations: bool,
+    admin_state: admin::AdminState,
+}
+
+impl Tasks {
+    /// Spawns every part: the owner loop, SDS, the revocations poll (database only), the replica
+    /// syncs and the admin API.
+    fn spawn(
+        self,
+        sds_listeners: BoundListeners,
+        admin_listener: tokio::net::TcpListener,
+        reloader: &Reloader,
+        shutdown: &CancellationToken,
+        limits: ServeLimits,
+    ) -> tokio::task::JoinSet<anyhow::Result<()>> {
+        let mut tasks = tokio::task::JoinSet::new();
+        let owner_loop = self.owner_loop;
+        tasks.spawn(async move {
+            owner_loop.run().await;
+            Ok(())
+        });
+        tasks.spawn(serve_sds(sds_listeners, self.sds, shutdown.clone()));
+        if self.poll_revocations {
+            tasks.spawn(reloader.clone().poll_revocations(shutdown.clone()));
+        }
+        if let Some(heartbeat) = self.heartbeat {
+            tasks.spawn(heartbeat.run(shutdown.clone()));
+        }
+        if let Some((gate_sync, record_sync)) = self.replica_sync {
+            tasks.spawn(gate_sync.run(shutdown.clone()));
+            tasks.spawn(record_sync.run(shutdown.clone()));
+        }
+        tasks.spawn(serve_admin(
+            admin_listener,
+            self.admin_state,
+            limits.admin,
+            shutdown.clone(),
+        ));
+        tasks
     }
 }
 

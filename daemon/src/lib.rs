@@ -4,15 +4,16 @@
 //! [`Daemon`] in process through this crate.
 #![forbid(unsafe_code)]
 
-pub mod admin;
+mod admin;
 pub mod atomic_file;
 pub mod children;
 mod daemon;
 pub mod daemon_keys;
 mod data_dir;
+mod error;
 mod files;
 mod limits;
-pub mod metrics;
+mod metrics;
 mod reload;
 mod replica;
 pub mod revocations;
@@ -20,7 +21,8 @@ mod stalled_writes;
 mod store;
 mod watcher;
 
-pub use daemon::{Daemon, DaemonOptions, InvalidInput};
+pub use daemon::{Daemon, DaemonOptions};
+pub use error::{Cause, Error, Result};
 pub use files::open_store;
 use reload::Change;
 
@@ -29,7 +31,7 @@ use std::path::{Path, PathBuf};
 use meshca_config::Settings;
 
 /// Runs the daemon (with `settings`, read from `config` and the environment) until SIGTERM/SIGINT.
-pub async fn run(settings: Settings, config: Option<PathBuf>) -> anyhow::Result<()> {
+pub async fn run(settings: Settings, config: Option<PathBuf>) -> Result<()> {
     let mut daemon = Daemon::start(settings.clone(), DaemonOptions::default()).await?;
     let result = wait_for_signals(&mut daemon, settings, config).await;
     daemon.stop().await;
@@ -42,11 +44,12 @@ async fn wait_for_signals(
     daemon: &mut Daemon,
     mut settings: Settings,
     config: Option<PathBuf>,
-) -> anyhow::Result<()> {
+) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut hup = signal(SignalKind::hangup())?;
+    let handler = |kind| signal(kind).map_err(|e| Error::from_internal(e.into()));
+    let mut term = handler(SignalKind::terminate())?;
+    let mut int = handler(SignalKind::interrupt())?;
+    let mut hup = handler(SignalKind::hangup())?;
     let reloader = daemon.reloader();
     loop {
         tokio::select! {
@@ -89,10 +92,10 @@ fn reread_default_mesh(config: Option<&Path>, current: &mut Settings) -> Option<
     Some(new.defaults.mesh)
 }
 
-/// Settings from embedded defaults, the file and `MESHCA_*` variables; invalid settings are
-/// [`InvalidInput`].
-pub fn load_settings(path: Option<&Path>) -> anyhow::Result<Settings> {
-    Settings::load(path, process_env()).map_err(|e| anyhow::Error::new(InvalidInput(e.to_string())))
+/// Settings from embedded defaults, the file and `MESHCA_*` variables; invalid settings are an
+/// [`Error::InvalidInput`].
+pub fn load_settings(path: Option<&Path>) -> Result<Settings> {
+    Settings::load(path, process_env()).map_err(|e| Error::invalid_input(e.to_string()))
 }
 
 /// The process environment, skipping variables that are not UTF-8 (never meshca's own).

@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use meshca_control::{GateView, IssuedIdentity, PeerView, ProxyKey, SecretPem};
+use meshca_control::{
+    keep_gone, peer_views, GateView, GoneViews, IssuedIdentity, LiveViews, PeerView, ProxyKey,
+    SecretPem,
+};
 use meshca_db::{PeerGate, ProxyRecord, ProxyRecords, ReplicaRecord, Replicas, MAX_GATE_VIEW};
 use meshca_sds::StreamRegistry;
 use serde::Serialize;
@@ -184,9 +187,9 @@ impl GateSync {
     /// Runs until `shutdown`.
     pub async fn run(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
         // Versions read so far, and what each said.
-        let mut known: BTreeMap<String, (i64, Option<GateView>)> = BTreeMap::new();
+        let mut known: LiveViews = BTreeMap::new();
         // Replicas whose lease expired: since when, and their last view.
-        let mut gone: BTreeMap<String, (Instant, GateView)> = BTreeMap::new();
+        let mut gone: GoneViews = BTreeMap::new();
         let mut unwritten = true;
         let mut poll = tokio::time::interval(GATE_POLL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -235,12 +238,8 @@ impl GateSync {
     }
 
     /// Reads the live peers' views and hands them to the owner, with the gone ones' last views
-    /// (see [`GateSync::keep_gone`]), when they changed.
-    async fn read_peers(
-        &self,
-        known: &mut BTreeMap<String, (i64, Option<GateView>)>,
-        gone: &mut BTreeMap<String, (Instant, GateView)>,
-    ) {
+    /// (see [`meshca_control::keep_gone`]), when they changed.
+    async fn read_peers(&self, known: &mut LiveViews, gone: &mut GoneViews) {
         let versions: Vec<(String, i64)> = known
             .iter()
             .map(|(name, (version, _))| (name.clone(), *version))
@@ -277,17 +276,7 @@ impl GateSync {
             Instant::now(),
             self.hold_gone,
         );
-        let live = known.iter().map(|(name, (_, view))| PeerView {
-            replica: name.clone(),
-            view: view.clone(),
-            gone: false,
-        });
-        let departed = gone.iter().map(|(name, (_, view))| PeerView {
-            replica: name.clone(),
-            view: Some(view.clone()),
-            gone: true,
-        });
-        let peers: Vec<PeerView> = live.chain(departed).collect();
+        let peers = peer_views(known, gone);
         let counted: Vec<RolloutPeer> = peers
             .iter()
             .map(|peer| RolloutPeer {
@@ -313,34 +302,6 @@ impl GateSync {
             true
         });
     }
-}
-
-/// Moves the replicas of `before` that are no longer live (not in `live`) to `gone` with their last
-/// view, and forgets gone replicas after `hold` (or when they are live again). A replica that dies in a
-/// rollout leaves proxies that keep serving with the trust they had until they reconnect to another
-/// replica, which Envoy may take seconds to do: for `hold` its last view keeps holding the steps it
-/// held, as it would have alive, and a proxy that reconnects meanwhile is counted by the replica it
-/// reaches. One whose view could not be read goes with its lease.
-fn keep_gone(
-    before: BTreeMap<String, (i64, Option<GateView>)>,
-    live: &BTreeMap<String, (i64, Option<GateView>)>,
-    gone: &mut BTreeMap<String, (Instant, GateView)>,
-    now: Instant,
-    hold: Duration,
-) {
-    for (name, (_, view)) in before {
-        if live.contains_key(&name) {
-            continue;
-        }
-        if let Some(view) = view {
-            tracing::info!(
-                replica = %name,
-                "a replica's lease expired; what its last rollout state held back stays held for another replica.leaseTimeout while its proxies reconnect"
-            );
-            gone.insert(name, (now, view));
-        }
-    }
-    gone.retain(|name, (since, _)| !live.contains_key(name) && now < *since + hold);
 }
 
 /// A peer's view from its JSON; `None` (it holds every rollout step back) when it does not parse or
@@ -566,43 +527,6 @@ mod tests {
             from_record(&negative).is_none(),
             "a negative expiry is no identity"
         );
-    }
-
-    /// A replica whose lease expired keeps its last view for `hold` (its proxies keep the trust they
-    /// had until they reconnect elsewhere); one that comes back, or whose view was unreadable, does not.
-    #[test]
-    fn a_gone_replica_keeps_its_last_view_for_the_hold() {
-        let hold = Duration::from_secs(30);
-        let t0 = Instant::now();
-        let before: BTreeMap<String, (i64, Option<GateView>)> = BTreeMap::from([
-            ("b".to_owned(), (3, Some(view("default", "ca-1", vec![])))),
-            ("c".to_owned(), (4, None)),
-            ("d".to_owned(), (5, Some(view("default", "ca-2", vec![])))),
-        ]);
-        let live = BTreeMap::from([("d".to_owned(), (6, None))]);
-        let mut gone = BTreeMap::new();
-        keep_gone(before, &live, &mut gone, t0, hold);
-        assert_eq!(
-            gone.keys().collect::<Vec<_>>(),
-            ["b"],
-            "b went with a readable view; c's was unreadable; d is live"
-        );
-        assert_eq!(gone["b"].1, view("default", "ca-1", vec![]));
-        keep_gone(live.clone(), &live, &mut gone, t0 + hold / 2, hold);
-        assert!(gone.contains_key("b"), "still held halfway");
-        keep_gone(live.clone(), &live, &mut gone, t0 + hold, hold);
-        assert!(gone.is_empty(), "forgotten once the hold is over");
-        // One that comes back is live again, not gone.
-        let b_live = BTreeMap::from([("b".to_owned(), (7, None))]);
-        keep_gone(
-            BTreeMap::from([("b".to_owned(), (3, Some(GateView::default())))]),
-            &BTreeMap::new(),
-            &mut gone,
-            t0,
-            hold,
-        );
-        keep_gone(BTreeMap::new(), &b_live, &mut gone, t0, hold);
-        assert!(gone.is_empty());
     }
 
     #[test]

@@ -174,7 +174,7 @@ async fn play(
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let minter = daemons[0].as_ref().ok_or_else(|| anyhow!("no replica"))?;
-    let mint = |claims: &meshca_auth::Claims| minter.mint_token(claims);
+    let mint = |claims: &meshca_auth::Claims| Ok(minter.mint_token(claims)?);
     let reach = Reach {
         targets,
         mint: &mint,

@@ -43,7 +43,7 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
 
 /// Settings from embedded defaults, the file and `MESHCA_*` variables; invalid settings exit 2.
 pub fn load_settings(path: Option<&Path>) -> anyhow::Result<Settings> {
-    meshca_daemon::load_settings(path)
+    Ok(meshca_daemon::load_settings(path)?)
 }
 
 /// A signed number of seconds as people read a time left: `2d11h`, `5h3m`, `4m10s`, `-1d2h` once past.

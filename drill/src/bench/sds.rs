@@ -14,7 +14,7 @@ use super::child::ChildFleet;
 use super::fleet::{FleetPlan, Reach, StreamFleet, StreamPlan};
 use super::{cpu_seconds, quantile, rss_bytes};
 use crate::sandbox::Sandbox;
-use meshca_daemon::InvalidInput;
+use meshca_daemon::Error;
 use meshca_daemon::{Daemon, DaemonOptions};
 
 /// The mesh the bench runs in.
@@ -46,11 +46,11 @@ pub struct Options {
 }
 
 impl Options {
-    fn from_args(args: &SdsArgs) -> Result<Options, InvalidInput> {
+    fn from_args(args: &SdsArgs) -> Result<Options, Error> {
         let seconds = |name: &str, value: f64, zero_ok: bool| {
             let ok = value.is_finite() && (value > 0.0 || (zero_ok && value == 0.0));
             ok.then(|| Duration::from_secs_f64(value)).ok_or_else(|| {
-                InvalidInput(format!(
+                Error::invalid_input(format!(
                     "{name} must be a positive number of seconds, got {value}"
                 ))
             })
@@ -66,12 +66,12 @@ impl Options {
                 .max(DEFAULT_CONNECTIONS)
         });
         if args.streams == 0 || connections == 0 {
-            return Err(InvalidInput(
-                "--streams and --connections must be at least 1".into(),
+            return Err(Error::invalid_input(
+                "--streams and --connections must be at least 1",
             ));
         }
         if args.streams.div_ceil(connections) > per_connection {
-            return Err(InvalidInput(format!(
+            return Err(Error::invalid_input(format!(
                 "--streams {} over --connections {connections} puts more than limits.streamsPerConnection ({per_connection}) streams on a connection: use at least --connections {}",
                 args.streams,
                 args.streams.div_ceil(per_connection)
@@ -79,13 +79,13 @@ impl Options {
         }
         let proxies = args.proxies.unwrap_or(args.streams);
         if !(1..=args.streams).contains(&proxies) {
-            return Err(InvalidInput(format!(
+            return Err(Error::invalid_input(format!(
                 "--proxies must be between 1 and --streams ({}), got {proxies}",
                 args.streams
             )));
         }
         if args.streams.div_ceil(proxies) > per_proxy {
-            return Err(InvalidInput(format!(
+            return Err(Error::invalid_input(format!(
                 "--streams {} over --proxies {proxies} gives a proxy more than limits.streamsPerProxy ({per_proxy}) streams: use at least --proxies {}",
                 args.streams,
                 args.streams.div_ceil(per_proxy)
@@ -636,7 +636,7 @@ mod tests {
         }
     }
 
-    fn options(args: &[&str]) -> Result<Options, InvalidInput> {
+    fn options(args: &[&str]) -> Result<Options, Error> {
         let mut parsed = SdsArgs::default();
         for pair in args.chunks(2) {
             let value = pair[1];
