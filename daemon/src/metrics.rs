@@ -273,9 +273,14 @@ impl Metrics {
             "Time to issue and verify one certificate",
             Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
         );
-        let reconcile_seconds = register(registry, "meshca_reconcile_seconds", "Time the control loop spent on one reconcile, by scope (full: every connected proxy; proxies: those an event touched; acks: a batch of ACKs during a rollout; deferred: quiet proxies a full reconcile left for later turns)", Family::<ScopeLabels, Histogram>::new_with_constructor(
-            reconcile_histogram as fn() -> _,
-        ));
+        let reconcile_seconds = register(
+            registry,
+            "meshca_reconcile_seconds",
+            "Time the control loop spent on one reconcile, by scope (full: every connected proxy; proxies: those an event touched; acks: a batch of ACKs during a rollout; deferred: quiet proxies a full reconcile left for later turns)",
+            Family::<ScopeLabels, Histogram>::new_with_constructor(
+                reconcile_histogram as fn() -> _,
+            ),
+        );
         let reconciled_proxies = register(
             registry,
             "meshca_reconciled_proxies",
@@ -288,7 +293,12 @@ impl Metrics {
             "Resource updates rejected as invalid",
             Counter::default(),
         );
-        let revocation_reload_failures = register(registry, "meshca_revocation_reload_failures", "Reloads of the token revocation list that failed (missing, unreadable or invalid); the previous list stays in force", Counter::default());
+        let revocation_reload_failures = register(
+            registry,
+            "meshca_revocation_reload_failures",
+            "Reloads of the token revocation list that failed (missing, unreadable or invalid); the previous list stays in force",
+            Counter::default(),
+        );
         (
             issued,
             failed,
@@ -309,7 +319,12 @@ impl Metrics {
         Family<ReplicaLabels, Gauge>,
         Family<ReplicaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     ) {
-        let database_up = register(registry, "meshca_database_up", "1 while the replicas' PostgreSQL database answers this replica, 0 while it does not (keystore.type: postgres only)", Family::<ReplicaLabels, Gauge>::default());
+        let database_up = register(
+            registry,
+            "meshca_database_up",
+            "1 while the replicas' PostgreSQL database answers this replica, 0 while it does not (keystore.type: postgres only)",
+            Family::<ReplicaLabels, Gauge>::default(),
+        );
         let replica_proxies = register(
             registry,
             "meshca_replica_proxies",
@@ -375,7 +390,12 @@ impl Metrics {
             "Rollout steps that proceeded after rollout.ackTimeout without every ACK",
             Family::<StepLabels, Counter>::default(),
         );
-        let removed_while_presented = register(registry, "meshca_ca_removed_while_presented", "CAs removed from the configuration while connected proxies still presented their certificates", Family::<MeshLabels, Counter>::default());
+        let removed_while_presented = register(
+            registry,
+            "meshca_ca_removed_while_presented",
+            "CAs removed from the configuration while connected proxies still presented their certificates",
+            Family::<MeshLabels, Counter>::default(),
+        );
         let ca_expiry = register(
             registry,
             "meshca_ca_expiry_seconds",
