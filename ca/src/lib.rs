@@ -16,6 +16,7 @@ mod issue;
 mod key;
 mod pem_out;
 mod provided;
+mod sds_tls;
 mod select;
 mod template;
 #[cfg(test)]
@@ -31,6 +32,7 @@ pub use issue::{IssueError, Svid, SvidRequest};
 pub use key::{GeneratedKey, KeyError, PrivateKey, PublicKey};
 pub use meshca_identity::KeyAlgorithm;
 pub use provided::{ProvidedCaError, ProvidedOptions};
+pub use sds_tls::{SdsCa, SdsServerCert, SdsTlsError};
 pub use select::select;
 pub use template::{
     Template, TemplateError, TemplateVars, NAMESPACE_LABEL, SERVICE_ACCOUNT_LABEL, WORKLOAD_LABEL,
