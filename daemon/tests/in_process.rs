@@ -16,9 +16,11 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The embedded defaults, with everything the daemon writes or binds under `root` or on loopback.
 fn settings(root: &Path) -> Settings {
-    let mut settings = Settings::default();
-    settings.data_dir = root.join("data");
-    settings.resources = root.join("resources");
+    let mut settings = Settings {
+        data_dir: root.join("data"),
+        resources: root.join("resources"),
+        ..Settings::default()
+    };
     settings.sds.listen = vec![
         ListenAddr::Unix(root.join("sds.sock")),
         ListenAddr::Tcp(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))),
