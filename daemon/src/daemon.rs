@@ -19,10 +19,11 @@ use super::data_dir::{DaemonLock, DataDir};
 use super::files::ensure_resources;
 use super::limits::ServeLimits;
 use super::reload::Reloader;
-use super::replica::{DatabaseView, GateSync, Heartbeat, RecordSync};
+use super::replica::{DatabaseView, GateSync, Heartbeat};
 use super::store::Store;
 use super::{admin, daemon_keys, metrics, revocations, watcher};
 use crate::error::{Error, InvalidInput, Result};
+use meshca_db::RecordSync;
 use meshca_db::Replicas;
 
 /// How long shutdown waits for streams and tasks to finish.
@@ -478,7 +479,11 @@ impl Tasks {
         }
         if let Some((gate_sync, record_sync)) = self.replica_sync {
             tasks.spawn(gate_sync.run(shutdown.clone()));
-            tasks.spawn(record_sync.run(shutdown.clone()));
+            let shutdown = shutdown.clone();
+            tasks.spawn(async move {
+                record_sync.run(shutdown).await;
+                Ok(())
+            });
         }
         tasks.spawn(serve_admin(
             admin_listener,
