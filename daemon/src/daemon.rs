@@ -291,7 +291,7 @@ impl Opened {
         let store = Store::open_waiting(settings, &data_dir).await?;
         let limits = ServeLimits::from_settings(settings);
         let world = load_initial_world(settings, store.keystore.as_ref())?;
-        let signing_key = store.token_signing_key(&data_dir)?;
+        let signing_key = store.signing_key(&data_dir)?;
         // Fail closed: the list exists from the key's creation on, so missing or invalid stops the start.
         let revocations_source = match store.revocations() {
             Some(database) => revocations::Source::Database(database),

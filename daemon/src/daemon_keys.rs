@@ -22,7 +22,7 @@ pub fn sds_ca_file(data_dir: &Path) -> PathBuf {
 
 /// Loads the token signing key, generating and persisting it the first time. Of concurrent first callers
 /// (the daemon, `meshca token`), one creates the key and every other loads that one.
-pub fn token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<SigningKey> {
+pub(crate) fn token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<SigningKey> {
     if let Some(key) = load_token_signing_key(keystore)? {
         return Ok(key);
     }
@@ -42,8 +42,11 @@ pub fn token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<SigningKey> 
 }
 
 /// Whether the keystore holds a token signing key (tokens may have been minted with it).
-pub fn has_token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<bool> {
-    Ok(keystore.get_secret(TOKEN_KEY)?.is_some())
+pub fn has_token_signing_key(keystore: &dyn Keystore) -> crate::Result<bool> {
+    keystore
+        .get_secret(TOKEN_KEY)
+        .map(|key| key.is_some())
+        .map_err(|e| crate::Error::from_internal(e.into()))
 }
 
 fn load_token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<Option<SigningKey>> {
@@ -59,7 +62,7 @@ fn load_token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<Option<Sign
 }
 
 /// A certificate chain and key for the SDS TLS listener.
-pub struct ServerIdentity {
+pub(crate) struct ServerIdentity {
     /// Leaf first.
     pub chain: Vec<rustls_pki_types::CertificateDer<'static>>,
     /// The leaf's key.
@@ -76,7 +79,7 @@ impl std::fmt::Debug for ServerIdentity {
 }
 
 /// Reads the operator's certificate and key for the SDS listener (`sds.tls`).
-pub fn server_identity_from_files(
+pub(crate) fn server_identity_from_files(
     cert_file: &Path,
     key_file: &Path,
 ) -> anyhow::Result<ServerIdentity> {
@@ -113,7 +116,7 @@ pub fn server_identity_from_files(
 
 /// A server certificate for the SDS listener from the daemon's own SDS CA (created on first start and kept in
 /// the keystore; its certificate is also written to `<dataDir>/sds-ca.pem` for clients).
-pub fn server_identity_generated(
+pub(crate) fn server_identity_generated(
     keystore: &dyn Keystore,
     data_dir: &Path,
     now: SystemTime,
@@ -177,7 +180,9 @@ fn load_sds_ca(keystore: &dyn Keystore) -> anyhow::Result<Option<SdsCa>> {
 }
 
 /// The rustls server configuration of the SDS TCP listener (ring provider, ALPN h2).
-pub fn server_tls_config(identity: ServerIdentity) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+pub(crate) fn server_tls_config(
+    identity: ServerIdentity,
+) -> anyhow::Result<Arc<rustls::ServerConfig>> {
     let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))

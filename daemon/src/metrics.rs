@@ -181,6 +181,36 @@ impl Collector for RefusedRowsCollector {
     }
 }
 
+/// What `register_issuance` registers, in the order of its names there.
+type IssuanceMetrics = (
+    Family<IssuerLabels, Counter>,
+    Family<IssuerLabels, Counter>,
+    Histogram,
+    Family<ScopeLabels, Histogram>,
+    Family<ScopeLabels, Counter>,
+    Counter,
+    Counter,
+);
+
+/// What `register_replicas` registers, in the order of its names there.
+type ReplicaMetrics = (
+    Family<ReplicaLabels, Gauge>,
+    Family<ReplicaLabels, Gauge>,
+    Family<ReplicaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+);
+
+/// What `register_rollout` registers, in the order of its names there.
+type RolloutMetrics = (
+    Gauge,
+    Gauge,
+    Family<MeshLabels, Gauge>,
+    Family<IssuerLabels, Gauge>,
+    Family<StepLabels, Counter>,
+    Family<StepLabels, Counter>,
+    Family<MeshLabels, Counter>,
+    Family<CaLabels, Gauge>,
+);
+
 /// Registers `metric` under `name` with `help`, and returns it to be updated.
 fn register<M: prometheus_client::registry::Metric + Clone>(
     registry: &mut Registry,
@@ -243,18 +273,7 @@ impl Metrics {
     }
 
     /// Issuance and reconciles: what was issued or failed and how long it took, rejected updates and revocation reloads.
-    #[allow(clippy::type_complexity)]
-    fn register_issuance(
-        registry: &mut Registry,
-    ) -> (
-        Family<IssuerLabels, Counter>,
-        Family<IssuerLabels, Counter>,
-        Histogram,
-        Family<ScopeLabels, Histogram>,
-        Family<ScopeLabels, Counter>,
-        Counter,
-        Counter,
-    ) {
+    fn register_issuance(registry: &mut Registry) -> IssuanceMetrics {
         let issued = register(
             registry,
             "meshca_certificates_issued",
@@ -311,14 +330,7 @@ impl Metrics {
     }
 
     /// Replicas on one database: whether it answers, and what each replica reported.
-    #[allow(clippy::type_complexity)]
-    fn register_replicas(
-        registry: &mut Registry,
-    ) -> (
-        Family<ReplicaLabels, Gauge>,
-        Family<ReplicaLabels, Gauge>,
-        Family<ReplicaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
-    ) {
+    fn register_replicas(registry: &mut Registry) -> ReplicaMetrics {
         let database_up = register(
             registry,
             "meshca_database_up",
@@ -341,19 +353,7 @@ impl Metrics {
     }
 
     /// Expiries, connected proxies, and rotations: who holds what, and the rollout gate's waits.
-    #[allow(clippy::type_complexity)]
-    fn register_rollout(
-        registry: &mut Registry,
-    ) -> (
-        Gauge,
-        Gauge,
-        Family<MeshLabels, Gauge>,
-        Family<IssuerLabels, Gauge>,
-        Family<StepLabels, Counter>,
-        Family<StepLabels, Counter>,
-        Family<MeshLabels, Counter>,
-        Family<CaLabels, Gauge>,
-    ) {
+    fn register_rollout(registry: &mut Registry) -> RolloutMetrics {
         let earliest_cert_expiry = register(
             registry,
             "meshca_earliest_certificate_expiry_seconds",
