@@ -230,7 +230,7 @@ impl Daemon {
     }
 
     /// What reloads resources and revocations (SIGHUP and the file watcher use it).
-    pub fn reloader(&self) -> Reloader {
+    pub(crate) fn reloader(&self) -> Reloader {
         self.reloader.clone()
     }
 
