@@ -2,14 +2,8 @@
 #![forbid(unsafe_code)]
 
 mod allocator;
-mod atomic_file;
-mod bench;
-mod bootstrap;
-mod children;
 mod cli;
 mod commands;
-mod drill;
-mod serve;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -28,6 +22,16 @@ impl std::fmt::Display for InvalidInput {
 }
 
 impl std::error::Error for InvalidInput {}
+
+/// The exit code of a failed command: 2 for input the user must fix (the command's own checks or
+/// the daemon library's), 1 for anything else.
+fn exit_code(error: &anyhow::Error) -> ExitCode {
+    let invalid = error.downcast_ref::<InvalidInput>().is_some()
+        || error
+            .downcast_ref::<meshca_daemon::Error>()
+            .is_some_and(meshca_daemon::Error::is_invalid_input);
+    ExitCode::from(if invalid { 2 } else { 1 })
+}
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -62,11 +66,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            if e.downcast_ref::<InvalidInput>().is_some() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::from(1)
-            }
+            exit_code(&e)
         }
     }
 }

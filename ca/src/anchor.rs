@@ -53,7 +53,7 @@ impl TrustAnchor {
     /// Reads every certificate of PEM text as a trust anchor, in order. Refuses text with any block other
     /// than CERTIFICATE, without any certificate, or with a certificate that does not decode or is not a CA.
     pub fn parse_pem(text: &[u8]) -> Result<Vec<TrustAnchor>, AnchorError> {
-        let (ders, others) = certs::split_pem(text).map_err(AnchorError::Pem)?;
+        let (ders, others) = certs::split_pem(text).map_err(|e| AnchorError::Pem(e.to_string()))?;
         if let Some(label) = others.into_iter().next() {
             return Err(AnchorError::NotACertificate { label });
         }
@@ -67,8 +67,10 @@ impl TrustAnchor {
     }
 
     fn from_der(position: usize, der: &[u8]) -> Result<TrustAnchor, AnchorError> {
-        let cert =
-            certs::parse(der).map_err(|reason| AnchorError::Unparsable { position, reason })?;
+        let cert = certs::parse(der).map_err(|reason| AnchorError::Unparsable {
+            position,
+            reason: reason.to_string(),
+        })?;
         let subject = certs::subject(&cert);
         let is_ca = cert
             .basic_constraints()

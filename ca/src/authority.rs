@@ -139,7 +139,7 @@ impl CertificateAuthority {
             .filter(|(t, _)| t.year() < 9999 && !params.validity.is_zero())
             .ok_or(CaError::Validity(params.validity))?
             .0;
-        let serial = certs::random_serial().map_err(CaError::Certificate)?;
+        let serial = certs::random_serial().map_err(|e| CaError::Certificate(e.to_string()))?;
         let uri = rcgen::string::Ia5String::try_from(params.trust_domain.id())
             .map_err(|e| CaError::Certificate(e.to_string()))?;
 
@@ -179,7 +179,7 @@ impl CertificateAuthority {
         let cert =
             certs::parse(&cert_der).map_err(|reason| ProvidedCaError::UnparsableCertificate {
                 position: 1,
-                reason,
+                reason: reason.to_string(),
             })?;
         let subject = certs::subject(&cert);
 
@@ -355,7 +355,7 @@ fn trust_domain_of(
 ) -> Result<Option<TrustDomain>, ProvidedCaError> {
     let uris = certs::uri_sans(cert).map_err(|reason| ProvidedCaError::UnparsableCertificate {
         position: 1,
-        reason,
+        reason: reason.to_string(),
     })?;
     let Some(uri) = uris.into_iter().find(|u| u.starts_with("spiffe://")) else {
         return Ok(None);

@@ -11,18 +11,33 @@ use x509_parser::x509::SubjectPublicKeyInfo;
 
 use crate::der;
 
+/// Why a certificate helper failed; its text is what callers put in their own errors.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CertsError {
+    #[error("trailing bytes after the certificate")]
+    TrailingBytes,
+    #[error(transparent)]
+    Parse(#[from] x509_parser::nom::Err<x509_parser::error::X509Error>),
+    #[error(transparent)]
+    Extension(#[from] x509_parser::error::X509Error),
+    #[error(transparent)]
+    Pem(#[from] ::pem::PemError),
+    #[error("the system random generator failed")]
+    Random,
+}
+
 /// Parses one DER certificate, refusing trailing bytes.
-pub(crate) fn parse(der: &[u8]) -> Result<X509Certificate<'_>, String> {
+pub(crate) fn parse(der: &[u8]) -> Result<X509Certificate<'_>, CertsError> {
     match x509_parser::parse_x509_certificate(der) {
         Ok(([], cert)) => Ok(cert),
-        Ok(_) => Err("trailing bytes after the certificate".into()),
-        Err(e) => Err(e.to_string()),
+        Ok(_) => Err(CertsError::TrailingBytes),
+        Err(e) => Err(e.into()),
     }
 }
 
 /// Splits PEM data into the DER of its `CERTIFICATE` blocks; other block types are returned by label.
-pub(crate) fn split_pem(data: &[u8]) -> Result<(Vec<Vec<u8>>, Vec<String>), String> {
-    let blocks = ::pem::parse_many(data).map_err(|e| e.to_string())?;
+pub(crate) fn split_pem(data: &[u8]) -> Result<(Vec<Vec<u8>>, Vec<String>), CertsError> {
+    let blocks = ::pem::parse_many(data)?;
     let mut certs = Vec::new();
     let mut others = Vec::new();
     for block in blocks {
@@ -90,8 +105,8 @@ pub(crate) fn describe_algorithm(alg: KeyAlgorithm) -> &'static str {
 }
 
 /// The URI SANs of a certificate (an unreadable SAN extension yields an error).
-pub(crate) fn uri_sans<'a>(cert: &'a X509Certificate<'_>) -> Result<Vec<&'a str>, String> {
-    let Some(san) = cert.subject_alternative_name().map_err(|e| e.to_string())? else {
+pub(crate) fn uri_sans<'a>(cert: &'a X509Certificate<'_>) -> Result<Vec<&'a str>, CertsError> {
+    let Some(san) = cert.subject_alternative_name()? else {
         return Ok(Vec::new());
     };
     Ok(san
@@ -127,11 +142,11 @@ pub(crate) fn rfc3339(t: SystemTime) -> String {
 
 /// A random positive serial number of 16 bytes with the top bit clear and the next set, so it always
 /// encodes in 16 bytes and carries 126 random bits.
-pub(crate) fn random_serial() -> Result<[u8; 16], String> {
+pub(crate) fn random_serial() -> Result<[u8; 16], CertsError> {
     let mut serial = [0u8; 16];
     SystemRandom::new()
         .fill(&mut serial)
-        .map_err(|_| "the system random generator failed".to_owned())?;
+        .map_err(|_| CertsError::Random)?;
     serial[0] = (serial[0] & 0x7f) | 0x40;
     Ok(serial)
 }

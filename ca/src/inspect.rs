@@ -47,7 +47,7 @@ pub enum InspectError {
 
 /// Decodes every `CERTIFICATE` block of PEM data, in order. Other blocks (keys) are skipped, never shown.
 pub fn inspect_pem(data: &[u8]) -> Result<Vec<CertInfo>, InspectError> {
-    let (ders, _) = certs::split_pem(data).map_err(InspectError::Pem)?;
+    let (ders, _) = certs::split_pem(data).map_err(|e| InspectError::Pem(e.to_string()))?;
     if ders.is_empty() {
         return Err(InspectError::NoCertificate);
     }
@@ -58,9 +58,9 @@ pub fn inspect_pem(data: &[u8]) -> Result<Vec<CertInfo>, InspectError> {
                 position: i + 1,
                 reason,
             };
-            let cert = certs::parse(der).map_err(unparsable)?;
+            let cert = certs::parse(der).map_err(|e| unparsable(e.to_string()))?;
             let spiffe_ids = certs::uri_sans(&cert)
-                .map_err(unparsable)?
+                .map_err(|e| unparsable(e.to_string()))?
                 .into_iter()
                 .filter(|u| u.starts_with("spiffe://"))
                 .map(str::to_owned)

@@ -160,7 +160,7 @@ impl CertificateAuthority {
             Some(pair) if pair.algorithm() == req.key_algorithm => pair.into_parts(),
             _ => PrivateKey::generate(req.key_algorithm).map_err(IssueError::Key)?,
         };
-        let serial = certs::random_serial().map_err(IssueError::Sign)?;
+        let serial = certs::random_serial().map_err(|e| IssueError::Sign(e.to_string()))?;
         let uri = rcgen::string::Ia5String::try_from(req.spiffe_id.as_str())
             .map_err(|e| IssueError::Sign(e.to_string()))?;
 

@@ -190,7 +190,7 @@ impl PrivateKey {
         let bits = algorithm
             .rsa_bits()
             .ok_or_else(|| failed("not an RSA algorithm".into()))?;
-        generate_rsa(algorithm, bits).map_err(failed)
+        generate_rsa(algorithm, bits).map_err(|e| failed(e.to_string()))
     }
 
     /// The key's algorithm.
@@ -283,17 +283,27 @@ fn unsupported_pem(label: String) -> KeyError {
     KeyError::UnsupportedPem { label, hint }
 }
 
-fn generate_rsa(algorithm: KeyAlgorithm, bits: usize) -> Result<(PrivateKey, PublicKey), String> {
+/// Why the RSA crate could not make or encode a key.
+#[derive(Debug, thiserror::Error)]
+enum RsaGenerationError {
+    #[error(transparent)]
+    Generate(#[from] rsa::Error),
+    #[error(transparent)]
+    Pkcs8(#[from] rsa::pkcs8::Error),
+    #[error(transparent)]
+    Pkcs1(#[from] rsa::pkcs1::Error),
+}
+
+fn generate_rsa(
+    algorithm: KeyAlgorithm,
+    bits: usize,
+) -> Result<(PrivateKey, PublicKey), RsaGenerationError> {
     use rsa::pkcs1::EncodeRsaPublicKey;
     use rsa::pkcs8::EncodePrivateKey;
-    let key = rsa::RsaPrivateKey::new(&mut rand_core::OsRng, bits).map_err(|e| e.to_string())?;
-    let doc = key.to_pkcs8_der().map_err(|e| e.to_string())?;
+    let key = rsa::RsaPrivateKey::new(&mut rand_core::OsRng, bits)?;
+    let doc = key.to_pkcs8_der()?;
     let pkcs8 = Zeroizing::new(doc.as_bytes().to_vec());
-    let raw = key
-        .to_public_key()
-        .to_pkcs1_der()
-        .map_err(|e| e.to_string())?
-        .into_vec();
+    let raw = key.to_public_key().to_pkcs1_der()?.into_vec();
     Ok((
         PrivateKey { pkcs8, algorithm },
         PublicKey { algorithm, raw },

@@ -15,6 +15,7 @@ mod issue;
 mod key;
 mod pem_out;
 mod provided;
+mod sds_tls;
 mod select;
 #[cfg(test)]
 mod test_fixtures;
@@ -28,6 +29,7 @@ pub use issue::{IssueError, Svid, SvidRequest};
 pub use key::{GeneratedKey, KeyError, PrivateKey, PublicKey};
 pub use meshca_identity::KeyAlgorithm;
 pub use provided::{ProvidedCaError, ProvidedOptions};
+pub use sds_tls::{SdsCa, SdsServerCert, SdsTlsError};
 pub use select::select;
 // The templates live with the identity types (resource files are checked against them where they are
 // read); they stay part of this crate's API.

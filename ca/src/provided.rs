@@ -146,7 +146,8 @@ pub enum ProvidedCaError {
 
 /// Reads a chain of PEM certificates (DER, in order), refusing other block types.
 pub(crate) fn read_chain(pem: &[u8]) -> Result<Vec<Vec<u8>>, ProvidedCaError> {
-    let (certs, others) = certs::split_pem(pem).map_err(ProvidedCaError::UnreadableCertPem)?;
+    let (certs, others) =
+        certs::split_pem(pem).map_err(|e| ProvidedCaError::UnreadableCertPem(e.to_string()))?;
     if let Some(label) = others.into_iter().next() {
         return Err(ProvidedCaError::UnexpectedPemBlock { label });
     }
@@ -174,7 +175,7 @@ impl CertificateAuthority {
             .map(|(i, der)| {
                 certs::parse(der).map_err(|reason| ProvidedCaError::UnparsableCertificate {
                     position: i + 1,
-                    reason,
+                    reason: reason.to_string(),
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;

@@ -76,7 +76,7 @@ impl Anchors {
             let cert = CertificateDer::from(der.as_slice());
             let anchor = webpki::anchor_from_trusted_cert(&cert).map_err(|e| bad(e.to_string()))?;
             webpki.push(anchor.to_owned());
-            let parsed = certs::parse(der).map_err(bad)?;
+            let parsed = certs::parse(der).map_err(|e| bad(e.to_string()))?;
             issuers.push((
                 parsed.subject().as_raw().to_vec(),
                 parsed.validity().not_after.timestamp(),
@@ -126,7 +126,7 @@ impl IssuerFacts {
             position: 0,
             reason: format!("the signing certificate: {reason}"),
         };
-        let cert = certs::parse(signing_der).map_err(bad)?;
+        let cert = certs::parse(signing_der).map_err(|e| bad(e.to_string()))?;
         let key_id = cert
             .iter_extensions()
             .find_map(|ext| match ext.parsed_extension() {
@@ -157,7 +157,7 @@ fn checked_leaf<'a>(
     let leaf = certs::parse(leaf_der)
         .map_err(|e| VerifyError::Rules(vec![format!("the certificate does not parse: {e}")]))?;
     check_rules(&leaf).map_err(VerifyError::Rules)?;
-    let uris = certs::uri_sans(&leaf).map_err(|e| VerifyError::Rules(vec![e]))?;
+    let uris = certs::uri_sans(&leaf).map_err(|e| VerifyError::Rules(vec![e.to_string()]))?;
     if uris.as_slice() != [expected.as_str()] {
         return Err(VerifyError::WrongId {
             expected: expected.clone(),

@@ -24,6 +24,7 @@ mod owner_loop;
 mod peers;
 mod plan;
 mod pool;
+mod replica_views;
 mod resource_name;
 mod snapshot;
 mod standalone;
@@ -54,6 +55,7 @@ pub use owner_loop::{
 };
 pub use peers::{GateView, PeerView, PresentedCa, PresentedIds, TrustEntry};
 pub use plan::{decide, renewal_time, DataplaneInfo, Decision, Desired, Issuer, Origin};
+pub use replica_views::{keep_gone, peer_views, GoneViews, LiveViews};
 pub use resource_name::{parse_names, Asker, NameKind, ResourceName, Target, TrustScope};
 pub use snapshot::{
     Changed, ClaimRule, Derived, KeyHasher, MeshServiceTrust, MeshView, ProxyEntry, ProxyHashMap,

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime};
 use meshca_ca::{CaParams, CertificateAuthority, SvidRequest};
 use meshca_identity::KeyAlgorithm;
 
-use crate::cli::BenchIssuanceArgs;
+use crate::cli::{BenchClient, BenchIssuanceArgs, BenchSdsArgs};
 use crate::InvalidInput;
 
 /// Calls `f` repeatedly for `span` on this thread; returns calls per second.
@@ -139,4 +139,24 @@ fn rsa_wave(
         keys_per_sec,
         wave_per_sec: count as f64 / started.elapsed().as_secs_f64(),
     })
+}
+
+/// `meshca bench sds`: the library's bench with the command line's options.
+pub async fn sds(args: BenchSdsArgs) -> anyhow::Result<ExitCode> {
+    use meshca_drill::bench::sds;
+    let client = match args.client {
+        BenchClient::Process => sds::BenchClient::Process,
+        BenchClient::InProcess => sds::BenchClient::InProcess,
+    };
+    sds::run(sds::SdsArgs {
+        streams: args.streams,
+        connections: args.connections,
+        proxies: args.proxies,
+        identity_every: args.identity_every,
+        node_extensions: args.node_extensions,
+        seconds: args.seconds,
+        timeout: args.timeout,
+        client,
+    })
+    .await
 }

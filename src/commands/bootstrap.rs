@@ -7,13 +7,13 @@ use anyhow::Context;
 use meshca_auth::Verifier;
 use meshca_config::ListenAddr;
 
-use crate::bootstrap::{Bootstrap, SdsTarget};
 use crate::cli::BootstrapArgs;
 use crate::InvalidInput;
+use meshca_drill::bootstrap::{Bootstrap, SdsTarget};
 
 pub fn run(args: BootstrapArgs) -> anyhow::Result<ExitCode> {
-    crate::bootstrap::check_ports(args.admin_port, &args.inbound, &args.outbound)
-        .map_err(InvalidInput)?;
+    meshca_drill::bootstrap::check_ports(args.admin_port, &args.inbound, &args.outbound)
+        .map_err(|clash| InvalidInput(clash.to_string()))?;
     let settings = super::load_settings(args.config.config.as_deref())?;
     let token = super::issue::read_token(&args.token_file)?;
     let claims = Verifier::read_unverified(&token).map_err(|e| {

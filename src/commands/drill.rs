@@ -3,10 +3,11 @@
 use std::process::ExitCode;
 
 use crate::cli::{DrillArgs, DrillScenario, Output, Switch};
-use crate::drill::report::Report;
-use crate::drill::scenario::Script;
-use crate::drill::{failover, play};
 use crate::InvalidInput;
+use meshca_drill::report::Report;
+use meshca_drill::scenario::Script;
+use meshca_drill::Scenario;
+use meshca_drill::{failover, play};
 
 /// The most proxies a drill simulates (each is an SDS stream and a set of TLS configs).
 const MAX_PROXIES: usize = 10_000;
@@ -50,7 +51,7 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
     if args.staged && !staged_flow {
         return Err(InvalidInput(format!(
             "--staged applies to migrate-to-meshidentity and trust-domain; {} has one flow",
-            Script::new(args.scenario, false).name
+            Script::new(scenario(args.scenario), false).name
         ))
         .into());
     }
@@ -71,7 +72,7 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
         handshakes: args.handshakes,
         envoy: args.envoy.clone(),
     };
-    let report = play::run(Script::new(args.scenario, args.staged), options).await?;
+    let report = play::run(Script::new(scenario(args.scenario), args.staged), options).await?;
     print_report(&args, &report)
 }
 
@@ -106,4 +107,15 @@ fn print_report(args: &DrillArgs, report: &Report) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// The library's scenario for the command line's.
+fn scenario(scenario: DrillScenario) -> Scenario {
+    match scenario {
+        DrillScenario::CaRotation => Scenario::CaRotation,
+        DrillScenario::MigrateToMeshidentity => Scenario::MigrateToMeshidentity,
+        DrillScenario::TrustDomain => Scenario::TrustDomain,
+        DrillScenario::Egress => Scenario::Egress,
+        DrillScenario::Failover => Scenario::Failover,
+    }
 }

@@ -9,12 +9,12 @@ use anyhow::{anyhow, Context};
 use futures::StreamExt;
 use zeroize::Zeroizing;
 
-use crate::atomic_file::write_atomic;
 use crate::cli::IssueArgs;
 use meshca_control::{issue_standalone, load_world, renewal_time, rfc3339, StandaloneError};
+use meshca_daemon::atomic_file::write_atomic;
 
-use crate::serve::open_store;
 use crate::InvalidInput;
+use meshca_daemon::open_store;
 
 /// What is written for the workload.
 struct Files {
@@ -58,7 +58,8 @@ fn write_files(dir: &Path, files: &Files, exec: Option<&str>) -> anyhow::Result<
     write_atomic(dir, "key.pem", files.key.as_bytes(), 0o600)?;
     write_atomic(dir, "svid.pem", files.svid.as_bytes(), 0o644)?;
     if let Some(cmd) = exec {
-        let mut command = crate::children::without_secrets(std::process::Command::new("sh"));
+        let mut command =
+            meshca_daemon::children::without_secrets(std::process::Command::new("sh"));
         let status = command
             .arg("-c")
             .arg(cmd)
@@ -212,7 +213,7 @@ async fn from_server(args: &IssueArgs, server: &str) -> anyhow::Result<ExitCode>
     let ca_file = args
         .server_ca
         .clone()
-        .unwrap_or_else(|| crate::serve::daemon_keys::sds_ca_file(&settings.data_dir));
+        .unwrap_or_else(|| meshca_daemon::daemon_keys::sds_ca_file(&settings.data_dir));
     let mut client = connect(server, &ca_file, token).await?;
     let names = vec!["default".to_owned(), format!("mesh_ca:secret:{mesh}")];
     let mut updates = Box::pin(

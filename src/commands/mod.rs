@@ -16,14 +16,13 @@ use std::process::ExitCode;
 use meshca_config::Settings;
 
 use crate::cli::Command;
-use crate::InvalidInput;
 
 /// Runs one subcommand.
 pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Serve(args) => {
             let settings = load_settings(args.config.as_deref())?;
-            crate::serve::run(settings, args.config.clone()).await?;
+            meshca_daemon::run(settings, args.config.clone()).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Validate(args) => validate::run(args),
@@ -33,8 +32,10 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Inspect(args) => inspect::run(args),
         Command::Status(args) => status::run(args).await,
         Command::Bench(crate::cli::BenchCommand::Issuance(args)) => bench::issuance(args),
-        Command::Bench(crate::cli::BenchCommand::Sds(args)) => crate::bench::sds::run(args).await,
-        Command::Bench(crate::cli::BenchCommand::SdsClient) => crate::bench::child::serve().await,
+        Command::Bench(crate::cli::BenchCommand::Sds(args)) => bench::sds(args).await,
+        Command::Bench(crate::cli::BenchCommand::SdsClient) => {
+            meshca_drill::bench::child::serve().await
+        }
         Command::Drill(args) => drill::run(args).await,
         Command::Bootstrap(args) => bootstrap::run(args),
     }
@@ -42,12 +43,7 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
 
 /// Settings from embedded defaults, the file and `MESHCA_*` variables; invalid settings exit 2.
 pub fn load_settings(path: Option<&Path>) -> anyhow::Result<Settings> {
-    Settings::load(path, process_env()).map_err(|e| anyhow::Error::new(InvalidInput(e.to_string())))
-}
-
-/// The process environment, skipping variables that are not UTF-8 (never meshca's own).
-pub fn process_env() -> impl Iterator<Item = (String, String)> {
-    std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+    Ok(meshca_daemon::load_settings(path)?)
 }
 
 /// A signed number of seconds as people read a time left: `2d11h`, `5h3m`, `4m10s`, `-1d2h` once past.

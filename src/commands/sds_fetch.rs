@@ -34,7 +34,7 @@ pub async fn run(args: SdsFetchArgs) -> anyhow::Result<ExitCode> {
     let ca_file = args
         .server_ca
         .clone()
-        .unwrap_or_else(|| crate::serve::daemon_keys::sds_ca_file(&settings.data_dir));
+        .unwrap_or_else(|| meshca_daemon::daemon_keys::sds_ca_file(&settings.data_dir));
     let mut client = connect(&server, &ca_file, token).await?;
     let secrets = client
         .fetch(&node_id, &args.names, None)

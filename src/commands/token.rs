@@ -7,9 +7,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use meshca_auth::{Claims, ProxyType};
 
 use crate::cli::{Output, ProxyKind, TokenArgs};
-use crate::serve::revocations::{self, Revoked};
-use crate::serve::{daemon_keys, open_store};
 use crate::InvalidInput;
+use meshca_daemon::revocations::{self, Revoked};
+use meshca_daemon::{daemon_keys, open_store};
 
 fn invalid(msg: String) -> anyhow::Error {
     InvalidInput(msg).into()

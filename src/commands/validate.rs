@@ -18,23 +18,25 @@ struct Report {
 
 pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
     let mut errors = Vec::new();
-    let settings =
-        match meshca_config::Settings::load(args.config.config.as_deref(), super::process_env()) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                errors.push(UpdateError {
-                    file: args
-                        .config
-                        .config
-                        .as_ref()
-                        .map_or("(environment)".into(), |p| p.display().to_string()),
-                    resource: "settings".into(),
-                    field: String::new(),
-                    message: e.to_string(),
-                });
-                None
-            }
-        };
+    let settings = match meshca_config::Settings::load(
+        args.config.config.as_deref(),
+        meshca_daemon::process_env(),
+    ) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            errors.push(UpdateError {
+                file: args
+                    .config
+                    .config
+                    .as_ref()
+                    .map_or("(environment)".into(), |p| p.display().to_string()),
+                resource: "settings".into(),
+                field: String::new(),
+                message: e.to_string(),
+            });
+            None
+        }
+    };
     let dirs: Vec<PathBuf> = if args.dirs.is_empty() {
         settings.iter().map(|s| s.resources.clone()).collect()
     } else {

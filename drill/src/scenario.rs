@@ -23,7 +23,6 @@ use std::collections::BTreeMap;
 
 use super::fleet::MemberSpec;
 use super::tls::PeerCheck;
-use crate::cli::DrillScenario;
 
 /// The mesh every drill runs in.
 pub const MESH: &str = "default";
@@ -34,6 +33,24 @@ const MIGRATED_DOMAIN: &str = "default.drill.local";
 /// The trust domains `trust-domain` moves between.
 const OLD_DOMAIN: &str = "old.drill.local";
 const NEW_DOMAIN: &str = "new.drill.local";
+
+/// The drills meshca can play.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    /// Switch a mesh from builtin CA ca-1 to ca-2 in one edit, then remove ca-1 at once.
+    CaRotation,
+    /// Add a MeshIdentity with a provider selecting every dataplane to a legacy mTLS mesh, then switch
+    /// legacy mTLS off at once.
+    MigrateToMeshidentity,
+    /// Move the mesh's MeshIdentity to another trust domain in one edit.
+    TrustDomain,
+    /// Sidecars of two meshes call a zone egress while the default mesh's CA is rotated and the default
+    /// mesh is switched to the other one.
+    Egress,
+    /// Replicas on one PostgreSQL database serve the proxies; the mesh's CA is rotated, and one replica
+    /// is killed in the middle.
+    Failover,
+}
 
 /// What the operator waits for after a staged edit, on every proxy.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,14 +111,14 @@ pub struct Script {
 
 impl Script {
     /// The script of `scenario`, or of its staged variant.
-    pub fn new(scenario: DrillScenario, staged: bool) -> Script {
+    pub fn new(scenario: Scenario, staged: bool) -> Script {
         match scenario {
-            DrillScenario::CaRotation => ca_rotation(),
-            DrillScenario::MigrateToMeshidentity => migrate_to_meshidentity(staged),
-            DrillScenario::TrustDomain => trust_domain(staged),
-            DrillScenario::Egress => egress(),
+            Scenario::CaRotation => ca_rotation(),
+            Scenario::MigrateToMeshidentity => migrate_to_meshidentity(staged),
+            Scenario::TrustDomain => trust_domain(staged),
+            Scenario::Egress => egress(),
             // The same rotation, over replicas one of which is killed between its two edits.
-            DrillScenario::Failover => Script {
+            Scenario::Failover => Script {
                 name: "failover",
                 change_phase: "failover",
                 ..ca_rotation()
@@ -535,10 +552,10 @@ mod tests {
     #[test]
     fn every_step_of_every_script_is_valid() {
         let scenarios = [
-            DrillScenario::CaRotation,
-            DrillScenario::MigrateToMeshidentity,
-            DrillScenario::TrustDomain,
-            DrillScenario::Egress,
+            Scenario::CaRotation,
+            Scenario::MigrateToMeshidentity,
+            Scenario::TrustDomain,
+            Scenario::Egress,
         ];
         for scenario in scenarios {
             for staged in [false, true] {
@@ -569,7 +586,7 @@ mod tests {
 
     #[test]
     fn members_spread_over_five_services() {
-        let script = Script::new(DrillScenario::MigrateToMeshidentity, false);
+        let script = Script::new(Scenario::MigrateToMeshidentity, false);
         let members = script.members(7);
         assert_eq!(members[3].name, "p-3");
         assert_eq!(members[6].service, "svc-1");
@@ -587,7 +604,7 @@ mod tests {
         );
         assert_eq!(script.contexts().len(), SERVICES);
         assert!(script.hubs().is_empty());
-        let pinned = Script::new(DrillScenario::CaRotation, false);
+        let pinned = Script::new(Scenario::CaRotation, false);
         assert!(pinned.contexts().is_empty());
         assert_eq!(
             pinned.members(2)[1].check,
@@ -597,7 +614,7 @@ mod tests {
 
     #[test]
     fn the_egress_drill_has_one_egress_and_sidecars_of_both_meshes() {
-        let script = Script::new(DrillScenario::Egress, false);
+        let script = Script::new(Scenario::Egress, false);
         let members = script.members(5);
         assert_eq!(members.len(), 5);
         assert!(members[0].egress && !members[1].egress);

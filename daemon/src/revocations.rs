@@ -36,7 +36,7 @@ pub enum Revoked {
 
 /// Reads and parses the list. Missing, unreadable and invalid are all errors naming the file: the caller
 /// keeps what it had (a running daemon) or stops (a starting one).
-pub fn read(path: &Path) -> anyhow::Result<RevocationList> {
+pub(crate) fn read(path: &Path) -> anyhow::Result<RevocationList> {
     let text = read_text(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => anyhow!("{}", missing_message(path)),
         _ => anyhow!(
@@ -55,7 +55,7 @@ pub fn read(path: &Path) -> anyhow::Result<RevocationList> {
 /// Creates the list, empty with its explanatory header, unless it exists. Called whenever the token
 /// signing key is about to be created, so that a data directory with a key always has a list and a
 /// missing list is a loss, never a fresh start.
-pub fn create_if_missing(path: &Path) -> anyhow::Result<()> {
+pub(crate) fn create_if_missing(path: &Path) -> anyhow::Result<()> {
     let _lock = lock(path)?;
     if path_exists(path)? {
         return Ok(());
@@ -70,7 +70,11 @@ pub fn create_if_missing(path: &Path) -> anyhow::Result<()> {
 ///
 /// A missing list is created when `key_exists` is false (no token was ever minted here); otherwise it is
 /// an error, since writing a list with only this id would un-revoke every token of the lost one.
-pub fn revoke(path: &Path, id: &str, key_exists: bool) -> anyhow::Result<Revoked> {
+pub fn revoke(path: &Path, id: &str, key_exists: bool) -> crate::Result<Revoked> {
+    add(path, id, key_exists).map_err(crate::Error::from_internal)
+}
+
+fn add(path: &Path, id: &str, key_exists: bool) -> anyhow::Result<Revoked> {
     let _lock = lock(path)?;
     let text = match read_text(path) {
         Ok(text) => text,
@@ -104,7 +108,7 @@ pub fn revoke(path: &Path, id: &str, key_exists: bool) -> anyhow::Result<Revoked
 
 /// Where the revoked tokens are kept: the data directory's file, or the database replicas share.
 #[derive(Clone, Debug)]
-pub enum Source {
+pub(crate) enum Source {
     /// `<dataDir>/revoked-tokens`, re-read when it changes.
     File(PathBuf),
     /// The database's table, read every [`DATABASE_POLL`].
@@ -117,7 +121,7 @@ pub const DATABASE_POLL: std::time::Duration = std::time::Duration::from_secs(1)
 
 impl Source {
     /// Reads the list. Every failure is an error: the caller keeps what it had, or does not start.
-    pub async fn read(&self) -> anyhow::Result<RevocationList> {
+    pub(crate) async fn read(&self) -> anyhow::Result<RevocationList> {
         match self {
             // Off the runtime's threads: a file read can take as long as the disk does.
             Source::File(path) => {

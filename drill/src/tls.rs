@@ -56,14 +56,44 @@ pub enum TlsSetupError {
     },
 }
 
+/// Why a certificate carries no SPIFFE ID the drill can read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpiffeIdError {
+    #[error("the certificate does not decode: {0}")]
+    Decode(x509_parser::nom::Err<x509_parser::error::X509Error>),
+    #[error("the subjectAltName extension does not decode: {0}")]
+    SubjectAltName(x509_parser::error::X509Error),
+    #[error("the certificate has no subjectAltName extension")]
+    NoSubjectAltName,
+    #[error("the URI SAN {0:?} is not a SPIFFE ID")]
+    NotSpiffe(String),
+    #[error("the certificate has no URI SAN")]
+    NoUri,
+    #[error("the certificate has {0} URI SANs, a SVID has exactly one")]
+    SeveralUris(usize),
+}
+
+/// The peer's certificate does not carry the SPIFFE ID expected of it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PeerIdError {
+    #[error("the peer presents {presented}, expected {expected}")]
+    Unexpected { presented: String, expected: String },
+    #[error("{reason} (expected {expected})")]
+    Unreadable {
+        reason: SpiffeIdError,
+        expected: String,
+    },
+}
+
 /// The SPIFFE ID of a certificate: its one URI SAN, which must be a `spiffe://` URI.
-pub fn spiffe_id(der: &[u8]) -> Result<String, String> {
-    let (_, cert) = X509Certificate::from_der(der)
-        .map_err(|e| format!("the certificate does not decode: {e}"))?;
+pub fn spiffe_id(der: &[u8]) -> Result<String, SpiffeIdError> {
+    let (_, cert) = X509Certificate::from_der(der).map_err(SpiffeIdError::Decode)?;
     let san = cert
         .subject_alternative_name()
-        .map_err(|e| format!("the subjectAltName extension does not decode: {e}"))?
-        .ok_or("the certificate has no subjectAltName extension")?;
+        .map_err(SpiffeIdError::SubjectAltName)?
+        .ok_or(SpiffeIdError::NoSubjectAltName)?;
     let uris: Vec<&str> = san
         .value
         .general_names
@@ -75,12 +105,9 @@ pub fn spiffe_id(der: &[u8]) -> Result<String, String> {
         .collect();
     match uris.as_slice() {
         [uri] if uri.starts_with("spiffe://") => Ok((*uri).to_owned()),
-        [uri] => Err(format!("the URI SAN {uri:?} is not a SPIFFE ID")),
-        [] => Err("the certificate has no URI SAN".to_owned()),
-        many => Err(format!(
-            "the certificate has {} URI SANs, a SVID has exactly one",
-            many.len()
-        )),
+        [uri] => Err(SpiffeIdError::NotSpiffe((*uri).to_owned())),
+        [] => Err(SpiffeIdError::NoUri),
+        many => Err(SpiffeIdError::SeveralUris(many.len())),
     }
 }
 
@@ -288,22 +315,23 @@ impl rustls::server::ResolvesServerCert for FixedIdentity {
     }
 }
 
-/// The peer's certificate does not carry the SPIFFE ID expected of it.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct PeerIdRejected(String);
-
 /// Checks that a peer's leaf certificate carries one of the SPIFFE IDs `accepted`; `what` names them
 /// in the error (an ID, or the context they come from).
 pub fn check_peer_id(
     leaf: &[u8],
     accepted: &BTreeSet<String>,
     what: &dyn fmt::Display,
-) -> Result<(), String> {
+) -> Result<(), PeerIdError> {
     match spiffe_id(leaf) {
         Ok(presented) if accepted.contains(&presented) => Ok(()),
-        Ok(presented) => Err(format!("the peer presents {presented}, expected {what}")),
-        Err(reason) => Err(format!("{reason} (expected {what})")),
+        Ok(presented) => Err(PeerIdError::Unexpected {
+            presented,
+            expected: what.to_string(),
+        }),
+        Err(reason) => Err(PeerIdError::Unreadable {
+            reason,
+            expected: what.to_string(),
+        }),
     }
 }
 
@@ -342,9 +370,8 @@ impl ServerCertVerifier for SpiffeServerVerifier {
             now,
             PROVIDER.signature_verification_algorithms.all,
         )?;
-        check_peer_id(end_entity, &self.acceptance.ids, &self.check).map_err(|reason| {
-            rustls::Error::Other(rustls::OtherError(Arc::new(PeerIdRejected(reason))))
-        })?;
+        check_peer_id(end_entity, &self.acceptance.ids, &self.check)
+            .map_err(|reason| rustls::Error::Other(rustls::OtherError(Arc::new(reason))))?;
         Ok(ServerCertVerified::assertion())
     }
 

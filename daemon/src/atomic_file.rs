@@ -11,7 +11,11 @@ use meshca_keystore::crash_point;
 /// (never an existing file, never through a symlink) with `mode` from the start, written, synced, then
 /// renamed over the target, and the directory synced. A reader sees the old or the new file, never a mix;
 /// on failure the target is untouched and the temporary file removed.
-pub fn write_atomic(dir: &Path, name: &str, data: &[u8], mode: u32) -> anyhow::Result<()> {
+pub fn write_atomic(dir: &Path, name: &str, data: &[u8], mode: u32) -> crate::Result<()> {
+    replace(dir, name, data, mode).map_err(crate::Error::from_internal)
+}
+
+fn replace(dir: &Path, name: &str, data: &[u8], mode: u32) -> anyhow::Result<()> {
     let target = dir.join(name);
     let tmp = dir.join(format!(".{name}.{}.tmp", random_suffix()?));
     crash_point(format_args!("create {}", tmp.display()));
@@ -42,9 +46,12 @@ pub fn write_atomic(dir: &Path, name: &str, data: &[u8], mode: u32) -> anyhow::R
 }
 
 /// Writes `data` to `path` atomically (see [`write_atomic`]).
-pub fn write_atomic_path(path: &Path, data: &[u8], mode: u32) -> anyhow::Result<()> {
+pub fn write_atomic_path(path: &Path, data: &[u8], mode: u32) -> crate::Result<()> {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
-        return Err(anyhow!("{} is not a file path", path.display()));
+        return Err(crate::Error::from_internal(anyhow!(
+            "{} is not a file path",
+            path.display()
+        )));
     };
     let dir = if dir.as_os_str().is_empty() {
         Path::new(".")

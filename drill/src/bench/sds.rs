@@ -11,12 +11,11 @@ use anyhow::{anyhow, Context};
 use meshca_config::Settings;
 
 use super::child::ChildFleet;
-use super::fleet::{Fleet, FleetPlan, Reach, StreamPlan};
+use super::fleet::{FleetPlan, Reach, StreamFleet, StreamPlan};
 use super::{cpu_seconds, quantile, rss_bytes};
-use crate::cli::{BenchClient, BenchSdsArgs};
-use crate::drill::sandbox::Sandbox;
-use crate::serve::{Daemon, DaemonOptions};
-use crate::InvalidInput;
+use crate::sandbox::Sandbox;
+use meshca_daemon::Error;
+use meshca_daemon::{Daemon, DaemonOptions};
 
 /// The mesh the bench runs in.
 const MESH: &str = "default";
@@ -47,11 +46,11 @@ pub struct Options {
 }
 
 impl Options {
-    fn from_args(args: &BenchSdsArgs) -> Result<Options, InvalidInput> {
+    fn from_args(args: &SdsArgs) -> Result<Options, Error> {
         let seconds = |name: &str, value: f64, zero_ok: bool| {
             let ok = value.is_finite() && (value > 0.0 || (zero_ok && value == 0.0));
             ok.then(|| Duration::from_secs_f64(value)).ok_or_else(|| {
-                InvalidInput(format!(
+                Error::invalid_input(format!(
                     "{name} must be a positive number of seconds, got {value}"
                 ))
             })
@@ -67,12 +66,12 @@ impl Options {
                 .max(DEFAULT_CONNECTIONS)
         });
         if args.streams == 0 || connections == 0 {
-            return Err(InvalidInput(
-                "--streams and --connections must be at least 1".into(),
+            return Err(Error::invalid_input(
+                "--streams and --connections must be at least 1",
             ));
         }
         if args.streams.div_ceil(connections) > per_connection {
-            return Err(InvalidInput(format!(
+            return Err(Error::invalid_input(format!(
                 "--streams {} over --connections {connections} puts more than limits.streamsPerConnection ({per_connection}) streams on a connection: use at least --connections {}",
                 args.streams,
                 args.streams.div_ceil(per_connection)
@@ -80,13 +79,13 @@ impl Options {
         }
         let proxies = args.proxies.unwrap_or(args.streams);
         if !(1..=args.streams).contains(&proxies) {
-            return Err(InvalidInput(format!(
+            return Err(Error::invalid_input(format!(
                 "--proxies must be between 1 and --streams ({}), got {proxies}",
                 args.streams
             )));
         }
         if args.streams.div_ceil(proxies) > per_proxy {
-            return Err(InvalidInput(format!(
+            return Err(Error::invalid_input(format!(
                 "--streams {} over --proxies {proxies} gives a proxy more than limits.streamsPerProxy ({per_proxy}) streams: use at least --proxies {}",
                 args.streams,
                 args.streams.div_ceil(per_proxy)
@@ -103,6 +102,52 @@ impl Options {
             client: args.client,
         })
     }
+}
+
+/// What `meshca bench sds` is asked for, before it is checked against the daemon's limits.
+#[derive(Clone, Debug)]
+pub struct SdsArgs {
+    /// How many concurrent `StreamSecrets` streams.
+    pub streams: usize,
+    /// How many HTTP/2 connections carry them; `None`: 50, or as many as the limits need.
+    pub connections: Option<usize>,
+    /// How many proxies own the streams (round-robin); `None`: one proxy per stream.
+    pub proxies: Option<usize>,
+    /// Every K-th stream also asks for the proxy's identity; 0: none does.
+    pub identity_every: usize,
+    /// How many extensions the node of each stream's first request lists.
+    pub node_extensions: usize,
+    /// How long the streams stay idle before the memory is read, in seconds.
+    pub seconds: f64,
+    /// How long the setup, and then the rotation, may take, in seconds.
+    pub timeout: f64,
+    /// Where the simulated proxies run.
+    pub client: BenchClient,
+}
+
+impl Default for SdsArgs {
+    /// The defaults of `meshca bench sds`.
+    fn default() -> SdsArgs {
+        SdsArgs {
+            streams: 10_000,
+            connections: None,
+            proxies: None,
+            identity_every: 4,
+            node_extensions: 420,
+            seconds: 2.0,
+            timeout: 60.0,
+            client: BenchClient::Process,
+        }
+    }
+}
+
+/// Where `bench sds` runs its clients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchClient {
+    /// A child process (`meshca bench sds-client`).
+    Process,
+    /// The bench's own process, beside the daemon.
+    InProcess,
 }
 
 /// Connections the bench opens unless more are needed or `--connections` says otherwise.
@@ -217,14 +262,16 @@ fn fleet_plan(daemon: &Daemon, target: String, options: &Options) -> anyhow::Res
 
 /// The fleet, wherever it runs.
 enum Clients {
-    Local(Fleet, Instant),
+    Local(StreamFleet, Instant),
     Child(Box<ChildFleet>),
 }
 
 impl Clients {
     async fn start(plan: FleetPlan, options: &Options) -> anyhow::Result<Clients> {
         Ok(match options.client {
-            BenchClient::InProcess => Clients::Local(Fleet::open(plan).await?, Instant::now()),
+            BenchClient::InProcess => {
+                Clients::Local(StreamFleet::open(plan).await?, Instant::now())
+            }
             BenchClient::Process => {
                 Clients::Child(Box::new(ChildFleet::spawn(plan, options.timeout).await?))
             }
@@ -555,7 +602,7 @@ fn report(options: &Options, outcome: &Outcome) -> serde_json::Value {
 }
 
 /// `meshca bench sds`: prints one JSON line; exit 1 unless the rotation reached every stream in time.
-pub async fn run(args: BenchSdsArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(args: SdsArgs) -> anyhow::Result<ExitCode> {
     let options = Options::from_args(&args)?;
     let outcome = measure(&options).await?;
     println!("{}", report(&options, &outcome));
@@ -589,15 +636,18 @@ mod tests {
         }
     }
 
-    fn options(args: &[&str]) -> Result<Options, InvalidInput> {
-        use clap::Parser;
-        let cli =
-            crate::cli::Cli::try_parse_from(["meshca", "bench", "sds"].iter().chain(args).copied())
-                .expect("valid arguments");
-        let crate::cli::Command::Bench(crate::cli::BenchCommand::Sds(args)) = cli.command else {
-            panic!("bench sds")
-        };
-        Options::from_args(&args)
+    fn options(args: &[&str]) -> Result<Options, Error> {
+        let mut parsed = SdsArgs::default();
+        for pair in args.chunks(2) {
+            let value = pair[1];
+            match pair[0] {
+                "--streams" => parsed.streams = value.parse().expect("a number"),
+                "--connections" => parsed.connections = Some(value.parse().expect("a number")),
+                "--proxies" => parsed.proxies = Some(value.parse().expect("a number")),
+                other => panic!("no option {other} here"),
+            }
+        }
+        Options::from_args(&parsed)
     }
 
     #[test]

@@ -79,6 +79,14 @@ pub struct Reach<'a> {
     pub mint: &'a dyn Fn(&meshca_auth::Claims) -> anyhow::Result<String>,
 }
 
+impl std::fmt::Debug for Reach<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reach")
+            .field("targets", &self.targets)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Fleet {
     /// Mints a token per member (its mesh and labels, tag `kuma.io/service`) and connects each as
     /// `reach` says. Member `i` draws its apply delays from `seed ^ i`. Sidecars subscribe to

@@ -1,13 +1,19 @@
-//! `meshca serve`: wiring the owner loop, the SDS server, the admin API, the resource watcher and
-//! signals. The decisions themselves live in `meshca-control`.
+//! What `meshca serve` runs: the daemon's wiring of the owner loop, the SDS server, the admin API, the
+//! metrics, the resource watcher, reloads and signals, with the data directory, the key store and the
+//! files it keeps. The decisions themselves live in `meshca-control`; drills and benches start a
+//! [`Daemon`] in process through this crate.
+#![forbid(unsafe_code)]
 
-pub mod admin;
+mod admin;
+pub mod atomic_file;
+pub mod children;
 mod daemon;
 pub mod daemon_keys;
 mod data_dir;
+mod error;
 mod files;
 mod limits;
-pub mod metrics;
+mod metrics;
 mod reload;
 mod replica;
 pub mod revocations;
@@ -16,6 +22,7 @@ mod store;
 mod watcher;
 
 pub use daemon::{Daemon, DaemonOptions};
+pub use error::{Cause, Error, Result};
 pub use files::open_store;
 use reload::Change;
 
@@ -24,7 +31,7 @@ use std::path::{Path, PathBuf};
 use meshca_config::Settings;
 
 /// Runs the daemon (with `settings`, read from `config` and the environment) until SIGTERM/SIGINT.
-pub async fn run(settings: Settings, config: Option<PathBuf>) -> anyhow::Result<()> {
+pub async fn run(settings: Settings, config: Option<PathBuf>) -> Result<()> {
     let mut daemon = Daemon::start(settings.clone(), DaemonOptions::default()).await?;
     let result = wait_for_signals(&mut daemon, settings, config).await;
     daemon.stop().await;
@@ -37,11 +44,12 @@ async fn wait_for_signals(
     daemon: &mut Daemon,
     mut settings: Settings,
     config: Option<PathBuf>,
-) -> anyhow::Result<()> {
+) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut hup = signal(SignalKind::hangup())?;
+    let handler = |kind| signal(kind).map_err(|e| Error::from_internal(e.into()));
+    let mut term = handler(SignalKind::terminate())?;
+    let mut int = handler(SignalKind::interrupt())?;
+    let mut hup = handler(SignalKind::hangup())?;
     let reloader = daemon.reloader();
     loop {
         tokio::select! {
@@ -61,7 +69,7 @@ async fn wait_for_signals(
 /// changed, the one setting applied while serving. Other changes are reported as waiting for a restart;
 /// settings that do not load change nothing.
 fn reread_default_mesh(config: Option<&Path>, current: &mut Settings) -> Option<Option<String>> {
-    let new = match crate::commands::load_settings(config) {
+    let new = match load_settings(config) {
         Ok(new) => new,
         Err(error) => {
             tracing::error!("settings not reloaded, the running ones stay: {error:#}");
@@ -82,4 +90,15 @@ fn reread_default_mesh(config: Option<&Path>, current: &mut Settings) -> Option<
     }
     current.defaults = new.defaults.clone();
     Some(new.defaults.mesh)
+}
+
+/// Settings from embedded defaults, the file and `MESHCA_*` variables; invalid settings are an
+/// [`Error::InvalidInput`].
+pub fn load_settings(path: Option<&Path>) -> Result<Settings> {
+    Settings::load(path, process_env()).map_err(|e| Error::invalid_input(e.to_string()))
+}
+
+/// The process environment, skipping variables that are not UTF-8 (never meshca's own).
+pub fn process_env() -> impl Iterator<Item = (String, String)> {
+    std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
 }

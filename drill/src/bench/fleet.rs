@@ -57,7 +57,7 @@ pub struct FleetPlan {
     pub streams: Vec<StreamPlan>,
 }
 
-/// How a rotation reached the fleet. Latencies are seconds from [`Fleet::arm`], sorted.
+/// How a rotation reached the fleet. Latencies are seconds from [`StreamFleet::arm`], sorted.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Reach {
     /// Streams that received a bundle with the new CA.
@@ -74,7 +74,7 @@ pub struct Reach {
     pub failed: usize,
     /// Responses the fleet could not use (NACKed).
     pub nacks: u64,
-    /// Responses the streams received from [`Fleet::arm`] until the report, used or NACKed: one per
+    /// Responses the streams received from [`StreamFleet::arm`] until the report, used or NACKed: one per
     /// stream for the new bundle, one more per identity stream for its certificate, and any the daemon
     /// sent besides.
     pub responses: u64,
@@ -207,15 +207,15 @@ impl Baseline {
 
 /// The streams, running.
 #[derive(Debug)]
-pub struct Fleet {
+pub struct StreamFleet {
     progress: Arc<Progress>,
     identity_streams: usize,
     tasks: JoinSet<()>,
 }
 
-impl Fleet {
+impl StreamFleet {
     /// Connects `plan.connections` HTTP/2 connections and opens every stream over them.
-    pub async fn open(plan: FleetPlan) -> anyhow::Result<Fleet> {
+    pub async fn open(plan: FleetPlan) -> anyhow::Result<StreamFleet> {
         if plan.connections == 0 {
             return Err(anyhow!("a fleet needs at least one connection"));
         }
@@ -257,7 +257,7 @@ impl Fleet {
                 }
             });
         }
-        Ok(Fleet {
+        Ok(StreamFleet {
             progress,
             identity_streams,
             tasks,

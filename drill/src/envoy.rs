@@ -144,13 +144,16 @@ impl EnvoyRing {
         // About a quarter of the ring lags, at least one sidecar.
         let laggard_count = (count / 4).max(1);
         let mut laggards = Vec::new();
-        let ports: Vec<(u16, u16, u16)> = free_ports(3 * count)?
+        let ports: Vec<SidecarPorts> = free_ports(3 * count)?
             .chunks_exact(3)
-            .map(|p| (p[0], p[1], p[2]))
+            .map(|p| SidecarPorts {
+                admin: p[0],
+                inbound: p[1],
+                outbound: p[2],
+            })
             .collect();
         let mut sidecars = Vec::with_capacity(count);
         for (i, member) in members.iter().enumerate() {
-            let (admin_port, inbound_port, outbound_port) = ports[i];
             let target = topology.target(i, members)?;
             // Each sidecar lists every replica, its own first (member i's is replica i mod n).
             let first = i % sds_sockets.len().max(1);
@@ -162,13 +165,7 @@ impl EnvoyRing {
             if i < laggard_count {
                 let span = (LAG.1 - LAG.0).as_millis() as u64;
                 let delay = LAG.0 + Duration::from_millis(rng.below(span.max(1)));
-                for (r, socket) in sockets.iter_mut().enumerate() {
-                    let relay = dir.join(format!("relay-{i}-{r}.sock"));
-                    let listener = UnixListener::bind(&relay)
-                        .with_context(|| format!("cannot bind the relay {}", relay.display()))?;
-                    tasks.spawn(relay_with_delay(listener, socket.clone(), delay));
-                    *socket = relay;
-                }
+                relay_sockets(&mut tasks, dir, i, &mut sockets, delay)?;
                 laggards.push((member.name.clone(), delay));
             }
             let sds = match <[PathBuf; 1]>::try_from(sockets) {
@@ -180,70 +177,40 @@ impl EnvoyRing {
                 claims: meshca_auth::Verifier::read_unverified(&token)?,
                 token,
                 sds,
-                admin_port,
+                admin_port: ports[i].admin,
                 inbound: vec![Inbound {
-                    port: inbound_port,
+                    port: ports[i].inbound,
                     app_port,
                 }],
                 outbound: target
                     .iter()
                     .map(|(to, peer)| Outbound {
-                        local_port: outbound_port,
+                        local_port: ports[i].outbound,
                         host: "127.0.0.1".to_owned(),
-                        port: ports[*to].1,
+                        port: ports[*to].inbound,
                         peer: peer.clone(),
                     })
                     .collect(),
                 one_request_per_connection: true,
             };
-            let config = dir.join(format!("envoy-{i}.yaml"));
-            std::fs::write(&config, bootstrap.to_yaml()?)
-                .with_context(|| format!("cannot write {}", config.display()))?;
-            let log = dir.join(format!("envoy-{i}.log"));
-            let out = std::fs::File::create(&log)?;
-            let child = Command::from(crate::children::without_secrets(
-                std::process::Command::new(envoy),
-            ))
-            .arg("-c")
-            .arg(&config)
-            .args([
-                "--disable-hot-restart",
-                "--concurrency",
-                "1",
-                "--log-level",
-                "error",
-            ])
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("cannot start Envoy {}", envoy.display()))?;
-            sidecars.push(Sidecar {
-                name: member.name.clone(),
-                initial_id: member.initial_id.clone(),
-                final_id: member.final_id.clone(),
-                renews: member.renews,
-                validates_with: match &target {
-                    Some((_, Peer::MeshService(service))) => Some(service.clone()),
-                    _ => None,
-                },
-                admin: SocketAddr::from(([127, 0, 0, 1], admin_port)),
-                outbound: target
-                    .map(|(to, _)| (SocketAddr::from(([127, 0, 0, 1], outbound_port)), to)),
-                child,
-                log,
-            });
+            let (child, log) = spawn_envoy(envoy, dir, i, &bootstrap)?;
+            sidecars.push(Sidecar::new(member, &target, ports[i], child, log));
         }
         let mut ring = EnvoyRing {
             sidecars,
             laggards,
             tasks,
         };
+        ring.wait_until_live().await?;
+        Ok(ring)
+    }
+
+    /// Waits until every Envoy is LIVE and presents its initial SPIFFE ID; fails when one exits or
+    /// the start takes longer than [`START_TIMEOUT`].
+    async fn wait_until_live(&mut self) -> anyhow::Result<()> {
         let deadline = Instant::now() + START_TIMEOUT;
-        for i in 0..ring.sidecars.len() {
+        for sidecar in &mut self.sidecars {
             loop {
-                let sidecar = &mut ring.sidecars[i];
                 if let Ok(Some(status)) = sidecar.child.try_wait() {
                     let log = std::fs::read_to_string(&sidecar.log).unwrap_or_default();
                     return Err(anyhow!("Envoy {} exited ({status}):\n{log}", sidecar.name));
@@ -262,7 +229,7 @@ impl EnvoyRing {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
-        Ok(ring)
+        Ok(())
     }
 
     /// The serial numbers each sidecar presents now (from its admin `/certs`).
@@ -283,7 +250,92 @@ impl EnvoyRing {
     }
 }
 
+/// The loopback ports of one sidecar: its admin, its inbound listener and its outbound one.
+#[derive(Clone, Copy, Debug)]
+struct SidecarPorts {
+    admin: u16,
+    inbound: u16,
+    outbound: u16,
+}
+
+/// Puts a relay that delays every byte by `delay` in front of each of a laggard's SDS sockets.
+fn relay_sockets(
+    tasks: &mut JoinSet<()>,
+    dir: &Path,
+    member: usize,
+    sockets: &mut [PathBuf],
+    delay: Duration,
+) -> anyhow::Result<()> {
+    for (r, socket) in sockets.iter_mut().enumerate() {
+        let relay = dir.join(format!("relay-{member}-{r}.sock"));
+        let listener = UnixListener::bind(&relay)
+            .with_context(|| format!("cannot bind the relay {}", relay.display()))?;
+        tasks.spawn(relay_with_delay(listener, socket.clone(), delay));
+        *socket = relay;
+    }
+    Ok(())
+}
+
+/// Writes member `i`'s bootstrap and starts its Envoy, logging to a file beside it.
+fn spawn_envoy(
+    envoy: &Path,
+    dir: &Path,
+    i: usize,
+    bootstrap: &Bootstrap,
+) -> anyhow::Result<(Child, PathBuf)> {
+    let config = dir.join(format!("envoy-{i}.yaml"));
+    std::fs::write(&config, bootstrap.to_yaml()?)
+        .with_context(|| format!("cannot write {}", config.display()))?;
+    let log = dir.join(format!("envoy-{i}.log"));
+    let out = std::fs::File::create(&log)?;
+    let child = Command::from(meshca_daemon::children::without_secrets(
+        std::process::Command::new(envoy),
+    ))
+    .arg("-c")
+    .arg(&config)
+    .args([
+        "--disable-hot-restart",
+        "--concurrency",
+        "1",
+        "--log-level",
+        "error",
+    ])
+    .stdout(out.try_clone()?)
+    .stderr(out)
+    .stdin(Stdio::null())
+    .kill_on_drop(true)
+    .spawn()
+    .with_context(|| format!("cannot start Envoy {}", envoy.display()))?;
+    Ok((child, log))
+}
+
 impl Sidecar {
+    /// The sidecar of `member`, started as `child`, calling `target` if it calls anyone.
+    fn new(
+        member: &RingMember,
+        target: &Option<(usize, Peer)>,
+        ports: SidecarPorts,
+        child: Child,
+        log: PathBuf,
+    ) -> Sidecar {
+        Sidecar {
+            name: member.name.clone(),
+            initial_id: member.initial_id.clone(),
+            final_id: member.final_id.clone(),
+            renews: member.renews,
+            validates_with: match target {
+                Some((_, Peer::MeshService(service))) => Some(service.clone()),
+                _ => None,
+            },
+            admin: SocketAddr::from(([127, 0, 0, 1], ports.admin)),
+            outbound: target
+                .as_ref()
+                .map(|(to, _)| (SocketAddr::from(([127, 0, 0, 1], ports.outbound)), *to)),
+            child,
+            log,
+        }
+    }
+
     async fn is_live(&self) -> bool {
         matches!(admin_get(self.admin, "/ready").await, Some(body) if body.trim() == "LIVE")
     }

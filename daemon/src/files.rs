@@ -10,10 +10,13 @@ use super::data_dir::DataDir;
 use super::store::Store;
 
 /// The store the settings name (see [`Store::open`]), for commands that run beside the daemon.
-pub fn open_store(settings: &Settings) -> anyhow::Result<(DataDir, Store)> {
-    let data_dir = DataDir::open(&settings.data_dir)?;
-    let store = Store::open(settings, &data_dir)?;
-    Ok((data_dir, store))
+pub fn open_store(settings: &Settings) -> crate::Result<(DataDir, Store)> {
+    let open = || {
+        let data_dir = DataDir::open(&settings.data_dir)?;
+        let store = Store::open(settings, &data_dir)?;
+        Ok((data_dir, store))
+    };
+    open().map_err(crate::Error::from_internal)
 }
 
 /// Creates the resources directory with the default Mesh and MeshIdentity when it holds no resource

@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use meshca_control::{GateView, IssuedIdentity, PeerView, ProxyKey, SecretPem};
-use meshca_db::{PeerGate, ProxyRecord, ProxyRecords, ReplicaRecord, Replicas, MAX_GATE_VIEW};
+use meshca_control::{keep_gone, peer_views, GateView, GoneViews, LiveViews, PeerView};
+use meshca_db::{PeerGate, ReplicaRecord, Replicas, MAX_GATE_VIEW};
 use meshca_sds::StreamRegistry;
 use serde::Serialize;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::Metrics;
@@ -184,9 +184,9 @@ impl GateSync {
     /// Runs until `shutdown`.
     pub async fn run(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
         // Versions read so far, and what each said.
-        let mut known: BTreeMap<String, (i64, Option<GateView>)> = BTreeMap::new();
+        let mut known: LiveViews = BTreeMap::new();
         // Replicas whose lease expired: since when, and their last view.
-        let mut gone: BTreeMap<String, (Instant, GateView)> = BTreeMap::new();
+        let mut gone: GoneViews = BTreeMap::new();
         let mut unwritten = true;
         let mut poll = tokio::time::interval(GATE_POLL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -235,12 +235,8 @@ impl GateSync {
     }
 
     /// Reads the live peers' views and hands them to the owner, with the gone ones' last views
-    /// (see [`GateSync::keep_gone`]), when they changed.
-    async fn read_peers(
-        &self,
-        known: &mut BTreeMap<String, (i64, Option<GateView>)>,
-        gone: &mut BTreeMap<String, (Instant, GateView)>,
-    ) {
+    /// (see [`meshca_control::keep_gone`]), when they changed.
+    async fn read_peers(&self, known: &mut LiveViews, gone: &mut GoneViews) {
         let versions: Vec<(String, i64)> = known
             .iter()
             .map(|(name, (version, _))| (name.clone(), *version))
@@ -277,17 +273,7 @@ impl GateSync {
             Instant::now(),
             self.hold_gone,
         );
-        let live = known.iter().map(|(name, (_, view))| PeerView {
-            replica: name.clone(),
-            view: view.clone(),
-            gone: false,
-        });
-        let departed = gone.iter().map(|(name, (_, view))| PeerView {
-            replica: name.clone(),
-            view: Some(view.clone()),
-            gone: true,
-        });
-        let peers: Vec<PeerView> = live.chain(departed).collect();
+        let peers = peer_views(known, gone);
         let counted: Vec<RolloutPeer> = peers
             .iter()
             .map(|peer| RolloutPeer {
@@ -315,34 +301,6 @@ impl GateSync {
     }
 }
 
-/// Moves the replicas of `before` that are no longer live (not in `live`) to `gone` with their last
-/// view, and forgets gone replicas after `hold` (or when they are live again). A replica that dies in a
-/// rollout leaves proxies that keep serving with the trust they had until they reconnect to another
-/// replica, which Envoy may take seconds to do: for `hold` its last view keeps holding the steps it
-/// held, as it would have alive, and a proxy that reconnects meanwhile is counted by the replica it
-/// reaches. One whose view could not be read goes with its lease.
-fn keep_gone(
-    before: BTreeMap<String, (i64, Option<GateView>)>,
-    live: &BTreeMap<String, (i64, Option<GateView>)>,
-    gone: &mut BTreeMap<String, (Instant, GateView)>,
-    now: Instant,
-    hold: Duration,
-) {
-    for (name, (_, view)) in before {
-        if live.contains_key(&name) {
-            continue;
-        }
-        if let Some(view) = view {
-            tracing::info!(
-                replica = %name,
-                "a replica's lease expired; what its last rollout state held back stays held for another replica.leaseTimeout while its proxies reconnect"
-            );
-            gone.insert(name, (now, view));
-        }
-    }
-    gone.retain(|name, (since, _)| !live.contains_key(name) && now < *since + hold);
-}
-
 /// A peer's view from its JSON; `None` (it holds every rollout step back) when it does not parse or
 /// is too large, which is logged.
 fn parse_view(replica: &str, json: &str) -> Option<GateView> {
@@ -364,123 +322,6 @@ fn parse_view(replica: &str, json: &str) -> Option<GateView> {
             None
         }
     }
-}
-
-/// The most identities written in one statement.
-const RECORD_BATCH: usize = 1000;
-
-/// Records the identities this replica issues, for the others, and answers the owner's lookups of
-/// identities other replicas issued. A write that fails is logged and dropped: a proxy that moves
-/// then gets nothing from its new replica until it is issued a certificate there, as without a
-/// database.
-pub struct RecordSync {
-    /// The records.
-    pub records: ProxyRecords,
-    /// `replica.name`.
-    pub name: String,
-    /// Identities the owner issued.
-    pub issued: mpsc::UnboundedReceiver<Vec<IssuedIdentity>>,
-    /// Proxies the owner asks about.
-    pub lookups: mpsc::UnboundedReceiver<ProxyKey>,
-    /// The answers.
-    pub found: mpsc::UnboundedSender<(ProxyKey, Option<IssuedIdentity>)>,
-}
-
-impl RecordSync {
-    /// Runs until `shutdown` or the owner is gone.
-    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let RecordSync {
-            records,
-            name,
-            mut issued,
-            mut lookups,
-            found,
-        } = self;
-        let writer = {
-            let records = records.clone();
-            async move {
-                let mut failing = false;
-                while let Some(mut batch) = issued.recv().await {
-                    while let Ok(more) = issued.try_recv() {
-                        batch.extend(more);
-                    }
-                    for chunk in batch.chunks(RECORD_BATCH) {
-                        let rows: Vec<ProxyRecord> =
-                            chunk.iter().map(|i| to_record(&name, i)).collect();
-                        let started = std::time::Instant::now();
-                        let written = records.put(&rows).await;
-                        tracing::debug!(
-                            rows = rows.len(),
-                            micros = started.elapsed().as_micros() as u64,
-                            "recorded proxies' identities"
-                        );
-                        match written {
-                            Ok(()) if failing => {
-                                failing = false;
-                                tracing::info!(
-                                    "proxies' identities are recorded in the database again"
-                                );
-                            }
-                            Ok(()) => {}
-                            Err(e) if !failing => {
-                                failing = true;
-                                tracing::warn!("cannot record proxies' identities in the database; a proxy that moves from this replica gets nothing from the next until it issues one: {e}");
-                            }
-                            Err(_) => {}
-                        }
-                    }
-                }
-            }
-        };
-        let reader = async move {
-            while let Some(key) = lookups.recv().await {
-                let held = match records.get(&key.mesh, &key.name).await {
-                    Ok(held) => held.and_then(|r| from_record(&r)),
-                    Err(e) => {
-                        tracing::debug!(proxy = %key, "cannot read the proxy's recorded identity: {e}");
-                        None
-                    }
-                };
-                if found.send((key, held)).is_err() {
-                    return;
-                }
-            }
-        };
-        tokio::select! {
-            () = shutdown.cancelled() => {}
-            () = writer => {}
-            () = reader => {}
-        }
-        Ok(())
-    }
-}
-
-fn to_record(replica: &str, issued: &IssuedIdentity) -> ProxyRecord {
-    ProxyRecord {
-        mesh: issued.key.mesh.to_string(),
-        name: issued.key.name.to_string(),
-        replica: replica.to_owned(),
-        ca_id: issued.ca_id.clone(),
-        issuer: issued.issuer.clone(),
-        chain_pem: issued.chain_pem.clone(),
-        key_pem: zeroize::Zeroizing::new(issued.key_pem.expose().to_owned()),
-        not_after: issued
-            .not_after
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
-    }
-}
-
-fn from_record(record: &ProxyRecord) -> Option<IssuedIdentity> {
-    let not_after = UNIX_EPOCH + Duration::from_secs(u64::try_from(record.not_after).ok()?);
-    Some(IssuedIdentity {
-        key: ProxyKey::new(record.mesh.clone(), record.name.clone()),
-        issuer: record.issuer.clone(),
-        ca_id: record.ca_id.clone(),
-        chain_pem: record.chain_pem.clone(),
-        key_pem: SecretPem::new(record.key_pem.to_string()),
-        not_after,
-    })
 }
 
 #[cfg(test)]
@@ -533,76 +374,6 @@ mod tests {
                 prop_assert_eq!(parse_view("b", &again), Some(view));
             }
         }
-    }
-
-    #[test]
-    fn an_issued_identity_reads_back_from_its_record() {
-        let issued = IssuedIdentity {
-            key: ProxyKey::new("default", "web-1"),
-            issuer: "backend ca-1".into(),
-            ca_id: "ab".repeat(32),
-            chain_pem: "CHAIN".into(),
-            key_pem: SecretPem::new("KEY".into()),
-            not_after: UNIX_EPOCH + Duration::from_secs(1_900_000_000),
-        };
-        let record = to_record("meshca-a", &issued);
-        assert_eq!(record.replica, "meshca-a");
-        assert_eq!(record.not_after, 1_900_000_000);
-        let back = from_record(&record).expect("a valid record");
-        assert_eq!(back.key, issued.key);
-        assert_eq!(
-            (back.issuer, back.ca_id, back.chain_pem, back.not_after),
-            (
-                issued.issuer,
-                issued.ca_id,
-                issued.chain_pem,
-                issued.not_after
-            )
-        );
-        assert_eq!(back.key_pem.expose(), "KEY");
-        let mut negative = record;
-        negative.not_after = -1;
-        assert!(
-            from_record(&negative).is_none(),
-            "a negative expiry is no identity"
-        );
-    }
-
-    /// A replica whose lease expired keeps its last view for `hold` (its proxies keep the trust they
-    /// had until they reconnect elsewhere); one that comes back, or whose view was unreadable, does not.
-    #[test]
-    fn a_gone_replica_keeps_its_last_view_for_the_hold() {
-        let hold = Duration::from_secs(30);
-        let t0 = Instant::now();
-        let before: BTreeMap<String, (i64, Option<GateView>)> = BTreeMap::from([
-            ("b".to_owned(), (3, Some(view("default", "ca-1", vec![])))),
-            ("c".to_owned(), (4, None)),
-            ("d".to_owned(), (5, Some(view("default", "ca-2", vec![])))),
-        ]);
-        let live = BTreeMap::from([("d".to_owned(), (6, None))]);
-        let mut gone = BTreeMap::new();
-        keep_gone(before, &live, &mut gone, t0, hold);
-        assert_eq!(
-            gone.keys().collect::<Vec<_>>(),
-            ["b"],
-            "b went with a readable view; c's was unreadable; d is live"
-        );
-        assert_eq!(gone["b"].1, view("default", "ca-1", vec![]));
-        keep_gone(live.clone(), &live, &mut gone, t0 + hold / 2, hold);
-        assert!(gone.contains_key("b"), "still held halfway");
-        keep_gone(live.clone(), &live, &mut gone, t0 + hold, hold);
-        assert!(gone.is_empty(), "forgotten once the hold is over");
-        // One that comes back is live again, not gone.
-        let b_live = BTreeMap::from([("b".to_owned(), (7, None))]);
-        keep_gone(
-            BTreeMap::from([("b".to_owned(), (3, Some(GateView::default())))]),
-            &BTreeMap::new(),
-            &mut gone,
-            t0,
-            hold,
-        );
-        keep_gone(BTreeMap::new(), &b_live, &mut gone, t0, hold);
-        assert!(gone.is_empty());
     }
 
     #[test]

@@ -96,6 +96,21 @@ pub struct Bootstrap {
     pub one_request_per_connection: bool,
 }
 
+/// Two listeners of a bootstrap on one port, named by the flags that gave them.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{first} and {second} both listen on port {port}: Envoy would refuse this bootstrap; give each \
+     listener a port of its own"
+)]
+pub struct PortClash {
+    /// The flag of the listener that took the port first.
+    pub first: String,
+    /// The flag of the one that asks for it again.
+    pub second: String,
+    /// The port.
+    pub port: u16,
+}
+
 /// Refuses ports Envoy could not all bind: the admin port, every inbound port (on all addresses) and
 /// every outbound port (on 127.0.0.1) must differ, or Envoy rejects the whole bootstrap at start.
 /// Port 0 (any free port) never clashes. The error names the two flags.
@@ -103,7 +118,7 @@ pub fn check_ports(
     admin_port: u16,
     inbound: &[Inbound],
     outbound: &[Outbound],
-) -> Result<(), String> {
+) -> Result<(), PortClash> {
     let mut taken: Vec<(u16, String)> = vec![(admin_port, format!("--admin-port {admin_port}"))];
     let flags = inbound
         .iter()
@@ -116,10 +131,11 @@ pub fn check_ports(
         }));
     for (port, flag) in flags {
         if let Some((_, first)) = taken.iter().find(|(p, _)| *p == port && port != 0) {
-            return Err(format!(
-                "{first} and {flag} both listen on port {port}: Envoy would refuse this bootstrap; give \
-                 each listener a port of its own"
-            ));
+            return Err(PortClash {
+                first: first.clone(),
+                second: flag,
+                port,
+            });
         }
         taken.push((port, flag));
     }
@@ -499,8 +515,8 @@ mod tests {
             check_ports(0, &[inbound(0, 80), inbound(0, 81)], &[outbound(0)]),
             Ok(())
         );
-        let clash = |error: Result<(), String>, flags: [&str; 2]| {
-            let error = error.expect_err("a clash");
+        let clash = |error: Result<(), PortClash>, flags: [&str; 2]| {
+            let error = error.expect_err("a clash").to_string();
             assert!(flags.iter().all(|f| error.contains(f)), "{error}");
         };
         clash(

@@ -25,10 +25,10 @@ use super::play::{
 };
 use super::report::{FailoverReport, Header, Outcome, Report};
 use super::sandbox::Sandbox;
+use super::scenario::Scenario;
 use super::scenario::{Edit, Script};
 use super::traffic::Traffic;
-use crate::cli::DrillScenario;
-use crate::serve::{Daemon, DaemonOptions};
+use meshca_daemon::{Daemon, DaemonOptions};
 
 /// The lease of the drill's replicas: short, so that the killed one counts as gone soon.
 const LEASE: Duration = Duration::from_secs(3);
@@ -92,7 +92,7 @@ fn connect(url: &str) -> anyhow::Result<Database> {
 
 /// The replicas, each in a sandbox of its own, sharing a key-encryption key; the drill.
 async fn with_replicas(options: &Options) -> anyhow::Result<Report> {
-    let script = Script::new(DrillScenario::Failover, false);
+    let script = Script::new(Scenario::Failover, false);
     let shared = Sandbox::new()?;
     let kek = shared.root().join("kek");
     write_random_key(&kek)?;
@@ -174,7 +174,7 @@ async fn play(
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let minter = daemons[0].as_ref().ok_or_else(|| anyhow!("no replica"))?;
-    let mint = |claims: &meshca_auth::Claims| minter.mint_token(claims);
+    let mint = |claims: &meshca_auth::Claims| Ok(minter.mint_token(claims)?);
     let reach = Reach {
         targets,
         mint: &mint,

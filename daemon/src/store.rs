@@ -39,14 +39,17 @@ pub struct Store {
 impl Store {
     /// Opens the store the settings name. With `postgres`, connects, migrates the schema and checks
     /// the key-encryption key first: any problem stops here, naming the setting.
-    pub fn open(settings: &Settings, data_dir: &DataDir) -> anyhow::Result<Store> {
+    pub(crate) fn open(settings: &Settings, data_dir: &DataDir) -> anyhow::Result<Store> {
         Store::open_or_unavailable(settings, data_dir).map_err(Unavailable::into_error)
     }
 
     /// [`Store::open`] for the daemon: while the database does not answer, tries again with a growing
     /// pause (logged each time), so that a replica started before its database comes up when the
     /// database does. Anything else wrong stops the start at once.
-    pub async fn open_waiting(settings: &Settings, data_dir: &DataDir) -> anyhow::Result<Store> {
+    pub(crate) async fn open_waiting(
+        settings: &Settings,
+        data_dir: &DataDir,
+    ) -> anyhow::Result<Store> {
         let mut pause = RETRY_FIRST;
         loop {
             let (settings, data_dir) = (settings.clone(), data_dir.clone());
@@ -99,7 +102,12 @@ impl Store {
 
     /// The token signing key, created the first time. With files, the revocation list is created
     /// first, so that a data directory with a key always has one; a database always has its table.
-    pub fn token_signing_key(&self, data_dir: &DataDir) -> anyhow::Result<SigningKey> {
+    pub fn token_signing_key(&self, data_dir: &DataDir) -> crate::Result<SigningKey> {
+        self.signing_key(data_dir)
+            .map_err(crate::Error::from_internal)
+    }
+
+    pub(crate) fn signing_key(&self, data_dir: &DataDir) -> anyhow::Result<SigningKey> {
         if self.database.is_none() && !daemon_keys::has_token_signing_key(&*self.keystore)? {
             revocations::create_if_missing(&data_dir.revocation_list())?;
         }

@@ -26,7 +26,7 @@ impl DataDir {
     /// existing one: it must be a directory that neither group nor others can write, since whoever can
     /// could replace the revocation list, `sds-ca.pem` or the SDS socket in it. Group or world read and
     /// search are allowed (a group that must reach the SDS socket in it needs search).
-    pub fn open(path: &Path) -> anyhow::Result<DataDir> {
+    pub(crate) fn open(path: &Path) -> anyhow::Result<DataDir> {
         if !path.exists() {
             create_private(path)?;
         }
@@ -53,7 +53,7 @@ impl DataDir {
     }
 
     /// The keystore in it (`keystore/`).
-    pub fn keystore(&self) -> anyhow::Result<FileKeystore> {
+    pub(crate) fn keystore(&self) -> anyhow::Result<FileKeystore> {
         FileKeystore::open(&self.path.join("keystore")).with_context(|| {
             format!(
                 "dataDir: cannot open the keystore in {}",
@@ -64,7 +64,7 @@ impl DataDir {
 
     /// Takes the daemon's lock on the directory, without waiting: a second daemon on the same data
     /// directory fails here, naming the first one's pid. The lock lasts as long as the returned value.
-    pub fn lock_for_daemon(&self) -> anyhow::Result<DaemonLock> {
+    pub(crate) fn lock_for_daemon(&self) -> anyhow::Result<DaemonLock> {
         let path = self.path.join(DAEMON_LOCK);
         crash_point(format_args!("open {}", path.display()));
         let mut file = OpenOptions::new()

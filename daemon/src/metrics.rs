@@ -181,121 +181,72 @@ impl Collector for RefusedRowsCollector {
     }
 }
 
+/// What `register_issuance` registers, in the order of its names there.
+type IssuanceMetrics = (
+    Family<IssuerLabels, Counter>,
+    Family<IssuerLabels, Counter>,
+    Histogram,
+    Family<ScopeLabels, Histogram>,
+    Family<ScopeLabels, Counter>,
+    Counter,
+    Counter,
+);
+
+/// What `register_replicas` registers, in the order of its names there.
+type ReplicaMetrics = (
+    Family<ReplicaLabels, Gauge>,
+    Family<ReplicaLabels, Gauge>,
+    Family<ReplicaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+);
+
+/// What `register_rollout` registers, in the order of its names there.
+type RolloutMetrics = (
+    Gauge,
+    Gauge,
+    Family<MeshLabels, Gauge>,
+    Family<IssuerLabels, Gauge>,
+    Family<StepLabels, Counter>,
+    Family<StepLabels, Counter>,
+    Family<MeshLabels, Counter>,
+    Family<CaLabels, Gauge>,
+);
+
+/// Registers `metric` under `name` with `help`, and returns it to be updated.
+fn register<M: prometheus_client::registry::Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 impl Metrics {
     /// Registers every metric; SDS counters are read from `sds` at scrape time.
     pub fn new(sds: Arc<meshca_sds::SdsMetrics>) -> Metrics {
         let mut registry = Registry::default();
-        let issued = Family::<IssuerLabels, Counter>::default();
-        registry.register(
-            "meshca_certificates_issued",
-            "Certificates issued",
-            issued.clone(),
-        );
-        let failed = Family::<IssuerLabels, Counter>::default();
-        registry.register(
-            "meshca_certificates_failed",
-            "Certificates that failed to issue or verify",
-            failed.clone(),
-        );
-        let issuance_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
-        registry.register(
-            "meshca_issuance_seconds",
-            "Time to issue and verify one certificate",
-            issuance_seconds.clone(),
-        );
-        let reconcile_seconds = Family::<ScopeLabels, Histogram>::new_with_constructor(
-            reconcile_histogram as fn() -> _,
-        );
-        registry.register(
-            "meshca_reconcile_seconds",
-            "Time the control loop spent on one reconcile, by scope (full: every connected proxy; proxies: those an event touched; acks: a batch of ACKs during a rollout; deferred: quiet proxies a full reconcile left for later turns)",
-            reconcile_seconds.clone(),
-        );
-        let reconciled_proxies = Family::<ScopeLabels, Counter>::default();
-        registry.register(
-            "meshca_reconciled_proxies",
-            "Proxies decided by reconciles, by scope",
-            reconciled_proxies.clone(),
-        );
-        let rejected_updates = Counter::default();
-        registry.register(
-            "meshca_rejected_updates",
-            "Resource updates rejected as invalid",
-            rejected_updates.clone(),
-        );
-        let revocation_reload_failures = Counter::default();
-        registry.register(
-            "meshca_revocation_reload_failures",
-            "Reloads of the token revocation list that failed (missing, unreadable or invalid); the previous list stays in force",
-            revocation_reload_failures.clone(),
-        );
-        let database_up = Family::<ReplicaLabels, Gauge>::default();
-        registry.register(
-            "meshca_database_up",
-            "1 while the replicas' PostgreSQL database answers this replica, 0 while it does not (keystore.type: postgres only)",
-            database_up.clone(),
-        );
-        let replica_proxies = Family::<ReplicaLabels, Gauge>::default();
-        registry.register(
-            "meshca_replica_proxies",
-            "Proxies each replica of the database served at its last heartbeat",
-            replica_proxies.clone(),
-        );
-        let replica_heartbeat_age =
-            Family::<ReplicaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
-        registry.register(
-            "meshca_replica_heartbeat_age_seconds",
-            "Seconds since each replica of the database last heartbeated, as last read",
-            replica_heartbeat_age.clone(),
-        );
-        let earliest_cert_expiry = Gauge::default();
-        registry.register(
-            "meshca_earliest_certificate_expiry_seconds",
-            "Seconds until the earliest served proxy certificate expires",
-            earliest_cert_expiry.clone(),
-        );
-        let earliest_ca_expiry = Gauge::default();
-        registry.register(
-            "meshca_earliest_ca_expiry_seconds",
-            "Seconds until the earliest CA expires",
-            earliest_ca_expiry.clone(),
-        );
-        let connected_proxies = Family::<MeshLabels, Gauge>::default();
-        registry.register(
-            "meshca_connected_proxies",
-            "Proxies with at least one SDS stream",
-            connected_proxies.clone(),
-        );
-        let proxies_by_issuer = Family::<IssuerLabels, Gauge>::default();
-        registry.register(
-            "meshca_rotation_proxies",
-            "Connected proxies holding a certificate from each issuer (rotation progress)",
-            proxies_by_issuer.clone(),
-        );
-        let rollout_waits = Family::<StepLabels, Counter>::default();
-        registry.register(
-            "meshca_rollout_waits",
-            "Rollout steps that waited for proxies to ACK (docs/rotation.md)",
-            rollout_waits.clone(),
-        );
-        let rollout_timeouts = Family::<StepLabels, Counter>::default();
-        registry.register(
-            "meshca_rollout_timeouts",
-            "Rollout steps that proceeded after rollout.ackTimeout without every ACK",
-            rollout_timeouts.clone(),
-        );
-        let removed_while_presented = Family::<MeshLabels, Counter>::default();
-        registry.register(
-            "meshca_ca_removed_while_presented",
-            "CAs removed from the configuration while connected proxies still presented their certificates",
-            removed_while_presented.clone(),
-        );
-        let ca_expiry = Family::<CaLabels, Gauge>::default();
-        registry.register(
-            "meshca_ca_expiry_seconds",
-            "Seconds until each CA expires, by mesh and backend or MeshIdentity",
-            ca_expiry.clone(),
-        );
+        let (
+            issued,
+            failed,
+            issuance_seconds,
+            reconcile_seconds,
+            reconciled_proxies,
+            rejected_updates,
+            revocation_reload_failures,
+        ) = Metrics::register_issuance(&mut registry);
+        let (database_up, replica_proxies, replica_heartbeat_age) =
+            Metrics::register_replicas(&mut registry);
+        let (
+            earliest_cert_expiry,
+            earliest_ca_expiry,
+            connected_proxies,
+            proxies_by_issuer,
+            rollout_waits,
+            rollout_timeouts,
+            removed_while_presented,
+            ca_expiry,
+        ) = Metrics::register_rollout(&mut registry);
         registry.register_collector(Box::new(SdsCollector(sds)));
         registry.register_collector(Box::new(RefusedRowsCollector));
         Metrics {
@@ -319,6 +270,148 @@ impl Metrics {
             replica_proxies,
             replica_heartbeat_age,
         }
+    }
+
+    /// Issuance and reconciles: what was issued or failed and how long it took, rejected updates and revocation reloads.
+    fn register_issuance(registry: &mut Registry) -> IssuanceMetrics {
+        let issued = register(
+            registry,
+            "meshca_certificates_issued",
+            "Certificates issued",
+            Family::<IssuerLabels, Counter>::default(),
+        );
+        let failed = register(
+            registry,
+            "meshca_certificates_failed",
+            "Certificates that failed to issue or verify",
+            Family::<IssuerLabels, Counter>::default(),
+        );
+        let issuance_seconds = register(
+            registry,
+            "meshca_issuance_seconds",
+            "Time to issue and verify one certificate",
+            Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+        );
+        let reconcile_seconds = register(
+            registry,
+            "meshca_reconcile_seconds",
+            "Time the control loop spent on one reconcile, by scope (full: every connected proxy; proxies: those an event touched; acks: a batch of ACKs during a rollout; deferred: quiet proxies a full reconcile left for later turns)",
+            Family::<ScopeLabels, Histogram>::new_with_constructor(
+                reconcile_histogram as fn() -> _,
+            ),
+        );
+        let reconciled_proxies = register(
+            registry,
+            "meshca_reconciled_proxies",
+            "Proxies decided by reconciles, by scope",
+            Family::<ScopeLabels, Counter>::default(),
+        );
+        let rejected_updates = register(
+            registry,
+            "meshca_rejected_updates",
+            "Resource updates rejected as invalid",
+            Counter::default(),
+        );
+        let revocation_reload_failures = register(
+            registry,
+            "meshca_revocation_reload_failures",
+            "Reloads of the token revocation list that failed (missing, unreadable or invalid); the previous list stays in force",
+            Counter::default(),
+        );
+        (
+            issued,
+            failed,
+            issuance_seconds,
+            reconcile_seconds,
+            reconciled_proxies,
+            rejected_updates,
+            revocation_reload_failures,
+        )
+    }
+
+    /// Replicas on one database: whether it answers, and what each replica reported.
+    fn register_replicas(registry: &mut Registry) -> ReplicaMetrics {
+        let database_up = register(
+            registry,
+            "meshca_database_up",
+            "1 while the replicas' PostgreSQL database answers this replica, 0 while it does not (keystore.type: postgres only)",
+            Family::<ReplicaLabels, Gauge>::default(),
+        );
+        let replica_proxies = register(
+            registry,
+            "meshca_replica_proxies",
+            "Proxies each replica of the database served at its last heartbeat",
+            Family::<ReplicaLabels, Gauge>::default(),
+        );
+        let replica_heartbeat_age = register(
+            registry,
+            "meshca_replica_heartbeat_age_seconds",
+            "Seconds since each replica of the database last heartbeated, as last read",
+            Family::<ReplicaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default(),
+        );
+        (database_up, replica_proxies, replica_heartbeat_age)
+    }
+
+    /// Expiries, connected proxies, and rotations: who holds what, and the rollout gate's waits.
+    fn register_rollout(registry: &mut Registry) -> RolloutMetrics {
+        let earliest_cert_expiry = register(
+            registry,
+            "meshca_earliest_certificate_expiry_seconds",
+            "Seconds until the earliest served proxy certificate expires",
+            Gauge::default(),
+        );
+        let earliest_ca_expiry = register(
+            registry,
+            "meshca_earliest_ca_expiry_seconds",
+            "Seconds until the earliest CA expires",
+            Gauge::default(),
+        );
+        let connected_proxies = register(
+            registry,
+            "meshca_connected_proxies",
+            "Proxies with at least one SDS stream",
+            Family::<MeshLabels, Gauge>::default(),
+        );
+        let proxies_by_issuer = register(
+            registry,
+            "meshca_rotation_proxies",
+            "Connected proxies holding a certificate from each issuer (rotation progress)",
+            Family::<IssuerLabels, Gauge>::default(),
+        );
+        let rollout_waits = register(
+            registry,
+            "meshca_rollout_waits",
+            "Rollout steps that waited for proxies to ACK (docs/rotation.md)",
+            Family::<StepLabels, Counter>::default(),
+        );
+        let rollout_timeouts = register(
+            registry,
+            "meshca_rollout_timeouts",
+            "Rollout steps that proceeded after rollout.ackTimeout without every ACK",
+            Family::<StepLabels, Counter>::default(),
+        );
+        let removed_while_presented = register(
+            registry,
+            "meshca_ca_removed_while_presented",
+            "CAs removed from the configuration while connected proxies still presented their certificates",
+            Family::<MeshLabels, Counter>::default(),
+        );
+        let ca_expiry = register(
+            registry,
+            "meshca_ca_expiry_seconds",
+            "Seconds until each CA expires, by mesh and backend or MeshIdentity",
+            Family::<CaLabels, Gauge>::default(),
+        );
+        (
+            earliest_cert_expiry,
+            earliest_ca_expiry,
+            connected_proxies,
+            proxies_by_issuer,
+            rollout_waits,
+            rollout_timeouts,
+            removed_while_presented,
+            ca_expiry,
+        )
     }
 
     /// Records what the database told replica `this` of the replicas: `None` while it does not answer.

@@ -134,7 +134,7 @@ impl Reloader {
 
     /// Re-reads the revocation list and publishes it when it changed. On failure the previous list
     /// stays in force and the failure is counted; the caller logs it.
-    pub async fn revocations_now(&self) -> anyhow::Result<()> {
+    pub(crate) async fn revocations_now(&self) -> anyhow::Result<()> {
         let list = self.revocations_source.read().await.inspect_err(|_| {
             self.metrics.revocation_reload_failed();
         })?;
@@ -150,7 +150,7 @@ impl Reloader {
 
     /// Reads the database's revoked tokens every [`revocations::DATABASE_POLL`] until `shutdown`. A
     /// failure is logged when it starts and when it ends, not once per read.
-    pub async fn poll_revocations(
+    pub(crate) async fn poll_revocations(
         self,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> anyhow::Result<()> {

@@ -1,3 +1,5 @@
+//! The drills and benches of meshca, and the Envoy bootstrap builder they share with `meshca bootstrap`.
+//!
 //! `meshca drill`: play a rotation or migration against an in-process daemon and simulated Envoy
 //! proxies that hold real mTLS connections to each other, and report every failed handshake.
 //!
@@ -8,6 +10,12 @@
 //! [`envoy`] runs real Envoy sidecars instead of the simulated proxies and counts HTTP requests through
 //! them, each a new mTLS handshake.
 
+//! [`bench`] holds `meshca bench sds`; [`bootstrap`] the Envoy bootstraps. Drills and benches start a
+//! daemon in process through `meshca-daemon`.
+#![forbid(unsafe_code)]
+
+pub mod bench;
+pub mod bootstrap;
 pub mod envoy;
 pub mod failover;
 pub mod fleet;
@@ -19,3 +27,5 @@ pub mod sandbox;
 pub mod scenario;
 pub mod tls;
 pub mod traffic;
+
+pub use scenario::Scenario;

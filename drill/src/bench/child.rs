@@ -13,7 +13,7 @@ use anyhow::{anyhow, Context};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
-use super::fleet::{Fleet, FleetPlan, Reach};
+use super::fleet::{FleetPlan, Reach, StreamFleet};
 
 /// What the parent sends.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -59,7 +59,7 @@ impl ChildFleet {
     /// Starts `meshca bench sds-client` from this executable and hands it the plan.
     pub async fn spawn(plan: FleetPlan, timeout: Duration) -> anyhow::Result<ChildFleet> {
         let exe = std::env::current_exe().context("cannot find the meshca executable")?;
-        let mut child = tokio::process::Command::from(crate::children::without_secrets(
+        let mut child = tokio::process::Command::from(meshca_daemon::children::without_secrets(
             std::process::Command::new(&exe),
         ))
         .args(["bench", "sds-client"])
@@ -182,7 +182,7 @@ async fn drive(lines: &mut Lines<BufReader<tokio::io::Stdin>>) -> anyhow::Result
         ToChild::Arm => return Err(anyhow!("armed before any plan")),
     };
     let started = Instant::now();
-    let fleet = Fleet::open(plan).await?;
+    let fleet = StreamFleet::open(plan).await?;
     fleet.wait_ready(timeout).await?;
     say(&FromChild::Ready {
         setup_seconds: started.elapsed().as_secs_f64(),

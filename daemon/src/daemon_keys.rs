@@ -2,14 +2,12 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use anyhow::{anyhow, Context};
 use meshca_auth::SigningKey;
+use meshca_ca::SdsCa;
 use meshca_keystore::{Creation, Keystore, KeystoreError, NewEntry};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
-};
 
 /// Keystore name of the ES256 key that signs proxy tokens.
 const TOKEN_KEY: &str = "daemon/token-signing-key.p8";
@@ -24,7 +22,7 @@ pub fn sds_ca_file(data_dir: &Path) -> PathBuf {
 
 /// Loads the token signing key, generating and persisting it the first time. Of concurrent first callers
 /// (the daemon, `meshca token`), one creates the key and every other loads that one.
-pub fn token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<SigningKey> {
+pub(crate) fn token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<SigningKey> {
     if let Some(key) = load_token_signing_key(keystore)? {
         return Ok(key);
     }
@@ -44,8 +42,11 @@ pub fn token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<SigningKey> 
 }
 
 /// Whether the keystore holds a token signing key (tokens may have been minted with it).
-pub fn has_token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<bool> {
-    Ok(keystore.get_secret(TOKEN_KEY)?.is_some())
+pub fn has_token_signing_key(keystore: &dyn Keystore) -> crate::Result<bool> {
+    keystore
+        .get_secret(TOKEN_KEY)
+        .map(|key| key.is_some())
+        .map_err(|e| crate::Error::from_internal(e.into()))
 }
 
 fn load_token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<Option<SigningKey>> {
@@ -61,7 +62,7 @@ fn load_token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<Option<Sign
 }
 
 /// A certificate chain and key for the SDS TLS listener.
-pub struct ServerIdentity {
+pub(crate) struct ServerIdentity {
     /// Leaf first.
     pub chain: Vec<rustls_pki_types::CertificateDer<'static>>,
     /// The leaf's key.
@@ -78,7 +79,7 @@ impl std::fmt::Debug for ServerIdentity {
 }
 
 /// Reads the operator's certificate and key for the SDS listener (`sds.tls`).
-pub fn server_identity_from_files(
+pub(crate) fn server_identity_from_files(
     cert_file: &Path,
     key_file: &Path,
 ) -> anyhow::Result<ServerIdentity> {
@@ -115,22 +116,13 @@ pub fn server_identity_from_files(
 
 /// A server certificate for the SDS listener from the daemon's own SDS CA (created on first start and kept in
 /// the keystore; its certificate is also written to `<dataDir>/sds-ca.pem` for clients).
-pub fn server_identity_generated(
+pub(crate) fn server_identity_generated(
     keystore: &dyn Keystore,
     data_dir: &Path,
     now: SystemTime,
 ) -> anyhow::Result<ServerIdentity> {
-    let (ca_pem, ca_key) = sds_ca(keystore, now)?;
-    crate::atomic_file::write_atomic_path(&sds_ca_file(data_dir), ca_pem.as_bytes(), 0o644)?;
-    let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key)
-        .map_err(|e| anyhow!("the SDS CA cannot sign: {e}"))?;
-
-    let key =
-        KeyPair::generate().map_err(|e| anyhow!("cannot generate the SDS server key: {e}"))?;
-    let mut params = CertificateParams::default();
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "meshca SDS");
+    let ca = sds_ca(keystore, now)?;
+    crate::atomic_file::write_atomic_path(&sds_ca_file(data_dir), ca.cert_pem().as_bytes(), 0o644)?;
     let mut names = vec!["localhost".to_owned(), "meshca".to_owned()];
     if let Ok(host) = std::fs::read_to_string("/etc/hostname") {
         let host = host.trim();
@@ -138,62 +130,26 @@ pub fn server_identity_generated(
             names.push(host.to_owned());
         }
     }
-    for n in names {
-        if let Ok(dns) = n.try_into() {
-            params.subject_alt_names.push(SanType::DnsName(dns));
-        }
-    }
-    params
-        .subject_alt_names
-        .push(SanType::IpAddress([127, 0, 0, 1].into()));
-    params
-        .subject_alt_names
-        .push(SanType::IpAddress(std::net::Ipv6Addr::LOCALHOST.into()));
-    params.is_ca = IsCa::ExplicitNoCa;
-    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-    params.not_before = (now - Duration::from_secs(10)).into();
-    params.not_after = (now + Duration::from_secs(365 * 24 * 3600)).into();
-    params.serial_number = Some(random_hex(16).as_bytes().to_vec().into());
-    let cert = params
-        .signed_by(&key, &issuer)
-        .map_err(|e| anyhow!("cannot issue the SDS server certificate: {e}"))?;
+    let server = ca.issue_server_cert(&names, now)?;
     Ok(ServerIdentity {
-        chain: vec![cert.der().clone()],
-        key: rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        chain: vec![server.cert_der.into()],
+        key: rustls_pki_types::PrivateKeyDer::Pkcs8(server.key_pkcs8.to_vec().into()),
     })
 }
 
-/// The SDS CA (certificate PEM and key) from the keystore, created the first time. Of concurrent
-/// creators, one persists its CA and every other loads that one.
-fn sds_ca(keystore: &dyn Keystore, now: SystemTime) -> anyhow::Result<(String, KeyPair)> {
+/// The SDS CA from the keystore, created the first time. Of concurrent creators, one persists its CA
+/// and every other loads that one.
+fn sds_ca(keystore: &dyn Keystore, now: SystemTime) -> anyhow::Result<SdsCa> {
     if let Some(ca) = load_sds_ca(keystore)? {
         return Ok(ca);
     }
-    let key = KeyPair::generate().map_err(|e| anyhow!("cannot generate the SDS CA key: {e}"))?;
-    let mut params = CertificateParams::default();
-    params.distinguished_name.push(
-        DnType::CommonName,
-        format!("meshca SDS CA {}", random_hex(6)),
-    );
-    params
-        .distinguished_name
-        .push(DnType::OrganizationName, "meshca");
-    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    params.not_before = (now - Duration::from_secs(10)).into();
-    params.not_after = (now + Duration::from_secs(10 * 365 * 24 * 3600)).into();
-    params.serial_number = Some(random_hex(16).as_bytes().to_vec().into());
-    let cert = params
-        .self_signed(&key)
-        .map_err(|e| anyhow!("cannot create the SDS CA: {e}"))?;
-    let key_pem = zeroize::Zeroizing::new(key.serialize_pem());
+    let ca = SdsCa::generate(now)?;
     let created = keystore.create_if_absent(&[
-        NewEntry::secret(SDS_CA_KEY, key_pem.as_bytes()),
-        NewEntry::public(SDS_CA_CERT, cert.pem().as_bytes()),
+        NewEntry::secret(SDS_CA_KEY, ca.key_pem().as_bytes()),
+        NewEntry::public(SDS_CA_CERT, ca.cert_pem().as_bytes()),
     ]);
     match created {
-        Ok(Creation::Created) => Ok((cert.pem(), key)),
+        Ok(Creation::Created) => Ok(ca),
         Ok(Creation::Existing) => load_sds_ca(keystore)?.ok_or_else(|| {
             anyhow!("the SDS CA (daemon/sds-ca) was created by another process, then removed")
         }),
@@ -207,7 +163,7 @@ fn sds_ca(keystore: &dyn Keystore, now: SystemTime) -> anyhow::Result<(String, K
 
 /// The persisted SDS CA; `None` when it is missing or only half of it is there (a creator may be between
 /// its two writes: [`sds_ca`] decides under the keystore's lock).
-fn load_sds_ca(keystore: &dyn Keystore) -> anyhow::Result<Option<(String, KeyPair)>> {
+fn load_sds_ca(keystore: &dyn Keystore) -> anyhow::Result<Option<SdsCa>> {
     let (Some(cert), Some(key)) = (
         keystore.get_public(SDS_CA_CERT)?,
         keystore.get_secret(SDS_CA_KEY)?,
@@ -218,13 +174,15 @@ fn load_sds_ca(keystore: &dyn Keystore) -> anyhow::Result<Option<(String, KeyPai
         .map_err(|_| anyhow!("{SDS_CA_CERT} in the keystore is not text"))?;
     let key_text = std::str::from_utf8(key.expose())
         .map_err(|_| anyhow!("{SDS_CA_KEY} in the keystore is not text"))?;
-    let key = KeyPair::from_pem(key_text)
+    let ca = SdsCa::from_pem(cert, key_text)
         .map_err(|e| anyhow!("{SDS_CA_KEY} in the keystore cannot be loaded: {e}"))?;
-    Ok(Some((cert, key)))
+    Ok(Some(ca))
 }
 
 /// The rustls server configuration of the SDS TCP listener (ring provider, ALPN h2).
-pub fn server_tls_config(identity: ServerIdentity) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+pub(crate) fn server_tls_config(
+    identity: ServerIdentity,
+) -> anyhow::Result<Arc<rustls::ServerConfig>> {
     let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
@@ -235,15 +193,6 @@ pub fn server_tls_config(identity: ServerIdentity) -> anyhow::Result<Arc<rustls:
     .context("the SDS TLS certificate and key do not form a usable pair")?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
-}
-
-/// `n` random bytes as lowercase hex.
-pub fn random_hex(n: usize) -> String {
-    use ring::rand::SecureRandom;
-    let mut b = vec![0u8; n];
-    // SystemRandom only fails when the OS has no entropy source; a fixed value then still yields valid names.
-    let _ = ring::rand::SystemRandom::new().fill(&mut b);
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 #[cfg(test)]
@@ -300,12 +249,14 @@ mod tests {
         let cas = concurrently(&keystore, |ks| {
             sds_ca(ks, SystemTime::now())
                 .expect("the SDS CA loads or is created")
-                .0
+                .cert_pem()
+                .to_owned()
         });
         let stored = load_sds_ca(&keystore)
             .expect("the SDS CA loads")
             .expect("the SDS CA was persisted")
-            .0;
+            .cert_pem()
+            .to_owned();
         for ca in &cas {
             assert_eq!(ca, &stored, "every caller uses the persisted SDS CA");
         }

@@ -19,7 +19,7 @@ use super::sandbox::Sandbox;
 use super::scenario::{Edit, Script, Wait, MESH};
 use super::tls::{issued_by, PeerCheck};
 use super::traffic::Traffic;
-use crate::serve::{Daemon, DaemonOptions};
+use meshca_daemon::{Daemon, DaemonOptions};
 
 /// Concurrent handshake workers.
 pub(super) const WORKERS: usize = 4;
@@ -102,7 +102,7 @@ async fn simulated(
     let target = daemon
         .unix_target()
         .ok_or_else(|| anyhow!("the drill daemon has no unix SDS socket"))?;
-    let mint = |claims: &meshca_auth::Claims| daemon.mint_token(claims);
+    let mint = |claims: &meshca_auth::Claims| Ok(daemon.mint_token(claims)?);
     let reach = Reach {
         targets: vec![target],
         mint: &mint,
@@ -496,7 +496,7 @@ pub(super) fn mint_for(daemon: &Daemon, member: &RingMember) -> anyhow::Result<S
         Duration::from_secs(24 * 3600),
         now,
     )?;
-    daemon.mint_token(&claims)
+    Ok(daemon.mint_token(&claims)?)
 }
 
 async fn play_envoy(

@@ -299,7 +299,7 @@ fn an_empty_bundle_or_a_foreign_key_is_refused() {
 fn spiffe_id_reads_the_one_uri_san() {
     let ca = Ca::new("ca-1", "default");
     let (chain, _) = ca.leaf(WEB);
-    assert_eq!(spiffe_id(&chain[0]), Ok(WEB.to_owned()));
+    assert_eq!(spiffe_id(&chain[0]).ok(), Some(WEB.to_owned()));
     assert_eq!(trust_domain(WEB), Some("default"));
     assert_eq!(trust_domain("https://x"), None);
 }

@@ -1,0 +1,585 @@
+//! A running daemon: every listener bound, the owner loop, SDS and the admin API as tasks.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{anyhow, Context};
+use meshca_config::{ListenAddr, Settings};
+use meshca_control::{
+    load_world, GateView, LoopHealth, Owner, OwnerConfig, OwnerLoop, PeerLink, RecordLink,
+    ReloadOutcome, Snapshot, StatusHandle, StreamEvent, World,
+};
+use meshca_keystore::Keystore;
+use meshca_sds::{BoundListeners, Listener, SdsServer, ServerOptions};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::data_dir::{DaemonLock, DataDir};
+use super::files::ensure_resources;
+use super::limits::ServeLimits;
+use super::reload::Reloader;
+use super::replica::{DatabaseView, GateSync, Heartbeat};
+use super::store::Store;
+use super::{admin, daemon_keys, metrics, revocations, watcher};
+use crate::error::{Error, InvalidInput, Result};
+use meshca_db::RecordSync;
+use meshca_db::Replicas;
+
+/// How long shutdown waits for streams and tasks to finish.
+const GRACE: Duration = Duration::from_secs(10);
+
+/// Reload requests queued for the owner loop; more are merged into one reload anyway.
+const RELOAD_QUEUE: usize = 16;
+
+/// Options of an in-process daemon that no settings file can set.
+#[derive(Clone, Copy, Debug)]
+pub struct DaemonOptions {
+    /// The rollout gate (docs/rotation.md). Only drills turn it off, to show what it prevents.
+    pub gate: bool,
+    /// Watch the resources directory and the revocation list.
+    pub watch_files: bool,
+}
+
+impl Default for DaemonOptions {
+    fn default() -> Self {
+        DaemonOptions {
+            gate: true,
+            watch_files: true,
+        }
+    }
+}
+
+/// A running daemon: its listeners, its status, and the handles to reload and stop it.
+pub struct Daemon {
+    /// Where SDS listens (real ports when 0 was asked).
+    pub sds_addrs: Vec<meshca_sds::BoundAddr>,
+    /// Where the admin API listens.
+    pub admin_addr: std::net::SocketAddr,
+    /// Asks the owner for its status.
+    pub status: StatusHandle,
+    snapshots: watch::Receiver<Arc<Snapshot>>,
+    loop_health: Arc<LoopHealth>,
+    signing_key: meshca_auth::SigningKey,
+    reloader: Reloader,
+    shutdown: CancellationToken,
+    tasks: tokio::task::JoinSet<anyhow::Result<()>>,
+    _watcher: Option<notify::RecommendedWatcher>,
+    /// Held until the daemon is dropped (after [`Daemon::stop`] drained it).
+    _lock: DaemonLock,
+}
+
+impl std::fmt::Debug for Daemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Daemon")
+            .field("sds_addrs", &self.sds_addrs)
+            .field("admin_addr", &self.admin_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Daemon {
+    /// Loads everything, binds every listener and starts serving. Invalid settings or resources are
+    /// an [`Error::InvalidInput`]; nothing is started then.
+    pub async fn start(settings: Settings, options: DaemonOptions) -> Result<Daemon> {
+        Daemon::start_steps(settings, options)
+            .await
+            .map_err(Error::from_internal)
+    }
+
+    /// [`Daemon::start`], step by step.
+    async fn start_steps(settings: Settings, options: DaemonOptions) -> anyhow::Result<Daemon> {
+        let Opened {
+            lock,
+            store,
+            limits,
+            world,
+            signing_key,
+            revocations_source,
+            revocations,
+        } = Opened::open(&settings).await?;
+        let serving = Serving::new(revocations, &signing_key, &limits);
+        meshca_keystore::crash_point("bind the SDS listeners (creates the unix socket)");
+        let listeners = Listeners::bind(&settings, store.keystore.as_ref()).await?;
+        let shutdown = CancellationToken::new();
+        let (reload_tx, reload_rx) = mpsc::channel(RELOAD_QUEUE);
+        let revocations_file = match &revocations_source {
+            revocations::Source::File(path) => Some(path.clone()),
+            revocations::Source::Database(_) => None,
+        };
+        let reloader = Reloader::new(
+            reload_tx,
+            revocations_source,
+            serving.revocations_tx,
+            serving.metrics.clone(),
+        );
+        let watcher = match options.watch_files {
+            true => Some(watcher::watch(
+                &settings.resources,
+                revocations_file.as_deref(),
+                reloader.clone(),
+            )?),
+            false => None,
+        };
+        let (database_tx, database_rx) = watch::channel(Arc::new(DatabaseView::default()));
+        let heartbeat = heartbeat(
+            &settings,
+            &store,
+            (&serving.sds, &serving.metrics),
+            &database_tx,
+            &reloader,
+        );
+        let owner = Owner::new(
+            OwnerConfig {
+                gate: options.gate,
+                ..OwnerConfig::from_settings(&settings)
+            },
+            world,
+            serving.metrics.clone(),
+            serving.snapshot_tx,
+        );
+        let (replica_sync, peer_link) = replica_links(&settings, &store, database_tx);
+        let mut owner_loop = OwnerLoop::new(
+            owner,
+            settings,
+            store.keystore.clone(),
+            serving.events_rx,
+            reload_rx,
+            shutdown.clone(),
+        );
+        if let Some(link) = peer_link {
+            owner_loop = owner_loop.with_peers(link);
+        }
+        let loop_health = owner_loop.health();
+        let ready = Arc::new(AtomicBool::new(false));
+        let admin_state = admin::AdminState {
+            status: owner_loop.status_handle(),
+            streams: serving.sds.registry(),
+            metrics: serving.metrics,
+            ready: ready.clone(),
+            owner_health: loop_health.clone(),
+            database: heartbeat.is_some().then_some(database_rx),
+        };
+        let status = owner_loop.status_handle();
+        let tasks = Tasks {
+            owner_loop,
+            sds: serving.sds,
+            heartbeat,
+            replica_sync,
+            poll_revocations: revocations_file.is_none(),
+            admin_state,
+        }
+        .spawn(listeners.sds, listeners.admin, &reloader, &shutdown, limits);
+        // Not a write, but the last moment of a start: a kill here leaves every file the start made.
+        meshca_keystore::crash_point("report ready");
+        ready.store(true, Ordering::Release);
+        tracing::info!("meshca is ready");
+        Ok(Daemon {
+            sds_addrs: listeners.sds_addrs,
+            admin_addr: listeners.admin_addr,
+            status,
+            snapshots: serving.snapshot_rx,
+            loop_health,
+            signing_key,
+            reloader,
+            shutdown,
+            tasks,
+            _watcher: watcher,
+            _lock: lock,
+        })
+    }
+
+    /// The control loop's health and work so far.
+    pub fn loop_health(&self) -> &LoopHealth {
+        &self.loop_health
+    }
+
+    /// The generation of the snapshot SDS serves now.
+    pub fn generation(&self) -> u64 {
+        self.snapshots.borrow().generation
+    }
+
+    /// The unix socket SDS listens on, as a client target (`unix:///path`), if any.
+    pub fn unix_target(&self) -> Option<String> {
+        self.sds_addrs.iter().find_map(|a| match a {
+            meshca_sds::BoundAddr::Unix(p) => Some(format!("unix://{}", p.display())),
+            _ => None,
+        })
+    }
+
+    /// Mints a proxy token with the daemon's key.
+    pub fn mint_token(&self, claims: &meshca_auth::Claims) -> Result<String> {
+        self.signing_key
+            .mint(claims)
+            .map_err(|e| Error::from_internal(anyhow!("cannot sign a token: {e}")))
+    }
+
+    /// Reloads the resources directory now and waits for the outcome.
+    pub async fn reload_resources(&self) -> Result<ReloadOutcome> {
+        self.reloader.resources().await.ok_or_else(|| {
+            Error::from_internal(anyhow!("the daemon stopped before applying the update"))
+        })
+    }
+
+    /// Serves `mesh` as `defaults.mesh` (the mesh whose identity the zone egress uses) from now on, as
+    /// SIGHUP does after the settings file changed, and waits until the reload it comes with is served.
+    pub async fn set_default_mesh(&self, mesh: Option<String>) -> Result<ReloadOutcome> {
+        self.reloader.default_mesh(mesh).await.ok_or_else(|| {
+            Error::from_internal(anyhow!("the daemon stopped before applying defaults.mesh"))
+        })
+    }
+
+    /// What reloads resources and revocations (SIGHUP and the file watcher use it).
+    pub(crate) fn reloader(&self) -> Reloader {
+        self.reloader.clone()
+    }
+
+    /// Waits until a daemon task fails (or ends, which is a failure too) or `shutdown` is cancelled.
+    pub async fn wait(&mut self) -> Result<()> {
+        self.wait_for_tasks().await.map_err(Error::from_internal)
+    }
+
+    async fn wait_for_tasks(&mut self) -> anyhow::Result<()> {
+        tokio::select! {
+            _ = self.shutdown.cancelled() => Ok(()),
+            done = self.tasks.join_next() => match done {
+                None => Ok(()),
+                Some(Ok(Ok(()))) => Err(anyhow!("a daemon task ended unexpectedly")),
+                Some(Ok(Err(e))) => Err(e),
+                Some(Err(e)) => Err(anyhow!("a daemon task panicked: {e}")),
+            },
+        }
+    }
+
+    /// Stops at once, as a killed process does: no drain, streams cut, no more heartbeats. For
+    /// the failover drill.
+    pub fn kill(mut self) {
+        self.shutdown.cancel();
+        self.tasks.abort_all();
+    }
+
+    /// Drains streams and stops every task, waiting at most the grace period.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        let drained = tokio::time::timeout(GRACE, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(grace = ?GRACE, "tasks still running after the grace period; exiting anyway");
+        }
+    }
+}
+
+/// What a start opens before anything serves: the data directory (locked), the store, the first
+/// world, the token key and the revocation list.
+struct Opened {
+    lock: DaemonLock,
+    store: Store,
+    limits: ServeLimits,
+    world: World,
+    signing_key: meshca_auth::SigningKey,
+    revocations_source: revocations::Source,
+    revocations: meshca_auth::RevocationList,
+}
+
+impl Opened {
+    async fn open(settings: &Settings) -> anyhow::Result<Opened> {
+        // Before anything in the data directory is created or written: one daemon per directory.
+        let data_dir = DataDir::open(&settings.data_dir)?;
+        let lock = data_dir.lock_for_daemon()?;
+        let store = Store::open_waiting(settings, &data_dir).await?;
+        let limits = ServeLimits::from_settings(settings);
+        let world = load_initial_world(settings, store.keystore.as_ref())?;
+        let signing_key = store.signing_key(&data_dir)?;
+        // Fail closed: the list exists from the key's creation on, so missing or invalid stops the start.
+        let revocations_source = match store.revocations() {
+            Some(database) => revocations::Source::Database(database),
+            None => revocations::Source::File(data_dir.revocation_list()),
+        };
+        let revocations = revocations_source
+            .read()
+            .await
+            .context("refusing to start")?;
+        Ok(Opened {
+            lock,
+            store,
+            limits,
+            world,
+            signing_key,
+            revocations_source,
+            revocations,
+        })
+    }
+}
+
+/// The SDS server and the channels between it, the owner and the reloader, with the metrics.
+struct Serving {
+    sds: SdsServer,
+    metrics: Arc<metrics::Metrics>,
+    revocations_tx: watch::Sender<Arc<meshca_auth::RevocationList>>,
+    snapshot_tx: watch::Sender<Arc<Snapshot>>,
+    snapshot_rx: watch::Receiver<Arc<Snapshot>>,
+    events_rx: mpsc::Receiver<StreamEvent>,
+}
+
+impl Serving {
+    fn new(
+        revocations: meshca_auth::RevocationList,
+        signing_key: &meshca_auth::SigningKey,
+        limits: &ServeLimits,
+    ) -> Serving {
+        let (revocations_tx, revocations_rx) = watch::channel(Arc::new(revocations));
+        let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(Snapshot::empty()));
+        let (events_tx, events_rx) = mpsc::channel::<StreamEvent>(meshca_sds::EVENT_BUFFER);
+        let sds = SdsServer::new(
+            snapshot_rx.clone(),
+            signing_key.verifier(),
+            revocations_rx,
+            events_tx,
+            ServerOptions::default().with_limits(limits.sds.clone()),
+        );
+        let metrics = Arc::new(metrics::Metrics::new(sds.metrics()));
+        Serving {
+            sds,
+            metrics,
+            revocations_tx,
+            snapshot_tx,
+            snapshot_rx,
+            events_rx,
+        }
+    }
+}
+
+/// The SDS listeners and the admin API's, bound.
+struct Listeners {
+    sds: BoundListeners,
+    sds_addrs: Vec<meshca_sds::BoundAddr>,
+    admin: tokio::net::TcpListener,
+    admin_addr: std::net::SocketAddr,
+}
+
+impl Listeners {
+    async fn bind(settings: &Settings, keystore: &dyn Keystore) -> anyhow::Result<Listeners> {
+        let sds = bind_sds(settings, keystore).await?;
+        let sds_addrs = sds.local_addrs();
+        let admin = admin::bind(settings.admin.listen).await?;
+        let admin_addr = admin.local_addr()?;
+        tracing::info!(addr = %admin_addr, "admin API listening");
+        if !admin_addr.ip().is_loopback() {
+            tracing::warn!(
+                addr = %admin_addr,
+                "the admin API listens beyond loopback (admin.listen): anyone who can reach {admin_addr} sees every proxy, certificate expiry and rotation state, without authentication; put it on 127.0.0.1 or behind a firewall"
+            );
+        }
+        Ok(Listeners {
+            sds,
+            sds_addrs,
+            admin,
+            admin_addr,
+        })
+    }
+}
+
+/// A replica's heartbeat, when it shares a database with others.
+fn heartbeat(
+    settings: &Settings,
+    store: &Store,
+    (sds, metrics): (&SdsServer, &Arc<metrics::Metrics>),
+    database: &watch::Sender<Arc<DatabaseView>>,
+    reloader: &Reloader,
+) -> Option<Heartbeat> {
+    store.database.clone().map(|db| Heartbeat {
+        replicas: Replicas::new(db),
+        name: settings.replica.name.clone(),
+        lease: settings.replica.lease_timeout.as_std(),
+        streams: sds.registry(),
+        view: database.clone(),
+        metrics: metrics.clone(),
+        reloader: reloader.clone(),
+    })
+}
+
+/// What replicas on one database run to gate their rollouts together: the gate and proxy-record
+/// syncs, and the owner's end of them. Nothing without a database.
+fn replica_links(
+    settings: &Settings,
+    store: &Store,
+    database: watch::Sender<Arc<DatabaseView>>,
+) -> (Option<(GateSync, RecordSync)>, Option<PeerLink>) {
+    let (Some(db), Some(records)) = (store.database.clone(), store.proxy_records.clone()) else {
+        return (None, None);
+    };
+    let (view_tx, view_rx) = watch::channel(Arc::new(GateView::default()));
+    let (peers_tx, peers_rx) = watch::channel(Vec::new());
+    let (issued_tx, issued_rx) = mpsc::unbounded_channel();
+    let (lookups_tx, lookups_rx) = mpsc::unbounded_channel();
+    let (found_tx, found_rx) = mpsc::unbounded_channel();
+    let record_sync = RecordSync {
+        records,
+        name: settings.replica.name.clone(),
+        issued: issued_rx,
+        lookups: lookups_rx,
+        found: found_tx,
+    };
+    let sync = GateSync {
+        replicas: Replicas::new(db),
+        name: settings.replica.name.clone(),
+        lease: settings.replica.lease_timeout.as_std(),
+        hold_gone: settings.replica.lease_timeout.as_std(),
+        view: view_rx,
+        peers: peers_tx,
+        database,
+    };
+    let link = PeerLink {
+        peers: peers_rx,
+        view: view_tx,
+        records: RecordLink {
+            issued: issued_tx,
+            lookups: lookups_tx,
+        },
+        found: found_rx,
+    };
+    (Some((sync, record_sync)), Some(link))
+}
+
+/// The daemon's long-running parts, before they are spawned.
+struct Tasks {
+    owner_loop: OwnerLoop,
+    sds: SdsServer,
+    heartbeat: Option<Heartbeat>,
+    replica_sync: Option<(GateSync, RecordSync)>,
+    poll_revocations: bool,
+    admin_state: admin::AdminState,
+}
+
+impl Tasks {
+    /// Spawns every part: the owner loop, SDS, the revocations poll (database only), the replica
+    /// syncs and the admin API.
+    fn spawn(
+        self,
+        sds_listeners: BoundListeners,
+        admin_listener: tokio::net::TcpListener,
+        reloader: &Reloader,
+        shutdown: &CancellationToken,
+        limits: ServeLimits,
+    ) -> tokio::task::JoinSet<anyhow::Result<()>> {
+        let mut tasks = tokio::task::JoinSet::new();
+        let owner_loop = self.owner_loop;
+        tasks.spawn(async move {
+            owner_loop.run().await;
+            Ok(())
+        });
+        tasks.spawn(serve_sds(sds_listeners, self.sds, shutdown.clone()));
+        if self.poll_revocations {
+            tasks.spawn(reloader.clone().poll_revocations(shutdown.clone()));
+        }
+        if let Some(heartbeat) = self.heartbeat {
+            tasks.spawn(heartbeat.run(shutdown.clone()));
+        }
+        if let Some((gate_sync, record_sync)) = self.replica_sync {
+            tasks.spawn(gate_sync.run(shutdown.clone()));
+            let shutdown = shutdown.clone();
+            tasks.spawn(async move {
+                record_sync.run(shutdown).await;
+                Ok(())
+            });
+        }
+        tasks.spawn(serve_admin(
+            admin_listener,
+            self.admin_state,
+            limits.admin,
+            shutdown.clone(),
+        ));
+        tasks
+    }
+}
+
+/// The first world: the resources directory (seeded when empty) with every CA loaded. Invalid
+/// resources stop the start with every error listed.
+fn load_initial_world(settings: &Settings, keystore: &dyn Keystore) -> anyhow::Result<World> {
+    ensure_resources(&settings.resources)?;
+    let world = load_world(settings, keystore, None, SystemTime::now()).map_err(|errors| {
+        let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        anyhow::Error::new(InvalidInput(format!(
+            "the resources are invalid; nothing was started:\n  {}",
+            lines.join("\n  ")
+        )))
+    })?;
+    for (mesh, role, ca) in world.authorities() {
+        tracing::info!(mesh, ca = %role, id = %ca.ca.id(), "CA loaded");
+    }
+    Ok(world)
+}
+
+/// Binds every SDS listener of the settings.
+async fn bind_sds(settings: &Settings, keystore: &dyn Keystore) -> anyhow::Result<BoundListeners> {
+    let bound = meshca_sds::bind(sds_listeners(settings, keystore)?)
+        .await
+        .context("cannot start the SDS listeners (sds.listen)")?;
+    for addr in bound.local_addrs() {
+        tracing::info!(%addr, "SDS listening");
+    }
+    Ok(bound)
+}
+
+/// The SDS listeners of the settings; TCP ones get TLS from `sds.tls` or the daemon's own SDS CA.
+fn sds_listeners(settings: &Settings, keystore: &dyn Keystore) -> anyhow::Result<Vec<Listener>> {
+    let mut listeners = Vec::new();
+    let mut tls: Option<Arc<rustls::ServerConfig>> = None;
+    for addr in &settings.sds.listen {
+        let listener = match addr {
+            ListenAddr::Unix(path) => Listener::Unix(path.clone()),
+            ListenAddr::Tcp(addr) if settings.sds.insecure => Listener::InsecureLoopback(*addr),
+            ListenAddr::Tcp(addr) => {
+                let config = match &tls {
+                    Some(config) => config.clone(),
+                    None => tls.insert(server_tls(settings, keystore)?).clone(),
+                };
+                Listener::Tls {
+                    addr: *addr,
+                    config,
+                }
+            }
+        };
+        listeners.push(listener);
+    }
+    Ok(listeners)
+}
+
+/// The TLS server config of the SDS TCP listeners: `sds.tls` files, or a certificate from the daemon's
+/// own SDS CA.
+fn server_tls(
+    settings: &Settings,
+    keystore: &dyn Keystore,
+) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    let identity = match &settings.sds.tls {
+        Some(files) => daemon_keys::server_identity_from_files(&files.cert_file, &files.key_file)?,
+        None => {
+            daemon_keys::server_identity_generated(keystore, &settings.data_dir, SystemTime::now())?
+        }
+    };
+    daemon_keys::server_tls_config(identity)
+}
+
+async fn serve_sds(
+    bound: BoundListeners,
+    sds: SdsServer,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    bound
+        .serve(sds, shutdown)
+        .await
+        .map_err(|e| anyhow!("SDS server failed: {e}"))
+}
+
+async fn serve_admin(
+    listener: tokio::net::TcpListener,
+    state: admin::AdminState,
+    limits: admin::AdminLimits,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    admin::serve(listener, state, limits, shutdown)
+        .await
+        .map_err(|e| anyhow!("admin API failed: {e}"))
+}
