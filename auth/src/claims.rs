@@ -9,7 +9,7 @@ use std::time::Duration;
 use ring::rand::{SecureRandom, SystemRandom};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{quote, AuthError};
+use crate::error::{quote, AuthError, Refusal};
 use crate::label;
 
 /// The `iss` claim of every meshca token.
@@ -165,12 +165,12 @@ impl Claims {
     pub(crate) fn validate(&self) -> Result<(), AuthError> {
         let invalid =
             |field: &'static str, reason: String| AuthError::InvalidClaim { field, reason };
-        validate_mesh(&self.mesh).map_err(|r| invalid("mesh", r))?;
-        validate_proxy_name(&self.name).map_err(|r| invalid("name", r))?;
+        validate_mesh(&self.mesh).map_err(|r| invalid("mesh", r.0))?;
+        validate_proxy_name(&self.name).map_err(|r| invalid("name", r.0))?;
         for (field, map) in [("labels", &self.labels), ("tags", &self.tags)] {
             for (key, value) in map.iter() {
-                label::validate_key(key).map_err(|r| invalid(field, r))?;
-                label::validate_value(value).map_err(|r| invalid(field, r))?;
+                label::validate_key(key).map_err(|r| invalid(field, r.0))?;
+                label::validate_value(value).map_err(|r| invalid(field, r.0))?;
             }
         }
         if self.expires_at <= self.issued_at {
@@ -188,7 +188,7 @@ impl Claims {
 
 /// A mesh name: a DNS label (1-63 characters of `[a-z0-9-]`, alphanumeric at both ends). It holds no `.`, so
 /// the node id `<mesh>.<name>` splits unambiguously at its first dot.
-fn validate_mesh(mesh: &str) -> Result<(), String> {
+fn validate_mesh(mesh: &str) -> Result<(), Refusal> {
     let b = mesh.as_bytes();
     let ok = !b.is_empty()
         && b.len() <= 63
@@ -199,15 +199,15 @@ fn validate_mesh(mesh: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
+        Err(Refusal(format!(
             "{} must be 1-63 characters of a-z, 0-9 and '-', starting and ending with a letter or digit",
             quote(mesh)
-        ))
+        )))
     }
 }
 
 /// A proxy name: 1-253 characters of `[A-Za-z0-9._-]`, not `.` or `..`.
-fn validate_proxy_name(name: &str) -> Result<(), String> {
+fn validate_proxy_name(name: &str) -> Result<(), Refusal> {
     let ok = !name.is_empty()
         && name.len() <= 253
         && name != "."
@@ -218,10 +218,10 @@ fn validate_proxy_name(name: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
+        Err(Refusal(format!(
             "{} must be 1-253 characters of A-Z, a-z, 0-9, '.', '_' and '-'",
             quote(name)
-        ))
+        )))
     }
 }
 

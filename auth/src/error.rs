@@ -1,5 +1,10 @@
 //! The one error type of this crate.
 
+/// Why one claim value or label part is refused: the sentence an [`AuthError`] then carries as its
+/// `reason`, with the field or label it belongs to.
+#[derive(Debug)]
+pub(crate) struct Refusal(pub(crate) String);
+
 /// Why a token could not be minted, parsed or accepted.
 ///
 /// Messages never contain the token itself (it is a bearer credential); they may quote short, escaped claim

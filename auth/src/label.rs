@@ -1,6 +1,6 @@
 //! Kubernetes-style label keys and values, as carried in token `labels` and `tags`.
 
-use crate::error::{quote, AuthError};
+use crate::error::{quote, AuthError, Refusal};
 
 /// Parses a `KEY=VALUE` command line argument (`--label`, `--tag`) into a key and a value.
 ///
@@ -15,38 +15,39 @@ pub fn parse_label(kv: &str) -> Result<(String, String), AuthError> {
     let (key, value) = kv
         .split_once('=')
         .ok_or_else(|| invalid("expected KEY=VALUE".to_owned()))?;
-    validate_key(key).map_err(invalid)?;
-    validate_value(value).map_err(invalid)?;
+    validate_key(key).map_err(|r| invalid(r.0))?;
+    validate_value(value).map_err(|r| invalid(r.0))?;
     Ok((key.to_owned(), value.to_owned()))
 }
 
 /// Checks a label key; the error is a reason that names the offending part.
-pub(crate) fn validate_key(key: &str) -> Result<(), String> {
+pub(crate) fn validate_key(key: &str) -> Result<(), Refusal> {
     if key.is_empty() {
-        return Err("the key is empty".to_owned());
+        return Err(Refusal("the key is empty".to_owned()));
     }
     let name = match key.split_once('/') {
         Some((prefix, name)) => {
-            validate_prefix(prefix).map_err(|why| format!("key prefix {} {why}", quote(prefix)))?;
+            validate_prefix(prefix)
+                .map_err(|why| Refusal(format!("key prefix {} {why}", quote(prefix))))?;
             name
         }
         None => key,
     };
     if name.is_empty() {
-        return Err(format!(
+        return Err(Refusal(format!(
             "key {} has an empty name after the prefix",
             quote(key)
-        ));
+        )));
     }
-    validate_name_part(name).map_err(|why| format!("key name {} {why}", quote(name)))
+    validate_name_part(name).map_err(|why| Refusal(format!("key name {} {why}", quote(name))))
 }
 
 /// Checks a label value (empty is allowed).
-pub(crate) fn validate_value(value: &str) -> Result<(), String> {
+pub(crate) fn validate_value(value: &str) -> Result<(), Refusal> {
     if value.is_empty() {
         return Ok(());
     }
-    validate_name_part(value).map_err(|why| format!("value {} {why}", quote(value)))
+    validate_name_part(value).map_err(|why| Refusal(format!("value {} {why}", quote(value))))
 }
 
 /// A label name or non-empty value: at most 63 characters of `[A-Za-z0-9_.-]`, alphanumeric at both ends.

@@ -128,7 +128,7 @@ impl CertificateAuthority {
     /// `CN=meshca <name> <random hex>, O=meshca` (unique per CA), SKI and AKI, NotBefore `now - 10s`.
     pub fn generate(params: &CaParams, now: SystemTime) -> Result<Self, CaError> {
         let (key, _) = PrivateKey::generate(params.key_algorithm).map_err(CaError::Key)?;
-        let signer = signer_for(&key).map_err(CaError::Certificate)?;
+        let signer = signer_for(&key).map_err(|e| CaError::Certificate(e.to_string()))?;
         let (not_before, _) = now
             .checked_sub(BACKDATE)
             .and_then(certs::whole_seconds)
@@ -183,7 +183,7 @@ impl CertificateAuthority {
             })?;
         let subject = certs::subject(&cert);
 
-        let signer = signer_for(&key).map_err(ProvidedCaError::Signer)?;
+        let signer = signer_for(&key).map_err(|e| ProvidedCaError::Signer(e.to_string()))?;
         let cert_key = cert.public_key();
         let same_type = certs::key_kind(cert_key) == KeyKind::Supported(key.algorithm());
         if !same_type
@@ -326,11 +326,9 @@ impl CertificateAuthority {
 }
 
 /// Loads the CA key into rcgen (this parses the PKCS#8: done once per CA, never per leaf).
-fn signer_for(key: &PrivateKey) -> Result<CaSigner, String> {
+fn signer_for(key: &PrivateKey) -> Result<CaSigner, rcgen::Error> {
     let der = rustls_pki_types::PrivatePkcs8KeyDer::from(key.pkcs8_der());
-    KeyPair::try_from(&der)
-        .map(CaSigner)
-        .map_err(|e| e.to_string())
+    KeyPair::try_from(&der).map(CaSigner)
 }
 
 /// `CN=meshca <name> <16 hex of the serial>, O=meshca`, the CN kept within X.509's 64 characters.

@@ -17,6 +17,7 @@ mod metrics;
 mod reload;
 mod replica;
 pub mod revocations;
+mod run;
 mod stalled_writes;
 mod store;
 mod watcher;
@@ -24,81 +25,4 @@ mod watcher;
 pub use daemon::{Daemon, DaemonOptions};
 pub use error::{Cause, Error, Result};
 pub use files::open_store;
-use reload::Change;
-
-use std::path::{Path, PathBuf};
-
-use meshca_config::Settings;
-
-/// Runs the daemon (with `settings`, read from `config` and the environment) until SIGTERM/SIGINT.
-pub async fn run(settings: Settings, config: Option<PathBuf>) -> Result<()> {
-    let mut daemon = Daemon::start(settings.clone(), DaemonOptions::default()).await?;
-    let result = wait_for_signals(&mut daemon, settings, config).await;
-    daemon.stop().await;
-    result
-}
-
-/// Waits for SIGTERM/SIGINT (clean exit), applies SIGHUP as a reload, and returns early if a task
-/// fails.
-async fn wait_for_signals(
-    daemon: &mut Daemon,
-    mut settings: Settings,
-    config: Option<PathBuf>,
-) -> Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let handler = |kind| signal(kind).map_err(|e| Error::from_internal(e.into()));
-    let mut term = handler(SignalKind::terminate())?;
-    let mut int = handler(SignalKind::interrupt())?;
-    let mut hup = handler(SignalKind::hangup())?;
-    let reloader = daemon.reloader();
-    loop {
-        tokio::select! {
-            _ = term.recv() => { tracing::info!("SIGTERM: draining"); return Ok(()) }
-            _ = int.recv() => { tracing::info!("SIGINT: draining"); return Ok(()) }
-            _ = hup.recv() => {
-                tracing::info!("SIGHUP: reloading defaults.mesh, resources and revocations");
-                let default_mesh = reread_default_mesh(config.as_deref(), &mut settings);
-                reloader.try_apply_with(Change::All, default_mesh);
-            }
-            result = daemon.wait() => return result,
-        }
-    }
-}
-
-/// Reads the settings again (file and environment) for SIGHUP: returns the new `defaults.mesh` if it
-/// changed, the one setting applied while serving. Other changes are reported as waiting for a restart;
-/// settings that do not load change nothing.
-fn reread_default_mesh(config: Option<&Path>, current: &mut Settings) -> Option<Option<String>> {
-    let new = match load_settings(config) {
-        Ok(new) => new,
-        Err(error) => {
-            tracing::error!("settings not reloaded, the running ones stay: {error:#}");
-            return None;
-        }
-    };
-    let others_changed = Settings {
-        defaults: current.defaults.clone(),
-        ..new.clone()
-    } != *current;
-    if others_changed {
-        tracing::warn!(
-            "settings other than defaults.mesh changed; they take effect when meshca restarts"
-        );
-    }
-    if new.defaults == current.defaults {
-        return None;
-    }
-    current.defaults = new.defaults.clone();
-    Some(new.defaults.mesh)
-}
-
-/// Settings from embedded defaults, the file and `MESHCA_*` variables; invalid settings are an
-/// [`Error::InvalidInput`].
-pub fn load_settings(path: Option<&Path>) -> Result<Settings> {
-    Settings::load(path, process_env()).map_err(|e| Error::invalid_input(e.to_string()))
-}
-
-/// The process environment, skipping variables that are not UTF-8 (never meshca's own).
-pub fn process_env() -> impl Iterator<Item = (String, String)> {
-    std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-}
+pub use run::{load_settings, process_env, run};
