@@ -144,6 +144,12 @@ fn an_extension_identity_applies_beside_a_bundled_one_and_its_dataplanes_are_lef
         "{human}"
     );
     assert!(
+        human.stdout.contains(
+            "Ready=True/ManagedExternally (certificates are issued by extension my-provider)"
+        ),
+        "the identity's line names the extension: {human}"
+    );
+    assert!(
         human.stdout.contains("no identity: MeshIdentity ext-id") && human.stdout.contains(MANAGED),
         "{human}"
     );

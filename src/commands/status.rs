@@ -155,7 +155,11 @@ fn print_mesh(mesh: &MeshStatus) {
             .conditions
             .iter()
             .find(|c| c.kind == "Ready")
-            .map(|c| format!("{}/{}", c.status, c.reason))
+            .map(|c| match c.reason.as_str() {
+                // Who issues instead of meshca (SPIRE, or a Kuma extension by name).
+                "ManagedExternally" => format!("{}/{} ({})", c.status, c.reason, c.message),
+                _ => format!("{}/{}", c.status, c.reason),
+            })
             .unwrap_or_default();
         println!(
             "  MeshIdentity {} ({}, trust domain {}): Ready={ready}",
