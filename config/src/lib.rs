@@ -3,7 +3,9 @@
 //! - [`Settings::load`]: daemon settings from embedded defaults, a YAML file and `MESHCA_*`
 //!   environment variables.
 //! - [`load_dir`] / [`parse_str`]: Kuma universal-format resources (Mesh, MeshIdentity, MeshTrust,
-//!   Dataplane, ZoneEgress, MeshService), with every error of every file reported at once.
+//!   Dataplane, ZoneEgress, MeshService) and WorkloadRegistrations, with every error of every file
+//!   reported at once.
+//! - [`Selector`]: what a registration asks of a process calling the Workload API.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -11,6 +13,7 @@ mod bounded;
 mod duration;
 mod names;
 mod resources;
+mod selector;
 mod settings;
 mod yaml;
 
@@ -20,8 +23,13 @@ pub use resources::{
     default_resources_yaml, load_dir, load_dir_lenient, parse_str, Backend, BackendKind, Bundled,
     BundledCa, DataSource, Dataplane, Extension, Inbound, Labels, Mesh, MeshIdentity, MeshService,
     MeshTrust, Mtls, MtlsMode, Provider, Resource, ResourceError, ResourceType, Resources,
-    ServiceIdentity, ServicePort, Source, SpiffeIdTemplates, TargetPort, ZoneEgress, SERVICE_TAG,
+    ServiceIdentity, ServicePort, Source, SpiffeIdTemplates, TargetPort, WorkloadRegistration,
+    ZoneEgress, DEFAULT_JWT_SVID_EXPIRY, MAX_HINT_BYTES, MAX_JWT_SVID_EXPIRY, SERVICE_TAG,
     ZONE_LABEL,
+};
+pub use selector::{
+    InvalidValue, Selector, SelectorError, SelectorKind, MAX_SELECTOR_NAME_BYTES,
+    MAX_SELECTOR_PATH_BYTES,
 };
 pub use settings::{
     settings_env_vars, AdminSettings, Defaults, IssuanceSettings, KeystoreSettings, KeystoreType,

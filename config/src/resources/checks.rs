@@ -1,9 +1,12 @@
-//! Checks across resources: unique names and references to existing Meshes.
+//! Checks across resources: unique names, references to existing Meshes and Dataplanes, and hints
+//! that a caller could get twice.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::document::{Resource, ResourceType};
+use super::document::{Broken, Resource, ResourceType};
 use super::error::{ResourceError, Source};
+use super::registration::WorkloadRegistration;
+use crate::Selector;
 
 fn error(resource: &Resource, field: &str, message: String) -> ResourceError {
     let source = resource.source();
@@ -16,10 +19,11 @@ fn error(resource: &Resource, field: &str, message: String) -> ResourceError {
     }
 }
 
-/// Reports every resource whose (type, mesh, name) was already taken by an earlier one, and every
-/// mesh-scoped resource whose mesh names no Mesh. `broken_meshes` are Meshes that exist but
-/// failed to parse (already reported).
-pub(super) fn check(resources: &[Resource], broken_meshes: &[String]) -> Vec<ResourceError> {
+/// Reports every resource whose (type, mesh, name) was already taken by an earlier one, every
+/// mesh-scoped resource whose mesh names no Mesh, and every WorkloadRegistration whose Dataplane does
+/// not exist or whose hint repeats another's (see [`check_registrations`]). `broken` are Meshes and
+/// Dataplanes that exist but failed to parse (already reported).
+pub(super) fn check(resources: &[Resource], broken: &[Broken]) -> Vec<ResourceError> {
     let mut errors = Vec::new();
     let mut first: BTreeMap<(ResourceType, Option<&str>, &str), &Source> = BTreeMap::new();
     for resource in resources {
@@ -46,7 +50,12 @@ pub(super) fn check(resources: &[Resource], broken_meshes: &[String]) -> Vec<Res
         .iter()
         .filter(|r| r.kind() == ResourceType::Mesh)
         .map(Resource::name)
-        .chain(broken_meshes.iter().map(String::as_str))
+        .chain(
+            broken
+                .iter()
+                .filter(|b| b.kind == ResourceType::Mesh)
+                .map(|b| b.name.as_str()),
+        )
         .collect();
     for resource in resources {
         if let Some(mesh) = resource.mesh().filter(|m| !meshes.contains(m)) {
@@ -63,6 +72,83 @@ pub(super) fn check(resources: &[Resource], broken_meshes: &[String]) -> Vec<Res
                 "mesh",
                 format!("no Mesh named {mesh:?} ({defined})"),
             ));
+        }
+    }
+    errors.append(&mut check_registrations(resources, broken));
+    errors
+}
+
+/// One hint a caller could be given: registrations with the same mesh, agent and selector set, and
+/// the hint itself. A caller that matches one of them matches them all.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct HintScope<'a> {
+    mesh: &'a str,
+    agent: Option<&'a str>,
+    selectors: BTreeSet<&'a Selector>,
+    hint: &'a str,
+}
+
+/// Every WorkloadRegistration names a Dataplane of its own mesh; and no two with the same mesh,
+/// agent and selector set carry the same hint, since a caller matching both would get two SVIDs
+/// under one hint (the later one is reported).
+fn check_registrations(resources: &[Resource], broken: &[Broken]) -> Vec<ResourceError> {
+    let dataplanes: BTreeSet<(&str, &str)> = resources
+        .iter()
+        .filter_map(|r| match r {
+            Resource::Dataplane(d) => Some((d.mesh.as_str(), d.name.as_str())),
+            _ => None,
+        })
+        .chain(
+            broken
+                .iter()
+                .filter(|b| b.kind == ResourceType::Dataplane)
+                .map(|b| (b.mesh.as_deref().unwrap_or_default(), b.name.as_str())),
+        )
+        .collect();
+    let mut errors = Vec::new();
+    let mut hints: BTreeMap<HintScope<'_>, &WorkloadRegistration> = BTreeMap::new();
+    for resource in resources {
+        let Resource::WorkloadRegistration(r) = resource else {
+            continue;
+        };
+        if !dataplanes.contains(&(r.mesh.as_str(), r.dataplane.as_str())) {
+            errors.push(error(
+                resource,
+                "spec.dataplane",
+                format!(
+                    "Dataplane {:?} does not exist in mesh {:?}",
+                    r.dataplane, r.mesh
+                ),
+            ));
+        }
+        let Some(hint) = r.hint.as_deref() else {
+            continue;
+        };
+        let scope = HintScope {
+            mesh: &r.mesh,
+            agent: r.agent.as_deref(),
+            selectors: r.selectors.iter().collect(),
+            hint,
+        };
+        match hints.get(&scope) {
+            // The same registration twice is a duplicate name, already reported.
+            Some(earlier) if earlier.name == r.name => {}
+            Some(earlier) => errors.push(error(
+                resource,
+                "spec.hint",
+                format!(
+                    "hint {hint:?} is already used by registration {:?} ({}) with the same selectors{}: a caller matching both would get two SVIDs with one hint",
+                    earlier.name,
+                    earlier.source,
+                    match &r.agent {
+                        Some(agent) => format!(" on agent {agent:?}"),
+                        None => " on the server's own socket".to_owned(),
+                    }
+                ),
+            )),
+            None => {
+                hints.insert(scope, r);
+            }
         }
     }
     errors

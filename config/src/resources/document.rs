@@ -11,9 +11,12 @@ use super::dataplane::{DataplaneDoc, ZoneEgressDoc};
 use super::error::{Report, ResourceError, Source};
 use super::identity::IdentitySpec;
 use super::mesh::MeshDoc;
+use super::registration::RegistrationSpec;
 use super::service::ServiceSpec;
 use super::trust::TrustSpec;
-use super::{Dataplane, Labels, Mesh, MeshIdentity, MeshService, MeshTrust, ZoneEgress};
+use super::{
+    Dataplane, Labels, Mesh, MeshIdentity, MeshService, MeshTrust, WorkloadRegistration, ZoneEgress,
+};
 use crate::names::{check_name, cut, MAX_NAME_LEN};
 use crate::yaml;
 
@@ -32,6 +35,8 @@ pub enum Resource {
     ZoneEgress(ZoneEgress),
     /// `type: MeshService`.
     MeshService(MeshService),
+    /// `type: WorkloadRegistration`.
+    WorkloadRegistration(WorkloadRegistration),
 }
 
 /// The resource types, as spelled in `type:`.
@@ -49,17 +54,20 @@ pub enum ResourceType {
     ZoneEgress,
     /// `MeshService`.
     MeshService,
+    /// `WorkloadRegistration`.
+    WorkloadRegistration,
 }
 
 impl ResourceType {
     /// Every type meshca reads.
-    pub const ALL: [ResourceType; 6] = [
+    pub const ALL: [ResourceType; 7] = [
         ResourceType::Mesh,
         ResourceType::MeshIdentity,
         ResourceType::MeshTrust,
         ResourceType::Dataplane,
         ResourceType::ZoneEgress,
         ResourceType::MeshService,
+        ResourceType::WorkloadRegistration,
     ];
 
     /// The `type:` spelling.
@@ -71,6 +79,7 @@ impl ResourceType {
             ResourceType::Dataplane => "Dataplane",
             ResourceType::ZoneEgress => "ZoneEgress",
             ResourceType::MeshService => "MeshService",
+            ResourceType::WorkloadRegistration => "WorkloadRegistration",
         }
     }
 
@@ -104,6 +113,7 @@ impl Resource {
             Resource::Dataplane(_) => ResourceType::Dataplane,
             Resource::ZoneEgress(_) => ResourceType::ZoneEgress,
             Resource::MeshService(_) => ResourceType::MeshService,
+            Resource::WorkloadRegistration(_) => ResourceType::WorkloadRegistration,
         }
     }
 
@@ -116,6 +126,7 @@ impl Resource {
             Resource::Dataplane(r) => &r.name,
             Resource::ZoneEgress(r) => &r.name,
             Resource::MeshService(r) => &r.name,
+            Resource::WorkloadRegistration(r) => &r.name,
         }
     }
 
@@ -127,6 +138,7 @@ impl Resource {
             Resource::MeshTrust(r) => Some(&r.mesh),
             Resource::Dataplane(r) => Some(&r.mesh),
             Resource::MeshService(r) => Some(&r.mesh),
+            Resource::WorkloadRegistration(r) => Some(&r.mesh),
         }
     }
 
@@ -139,6 +151,7 @@ impl Resource {
             Resource::Dataplane(r) => &r.source,
             Resource::ZoneEgress(r) => &r.source,
             Resource::MeshService(r) => &r.source,
+            Resource::WorkloadRegistration(r) => &r.source,
         }
     }
 
@@ -218,9 +231,20 @@ pub(super) struct ParsedFile {
     pub(super) resources: Vec<Resource>,
     /// Every error, in document order.
     pub(super) errors: Vec<ResourceError>,
-    /// Names of Meshes whose documents had errors: other resources may still refer to them
-    /// without a second, misleading "no Mesh named" error.
-    pub(super) broken_meshes: Vec<String>,
+    /// The Meshes and Dataplanes whose documents had errors: other resources may still refer to
+    /// them without a second, misleading "does not exist" error.
+    pub(super) broken: Vec<Broken>,
+}
+
+/// A Mesh or Dataplane whose document had errors (already reported), named by its header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Broken {
+    /// [`ResourceType::Mesh`] or [`ResourceType::Dataplane`].
+    pub(super) kind: ResourceType,
+    /// The mesh of a Dataplane; `None` for a Mesh.
+    pub(super) mesh: Option<String>,
+    /// The resource name.
+    pub(super) name: String,
 }
 
 /// Parses every document of one file. Errors of one document do not stop the others; a YAML
@@ -243,11 +267,16 @@ pub(super) fn parse_file(file: &Path, text: &str) -> ParsedFile {
             }
         };
         if let Ok(Some(header)) = parse_header(&value, &mut report) {
-            let mesh_name = (header.kind == ResourceType::Mesh).then(|| header.name.clone());
+            let referred = matches!(header.kind, ResourceType::Mesh | ResourceType::Dataplane);
+            let broken = referred.then(|| Broken {
+                kind: header.kind,
+                mesh: header.mesh.clone(),
+                name: header.name.clone(),
+            });
             let resource = parse_body(header, typed, &mut report);
             match resource {
                 Some(resource) if !report.has_errors() => parsed.resources.push(resource),
-                _ => parsed.broken_meshes.extend(mesh_name),
+                _ => parsed.broken.extend(broken),
             }
         }
         parsed.errors.append(&mut report.errors);
@@ -399,6 +428,11 @@ fn parse_body(
             let doc = body::<SpecDoc<ServiceSpec>>(typed, report)?;
             let labels = doc.labels.unwrap_or_default();
             Resource::MeshService(doc.spec.into_typed(name, mesh, labels, report))
+        }
+        ResourceType::WorkloadRegistration => {
+            let doc = body::<SpecDoc<RegistrationSpec>>(typed, report)?;
+            let labels = doc.labels.unwrap_or_default();
+            Resource::WorkloadRegistration(doc.spec.into_typed(name, mesh, labels, report)?)
         }
     })
 }

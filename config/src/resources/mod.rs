@@ -8,6 +8,7 @@ mod document;
 mod error;
 mod identity;
 mod mesh;
+mod registration;
 mod service;
 mod trust;
 
@@ -25,6 +26,9 @@ pub use document::{Resource, ResourceType};
 pub use error::{ResourceError, Source};
 pub use identity::{Bundled, BundledCa, Extension, MeshIdentity, Provider, SpiffeIdTemplates};
 pub use mesh::{Backend, BackendKind, Mesh, Mtls, MtlsMode};
+pub use registration::{
+    WorkloadRegistration, DEFAULT_JWT_SVID_EXPIRY, MAX_HINT_BYTES, MAX_JWT_SVID_EXPIRY,
+};
 pub use service::{MeshService, ServiceIdentity, ServicePort, TargetPort, ZONE_LABEL};
 pub use trust::MeshTrust;
 
@@ -49,6 +53,8 @@ pub struct Resources {
     pub zone_egresses: Vec<ZoneEgress>,
     /// MeshServices.
     pub mesh_services: Vec<MeshService>,
+    /// WorkloadRegistrations.
+    pub workload_registrations: Vec<WorkloadRegistration>,
 }
 
 impl Resources {
@@ -60,9 +66,9 @@ impl Resources {
 
     fn build(
         resources: Vec<Resource>,
-        broken_meshes: &[String],
+        broken: &[document::Broken],
     ) -> Result<Resources, Vec<ResourceError>> {
-        let errors = checks::check(&resources, broken_meshes);
+        let errors = checks::check(&resources, broken);
         if !errors.is_empty() {
             return Err(errors);
         }
@@ -82,6 +88,7 @@ impl Resources {
                 Resource::Dataplane(r) => out.dataplanes.push(r),
                 Resource::ZoneEgress(r) => out.zone_egresses.push(r),
                 Resource::MeshService(r) => out.mesh_services.push(r),
+                Resource::WorkloadRegistration(r) => out.workload_registrations.push(r),
             }
         }
         out.mesh_identities
@@ -91,6 +98,8 @@ impl Resources {
         out.dataplanes
             .sort_by(|a, b| (&a.mesh, &a.name).cmp(&(&b.mesh, &b.name)));
         out.mesh_services
+            .sort_by(|a, b| (&a.mesh, &a.name).cmp(&(&b.mesh, &b.name)));
+        out.workload_registrations
             .sort_by(|a, b| (&a.mesh, &a.name).cmp(&(&b.mesh, &b.name)));
         out.zone_egresses.sort_by(|a, b| a.name.cmp(&b.name));
         out
@@ -124,6 +133,16 @@ impl Resources {
         self.mesh_services.iter().filter(move |r| r.mesh == mesh)
     }
 
+    /// The WorkloadRegistrations of one mesh, by name.
+    pub fn registrations_in<'a>(
+        &'a self,
+        mesh: &'a str,
+    ) -> impl Iterator<Item = &'a WorkloadRegistration> + 'a {
+        self.workload_registrations
+            .iter()
+            .filter(move |r| r.mesh == mesh)
+    }
+
     /// The Dataplane `name` of `mesh`.
     pub fn dataplane(&self, mesh: &str, name: &str) -> Option<&Dataplane> {
         // Sorted by (mesh, name): a lookup per connecting proxy stays cheap with many files.
@@ -140,6 +159,14 @@ impl Resources {
             .find(|s| s.mesh == mesh && s.name == name)
     }
 
+    /// The WorkloadRegistration `name` of `mesh`.
+    pub fn registration(&self, mesh: &str, name: &str) -> Option<&WorkloadRegistration> {
+        self.workload_registrations
+            .binary_search_by(|r| (r.mesh.as_str(), r.name.as_str()).cmp(&(mesh, name)))
+            .ok()
+            .map(|i| &self.workload_registrations[i])
+    }
+
     /// The ZoneEgress `name`.
     pub fn zone_egress(&self, name: &str) -> Option<&ZoneEgress> {
         self.zone_egresses.iter().find(|z| z.name == name)
@@ -153,6 +180,7 @@ impl Resources {
             && self.dataplanes.is_empty()
             && self.zone_egresses.is_empty()
             && self.mesh_services.is_empty()
+            && self.workload_registrations.is_empty()
     }
 }
 
@@ -303,7 +331,7 @@ pub fn load_dir_lenient(dir: &Path, limits: &LoadLimits) -> (Resources, Vec<Reso
         files.clear();
     }
     let mut resources = Vec::new();
-    let mut broken_meshes = Vec::new();
+    let mut broken = Vec::new();
     for file in files {
         let mut text = match read_resource_file(&file, limits) {
             Ok(text) => text,
@@ -317,9 +345,9 @@ pub fn load_dir_lenient(dir: &Path, limits: &LoadLimits) -> (Resources, Vec<Reso
         text.zeroize();
         resources.append(&mut parsed.resources);
         errors.append(&mut parsed.errors);
-        broken_meshes.append(&mut parsed.broken_meshes);
+        broken.append(&mut parsed.broken);
     }
-    errors.append(&mut checks::check(&resources, &broken_meshes));
+    errors.append(&mut checks::check(&resources, &broken));
     (Resources::assemble(resources), errors)
 }
 

@@ -77,3 +77,115 @@ fn grouped_and_sorted() {
     assert!(!resources.is_empty());
     assert!(Resources::default().is_empty());
 }
+
+const MESHES: &str = "type: Mesh\nname: default\n---\ntype: Mesh\nname: other\n---\ntype: Dataplane\nname: billing-1\nmesh: default\n---\ntype: Dataplane\nname: web-1\nmesh: other\n";
+
+fn registration(name: &str, spec: &str) -> String {
+    format!("---\ntype: WorkloadRegistration\nmesh: default\nname: {name}\nspec: {spec}\n")
+}
+
+#[test]
+fn registrations_are_grouped_sorted_and_looked_up() {
+    let resources = checked(&format!(
+        "{MESHES}{}{}---\ntype: WorkloadRegistration\nmesh: other\nname: a\nspec: {{dataplane: web-1, selectors: [unix:uid:3]}}\n",
+        registration("z", "{dataplane: billing-1, selectors: [unix:uid:1], hint: h}"),
+        registration("b", "{dataplane: billing-1, selectors: [unix:uid:2], hint: h}"),
+    ))
+    .expect("consistent");
+    let names: Vec<(&str, &str)> = resources
+        .workload_registrations
+        .iter()
+        .map(|r| (r.mesh.as_str(), r.name.as_str()))
+        .collect();
+    assert_eq!(names, [("default", "b"), ("default", "z"), ("other", "a")]);
+    let in_default: Vec<&str> = resources
+        .registrations_in("default")
+        .map(|r| r.name.as_str())
+        .collect();
+    assert_eq!(in_default, ["b", "z"]);
+    assert_eq!(
+        resources
+            .registration("other", "a")
+            .map(|r| r.dataplane.as_str()),
+        Some("web-1")
+    );
+    assert!(resources.registration("default", "a").is_none());
+    let only_registrations = Resources {
+        workload_registrations: resources.workload_registrations.clone(),
+        ..Resources::default()
+    };
+    assert!(!only_registrations.is_empty());
+}
+
+#[test]
+fn registration_cross_checks_report_every_error() {
+    let errors = checked(&format!(
+        "{MESHES}{}{}{}{}{}{}---\ntype: WorkloadRegistration\nmesh: nowhere\nname: lost\nspec: {{dataplane: billing-1, selectors: [unix:uid:1]}}\n",
+        // A Dataplane that does not exist, and one of another mesh.
+        registration("missing", "{dataplane: billing-2, selectors: [unix:uid:1]}"),
+        registration("elsewhere", "{dataplane: web-1, selectors: [unix:uid:1]}"),
+        // The same hint with the same selector set (in another order): the later one is refused.
+        registration("first", "{dataplane: billing-1, selectors: [unix:uid:1, unix:gid:2], hint: billing}"),
+        registration("second", "{dataplane: billing-1, selectors: [unix:gid:2, unix:uid:1], hint: billing}"),
+        // Not a clash: other agent, other selectors, other hint.
+        registration("on-agent", "{dataplane: billing-1, selectors: [unix:uid:1, unix:gid:2], hint: billing, agent: host-1}"),
+        registration("more", "{dataplane: billing-1, selectors: [unix:uid:1, unix:gid:2, unix:gid:3], hint: billing}"),
+    ))
+    .unwrap_err();
+    let rendered: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        rendered,
+        [
+            "/r/test.yaml: WorkloadRegistration/nowhere/lost: mesh: no Mesh named \"nowhere\" (defined: default, other)",
+            "/r/test.yaml: WorkloadRegistration/default/missing: spec.dataplane: Dataplane \"billing-2\" does not exist in mesh \"default\"",
+            "/r/test.yaml: WorkloadRegistration/default/elsewhere: spec.dataplane: Dataplane \"web-1\" does not exist in mesh \"default\"",
+            "/r/test.yaml: WorkloadRegistration/default/second: spec.hint: hint \"billing\" is already used by registration \"first\" (/r/test.yaml (document 7)) with the same selectors on the server's own socket: a caller matching both would get two SVIDs with one hint",
+            "/r/test.yaml: WorkloadRegistration/nowhere/lost: spec.dataplane: Dataplane \"billing-1\" does not exist in mesh \"nowhere\"",
+        ]
+    );
+}
+
+#[test]
+fn same_hint_on_the_same_agent_clashes() {
+    let errors = checked(&format!(
+        "{MESHES}{}{}",
+        registration(
+            "a",
+            "{dataplane: billing-1, selectors: [unix:uid:1], hint: h, agent: host-1}"
+        ),
+        registration(
+            "b",
+            "{dataplane: billing-1, selectors: [unix:uid:1], hint: h, agent: host-1}"
+        ),
+    ))
+    .unwrap_err();
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_error(
+        &errors[0],
+        "spec.hint",
+        "already used by registration \"a\" (/r/test.yaml (document 5)) with the same selectors on agent \"host-1\"",
+    );
+    assert_eq!(
+        errors[0].resource.as_deref(),
+        Some("WorkloadRegistration/default/b")
+    );
+}
+
+#[test]
+fn a_broken_dataplane_is_not_reported_missing_again() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(
+        dir.path().join("r.yaml"),
+        format!(
+            "type: Mesh\nname: default\n---\ntype: Dataplane\nname: billing-1\nmesh: default\nnetworking: {{inbound: [{{port: 1}}]}}\n{}",
+            registration("r", "{dataplane: billing-1, selectors: [unix:uid:1]}")
+        ),
+    )
+    .expect("write");
+    let errors = load_dir(dir.path(), &LoadLimits::default()).unwrap_err();
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_eq!(
+        errors[0].resource.as_deref(),
+        Some("Dataplane/default/billing-1")
+    );
+}
