@@ -175,6 +175,11 @@ where
 
 /// Sets one field of `layer` from the text of an environment variable.
 fn set(layer: &mut Layer, field: &str, value: &str) -> Result<(), EnvValueError> {
+    if field == "workloadApi.listen" {
+        // The one list an empty value is meaningful for: it turns the Workload API off.
+        layer.workload_api.get_or_insert_default().listen = Some(parse_list(value)?);
+        return Ok(());
+    }
     let value = non_empty(value)?;
     let value = value.as_str();
     match field {
@@ -273,6 +278,7 @@ mod tests {
             let mut layer = Layer::default();
             let value = match field {
                 "sds.listen" => "127.0.0.1:1,unix:///x",
+                "workloadApi.listen" => "unix:///w",
                 "admin.listen" => "127.0.0.1:1",
                 "sds.insecure" => "true",
                 "issuance.keyAlgorithm" => "rsa-2048",

@@ -19,6 +19,7 @@ pub(super) struct Layer {
     pub(super) resources: Option<PathBuf>,
     pub(super) defaults: Option<DefaultsLayer>,
     pub(super) sds: Option<SdsLayer>,
+    pub(super) workload_api: Option<WorkloadApiLayer>,
     pub(super) admin: Option<AdminLayer>,
     pub(super) issuance: Option<IssuanceLayer>,
     pub(super) rollout: Option<RolloutLayer>,
@@ -40,6 +41,14 @@ pub(super) struct SdsLayer {
     pub(super) listen: Option<Vec<ListenAddr>>,
     pub(super) tls: Option<TlsLayer>,
     pub(super) insecure: Option<bool>,
+}
+
+/// `workloadApi:`. Addresses are read like `sds.listen`'s, so that a TCP one is refused with a
+/// reason rather than as a malformed address.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct WorkloadApiLayer {
+    pub(super) listen: Option<Vec<ListenAddr>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -103,7 +112,7 @@ pub(super) struct TokensLayer {
 }
 
 /// The settings fields outside `limits:`, as written in the file (dotted camelCase paths).
-const BASE_FIELDS: [&str; 24] = [
+const BASE_FIELDS: [&str; 25] = [
     "zone",
     "dataDir",
     "resources",
@@ -112,6 +121,7 @@ const BASE_FIELDS: [&str; 24] = [
     "sds.tls.certFile",
     "sds.tls.keyFile",
     "sds.insecure",
+    "workloadApi.listen",
     "admin.listen",
     "issuance.keyAlgorithm",
     "issuance.renewAt",
@@ -150,6 +160,10 @@ impl Layer {
             "sds.tls.certFile" => tls.is_some_and(|t| t.cert_file.is_some()),
             "sds.tls.keyFile" => tls.is_some_and(|t| t.key_file.is_some()),
             "sds.insecure" => sds.is_some_and(|s| s.insecure.is_some()),
+            "workloadApi.listen" => self
+                .workload_api
+                .as_ref()
+                .is_some_and(|w| w.listen.is_some()),
             "admin.listen" => self.admin.as_ref().is_some_and(|a| a.listen.is_some()),
             "issuance.keyAlgorithm" => self
                 .issuance

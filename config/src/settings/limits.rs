@@ -176,6 +176,21 @@ limits! {
     /// The largest certificate or key a data source (`file`, `inline`, `inlineString`) may hold,
     /// in bytes (default 1 MiB).
     data_source_bytes: u64 = MIB, "dataSourceBytes";
+    /// Open connections per Workload API socket; more are closed at once (default 1024).
+    workload_connections: u32 = 1024, "workloadConnections";
+    /// Concurrent Workload API streams of one caller (one process), over all its connections
+    /// (default 64).
+    workload_streams_per_caller: u32 = 64, "workloadStreamsPerCaller";
+    /// Time a Workload API connection may stay open with no stream (default 60s, as SDS's).
+    workload_idle_timeout: Duration = Duration::from_secs(60), "workloadIdleTimeout";
+    /// The largest Workload API request message, in bytes (default 64 KiB).
+    workload_request_bytes: u32 = 64 * 1024, "workloadRequestBytes";
+    /// Audiences one JWT-SVID request may ask for (default 32).
+    jwt_audiences_per_request: u32 = 32, "jwtAudiencesPerRequest";
+    /// The longest audience accepted, in bytes (default 1024).
+    jwt_audience_bytes: u32 = 1024, "jwtAudienceBytes";
+    /// Signed JWT-SVIDs kept for reuse until they near their expiry (default 4096).
+    jwt_svid_cache_entries: u32 = 4096, "jwtSvidCacheEntries";
 }
 
 impl Limits {
@@ -187,6 +202,11 @@ impl Limits {
     /// [`Limits::idle_timeout`] as a standard duration.
     pub fn idle_timeout(&self) -> std::time::Duration {
         self.idle_timeout.as_std()
+    }
+
+    /// [`Limits::workload_idle_timeout`] as a standard duration.
+    pub fn workload_idle_timeout(&self) -> std::time::Duration {
+        self.workload_idle_timeout.as_std()
     }
 }
 

@@ -7,8 +7,8 @@ use super::file::{fields, Layer};
 use super::types::{
     default_replica_name, AdminSettings, Defaults, IssuanceSettings, KeystoreSettings,
     KeystoreType, PostgresSettings, ReplicaSettings, RolloutSettings, SdsSettings, TlsFiles,
-    TokensSettings, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR,
-    DEFAULT_KEYS_AHEAD, DEFAULT_LEASE_TIMEOUT, DEFAULT_POSTGRES_MAX_CONNECTIONS,
+    TokensSettings, WorkloadApiSettings, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN,
+    DEFAULT_DATA_DIR, DEFAULT_KEYS_AHEAD, DEFAULT_LEASE_TIMEOUT, DEFAULT_POSTGRES_MAX_CONNECTIONS,
     DEFAULT_POSTGRES_TIMEOUT, DEFAULT_RENEW_AT, DEFAULT_TOKEN_MAX_VALID_FOR, DEFAULT_ZONE,
     FALLBACK_REPLICA_NAME, MAX_ISSUANCE_WORKERS, MAX_KEYS_AHEAD, MAX_POSTGRES_CONNECTIONS,
 };
@@ -32,8 +32,9 @@ impl Settings {
     /// `MESHCA_*` variable is logged as a warning and ignored, since other tools share the prefix
     /// (the command line's own variables, such as `MESHCA_CONFIG`, are left out by the caller).
     /// Relative paths stay relative to the
-    /// working directory. If `dataDir` is set but `resources` or `sds.listen` are not, those
-    /// follow `dataDir`.
+    /// working directory. If `dataDir` is set but `resources`, `sds.listen` or
+    /// `workloadApi.listen` are not, those follow `dataDir`. An empty `MESHCA_WORKLOAD_API_LISTEN`
+    /// (or `workloadApi.listen: []`) turns the Workload API off.
     pub fn load(
         path: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
@@ -141,6 +142,12 @@ fn resolve(
         check_name(mesh).map_err(|m| origins.invalid("defaults.mesh", m.to_string()))?;
     }
     let sds = resolve_sds(layer.sds.unwrap_or_default(), &data_dir, origins)?;
+    let workload_api = resolve_workload_api(
+        layer.workload_api.unwrap_or_default(),
+        &data_dir,
+        &sds,
+        origins,
+    )?;
     let admin = AdminSettings {
         listen: layer
             .admin
@@ -200,6 +207,7 @@ fn resolve(
         resources,
         defaults: Defaults { mesh },
         sds,
+        workload_api,
         admin,
         issuance: IssuanceSettings {
             key_algorithm: issuance.key_algorithm.unwrap_or_default(),
@@ -395,4 +403,48 @@ fn resolve_sds(
         tls,
         insecure,
     })
+}
+
+/// `workloadApi:`: unix sockets only, each listed once, none shared with SDS.
+fn resolve_workload_api(
+    workload_api: super::file::WorkloadApiLayer,
+    data_dir: &Path,
+    sds: &SdsSettings,
+    origins: &Origins<'_>,
+) -> Result<WorkloadApiSettings, SettingsError> {
+    const FIELD: &str = "workloadApi.listen";
+    let Some(addrs) = workload_api.listen else {
+        return Ok(WorkloadApiSettings {
+            listen: Settings::default_workload_api_listen(data_dir),
+        });
+    };
+    let mut listen: Vec<PathBuf> = Vec::with_capacity(addrs.len());
+    for addr in addrs {
+        let path = match addr {
+            ListenAddr::Unix(path) => path,
+            ListenAddr::Tcp(tcp) => {
+                return Err(origins.invalid(
+                    FIELD,
+                    format!("{tcp} is a TCP address; the Workload API listens on unix sockets only (unix:///path), because it identifies its callers by the kernel's peer credentials, which TCP does not carry"),
+                ));
+            }
+        };
+        if listen.contains(&path) {
+            return Err(
+                origins.invalid(FIELD, format!("unix://{} is listed twice", path.display()))
+            );
+        }
+        if sds.listen.contains(&ListenAddr::Unix(path.clone())) {
+            return Err(origins.invalid(
+                FIELD,
+                format!(
+                    "unix://{} is also an SDS socket (sds.listen, from {}); give the Workload API its own socket",
+                    path.display(),
+                    origins.of("sds.listen")
+                ),
+            ));
+        }
+        listen.push(path);
+    }
+    Ok(WorkloadApiSettings { listen })
 }

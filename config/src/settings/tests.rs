@@ -541,3 +541,181 @@ fn a_postgres_keystore_names_what_it_lacks_or_what_is_wrong() {
         assert!(e.contains(expected), "{yaml}: {e}");
     }
 }
+
+#[test]
+fn workload_api_socket_defaults_into_the_data_dir() {
+    let s = Settings::default();
+    assert_eq!(
+        s.workload_api.listen,
+        [PathBuf::from("./meshca-data/workload.sock")]
+    );
+    let (_dir, s) = load_yaml("dataDir: /srv/ca\n", &[]);
+    assert_eq!(
+        s.expect("valid").workload_api.listen,
+        [PathBuf::from("/srv/ca/workload.sock")]
+    );
+    let from_env = Settings::load(None, env(&[("MESHCA_DATA_DIR", "/x")])).expect("valid");
+    assert_eq!(
+        from_env.workload_api.listen,
+        [PathBuf::from("/x/workload.sock")]
+    );
+    let json = serde_json::to_value(Settings::default()).expect("serializable");
+    assert_eq!(
+        json["workloadApi"]["listen"][0],
+        "unix://./meshca-data/workload.sock"
+    );
+}
+
+#[test]
+fn workload_api_sockets_come_from_the_file_and_the_environment() {
+    let (_dir, s) = load_yaml(
+        "dataDir: /srv/ca\nworkloadApi:\n  listen: [\"unix:///run/meshca/workload.sock\", \"unix://./w.sock\"]\n",
+        &[],
+    );
+    assert_eq!(
+        s.expect("valid").workload_api.listen,
+        [
+            PathBuf::from("/run/meshca/workload.sock"),
+            PathBuf::from("./w.sock")
+        ]
+    );
+    let (_dir, s) = load_yaml(
+        "workloadApi:\n  listen: [\"unix:///from/file.sock\"]\n",
+        &[(
+            "MESHCA_WORKLOAD_API_LISTEN",
+            "unix:///a.sock, unix:///b.sock",
+        )],
+    );
+    assert_eq!(
+        s.expect("valid").workload_api.listen,
+        [PathBuf::from("/a.sock"), PathBuf::from("/b.sock")]
+    );
+    let glued = Settings::load(
+        None,
+        env(&[("MESHCA_WORKLOADAPI_LISTEN", "unix:///g.sock")]),
+    )
+    .expect("valid");
+    assert_eq!(glued.workload_api.listen, [PathBuf::from("/g.sock")]);
+}
+
+#[test]
+fn an_empty_workload_api_list_turns_it_off() {
+    let (_dir, s) = load_yaml("workloadApi:\n  listen: []\n", &[]);
+    assert_eq!(s.expect("valid").workload_api.listen, Vec::<PathBuf>::new());
+    let (_dir, s) = load_yaml(
+        "workloadApi:\n  listen: [\"unix:///from/file.sock\"]\n",
+        &[("MESHCA_WORKLOAD_API_LISTEN", "")],
+    );
+    assert_eq!(s.expect("valid").workload_api.listen, Vec::<PathBuf>::new());
+    let off = Settings::load(None, env(&[("MESHCA_WORKLOAD_API_LISTEN", "")])).expect("valid");
+    assert!(off.workload_api.listen.is_empty());
+}
+
+#[test]
+fn the_workload_api_refuses_tcp() {
+    let (dir, s) = load_yaml("workloadApi:\n  listen: [\"127.0.0.1:9000\"]\n", &[]);
+    let e = err_text(s);
+    assert!(
+        e.starts_with(&dir.path().join("settings.yaml").display().to_string())
+            && e.contains("workloadApi.listen: 127.0.0.1:9000 is a TCP address")
+            && e.contains("peer credentials"),
+        "{e}"
+    );
+    let e = err_text(Settings::load(
+        None,
+        env(&[("MESHCA_WORKLOAD_API_LISTEN", "unix:///a.sock,[::1]:9000")]),
+    ));
+    assert!(
+        e.starts_with(
+            "MESHCA_WORKLOAD_API_LISTEN: workloadApi.listen: [::1]:9000 is a TCP address"
+        ),
+        "{e}"
+    );
+    let e = err_text(Settings::load(
+        None,
+        env(&[("MESHCA_WORKLOAD_API_LISTEN", "tcp://x")]),
+    ));
+    assert!(
+        e.contains("MESHCA_WORKLOAD_API_LISTEN")
+            && e.contains("invalid listen address \"tcp://x\""),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_workload_api_socket_is_not_an_sds_socket() {
+    let (_dir, s) = load_yaml(
+        "sds:\n  listen: [\"unix:///run/meshca/s.sock\"]\nworkloadApi:\n  listen: [\"unix:///run/meshca/s.sock\"]\n",
+        &[],
+    );
+    let e = err_text(s);
+    assert!(
+        e.contains("workloadApi.listen: unix:///run/meshca/s.sock is also an SDS socket (sds.listen, from "),
+        "{e}"
+    );
+    // The defaults of both follow the data directory, to different files; an explicit clash with the
+    // default SDS socket is refused too.
+    let e = err_text(Settings::load(
+        None,
+        env(&[(
+            "MESHCA_WORKLOAD_API_LISTEN",
+            "unix://./meshca-data/sds.sock",
+        )]),
+    ));
+    assert!(
+        e.contains("is also an SDS socket (sds.listen, from built-in defaults)"),
+        "{e}"
+    );
+    let (_dir, s) = load_yaml(
+        "workloadApi:\n  listen: [\"unix:///w.sock\", \"unix:///w.sock\"]\n",
+        &[],
+    );
+    assert!(err_text(s).contains("workloadApi.listen: unix:///w.sock is listed twice"));
+}
+
+#[test]
+fn workload_api_limits_have_defaults_and_overrides() {
+    let defaults = Limits::default();
+    assert_eq!(defaults.workload_connections, 1024);
+    assert_eq!(defaults.workload_streams_per_caller, 64);
+    assert_eq!(defaults.workload_idle_timeout, defaults.idle_timeout);
+    assert_eq!(
+        defaults.workload_idle_timeout(),
+        std::time::Duration::from_secs(60)
+    );
+    assert_eq!(defaults.workload_request_bytes, 64 * 1024);
+    assert_eq!(defaults.jwt_audiences_per_request, 32);
+    assert_eq!(defaults.jwt_audience_bytes, 1024);
+    assert_eq!(defaults.jwt_svid_cache_entries, 4096);
+
+    let (_dir, s) = load_yaml(
+        "limits:\n  workloadConnections: 10\n  workloadStreamsPerCaller: 11\n  workloadIdleTimeout: 12s\n  workloadRequestBytes: 13\n",
+        &[
+            ("MESHCA_LIMITS_JWT_AUDIENCES_PER_REQUEST", "14"),
+            ("MESHCA_LIMITS_JWT_AUDIENCE_BYTES", "15"),
+            ("MESHCA_LIMITS_JWT_SVID_CACHE_ENTRIES", "16"),
+            ("MESHCA_LIMITS_WORKLOAD_CONNECTIONS", "17"),
+        ],
+    );
+    let limits = s.expect("valid").limits;
+    assert_eq!(limits.workload_connections, 17);
+    assert_eq!(limits.workload_streams_per_caller, 11);
+    assert_eq!(limits.workload_idle_timeout, Duration::from_secs(12));
+    assert_eq!(limits.workload_request_bytes, 13);
+    assert_eq!(limits.jwt_audiences_per_request, 14);
+    assert_eq!(limits.jwt_audience_bytes, 15);
+    assert_eq!(limits.jwt_svid_cache_entries, 16);
+    assert_eq!(limits.idle_timeout, defaults.idle_timeout);
+
+    let e = err_text(Settings::load(
+        None,
+        env(&[("MESHCA_LIMITS_WORKLOAD_IDLE_TIMEOUT", "0s")]),
+    ));
+    assert!(
+        e.contains("limits.workloadIdleTimeout: must be greater than zero"),
+        "{e}"
+    );
+    let json = serde_json::to_value(Limits::default()).expect("serializable");
+    assert_eq!(json["jwtSvidCacheEntries"], 4096);
+    assert_eq!(json["workloadIdleTimeout"], "1m");
+}

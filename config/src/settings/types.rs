@@ -29,6 +29,8 @@ pub struct Settings {
     pub defaults: Defaults,
     /// The SDS server.
     pub sds: SdsSettings,
+    /// The SPIFFE Workload API for workloads on this host.
+    pub workload_api: WorkloadApiSettings,
     /// The admin HTTP server.
     pub admin: AdminSettings,
     /// Certificate issuance.
@@ -64,6 +66,22 @@ pub struct SdsSettings {
     /// Serve plaintext on TCP listeners. Only ever `true` when every TCP listener is loopback,
     /// and never together with `tls`.
     pub insecure: bool,
+}
+
+/// `workloadApi:` in the settings file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadApiSettings {
+    /// The unix socket paths it listens on (default `<dataDir>/workload.sock`); empty: it is off.
+    /// Never TCP: callers are identified by the kernel's peer credentials, which only a unix
+    /// socket carries. No duplicates, and none of `sds.listen`'s sockets. Shown as `unix://PATH`.
+    #[serde(serialize_with = "unix_urls")]
+    pub listen: Vec<PathBuf>,
+}
+
+/// Socket paths as `unix://PATH`, the form they are written in.
+fn unix_urls<S: serde::Serializer>(paths: &[PathBuf], serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_seq(paths.iter().map(|p| ListenAddr::Unix(p.clone())))
 }
 
 /// A certificate chain and its private key, as PEM files.
@@ -282,6 +300,11 @@ impl Settings {
         data_dir.join("resources")
     }
 
+    /// The Workload API socket for a data directory when none is configured.
+    pub fn default_workload_api_listen(data_dir: &std::path::Path) -> Vec<PathBuf> {
+        vec![data_dir.join("workload.sock")]
+    }
+
     /// The SDS listen addresses for a data directory when none are configured.
     pub fn default_sds_listen(data_dir: &std::path::Path) -> Vec<ListenAddr> {
         vec![
@@ -303,6 +326,9 @@ impl Default for Settings {
                 listen: Settings::default_sds_listen(&data_dir),
                 tls: None,
                 insecure: false,
+            },
+            workload_api: WorkloadApiSettings {
+                listen: Settings::default_workload_api_listen(&data_dir),
             },
             admin: AdminSettings {
                 listen: DEFAULT_ADMIN_LISTEN,
