@@ -147,3 +147,19 @@ fn a_caller_whose_ids_changed_since_it_connected_is_gone() {
         .to_string()
         .contains("could not verify the caller is still the process that connected"));
 }
+
+#[test]
+fn a_pidfd_of_another_pid_is_another_process() {
+    let mut child = waiting_child();
+    let child_pid =
+        Pid::from_raw(i32::try_from(child.id()).expect("a pid")).expect("a nonzero pid");
+    let pidfd = pidfd_open(child_pid, PidfdFlags::empty()).expect("a pidfd of the child");
+    let ids = (
+        rustix::process::geteuid().as_raw(),
+        rustix::process::getegid().as_raw(),
+    );
+    let peer = PeerProcess::new(std::process::id(), ids.0, ids.1, Hold::PeerPidfd(pidfd));
+    assert_gone(still_same(&peer), GoneReason::Replaced);
+    drop(child.stdin.take());
+    child.wait().expect("reaping the child");
+}

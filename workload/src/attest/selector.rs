@@ -16,9 +16,15 @@ pub const MAX_UNIT_LEN: usize = 255;
 ///
 /// Built only by [`parse_selector`] (or [`str::parse`]) and by attestation, so a `Selector` always
 /// holds a valid value; [`Display`](fmt::Display) writes its canonical text, which parses back to
-/// the same selector.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// the same selector, and `Debug` writes that text quoted.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Selector(Kind);
+
+impl fmt::Debug for Selector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.to_string(), f)
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Kind {
