@@ -10,7 +10,7 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum AttestError {
     /// The kernel would not say who is at the other end of the socket.
-    #[error("could not read {what} of the Workload API connection: {source}")]
+    #[error("could not get {what} for the Workload API connection: {source}")]
     PeerCredentials {
         /// What was asked of the kernel (`SO_PEERCRED`, `SO_PEERPIDFD`, ...).
         what: &'static str,

@@ -23,7 +23,8 @@ use super::{parse, proc, AttestError, GoneReason};
 /// by another process, or a socket passed on (by `SCM_RIGHTS` or `fork`) by a process that then
 /// exits, is recognised by [`still_same`](super::still_same) and never inherits the identity.
 ///
-/// Cheap to clone (an [`Arc`] inside) so that every request on one connection shares it.
+/// `Send + Sync` and cheap to clone (an [`Arc`] inside), so that every request on one connection
+/// shares it; the pidfd closes when the last clone is dropped.
 #[derive(Clone)]
 pub struct PeerProcess {
     inner: Arc<Inner>,
@@ -258,7 +259,7 @@ fn check_pidfd(pidfd: &OwnedFd, pid: u32) -> Result<(), AttestError> {
             Err(rustix::io::Errno::INTR) => continue,
             Err(errno) => {
                 return Err(AttestError::PeerCredentials {
-                    what: "whether the peer is alive (poll on its pidfd)",
+                    what: "the peer's liveness (poll on its pidfd)",
                     source: io::Error::from(errno),
                 })
             }
