@@ -1,0 +1,122 @@
+//! The SHA-256 of a caller's binary, bounded in size and time.
+//!
+//! A caller picks the binary it runs, so it picks how much hashing it costs: a multi-gigabyte
+//! binary, or one on a slow network filesystem, must cost the server a bounded amount of work.
+//! Hashing stops at the size limit or the deadline and the caller simply gets no `unix:sha256`
+//! selector. The deadline is checked between chunks: a single read that the kernel does not return
+//! from (a hung network filesystem) is not interrupted.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::Path;
+use std::time::Instant;
+
+use ring::digest;
+
+use super::AttestLimits;
+
+/// How much is read at a time between deadline checks.
+const CHUNK: usize = 64 * 1024;
+
+/// What hashing a binary came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BinaryDigest {
+    /// The whole binary was read in time.
+    Sha256([u8; 32]),
+    /// The binary holds more than the limit; `size` is what was seen of it when hashing stopped.
+    TooBig { size: u64 },
+    /// The deadline passed after `read` bytes.
+    TooSlow { read: u64 },
+}
+
+/// Hashes the file at `path` (for a caller, `/proc/<pid>/exe`, which opens the very file the
+/// process runs even if its path was since replaced).
+pub(crate) fn hash(path: &Path, limits: &AttestLimits) -> io::Result<BinaryDigest> {
+    let started = Instant::now();
+    let mut file = File::open(path)?;
+    let size = file.metadata()?.len();
+    if size > limits.max_binary_bytes {
+        return Ok(BinaryDigest::TooBig { size });
+    }
+    let mut context = digest::Context::new(&digest::SHA256);
+    let mut buffer = vec![0u8; CHUNK];
+    let mut read: u64 = 0;
+    loop {
+        if started.elapsed() >= limits.hash_timeout {
+            return Ok(BinaryDigest::TooSlow { read });
+        }
+        let n = match file.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            Err(error) => return Err(error),
+        };
+        read = read.saturating_add(n as u64);
+        // The file may have grown since its size was read.
+        if read > limits.max_binary_bytes {
+            return Ok(BinaryDigest::TooBig { size: read });
+        }
+        context.update(buffer.get(..n).unwrap_or_default());
+    }
+    let mut sha256 = [0u8; 32];
+    sha256.copy_from_slice(context.finish().as_ref());
+    Ok(BinaryDigest::Sha256(sha256))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn file_of(len: usize) -> tempfile::NamedTempFile {
+        let mut file = tempfile::NamedTempFile::new().expect("a temporary file");
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        file.write_all(&bytes).expect("writing the temporary file");
+        file
+    }
+
+    fn limits(max_binary_bytes: u64, hash_timeout: Duration) -> AttestLimits {
+        AttestLimits {
+            max_binary_bytes,
+            hash_timeout,
+        }
+    }
+
+    #[test]
+    fn hashes_a_file_of_several_chunks() {
+        let file = file_of(3 * CHUNK + 17);
+        let bytes = std::fs::read(file.path()).expect("reading back");
+        let expected = digest::digest(&digest::SHA256, &bytes);
+        let got = hash(file.path(), &AttestLimits::default()).expect("hashing");
+        assert_eq!(
+            got,
+            BinaryDigest::Sha256(expected.as_ref().try_into().expect("32 bytes"))
+        );
+    }
+
+    #[test]
+    fn a_file_at_the_limit_is_hashed_and_one_byte_more_is_not() {
+        let file = file_of(1000);
+        let at = hash(file.path(), &limits(1000, Duration::from_secs(10))).expect("hashing");
+        assert!(matches!(at, BinaryDigest::Sha256(_)), "{at:?}");
+        let over = hash(file.path(), &limits(999, Duration::from_secs(10))).expect("hashing");
+        assert_eq!(over, BinaryDigest::TooBig { size: 1000 });
+    }
+
+    #[test]
+    fn a_passed_deadline_stops_hashing() {
+        let file = file_of(CHUNK);
+        let got = hash(file.path(), &limits(u64::MAX, Duration::ZERO)).expect("hashing");
+        assert_eq!(got, BinaryDigest::TooSlow { read: 0 });
+    }
+
+    #[test]
+    fn a_missing_file_is_an_error() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let missing = dir.path().join("missing");
+        let error = hash(&missing, &AttestLimits::default()).expect_err("no such file");
+        assert_eq!(error.kind(), io::ErrorKind::NotFound);
+    }
+}
