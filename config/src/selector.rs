@@ -248,6 +248,10 @@ pub enum InvalidValue {
     /// A path with a NUL byte.
     #[error("must not contain a NUL byte")]
     Nul,
+    /// A path the kernel would never report for a binary: `/` alone, a trailing `/`, or an empty, `.`
+    /// or `..` component.
+    #[error("must be the binary's resolved path: no '//', '.' or '..' components and no trailing '/' (the kernel reports /proc/<pid>/exe resolved)")]
+    NotCanonical,
     /// A digest with uppercase hex digits.
     #[error("hex digits must be lowercase")]
     UppercaseHex,
@@ -294,6 +298,13 @@ fn check_path(value: &str) -> Result<(), InvalidValue> {
     }
     if value.contains('\0') {
         return Err(InvalidValue::Nul);
+    }
+    if value
+        .split('/')
+        .skip(1)
+        .any(|c| matches!(c, "" | "." | ".."))
+    {
+        return Err(InvalidValue::NotCanonical);
     }
     Ok(())
 }

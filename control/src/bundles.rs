@@ -9,6 +9,7 @@ use crate::snapshot::{
     Changed, MeshServiceTrust, MeshView, ProxyEntry, ProxyMap, Snapshot, TrustBundle,
 };
 use crate::trust::{legacy_trust_domain, BundleKey, CaTrust, ServiceIds, ServiceKey};
+use crate::workloads::Registrations;
 use crate::world::{MeshState, World};
 
 /// Trust domain → PEM certificates, deduplicated and in a stable order.
@@ -70,9 +71,19 @@ enum CachedBundle {
 pub struct BundleCache {
     bundles: HashMap<CachedBundle, (Anchors, Arc<TrustBundle>)>,
     services: HashMap<ServiceKey, CachedService>,
+    registrations: Arc<Registrations>,
 }
 
 impl BundleCache {
+    /// The registrations of `world`, as the last snapshot's `Arc` while they are unchanged.
+    fn registrations(&mut self, world: &World) -> Arc<Registrations> {
+        let registrations = Registrations::from_resources(&world.resources);
+        if *self.registrations != registrations {
+            self.registrations = Arc::new(registrations);
+        }
+        self.registrations.clone()
+    }
+
     fn bundle(&mut self, key: CachedBundle, anchors: &Anchors) -> Arc<TrustBundle> {
         if let Some((cached, bundle)) = self.bundles.get(&key) {
             if cached == anchors {
@@ -172,6 +183,7 @@ pub fn snapshot(
     });
     Snapshot {
         claim_rules: ProxyMap::default(),
+        registrations: cache.registrations(world),
         changed: Changed::default(),
         generation,
         proxies,
@@ -193,8 +205,8 @@ pub fn same_entry(x: &ProxyEntry, y: &ProxyEntry) -> bool {
     }
 }
 
-/// Whether two snapshots serve the same bundles and contexts (compared by pointer: the owner reuses the
-/// same `Arc` while one is unchanged).
+/// Whether two snapshots serve the same bundles, contexts and Workload API registrations (compared by
+/// pointer: the owner reuses the same `Arc` while one is unchanged).
 pub fn same_trust(a: &Snapshot, b: &Snapshot) -> bool {
     let same_mesh = |x: &MeshView, y: &MeshView| {
         Arc::ptr_eq(&x.trust, &y.trust)
@@ -208,6 +220,7 @@ pub fn same_trust(a: &Snapshot, b: &Snapshot) -> bool {
             .iter()
             .all(|(k, m)| b.meshes.get(k).is_some_and(|n| same_mesh(m, n)))
         && Arc::ptr_eq(&a.all, &b.all)
+        && Arc::ptr_eq(&a.registrations, &b.registrations)
         && match (&a.egress, &b.egress) {
             (None, None) => true,
             (Some(x), Some(y)) => Arc::ptr_eq(x, y),

@@ -33,6 +33,7 @@ mod streams;
 mod test_certs;
 mod timefmt;
 mod trust;
+mod workloads;
 mod world;
 
 pub use egress::{EgressIssuer, EgressPlan, MeshChoice, NoEgressIdentity};
@@ -64,6 +65,7 @@ pub use snapshot::{
 pub use standalone::{issue_standalone, Standalone, StandaloneError};
 pub use timefmt::{rfc3339, seconds_until};
 pub use trust::{BundleKey, CaId, CaTrust, MeshName, ServiceKey, EGRESS_SERVICE};
+pub use workloads::{Registration, Registrations};
 pub use world::{
     check_world, load_world, record_path, BackendKind, BackendState, CaSource, CreatedTrust,
     IdentityProvider, LoadMode, LoadedCa, MeshIdentityState, MeshState, MeshTrustState, World,

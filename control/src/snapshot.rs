@@ -108,6 +108,8 @@ pub struct Snapshot {
     /// the token that registered it). Checked by every stream against its own token, so a
     /// token claiming other labels never receives the proxy's secrets.
     pub claim_rules: ProxyMap<Arc<ClaimRule>>,
+    /// The Workload API's registrations: which local callers act as which Dataplane.
+    pub registrations: Arc<crate::workloads::Registrations>,
     /// What changed since an earlier generation, so that SDS wakes only the streams it concerns.
     pub changed: Changed,
 }
@@ -122,8 +124,8 @@ pub struct Snapshot {
 pub struct Changed {
     /// The generation this snapshot was compared with.
     pub since: u64,
-    /// `Some`: only these proxies' entries and claim rules changed, and every bundle and context is the
-    /// very object generation `since` served. `None`: anything may have changed.
+    /// `Some`: only these proxies' entries and claim rules changed, and every bundle, context and the
+    /// registration table is the very object generation `since` served. `None`: anything may have changed.
     pub proxies: Option<Arc<[ProxyKey]>>,
     /// The publishes that led to generation `since`, newest first: as many as [`HISTORY_STEPS`] and
     /// [`HISTORY_KEYS`] allow, and none from before a publish that may have changed anything.
@@ -242,6 +244,7 @@ impl Snapshot {
             all: Arc::new(TrustBundle::new(BTreeMap::new())),
             egress: None,
             claim_rules: ProxyMap::default(),
+            registrations: Arc::default(),
             changed: Changed::default(),
         }
     }

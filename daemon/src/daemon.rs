@@ -21,6 +21,7 @@ use super::limits::ServeLimits;
 use super::reload::Reloader;
 use super::replica::{DatabaseView, GateSync, Heartbeat};
 use super::store::Store;
+use super::workload_api;
 use super::{admin, daemon_keys, metrics, revocations, watcher};
 use crate::error::{Error, InvalidInput, Result};
 use meshca_db::RecordSync;
@@ -56,6 +57,8 @@ pub struct Daemon {
     pub sds_addrs: Vec<meshca_sds::BoundAddr>,
     /// Where the admin API listens.
     pub admin_addr: std::net::SocketAddr,
+    /// Where the Workload API listens (empty when it is off).
+    pub workload_addrs: Vec<meshca_sds::BoundAddr>,
     /// Asks the owner for its status.
     pub status: StatusHandle,
     snapshots: watch::Receiver<Arc<Snapshot>>,
@@ -169,7 +172,13 @@ impl Daemon {
             poll_revocations: revocations_file.is_none(),
             admin_state,
         }
-        .spawn(listeners.sds, listeners.admin, &reloader, &shutdown, limits);
+        .spawn(
+            (listeners.sds, listeners.workload),
+            listeners.admin,
+            &reloader,
+            &shutdown,
+            limits,
+        );
         // Not a write, but the last moment of a start: a kill here leaves every file the start made.
         meshca_keystore::crash_point("report ready");
         ready.store(true, Ordering::Release);
@@ -177,6 +186,7 @@ impl Daemon {
         Ok(Daemon {
             sds_addrs: listeners.sds_addrs,
             admin_addr: listeners.admin_addr,
+            workload_addrs: listeners.workload_addrs,
             status,
             snapshots: serving.snapshot_rx,
             loop_health,
@@ -351,10 +361,12 @@ impl Serving {
     }
 }
 
-/// The SDS listeners and the admin API's, bound.
+/// The SDS listeners, the Workload API's and the admin API's, bound.
 struct Listeners {
     sds: BoundListeners,
     sds_addrs: Vec<meshca_sds::BoundAddr>,
+    workload: Option<BoundListeners>,
+    workload_addrs: Vec<meshca_sds::BoundAddr>,
     admin: tokio::net::TcpListener,
     admin_addr: std::net::SocketAddr,
 }
@@ -363,6 +375,11 @@ impl Listeners {
     async fn bind(settings: &Settings, keystore: &dyn Keystore) -> anyhow::Result<Listeners> {
         let sds = bind_sds(settings, keystore).await?;
         let sds_addrs = sds.local_addrs();
+        let workload = workload_api::bind(settings).await?;
+        let workload_addrs = workload
+            .as_ref()
+            .map(BoundListeners::local_addrs)
+            .unwrap_or_default();
         let admin = admin::bind(settings.admin.listen).await?;
         let admin_addr = admin.local_addr()?;
         tracing::info!(addr = %admin_addr, "admin API listening");
@@ -375,6 +392,8 @@ impl Listeners {
         Ok(Listeners {
             sds,
             sds_addrs,
+            workload,
+            workload_addrs,
             admin,
             admin_addr,
         })
@@ -458,7 +477,7 @@ impl Tasks {
     /// syncs and the admin API.
     fn spawn(
         self,
-        sds_listeners: BoundListeners,
+        (sds_listeners, workload_listeners): (BoundListeners, Option<BoundListeners>),
         admin_listener: tokio::net::TcpListener,
         reloader: &Reloader,
         shutdown: &CancellationToken,
@@ -470,6 +489,14 @@ impl Tasks {
             owner_loop.run().await;
             Ok(())
         });
+        if let Some(bound) = workload_listeners {
+            tasks.spawn(workload_api::serve(
+                bound,
+                self.sds.clone(),
+                limits.workload,
+                shutdown.clone(),
+            ));
+        }
         tasks.spawn(serve_sds(sds_listeners, self.sds, shutdown.clone()));
         if self.poll_revocations {
             tasks.spawn(reloader.clone().poll_revocations(shutdown.clone()));

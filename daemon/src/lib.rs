@@ -21,6 +21,7 @@ mod run;
 mod stalled_writes;
 mod store;
 mod watcher;
+mod workload_api;
 
 pub use daemon::{Daemon, DaemonOptions};
 pub use error::{Cause, Error, Result};

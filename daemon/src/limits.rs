@@ -15,6 +15,8 @@ const RESERVED_DESCRIPTORS: u64 = 256;
 pub(crate) struct ServeLimits {
     pub(crate) sds: SdsLimits,
     pub(crate) admin: AdminLimits,
+    /// The Workload API's options and connection limits.
+    pub(crate) workload: (meshca_workload::WorkloadOptions, SdsLimits),
 }
 
 impl ServeLimits {
@@ -60,7 +62,12 @@ impl ServeLimits {
                 sds.connections_per_listener = fitted;
             }
         }
-        ServeLimits { sds, admin }
+        let workload = super::workload_api::options(settings, &sds);
+        ServeLimits {
+            sds,
+            admin,
+            workload,
+        }
     }
 }
 

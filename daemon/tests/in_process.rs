@@ -27,6 +27,7 @@ fn settings(root: &Path) -> Settings {
     ];
     settings.sds.tls = None;
     settings.sds.insecure = false;
+    settings.workload_api.listen = vec![root.join("workload.sock")];
     settings.admin.listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
     settings
 }

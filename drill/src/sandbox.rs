@@ -37,14 +37,15 @@ impl Sandbox {
         self.root.join("resources")
     }
 
-    /// Settings for a daemon living in the sandbox: SDS on a unix socket only, admin on a free
-    /// loopback port, the embedded defaults otherwise.
+    /// Settings for a daemon living in the sandbox: SDS and the Workload API on unix sockets only,
+    /// admin on a free loopback port, the embedded defaults otherwise.
     pub fn settings(&self) -> Settings {
         let data_dir = self.root.join("data");
         let mut settings = Settings::default();
         settings.sds.listen = vec![ListenAddr::Unix(self.root.join("sds.sock"))];
         settings.sds.tls = None;
         settings.sds.insecure = false;
+        settings.workload_api.listen = vec![self.root.join("workload.sock")];
         settings.admin.listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
         settings.resources = self.resources();
         settings.data_dir = data_dir;

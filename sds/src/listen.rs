@@ -4,9 +4,11 @@
 //! tonic server serves all listeners through a merged stream of accepted connections.
 //! TLS handshakes run in a task per connection, so a slow client cannot block accepts.
 
+use std::any::Any;
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -44,6 +46,9 @@ const MAX_HEADER_LIST_SIZE: u32 = 16 * 1024;
 pub enum Listener {
     /// A unix socket at this path (mode 0660; a stale socket file is replaced).
     Unix(PathBuf),
+    /// A unix socket any local user may connect to (mode 0666), for a service that tells its callers
+    /// apart by what the kernel says of their process rather than by who may open the socket.
+    UnixForAnyUser(PathBuf),
     /// TLS over TCP. ALPN `h2` is offered whatever the config says.
     Tls {
         /// Address to bind; port 0 picks a free port.
@@ -58,7 +63,9 @@ pub enum Listener {
 impl fmt::Debug for Listener {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Listener::Unix(path) => write!(f, "Unix({})", path.display()),
+            Listener::Unix(path) | Listener::UnixForAnyUser(path) => {
+                write!(f, "Unix({})", path.display())
+            }
             Listener::Tls { addr, .. } => write!(f, "Tls({addr})"),
             Listener::InsecureLoopback(addr) => write!(f, "InsecureLoopback({addr})"),
         }
@@ -118,7 +125,8 @@ pub async fn bind(listeners: Vec<Listener>) -> Result<BoundListeners, ListenErro
     let mut bound = Vec::with_capacity(listeners.len());
     for listener in listeners {
         bound.push(match listener {
-            Listener::Unix(path) => bind_unix(path).await?,
+            Listener::Unix(path) => bind_unix(path, 0o660).await?,
+            Listener::UnixForAnyUser(path) => bind_unix(path, 0o666).await?,
             Listener::Tls { addr, config } => {
                 let listener = bind_tcp(addr).await?;
                 let addr = listener.local_addr().unwrap_or(addr);
@@ -150,7 +158,7 @@ async fn bind_tcp(addr: SocketAddr) -> Result<TcpListener, ListenError> {
         })
 }
 
-async fn bind_unix(path: PathBuf) -> Result<Bound, ListenError> {
+async fn bind_unix(path: PathBuf, mode: u32) -> Result<Bound, ListenError> {
     let parent = match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
         _ => PathBuf::from("."),
@@ -163,7 +171,7 @@ async fn bind_unix(path: PathBuf) -> Result<Bound, ListenError> {
         address: format!("unix://{}", path.display()),
         source,
     })?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o660)).map_err(|source| {
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).map_err(|source| {
         ListenError::Permissions {
             path: path.clone(),
             source,
@@ -227,8 +235,44 @@ impl BoundListeners {
         server: SdsServer,
         shutdown: CancellationToken,
     ) -> Result<(), ServeError> {
+        let policy = ConnPolicy::new("SDS", "limits.sdsConnections", server.limits().clone())
+            .with_metrics(server.metrics());
+        let closer = server.clone();
+        self.serve_service(
+            server.into_service(),
+            policy,
+            move || closer.close_streams(),
+            shutdown,
+        )
+        .await
+    }
+
+    /// Serves any gRPC `service` on every listener, with the connection handling SDS has (limits,
+    /// idle deadlines, keepalive, the unix socket's `:authority` fix-up), until `shutdown` fires;
+    /// then calls `close_streams` (which must end the service's open streams so that a graceful
+    /// HTTP/2 shutdown can complete), waits for connections to finish, and removes the unix socket
+    /// files.
+    pub async fn serve_service<S>(
+        self,
+        service: S,
+        policy: ConnPolicy,
+        close_streams: impl FnOnce() + Send + 'static,
+        shutdown: CancellationToken,
+    ) -> Result<(), ServeError>
+    where
+        S: tower::Service<
+                http::Request<tonic::body::Body>,
+                Response = http::Response<tonic::body::Body>,
+                Error = std::convert::Infallible,
+            > + tonic::server::NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+    {
         let (tx, rx) = mpsc::channel::<io::Result<Conn>>(ACCEPT_QUEUE);
-        let limits = server.limits().clone();
+        let limits = policy.limits.clone();
         let mut sockets = Vec::new();
         for bound in self.bound {
             if let Bound::Unix { path, .. } = &bound {
@@ -237,17 +281,15 @@ impl BoundListeners {
             let accepting = Accepting {
                 slots: Arc::new(Semaphore::new(limits.connections_per_listener)),
                 shed_logged: LogBudget::new(limits.warnings_per_minute),
-                limits: limits.clone(),
-                metrics: server.metrics(),
+                policy: policy.clone(),
             };
             tokio::spawn(accept_loop(bound, accepting, tx.clone(), shutdown.clone()));
         }
         drop(tx);
-        let closer = server.clone();
         let stop = shutdown.clone();
         tokio::spawn(async move {
             stop.cancelled().await;
-            closer.close_streams();
+            close_streams();
         });
         let result = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
@@ -255,12 +297,12 @@ impl BoundListeners {
             .http2_max_header_list_size(Some(MAX_HEADER_LIST_SIZE))
             .max_frame_size(Some(MAX_FRAME_SIZE as u32))
             .max_concurrent_streams(Some(limits.streams_per_connection))
-            .add_service(server.into_service())
+            .add_service(service)
             .serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown.cancelled_owned())
             .await;
         for path in sockets {
             if let Err(error) = std::fs::remove_file(&path) {
-                tracing::debug!(path = %path.display(), %error, "could not remove the SDS socket file");
+                tracing::debug!(path = %path.display(), %error, "could not remove the {} socket file", policy.what);
             }
         }
         result.map_err(|error| ServeError::Transport {
@@ -269,38 +311,91 @@ impl BoundListeners {
     }
 }
 
+/// Learns who is at the other end of a unix socket connection, once, when it is accepted; what it
+/// returns reaches every request on that connection through [`ConnInfo::peer`].
+pub type PeerProbe =
+    Arc<dyn Fn(BorrowedFd<'_>) -> Option<Arc<dyn Any + Send + Sync>> + Send + Sync>;
+
+/// How a set of listeners treats its connections: the limits, where to count what happens, how to
+/// learn a unix peer, and what to call the service and its connection limit in log lines.
+#[derive(Clone)]
+pub struct ConnPolicy {
+    what: &'static str,
+    connections_setting: &'static str,
+    limits: SdsLimits,
+    metrics: Arc<SdsMetrics>,
+    peer_probe: Option<PeerProbe>,
+}
+
+impl fmt::Debug for ConnPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnPolicy")
+            .field("what", &self.what)
+            .field("limits", &self.limits)
+            .field("peer_probe", &self.peer_probe.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConnPolicy {
+    /// A policy for the service called `what` in logs, whose connection limit is the setting
+    /// `connections_setting`, with `limits` and counters of its own.
+    pub fn new(what: &'static str, connections_setting: &'static str, limits: SdsLimits) -> Self {
+        ConnPolicy {
+            what,
+            connections_setting,
+            limits,
+            metrics: Arc::new(SdsMetrics::default()),
+            peer_probe: None,
+        }
+    }
+
+    /// The policy counting into `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<SdsMetrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The policy asking `probe` who connected on each unix socket connection.
+    pub fn with_peer_probe(mut self, probe: PeerProbe) -> Self {
+        self.peer_probe = Some(probe);
+        self
+    }
+}
+
 /// What one listener's accept loop needs besides the socket.
 struct Accepting {
     /// One permit per open connection: [`SdsLimits::connections_per_listener`].
     slots: Arc<Semaphore>,
     shed_logged: LogBudget,
-    limits: SdsLimits,
-    metrics: Arc<SdsMetrics>,
+    policy: ConnPolicy,
 }
 
 impl Accepting {
     fn connection(&self, io: Io, slot: tokio::sync::OwnedSemaphorePermit, at: Instant) -> Conn {
-        Conn::new(
-            io,
-            slot,
-            at,
-            self.limits.connect_timeout,
-            self.limits.idle_timeout,
-        )
+        let peer = match (&io, &self.policy.peer_probe) {
+            (Io::Unix(stream), Some(probe)) => probe(stream.get_ref().as_fd()),
+            _ => None,
+        };
+        let limits = &self.policy.limits;
+        Conn::new(io, slot, at, limits.connect_timeout, limits.idle_timeout).with_peer(peer)
     }
 
     /// Closes a connection the listener has no room for, saying so at most a few times a minute.
     fn shed(&self, bound: &Bound, accepted: Accepted) {
         drop(accepted);
-        SdsMetrics::incr(&self.metrics.connections_shed);
+        let policy = &self.policy;
+        SdsMetrics::incr(&policy.metrics.connections_shed);
         match self.shed_logged.admit() {
             Some(suppressed) => tracing::warn!(
                 listener = %bound.addr(),
-                limit = self.limits.connections_per_listener,
+                limit = policy.limits.connections_per_listener,
                 suppressed,
-                "SDS listener is at its connection limit (limits.sdsConnections): new connections are closed at once until some close"
+                "{} listener is at its connection limit ({}): new connections are closed at once until some close",
+                policy.what,
+                policy.connections_setting,
             ),
-            None => SdsMetrics::incr(&self.metrics.log_lines_suppressed),
+            None => SdsMetrics::incr(&policy.metrics.log_lines_suppressed),
         }
     }
 }
@@ -322,7 +417,7 @@ async fn accept_loop(
         let accepted = match accepted {
             Ok(accepted) => accepted,
             Err(error) => {
-                tracing::warn!(%error, listener = %bound.addr(), "SDS listener failed to accept a connection");
+                tracing::warn!(%error, listener = %bound.addr(), "{} listener failed to accept a connection", accepting.policy.what);
                 tokio::select! {
                     () = shutdown.cancelled() => return,
                     () = tokio::time::sleep(ACCEPT_ERROR_BACKOFF) => {}
@@ -346,7 +441,7 @@ async fn accept_loop(
             }
             Accepted::Handshake(acceptor, stream, peer) => {
                 let (tx, accepting) = (tx.clone(), accepting.clone());
-                let deadline = at + accepting.limits.connect_timeout;
+                let deadline = at + accepting.policy.limits.connect_timeout;
                 tokio::spawn(async move {
                     match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
                         Ok(Ok(tls)) => {

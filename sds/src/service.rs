@@ -9,7 +9,7 @@ use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
 use tonic::server::NamedService;
 use tonic::Status;
 
-use meshca_control::{Snapshot, StreamEvent};
+use meshca_control::{ProxyKey, Snapshot, StreamEvent, StreamId};
 
 use crate::delta::Delta;
 use crate::log_text::shown;
@@ -87,6 +87,36 @@ impl SdsServer {
         self.shared.shutdown.cancel();
     }
 
+    /// A new stream id, unique among this server's streams and those of any service that reports its
+    /// streams through [`SdsServer::report`].
+    pub fn next_stream_id(&self) -> StreamId {
+        self.shared.next_stream_id()
+    }
+
+    /// The snapshots this server serves.
+    pub fn snapshots(&self) -> watch::Receiver<Arc<Snapshot>> {
+        self.shared.snapshots.clone()
+    }
+
+    /// A wait for the snapshots that concern `proxy`, rung by the dispatcher that wakes this server's
+    /// streams. Subscribe before reading the snapshot.
+    pub fn snapshot_waiter(&self, proxy: &ProxyKey) -> SnapshotWaiter {
+        SnapshotWaiter(self.shared.waiter(proxy))
+    }
+
+    /// Reports a stream event to the owner, as this server's streams do: another service whose streams
+    /// must count for the rollout gate (the Workload API) reports through here. Waits while the
+    /// owner's channel is full.
+    pub async fn report(&self, event: StreamEvent) {
+        self.shared.emit(event).await;
+    }
+
+    /// [`SdsServer::report`] where nothing can wait (a `Drop`): sent at once when there is room, else
+    /// by a task that waits for room; never dropped while the owner listens.
+    pub fn report_from_drop(&self, event: StreamEvent) {
+        self.shared.emit_from_drop(event);
+    }
+
     /// The tonic service, for embedding in another tonic server. It answers what the generated
     /// `SecretDiscoveryServiceServer` answers, but frames the two streaming methods itself
     /// ([`crate::transport::grpc`]) so that an idle stream holds no message buffer.
@@ -103,6 +133,18 @@ impl SdsServer {
            + Sync
            + 'static {
         GrpcService { server: self }
+    }
+}
+
+/// One stream's wait for the snapshots that concern its proxy (see [`SdsServer::snapshot_waiter`]).
+#[derive(Debug)]
+pub struct SnapshotWaiter(crate::wake::Waiter);
+
+impl SnapshotWaiter {
+    /// Resolves when a snapshot may concern the proxy (since the last time this resolved); false once
+    /// no snapshot will come any more (the server is shutting down). Cancel-safe.
+    pub async fn changed(&mut self) -> bool {
+        self.0.changed().await
     }
 }
 

@@ -1,10 +1,19 @@
 //! meshca's SPIFFE Workload API: the identities a process on this host gets by asking a unix
 //! socket, decided by who the kernel says is calling, never by a token.
 //!
-//! This crate holds the attestation of callers ([`attest`]): who is at the other end of a
-//! connection, as selectors that registrations match. The gRPC server that answers the Workload
-//! API is built on it.
+//! A caller is identified by the kernel ([`attest`]: its process's uid, gid, binary and unit, held
+//! through a pidfd), matched against the `WorkloadRegistration` resources, and served the identity
+//! of the Dataplane its registration names, from the same snapshot SDS serves ([`WorkloadApi`]). Its
+//! streams report to the owner like SDS streams, so the rollout gate orders CA rotations for
+//! workloads as it does for Envoys.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod attest;
+mod follow;
+pub mod proto;
+mod service;
+mod x509;
+
+pub use service::{WorkloadApi, WorkloadOptions, SECURITY_HEADER};
+pub use x509::MAX_RESPONSE_BYTES;

@@ -110,6 +110,15 @@ fn refuses_other_forms_saying_what_is_wrong() {
     );
     refused("unix:path:usr/bin/x", "absolute path");
     refused("unix:path:./x", "absolute path");
+    for path in [
+        "/usr//bin/x",
+        "/usr/bin/./x",
+        "/usr/../bin/x",
+        "/usr/bin/",
+        "/",
+    ] {
+        refused(&format!("unix:path:{path}"), "resolved path");
+    }
     refused("unix:path:", "must not be empty");
     refused("unix:path:/a\0b", "NUL");
     refused(
@@ -166,7 +175,11 @@ fn any_selector() -> impl Strategy<Value = Selector> {
         name(SelectorKind::User),
         name(SelectorKind::Group),
         name(SelectorKind::SupplementaryGroup),
-        "/[^\u{0}]{0,60}".prop_map(|p| format!("unix:path:{p}")),
+        prop::collection::vec("[^/\u{0}]{1,12}", 1..5)
+            .prop_filter("canonical", |parts| parts
+                .iter()
+                .all(|p| p != "." && p != ".."))
+            .prop_map(|parts| format!("unix:path:/{}", parts.join("/"))),
         "[0-9a-f]{64}".prop_map(|h| format!("unix:sha256:{h}")),
         "[!-~]{1,30}".prop_map(|u| format!("systemd:unit:{u}.service")),
     ]

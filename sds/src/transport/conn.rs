@@ -14,6 +14,7 @@
 //! What would let it go: an HTTP/2 server idle timeout in hyper (close a connection that has had no
 //! open stream for a while, and one that opens none in time): hyperium/hyper#1628, still open.
 
+use std::any::Any;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -44,6 +45,8 @@ pub(crate) enum Io {
 pub(crate) struct Conn {
     io: Io,
     tracker: Arc<ConnTracker>,
+    /// Who is at the other end, as the listener's peer probe learned it when it accepted.
+    peer: Option<Arc<dyn Any + Send + Sync>>,
     deadline: Pin<Box<Sleep>>,
     /// Released when tonic drops the connection.
     _slot: OwnedSemaphorePermit,
@@ -71,8 +74,15 @@ impl Conn {
                 waker: AtomicWaker::new(),
             }),
             deadline: Box::pin(tokio::time::sleep_until(first_deadline)),
+            peer: None,
             _slot: slot,
         }
+    }
+
+    /// The connection with what the listener learned about its peer.
+    pub(crate) fn with_peer(mut self, peer: Option<Arc<dyn Any + Send + Sync>>) -> Self {
+        self.peer = peer;
+        self
     }
 
     fn io(self: Pin<&mut Self>) -> Pin<&mut Io> {
@@ -143,6 +153,34 @@ pub struct ConnInfo {
     /// Whether the connection is TLS.
     pub tls: bool,
     pub(crate) tracker: Arc<ConnTracker>,
+    peer: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+impl ConnInfo {
+    /// What the listener's peer probe learned about the process at the other end of a unix socket,
+    /// if it learned a `T` (see [`crate::ConnPolicy::with_peer_probe`]).
+    pub fn peer<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        self.peer.clone()?.downcast::<T>().ok()
+    }
+
+    /// Counts a stream of this connection as open until the guard is dropped: the connection has no
+    /// idle deadline meanwhile.
+    pub fn stream_opened(&self) -> OpenStream {
+        OpenStream {
+            _guard: self.tracker.stream_opened(),
+        }
+    }
+}
+
+/// An open stream of a connection (see [`ConnInfo::stream_opened`]).
+pub struct OpenStream {
+    _guard: StreamGuard,
+}
+
+impl std::fmt::Debug for OpenStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OpenStream")
+    }
 }
 
 impl std::fmt::Debug for ConnInfo {
@@ -167,6 +205,7 @@ impl Connected for Conn {
             remote_addr,
             tls,
             tracker: self.tracker.clone(),
+            peer: self.peer.clone(),
         }
     }
 }

@@ -56,6 +56,11 @@ impl<S> UnixPathHeaderFix<S> {
             eof: false,
         }
     }
+
+    /// The wrapped connection.
+    pub(crate) fn get_ref(&self) -> &S {
+        &self.inner
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for UnixPathHeaderFix<S> {

@@ -189,6 +189,7 @@ impl World {
             all: self.all.clone(),
             egress: Some(self.egress.clone()),
             claim_rules: Default::default(),
+            registrations: Default::default(),
             changed: Default::default(),
         }
     }

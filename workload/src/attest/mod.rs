@@ -28,9 +28,7 @@ use nix::unistd::{Gid, Group, Uid, User};
 
 pub use error::{AttestError, GoneReason};
 pub use peer::{still_same, PeerProcess};
-pub use selector::{
-    parse_selector, Selector, SelectorError, Selectors, MAX_NAME_LEN, MAX_PATH_LEN, MAX_UNIT_LEN,
-};
+pub use selector::{parse_selector, Selector, SelectorError, SelectorKind, Selectors};
 
 use binary::BinaryDigest;
 
@@ -91,9 +89,7 @@ pub fn attest(peer: &PeerProcess, limits: &AttestLimits) -> Result<Caller, Attes
     add_binary(&mut selectors, peer, limits);
     let cgroup_path = proc::path(pid, "cgroup");
     let cgroup = read_live(peer, &cgroup_path, proc::CGROUP_MAX)?;
-    if let Some(unit) = parse::cgroup_unit(&cgroup).and_then(Selector::systemd_unit) {
-        selectors.insert(unit);
-    }
+    selectors.insert(parse::cgroup_unit(&cgroup).and_then(selector::systemd_unit));
     still_same(peer)?;
     Ok(Caller {
         pid,
@@ -113,10 +109,8 @@ fn read_live(peer: &PeerProcess, path: &std::path::Path, max: u64) -> Result<Str
 
 /// The id selectors, with a name selector for each id the user database names.
 fn add_ids(selectors: &mut Selectors, uid: u32, gid: u32, groups: &[u32]) {
-    selectors.insert(Selector::uid(uid));
-    if let Some(user) = user_name(uid).as_deref().and_then(Selector::user) {
-        selectors.insert(user);
-    }
+    selectors.insert(selector::uid(uid));
+    selectors.insert(user_name(uid).as_deref().and_then(selector::user));
     let mut group_names = BTreeMap::new();
     let mut group_name = |gid: u32| -> Option<String> {
         group_names
@@ -124,16 +118,12 @@ fn add_ids(selectors: &mut Selectors, uid: u32, gid: u32, groups: &[u32]) {
             .or_insert_with(|| group_name(gid))
             .clone()
     };
-    selectors.insert(Selector::gid(gid));
-    if let Some(group) = group_name(gid).as_deref().and_then(Selector::group) {
-        selectors.insert(group);
-    }
+    selectors.insert(selector::gid(gid));
+    selectors.insert(group_name(gid).as_deref().and_then(selector::group));
     for &supplementary in groups {
-        selectors.insert(Selector::supplementary_gid(supplementary));
+        selectors.insert(selector::supplementary_gid(supplementary));
         let name = group_name(supplementary);
-        if let Some(group) = name.as_deref().and_then(Selector::supplementary_group) {
-            selectors.insert(group);
-        }
+        selectors.insert(name.as_deref().and_then(selector::supplementary_group));
     }
 }
 
@@ -177,12 +167,10 @@ fn add_binary(selectors: &mut Selectors, peer: &PeerProcess, limits: &AttestLimi
     if text.is_some_and(|text| text.ends_with(" (deleted)")) {
         return;
     }
-    if let Some(path) = text.and_then(Selector::path) {
-        selectors.insert(path);
-    }
+    selectors.insert(text.and_then(selector::path));
     let skipped = match binary::hash(&exe, limits) {
         Ok(BinaryDigest::Sha256(digest)) => {
-            selectors.insert(Selector::sha256(digest));
+            selectors.insert(selector::sha256(digest));
             return;
         }
         Ok(BinaryDigest::TooBig { size }) => format!(

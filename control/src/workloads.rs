@@ -1,0 +1,115 @@
+//! The Workload API's registrations, as a snapshot carries them.
+//!
+//! A `WorkloadRegistration` resource says which local processes (by the selectors the kernel gives
+//! their socket) act as which Dataplane. The Workload API server reads this table from each snapshot:
+//! a caller gets the identity of every registration whose selectors it has, and its streams speak for
+//! those Dataplanes to the owner, so the rollout gate counts them as it counts SDS streams.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use meshca_config::{Resources, Selector};
+
+use crate::snapshot::ProxyKey;
+
+/// One registration, resolved against its Dataplane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration {
+    /// The registration's name (unique within its mesh).
+    pub name: String,
+    /// The Dataplane whose identity it serves; its mesh is the registration's mesh.
+    pub proxy: ProxyKey,
+    /// The selectors a caller must all have (`unix:uid:1001`, ...).
+    pub selectors: Vec<Selector>,
+    /// The agent whose host serves it; `None` for the server's own Workload API socket.
+    pub agent: Option<String>,
+    /// The hint sent with its SVIDs, if any.
+    pub hint: Option<String>,
+    /// How long its JWT-SVIDs are valid.
+    pub jwt_svid_expiry: Duration,
+    /// The Dataplane's labels, which its streams claim (they select the MeshIdentity).
+    pub labels: meshca_auth::Labels,
+}
+
+impl Registration {
+    /// Whether a caller with these selectors matches: it has every one of the registration's.
+    pub fn matches(&self, has: impl Fn(&Selector) -> bool) -> bool {
+        self.selectors.iter().all(has)
+    }
+}
+
+/// Every registration of the accepted resources, in the order callers see them: by name, then mesh.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Registrations {
+    list: Vec<Arc<Registration>>,
+}
+
+impl Registrations {
+    /// The registrations of `resources`, each with its Dataplane's labels (the resources were checked:
+    /// every registration names a Dataplane of its mesh).
+    pub fn from_resources(resources: &Resources) -> Registrations {
+        let labels: BTreeMap<(&str, &str), meshca_auth::Labels> = resources
+            .dataplanes
+            .iter()
+            .map(|d| {
+                (
+                    (d.mesh.as_str(), d.name.as_str()),
+                    Arc::new(d.labels.clone()),
+                )
+            })
+            .collect();
+        let mut list: Vec<Arc<Registration>> = resources
+            .workload_registrations
+            .iter()
+            .map(|r| {
+                Arc::new(Registration {
+                    name: r.name.clone(),
+                    proxy: ProxyKey::new(r.mesh.as_str(), r.dataplane.as_str()),
+                    selectors: r.selectors.clone(),
+                    agent: r.agent.clone(),
+                    hint: r.hint.clone(),
+                    jwt_svid_expiry: r.jwt_svid_expiry,
+                    labels: labels
+                        .get(&(r.mesh.as_str(), r.dataplane.as_str()))
+                        .cloned()
+                        .unwrap_or_default(),
+                })
+            })
+            .collect();
+        list.sort_by(|a, b| (&a.name, &a.proxy.mesh).cmp(&(&b.name, &b.proxy.mesh)));
+        Registrations { list }
+    }
+
+    /// A table of exactly these registrations, sorted as [`Registrations::from_resources`] sorts them.
+    pub fn new(mut list: Vec<Registration>) -> Registrations {
+        list.sort_by(|a, b| (&a.name, &a.proxy.mesh).cmp(&(&b.name, &b.proxy.mesh)));
+        Registrations {
+            list: list.into_iter().map(Arc::new).collect(),
+        }
+    }
+
+    /// Every registration.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Registration>> {
+        self.list.iter()
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// The registrations served by `agent` (`None`: the server's own socket) that a caller with the
+    /// selectors `has` says it has matches, in order: the first is the caller's default identity.
+    pub fn matching(
+        &self,
+        agent: Option<&str>,
+        has: impl Fn(&Selector) -> bool,
+    ) -> Vec<Arc<Registration>> {
+        self.list
+            .iter()
+            .filter(|r| r.agent.as_deref() == agent && r.matches(&has))
+            .cloned()
+            .collect()
+    }
+}

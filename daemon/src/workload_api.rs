@@ -1,0 +1,96 @@
+//! The Workload API socket of `meshca serve`: bound with the other listeners, served beside SDS.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use anyhow::{anyhow, Context};
+use meshca_config::Settings;
+use meshca_sds::{BoundListeners, ConnPolicy, Listener, SdsLimits, SdsServer};
+use meshca_workload::{WorkloadApi, WorkloadOptions};
+use tokio_util::sync::CancellationToken;
+
+/// Binds the sockets of `workloadApi.listen`; `None` when the list is empty (the API is off).
+pub(crate) async fn bind(settings: &Settings) -> anyhow::Result<Option<BoundListeners>> {
+    let paths = &settings.workload_api.listen;
+    if paths.is_empty() {
+        tracing::info!("the Workload API is off (workloadApi.listen is empty)");
+        return Ok(None);
+    }
+    let listeners = paths
+        .iter()
+        .map(|path| Listener::UnixForAnyUser(path.clone()))
+        .collect();
+    let bound = meshca_sds::bind(listeners)
+        .await
+        .context("cannot start the Workload API (workloadApi.listen)")?;
+    for addr in bound.local_addrs() {
+        tracing::info!(%addr, "Workload API listening");
+    }
+    for path in paths {
+        warn_if_unreachable(path);
+    }
+    Ok(Some(bound))
+}
+
+/// Says so when a directory above the socket keeps other users out: the socket itself is open to
+/// everyone (callers are told apart by their process), but only processes that can reach it get
+/// anything, which is a safe choice the operator should know they made.
+fn warn_if_unreachable(socket: &Path) {
+    let Ok(absolute) = std::path::absolute(socket) else {
+        return;
+    };
+    for dir in absolute.ancestors().skip(1) {
+        let Ok(meta) = std::fs::metadata(dir) else {
+            continue;
+        };
+        if meta.permissions().mode() & 0o001 == 0 {
+            tracing::info!(
+                socket = %socket.display(),
+                dir = %dir.display(),
+                "only users allowed into {} reach the Workload API socket; put it in a directory every workload may enter (e.g. /run/meshca) for workloads of other users",
+                dir.display()
+            );
+            return;
+        }
+    }
+}
+
+/// The Workload API's options and connection limits from the settings.
+pub(crate) fn options(settings: &Settings, sds: &SdsLimits) -> (WorkloadOptions, SdsLimits) {
+    let limits = &settings.limits;
+    let options = WorkloadOptions {
+        streams_per_caller: to_usize(limits.workload_streams_per_caller),
+        request_bytes: to_usize(limits.workload_request_bytes),
+        warnings_per_minute: limits.warnings_per_minute,
+        ..WorkloadOptions::default()
+    };
+    let connections = SdsLimits {
+        connections_per_listener: to_usize(limits.workload_connections),
+        idle_timeout: limits.workload_idle_timeout(),
+        request_bytes: to_usize(limits.workload_request_bytes),
+        ..sds.clone()
+    };
+    (options, connections)
+}
+
+fn to_usize(value: u32) -> usize {
+    usize::try_from(value).unwrap_or(usize::MAX)
+}
+
+/// Serves the Workload API on `bound` until `shutdown` fires.
+pub(crate) async fn serve(
+    bound: BoundListeners,
+    sds: SdsServer,
+    (options, limits): (WorkloadOptions, SdsLimits),
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let policy = ConnPolicy::new("Workload API", "limits.workloadConnections", limits)
+        .with_peer_probe(WorkloadApi::peer_probe());
+    let api = WorkloadApi::new(sds, options);
+    // Its streams end with the SDS server's: they wait on the same snapshot dispatcher, which
+    // closes every wait when SDS shuts down.
+    bound
+        .serve_service(api, policy, || {}, shutdown)
+        .await
+        .map_err(|e| anyhow!("Workload API server failed: {e}"))
+}

@@ -1,0 +1,334 @@
+//! One Workload API stream (`FetchX509SVID` or `FetchX509Bundles`): the whole current state at once,
+//! then again on every change, for as long as the caller keeps the stream.
+//!
+//! A stream speaks to the owner for every registration its caller matches, as an SDS stream of that
+//! registration's Dataplane would: it reports itself connected and subscribed, and each message it
+//! hands to the transport counts as ACKed (a Workload API client has no way to refuse one). So the
+//! rollout gate waits for Workload API streams exactly as for Envoy's: a workload holds a new CA in its
+//! bundle before any peer presents a certificate from it.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures::future::select_all;
+use futures::stream::{self, BoxStream, StreamExt};
+use meshca_auth::{Claims, ProxyType};
+use meshca_control::{parse_names, Registration, Snapshot, StreamEvent, StreamId};
+use meshca_sds::{OpenStream, SnapshotWaiter};
+use tokio::sync::watch;
+use tonic::Status;
+
+use crate::service::{CallerSlot, Shared};
+use crate::x509::{self, Built, Fingerprint};
+
+/// How long the claims a Workload API stream presents for its Dataplane last: the stream's own life is
+/// what bounds them (they are never a token anyone holds).
+const CLAIMS_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// What a stream sends: its message type, how to build it, and what it subscribes to.
+pub(crate) trait View: Send + 'static {
+    type Message: prost::Message + Send + 'static;
+    /// The method, for logs.
+    const METHOD: &'static str;
+    /// The resources its content carries, as SDS names them.
+    const RESOURCES: &'static [&'static str];
+    fn build(
+        snapshot: &Snapshot,
+        registrations: &[Arc<Registration>],
+    ) -> (Built<Self::Message>, Fingerprint);
+}
+
+/// `FetchX509SVID`: SVIDs, their trust domains' bundles and the federated ones.
+pub(crate) struct Svids;
+
+impl View for Svids {
+    type Message = crate::proto::X509SvidResponse;
+    const METHOD: &'static str = "FetchX509SVID";
+    const RESOURCES: &'static [&'static str] = &["default", "system_trust_bundle", "ALL"];
+    fn build(
+        snapshot: &Snapshot,
+        registrations: &[Arc<Registration>],
+    ) -> (Built<Self::Message>, Fingerprint) {
+        x509::svids(snapshot, registrations)
+    }
+}
+
+/// `FetchX509Bundles`: every trust domain's bundle.
+pub(crate) struct Bundles;
+
+impl View for Bundles {
+    type Message = crate::proto::X509BundlesResponse;
+    const METHOD: &'static str = "FetchX509Bundles";
+    const RESOURCES: &'static [&'static str] = &["system_trust_bundle", "ALL"];
+    fn build(
+        snapshot: &Snapshot,
+        registrations: &[Arc<Registration>],
+    ) -> (Built<Self::Message>, Fingerprint) {
+        x509::bundles(snapshot, registrations)
+    }
+}
+
+/// A registration this stream speaks for, as the owner knows the stream.
+struct Link {
+    registration: Arc<Registration>,
+    id: StreamId,
+    waiter: SnapshotWaiter,
+}
+
+/// An attested caller's stream.
+pub(crate) struct Follow<V: View> {
+    shared: Arc<Shared>,
+    /// The caller's selectors, which registrations are matched against whenever they change.
+    selectors: Arc<crate::attest::Selectors>,
+    /// Who the caller is, for logs.
+    caller: String,
+    links: Vec<Link>,
+    snapshots: watch::Receiver<Arc<Snapshot>>,
+    /// What the last message was built from, and the snapshot generation it stands for.
+    sent: Option<(Fingerprint, u64)>,
+    /// The last message went out: ACK it before anything else.
+    unacked: bool,
+    done: bool,
+    opened_at: tokio::time::Instant,
+    _slot: CallerSlot,
+    _open: Option<OpenStream>,
+    _view: std::marker::PhantomData<fn() -> V>,
+}
+
+impl<V: View> Follow<V> {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        selectors: Arc<crate::attest::Selectors>,
+        caller: String,
+        slot: CallerSlot,
+        open: Option<OpenStream>,
+    ) -> Self {
+        Follow {
+            snapshots: shared.sds.snapshots(),
+            shared,
+            selectors,
+            caller,
+            links: Vec::new(),
+            sent: None,
+            unacked: false,
+            done: false,
+            opened_at: tokio::time::Instant::now(),
+            _slot: slot,
+            _open: open,
+            _view: std::marker::PhantomData,
+        }
+    }
+
+    /// The stream of messages, ending with the status that ended it (if not the caller).
+    pub(crate) fn into_stream(self) -> BoxStream<'static, Result<V::Message, Status>> {
+        stream::unfold(self, |mut follow| async move {
+            let item = follow.next().await?;
+            Some((item, follow))
+        })
+        .boxed()
+    }
+
+    async fn next(&mut self) -> Option<Result<V::Message, Status>> {
+        if self.done {
+            return None;
+        }
+        if self.unacked {
+            self.unacked = false;
+            if let Some((_, generation)) = self.sent {
+                self.ack_all(generation).await;
+            }
+        }
+        let item = self.serve().await;
+        if item.is_err() {
+            self.done = true;
+        }
+        Some(item)
+    }
+
+    /// Waits until there is something new to send, or a reason to end the stream.
+    async fn serve(&mut self) -> Result<V::Message, Status> {
+        loop {
+            let snapshot = self.snapshots.borrow_and_update().clone();
+            if self.relink(&snapshot).await? {
+                // New waiters: a publish before they existed would go unheard, so look again.
+                continue;
+            }
+            let registrations: Vec<Arc<Registration>> =
+                self.links.iter().map(|l| l.registration.clone()).collect();
+            let (built, fingerprint) = V::build(&snapshot, &registrations);
+            match built {
+                Built::Ready(message) => {
+                    let unchanged = self.sent.as_ref().is_some_and(|(f, _)| *f == fingerprint);
+                    if !unchanged {
+                        self.sent = Some((fingerprint, snapshot.generation));
+                        self.unacked = true;
+                        return Ok(message);
+                    }
+                    // The caller holds this content already: it now stands for this generation too.
+                    if let Some((_, generation)) = &mut self.sent {
+                        if *generation != snapshot.generation {
+                            *generation = snapshot.generation;
+                            self.ack_all(snapshot.generation).await;
+                        }
+                    }
+                }
+                Built::Waiting => {}
+                Built::Nothing(reason) => {
+                    tracing::info!(caller = %self.caller, method = V::METHOD, "Workload API stream ended: no identity to serve: {reason}");
+                    return Err(Status::permission_denied(format!(
+                        "no identity issued: {reason}"
+                    )));
+                }
+                Built::TooLarge(reason) => {
+                    tracing::warn!(caller = %self.caller, method = V::METHOD, "Workload API response refused: {reason}");
+                    return Err(Status::resource_exhausted(reason));
+                }
+            }
+            self.wait().await?;
+        }
+    }
+
+    /// Waits for a snapshot that may concern one of the stream's registrations; before the first
+    /// message, no longer than the identity wait.
+    async fn wait(&mut self) -> Result<(), Status> {
+        let waits = self.links.iter_mut().map(|l| Box::pin(l.waiter.changed()));
+        let changed = select_all(waits);
+        let open = if self.sent.is_some() {
+            changed.await.0
+        } else {
+            let deadline = self.opened_at + self.shared.options.identity_wait;
+            match tokio::time::timeout_at(deadline, changed).await {
+                Ok((open, _, _)) => open,
+                Err(_) => {
+                    return Err(Status::unavailable(format!(
+                        "the identity is not ready after {:?}: the daemon has not prepared it yet",
+                        self.shared.options.identity_wait
+                    )))
+                }
+            }
+        };
+        if open {
+            Ok(())
+        } else {
+            Err(Status::unavailable("the server is shutting down"))
+        }
+    }
+
+    /// Matches the caller against `snapshot`'s registrations, and tells the owner which it now speaks
+    /// for. Whether it added any; `PERMISSION_DENIED` when none is left.
+    async fn relink(&mut self, snapshot: &Snapshot) -> Result<bool, Status> {
+        let selectors = &self.selectors;
+        let matched = snapshot
+            .registrations
+            .matching(None, |s| selectors.contains(s));
+        if matched.is_empty() {
+            tracing::info!(caller = %self.caller, method = V::METHOD, "Workload API stream ended: the caller matches no registration any more");
+            return Err(Status::permission_denied(
+                "no identity issued: the caller matches no WorkloadRegistration any more",
+            ));
+        }
+        let same = matched.len() == self.links.len()
+            && matched
+                .iter()
+                .zip(&self.links)
+                .all(|(m, l)| Arc::ptr_eq(m, &l.registration) || **m == *l.registration);
+        if same {
+            return Ok(false);
+        }
+        let mut kept = Vec::with_capacity(matched.len());
+        let mut added = false;
+        for link in std::mem::take(&mut self.links) {
+            if matched.iter().any(|m| **m == *link.registration) {
+                kept.push(link);
+            } else {
+                self.shared
+                    .sds
+                    .report(StreamEvent::Disconnected { stream: link.id })
+                    .await;
+            }
+        }
+        for registration in matched {
+            if let Some(link) = kept.iter().position(|l| *l.registration == *registration) {
+                let link = kept.swap_remove(link);
+                self.links.push(link);
+                continue;
+            }
+            let link = self.connect(registration).await?;
+            self.links.push(link);
+            added = true;
+        }
+        // Content follows the registrations' order: the first is the default identity.
+        self.links.sort_by(|a, b| {
+            (&a.registration.name, &a.registration.proxy.mesh)
+                .cmp(&(&b.registration.name, &b.registration.proxy.mesh))
+        });
+        // The caller has not seen content for the new set: send it even if it looks the same.
+        self.sent = self.sent.take().map(|(_, g)| (Fingerprint::default(), g));
+        Ok(added)
+    }
+
+    /// Tells the owner a stream of `registration`'s Dataplane is open and what it subscribes to.
+    async fn connect(&self, registration: Arc<Registration>) -> Result<Link, Status> {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let claims = Claims::new(
+            ProxyType::Dataplane,
+            &*registration.proxy.mesh,
+            &*registration.proxy.name,
+            (*registration.labels).clone(),
+            Default::default(),
+            CLAIMS_VALIDITY,
+            now,
+        )
+        .map_err(|error| {
+            tracing::warn!(registration = %registration.name, %error, "a WorkloadRegistration's Dataplane cannot be served");
+            Status::internal(format!(
+                "registration {} cannot be served: {error}",
+                registration.name
+            ))
+        })?;
+        let id = self.shared.sds.next_stream_id();
+        let waiter = self.shared.sds.snapshot_waiter(&registration.proxy);
+        let sds = &self.shared.sds;
+        sds.report(StreamEvent::Connected {
+            stream: id,
+            claims: Arc::new(claims),
+        })
+        .await;
+        sds.report(StreamEvent::Subscribed {
+            stream: id,
+            resources: parse_names(V::RESOURCES.iter().map(|s| (*s).to_owned()).collect()),
+        })
+        .await;
+        Ok(Link {
+            registration,
+            id,
+            waiter,
+        })
+    }
+
+    async fn ack_all(&self, generation: u64) {
+        for link in &self.links {
+            self.shared
+                .sds
+                .report(StreamEvent::Acked {
+                    stream: link.id,
+                    generation,
+                    version: generation.to_string(),
+                })
+                .await;
+        }
+    }
+}
+
+impl<V: View> Drop for Follow<V> {
+    fn drop(&mut self) {
+        for link in &self.links {
+            self.shared
+                .sds
+                .report_from_drop(StreamEvent::Disconnected { stream: link.id });
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! What a Workload API caller is sent: its X.509-SVIDs and the bundles it trusts, built from one
+//! snapshot for the registrations it matches.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use meshca_control::{ProxyEntry, ProxyIdentity, Registration, Snapshot, TrustBundle};
+use prost::Message;
+use zeroize::Zeroizing;
+
+use crate::proto::{X509BundlesResponse, X509Svid, X509SvidResponse};
+
+/// The largest message a Workload API client accepts: grpc-core's default receive limit (4 MiB),
+/// which py-spiffe cannot raise. A response that would not fit is refused, never sent cut.
+pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
+
+/// What one snapshot gives a caller.
+#[derive(Debug)]
+pub(crate) enum Built<R> {
+    /// Send this.
+    Ready(R),
+    /// A registration's identity is still being prepared: send nothing yet.
+    Waiting,
+    /// No identity to send for this snapshot: why (for the caller and the log).
+    Nothing(String),
+    /// The response would be over [`MAX_RESPONSE_BYTES`]: why.
+    TooLarge(String),
+}
+
+/// What a response was built from, compared by pointer: equal fingerprints mean equal content.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Fingerprint(Vec<usize>);
+
+impl Fingerprint {
+    fn of_svid(&mut self, identity: &Arc<ProxyIdentity>) {
+        self.0.push(Arc::as_ptr(identity) as usize);
+    }
+
+    fn of_trust(&mut self, bundle: &Arc<TrustBundle>) {
+        self.0.push(Arc::as_ptr(bundle) as usize);
+    }
+}
+
+/// The trust of the registrations' meshes and of every mesh and trust domain (`ALL`), by trust domain.
+fn trust_by_domain(
+    snapshot: &Snapshot,
+    registrations: &[Arc<Registration>],
+    fingerprint: &mut Fingerprint,
+) -> BTreeMap<String, Vec<String>> {
+    let mut bundles: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut add = |bundle: &Arc<TrustBundle>, fingerprint: &mut Fingerprint| {
+        fingerprint.of_trust(bundle);
+        for (td, pems) in bundle.by_trust_domain() {
+            let held = bundles.entry(td.clone()).or_default();
+            for pem in pems {
+                if !held.contains(pem) {
+                    held.push(pem.clone());
+                }
+            }
+        }
+    };
+    for registration in registrations {
+        if let Some(mesh) = snapshot.meshes.get(&*registration.proxy.mesh) {
+            add(&mesh.trust, fingerprint);
+        }
+    }
+    add(&snapshot.all, fingerprint);
+    bundles
+}
+
+/// Concatenated DER of PEM certificates (one certificate per string, as trust bundles hold them).
+fn der_of(pems: &[String]) -> Result<Vec<u8>, String> {
+    let mut der = Vec::new();
+    for text in pems {
+        for block in ::pem::parse_many(text).map_err(|e| e.to_string())? {
+            der.extend_from_slice(block.contents());
+        }
+    }
+    Ok(der)
+}
+
+/// The SPIFFE ID's trust domain: the host part of `spiffe://<td>/<path>`.
+fn trust_domain_of(spiffe_id: &str) -> &str {
+    let rest = spiffe_id.strip_prefix("spiffe://").unwrap_or(spiffe_id);
+    rest.split('/').next().unwrap_or(rest)
+}
+
+/// One SVID as the Workload API carries it.
+fn svid(
+    identity: &ProxyIdentity,
+    bundles: &BTreeMap<String, Vec<String>>,
+    hint: String,
+) -> Result<X509Svid, String> {
+    let chain = ::pem::parse_many(&identity.chain_pem)
+        .map_err(|e| format!("the certificate chain does not parse: {e}"))?;
+    let key = ::pem::parse(identity.key_pem.expose())
+        .map_err(|_| "the private key does not parse as PEM".to_owned())?;
+    if key.tag() != "PRIVATE KEY" {
+        return Err(format!(
+            "the private key is a {} block, not PKCS#8",
+            key.tag()
+        ));
+    }
+    let key = Zeroizing::new(key.into_contents());
+    let td = trust_domain_of(&identity.spiffe_id);
+    let bundle = der_of(bundles.get(td).map(Vec::as_slice).unwrap_or_default())?;
+    if bundle.is_empty() {
+        return Err(format!("no CA of trust domain {td} is trusted"));
+    }
+    Ok(X509Svid {
+        spiffe_id: identity.spiffe_id.clone(),
+        x509_svid: chain
+            .iter()
+            .flat_map(|c| c.contents().iter().copied())
+            .collect(),
+        x509_svid_key: key.to_vec(),
+        bundle,
+        hint,
+    })
+}
+
+/// The `FetchX509SVID` message for `registrations` (in order: the first is the default identity), with
+/// what it was built from.
+pub(crate) fn svids(
+    snapshot: &Snapshot,
+    registrations: &[Arc<Registration>],
+) -> (Built<X509SvidResponse>, Fingerprint) {
+    let mut fingerprint = Fingerprint::default();
+    let bundles = trust_by_domain(snapshot, registrations, &mut fingerprint);
+    let mut response = X509SvidResponse::default();
+    let mut skipped = Vec::new();
+    let mut hints: Vec<&str> = Vec::new();
+    for registration in registrations {
+        let identity = match snapshot.proxies.get(&registration.proxy) {
+            Some(ProxyEntry::Ready(identity)) => identity,
+            None | Some(ProxyEntry::Pending) => return (Built::Waiting, fingerprint),
+            Some(ProxyEntry::NoIdentity { reason } | ProxyEntry::Refused { reason }) => {
+                skipped.push(format!("registration {}: {reason}", registration.name));
+                continue;
+            }
+        };
+        fingerprint.of_svid(identity);
+        // A hint is unique within one response: the first registration (in order) keeps it.
+        let hint = match registration.hint.as_deref() {
+            Some(hint) if !hints.contains(&hint) => {
+                hints.push(hint);
+                hint.to_owned()
+            }
+            _ => String::new(),
+        };
+        match svid(identity, &bundles, hint) {
+            Ok(svid) => response.svids.push(svid),
+            Err(reason) => skipped.push(format!("registration {}: {reason}", registration.name)),
+        }
+    }
+    if response.svids.is_empty() {
+        return (Built::Nothing(skipped.join("; ")), fingerprint);
+    }
+    let own: Vec<String> = response
+        .svids
+        .iter()
+        .map(|s| trust_domain_of(&s.spiffe_id).to_owned())
+        .collect();
+    response.federated_bundles = match federated(&bundles, |td| own.iter().any(|o| o == td)) {
+        Ok(map) => map,
+        Err(reason) => return (Built::Nothing(reason), fingerprint),
+    };
+    (within_limit(response), fingerprint)
+}
+
+/// The `FetchX509Bundles` message: every trust domain the registrations' meshes trust, and `ALL`'s.
+pub(crate) fn bundles(
+    snapshot: &Snapshot,
+    registrations: &[Arc<Registration>],
+) -> (Built<X509BundlesResponse>, Fingerprint) {
+    let mut fingerprint = Fingerprint::default();
+    let bundles = trust_by_domain(snapshot, registrations, &mut fingerprint);
+    match federated(&bundles, |_| false) {
+        Ok(map) if map.is_empty() => (
+            Built::Nothing("no CA is trusted yet".to_owned()),
+            fingerprint,
+        ),
+        Ok(map) => (
+            within_limit(X509BundlesResponse {
+                crl: vec![],
+                bundles: map,
+            }),
+            fingerprint,
+        ),
+        Err(reason) => (Built::Nothing(reason), fingerprint),
+    }
+}
+
+/// The bundles keyed `spiffe://<trust domain>`, leaving out the trust domains `skip` names.
+fn federated(
+    bundles: &BTreeMap<String, Vec<String>>,
+    skip: impl Fn(&str) -> bool,
+) -> Result<HashMap<String, Vec<u8>>, String> {
+    let mut out = HashMap::new();
+    for (td, pems) in bundles {
+        if skip(td) || pems.is_empty() {
+            continue;
+        }
+        let der = der_of(pems).map_err(|e| format!("a CA of {td} does not parse: {e}"))?;
+        out.insert(format!("spiffe://{td}"), der);
+    }
+    Ok(out)
+}
+
+/// The response, or why it is not sent: clients refuse messages of 4 MiB and more.
+fn within_limit<R: Message>(response: R) -> Built<R> {
+    let size = response.encoded_len();
+    if size >= MAX_RESPONSE_BYTES {
+        return Built::TooLarge(format!(
+            "the response would be {size} bytes, over the {MAX_RESPONSE_BYTES} bytes Workload API \
+             clients accept (too many or too large bundles?)"
+        ));
+    }
+    Built::Ready(response)
+}
