@@ -345,6 +345,9 @@ pub enum DrillScenario {
     /// Replicas on one PostgreSQL database (`--postgres`) serve the proxies, spread over them; the
     /// mesh's CA is rotated, and one replica is killed in the middle. Its proxies move to the others.
     Failover,
+    /// The ca-rotation drill with workloads on the SPIFFE Workload API (each a Dataplane and a
+    /// WorkloadRegistration) instead of proxies on SDS.
+    Workload,
 }
 
 /// On or off.

@@ -59,6 +59,7 @@ fn warn_if_unreachable(socket: &Path) {
 pub(crate) fn options(settings: &Settings, sds: &SdsLimits) -> (WorkloadOptions, SdsLimits) {
     let limits = &settings.limits;
     let options = WorkloadOptions {
+        ack_after: settings.workload_api.ack_after.as_std(),
         streams_per_caller: to_usize(limits.workload_streams_per_caller),
         request_bytes: to_usize(limits.workload_request_bytes),
         warnings_per_minute: limits.warnings_per_minute,

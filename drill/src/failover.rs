@@ -178,6 +178,7 @@ async fn play(
     let reach = Reach {
         targets,
         mint: &mint,
+        workload_socket: None,
     };
     let specs = script.members(options.proxies);
     let contexts: Vec<String> = script.contexts().into_keys().collect();

@@ -12,6 +12,7 @@ use tokio::task::JoinSet;
 
 use super::proxy::{self, Counters, ProxySpec, ProxyTls};
 use super::tls::{ClientIds, PeerCheck};
+use super::workload;
 
 /// How long the drill's tokens are valid: far longer than any drill runs.
 const TOKEN_LIFETIME: Duration = Duration::from_secs(24 * 3600);
@@ -77,6 +78,8 @@ pub struct Reach<'a> {
     pub targets: Vec<String>,
     /// Signs a token for claims.
     pub mint: &'a dyn Fn(&meshca_auth::Claims) -> anyhow::Result<String>,
+    /// The members are workloads on this Workload API socket rather than proxies on SDS.
+    pub workload_socket: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Reach<'_> {
@@ -109,6 +112,30 @@ impl Fleet {
         let mut tasks = JoinSet::new();
         let mut members = Vec::with_capacity(specs.len());
         for (index, spec) in specs.iter().enumerate() {
+            let (state_tx, state) = watch::channel(None);
+            members.push(Member {
+                name: spec.name.clone(),
+                initial_id: spec.initial_id.clone(),
+                final_id: spec.final_id.clone(),
+                check: spec.check.clone(),
+                ids: ClientIds(BTreeSet::from([
+                    spec.initial_id.clone(),
+                    spec.final_id.clone(),
+                ])),
+                state,
+            });
+            if let Some(socket) = &reach.workload_socket {
+                let (socket, name) = (socket.clone(), spec.name.clone());
+                let seed = seed ^ index as u64;
+                tasks.spawn(workload::run(
+                    socket,
+                    name,
+                    seed,
+                    state_tx,
+                    counters.clone(),
+                ));
+                continue;
+            }
             let (kind, tags) = if spec.egress {
                 (ProxyType::ZoneEgress, BTreeMap::new())
             } else {
@@ -132,7 +159,6 @@ impl Fleet {
                 .chain(&reach.targets[..first])
                 .cloned()
                 .collect();
-            let (state_tx, state) = watch::channel(None);
             tasks.spawn(proxy::run(
                 ProxySpec {
                     mesh: spec.mesh.clone(),
@@ -155,15 +181,6 @@ impl Fleet {
                 state_tx,
                 counters.clone(),
             ));
-            let ids = BTreeSet::from([spec.initial_id.clone(), spec.final_id.clone()]);
-            members.push(Member {
-                name: spec.name.clone(),
-                initial_id: spec.initial_id.clone(),
-                final_id: spec.final_id.clone(),
-                check: spec.check.clone(),
-                ids: ClientIds(ids),
-                state,
-            });
         }
         Ok(Fleet {
             members,

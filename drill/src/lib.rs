@@ -6,7 +6,8 @@
 //! The pieces: [`proxy`] (one SDS stream per proxy, Envoy-like delayed apply then ACK), [`tls`]
 //! (rustls configs from what a proxy applied, SPIFFE ID checks), [`traffic`] (handshakes between
 //! random pairs, counted per phase), [`fleet`] (the proxies and waiting on their state), [`scenario`]
-//! (each drill as a script of resource edits) and [`play`] (which plays a script). With `--envoy`,
+//! (each drill as a script of resource edits) and [`play`] (which plays a script). In the `workload`
+//! drill the members are [`workload`]s on the SPIFFE Workload API instead of proxies. With `--envoy`,
 //! [`envoy`] runs real Envoy sidecars instead of the simulated proxies and counts HTTP requests through
 //! them, each a new mTLS handshake.
 
@@ -27,5 +28,6 @@ pub mod sandbox;
 pub mod scenario;
 pub mod tls;
 pub mod traffic;
+pub mod workload;
 
 pub use scenario::Scenario;

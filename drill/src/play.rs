@@ -64,7 +64,7 @@ impl Options {
 /// Plays `script` and reports. An error means the drill could not even start (or reach its steady
 /// state); problems after that are in the report.
 pub async fn run(script: Script, options: Options) -> anyhow::Result<Report> {
-    let (sandbox, daemon) = start_daemon(&script, options.gate).await?;
+    let (sandbox, daemon) = start_daemon(&script, &options).await?;
     let result = match options.envoy.clone() {
         Some(envoy) => with_envoy(&script, &options, &daemon, &sandbox, envoy).await,
         None => simulated(&script, &options, &daemon, &sandbox).await,
@@ -74,16 +74,17 @@ pub async fn run(script: Script, options: Options) -> anyhow::Result<Report> {
 }
 
 /// A sandbox with the steady-state resources and an in-process daemon serving them.
-async fn start_daemon(script: &Script, gate: bool) -> anyhow::Result<(Sandbox, Daemon)> {
+async fn start_daemon(script: &Script, options: &Options) -> anyhow::Result<(Sandbox, Daemon)> {
     let sandbox = Sandbox::new()?;
     tracing::info!(dir = %sandbox.root().display(), scenario = script.name, "drill: starting an in-process daemon");
-    for (name, yaml) in &script.initial {
+    let uid = rustix::process::geteuid().as_raw();
+    for (name, yaml) in &script.initial_files(options.proxies, uid) {
         sandbox.write_resource(name, yaml)?;
     }
     let daemon = Daemon::start(
         sandbox.settings(),
         DaemonOptions {
-            gate,
+            gate: options.gate,
             watch_files: false,
         },
     )
@@ -106,11 +107,25 @@ async fn simulated(
     let reach = Reach {
         targets: vec![target],
         mint: &mint,
+        workload_socket: script
+            .workloads
+            .then(|| daemon.workload_addrs.iter().find_map(unix_path))
+            .flatten(),
     };
+    if script.workloads && reach.workload_socket.is_none() {
+        return Err(anyhow!("the drill daemon has no Workload API socket"));
+    }
     let mut fleet = Fleet::start(&reach, &specs, &contexts, options.seed)?;
     let result = play_simulated(script, options, daemon, sandbox, &mut fleet).await;
     fleet.stop().await;
     result
+}
+
+fn unix_path(addr: &meshca_sds::BoundAddr) -> Option<std::path::PathBuf> {
+    match addr {
+        meshca_sds::BoundAddr::Unix(path) => Some(path.clone()),
+        _ => None,
+    }
 }
 
 async fn play_simulated(

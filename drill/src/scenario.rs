@@ -11,6 +11,9 @@
 //!   a provider-less MeshIdentity for the new trust domain, then a second MeshIdentity with a provider
 //!   that selects nothing, then selecting everything, then clean-up.
 //!
+//! - `workload`: `ca-rotation`, with workloads on the SPIFFE Workload API instead of proxies on SDS: each
+//!   simulated workload is a Dataplane of the resource files and a `WorkloadRegistration` that selects
+//!   the drill's own process, and takes its SVID and bundles from a `FetchX509SVID` stream.
 //! - `egress`: a zone egress and sidecars of two meshes with their own CAs; the sidecars call the egress
 //!   (each side validating the other) while the default mesh's CA is rotated and, at once, the default
 //!   mesh is switched to the other one (`defaults.mesh`, as SIGHUP applies it).
@@ -50,6 +53,8 @@ pub enum Scenario {
     /// Replicas on one PostgreSQL database serve the proxies; the mesh's CA is rotated, and one replica
     /// is killed in the middle.
     Failover,
+    /// `CaRotation`, with workloads on the Workload API in place of proxies on SDS.
+    Workload,
 }
 
 /// What the operator waits for after a staged edit, on every proxy.
@@ -107,6 +112,9 @@ pub struct Script {
     /// Who issues every proxy's certificate at the end, as the daemon's status names it, when one
     /// issuer does.
     pub final_issuer: Option<&'static str>,
+    /// The members are workloads on the Workload API, each a Dataplane and a registration of the
+    /// resource files, rather than proxies on SDS.
+    pub workloads: bool,
 }
 
 impl Script {
@@ -123,7 +131,28 @@ impl Script {
                 change_phase: "failover",
                 ..ca_rotation()
             },
+            Scenario::Workload => Script {
+                name: "workload",
+                workloads: true,
+                ..ca_rotation()
+            },
         }
+    }
+
+    /// The resource files of the steady state for `count` members: [`Script::initial`], and for a
+    /// drill of workloads their Dataplanes and registrations, each selecting the process with effective
+    /// uid `uid` and hinted with the member's name.
+    pub fn initial_files(&self, count: usize, uid: u32) -> Vec<(&'static str, String)> {
+        let mut files = self.initial.clone();
+        if self.workloads {
+            let documents: Vec<String> = self
+                .members(count)
+                .iter()
+                .map(|m| workload_documents(m, uid))
+                .collect();
+            files.push(("workloads.yaml", documents.join("---\n")));
+        }
+        files
     }
 
     /// Whether clients check servers with `meshservice:` contexts (else: a pinned ID, or the egress).
@@ -223,6 +252,25 @@ impl Script {
 pub const OTHER_MESH: &str = "other";
 /// The validation context sidecars check the zone egress with.
 const EGRESS_CONTEXT: &str = "system_trust_bundle_egress";
+
+/// A member as a workload: its Dataplane, and a registration that selects the process with effective
+/// uid `uid` and hints the SVID with the member's name.
+fn workload_documents(member: &MemberSpec, uid: u32) -> String {
+    let labels: String = member
+        .labels
+        .iter()
+        .map(|(k, v)| format!("  {k}: {v}\n"))
+        .collect();
+    format!(
+        "type: Dataplane\nmesh: {mesh}\nname: {name}\nlabels:\n{labels}networking:\n  address: 127.0.0.1\n  \
+         inbound:\n    - port: 8080\n      tags: {{kuma.io/service: {service}}}\n---\n\
+         type: WorkloadRegistration\nmesh: {mesh}\nname: {name}\nspec:\n  dataplane: {name}\n  \
+         selectors: [\"unix:uid:{uid}\"]\n  hint: {name}\n",
+        mesh = member.mesh,
+        name = member.name,
+        service = member.service,
+    )
+}
 
 fn service_name(i: usize) -> String {
     format!("svc-{i}")
@@ -350,6 +398,7 @@ fn ca_rotation() -> Script {
             by_service: false,
         },
         final_issuer: Some("backend ca-2"),
+        workloads: false,
     }
 }
 
@@ -423,6 +472,7 @@ fn migrate_to_meshidentity(staged: bool) -> Script {
             by_service: true,
         },
         final_issuer: Some("MeshIdentity workloads"),
+        workloads: false,
     }
 }
 
@@ -499,6 +549,7 @@ fn trust_domain(staged: bool) -> Script {
             by_service: true,
         },
         final_issuer,
+        workloads: false,
     }
 }
 
@@ -541,6 +592,7 @@ fn egress() -> Script {
         },
         // The egress and the two meshes' sidecars end with three issuers.
         final_issuer: None,
+        workloads: false,
     }
 }
 

@@ -41,6 +41,13 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
             .into());
         }
     }
+    if args.envoy.is_some() && args.scenario == DrillScenario::Workload {
+        return Err(InvalidInput(
+            "--envoy does not go with the workload drill: its members are workloads on the Workload API, not Envoy sidecars"
+                .into(),
+        )
+        .into());
+    }
     if args.handshakes == 0 {
         return Err(InvalidInput("--handshakes must be at least 1".into()).into());
     }
@@ -117,5 +124,6 @@ fn scenario(scenario: DrillScenario) -> Scenario {
         DrillScenario::TrustDomain => Scenario::TrustDomain,
         DrillScenario::Egress => Scenario::Egress,
         DrillScenario::Failover => Scenario::Failover,
+        DrillScenario::Workload => Scenario::Workload,
     }
 }

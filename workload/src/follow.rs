@@ -3,10 +3,13 @@
 //!
 //! A stream speaks to the owner for every registration its caller matches, as an SDS stream of that
 //! registration's Dataplane would: it reports itself connected and subscribed, and each message it
-//! hands to the transport counts as ACKed (a Workload API client has no way to refuse one). So the
-//! rollout gate waits for Workload API streams exactly as for Envoy's: a workload holds a new CA in its
-//! bundle before any peer presents a certificate from it.
+//! hands to the transport counts as ACKed once the workload has had the time to put it in use
+//! ([`WorkloadOptions::ack_after`]): a Workload API client sends nothing back, neither an ACK nor a
+//! refusal. So the rollout gate waits for Workload API streams as for Envoy's: a workload holds a new
+//! CA in its bundle before any peer presents a certificate from it, and an old CA leaves its bundle
+//! only once its peers present their replacements.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -16,8 +19,11 @@ use meshca_auth::{Claims, ProxyType};
 use meshca_control::{parse_names, Registration, Snapshot, StreamEvent, StreamId};
 use meshca_sds::{OpenStream, SnapshotWaiter};
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tonic::Status;
 
+#[cfg(doc)]
+use crate::service::WorkloadOptions;
 use crate::service::{CallerSlot, Shared};
 use crate::x509::{self, Built, Fingerprint};
 
@@ -68,6 +74,21 @@ impl View for Bundles {
     }
 }
 
+/// A generation the caller was sent, counted as ACKed once `due`.
+#[derive(Debug, Clone, Copy)]
+struct PendingAck {
+    generation: u64,
+    due: Instant,
+}
+
+/// What ended a wait.
+enum Woken {
+    /// A snapshot may concern the stream.
+    Snapshot,
+    /// The oldest pending ACK is due.
+    AckDue,
+}
+
 /// A registration this stream speaks for, as the owner knows the stream.
 struct Link {
     registration: Arc<Registration>,
@@ -86,10 +107,10 @@ pub(crate) struct Follow<V: View> {
     snapshots: watch::Receiver<Arc<Snapshot>>,
     /// What the last message was built from, and the snapshot generation it stands for.
     sent: Option<(Fingerprint, u64)>,
-    /// The last message went out: ACK it before anything else.
-    unacked: bool,
+    /// Generations sent whose ACK is not due yet, oldest first (see [`WorkloadOptions::ack_after`]).
+    acks: VecDeque<PendingAck>,
     done: bool,
-    opened_at: tokio::time::Instant,
+    opened_at: Instant,
     _slot: CallerSlot,
     _open: Option<OpenStream>,
     _view: std::marker::PhantomData<fn() -> V>,
@@ -110,9 +131,9 @@ impl<V: View> Follow<V> {
             caller,
             links: Vec::new(),
             sent: None,
-            unacked: false,
+            acks: VecDeque::new(),
             done: false,
-            opened_at: tokio::time::Instant::now(),
+            opened_at: Instant::now(),
             _slot: slot,
             _open: open,
             _view: std::marker::PhantomData,
@@ -131,12 +152,6 @@ impl<V: View> Follow<V> {
     async fn next(&mut self) -> Option<Result<V::Message, Status>> {
         if self.done {
             return None;
-        }
-        if self.unacked {
-            self.unacked = false;
-            if let Some((_, generation)) = self.sent {
-                self.ack_all(generation).await;
-            }
         }
         let item = self.serve().await;
         if item.is_err() {
@@ -161,14 +176,25 @@ impl<V: View> Follow<V> {
                     let unchanged = self.sent.as_ref().is_some_and(|(f, _)| *f == fingerprint);
                     if !unchanged {
                         self.sent = Some((fingerprint, snapshot.generation));
-                        self.unacked = true;
+                        tracing::debug!(caller = %self.caller, stream = ?self.links.first().map(|l| l.id), generation = snapshot.generation, "Workload API message sent");
+                        self.acks.push_back(PendingAck {
+                            generation: snapshot.generation,
+                            due: Instant::now() + self.shared.options.ack_after,
+                        });
                         return Ok(message);
                     }
-                    // The caller holds this content already: it now stands for this generation too.
+                    // The caller holds this content already: it now stands for this generation
+                    // too, as soon as it has had the time to apply it.
                     if let Some((_, generation)) = &mut self.sent {
                         if *generation != snapshot.generation {
                             *generation = snapshot.generation;
-                            self.ack_all(snapshot.generation).await;
+                            match self.acks.back().map(|a| a.due) {
+                                Some(due) => self.acks.push_back(PendingAck {
+                                    generation: snapshot.generation,
+                                    due,
+                                }),
+                                None => self.ack_all(snapshot.generation).await,
+                            }
                         }
                     }
                 }
@@ -184,31 +210,34 @@ impl<V: View> Follow<V> {
                     return Err(Status::resource_exhausted(reason));
                 }
             }
-            self.wait().await?;
+            while let Woken::AckDue = self.wait().await? {
+                if let Some(ack) = self.acks.pop_front() {
+                    self.ack_all(ack.generation).await;
+                }
+            }
         }
     }
 
-    /// Waits for a snapshot that may concern one of the stream's registrations; before the first
-    /// message, no longer than the identity wait.
-    async fn wait(&mut self) -> Result<(), Status> {
+    /// Waits for a snapshot that may concern one of the stream's registrations, or for the oldest
+    /// pending ACK to fall due; before the first message, no longer than the identity wait.
+    async fn wait(&mut self) -> Result<Woken, Status> {
         let waits = self.links.iter_mut().map(|l| Box::pin(l.waiter.changed()));
         let changed = select_all(waits);
-        let open = if self.sent.is_some() {
-            changed.await.0
-        } else {
-            let deadline = self.opened_at + self.shared.options.identity_wait;
-            match tokio::time::timeout_at(deadline, changed).await {
-                Ok((open, _, _)) => open,
-                Err(_) => {
-                    return Err(Status::unavailable(format!(
-                        "the identity is not ready after {:?}: the daemon has not prepared it yet",
-                        self.shared.options.identity_wait
-                    )))
-                }
+        let identity_deadline =
+            (self.sent.is_none()).then(|| self.opened_at + self.shared.options.identity_wait);
+        let ack_due = self.acks.front().map(|a| a.due);
+        let open = tokio::select! {
+            (open, _, _) = changed => open,
+            () = sleep_until_some(ack_due) => return Ok(Woken::AckDue),
+            () = sleep_until_some(identity_deadline) => {
+                return Err(Status::unavailable(format!(
+                    "the identity is not ready after {:?}: the daemon has not prepared it yet",
+                    self.shared.options.identity_wait
+                )))
             }
         };
         if open {
-            Ok(())
+            Ok(Woken::Snapshot)
         } else {
             Err(Status::unavailable("the server is shutting down"))
         }
@@ -310,6 +339,7 @@ impl<V: View> Follow<V> {
     }
 
     async fn ack_all(&self, generation: u64) {
+        tracing::debug!(caller = %self.caller, stream = ?self.links.first().map(|l| l.id), generation, "Workload API message counts as applied");
         for link in &self.links {
             self.shared
                 .sds
@@ -320,6 +350,14 @@ impl<V: View> Follow<V> {
                 })
                 .await;
         }
+    }
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 

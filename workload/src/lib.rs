@@ -15,5 +15,5 @@ pub mod proto;
 mod service;
 mod x509;
 
-pub use service::{WorkloadApi, WorkloadOptions, SECURITY_HEADER};
+pub use service::{WorkloadApi, WorkloadOptions, DEFAULT_ACK_AFTER, SECURITY_HEADER};
 pub use x509::MAX_RESPONSE_BYTES;

@@ -23,11 +23,19 @@ use crate::x509::MAX_RESPONSE_BYTES;
 /// it), so a request without it is refused before anything else happens.
 pub const SECURITY_HEADER: &str = "workload.spiffe.io";
 
+/// The default of [`WorkloadOptions::ack_after`] (the setting `workloadApi.ackAfter`).
+pub const DEFAULT_ACK_AFTER: Duration = Duration::from_secs(1);
+
 /// Tunables and bounds of the Workload API server.
 #[derive(Debug, Clone)]
 pub struct WorkloadOptions {
     /// How long a stream waits for its caller's identity before failing with `UNAVAILABLE`.
     pub identity_wait: Duration,
+    /// How long after a message is written it counts as ACKed for the rollout gate: a Workload API
+    /// client sends nothing back, so this is the time a workload gets to put a new bundle or SVID in
+    /// use (a SPIFFE library does at once; an application reloading files from spiffe-helper takes
+    /// longer).
+    pub ack_after: Duration,
     /// Concurrent streams of one caller (one process).
     pub streams_per_caller: usize,
     /// The largest request message, in bytes.
@@ -42,6 +50,7 @@ impl Default for WorkloadOptions {
     fn default() -> Self {
         WorkloadOptions {
             identity_wait: Duration::from_secs(15),
+            ack_after: DEFAULT_ACK_AFTER,
             streams_per_caller: 64,
             request_bytes: 64 * 1024,
             attest: AttestLimits::default(),

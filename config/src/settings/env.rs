@@ -213,6 +213,9 @@ fn set(layer: &mut Layer, field: &str, value: &str) -> Result<(), EnvValueError>
             let keys = parse_number::<usize>(value, EnvValueError::NotWholeNumber)?;
             layer.issuance.get_or_insert_default().keys_ahead = Some(keys);
         }
+        "workloadApi.ackAfter" => {
+            layer.workload_api.get_or_insert_default().ack_after = Some(parse(value)?)
+        }
         "rollout.ackTimeout" => {
             layer.rollout.get_or_insert_default().ack_timeout = Some(parse(value)?)
         }
@@ -286,6 +289,7 @@ mod tests {
                 "issuance.workers" => "2",
                 "issuance.keysAhead" => "16",
                 "rollout.ackTimeout" => "5s",
+                "workloadApi.ackAfter" => "2s",
                 "keystore.type" => "file",
                 "keystore.postgres.timeout" | "replica.leaseTimeout" => "5s",
                 "keystore.postgres.maxConnections" => "4",

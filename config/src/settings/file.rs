@@ -49,6 +49,7 @@ pub(super) struct SdsLayer {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(super) struct WorkloadApiLayer {
     pub(super) listen: Option<Vec<ListenAddr>>,
+    pub(super) ack_after: Option<Duration>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -112,7 +113,7 @@ pub(super) struct TokensLayer {
 }
 
 /// The settings fields outside `limits:`, as written in the file (dotted camelCase paths).
-const BASE_FIELDS: [&str; 25] = [
+const BASE_FIELDS: [&str; 26] = [
     "zone",
     "dataDir",
     "resources",
@@ -122,6 +123,7 @@ const BASE_FIELDS: [&str; 25] = [
     "sds.tls.keyFile",
     "sds.insecure",
     "workloadApi.listen",
+    "workloadApi.ackAfter",
     "admin.listen",
     "issuance.keyAlgorithm",
     "issuance.renewAt",
@@ -164,6 +166,10 @@ impl Layer {
                 .workload_api
                 .as_ref()
                 .is_some_and(|w| w.listen.is_some()),
+            "workloadApi.ackAfter" => self
+                .workload_api
+                .as_ref()
+                .is_some_and(|w| w.ack_after.is_some()),
             "admin.listen" => self.admin.as_ref().is_some_and(|a| a.listen.is_some()),
             "issuance.keyAlgorithm" => self
                 .issuance

@@ -9,8 +9,9 @@ use super::types::{
     KeystoreType, PostgresSettings, ReplicaSettings, RolloutSettings, SdsSettings, TlsFiles,
     TokensSettings, WorkloadApiSettings, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN,
     DEFAULT_DATA_DIR, DEFAULT_KEYS_AHEAD, DEFAULT_LEASE_TIMEOUT, DEFAULT_POSTGRES_MAX_CONNECTIONS,
-    DEFAULT_POSTGRES_TIMEOUT, DEFAULT_RENEW_AT, DEFAULT_TOKEN_MAX_VALID_FOR, DEFAULT_ZONE,
-    FALLBACK_REPLICA_NAME, MAX_ISSUANCE_WORKERS, MAX_KEYS_AHEAD, MAX_POSTGRES_CONNECTIONS,
+    DEFAULT_POSTGRES_TIMEOUT, DEFAULT_RENEW_AT, DEFAULT_TOKEN_MAX_VALID_FOR,
+    DEFAULT_WORKLOAD_ACK_AFTER, DEFAULT_ZONE, FALLBACK_REPLICA_NAME, MAX_ISSUANCE_WORKERS,
+    MAX_KEYS_AHEAD, MAX_POSTGRES_CONNECTIONS,
 };
 use super::{env, ListenAddr, Settings, SettingsError};
 use crate::names::check_name;
@@ -405,6 +406,9 @@ fn resolve_sds(
     })
 }
 
+/// The longest `workloadApi.ackAfter`.
+const MAX_WORKLOAD_ACK_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// `workloadApi:`: unix sockets only, each listed once, none shared with SDS.
 fn resolve_workload_api(
     workload_api: super::file::WorkloadApiLayer,
@@ -413,9 +417,17 @@ fn resolve_workload_api(
     origins: &Origins<'_>,
 ) -> Result<WorkloadApiSettings, SettingsError> {
     const FIELD: &str = "workloadApi.listen";
+    let ack_after = workload_api.ack_after.unwrap_or(DEFAULT_WORKLOAD_ACK_AFTER);
+    if ack_after.as_std() > MAX_WORKLOAD_ACK_AFTER {
+        return Err(origins.invalid(
+            "workloadApi.ackAfter",
+            format!("must be at most {MAX_WORKLOAD_ACK_AFTER:?}: rollouts wait this long for every Workload API stream"),
+        ));
+    }
     let Some(addrs) = workload_api.listen else {
         return Ok(WorkloadApiSettings {
             listen: Settings::default_workload_api_listen(data_dir),
+            ack_after,
         });
     };
     let mut listen: Vec<PathBuf> = Vec::with_capacity(addrs.len());
@@ -446,5 +458,5 @@ fn resolve_workload_api(
         }
         listen.push(path);
     }
-    Ok(WorkloadApiSettings { listen })
+    Ok(WorkloadApiSettings { listen, ack_after })
 }

@@ -719,3 +719,27 @@ fn workload_api_limits_have_defaults_and_overrides() {
     assert_eq!(json["jwtSvidCacheEntries"], 4096);
     assert_eq!(json["workloadIdleTimeout"], "1m");
 }
+
+#[test]
+fn workload_api_ack_after_comes_from_the_file_and_the_environment_and_is_bounded() {
+    assert_eq!(
+        Settings::default().workload_api.ack_after.as_std(),
+        std::time::Duration::from_secs(1)
+    );
+    let (_dir, s) = load_yaml("workloadApi:\n  ackAfter: 250ms\n", &[]);
+    assert_eq!(
+        s.expect("valid").workload_api.ack_after.as_std(),
+        std::time::Duration::from_millis(250)
+    );
+    let (_dir, s) = load_yaml(
+        "workloadApi:\n  ackAfter: 250ms\n",
+        &[("MESHCA_WORKLOAD_API_ACK_AFTER", "3s")],
+    );
+    assert_eq!(
+        s.expect("valid").workload_api.ack_after.as_std(),
+        std::time::Duration::from_secs(3)
+    );
+    let (_dir, s) = load_yaml("workloadApi:\n  ackAfter: 2m\n", &[]);
+    let e = err_text(s);
+    assert!(e.contains("workloadApi.ackAfter") && e.contains("at most"), "{e}");
+}

@@ -77,6 +77,10 @@ pub struct WorkloadApiSettings {
     /// socket carries. No duplicates, and none of `sds.listen`'s sockets. Shown as `unix://PATH`.
     #[serde(serialize_with = "unix_urls")]
     pub listen: Vec<PathBuf>,
+    /// How long after a message is written to a Workload API stream it counts as ACKed for the
+    /// rollout gate (default 1s, at most 1 minute): clients send nothing back, so this is the time a
+    /// workload gets to put a new bundle or SVID in use.
+    pub ack_after: Duration,
 }
 
 /// Socket paths as `unix://PATH`, the form they are written in.
@@ -291,6 +295,8 @@ pub const DEFAULT_ADMIN_LISTEN: SocketAddr =
 pub const DEFAULT_RENEW_AT: f64 = 0.8;
 /// The default rollout ACK timeout.
 pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(30);
+/// The default `workloadApi.ackAfter`: one second.
+pub const DEFAULT_WORKLOAD_ACK_AFTER: Duration = Duration::from_secs(1);
 /// The default longest validity of a proxy token: one year (365 days).
 pub const DEFAULT_TOKEN_MAX_VALID_FOR: Duration = Duration::from_secs(365 * 24 * 3600);
 
@@ -329,6 +335,7 @@ impl Default for Settings {
             },
             workload_api: WorkloadApiSettings {
                 listen: Settings::default_workload_api_listen(&data_dir),
+                ack_after: DEFAULT_WORKLOAD_ACK_AFTER,
             },
             admin: AdminSettings {
                 listen: DEFAULT_ADMIN_LISTEN,
