@@ -376,11 +376,10 @@ impl WorkloadClient {
         let mut out = BTreeMap::new();
         for (key, der) in bundles {
             let at = |reason: String| self.malformed(method, format!("{field}[{key:?}]: {reason}"));
-            let id = SpiffeId::parse(&key).map_err(|e| at(e.to_string()))?;
-            if !id.is_root() {
-                return Err(at("the key must be spiffe://<trust domain>".into()));
-            }
-            out.insert(id.trust_domain().clone(), split_der(&der).map_err(at)?);
+            out.insert(
+                trust_domain_key(&key).map_err(at)?,
+                split_der(&der).map_err(at)?,
+            );
         }
         Ok(out)
     }
@@ -410,6 +409,19 @@ impl WorkloadClient {
             message,
         }
     }
+}
+
+/// The trust domain a bundle map's key names: `spiffe://<trust domain>` as the standard writes it,
+/// or the bare name, which other servers send and SPIFFE's own clients accept.
+fn trust_domain_key(key: &str) -> Result<TrustDomain, String> {
+    if !key.starts_with("spiffe://") {
+        return TrustDomain::parse(key).map_err(|e| e.to_string());
+    }
+    let id = SpiffeId::parse(key).map_err(|e| e.to_string())?;
+    if !id.is_root() {
+        return Err("the key must be spiffe://<trust domain>, without a path".into());
+    }
+    Ok(id.trust_domain().clone())
 }
 
 /// An error chain without a cause that repeats the one before it (`a: b: b` → `a: b`).
@@ -524,6 +536,16 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn bundle_keys_name_a_trust_domain_with_or_without_the_scheme() {
+        let td = |k: &str| trust_domain_key(k).map(|t| t.as_str().to_owned());
+        assert_eq!(td("spiffe://example.org"), Ok("example.org".into()));
+        assert_eq!(td("example.org"), Ok("example.org".into()));
+        assert!(td("spiffe://example.org/path").is_err());
+        assert!(td("Example/../x").is_err());
+        assert!(td("").is_err());
     }
 
     #[test]
