@@ -198,6 +198,15 @@ fn a_registered_process_fetches_writes_and_lists_bundles() {
         "bundle.pem holds only the SVID's trust domain"
     );
 
+    // --socket wins over the variable.
+    let run = fetch(
+        &env,
+        Some("tcp://127.0.0.1:1"),
+        &["--socket", &sock, "bundles"],
+    )
+    .ok();
+    assert!(run.stdout.contains(TRUST_DOMAIN), "{run}");
+
     // bundles, through the settings' socket (no --socket, no variable).
     let run = fetch(&env, None, &["--config", env.cfg(), "bundles"]).ok();
     assert!(run.stdout.contains(TRUST_DOMAIN), "{run}");
