@@ -59,6 +59,66 @@ pub enum Command {
     Drill(DrillArgs),
     /// Print an Envoy bootstrap (YAML) for the proxy a token names.
     Bootstrap(BootstrapArgs),
+    /// Ask a SPIFFE Workload API socket what this process would get.
+    #[command(subcommand)]
+    Workload(WorkloadCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WorkloadCommand {
+    /// Fetch this process's X.509-SVIDs, the bundles, or JWT-SVIDs (first answer only).
+    Fetch(WorkloadFetchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct WorkloadFetchArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// The Workload API socket, `unix:///absolute/path`; default: `SPIFFE_ENDPOINT_SOCKET`, else the
+    /// first `workloadApi.listen` socket of the settings.
+    #[arg(long, value_name = "unix:///PATH")]
+    pub socket: Option<std::ffi::OsString>,
+    #[command(subcommand)]
+    pub what: WorkloadFetch,
+}
+
+/// What `meshca workload fetch` asks for.
+#[derive(Debug, Subcommand)]
+pub enum WorkloadFetch {
+    /// X.509-SVIDs with their keys and bundles (`FetchX509SVID`).
+    X509(WorkloadX509Args),
+    /// Every trust domain's CAs (`FetchX509Bundles`).
+    Bundles(OutputArg),
+    /// JWT-SVIDs for an audience (`FetchJWTSVID`).
+    Jwt(WorkloadJwtArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct WorkloadX509Args {
+    /// Write the default SVID into DIR: svid.pem (chain, leaf first), key.pem (PKCS#8, 0600),
+    /// bundle.pem (its trust domain's CAs) and federated-<trust domain>.pem for each other one.
+    #[arg(long, value_name = "DIR")]
+    pub write: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t)]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct WorkloadJwtArgs {
+    /// An audience the token is for (repeatable; at least one).
+    #[arg(long, required = true)]
+    pub audience: Vec<String>,
+    /// Only the token of this SPIFFE ID (one of this process's).
+    #[arg(long)]
+    pub spiffe_id: Option<String>,
+    #[arg(long, value_enum, default_value_t)]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct OutputArg {
+    #[arg(long, value_enum, default_value_t)]
+    pub output: Output,
 }
 
 #[derive(Debug, Args)]

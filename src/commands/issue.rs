@@ -17,20 +17,22 @@ use crate::InvalidInput;
 use meshca_daemon::open_store;
 
 /// What is written for the workload.
-struct Files {
-    svid: String,
-    key: Zeroizing<String>,
-    bundle: String,
+pub(super) struct Files {
+    pub svid: String,
+    pub key: Zeroizing<String>,
+    pub bundle: String,
+    /// More public files (name, PEM), written before the bundle.
+    pub extra: Vec<(String, String)>,
 }
 
 /// Refuses an output directory that someone else could write into (and so plant or swap files in),
 /// unless it is sticky and owned by the caller.
-fn check_out_dir(dir: &Path) -> anyhow::Result<()> {
+fn check_out_dir(dir: &Path, flag: &str) -> anyhow::Result<()> {
     use std::os::unix::fs::MetadataExt;
     let meta =
-        std::fs::metadata(dir).with_context(|| format!("--out: cannot read {}", dir.display()))?;
+        std::fs::metadata(dir).with_context(|| format!("{flag}: cannot read {}", dir.display()))?;
     if !meta.is_dir() {
-        return Err(InvalidInput(format!("--out: {} is not a directory", dir.display())).into());
+        return Err(InvalidInput(format!("{flag}: {} is not a directory", dir.display())).into());
     }
     let me = std::fs::metadata("/proc/self")
         .map(|m| m.uid())
@@ -39,7 +41,7 @@ fn check_out_dir(dir: &Path) -> anyhow::Result<()> {
     let sticky = meta.mode() & 0o1000 != 0;
     if writable_by_others && !(sticky && meta.uid() == me) {
         return Err(InvalidInput(format!(
-            "--out: {} is writable by other users (mode {:o}), who could read or replace the private key; use a directory only you can write to",
+            "{flag}: {} is writable by other users (mode {:o}), who could read or replace the private key; use a directory only you can write to",
             dir.display(),
             meta.mode() & 0o7777
         ))
@@ -48,12 +50,21 @@ fn check_out_dir(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn write_files(dir: &Path, files: &Files, exec: Option<&str>) -> anyhow::Result<()> {
+/// Writes the files into `dir` (created when absent; `flag` names it in errors), each atomically.
+pub(super) fn write_files(
+    dir: &Path,
+    flag: &str,
+    files: &Files,
+    exec: Option<&str>,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)
-        .with_context(|| format!("--out: cannot create {}", dir.display()))?;
-    check_out_dir(dir)?;
-    // The bundle first, then the key, then the certificate: a reader that sees the new certificate
+        .with_context(|| format!("{flag}: cannot create {}", dir.display()))?;
+    check_out_dir(dir, flag)?;
+    // Trust first, then the key, then the certificate: a reader that sees the new certificate
     // already has the key and trust that go with it.
+    for (name, pem) in &files.extra {
+        write_atomic(dir, name, pem.as_bytes(), 0o644)?;
+    }
     write_atomic(dir, "bundle.pem", files.bundle.as_bytes(), 0o644)?;
     write_atomic(dir, "key.pem", files.key.as_bytes(), 0o600)?;
     write_atomic(dir, "svid.pem", files.svid.as_bytes(), 0o644)?;
@@ -114,8 +125,9 @@ async fn from_keystore(args: &IssueArgs, mesh: &str, name: &str) -> anyhow::Resu
             svid: svid.chain_pem.clone(),
             key: svid.key.to_pem(),
             bundle,
+            extra: Vec::new(),
         };
-        write_files(&args.out, &files, args.exec.as_deref())?;
+        write_files(&args.out, "--out", &files, args.exec.as_deref())?;
         eprintln!(
             "wrote {} for {} (expires {})",
             args.out.display(),
@@ -242,8 +254,9 @@ async fn from_server(args: &IssueArgs, server: &str) -> anyhow::Result<ExitCode>
                 svid: svid.clone(),
                 key: key.clone(),
                 bundle: bundle.clone(),
+                extra: Vec::new(),
             };
-            write_files(&args.out, &files, args.exec.as_deref())?;
+            write_files(&args.out, "--out", &files, args.exec.as_deref())?;
             eprintln!("wrote {} for {mesh}.{name}", args.out.display());
             if !args.watch {
                 return Ok(ExitCode::SUCCESS);

@@ -9,6 +9,7 @@ mod sds_fetch;
 mod status;
 mod token;
 mod validate;
+mod workload_fetch;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -38,6 +39,9 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Drill(args) => drill::run(args).await,
         Command::Bootstrap(args) => bootstrap::run(args),
+        Command::Workload(crate::cli::WorkloadCommand::Fetch(args)) => {
+            workload_fetch::run(args).await
+        }
     }
 }
 

@@ -10,6 +10,7 @@
 #![warn(missing_docs)]
 
 pub mod attest;
+pub mod client;
 mod follow;
 pub mod proto;
 mod service;
