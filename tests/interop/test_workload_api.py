@@ -4,6 +4,7 @@ cryptography, none of which meshca wrote."""
 
 import base64
 import datetime
+import hashlib
 import json
 import os
 import queue
@@ -154,11 +155,12 @@ def runtime():
 class Workload:
     """A workloads.py process run as `uid`, its JSON lines read as they come."""
 
-    def __init__(self, runtime, socket, uid, mode, *args):
+    def __init__(self, runtime, socket, uid, groups, mode, *args):
         self.name = f"uid {uid} {mode}"
         self.stderr = tempfile.TemporaryFile("w+")
+        groups = f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups"
         self.proc = subprocess.Popen(
-            ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", runtime.python, "-I",
+            ["setpriv", f"--reuid={uid}", f"--regid={uid}", groups, runtime.python, "-I",
              str(runtime.script), str(runtime.site), str(socket), mode, *map(str, args)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, cwd=runtime.root,
             env={"PATH": os.defpath, "LANG": "C.UTF-8"},
@@ -208,8 +210,8 @@ class Workload:
 def spawn(runtime, workload_dir):
     started = []
 
-    def run(uid, mode, *args):
-        started.append(Workload(runtime, workload_dir / "workload.sock", uid, mode, *args))
+    def run(uid, mode, *args, groups=()):
+        started.append(Workload(runtime, workload_dir / "workload.sock", uid, groups, mode, *args))
         return started[-1]
 
     yield run
@@ -299,10 +301,31 @@ def mesh_trust(trust_domain, ca):
 
 
 def test_each_workload_gets_exactly_its_own_svid(workload_daemon, spawn):
-    workload_daemon(two_workloads())
+    # A registration matches only a caller with all of its selectors: uid 10001 lacks this gid.
+    decoy = registration("decoy", "c", f"unix:uid:{UID_A}", "unix:gid:4242")
+    workload_daemon({**two_workloads(), "decoy.yaml": decoy})
     a, b = spawn(UID_A, "context"), spawn(UID_B, "context")
     got_a, got_b = own_context(a, ID_A), own_context(b, ID_B)
     assert got_a["svids"][0]["key"] != got_b["svids"][0]["key"]
+
+
+def test_registrations_select_by_what_the_kernel_says_of_the_process(workload_daemon, spawn, runtime):
+    binary = Path(runtime.python)
+    digest = hashlib.sha256(binary.read_bytes()).hexdigest()
+    mine, other = f"unix:uid:{UID_A}", f"unix:uid:{UID_B}"
+    registrations = [
+        registration("by-group", "a", "unix:supplementary_gid:5555"),
+        registration("by-path", "b", mine, f"unix:path:{binary}"),
+        registration("by-sha256", "c", mine, f"unix:sha256:{digest}"),
+        registration("other-binary", "a", mine, "unix:path:/usr/bin/true"),
+        registration("other-uid", "b", other, f"unix:path:{binary}"),
+    ]
+    resources = {**two_workloads(), "reg-a.yaml": "---\n".join(registrations)}
+    del resources["reg-b.yaml"]
+    workload_daemon(resources)
+    # Every registration it matches, in name order; the first is the default identity.
+    assert spawn(UID_A, "svids", groups=[7, 5555]).next() == {"spiffe_ids": [ID_A, ID_B, ID_C]}
+    assert spawn(UID_A, "svids").next() == {"spiffe_ids": [ID_B, ID_C]}
 
 
 def test_two_workloads_talk_mtls_with_spiffe_tls(workload_daemon, spawn):
@@ -320,6 +343,22 @@ def test_a_mesh_trust_arrives_as_a_federated_bundle(workload_daemon, spawn):
     ctx = own_context(spawn(UID_A, "context", "other.example"), ID_A)
     assert certs(ctx["lookup"]["other.example"]) == [ca]
     assert ca not in certs(ctx["bundles"][TRUST_DOMAIN])
+
+
+def test_a_watch_sees_a_mesh_trust_come_and_go(workload_daemon, spawn):
+    daemon = workload_daemon(two_workloads())
+    watch = spawn(UID_A, "watch")
+    assert "other.example" not in watch.next()["bundles"]
+    ca = make_ca("other.example CA")
+    daemon.write_resource("trust.yaml", mesh_trust("other.example", ca))
+    added = watch.until("the federated bundle", lambda u: "error" in u or "other.example" in u["bundles"])
+    daemon.remove_resource("trust.yaml")
+    # Each message is the whole state: a bundle left out of the next one is gone.
+    removed = watch.until("no federated bundle", lambda u: "error" in u or "other.example" not in u["bundles"])
+    assert certs(added[-1]["bundles"]["other.example"]) == [ca]
+    for update in added + removed:
+        assert "error" not in update, update
+        check_svid(update["svids"][0], update["bundles"], ID_A)
 
 
 def test_an_unregistered_workload_is_denied_until_registered(workload_daemon, spawn):

@@ -8,6 +8,7 @@ stdout, and the long-running modes end when stdin closes. Modes:
 
   context [TRUST_DOMAIN...]  one fetch_x509_context(): the context (and the bundles of the trust domains
                              named, looked up by get_bundle_for_trust_domain), or the error
+  svids                      the SPIFFE IDs of fetch_x509_svids(), in order
   source TIMEOUT             "starting", then an X509Source's first context (it retries denials itself)
   watch                      every context stream_x509_contexts() delivers, and every error
   raw                        a raw FetchX509SVID stream with the security header: each message's SPIFFE
@@ -84,6 +85,14 @@ def context(*trust_domains):
             found = {td: ctx.x509_bundle_set.get_bundle_for_trust_domain(TrustDomain(td)) for td in trust_domains}
             lookup = {td: b and [der(c) for c in b.x509_authorities] for td, b in found.items()}
             emit(**context_fields(ctx), lookup=lookup)
+    except Exception as e:
+        emit(**error(e))
+
+
+def svids():
+    try:
+        with WorkloadApiClient(ENDPOINT, default_timeout=TIMEOUT) as client:
+            emit(spiffe_ids=[str(s.spiffe_id) for s in client.fetch_x509_svids()])
     except Exception as e:
         emit(**error(e))
 
@@ -186,7 +195,7 @@ def validate(token, audience):
         emit(**error(e))
 
 
-MODES = {"context": context, "source": source, "watch": watch, "raw": raw, "serve": serve, "dial": dial, "jwt": jwt, "validate": validate}
+MODES = {"context": context, "svids": svids, "source": source, "watch": watch, "raw": raw, "serve": serve, "dial": dial, "jwt": jwt, "validate": validate}
 
 if __name__ == "__main__":
     MODES[sys.argv[3]](*sys.argv[4:])
