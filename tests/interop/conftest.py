@@ -53,7 +53,10 @@ class Daemon:
             f"admin:\n  listen: 127.0.0.1:{self.admin_port}\n"
             + (f"workloadApi:\n  listen: [\"unix://{workload_socket}\"]\n" if workload_socket else "")
         )
-        self.log = open(root / "meshca.log", "w")
+        self.start("w")
+
+    def start(self, log_mode="a"):
+        self.log = open(self.root / "meshca.log", log_mode)
         self.proc = subprocess.Popen([MESHCA, "serve", "--config", str(self.config)], stderr=self.log)
         self.wait_ready()
 
