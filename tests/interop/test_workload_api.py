@@ -224,12 +224,16 @@ def test_two_workloads_talk_mtls_with_spiffe_tls(workload_daemon, spawn):
     assert server.next() == {"received": f"ping from {ID_B}"}
 
 
-def test_a_mesh_trust_arrives_as_a_federated_bundle(workload_daemon, spawn):
+def test_a_mesh_trust_and_another_mesh_arrive_as_federated_bundles(workload_daemon, spawn):
     ca = make_ca("other.example CA")
-    workload_daemon({**two_workloads(), "trust.yaml": mesh_trust("other.example", ca)})
-    ctx = own_context(spawn(UID_A, "context", "other.example"), ID_A)
+    other_mesh = "type: Mesh\nname: billing\nmtls:\n  enabledBackend: ca-1\n  backends:\n" + LEGACY_BACKEND % "ca-1"
+    workload_daemon({**two_workloads(), "trust.yaml": mesh_trust("other.example", ca), "billing.yaml": other_mesh})
+    ctx = own_context(spawn(UID_A, "context", "other.example", "billing"), ID_A)
     assert certs(ctx["lookup"]["other.example"]) == [ca]
     assert ca not in certs(ctx["bundles"][TRUST_DOMAIN])
+    # Every mesh's CA (what SDS's ALL holds), under its own trust domain.
+    (billing_ca,) = certs(ctx["lookup"]["billing"])
+    assert "meshca billing/ca-1" in billing_ca.subject.rfc4514_string()
 
 
 def test_a_watch_sees_a_mesh_trust_come_and_go(workload_daemon, spawn):
