@@ -3,7 +3,9 @@ admin API and SDS, the way an operator and Envoy use it."""
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -30,12 +32,16 @@ mtls:
 
 
 class Daemon:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, workload_socket: Path | None = None, resources: dict[str, str] | None = None):
+        """`workload_socket`: where the Workload API listens (else its default, in the data dir, which only
+        root can enter); `resources`: more resource files, by name, present before the daemon starts."""
         self.root = root
         self.data = root / "data"
         self.resources = root / "resources"
         self.resources.mkdir(parents=True)
         (self.resources / "mesh.yaml").write_text(MESH)
+        for name, text in (resources or {}).items():
+            (self.resources / name).write_text(text)
         self.sds_port = free_port()
         self.admin_port = free_port()
         self.socket = self.data / "sds.sock"
@@ -45,8 +51,12 @@ class Daemon:
             f"resources: {self.resources}\n"
             f"sds:\n  listen: [\"unix://{self.socket}\", \"127.0.0.1:{self.sds_port}\"]\n"
             f"admin:\n  listen: 127.0.0.1:{self.admin_port}\n"
+            + (f"workloadApi:\n  listen: [\"unix://{workload_socket}\"]\n" if workload_socket else "")
         )
-        self.log = open(root / "meshca.log", "w")
+        self.start("w")
+
+    def start(self, log_mode="a"):
+        self.log = open(self.root / "meshca.log", log_mode)
         self.proc = subprocess.Popen([MESHCA, "serve", "--config", str(self.config)], stderr=self.log)
         self.wait_ready()
 
@@ -75,11 +85,17 @@ class Daemon:
         out = self.cli("token", "--config", str(self.config), "--mesh", mesh, "--name", name, *extra)
         return out.stdout.strip()
 
+    def log_text(self):
+        return (self.root / "meshca.log").read_text()
+
     def write_resource(self, name, text):
         """Writes a resource file atomically (beside the directory, then renamed in)."""
         staging = self.root / f".staging-{name}"
         staging.write_text(text)
         staging.rename(self.resources / name)
+
+    def remove_resource(self, name):
+        (self.resources / name).unlink()
 
     def unix_channel(self):
         return grpc.insecure_channel(f"unix://{self.socket}")
@@ -104,3 +120,29 @@ def daemon(tmp_path):
     yield d
     d.stop()
     assert d.proc.returncode == 0, (tmp_path / "meshca.log").read_text()
+
+
+@pytest.fixture
+def workload_dir():
+    """A directory every uid may enter, for the Workload API socket (the data dir is 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="meshca-wl-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def workload_daemon(tmp_path, workload_dir):
+    """Starts (once per test) a daemon whose Workload API listens in `workload_dir`, with the given resource
+    files beside the mesh."""
+    started = []
+
+    def start(resources):
+        d = Daemon(tmp_path, workload_socket=workload_dir / "workload.sock", resources=resources)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.stop()
+        assert d.proc.returncode == 0, d.log_text()
