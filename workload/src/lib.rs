@@ -11,6 +11,7 @@
 
 pub mod attest;
 mod follow;
+pub mod jwt;
 pub mod proto;
 mod service;
 mod x509;
