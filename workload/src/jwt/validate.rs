@@ -130,7 +130,7 @@ fn decode_object(segment: &str, what: &str) -> Result<Map<String, Value>, JwtErr
     let bytes = decode(segment, what)?;
     // serde_json's message names the position, never more than a short excerpt of the input.
     serde_json::from_slice(&bytes).map_err(|e| JwtError::Malformed {
-        reason: format!("the {what} are not a JSON object: {e}"),
+        reason: format!("the {what} segment is not a JSON object: {e}"),
     })
 }
 
