@@ -586,3 +586,38 @@ proptest! {
         prop_assert_eq!(result.is_ok(), mutated == token, "{:?}", result);
     }
 }
+
+/// The fuzz target's seeds (`workload/fuzz/`) are what it assumes: the listed tokens validate with the
+/// fuzz key at the target's time and list `db`; every other committed input is refused. Otherwise the
+/// target's "only these are accepted" would check nothing.
+#[test]
+fn fuzz_seeds_hold_what_the_fuzz_target_assumes() {
+    const FUZZ_NOW: u64 = 1_800_000_100;
+    let key = JwtSigningKey::from_pkcs8(include_bytes!("../../fuzz/seeds/jwt-key.pk8"))
+        .expect("the fuzz key loads");
+    let signed = include_str!("../../fuzz/seeds/jwt-svids.txt");
+    let keys = bundle(&key);
+    for token in signed.lines() {
+        validate(token, "db", &keys, FUZZ_NOW).expect("a seed token validates");
+    }
+    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/jwt_svid");
+    let mut refused = 0;
+    for entry in std::fs::read_dir(&corpus).expect("the committed corpus") {
+        let input = std::fs::read_to_string(entry.expect("entry").path()).expect("utf-8");
+        if !signed.lines().any(|token| token == input) {
+            assert!(
+                validate(&input, "db", &keys, FUZZ_NOW).is_err(),
+                "{input:?}"
+            );
+            refused += 1;
+        }
+    }
+    assert!(refused >= 5, "the near misses are committed");
+    let bundle = include_bytes!("../../fuzz/seeds/jwks.json");
+    assert_eq!(
+        JwksDocument::parse(bundle)
+            .expect("the seed bundle parses")
+            .keys(),
+        [key.public()]
+    );
+}
