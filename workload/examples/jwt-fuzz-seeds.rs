@@ -79,7 +79,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let jwks = fuzz.join("corpus/jwks");
     std::fs::create_dir_all(&jwks)?;
     let own = JwksDocument::new([key.public(), JwtSigningKey::generate()?.public()]).to_bytes();
-    let mixed = br#"{"keys":[{"kty":"RSA","kid":"r","n":"AQAB","e":"AQAB"},{"kty":"EC","crv":"P-256","use":"x509-svid","kid":"x","x5c":["AA"]}],"spiffe_sequence":1,"spiffe_refresh_hint":300}"#;
+    let mixed = br#"{"keys":[{"kty":"RSA","kid":"r","n":"AQAB","e":"AQAB"},{"kty":"EC","crv":"P-256","use":"x509-svid","x5c":["AA"]}],"spiffe_sequence":1,"spiffe_refresh_hint":300}"#;
     std::fs::write(jwks.join("seed-0"), own)?;
     std::fs::write(jwks.join("seed-1"), mixed)?;
     std::fs::write(

@@ -83,10 +83,11 @@ impl JwksDocument {
 
     /// Reads a JWK Set of at most [`MAX_JWKS_BYTES`].
     ///
-    /// Every key must have a string `kid`, unique in the set. P-256 EC keys (`kty` `EC`, `crv` `P-256`,
-    /// 32-byte `x` and `y`) are kept; keys of another type or curve, or whose `use` is not `jwt-svid`
-    /// (a full SPIFFE bundle's X.509 authorities), are skipped, since no JWT-SVID this code accepts can
-    /// be signed by them. Members other than these (`alg`, `spiffe_sequence`, ...) are ignored.
+    /// P-256 EC keys (`kty` `EC`, `crv` `P-256`, `use` absent or `jwt-svid`) are kept; each must have
+    /// a `kid`, unique among them, and 32-byte `x` and `y`. Keys of another type or curve, or for
+    /// another use (a full SPIFFE bundle's X.509 authorities, which carry no `kid`), are skipped, since
+    /// no JWT-SVID this code accepts can be signed by them. Other members (`alg`, `spiffe_sequence`, ...)
+    /// are ignored.
     pub fn parse(bytes: &[u8]) -> Result<JwksDocument, JwtError> {
         if bytes.len() > MAX_JWKS_BYTES {
             return Err(jwks(format!(
@@ -107,14 +108,17 @@ impl JwksDocument {
             let Value::Object(entry) = entry else {
                 return Err(jwks(format!("key {index} is not a JSON object")));
             };
-            let (kid, key) = parse_key(index, entry)?;
-            if !kids.insert(kid) {
+            if !is_kept(entry) {
+                continue;
+            }
+            let key = parse_key(index, entry)?;
+            if !kids.insert(key.kid().to_owned()) {
                 return Err(jwks(format!(
                     "key {index}: `kid` {} is used by an earlier key too",
-                    quote(kid)
+                    quote(key.kid())
                 )));
             }
-            keys.extend(key);
+            keys.push(key);
         }
         Ok(JwksDocument::new(keys))
     }
@@ -129,11 +133,8 @@ fn is_kept(entry: &Map<String, Value>) -> bool {
             .is_none_or(|usage| usage.as_str() == Some("jwt-svid"))
 }
 
-/// One key of the set: its `kid`, and the key unless it is of a kind no JWT-SVID here is signed with.
-fn parse_key(
-    index: usize,
-    entry: &Map<String, Value>,
-) -> Result<(&str, Option<JwtPublicKey>), JwtError> {
+/// One kept key of the set (see [`is_kept`]).
+fn parse_key(index: usize, entry: &Map<String, Value>) -> Result<JwtPublicKey, JwtError> {
     let kid = match entry.get("kid") {
         Some(Value::String(kid)) if !kid.is_empty() => kid,
         Some(_) => {
@@ -143,9 +144,6 @@ fn parse_key(
         }
         None => return Err(jwks(format!("key {index} has no `kid`"))),
     };
-    if !is_kept(entry) {
-        return Ok((kid, None));
-    }
     let coordinate = |name: &str| -> Result<[u8; COORDINATE_LEN], JwtError> {
         let text = entry
             .get(name)
@@ -162,8 +160,11 @@ fn parse_key(
                 ))
             })
     };
-    let key = JwtPublicKey::new(kid.clone(), coordinate("x")?, coordinate("y")?);
-    Ok((kid, Some(key)))
+    Ok(JwtPublicKey::new(
+        kid.clone(),
+        coordinate("x")?,
+        coordinate("y")?,
+    ))
 }
 
 fn jwks(reason: String) -> JwtError {

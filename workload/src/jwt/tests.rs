@@ -496,7 +496,8 @@ fn jwks_parse_skips_foreign_keys_and_refuses_broken_ones() {
         good,
         {"kty": "RSA", "kid": "r1", "n": "AQAB", "e": "AQAB"},
         {"kty": "EC", "crv": "P-384", "kid": "p384", "x": "", "y": ""},
-        {"kty": "EC", "crv": "P-256", "kid": "x509", "use": "x509-svid", "x": "", "y": ""},
+        {"kty": "EC", "crv": "P-256", "use": "x509-svid", "x5c": ["AA"]},
+        {"kty": "RSA", "use": "x509-svid", "x5c": ["AA"]},
     ]);
     set["spiffe_sequence"] = json!(3);
     let parsed = JwksDocument::parse(set.to_string().as_bytes()).expect("parses");
@@ -507,7 +508,10 @@ fn jwks_parse_skips_foreign_keys_and_refuses_broken_ones() {
         (json!({}), "no `keys`"),
         (json!({"keys": {}}), "not an array"),
         (json!({"keys": [1]}), "key 0 is not a JSON object"),
-        (json!({"keys": [{"kty": "RSA"}]}), "key 0 has no `kid`"),
+        (
+            json!({"keys": [{"kty": "EC", "crv": "P-256", "x": good["x"], "y": good["y"]}]}),
+            "key 0 has no `kid`",
+        ),
         (json!({"keys": [good, good]}), "earlier key"),
         (
             json!({"keys": [{"kty": "EC", "crv": "P-256", "kid": "k", "x": "AAAA", "y": good["y"]}]}),
