@@ -108,8 +108,8 @@ pub enum AuthError {
 }
 
 /// Quotes untrusted text for an error message: escaped (no control characters reach a log line) and at most
-/// 64 characters long.
-pub(crate) fn quote(text: &str) -> String {
+/// 64 characters long. Public so that other token code in meshca quotes the same way.
+pub fn quote(text: &str) -> String {
     const MAX: usize = 64;
     if text.chars().count() > MAX {
         let head: String = text.chars().take(MAX).collect();

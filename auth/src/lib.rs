@@ -10,13 +10,13 @@ mod claims;
 mod error;
 mod jwt;
 mod label;
-mod low_s;
+pub mod low_s;
 mod revocation;
 mod signing;
 mod verify;
 
 pub use claims::{Claims, Labels, ProxyType, ISSUER};
-pub use error::AuthError;
+pub use error::{quote, AuthError};
 pub use label::parse_label;
 pub use revocation::RevocationList;
 pub use signing::SigningKey;

@@ -30,7 +30,9 @@ pub(crate) fn is_low_s(signature: &[u8]) -> bool {
 
 /// Rewrites a fixed-size ES256 signature into its low-S form (`s` becomes `n - s` when `s > n/2`); the
 /// signature stays valid for the same key and message. `s` is below `n` in every signature ring makes.
-pub(crate) fn normalize(signature: &mut [u8; 2 * SCALAR_LEN]) {
+/// Public so that every ES256 signer in meshca (proxy tokens here, JWT-SVIDs in `meshca-workload`)
+/// writes the same canonical form.
+pub fn normalize(signature: &mut [u8; 2 * SCALAR_LEN]) {
     if is_low_s(signature) {
         return;
     }

@@ -12,6 +12,7 @@
 pub mod attest;
 pub mod client;
 mod follow;
+pub mod jwt;
 pub mod proto;
 mod service;
 mod x509;
