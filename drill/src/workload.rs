@@ -17,12 +17,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
-use futures::FutureExt;
-use meshca_workload::proto::{paths, X509Svid, X509SvidRequest, X509SvidResponse};
-use meshca_workload::SECURITY_HEADER;
+use meshca_workload::client::{Certificates, WorkloadClient, X509Context};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::sync::watch;
-use tonic_prost::ProstCodec;
 
 use super::proxy::{Counters, ProxyTls};
 use super::rng::SplitMix64;
@@ -42,40 +39,27 @@ pub async fn run(
     counters: Arc<Counters>,
 ) -> anyhow::Result<()> {
     let mut rng = SplitMix64::new(seed);
-    let target = format!("unix://{}", socket.display());
-    let channel = meshca_sds::connect_channel(&target, None)
+    let client = WorkloadClient::connect(&socket)
         .await
         .with_context(|| format!("{name}: cannot connect to the Workload API"))?;
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready()
+    let mut watch = client
+        .watch_x509()
         .await
-        .map_err(|e| anyhow!("{name}: the Workload API is not ready: {e}"))?;
-    let mut request = tonic::Request::new(X509SvidRequest {});
-    request.metadata_mut().insert(
-        SECURITY_HEADER,
-        tonic::metadata::MetadataValue::from_static("true"),
-    );
-    let path = paths::FETCH_X509_SVID
-        .parse()
-        .map_err(|e| anyhow!("the method path: {e}"))?;
-    let mut messages = grpc
-        .server_streaming::<_, X509SvidResponse, _>(request, path, ProstCodec::default())
-        .await
-        .with_context(|| format!("{name}: FetchX509SVID refused"))?
-        .into_inner();
+        .with_context(|| format!("{name}: FetchX509SVID refused"))?;
     loop {
-        let mut message = next_message(&mut messages, &name).await?;
+        let mut context = watch
+            .next()
+            .await
+            .with_context(|| format!("{name}: the Workload API stream"))?;
         // The delay IS the behaviour under test: an application is never instant.
         let delay = rng.below(MAX_APPLY_DELAY_MS + 1);
         tokio::time::sleep(Duration::from_millis(delay)).await;
         // Every message holds the whole state: one that arrived meanwhile replaces the one in hand,
         // as an application that reloads on change only ever loads the newest.
-        while let Some(newer) = messages.message().now_or_never() {
-            message = newer
-                .with_context(|| format!("{name}: the Workload API stream failed"))?
-                .ok_or_else(|| anyhow!("{name}: the daemon ended the Workload API stream"))?;
+        if let Some(newer) = watch.newest_ready() {
+            context = newer.with_context(|| format!("{name}: the Workload API stream"))?;
         }
-        match applied(&message, &name) {
+        match applied(&context, &name) {
             Ok(applied) => {
                 state.send_replace(Some(Arc::new(applied)));
                 counters.applied.send_modify(|n| *n += 1);
@@ -91,49 +75,33 @@ pub async fn run(
     }
 }
 
-async fn next_message(
-    messages: &mut tonic::Streaming<X509SvidResponse>,
-    name: &str,
-) -> anyhow::Result<X509SvidResponse> {
-    messages
-        .message()
-        .await
-        .with_context(|| format!("{name}: the Workload API stream failed"))?
-        .ok_or_else(|| anyhow!("{name}: the daemon ended the Workload API stream"))
-}
-
 /// The workload's TLS state from one message: its SVID (by hint), and every bundle it carries.
-fn applied(message: &X509SvidResponse, name: &str) -> anyhow::Result<ProxyTls> {
-    let svid: &X509Svid = message
+fn applied(context: &X509Context, name: &str) -> anyhow::Result<ProxyTls> {
+    let svid = context
         .svids
         .iter()
         .find(|s| s.hint == name)
-        .ok_or_else(|| anyhow!("no SVID hinted {name:?} among {}", message.svids.len()))?;
-    let chain = split_der(&svid.x509_svid).context("the SVID chain")?;
+        .ok_or_else(|| anyhow!("no SVID hinted {name:?} among {}", context.svids.len()))?;
+    let chain = certificates(&svid.chain);
     let leaf = chain
         .first()
         .ok_or_else(|| anyhow!("the SVID chain is empty"))?;
     let spiffe_id = tls::spiffe_id(leaf).map_err(|e| anyhow!("own certificate: {e}"))?;
-    if spiffe_id != svid.spiffe_id {
+    if spiffe_id != svid.spiffe_id.as_str() {
         return Err(anyhow!(
             "the SVID says {} but its certificate {spiffe_id}",
             svid.spiffe_id
         ));
     }
-    let own_domain = trust_domain(&spiffe_id);
     let mut bundle: Bundle = BTreeMap::new();
     bundle.insert(
-        own_domain.to_owned(),
-        split_der(&svid.bundle).context("the SVID's bundle")?,
+        svid.spiffe_id.trust_domain().as_str().to_owned(),
+        certificates(&svid.bundle),
     );
-    for (id, der) in &message.federated_bundles {
-        let domain = id.strip_prefix("spiffe://").unwrap_or(id);
-        bundle.insert(
-            domain.to_owned(),
-            split_der(der).with_context(|| format!("the bundle of {domain}"))?,
-        );
+    for (domain, cas) in &context.federated {
+        bundle.insert(domain.as_str().to_owned(), certificates(cas));
     }
-    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(svid.x509_svid_key.clone()));
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(svid.key.der().to_vec()));
     let endpoint = Endpoint::new(chain.clone(), key, &bundle, &BTreeMap::new())?;
     Ok(ProxyTls {
         spiffe_id,
@@ -144,24 +112,10 @@ fn applied(message: &X509SvidResponse, name: &str) -> anyhow::Result<ProxyTls> {
     })
 }
 
-/// The trust domain of a SPIFFE ID.
-fn trust_domain(spiffe_id: &str) -> &str {
-    let rest = spiffe_id.strip_prefix("spiffe://").unwrap_or(spiffe_id);
-    rest.split('/').next().unwrap_or(rest)
-}
-
-/// Concatenated DER certificates, one by one.
-fn split_der(mut der: &[u8]) -> anyhow::Result<Vec<CertificateDer<'static>>> {
-    let mut certs = Vec::new();
-    while !der.is_empty() {
-        let (rest, _) = x509_parser::parse_x509_certificate(der)
-            .map_err(|e| anyhow!("a certificate does not parse: {e}"))?;
-        let used = der.len() - rest.len();
-        certs.push(CertificateDer::from(der[..used].to_vec()));
-        der = rest;
-    }
-    if certs.is_empty() {
-        return Err(anyhow!("no certificate"));
-    }
-    Ok(certs)
+fn certificates(certs: &Certificates) -> Vec<CertificateDer<'static>> {
+    certs
+        .0
+        .iter()
+        .map(|der| CertificateDer::from(der.clone()))
+        .collect()
 }

@@ -10,10 +10,11 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
+use futures::FutureExt;
 use meshca_identity::{SpiffeId, TrustDomain};
 use tonic::client::Grpc;
 use tonic::transport::Channel;
-use tonic::{Code, Request, Status};
+use tonic::{Code, Request, Status, Streaming};
 use tonic_prost::ProstCodec;
 use zeroize::Zeroizing;
 
@@ -215,6 +216,38 @@ pub struct FetchedJwt {
     pub token: Zeroizing<String>,
 }
 
+/// An open `FetchX509SVID` stream (see [`WorkloadClient::watch_x509`]).
+#[derive(Debug)]
+pub struct X509Watch {
+    client: WorkloadClient,
+    stream: Streaming<X509SvidResponse>,
+}
+
+impl X509Watch {
+    /// The next message: the whole state as of now. Ends with an error when the stream does.
+    pub async fn next(&mut self) -> Result<X509Context, FetchError> {
+        let response = self.client.next_of(X509_METHOD, &mut self.stream).await?;
+        self.client.x509_context(response)
+    }
+
+    /// The newest of the messages that have already arrived, without waiting; `None` when none has.
+    /// Each message holds the whole state, so the older ones need not be looked at.
+    pub fn newest_ready(&mut self) -> Option<Result<X509Context, FetchError>> {
+        let mut newest = None;
+        while let Some(next) = self.next().now_or_never() {
+            let failed = next.is_err();
+            newest = Some(next);
+            if failed {
+                break;
+            }
+        }
+        newest
+    }
+}
+
+/// The method name of `FetchX509SVID`, for errors.
+const X509_METHOD: &str = "FetchX509SVID";
+
 /// A connection to a Workload API socket.
 #[derive(Debug)]
 pub struct WorkloadClient {
@@ -242,11 +275,26 @@ impl WorkloadClient {
 
     /// The first `FetchX509SVID` message: this process's SVIDs and the federated bundles.
     pub async fn fetch_x509(&mut self) -> Result<X509Context, FetchError> {
-        const METHOD: &str = "FetchX509SVID";
         let response: X509SvidResponse = self
-            .first(METHOD, paths::FETCH_X509_SVID, X509SvidRequest {})
+            .first(X509_METHOD, paths::FETCH_X509_SVID, X509SvidRequest {})
             .await?;
-        let malformed = |reason: String| self.malformed(METHOD, reason);
+        self.x509_context(response)
+    }
+
+    /// A `FetchX509SVID` stream kept open: every message it brings, each the whole current state.
+    pub async fn watch_x509(mut self) -> Result<X509Watch, FetchError> {
+        let stream = self
+            .open(X509_METHOD, paths::FETCH_X509_SVID, X509SvidRequest {})
+            .await?;
+        Ok(X509Watch {
+            client: self,
+            stream,
+        })
+    }
+
+    /// A `FetchX509SVID` message, checked and split into certificates.
+    fn x509_context(&self, response: X509SvidResponse) -> Result<X509Context, FetchError> {
+        let malformed = |reason: String| self.malformed(X509_METHOD, reason);
         if response.svids.is_empty() {
             return Err(malformed("it holds no SVID".into()));
         }
@@ -269,7 +317,7 @@ impl WorkloadClient {
             });
         }
         let federated =
-            self.by_trust_domain(METHOD, "federated_bundles", response.federated_bundles)?;
+            self.by_trust_domain(X509_METHOD, "federated_bundles", response.federated_bundles)?;
         Ok(X509Context { svids, federated })
     }
 
@@ -339,8 +387,23 @@ impl WorkloadClient {
         Q: prost::Message + Send + Sync + 'static,
         R: prost::Message + Default + Send + Sync + 'static,
     {
+        let mut stream = self.open(method, path_text, request).await?;
+        self.next_of(method, &mut stream).await
+    }
+
+    /// Opens a server stream.
+    async fn open<Q, R>(
+        &mut self,
+        method: &'static str,
+        path_text: &'static str,
+        request: Q,
+    ) -> Result<Streaming<R>, FetchError>
+    where
+        Q: prost::Message + Send + Sync + 'static,
+        R: prost::Message + Default + Send + Sync + 'static,
+    {
         self.ready(method).await?;
-        let mut stream = self
+        Ok(self
             .grpc
             .server_streaming(
                 with_header(request),
@@ -349,7 +412,15 @@ impl WorkloadClient {
             )
             .await
             .map_err(|status| self.status(method, status))?
-            .into_inner();
+            .into_inner())
+    }
+
+    /// The next message of a stream.
+    async fn next_of<R>(
+        &self,
+        method: &'static str,
+        stream: &mut Streaming<R>,
+    ) -> Result<R, FetchError> {
         match stream.message().await {
             Ok(Some(message)) => Ok(message),
             Ok(None) => Err(FetchError::Ended {

@@ -741,5 +741,8 @@ fn workload_api_ack_after_comes_from_the_file_and_the_environment_and_is_bounded
     );
     let (_dir, s) = load_yaml("workloadApi:\n  ackAfter: 2m\n", &[]);
     let e = err_text(s);
-    assert!(e.contains("workloadApi.ackAfter") && e.contains("at most"), "{e}");
+    assert!(
+        e.contains("workloadApi.ackAfter") && e.contains("at most"),
+        "{e}"
+    );
 }
