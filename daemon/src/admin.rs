@@ -37,6 +37,73 @@ pub struct AdminState {
     pub owner_health: Arc<LoopHealth>,
     /// The replicas' database, as the heartbeat last heard it (`keystore.type: postgres` only).
     pub database: Option<tokio::sync::watch::Receiver<Arc<DatabaseView>>>,
+    /// The Workload API's registrations and callers (`None` when it is off).
+    pub workloads: Option<WorkloadsView>,
+}
+
+/// What the admin API reads to list the Workload API's registrations and the callers they match.
+#[derive(Clone, Debug)]
+pub struct WorkloadsView {
+    /// The snapshots SDS and the Workload API serve (their registrations and identities).
+    pub snapshots: tokio::sync::watch::Receiver<Arc<meshca_control::Snapshot>>,
+    /// The open Workload API streams.
+    pub callers: meshca_workload::Callers,
+}
+
+/// One registration as `/api/workloads` shows it: what it says, the SPIFFE ID it serves now, and the
+/// open streams of the callers it matched.
+#[derive(Debug, Serialize)]
+struct RegistrationView {
+    mesh: String,
+    name: String,
+    dataplane: String,
+    selectors: Vec<String>,
+    agent: Option<String>,
+    hint: Option<String>,
+    /// The SPIFFE ID its callers get, once the identity is ready.
+    spiffe_id: Option<String>,
+    /// Why its callers get no SVID, when they get none.
+    no_identity: Option<String>,
+    streams: Vec<meshca_workload::CallerStream>,
+}
+
+impl WorkloadsView {
+    fn registrations(&self) -> Vec<RegistrationView> {
+        let snapshot = self.snapshots.borrow().clone();
+        let streams = self.callers.list();
+        snapshot
+            .registrations
+            .iter()
+            .map(|r| {
+                let key = format!("{}/{}", r.proxy.mesh, r.name);
+                let (spiffe_id, no_identity) = match snapshot.proxies.get(&r.proxy) {
+                    Some(meshca_control::ProxyEntry::Ready(identity)) => {
+                        (Some(identity.spiffe_id.clone()), None)
+                    }
+                    Some(
+                        meshca_control::ProxyEntry::NoIdentity { reason }
+                        | meshca_control::ProxyEntry::Refused { reason },
+                    ) => (None, Some(reason.clone())),
+                    Some(meshca_control::ProxyEntry::Pending) | None => (None, None),
+                };
+                RegistrationView {
+                    mesh: r.proxy.mesh.to_string(),
+                    name: r.name.clone(),
+                    dataplane: r.proxy.name.to_string(),
+                    selectors: r.selectors.iter().map(ToString::to_string).collect(),
+                    agent: r.agent.clone(),
+                    hint: r.hint.clone(),
+                    spiffe_id,
+                    no_identity,
+                    streams: streams
+                        .iter()
+                        .filter(|s| s.registrations.contains(&key))
+                        .cloned()
+                        .collect(),
+                }
+            })
+            .collect()
+    }
 }
 
 /// How long a scrape of `/metrics` waits for the control loop to refresh the state gauges (well inside
@@ -86,6 +153,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/api/streams", get(streams))
         .route("/api/rejected-update", get(rejected))
         .route("/api/replicas", get(replicas))
+        .route("/api/workloads", get(workloads))
         .with_state(state)
 }
 
@@ -164,8 +232,12 @@ async fn status(State(s): State<AdminState>) -> Response {
         .map(|d| dataplane_view(d, &all))
         .collect();
     let database = s.database.as_ref().map(|view| view.borrow().clone());
+    let workloads = s.workloads.as_ref().map(WorkloadsView::registrations);
     let document = serde_json::to_value(&status).and_then(|mut document| {
         document["dataplanes"] = serde_json::to_value(dataplanes)?;
+        if let Some(workloads) = workloads {
+            document["workload_registrations"] = serde_json::to_value(workloads)?;
+        }
         if let Some(database) = database {
             document["database"] = serde_json::to_value(&*database)?;
         }
@@ -227,6 +299,19 @@ async fn dataplane(
         None => (
             StatusCode::NOT_FOUND,
             format!("no dataplane {} in mesh {}\n", shown(&name), shown(&mesh)),
+        )
+            .into_response(),
+    }
+}
+
+/// The Workload API's registrations, each with the callers' streams it serves; 404 when the Workload
+/// API is off.
+async fn workloads(State(s): State<AdminState>) -> Response {
+    match &s.workloads {
+        Some(view) => Json(view.registrations()).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            "the Workload API is off (workloadApi.listen is empty)\n",
         )
             .into_response(),
     }

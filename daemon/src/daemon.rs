@@ -155,9 +155,16 @@ impl Daemon {
         }
         let loop_health = owner_loop.health();
         let ready = Arc::new(AtomicBool::new(false));
+        let workload_api = listeners.workload.is_some().then(|| {
+            meshca_workload::WorkloadApi::new(serving.sds.clone(), limits.workload.0.clone())
+        });
         let admin_state = admin::AdminState {
             status: owner_loop.status_handle(),
             streams: serving.sds.registry(),
+            workloads: workload_api.as_ref().map(|api| admin::WorkloadsView {
+                snapshots: serving.sds.snapshots(),
+                callers: api.callers(),
+            }),
             metrics: serving.metrics,
             ready: ready.clone(),
             owner_health: loop_health.clone(),
@@ -173,7 +180,7 @@ impl Daemon {
             admin_state,
         }
         .spawn(
-            (listeners.sds, listeners.workload),
+            (listeners.sds, listeners.workload.zip(workload_api)),
             listeners.admin,
             &reloader,
             &shutdown,
@@ -477,7 +484,10 @@ impl Tasks {
     /// syncs and the admin API.
     fn spawn(
         self,
-        (sds_listeners, workload_listeners): (BoundListeners, Option<BoundListeners>),
+        (sds_listeners, workload): (
+            BoundListeners,
+            Option<(BoundListeners, meshca_workload::WorkloadApi)>,
+        ),
         admin_listener: tokio::net::TcpListener,
         reloader: &Reloader,
         shutdown: &CancellationToken,
@@ -489,11 +499,11 @@ impl Tasks {
             owner_loop.run().await;
             Ok(())
         });
-        if let Some(bound) = workload_listeners {
+        if let Some((bound, api)) = workload {
             tasks.spawn(workload_api::serve(
                 bound,
-                self.sds.clone(),
-                limits.workload,
+                api,
+                limits.workload.1,
                 shutdown.clone(),
             ));
         }

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{anyhow, Context};
 use meshca_config::Settings;
-use meshca_sds::{BoundListeners, ConnPolicy, Listener, SdsLimits, SdsServer};
+use meshca_sds::{BoundListeners, ConnPolicy, Listener, SdsLimits};
 use meshca_workload::{WorkloadApi, WorkloadOptions};
 use tokio_util::sync::CancellationToken;
 
@@ -78,16 +78,15 @@ fn to_usize(value: u32) -> usize {
     usize::try_from(value).unwrap_or(usize::MAX)
 }
 
-/// Serves the Workload API on `bound` until `shutdown` fires.
+/// Serves `api` on `bound` until `shutdown` fires.
 pub(crate) async fn serve(
     bound: BoundListeners,
-    sds: SdsServer,
-    (options, limits): (WorkloadOptions, SdsLimits),
+    api: WorkloadApi,
+    limits: SdsLimits,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let policy = ConnPolicy::new("Workload API", "limits.workloadConnections", limits)
         .with_peer_probe(WorkloadApi::peer_probe());
-    let api = WorkloadApi::new(sds, options);
     // Its streams end with the SDS server's: they wait on the same snapshot dispatcher, which
     // closes every wait when SDS shuts down.
     bound

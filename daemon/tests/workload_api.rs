@@ -181,6 +181,27 @@ where
     Ok(response.into_inner())
 }
 
+/// One HTTP/1.1 GET of the admin API, its body as JSON.
+async fn admin_json(admin: SocketAddr, path: &str) -> serde_json::Value {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(admin)
+        .await
+        .expect("admin connects");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .expect("request sent");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .await
+        .expect("response read");
+    let (head, body) = response.split_once("\r\n\r\n").expect("a body");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
+}
+
 /// The next message of a stream, or the status that ended it.
 async fn next<R>(stream: &mut Streaming<R>) -> Result<R, Status> {
     match tokio::time::timeout(TIMEOUT, stream.message()).await {
@@ -299,6 +320,30 @@ async fn a_registered_caller_gets_its_svid_and_follows_changes_until_its_registr
         key.public_key().as_ref(),
         leaf.public_key().subject_public_key.data.as_ref(),
         "the key is the leaf's"
+    );
+
+    // The admin API lists the registration with this process's stream, and the other with none.
+    let listed = admin_json(fixture.daemon.admin_addr, "/api/workloads").await;
+    let batch = listed
+        .as_array()
+        .and_then(|all| all.iter().find(|r| r["name"] == "batch"))
+        .unwrap_or_else(|| panic!("batch is listed: {listed}"));
+    assert_eq!(
+        batch["spiffe_id"],
+        "spiffe://default.default.mesh.local/workload/batch"
+    );
+    assert_eq!(batch["selectors"][0], mine.as_str());
+    assert_eq!(batch["streams"][0]["pid"], std::process::id());
+    assert_eq!(batch["streams"][0]["method"], "FetchX509SVID");
+    let other_listed = listed
+        .as_array()
+        .and_then(|all| all.iter().find(|r| r["name"] == "aaa-other"))
+        .unwrap_or_else(|| panic!("aaa-other is listed: {listed}"));
+    assert_eq!(other_listed["streams"], serde_json::json!([]));
+    let status = admin_json(fixture.daemon.admin_addr, "/api/status").await;
+    assert_eq!(
+        status["workload_registrations"][1]["name"], "batch",
+        "{status}"
     );
 
     // A second registration for the same caller (other selectors, so the same hint is allowed): the

@@ -46,6 +46,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let database = document.get("database").cloned();
+    let workloads = document.get("workload_registrations").cloned();
     let status: Status = serde_json::from_value(document)
         .context("the admin API's status document is not one this meshca understands")?;
     for mesh in &status.meshes {
@@ -55,6 +56,9 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     println!();
     print_dataplanes(&status.dataplanes);
     print_rollout(&status.rollout);
+    if let Some(workloads) = workloads {
+        print_workloads(&workloads);
+    }
     if let Some(rejected) = &status.last_rejected_update {
         print_rejected(rejected);
     }
@@ -62,6 +66,49 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         print_database(&database);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The Workload API's registrations, each with the SPIFFE ID it serves and the callers' open streams.
+fn print_workloads(registrations: &serde_json::Value) {
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or("-").to_owned();
+    let registrations = registrations
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    println!();
+    println!("Workload API registrations: {}", registrations.len());
+    for r in registrations {
+        let selectors: Vec<String> = r["selectors"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(text)
+            .collect();
+        let serves = match (r["spiffe_id"].as_str(), r["no_identity"].as_str()) {
+            (Some(id), _) => id.to_owned(),
+            (None, Some(reason)) => format!("no identity: {reason}"),
+            (None, None) => "identity not ready yet".to_owned(),
+        };
+        let on = r["agent"]
+            .as_str()
+            .map_or_else(|| "this server".to_owned(), |a| format!("agent {a}"));
+        println!(
+            "  {}/{} → dataplane {} ({serves}), on {on}, selectors [{}]",
+            text(&r["mesh"]),
+            text(&r["name"]),
+            text(&r["dataplane"]),
+            selectors.join(", ")
+        );
+        for stream in r["streams"].as_array().into_iter().flatten() {
+            println!(
+                "    {} by pid {} (uid {}, gid {})",
+                text(&stream["method"]),
+                stream["pid"],
+                stream["uid"],
+                stream["gid"]
+            );
+        }
+    }
 }
 
 /// The replicas' database and every replica's last heartbeat (`keystore.type: postgres`).

@@ -22,9 +22,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tonic::Status;
 
+use crate::callers::Listed;
 #[cfg(doc)]
 use crate::service::WorkloadOptions;
-use crate::service::{CallerSlot, Shared};
+use crate::service::{Admitted, CallerSlot, Shared};
 use crate::x509::{self, Built, Fingerprint};
 
 /// How long the claims a Workload API stream presents for its Dataplane last: the stream's own life is
@@ -111,31 +112,28 @@ pub(crate) struct Follow<V: View> {
     acks: VecDeque<PendingAck>,
     done: bool,
     opened_at: Instant,
+    /// Its line in the list of open streams.
+    listed: Listed,
     _slot: CallerSlot,
     _open: Option<OpenStream>,
     _view: std::marker::PhantomData<fn() -> V>,
 }
 
 impl<V: View> Follow<V> {
-    pub(crate) fn new(
-        shared: Arc<Shared>,
-        selectors: Arc<crate::attest::Selectors>,
-        caller: String,
-        slot: CallerSlot,
-        open: Option<OpenStream>,
-    ) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, admitted: Admitted) -> Self {
         Follow {
             snapshots: shared.sds.snapshots(),
+            listed: shared.callers.open(admitted.ids, V::METHOD),
             shared,
-            selectors,
-            caller,
+            selectors: admitted.selectors,
+            caller: admitted.caller,
             links: Vec::new(),
             sent: None,
             acks: VecDeque::new(),
             done: false,
             opened_at: Instant::now(),
-            _slot: slot,
-            _open: open,
+            _slot: admitted.slot,
+            _open: admitted.open,
             _view: std::marker::PhantomData,
         }
     }
@@ -291,6 +289,9 @@ impl<V: View> Follow<V> {
             (&a.registration.name, &a.registration.proxy.mesh)
                 .cmp(&(&b.registration.name, &b.registration.proxy.mesh))
         });
+        let registrations: Vec<Arc<Registration>> =
+            self.links.iter().map(|l| l.registration.clone()).collect();
+        self.listed.serves(&registrations);
         // The caller has not seen content for the new set: send it even if it looks the same.
         self.sent = self.sent.take().map(|(_, g)| (Fingerprint::default(), g));
         Ok(added)

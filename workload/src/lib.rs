@@ -10,6 +10,7 @@
 #![warn(missing_docs)]
 
 pub mod attest;
+mod callers;
 pub mod client;
 mod follow;
 pub mod jwt;
@@ -17,5 +18,6 @@ pub mod proto;
 mod service;
 mod x509;
 
+pub use callers::{CallerStream, Callers};
 pub use service::{WorkloadApi, WorkloadOptions, DEFAULT_ACK_AFTER, SECURITY_HEADER};
 pub use x509::MAX_RESPONSE_BYTES;

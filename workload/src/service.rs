@@ -14,6 +14,7 @@ use tonic::Status;
 use tonic_prost::ProstCodec;
 
 use crate::attest::{self, AttestError, AttestLimits, PeerProcess, Selectors};
+use crate::callers::Callers;
 use crate::follow::{Bundles, Follow, Svids, View};
 use crate::proto::{paths, X509BundlesRequest, X509SvidRequest};
 use crate::x509::MAX_RESPONSE_BYTES;
@@ -80,6 +81,8 @@ pub(crate) struct Shared {
     pub(crate) options: WorkloadOptions,
     /// Open streams per caller process.
     streams: Mutex<HashMap<u32, usize>>,
+    /// The open streams, for operators.
+    pub(crate) callers: Callers,
     refusals_logged: LogBudget,
 }
 
@@ -92,8 +95,14 @@ impl WorkloadApi {
                 refusals_logged: LogBudget::new(options.warnings_per_minute),
                 options,
                 streams: Mutex::new(HashMap::new()),
+                callers: Callers::default(),
             }),
         }
+    }
+
+    /// The open streams and their callers, for the admin API.
+    pub fn callers(&self) -> Callers {
+        self.shared.callers.clone()
     }
 
     /// The probe the listener runs on each accepted connection: the caller's process, as the kernel
@@ -135,6 +144,8 @@ impl Drop for CallerSlot {
 pub(crate) struct Admitted {
     pub selectors: Arc<Selectors>,
     pub caller: String,
+    /// The caller's pid, uid and gid.
+    pub ids: (u32, u32, u32),
     pub slot: CallerSlot,
     pub open: Option<meshca_sds::OpenStream>,
 }
@@ -163,6 +174,7 @@ impl Shared {
         };
         Ok(Admitted {
             caller: format!("pid {} uid {}", caller.pid, caller.uid),
+            ids: (caller.pid, caller.uid, caller.gid),
             selectors: Arc::new(caller.selectors),
             slot,
             open: conn.map(ConnInfo::stream_opened),
@@ -317,13 +329,7 @@ impl<V: View + Answers> ServerStreamingService<V::Request> for Method<V> {
             {
                 return Err(shared.no_registration(&admitted.caller));
             }
-            let follow = Follow::<V>::new(
-                shared.clone(),
-                admitted.selectors,
-                admitted.caller,
-                admitted.slot,
-                admitted.open,
-            );
+            let follow = Follow::<V>::new(shared.clone(), admitted);
             Ok(tonic::Response::new(follow.into_stream()))
         })
     }
