@@ -292,7 +292,10 @@ impl<V: View> Follow<V> {
         let registrations: Vec<Arc<Registration>> =
             self.links.iter().map(|l| l.registration.clone()).collect();
         self.listed.serves(&registrations);
-        // The caller has not seen content for the new set: send it even if it looks the same.
+        // The caller has not seen content for the new set: send it even if it looks the same. What was
+        // sent before did not carry the new registrations' trust, so its pending ACKs cannot speak for
+        // them: they are dropped, and the next message's ACK speaks for every registration.
+        self.acks.clear();
         self.sent = self.sent.take().map(|(_, g)| (Fingerprint::default(), g));
         Ok(added)
     }
