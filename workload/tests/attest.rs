@@ -151,11 +151,9 @@ fn a_binary_over_the_limits_gets_every_selector_but_its_digest() {
         max_binary_bytes: 1024,
         ..AttestLimits::default()
     };
-    let too_slow = AttestLimits {
-        hash_timeout: std::time::Duration::ZERO,
-        ..AttestLimits::default()
-    };
-    for limits in [too_big, too_slow] {
+    // (A passed deadline is shown on a file never hashed, in the unit tests of `binary`: this binary's
+    // digest is kept once hashed, and a kept digest costs no time.)
+    for limits in [too_big] {
         let bounded = attest(&peer, &limits).expect("attesting within limits");
         assert_eq!(digests(&bounded), 0, "{limits:?}");
         assert_eq!(

@@ -5,10 +5,19 @@
 //! Hashing stops at the size limit or the deadline and the caller simply gets no `unix:sha256`
 //! selector. The deadline is checked between chunks: a single read that the kernel does not return
 //! from (a hung network filesystem) is not interrupted.
+//!
+//! Every stream of every caller is attested, and thousands of streams often run one binary, so digests
+//! are kept ([`DigestCache`]) by the file's identity as the kernel reports it on the opened file: device,
+//! inode, size, and modification and change times to the nanosecond. Writing to the file or replacing
+//! it changes one of them (the change time cannot be set by the file's owner), so a kept digest is
+//! never a stale one.
 
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::{self, Read};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
 use ring::digest;
@@ -29,14 +38,84 @@ pub(crate) enum BinaryDigest {
     TooSlow { read: u64 },
 }
 
+/// How many binaries' digests are kept.
+const KEPT_DIGESTS: usize = 256;
+
+/// A file as the kernel identifies it: the same identity means the same content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct FileIdentity {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileIdentity {
+    fn of(metadata: &std::fs::Metadata) -> FileIdentity {
+        FileIdentity {
+            dev: metadata.dev(),
+            ino: metadata.ino(),
+            size: metadata.len(),
+            mtime: (metadata.mtime(), metadata.mtime_nsec()),
+            ctime: (metadata.ctime(), metadata.ctime_nsec()),
+        }
+    }
+}
+
+/// Digests by file identity, and the identities in the order they were kept.
+type Kept = (HashMap<FileIdentity, [u8; 32]>, VecDeque<FileIdentity>);
+
+/// Digests of binaries hashed whole, by file identity; the oldest leave first.
+#[derive(Debug, Default)]
+pub(crate) struct DigestCache {
+    kept: Mutex<Kept>,
+}
+
+impl DigestCache {
+    fn get(&self, identity: &FileIdentity) -> Option<[u8; 32]> {
+        self.lock().0.get(identity).copied()
+    }
+
+    fn keep(&self, identity: FileIdentity, digest: [u8; 32]) {
+        let mut kept = self.lock();
+        let (digests, order) = &mut *kept;
+        if digests.insert(identity, digest).is_none() {
+            order.push_back(identity);
+        }
+        while order.len() > KEPT_DIGESTS {
+            if let Some(oldest) = order.pop_front() {
+                digests.remove(&oldest);
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
+        // Plain values, valid after any panic.
+        self.kept.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The digests every attestation shares.
+static DIGESTS: std::sync::LazyLock<DigestCache> = std::sync::LazyLock::new(DigestCache::default);
+
 /// Hashes the file at `path` (for a caller, `/proc/<pid>/exe`, which opens the very file the
-/// process runs even if its path was since replaced).
+/// process runs even if its path was since replaced), or finds its digest kept.
 pub(crate) fn hash(path: &Path, limits: &AttestLimits) -> io::Result<BinaryDigest> {
+    hash_with(&DIGESTS, path, limits)
+}
+
+fn hash_with(cache: &DigestCache, path: &Path, limits: &AttestLimits) -> io::Result<BinaryDigest> {
     let started = Instant::now();
     let mut file = File::open(path)?;
-    let size = file.metadata()?.len();
+    let metadata = file.metadata()?;
+    let size = metadata.len();
     if size > limits.max_binary_bytes {
         return Ok(BinaryDigest::TooBig { size });
+    }
+    let identity = FileIdentity::of(&metadata);
+    if let Some(digest) = cache.get(&identity) {
+        return Ok(BinaryDigest::Sha256(digest));
     }
     let mut context = digest::Context::new(&digest::SHA256);
     let mut buffer = vec![0u8; CHUNK];
@@ -60,6 +139,7 @@ pub(crate) fn hash(path: &Path, limits: &AttestLimits) -> io::Result<BinaryDiges
     }
     let mut sha256 = [0u8; 32];
     sha256.copy_from_slice(context.finish().as_ref());
+    cache.keep(identity, sha256);
     Ok(BinaryDigest::Sha256(sha256))
 }
 
@@ -110,6 +190,32 @@ mod tests {
         let file = file_of(CHUNK);
         let got = hash(file.path(), &limits(u64::MAX, Duration::ZERO)).expect("hashing");
         assert_eq!(got, BinaryDigest::TooSlow { read: 0 });
+    }
+
+    #[test]
+    fn a_digest_is_kept_for_the_same_file_and_never_for_a_changed_one() {
+        let cache = DigestCache::default();
+        let mut file = file_of(2 * CHUNK);
+        let limits = AttestLimits::default();
+        let first = hash_with(&cache, file.path(), &limits).expect("hashing");
+        assert_eq!(cache.lock().0.len(), 1);
+        // Kept: the deadline is already past, so only the kept digest can answer.
+        let kept = hash_with(&cache, file.path(), &limits_zero()).expect("kept");
+        assert_eq!(kept, first);
+        file.write_all(b"more").expect("appending");
+        file.flush().expect("flushing");
+        let changed = hash_with(&cache, file.path(), &limits).expect("hashing again");
+        assert_ne!(changed, first, "a changed file is hashed anew");
+        let bytes = std::fs::read(file.path()).expect("reading back");
+        let expected = digest::digest(&digest::SHA256, &bytes);
+        assert_eq!(
+            changed,
+            BinaryDigest::Sha256(expected.as_ref().try_into().expect("32 bytes"))
+        );
+    }
+
+    fn limits_zero() -> AttestLimits {
+        limits(u64::MAX, Duration::ZERO)
     }
 
     #[test]
