@@ -13,6 +13,7 @@ pub mod attest;
 pub mod client;
 mod follow;
 pub mod jwt;
+pub mod jwt_keys;
 pub mod proto;
 mod service;
 mod x509;
