@@ -12,6 +12,7 @@ use meshca_control::{
 };
 use meshca_keystore::Keystore;
 use meshca_sds::{BoundListeners, Listener, SdsServer, ServerOptions};
+use meshca_workload::jwt_keys::JwtKeys;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -104,6 +105,17 @@ impl Daemon {
         let serving = Serving::new(revocations, &signing_key, &limits);
         meshca_keystore::crash_point("bind the SDS listeners (creates the unix socket)");
         let listeners = Listeners::bind(&settings, store.keystore.as_ref()).await?;
+        let jwt_keys = match &listeners.workload {
+            Some(_) => Some(
+                JwtKeys::load(
+                    store.keystore.clone(),
+                    settings.workload_api.ack_after.as_std(),
+                )
+                .await
+                .context("cannot load the JWT-SVID signing keys")?,
+            ),
+            None => None,
+        };
         let shutdown = CancellationToken::new();
         let (reload_tx, reload_rx) = mpsc::channel(RELOAD_QUEUE);
         let revocations_file = match &revocations_source {
@@ -171,6 +183,7 @@ impl Daemon {
             replica_sync,
             poll_revocations: revocations_file.is_none(),
             admin_state,
+            jwt_keys,
         }
         .spawn(
             (listeners.sds, listeners.workload),
@@ -470,6 +483,8 @@ struct Tasks {
     replica_sync: Option<(GateSync, RecordSync)>,
     poll_revocations: bool,
     admin_state: admin::AdminState,
+    /// The JWT-SVID signing keys, when the Workload API is on.
+    jwt_keys: Option<JwtKeys>,
 }
 
 impl Tasks {
@@ -489,11 +504,12 @@ impl Tasks {
             owner_loop.run().await;
             Ok(())
         });
-        if let Some(bound) = workload_listeners {
+        if let (Some(bound), Some(jwt_keys)) = (workload_listeners, self.jwt_keys) {
             tasks.spawn(workload_api::serve(
                 bound,
                 self.sds.clone(),
                 limits.workload,
+                jwt_keys,
                 shutdown.clone(),
             ));
         }

@@ -6,6 +6,7 @@ use std::path::Path;
 use anyhow::{anyhow, Context};
 use meshca_config::Settings;
 use meshca_sds::{BoundListeners, ConnPolicy, Listener, SdsLimits, SdsServer};
+use meshca_workload::jwt_keys::JwtKeys;
 use meshca_workload::{WorkloadApi, WorkloadOptions};
 use tokio_util::sync::CancellationToken;
 
@@ -63,6 +64,9 @@ pub(crate) fn options(settings: &Settings, sds: &SdsLimits) -> (WorkloadOptions,
         streams_per_caller: to_usize(limits.workload_streams_per_caller),
         request_bytes: to_usize(limits.workload_request_bytes),
         warnings_per_minute: limits.warnings_per_minute,
+        jwt_audiences_per_request: to_usize(limits.jwt_audiences_per_request),
+        jwt_audience_bytes: to_usize(limits.jwt_audience_bytes),
+        jwt_svid_cache_entries: to_usize(limits.jwt_svid_cache_entries),
         ..WorkloadOptions::default()
     };
     let connections = SdsLimits {
@@ -78,16 +82,17 @@ fn to_usize(value: u32) -> usize {
     usize::try_from(value).unwrap_or(usize::MAX)
 }
 
-/// Serves the Workload API on `bound` until `shutdown` fires.
+/// Serves the Workload API on `bound` until `shutdown` fires, signing JWT-SVIDs with `jwt_keys`.
 pub(crate) async fn serve(
     bound: BoundListeners,
     sds: SdsServer,
     (options, limits): (WorkloadOptions, SdsLimits),
+    jwt_keys: JwtKeys,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let policy = ConnPolicy::new("Workload API", "limits.workloadConnections", limits)
         .with_peer_probe(WorkloadApi::peer_probe());
-    let api = WorkloadApi::new(sds, options);
+    let api = WorkloadApi::new(sds, options, jwt_keys);
     // Its streams end with the SDS server's: they wait on the same snapshot dispatcher, which
     // closes every wait when SDS shuts down.
     bound

@@ -13,6 +13,7 @@ pub mod attest;
 pub mod client;
 mod follow;
 pub mod jwt;
+mod jwt_api;
 pub mod jwt_keys;
 pub mod proto;
 mod service;
