@@ -26,8 +26,8 @@ use crate::jwt::{self, check_audiences, mint, JwksDocument};
 use crate::jwt_keys::JwtKeys;
 use crate::jwt_keys::{JwtKeysError, KeySet};
 use crate::proto::{
-    JwtBundlesRequest, JwtBundlesResponse, JwtSvid, JwtSvidRequest, JwtSvidResponse, Struct,
-    ValidateJwtSvidRequest, ValidateJwtSvidResponse,
+    value::Kind, JwtBundlesRequest, JwtBundlesResponse, JwtSvid, JwtSvidRequest, JwtSvidResponse,
+    ListValue, Struct, ValidateJwtSvidRequest, ValidateJwtSvidResponse, Value,
 };
 use crate::service::{Admitted, Shared};
 use crate::x509::MAX_RESPONSE_BYTES;
@@ -318,8 +318,7 @@ fn to_struct(map: Map<String, Json>) -> Struct {
     }
 }
 
-fn to_value(json: Json) -> prost_types_value::Value {
-    use prost_types_value::{Kind, ListValue, Value};
+fn to_value(json: Json) -> Value {
     let kind = match json {
         Json::Null => Kind::NullValue(0),
         Json::Bool(b) => Kind::BoolValue(b),
@@ -334,12 +333,6 @@ fn to_value(json: Json) -> prost_types_value::Value {
         Json::Object(map) => Kind::StructValue(to_struct(map)),
     };
     Value { kind: Some(kind) }
-}
-
-/// The protobuf well-known types of `Struct`'s values.
-mod prost_types_value {
-    pub(super) use envoy_types::pb::google::protobuf::value::Kind;
-    pub(super) use envoy_types::pb::google::protobuf::{ListValue, Value};
 }
 
 /// The `FetchJWTBundles` message for `keys`: a JWK Set per trust domain, keyed `spiffe://<td>`.
