@@ -548,6 +548,11 @@ async fn a_registered_caller_gets_jwt_svids_its_bundles_verify_and_the_key_is_ke
         .expect_err("no audience");
     assert_eq!(status.code(), Code::InvalidArgument);
     assert!(status.message().contains("audience"), "{status:?}");
+    let status = validate_jwt(&mut grpc, &"a".repeat(1025), &svid.svid)
+        .await
+        .expect_err("audience too long");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("jwtAudienceBytes"), "{status:?}");
     let status = validate_jwt(&mut grpc, "first", "")
         .await
         .expect_err("no token");

@@ -297,6 +297,13 @@ pub(crate) async fn validate_jwt_svid(
     if request.svid.is_empty() {
         return Err(Status::invalid_argument("svid must be specified"));
     }
+    let max = shared.options.jwt_audience_bytes;
+    if request.audience.len() > max {
+        return Err(Status::invalid_argument(format!(
+            "audience is {} bytes long; at most {max} are accepted (limits.jwtAudienceBytes)",
+            request.audience.len()
+        )));
+    }
     let keys = shared.jwt_keys.current();
     let validated = jwt::validate(
         &request.svid,
