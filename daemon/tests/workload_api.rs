@@ -597,9 +597,22 @@ async fn a_registered_caller_gets_jwt_svids_its_bundles_verify_and_the_key_is_ke
         .await
         .expect("still served");
 
+    // An open FetchJWTBundles stream ends with UNAVAILABLE when the daemon stops.
+    let mut open = stream::<_, JwtBundlesResponse>(
+        &mut grpc,
+        paths::FETCH_JWT_BUNDLES,
+        with_header(JwtBundlesRequest {}),
+    )
+    .await
+    .expect("the stream opens");
+    next(&mut open).await.expect("the first message");
+
     // The key was persisted: a restarted daemon signs with the same one.
     drop(grpc);
     let fixture = fixture.restart().await;
+    let status = next(&mut open).await.expect_err("ended by the shutdown");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("shutting down"), "{status:?}");
     let mut grpc = fixture.client().await;
     let after = jwks(&mut grpc).await;
     assert_eq!(after.keys().len(), 1);
@@ -629,5 +642,28 @@ async fn an_unregistered_caller_gets_no_jwt_method() {
         .await
         .expect_err("denied");
     assert_eq!(status.code(), Code::PermissionDenied);
+    fixture.daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jwt_bundles_stream_ends_when_its_callers_registration_goes() {
+    let fixture = Fixture::start(&jwt_registration()).await;
+    let mut grpc = fixture.client().await;
+    let mut bundles = stream::<_, JwtBundlesResponse>(
+        &mut grpc,
+        paths::FETCH_JWT_BUNDLES,
+        with_header(JwtBundlesRequest {}),
+    )
+    .await
+    .expect("the stream opens");
+    let first = next(&mut bundles).await.expect("the first message");
+    assert!(first
+        .bundles
+        .contains_key(&format!("spiffe://{TRUST_DOMAIN}")));
+    fixture
+        .set_registrations(&registration("other", "[unix:uid:4000000]", "x"))
+        .await;
+    let status = next(&mut bundles).await.expect_err("ended");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
     fixture.daemon.stop().await;
 }
