@@ -83,7 +83,7 @@ async fn identities(
     shared: &Arc<Shared>,
     registrations: &[Arc<Registration>],
     deadline: Instant,
-) -> Result<(Vec<(Arc<Registration>, Arc<ProxyIdentity>)>, Vec<String>), Status> {
+) -> Result<Identities, Status> {
     let mut connected = Connected {
         shared: shared.clone(),
         ids: Vec::with_capacity(registrations.len()),
@@ -152,12 +152,11 @@ pub(crate) fn ensure_keys_of(
     }
 }
 
+/// The caller's registrations that have an identity, with it, and why the others have none.
+type Identities = (Vec<(Arc<Registration>, Arc<ProxyIdentity>)>, Vec<String>);
+
 /// The ready identities and the reasons for the others, or `None` while one is pending.
-#[allow(clippy::type_complexity)]
-fn settled(
-    snapshot: &Snapshot,
-    registrations: &[Arc<Registration>],
-) -> Option<(Vec<(Arc<Registration>, Arc<ProxyIdentity>)>, Vec<String>)> {
+fn settled(snapshot: &Snapshot, registrations: &[Arc<Registration>]) -> Option<Identities> {
     let mut ready = Vec::new();
     let mut skipped = Vec::new();
     for registration in registrations {
@@ -331,7 +330,6 @@ fn to_value(json: Json) -> Value {
         Json::Bool(b) => Kind::BoolValue(b),
         // Protobuf's numbers are doubles: integers above 2^53 lose precision, as in any JSON
         // mapping of `Struct`.
-        #[allow(clippy::cast_precision_loss)]
         Json::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(f64::NAN)),
         Json::String(s) => Kind::StringValue(s),
         Json::Array(items) => Kind::ListValue(ListValue {
