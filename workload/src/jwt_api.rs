@@ -457,3 +457,64 @@ impl BundlesFollow {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claims_convert_to_a_struct_value_for_value() {
+        let claims = serde_json::json!({
+            "sub": "spiffe://example.org/w",
+            "aud": ["a"],
+            "exp": 1700000000u64,
+            "ratio": 0.5,
+            "flag": true,
+            "none": null,
+            "nested": {"k": [1, "x"]},
+        });
+        let serde_json::Value::Object(map) = claims else {
+            panic!("an object")
+        };
+        let converted = to_struct(map);
+        let kind = |name: &str| converted.fields[name].kind.clone().expect("a kind");
+        assert_eq!(
+            kind("sub"),
+            Kind::StringValue("spiffe://example.org/w".to_owned())
+        );
+        assert_eq!(
+            kind("aud"),
+            Kind::ListValue(ListValue {
+                values: vec![Value {
+                    kind: Some(Kind::StringValue("a".to_owned()))
+                }]
+            })
+        );
+        assert_eq!(kind("exp"), Kind::NumberValue(1_700_000_000.0));
+        assert_eq!(kind("ratio"), Kind::NumberValue(0.5));
+        assert_eq!(kind("flag"), Kind::BoolValue(true));
+        assert_eq!(kind("none"), Kind::NullValue(0));
+        let Kind::StructValue(nested) = kind("nested") else {
+            panic!("a struct")
+        };
+        assert_eq!(
+            nested.fields["k"].kind,
+            Some(Kind::ListValue(ListValue {
+                values: vec![
+                    Value {
+                        kind: Some(Kind::NumberValue(1.0))
+                    },
+                    Value {
+                        kind: Some(Kind::StringValue("x".to_owned()))
+                    },
+                ]
+            }))
+        );
+    }
+
+    #[test]
+    fn the_trust_domain_is_the_host_of_the_id() {
+        assert_eq!(trust_domain_of("spiffe://example.org/w/x"), "example.org");
+        assert_eq!(trust_domain_of("spiffe://example.org"), "example.org");
+    }
+}
