@@ -204,8 +204,8 @@ pub(crate) async fn fetch_jwt_svid(
         ready.retain(|(_, identity)| identity.spiffe_id == request.spiffe_id);
         if ready.is_empty() {
             return Err(Status::permission_denied(format!(
-                "no identity issued: the caller has no identity {:?}",
-                request.spiffe_id
+                "no identity issued: the caller has no identity {}",
+                meshca_auth::quote(&request.spiffe_id)
             )));
         }
     }
