@@ -12,6 +12,7 @@ use meshca_control::{
 };
 use meshca_keystore::Keystore;
 use meshca_sds::{BoundListeners, Listener, SdsServer, ServerOptions};
+use meshca_workload::jwt_keys::JwtKeys;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -104,6 +105,17 @@ impl Daemon {
         let serving = Serving::new(revocations, &signing_key, &limits);
         meshca_keystore::crash_point("bind the SDS listeners (creates the unix socket)");
         let listeners = Listeners::bind(&settings, store.keystore.as_ref()).await?;
+        let jwt_keys = match &listeners.workload {
+            Some(_) => Some(
+                JwtKeys::load(
+                    store.keystore.clone(),
+                    settings.workload_api.ack_after.as_std(),
+                )
+                .await
+                .context("cannot load the JWT-SVID signing keys")?,
+            ),
+            None => None,
+        };
         let shutdown = CancellationToken::new();
         let (reload_tx, reload_rx) = mpsc::channel(RELOAD_QUEUE);
         let revocations_file = match &revocations_source {
@@ -155,8 +167,12 @@ impl Daemon {
         }
         let loop_health = owner_loop.health();
         let ready = Arc::new(AtomicBool::new(false));
-        let workload_api = listeners.workload.is_some().then(|| {
-            meshca_workload::WorkloadApi::new(serving.sds.clone(), limits.workload.0.clone())
+        let workload_api = jwt_keys.map(|jwt_keys| {
+            meshca_workload::WorkloadApi::new(
+                serving.sds.clone(),
+                limits.workload.0.clone(),
+                jwt_keys,
+            )
         });
         let admin_state = admin::AdminState {
             status: owner_loop.status_handle(),

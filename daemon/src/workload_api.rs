@@ -63,6 +63,9 @@ pub(crate) fn options(settings: &Settings, sds: &SdsLimits) -> (WorkloadOptions,
         streams_per_caller: to_usize(limits.workload_streams_per_caller),
         request_bytes: to_usize(limits.workload_request_bytes),
         warnings_per_minute: limits.warnings_per_minute,
+        jwt_audiences_per_request: to_usize(limits.jwt_audiences_per_request),
+        jwt_audience_bytes: to_usize(limits.jwt_audience_bytes),
+        jwt_svid_cache_entries: to_usize(limits.jwt_svid_cache_entries),
         ..WorkloadOptions::default()
     };
     let connections = SdsLimits {

@@ -7,9 +7,12 @@ use std::time::Duration;
 
 use meshca_config::{ListenAddr, Settings};
 use meshca_daemon::{Daemon, DaemonOptions};
+use meshca_workload::jwt::{self, JwksDocument};
+use meshca_workload::proto::value::Kind;
 use meshca_workload::proto::{
-    paths, JwtBundlesRequest, JwtSvidRequest, ValidateJwtSvidRequest, X509BundlesRequest,
-    X509BundlesResponse, X509SvidRequest, X509SvidResponse,
+    paths, JwtBundlesRequest, JwtBundlesResponse, JwtSvidRequest, JwtSvidResponse,
+    ValidateJwtSvidRequest, ValidateJwtSvidResponse, X509BundlesRequest, X509BundlesResponse,
+    X509SvidRequest, X509SvidResponse,
 };
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status, Streaming};
@@ -82,6 +85,12 @@ impl Fixture {
         std::fs::create_dir(&resources).expect("resources dir");
         std::fs::write(resources.join("mesh.yaml"), MESH).expect("mesh.yaml");
         std::fs::write(resources.join("workloads.yaml"), registrations).expect("workloads.yaml");
+        Fixture::start_in(root).await
+    }
+
+    /// Starts a daemon on the data directory and resources under `root`.
+    async fn start_in(root: tempfile::TempDir) -> Fixture {
+        let resources = root.path().join("resources");
         let socket = root.path().join("workload.sock");
         let mut settings = Settings {
             data_dir: root.path().join("data"),
@@ -106,6 +115,12 @@ impl Fixture {
             socket,
             daemon,
         }
+    }
+
+    /// Stops the daemon and starts another on the same data directory.
+    async fn restart(self) -> Fixture {
+        self.daemon.stop().await;
+        Fixture::start_in(self._root).await
     }
 
     /// Replaces the registrations and waits until the daemon applied them.
@@ -419,5 +434,281 @@ async fn an_unregistered_caller_is_denied_until_a_registration_names_it() {
         "{:?}",
         message.bundles.keys()
     );
+    fixture.daemon.stop().await;
+}
+
+/// A registration of this test's uid whose JWT-SVIDs live ten minutes.
+fn jwt_registration() -> String {
+    format!(
+        "{}  jwtSvid:\n    expiry: 10m\n",
+        registration("batch", &format!("[{}]", my_uid_selector()), "main")
+    )
+}
+
+fn audiences(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| (*s).to_owned()).collect()
+}
+
+async fn fetch_jwt(
+    grpc: &mut tonic::client::Grpc<Channel>,
+    audience: Vec<String>,
+) -> Result<JwtSvidResponse, Status> {
+    unary(
+        grpc,
+        paths::FETCH_JWT_SVID,
+        with_header(JwtSvidRequest {
+            audience,
+            spiffe_id: String::new(),
+        }),
+    )
+    .await
+}
+
+async fn validate_jwt(
+    grpc: &mut tonic::client::Grpc<Channel>,
+    audience: &str,
+    svid: &str,
+) -> Result<ValidateJwtSvidResponse, Status> {
+    unary(
+        grpc,
+        paths::VALIDATE_JWT_SVID,
+        with_header(ValidateJwtSvidRequest {
+            audience: audience.to_owned(),
+            svid: svid.to_owned(),
+        }),
+    )
+    .await
+}
+
+/// The first `FetchJWTBundles` message's JWK Set of the mesh's trust domain.
+async fn jwks(grpc: &mut tonic::client::Grpc<Channel>) -> JwksDocument {
+    let mut bundles = stream::<_, JwtBundlesResponse>(
+        grpc,
+        paths::FETCH_JWT_BUNDLES,
+        with_header(JwtBundlesRequest {}),
+    )
+    .await
+    .expect("the stream opens");
+    let message = next(&mut bundles).await.expect("the first message");
+    let bytes = message
+        .bundles
+        .get(&format!("spiffe://{TRUST_DOMAIN}"))
+        .unwrap_or_else(|| panic!("no bundle of {TRUST_DOMAIN}: {:?}", message.bundles.keys()));
+    JwksDocument::parse(bytes).expect("a JWK Set")
+}
+
+const TRUST_DOMAIN: &str = "default.default.mesh.local";
+
+/// A part of a compact JWS (0 header, 1 claims), as JSON.
+fn jws_part(token: &str, index: usize) -> serde_json::Value {
+    use base64::Engine as _;
+    let part = token.split('.').nth(index).expect("a compact JWS");
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(part)
+        .expect("base64url");
+    serde_json::from_slice(&bytes).expect("JSON")
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registered_caller_gets_jwt_svids_its_bundles_verify_and_the_key_is_kept() {
+    let fixture = Fixture::start(&jwt_registration()).await;
+    let mut grpc = fixture.client().await;
+    let jwks_doc = jwks(&mut grpc).await;
+    assert_eq!(jwks_doc.keys().len(), 1, "one key per trust domain");
+    let kid = jwks_doc.keys()[0].kid().to_owned();
+
+    let response = fetch_jwt(&mut grpc, audiences(&["first", "second"]))
+        .await
+        .expect("a JWT-SVID");
+    assert_eq!(response.svids.len(), 1);
+    let svid = &response.svids[0];
+    let spiffe_id = format!("spiffe://{TRUST_DOMAIN}/workload/batch");
+    assert_eq!(svid.spiffe_id, spiffe_id);
+    assert_eq!(svid.hint, "main");
+    let keys = |td: &str, k: &str| {
+        (td == TRUST_DOMAIN)
+            .then(|| jwks_doc.get(k).cloned())
+            .flatten()
+    };
+    for audience in ["first", "second"] {
+        let validated =
+            jwt::validate(&svid.svid, audience, &keys, unix_now()).expect("the bundle verifies it");
+        assert_eq!(validated.spiffe_id.as_str(), spiffe_id);
+    }
+    assert_eq!(jws_part(&svid.svid, 0)["kid"], kid.as_str());
+    let claims = jws_part(&svid.svid, 1);
+    let (iat, exp) = (
+        claims["iat"].as_u64().expect("iat"),
+        claims["exp"].as_u64().expect("exp"),
+    );
+    assert_eq!(exp - iat, 600, "the registration's jwtSvid.expiry");
+    assert_eq!(claims["sub"], spiffe_id.as_str());
+    assert_eq!(claims["aud"], serde_json::json!(["first", "second"]));
+
+    let again = fetch_jwt(&mut grpc, audiences(&["first", "second"]))
+        .await
+        .expect("a JWT-SVID");
+    assert_eq!(again.svids[0].svid, svid.svid, "the cached token");
+
+    // Validation by the daemon.
+    let validated = validate_jwt(&mut grpc, "second", &svid.svid)
+        .await
+        .expect("valid");
+    assert_eq!(validated.spiffe_id, spiffe_id);
+    let claims = validated.claims.expect("claims");
+    match claims.fields.get("aud").and_then(|v| v.kind.as_ref()) {
+        Some(Kind::ListValue(list)) => {
+            let auds: Vec<_> = list
+                .values
+                .iter()
+                .map(|v| match &v.kind {
+                    Some(Kind::StringValue(s)) => s.clone(),
+                    other => panic!("an audience that is not a string: {other:?}"),
+                })
+                .collect();
+            assert_eq!(auds, ["first", "second"]);
+        }
+        other => panic!("aud is not a list: {other:?}"),
+    }
+    match claims.fields.get("sub").and_then(|v| v.kind.as_ref()) {
+        Some(Kind::StringValue(sub)) => assert_eq!(*sub, spiffe_id),
+        other => panic!("sub is not a string: {other:?}"),
+    }
+    let wrong = validate_jwt(&mut grpc, "third", &svid.svid).await;
+    assert_eq!(code_of(wrong), Code::InvalidArgument);
+    let mut tampered = svid.svid.clone();
+    let last = tampered.pop().expect("not empty");
+    tampered.push(if last == 'A' { 'B' } else { 'A' });
+    let refused = validate_jwt(&mut grpc, "first", &tampered).await;
+    assert_eq!(code_of(refused), Code::InvalidArgument);
+    let status = validate_jwt(&mut grpc, "", &svid.svid)
+        .await
+        .expect_err("no audience");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("audience"), "{status:?}");
+    let status = validate_jwt(&mut grpc, &"a".repeat(1025), &svid.svid)
+        .await
+        .expect_err("audience too long");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("jwtAudienceBytes"), "{status:?}");
+    let status = validate_jwt(&mut grpc, "first", "")
+        .await
+        .expect_err("no token");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("svid"), "{status:?}");
+
+    // Requests out of bounds.
+    let status = fetch_jwt(&mut grpc, vec![]).await.expect_err("no audience");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(status.message(), "audience must be specified");
+    let many: Vec<String> = (0..33).map(|i| format!("aud-{i}")).collect();
+    let status = fetch_jwt(&mut grpc, many).await.expect_err("too many");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("jwtAudiencesPerRequest"),
+        "{status:?}"
+    );
+    let lots: Vec<String> = (0..5000).map(|i| format!("aud-{i}")).collect();
+    let status = fetch_jwt(&mut grpc, lots).await.expect_err("far too many");
+    assert!(
+        matches!(
+            status.code(),
+            Code::InvalidArgument | Code::ResourceExhausted
+        ),
+        "{status:?}"
+    );
+    // A workload asking for a token for another identity than its own gets none.
+    let status = unary::<_, JwtSvidResponse>(
+        &mut grpc,
+        paths::FETCH_JWT_SVID,
+        with_header(JwtSvidRequest {
+            audience: audiences(&["first"]),
+            spiffe_id: format!("spiffe://{TRUST_DOMAIN}/workload/other"),
+        }),
+    )
+    .await
+    .expect_err("not its identity");
+    assert_eq!(status.code(), Code::PermissionDenied);
+    assert!(status.message().contains("workload/other"), "{status:?}");
+    // The daemon keeps serving.
+    fetch_jwt(&mut grpc, audiences(&["first"]))
+        .await
+        .expect("still served");
+
+    // An open FetchJWTBundles stream ends with UNAVAILABLE when the daemon stops.
+    let mut open = stream::<_, JwtBundlesResponse>(
+        &mut grpc,
+        paths::FETCH_JWT_BUNDLES,
+        with_header(JwtBundlesRequest {}),
+    )
+    .await
+    .expect("the stream opens");
+    next(&mut open).await.expect("the first message");
+
+    // The key was persisted: a restarted daemon signs with the same one.
+    drop(grpc);
+    let fixture = fixture.restart().await;
+    let status = next(&mut open).await.expect_err("ended by the shutdown");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("shutting down"), "{status:?}");
+    let mut grpc = fixture.client().await;
+    let after = jwks(&mut grpc).await;
+    assert_eq!(after.keys().len(), 1);
+    assert_eq!(after.keys()[0].kid(), kid, "the same key after a restart");
+    let response = fetch_jwt(&mut grpc, audiences(&["first"]))
+        .await
+        .expect("a JWT-SVID");
+    assert_eq!(jws_part(&response.svids[0].svid, 0)["kid"], kid.as_str());
+    fixture.daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unregistered_caller_gets_no_jwt_method() {
+    let fixture = Fixture::start(&registration("other", "[unix:uid:4000000]", "x")).await;
+    let mut grpc = fixture.client().await;
+    let status = fetch_jwt(&mut grpc, audiences(&["a"]))
+        .await
+        .expect_err("denied");
+    assert_eq!(status.code(), Code::PermissionDenied);
+    let bundles = stream::<_, JwtBundlesResponse>(
+        &mut grpc,
+        paths::FETCH_JWT_BUNDLES,
+        with_header(JwtBundlesRequest {}),
+    );
+    assert_eq!(code_of(bundles.await), Code::PermissionDenied);
+    let status = validate_jwt(&mut grpc, "a", "a.b.c")
+        .await
+        .expect_err("denied");
+    assert_eq!(status.code(), Code::PermissionDenied);
+    fixture.daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jwt_bundles_stream_ends_when_its_callers_registration_goes() {
+    let fixture = Fixture::start(&jwt_registration()).await;
+    let mut grpc = fixture.client().await;
+    let mut bundles = stream::<_, JwtBundlesResponse>(
+        &mut grpc,
+        paths::FETCH_JWT_BUNDLES,
+        with_header(JwtBundlesRequest {}),
+    )
+    .await
+    .expect("the stream opens");
+    let first = next(&mut bundles).await.expect("the first message");
+    assert!(first
+        .bundles
+        .contains_key(&format!("spiffe://{TRUST_DOMAIN}")));
+    fixture
+        .set_registrations(&registration("other", "[unix:uid:4000000]", "x"))
+        .await;
+    let status = next(&mut bundles).await.expect_err("ended");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
     fixture.daemon.stop().await;
 }

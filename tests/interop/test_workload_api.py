@@ -379,18 +379,12 @@ def test_the_socket_is_open_to_every_user_and_logged(workload_daemon, workload_d
     assert any(str(socket) in line for line in lines), lines
 
 
-# Fail today (UNIMPLEMENTED) and pass once JWT-SVIDs are served: then remove the mark. Only a failed assertion
-# counts as the expected failure; a workload that crashes or hangs fails the test.
-JWT_SOON = pytest.mark.xfail(strict=True, raises=AssertionError, reason="JWT-SVIDs land next")
-
-
 def fetch_jwt(spawn, uid, audience):
     got = spawn(uid, "jwt", audience).next()
     assert "error" not in got, got
     return got
 
 
-@JWT_SOON
 def test_a_jwt_svid_validates_against_the_jwt_bundles(workload_daemon, spawn):
     resources = two_workloads()
     resources["reg-a.yaml"] += "  jwtSvid:\n    expiry: 2m\n"
@@ -401,7 +395,6 @@ def test_a_jwt_svid_validates_against_the_jwt_bundles(workload_daemon, spawn):
     assert time.time() < got["expiry"] <= time.time() + 120 + 5
 
 
-@JWT_SOON
 def test_validate_jwt_svid_accepts_a_peers_token_for_its_audience_only(workload_daemon, spawn):
     workload_daemon(two_workloads())
     token = fetch_jwt(spawn, UID_A, ID_B)["token"]

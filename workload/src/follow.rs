@@ -302,39 +302,14 @@ impl<V: View> Follow<V> {
 
     /// Tells the owner a stream of `registration`'s Dataplane is open and what it subscribes to.
     async fn connect(&self, registration: Arc<Registration>) -> Result<Link, Status> {
-        let now = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        let claims = Claims::new(
-            ProxyType::Dataplane,
-            &*registration.proxy.mesh,
-            &*registration.proxy.name,
-            (*registration.labels).clone(),
-            Default::default(),
-            CLAIMS_VALIDITY,
-            now,
-        )
-        .map_err(|error| {
-            tracing::warn!(registration = %registration.name, %error, "a WorkloadRegistration's Dataplane cannot be served");
-            Status::internal(format!(
-                "registration {} cannot be served: {error}",
-                registration.name
-            ))
-        })?;
-        let id = self.shared.sds.next_stream_id();
-        let waiter = self.shared.sds.snapshot_waiter(&registration.proxy);
-        let sds = &self.shared.sds;
-        sds.report(StreamEvent::Connected {
-            stream: id,
-            claims: Arc::new(claims),
-        })
-        .await;
-        sds.report(StreamEvent::Subscribed {
-            stream: id,
-            resources: parse_names(V::RESOURCES.iter().map(|s| (*s).to_owned()).collect()),
-        })
-        .await;
+        let (id, waiter) = connect(&self.shared, &registration).await?;
+        self.shared
+            .sds
+            .report(StreamEvent::Subscribed {
+                stream: id,
+                resources: parse_names(V::RESOURCES.iter().map(|s| (*s).to_owned()).collect()),
+            })
+            .await;
         Ok(Link {
             registration,
             id,
@@ -357,8 +332,47 @@ impl<V: View> Follow<V> {
     }
 }
 
+/// Tells the owner a stream of `registration`'s Dataplane is open (the owner issues identities to
+/// connected proxies only): its id, and a wait for the snapshots that concern it (subscribed first, so
+/// that none published after this returns goes unheard). Report `Disconnected` when done.
+pub(crate) async fn connect(
+    shared: &Shared,
+    registration: &Registration,
+) -> Result<(StreamId, SnapshotWaiter), Status> {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let claims = Claims::new(
+        ProxyType::Dataplane,
+        &*registration.proxy.mesh,
+        &*registration.proxy.name,
+        (*registration.labels).clone(),
+        Default::default(),
+        CLAIMS_VALIDITY,
+        now,
+    )
+    .map_err(|error| {
+        tracing::warn!(registration = %registration.name, %error, "a WorkloadRegistration's Dataplane cannot be served");
+        Status::internal(format!(
+            "registration {} cannot be served: {error}",
+            registration.name
+        ))
+    })?;
+    let id = shared.sds.next_stream_id();
+    let waiter = shared.sds.snapshot_waiter(&registration.proxy);
+    shared
+        .sds
+        .report(StreamEvent::Connected {
+            stream: id,
+            claims: Arc::new(claims),
+        })
+        .await;
+    Ok((id, waiter))
+}
+
 /// Sleeps until `deadline`, or forever without one.
-async fn sleep_until_some(deadline: Option<Instant>) {
+pub(crate) async fn sleep_until_some(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,

@@ -14,6 +14,8 @@ mod callers;
 pub mod client;
 mod follow;
 pub mod jwt;
+mod jwt_api;
+pub mod jwt_keys;
 pub mod proto;
 mod service;
 mod x509;

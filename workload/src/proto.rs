@@ -6,7 +6,8 @@
 
 use std::collections::HashMap;
 
-pub use envoy_types::pb::google::protobuf::Struct;
+/// `google.protobuf.Struct` and its values, which `ValidateJwtSvidResponse::claims` holds.
+pub use envoy_types::pb::google::protobuf::{value, ListValue, Struct, Value};
 
 /// The method paths of `SpiffeWorkloadAPI`.
 pub mod paths {

@@ -9,14 +9,19 @@ use std::time::Duration;
 use futures::stream::BoxStream;
 use meshca_sds::{ConnInfo, LogBudget, SdsServer};
 use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
-use tonic::server::{Grpc, NamedService, ServerStreamingService};
+use tonic::server::{Grpc, NamedService, ServerStreamingService, UnaryService};
 use tonic::Status;
 use tonic_prost::ProstCodec;
 
 use crate::attest::{self, AttestError, AttestLimits, PeerProcess, Selectors};
 use crate::callers::Callers;
 use crate::follow::{Bundles, Follow, Svids, View};
-use crate::proto::{paths, X509BundlesRequest, X509SvidRequest};
+use crate::jwt::JwtSvidCache;
+use crate::jwt_api;
+use crate::jwt_keys::JwtKeys;
+use crate::proto::{
+    paths, JwtBundlesRequest, JwtBundlesResponse, X509BundlesRequest, X509SvidRequest,
+};
 use crate::x509::MAX_RESPONSE_BYTES;
 
 /// The metadata every Workload API request must carry, with the value `true`: it proves the request
@@ -45,6 +50,12 @@ pub struct WorkloadOptions {
     pub attest: AttestLimits,
     /// Warnings about refused callers logged per minute.
     pub warnings_per_minute: u32,
+    /// Audiences one JWT-SVID request may ask for (`limits.jwtAudiencesPerRequest`).
+    pub jwt_audiences_per_request: usize,
+    /// The longest audience, in bytes (`limits.jwtAudienceBytes`).
+    pub jwt_audience_bytes: usize,
+    /// Signed JWT-SVIDs kept for reuse (`limits.jwtSvidCacheEntries`).
+    pub jwt_svid_cache_entries: usize,
 }
 
 impl Default for WorkloadOptions {
@@ -56,6 +67,9 @@ impl Default for WorkloadOptions {
             request_bytes: 64 * 1024,
             attest: AttestLimits::default(),
             warnings_per_minute: 10,
+            jwt_audiences_per_request: 32,
+            jwt_audience_bytes: 1024,
+            jwt_svid_cache_entries: 4096,
         }
     }
 }
@@ -84,14 +98,21 @@ pub(crate) struct Shared {
     /// The open streams, for operators.
     pub(crate) callers: Callers,
     refusals_logged: LogBudget,
+    /// The JWT signing keys of every trust domain.
+    pub(crate) jwt_keys: JwtKeys,
+    /// Signed JWT-SVIDs kept for reuse.
+    pub(crate) jwt_cache: Mutex<JwtSvidCache>,
 }
 
 impl WorkloadApi {
-    /// A server that serves what `sds` serves, to the callers of the Workload API socket.
-    pub fn new(sds: SdsServer, options: WorkloadOptions) -> Self {
+    /// A server that serves what `sds` serves, to the callers of the Workload API socket, signing
+    /// JWT-SVIDs with `jwt_keys`.
+    pub fn new(sds: SdsServer, options: WorkloadOptions, jwt_keys: JwtKeys) -> Self {
         WorkloadApi {
             shared: Arc::new(Shared {
                 sds,
+                jwt_keys,
+                jwt_cache: Mutex::new(JwtSvidCache::new(options.jwt_svid_cache_entries)),
                 refusals_logged: LogBudget::new(options.warnings_per_minute),
                 options,
                 streams: Mutex::new(HashMap::new()),
@@ -211,7 +232,7 @@ impl Shared {
     }
 
     /// Refuses a caller that matches no registration (it may be registered later: clients retry).
-    fn no_registration(&self, caller: &str) -> Status {
+    pub(crate) fn no_registration(&self, caller: &str) -> Status {
         if self.refusals_logged.admit().is_some() {
             tracing::info!(%caller, "a Workload API caller matches no WorkloadRegistration");
         }
@@ -257,13 +278,82 @@ where
                 paths::FETCH_WIT_SVID | paths::FETCH_WIT_BUNDLES => {
                     Status::unimplemented("WIT-SVIDs are not supported").into_http()
                 }
-                paths::FETCH_JWT_SVID | paths::FETCH_JWT_BUNDLES | paths::VALIDATE_JWT_SVID => {
-                    Status::unimplemented("JWT-SVIDs are not served by this version of meshca")
-                        .into_http()
+                paths::FETCH_JWT_SVID => {
+                    serve_unary(shared, request, |s, r| {
+                        Box::pin(jwt_api::fetch_jwt_svid(s, r))
+                    })
+                    .await
+                }
+                paths::VALIDATE_JWT_SVID => {
+                    serve_unary(shared, request, |s, r| {
+                        Box::pin(jwt_api::validate_jwt_svid(s, r))
+                    })
+                    .await
+                }
+                paths::FETCH_JWT_BUNDLES => {
+                    let request_bytes = shared.options.request_bytes;
+                    Grpc::new(ProstCodec::<JwtBundlesResponse, JwtBundlesRequest>::default())
+                        .apply_max_message_size_config(
+                            Some(request_bytes),
+                            Some(MAX_RESPONSE_BYTES),
+                        )
+                        .server_streaming(JwtBundlesMethod { shared }, request)
+                        .await
                 }
                 _ => Status::unimplemented("no such method of the Workload API").into_http(),
             })
         })
+    }
+}
+
+/// A unary method's handler.
+type UnaryHandler<Req, Resp> =
+    fn(Arc<Shared>, tonic::Request<Req>) -> BoxFuture<tonic::Response<Resp>, Status>;
+
+/// Answers a unary method: requests no larger than the limit, responses under what clients accept.
+async fn serve_unary<Req, Resp>(
+    shared: Arc<Shared>,
+    request: http::Request<tonic::body::Body>,
+    handler: UnaryHandler<Req, Resp>,
+) -> http::Response<tonic::body::Body>
+where
+    Req: prost::Message + Default + Send + 'static,
+    Resp: prost::Message + Send + 'static,
+{
+    let request_bytes = shared.options.request_bytes;
+    Grpc::new(ProstCodec::<Resp, Req>::default())
+        .apply_max_message_size_config(Some(request_bytes), Some(MAX_RESPONSE_BYTES))
+        .unary(Unary { shared, handler }, request)
+        .await
+}
+
+/// A unary method and what it runs.
+struct Unary<Req, Resp> {
+    shared: Arc<Shared>,
+    handler: UnaryHandler<Req, Resp>,
+}
+
+impl<Req: Send + 'static, Resp: Send + 'static> UnaryService<Req> for Unary<Req, Resp> {
+    type Response = Resp;
+    type Future = BoxFuture<tonic::Response<Resp>, Status>;
+
+    fn call(&mut self, request: tonic::Request<Req>) -> Self::Future {
+        (self.handler)(self.shared.clone(), request)
+    }
+}
+
+/// `FetchJWTBundles`.
+struct JwtBundlesMethod {
+    shared: Arc<Shared>,
+}
+
+impl ServerStreamingService<JwtBundlesRequest> for JwtBundlesMethod {
+    type Response = JwtBundlesResponse;
+    type ResponseStream = BoxStream<'static, Result<JwtBundlesResponse, Status>>;
+    type Future = BoxFuture<tonic::Response<Self::ResponseStream>, Status>;
+
+    fn call(&mut self, request: tonic::Request<JwtBundlesRequest>) -> Self::Future {
+        Box::pin(jwt_api::fetch_jwt_bundles(self.shared.clone(), request))
     }
 }
 
@@ -322,13 +412,13 @@ impl<V: View + Answers> ServerStreamingService<V::Request> for Method<V> {
             let admitted = shared.admit(request.extensions().get::<ConnInfo>()).await?;
             let snapshot = shared.sds.snapshots().borrow().clone();
             let selectors = &admitted.selectors;
-            if snapshot
+            let matched = snapshot
                 .registrations
-                .matching(None, |s| selectors.contains(s))
-                .is_empty()
-            {
+                .matching(None, |s| selectors.contains(s));
+            if matched.is_empty() {
                 return Err(shared.no_registration(&admitted.caller));
             }
+            jwt_api::ensure_keys_of(&shared, &snapshot, &matched);
             let follow = Follow::<V>::new(shared.clone(), admitted);
             Ok(tonic::Response::new(follow.into_stream()))
         })

@@ -1,0 +1,520 @@
+//! The three JWT methods: `FetchJWTSVID` (unary), `FetchJWTBundles` (stream) and `ValidateJWTSVID`
+//! (unary).
+//!
+//! A caller is attested and matched against the registrations as for the X.509 methods. Its
+//! JWT-SVIDs name the SPIFFE IDs of the X.509-SVIDs its registrations are issued, and are signed by
+//! their trust domains' keys ([`JwtKeys`], whose module docs say when a new key signs).
+
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError};
+use std::time::SystemTime;
+
+use futures::future::select_all;
+use futures::stream::{self, BoxStream, StreamExt};
+use meshca_control::{ProxyEntry, ProxyIdentity, Registration, Snapshot, StreamEvent, StreamId};
+use meshca_identity::SpiffeId;
+use meshca_sds::{ConnInfo, SnapshotWaiter};
+use prost::Message;
+use serde_json::{Map, Value as Json};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tonic::Status;
+
+use crate::follow::{connect, sleep_until_some};
+use crate::jwt::{self, check_audiences, mint, JwksDocument};
+#[cfg(doc)]
+use crate::jwt_keys::JwtKeys;
+use crate::jwt_keys::{JwtKeysError, KeySet};
+use crate::proto::{
+    value::Kind, JwtBundlesRequest, JwtBundlesResponse, JwtSvid, JwtSvidRequest, JwtSvidResponse,
+    ListValue, Struct, ValidateJwtSvidRequest, ValidateJwtSvidResponse, Value,
+};
+use crate::service::{Admitted, Shared};
+use crate::x509::MAX_RESPONSE_BYTES;
+
+/// Unix seconds now.
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The SPIFFE ID's trust domain: the host part of `spiffe://<td>/<path>`.
+fn trust_domain_of(spiffe_id: &str) -> &str {
+    let rest = spiffe_id.strip_prefix("spiffe://").unwrap_or(spiffe_id);
+    rest.split('/').next().unwrap_or(rest)
+}
+
+/// The registrations `admitted` matches in the current snapshot; `PERMISSION_DENIED` for none.
+fn matched(shared: &Shared, admitted: &Admitted) -> Result<Vec<Arc<Registration>>, Status> {
+    let snapshot = shared.sds.snapshots().borrow().clone();
+    let selectors = &admitted.selectors;
+    let matched = snapshot
+        .registrations
+        .matching(None, |s| selectors.contains(s));
+    if matched.is_empty() {
+        return Err(shared.no_registration(&admitted.caller));
+    }
+    Ok(matched)
+}
+
+/// The owner's view of a caller's registrations while it is being served: connected, so that they are
+/// issued their identities; disconnected when dropped.
+struct Connected {
+    shared: Arc<Shared>,
+    ids: Vec<StreamId>,
+}
+
+impl Drop for Connected {
+    fn drop(&mut self) {
+        for id in &self.ids {
+            self.shared
+                .sds
+                .report_from_drop(StreamEvent::Disconnected { stream: *id });
+        }
+    }
+}
+
+/// The identities of `registrations` once none is pending any more (waiting no later than
+/// `deadline`): the ready ones, in order, and why the others have none. Makes sure every trust domain
+/// of a ready identity has a JWT key.
+async fn identities(
+    shared: &Arc<Shared>,
+    registrations: &[Arc<Registration>],
+    deadline: Instant,
+) -> Result<Identities, Status> {
+    let mut connected = Connected {
+        shared: shared.clone(),
+        ids: Vec::with_capacity(registrations.len()),
+    };
+    let mut waiters: Vec<SnapshotWaiter> = Vec::with_capacity(registrations.len());
+    for registration in registrations {
+        let (id, waiter) = connect(shared, registration).await?;
+        connected.ids.push(id);
+        waiters.push(waiter);
+    }
+    let (ready, skipped) = loop {
+        let snapshot = shared.sds.snapshots().borrow().clone();
+        if let Some(found) = settled(&snapshot, registrations) {
+            break found;
+        }
+        let changed = select_all(waiters.iter_mut().map(|w| Box::pin(w.changed())));
+        tokio::select! {
+            (open, _, _) = changed => if !open {
+                return Err(Status::unavailable("the server is shutting down"));
+            },
+            () = sleep_until_some(Some(deadline)) => {
+                return Err(Status::unavailable(format!(
+                    "the identity is not ready after {:?}: the daemon has not prepared it yet",
+                    shared.options.identity_wait
+                )));
+            }
+        }
+    };
+    drop(connected);
+    for (_, identity) in &ready {
+        let td = trust_domain_of(&identity.spiffe_id);
+        shared
+            .jwt_keys
+            .ensure(td)
+            .await
+            .map_err(|error| key_failure(&error))?;
+    }
+    Ok((ready, skipped))
+}
+
+/// Makes sure the trust domains of the caller's ready identities in `snapshot` have JWT keys, in
+/// the background (for the X.509 methods, which do not wait for them).
+pub(crate) fn ensure_keys_of(
+    shared: &Shared,
+    snapshot: &Snapshot,
+    registrations: &[Arc<Registration>],
+) {
+    for registration in registrations {
+        if let Some(ProxyEntry::Ready(identity)) = snapshot.proxies.get(&registration.proxy) {
+            let td = trust_domain_of(&identity.spiffe_id).to_owned();
+            if shared
+                .jwt_keys
+                .current()
+                .by_trust_domain()
+                .contains_key(&td)
+            {
+                continue;
+            }
+            let keys = shared.jwt_keys.clone();
+            tokio::spawn(async move {
+                if let Err(error) = keys.ensure(&td).await {
+                    tracing::warn!(%error, "a JWT signing key is not available");
+                }
+            });
+        }
+    }
+}
+
+/// The caller's registrations that have an identity, with it, and why the others have none.
+type Identities = (Vec<(Arc<Registration>, Arc<ProxyIdentity>)>, Vec<String>);
+
+/// The ready identities and the reasons for the others, or `None` while one is pending.
+fn settled(snapshot: &Snapshot, registrations: &[Arc<Registration>]) -> Option<Identities> {
+    let mut ready = Vec::new();
+    let mut skipped = Vec::new();
+    for registration in registrations {
+        match snapshot.proxies.get(&registration.proxy) {
+            Some(ProxyEntry::Ready(identity)) => {
+                ready.push((registration.clone(), identity.clone()))
+            }
+            None | Some(ProxyEntry::Pending) => return None,
+            Some(ProxyEntry::NoIdentity { reason } | ProxyEntry::Refused { reason }) => {
+                skipped.push(format!("registration {}: {reason}", registration.name));
+            }
+        }
+    }
+    Some((ready, skipped))
+}
+
+/// A key that could not be had: logged, and `UNAVAILABLE` for the caller (it may retry).
+fn key_failure(error: &JwtKeysError) -> Status {
+    if let JwtKeysError::NotYetUsable { .. } = error {
+        return Status::unavailable(error.to_string());
+    }
+    tracing::warn!(%error, "a JWT signing key is not available");
+    Status::unavailable(format!("JWT signing key not available: {error}"))
+}
+
+/// `FetchJWTSVID`.
+pub(crate) async fn fetch_jwt_svid(
+    shared: Arc<Shared>,
+    request: tonic::Request<JwtSvidRequest>,
+) -> Result<tonic::Response<JwtSvidResponse>, Status> {
+    let opened = Instant::now();
+    let admitted = shared.admit(request.extensions().get::<ConnInfo>()).await?;
+    let request = request.into_inner();
+    let registrations = matched(&shared, &admitted)?;
+    let options = &shared.options;
+    check_audiences(
+        &request.audience,
+        options.jwt_audiences_per_request,
+        options.jwt_audience_bytes,
+    )
+    .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let deadline = opened + options.identity_wait;
+    let (mut ready, skipped) = identities(&shared, &registrations, deadline).await?;
+    if !request.spiffe_id.is_empty() {
+        ready.retain(|(_, identity)| identity.spiffe_id == request.spiffe_id);
+        if ready.is_empty() {
+            return Err(Status::permission_denied(format!(
+                "no identity issued: the caller has no identity {}",
+                meshca_auth::quote(&request.spiffe_id)
+            )));
+        }
+    }
+    if ready.is_empty() {
+        return Err(Status::permission_denied(format!(
+            "no identity issued: {}",
+            skipped.join("; ")
+        )));
+    }
+    let mut response = JwtSvidResponse::default();
+    let mut hints: Vec<&str> = Vec::new();
+    for (registration, identity) in &ready {
+        let spiffe_id = SpiffeId::parse(&identity.spiffe_id).map_err(|error| {
+            Status::internal(format!(
+                "registration {}: its SPIFFE ID {:?} does not parse: {error}",
+                registration.name, identity.spiffe_id
+            ))
+        })?;
+        let key = shared
+            .jwt_keys
+            .signer(trust_domain_of(&identity.spiffe_id), deadline)
+            .await
+            .map_err(|error| key_failure(&error))?;
+        let now = unix_now();
+        let cached = shared
+            .jwt_cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&spiffe_id, key.kid(), &request.audience, now);
+        let token = match cached {
+            Some(token) => token,
+            None => {
+                let expires_at = now.saturating_add(registration.jwt_svid_expiry.as_secs().max(1));
+                let token = mint(&key, spiffe_id.as_str(), &request.audience, now, expires_at)
+                    .map_err(|e| Status::invalid_argument(e.to_string()))?;
+                shared
+                    .jwt_cache
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(
+                        &spiffe_id,
+                        key.kid(),
+                        &request.audience,
+                        token.clone(),
+                        now,
+                        expires_at,
+                    );
+                token
+            }
+        };
+        // A hint is unique within one response: the first registration (in order) keeps it.
+        let hint = match registration.hint.as_deref() {
+            Some(hint) if !hints.contains(&hint) => {
+                hints.push(hint);
+                hint.to_owned()
+            }
+            _ => String::new(),
+        };
+        response.svids.push(JwtSvid {
+            spiffe_id: identity.spiffe_id.clone(),
+            svid: token,
+            hint,
+        });
+    }
+    let size = response.encoded_len();
+    if size >= MAX_RESPONSE_BYTES {
+        let reason = format!(
+            "the response would be {size} bytes, over the {MAX_RESPONSE_BYTES} bytes Workload API \
+             clients accept"
+        );
+        tracing::warn!(caller = %admitted.caller, method = "FetchJWTSVID", "Workload API response refused: {reason}");
+        return Err(Status::resource_exhausted(reason));
+    }
+    Ok(tonic::Response::new(response))
+}
+
+/// `ValidateJWTSVID`.
+pub(crate) async fn validate_jwt_svid(
+    shared: Arc<Shared>,
+    request: tonic::Request<ValidateJwtSvidRequest>,
+) -> Result<tonic::Response<ValidateJwtSvidResponse>, Status> {
+    let admitted = shared.admit(request.extensions().get::<ConnInfo>()).await?;
+    let request = request.into_inner();
+    matched(&shared, &admitted)?;
+    if request.audience.is_empty() {
+        return Err(Status::invalid_argument("audience must be specified"));
+    }
+    if request.svid.is_empty() {
+        return Err(Status::invalid_argument("svid must be specified"));
+    }
+    let max = shared.options.jwt_audience_bytes;
+    if request.audience.len() > max {
+        return Err(Status::invalid_argument(format!(
+            "audience is {} bytes long; at most {max} are accepted (limits.jwtAudienceBytes)",
+            request.audience.len()
+        )));
+    }
+    let keys = shared.jwt_keys.current();
+    let validated = jwt::validate(
+        &request.svid,
+        &request.audience,
+        &|td: &str, kid: &str| keys.get(td, kid),
+        unix_now(),
+    )
+    .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    Ok(tonic::Response::new(ValidateJwtSvidResponse {
+        spiffe_id: validated.spiffe_id.as_str().to_owned(),
+        claims: Some(to_struct(validated.claims)),
+    }))
+}
+
+/// JSON claims as a protobuf `Struct`.
+fn to_struct(map: Map<String, Json>) -> Struct {
+    Struct {
+        fields: map.into_iter().map(|(k, v)| (k, to_value(v))).collect(),
+    }
+}
+
+fn to_value(json: Json) -> Value {
+    let kind = match json {
+        Json::Null => Kind::NullValue(0),
+        Json::Bool(b) => Kind::BoolValue(b),
+        // Protobuf's numbers are doubles: integers above 2^53 lose precision, as in any JSON
+        // mapping of `Struct`.
+        Json::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(f64::NAN)),
+        Json::String(s) => Kind::StringValue(s),
+        Json::Array(items) => Kind::ListValue(ListValue {
+            values: items.into_iter().map(to_value).collect(),
+        }),
+        Json::Object(map) => Kind::StructValue(to_struct(map)),
+    };
+    Value { kind: Some(kind) }
+}
+
+/// The `FetchJWTBundles` message for `keys`: a JWK Set per trust domain, keyed `spiffe://<td>`.
+fn bundles_message(keys: &KeySet) -> Result<JwtBundlesResponse, Status> {
+    let bundles: HashMap<String, Vec<u8>> = keys
+        .by_trust_domain()
+        .iter()
+        .map(|(td, jwks): (&String, &JwksDocument)| (format!("spiffe://{td}"), jwks.to_bytes()))
+        .collect();
+    let response = JwtBundlesResponse { bundles };
+    let size = response.encoded_len();
+    if size >= MAX_RESPONSE_BYTES {
+        let reason = format!(
+            "the response would be {size} bytes, over the {MAX_RESPONSE_BYTES} bytes Workload API \
+             clients accept"
+        );
+        tracing::warn!(
+            method = "FetchJWTBundles",
+            "Workload API response refused: {reason}"
+        );
+        return Err(Status::resource_exhausted(reason));
+    }
+    Ok(response)
+}
+
+/// `FetchJWTBundles`: the stream of messages.
+pub(crate) async fn fetch_jwt_bundles(
+    shared: Arc<Shared>,
+    request: tonic::Request<JwtBundlesRequest>,
+) -> Result<tonic::Response<BoxStream<'static, Result<JwtBundlesResponse, Status>>>, Status> {
+    let opened = Instant::now();
+    let admitted = shared.admit(request.extensions().get::<ConnInfo>()).await?;
+    let registrations = matched(&shared, &admitted)?;
+    // The caller's own trust domains have keys before the first message.
+    identities(
+        &shared,
+        &registrations,
+        opened + shared.options.identity_wait,
+    )
+    .await?;
+    let shutdown = shared.sds.snapshot_waiter(&registrations[0].proxy);
+    let follow = BundlesFollow {
+        keys: shared.jwt_keys.subscribe(),
+        snapshots: shared.sds.snapshots(),
+        admitted,
+        shutdown,
+        first: true,
+        done: false,
+    };
+    let stream = stream::unfold(follow, |mut follow| async move {
+        if follow.done {
+            return None;
+        }
+        let item = follow.next().await;
+        follow.done = item.is_err();
+        Some((item, follow))
+    })
+    .boxed();
+    Ok(tonic::Response::new(stream))
+}
+
+/// One `FetchJWTBundles` stream: the key set at once, then again whenever it changes.
+struct BundlesFollow {
+    admitted: Admitted,
+    keys: watch::Receiver<Arc<KeySet>>,
+    snapshots: watch::Receiver<Arc<Snapshot>>,
+    /// Rung by the dispatcher that wakes the server's streams; `false` once the server shuts down.
+    shutdown: SnapshotWaiter,
+    first: bool,
+    done: bool,
+}
+
+impl BundlesFollow {
+    async fn next(&mut self) -> Result<JwtBundlesResponse, Status> {
+        if std::mem::take(&mut self.first) {
+            let keys = self.keys.borrow_and_update().clone();
+            return bundles_message(&keys);
+        }
+        loop {
+            tokio::select! {
+                changed = self.keys.changed() => {
+                    if changed.is_err() {
+                        return Err(Status::unavailable("the server is shutting down"));
+                    }
+                    let keys = self.keys.borrow_and_update().clone();
+                    return bundles_message(&keys);
+                }
+                changed = self.snapshots.changed() => {
+                    if changed.is_err() {
+                        return Err(Status::unavailable("the server is shutting down"));
+                    }
+                    self.still_registered()?;
+                }
+                open = self.shutdown.changed() => {
+                    if !open {
+                        return Err(Status::unavailable("the server is shutting down"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// `PERMISSION_DENIED` once the caller matches no registration any more.
+    fn still_registered(&mut self) -> Result<(), Status> {
+        let snapshot = self.snapshots.borrow_and_update().clone();
+        let selectors = &self.admitted.selectors;
+        if snapshot
+            .registrations
+            .matching(None, |s| selectors.contains(s))
+            .is_empty()
+        {
+            tracing::info!(caller = %self.admitted.caller, method = "FetchJWTBundles", "Workload API stream ended: the caller matches no registration any more");
+            return Err(Status::permission_denied(
+                "no identity issued: the caller matches no WorkloadRegistration any more",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claims_convert_to_a_struct_value_for_value() {
+        let claims = serde_json::json!({
+            "sub": "spiffe://example.org/w",
+            "aud": ["a"],
+            "exp": 1700000000u64,
+            "ratio": 0.5,
+            "flag": true,
+            "none": null,
+            "nested": {"k": [1, "x"]},
+        });
+        let serde_json::Value::Object(map) = claims else {
+            panic!("an object")
+        };
+        let converted = to_struct(map);
+        let kind = |name: &str| converted.fields[name].kind.clone().expect("a kind");
+        assert_eq!(
+            kind("sub"),
+            Kind::StringValue("spiffe://example.org/w".to_owned())
+        );
+        assert_eq!(
+            kind("aud"),
+            Kind::ListValue(ListValue {
+                values: vec![Value {
+                    kind: Some(Kind::StringValue("a".to_owned()))
+                }]
+            })
+        );
+        assert_eq!(kind("exp"), Kind::NumberValue(1_700_000_000.0));
+        assert_eq!(kind("ratio"), Kind::NumberValue(0.5));
+        assert_eq!(kind("flag"), Kind::BoolValue(true));
+        assert_eq!(kind("none"), Kind::NullValue(0));
+        let Kind::StructValue(nested) = kind("nested") else {
+            panic!("a struct")
+        };
+        assert_eq!(
+            nested.fields["k"].kind,
+            Some(Kind::ListValue(ListValue {
+                values: vec![
+                    Value {
+                        kind: Some(Kind::NumberValue(1.0))
+                    },
+                    Value {
+                        kind: Some(Kind::StringValue("x".to_owned()))
+                    },
+                ]
+            }))
+        );
+    }
+
+    #[test]
+    fn the_trust_domain_is_the_host_of_the_id() {
+        assert_eq!(trust_domain_of("spiffe://example.org/w/x"), "example.org");
+        assert_eq!(trust_domain_of("spiffe://example.org"), "example.org");
+    }
+}
