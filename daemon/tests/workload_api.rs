@@ -80,16 +80,21 @@ struct Fixture {
 
 impl Fixture {
     async fn start(registrations: &str) -> Fixture {
+        Fixture::start_tuned(registrations, |_| {}).await
+    }
+
+    /// Starts a daemon whose settings `tune` changes.
+    async fn start_tuned(registrations: &str, tune: impl FnOnce(&mut Settings)) -> Fixture {
         let root = tempfile::tempdir().expect("a temp dir");
         let resources = root.path().join("resources");
         std::fs::create_dir(&resources).expect("resources dir");
         std::fs::write(resources.join("mesh.yaml"), MESH).expect("mesh.yaml");
         std::fs::write(resources.join("workloads.yaml"), registrations).expect("workloads.yaml");
-        Fixture::start_in(root).await
+        Fixture::start_in(root, tune).await
     }
 
     /// Starts a daemon on the data directory and resources under `root`.
-    async fn start_in(root: tempfile::TempDir) -> Fixture {
+    async fn start_in(root: tempfile::TempDir, tune: impl FnOnce(&mut Settings)) -> Fixture {
         let resources = root.path().join("resources");
         let socket = root.path().join("workload.sock");
         let mut settings = Settings {
@@ -101,6 +106,7 @@ impl Fixture {
         settings.sds.tls = None;
         settings.admin.listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
         settings.workload_api.listen = vec![socket.clone()];
+        tune(&mut settings);
         let options = DaemonOptions {
             gate: true,
             watch_files: false,
@@ -120,7 +126,7 @@ impl Fixture {
     /// Stops the daemon and starts another on the same data directory.
     async fn restart(self) -> Fixture {
         self.daemon.stop().await;
-        Fixture::start_in(self._root).await
+        Fixture::start_in(self._root, |_| {}).await
     }
 
     /// Replaces the registrations and waits until the daemon applied them.
@@ -710,5 +716,116 @@ async fn a_jwt_bundles_stream_ends_when_its_callers_registration_goes() {
         .await;
     let status = next(&mut bundles).await.expect_err("ended");
     assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    fixture.daemon.stop().await;
+}
+
+/// Opens `FetchX509SVID` streams until one opens, for as long as `TIMEOUT`: a stream the client
+/// dropped leaves the server's count once the server has read its reset.
+async fn open_when_room(grpc: &mut tonic::client::Grpc<Channel>) -> Streaming<X509SvidResponse> {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        match stream(
+            grpc,
+            paths::FETCH_X509_SVID,
+            with_header(X509SvidRequest {}),
+        )
+        .await
+        {
+            Ok(opened) => return opened,
+            Err(status) if status.code() == Code::ResourceExhausted => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no room came: {status}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(status) => panic!("unexpected refusal: {status}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_past_its_stream_limit_is_refused_until_one_of_its_streams_ends() {
+    let registrations = registration("batch", &format!("[{}]", my_uid_selector()), "main");
+    let fixture = Fixture::start_tuned(&registrations, |settings| {
+        settings.limits.workload_streams_per_caller = 2;
+    })
+    .await;
+    let mut grpc = fixture.client().await;
+    let mut first = open_when_room(&mut grpc).await;
+    next(&mut first).await.expect("the first stream is served");
+    let mut second = open_when_room(&mut grpc).await;
+    next(&mut second)
+        .await
+        .expect("the second stream is served");
+    let third = stream::<_, X509SvidResponse>(
+        &mut grpc,
+        paths::FETCH_X509_SVID,
+        with_header(X509SvidRequest {}),
+    )
+    .await
+    .expect_err("a third stream of one process is refused");
+    assert_eq!(third.code(), Code::ResourceExhausted, "{third}");
+    assert!(
+        third.message().contains("limits.workloadStreamsPerCaller"),
+        "{third}"
+    );
+    // A stream that ends gives its place back.
+    drop(first);
+    let mut again = open_when_room(&mut grpc).await;
+    next(&mut again)
+        .await
+        .expect("a stream opens once one ended");
+    drop((second, again));
+    fixture.daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_limit_are_closed_and_the_others_keep_their_streams() {
+    let registrations = registration("batch", &format!("[{}]", my_uid_selector()), "main");
+    let fixture = Fixture::start_tuned(&registrations, |settings| {
+        settings.limits.workload_connections = 1;
+    })
+    .await;
+    let mut held = fixture.client().await;
+    let mut svids = open_when_room(&mut held).await;
+    next(&mut svids)
+        .await
+        .expect("the first connection is served");
+    // A second connection is closed as soon as it is accepted: its HTTP/2 handshake fails, or, if
+    // the client counted it done first, its first call does.
+    let target = format!("unix://{}", fixture.socket.display());
+    if let Ok(channel) = meshca_sds::connect_channel(&target, None).await {
+        let mut refused = tonic::client::Grpc::new(channel);
+        let status = stream::<_, X509SvidResponse>(
+            &mut refused,
+            paths::FETCH_X509_SVID,
+            with_header(X509SvidRequest {}),
+        )
+        .await
+        .expect_err("the second connection is closed");
+        assert!(
+            matches!(
+                status.code(),
+                Code::Unavailable | Code::Unknown | Code::Cancelled
+            ),
+            "{status}"
+        );
+    }
+    // The first connection still serves: a registration change reaches its stream.
+    fixture
+        .set_registrations(&format!(
+            "{registrations}---\n{}",
+            registration(
+                "batch-b",
+                &format!("[{}, {}]", my_uid_selector(), my_selector("Gid")),
+                "b"
+            )
+        ))
+        .await;
+    let both = next(&mut svids)
+        .await
+        .expect("the stream follows the change");
+    assert_eq!(both.svids.len(), 2);
     fixture.daemon.stop().await;
 }

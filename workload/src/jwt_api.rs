@@ -47,8 +47,8 @@ fn trust_domain_of(spiffe_id: &str) -> &str {
 }
 
 /// The registrations `admitted` matches in the current snapshot; `PERMISSION_DENIED` for none.
-fn matched(shared: &Shared, admitted: &Admitted) -> Result<Vec<Arc<Registration>>, Status> {
-    let snapshot = shared.sds.snapshots().borrow().clone();
+async fn matched(shared: &Shared, admitted: &Admitted) -> Result<Vec<Arc<Registration>>, Status> {
+    let snapshot = shared.published().await?;
     let selectors = &admitted.selectors;
     let matched = snapshot
         .registrations
@@ -190,7 +190,7 @@ pub(crate) async fn fetch_jwt_svid(
     let opened = Instant::now();
     let admitted = shared.admit(request.extensions().get::<ConnInfo>()).await?;
     let request = request.into_inner();
-    let registrations = matched(&shared, &admitted)?;
+    let registrations = matched(&shared, &admitted).await?;
     let options = &shared.options;
     check_audiences(
         &request.audience,
@@ -289,7 +289,7 @@ pub(crate) async fn validate_jwt_svid(
 ) -> Result<tonic::Response<ValidateJwtSvidResponse>, Status> {
     let admitted = shared.admit(request.extensions().get::<ConnInfo>()).await?;
     let request = request.into_inner();
-    matched(&shared, &admitted)?;
+    matched(&shared, &admitted).await?;
     if request.audience.is_empty() {
         return Err(Status::invalid_argument("audience must be specified"));
     }
@@ -370,7 +370,7 @@ pub(crate) async fn fetch_jwt_bundles(
 ) -> Result<tonic::Response<BoxStream<'static, Result<JwtBundlesResponse, Status>>>, Status> {
     let opened = Instant::now();
     let admitted = shared.admit(request.extensions().get::<ConnInfo>()).await?;
-    let registrations = matched(&shared, &admitted)?;
+    let registrations = matched(&shared, &admitted).await?;
     // The caller's own trust domains have keys before the first message.
     identities(
         &shared,

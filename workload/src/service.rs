@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::stream::BoxStream;
+use meshca_control::Snapshot;
 use meshca_sds::{ConnInfo, LogBudget, SdsServer};
 use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
 use tonic::server::{Grpc, NamedService, ServerStreamingService, UnaryService};
@@ -231,6 +232,30 @@ impl Shared {
         }
     }
 
+    /// The snapshot to match callers against: the newest one, once the owner has published its first
+    /// (a caller right after the start waits for it, then `UNAVAILABLE`, which clients retry).
+    pub(crate) async fn published(&self) -> Result<Arc<Snapshot>, Status> {
+        let mut snapshots = self.sds.snapshots();
+        let first = async {
+            loop {
+                let snapshot = snapshots.borrow_and_update().clone();
+                if snapshot.generation > 0 {
+                    return Ok(snapshot);
+                }
+                if snapshots.changed().await.is_err() {
+                    return Err(Status::unavailable("the server is shutting down"));
+                }
+            }
+        };
+        tokio::time::timeout(self.options.identity_wait, first)
+            .await
+            .unwrap_or_else(|_| {
+                Err(Status::unavailable(
+                    "the daemon is starting: it has not published its identities yet",
+                ))
+            })
+    }
+
     /// Refuses a caller that matches no registration (it may be registered later: clients retry).
     pub(crate) fn no_registration(&self, caller: &str) -> Status {
         if self.refusals_logged.admit().is_some() {
@@ -410,7 +435,7 @@ impl<V: View + Answers> ServerStreamingService<V::Request> for Method<V> {
         let shared = self.shared.clone();
         Box::pin(async move {
             let admitted = shared.admit(request.extensions().get::<ConnInfo>()).await?;
-            let snapshot = shared.sds.snapshots().borrow().clone();
+            let snapshot = shared.published().await?;
             let selectors = &admitted.selectors;
             let matched = snapshot
                 .registrations
