@@ -82,30 +82,41 @@ impl WireClaims {
     }
 }
 
-/// The three segments of a compact token, split but not yet checked.
-pub(crate) struct Parts<'a> {
+/// The three segments of a compact JWS, split but not yet checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JwsParts<'a> {
     /// `header.payload`, the bytes the signature covers.
-    pub(crate) signing_input: &'a str,
-    pub(crate) header: &'a str,
-    pub(crate) payload: &'a str,
-    pub(crate) signature: &'a str,
+    pub signing_input: &'a str,
+    /// The base64url header.
+    pub header: &'a str,
+    /// The base64url payload.
+    pub payload: &'a str,
+    /// The base64url signature; may be empty.
+    pub signature: &'a str,
 }
 
-/// Splits a token into exactly three segments; header and claims must be non-empty. An empty signature is
-/// let through so that an unsigned (`alg: none`) token is reported as an unsupported algorithm.
-pub(crate) fn split(token: &str) -> Result<Parts<'_>, AuthError> {
-    let malformed = || malformed("expected three base64url segments separated by '.'");
-    let (signing_input, signature) = token.rsplit_once('.').ok_or_else(malformed)?;
-    let (header, payload) = signing_input.split_once('.').ok_or_else(malformed)?;
+/// Splits a compact JWS into exactly three segments, header and payload non-empty; `None` for
+/// anything else. An empty signature is let through so that an unsigned (`alg: none`) token can be
+/// reported as an unsupported algorithm rather than as malformed. Proxy tokens and JWT-SVIDs are
+/// both split here.
+pub fn split_compact(token: &str) -> Option<JwsParts<'_>> {
+    let (signing_input, signature) = token.rsplit_once('.')?;
+    let (header, payload) = signing_input.split_once('.')?;
     if header.is_empty() || payload.is_empty() || payload.contains('.') {
-        return Err(malformed());
+        return None;
     }
-    Ok(Parts {
+    Some(JwsParts {
         signing_input,
         header,
         payload,
         signature,
     })
+}
+
+/// [`split_compact`], with the error a proxy token gets.
+pub(crate) fn split(token: &str) -> Result<JwsParts<'_>, AuthError> {
+    split_compact(token)
+        .ok_or_else(|| malformed("expected three base64url segments separated by '.'"))
 }
 
 /// Checks that the header is exactly [`HEADER_JSON`]; a header naming another algorithm is reported as such.

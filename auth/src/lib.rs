@@ -17,6 +17,7 @@ mod verify;
 
 pub use claims::{Claims, Labels, ProxyType, ISSUER};
 pub use error::{quote, AuthError};
+pub use jwt::{split_compact, JwsParts};
 pub use label::parse_label;
 pub use revocation::RevocationList;
 pub use signing::SigningKey;

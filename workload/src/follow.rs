@@ -24,8 +24,8 @@ use tonic::Status;
 
 use crate::callers::Listed;
 #[cfg(doc)]
-use crate::service::WorkloadOptions;
-use crate::service::{Admitted, CallerSlot, Shared};
+use crate::options::WorkloadOptions;
+use crate::shared::{Admitted, CallerSlot, Shared};
 use crate::x509::{self, Built, Fingerprint};
 
 /// How long the claims a Workload API stream presents for its Dataplane last: the stream's own life is

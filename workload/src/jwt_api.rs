@@ -29,7 +29,7 @@ use crate::proto::{
     value::Kind, JwtBundlesRequest, JwtBundlesResponse, JwtSvid, JwtSvidRequest, JwtSvidResponse,
     ListValue, Struct, ValidateJwtSvidRequest, ValidateJwtSvidResponse, Value,
 };
-use crate::service::{Admitted, Shared};
+use crate::shared::{Admitted, Shared};
 use crate::x509::MAX_RESPONSE_BYTES;
 
 /// Unix seconds now.

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 
 use crate::jwt::{JwksDocument, JwtError, JwtPublicKey, JwtSigningKey};
 #[cfg(doc)]
-use crate::service::WorkloadOptions;
+use crate::options::WorkloadOptions;
 
 /// Where the keys live in the keystore: `jwt-svid/<trust domain>/<number>`.
 const PREFIX: &str = "jwt-svid/";

@@ -16,10 +16,13 @@ mod follow;
 pub mod jwt;
 mod jwt_api;
 pub mod jwt_keys;
+mod options;
 pub mod proto;
 mod service;
+mod shared;
 mod x509;
 
 pub use callers::{CallerStream, Callers};
-pub use service::{WorkloadApi, WorkloadOptions, DEFAULT_ACK_AFTER, SECURITY_HEADER};
+pub use options::{WorkloadOptions, DEFAULT_ACK_AFTER};
+pub use service::{WorkloadApi, SECURITY_HEADER};
 pub use x509::MAX_RESPONSE_BYTES;

@@ -1,79 +1,32 @@
-//! The `SpiffeWorkloadAPI` gRPC service: the security header, the caller's attestation, and routing to
-//! the methods.
+//! The `SpiffeWorkloadAPI` gRPC service: the security header and routing to the methods (the caller's
+//! admission is in [`crate::shared`]).
 
-use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::sync::Arc;
 
 use futures::stream::BoxStream;
-use meshca_control::Snapshot;
-use meshca_sds::{ConnInfo, LogBudget, SdsServer};
+use meshca_sds::{ConnInfo, SdsServer};
 use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
 use tonic::server::{Grpc, NamedService, ServerStreamingService, UnaryService};
 use tonic::Status;
 use tonic_prost::ProstCodec;
 
-use crate::attest::{self, AttestError, AttestLimits, PeerProcess, Selectors};
+use crate::attest::PeerProcess;
 use crate::callers::Callers;
 use crate::follow::{Bundles, Follow, Svids, View};
-use crate::jwt::JwtSvidCache;
 use crate::jwt_api;
 use crate::jwt_keys::JwtKeys;
+use crate::options::WorkloadOptions;
 use crate::proto::{
     paths, JwtBundlesRequest, JwtBundlesResponse, X509BundlesRequest, X509SvidRequest,
 };
+use crate::shared::Shared;
 use crate::x509::MAX_RESPONSE_BYTES;
 
 /// The metadata every Workload API request must carry, with the value `true`: it proves the request
 /// comes from a client that meant to call the Workload API (a browser or a confused proxy cannot set
 /// it), so a request without it is refused before anything else happens.
 pub const SECURITY_HEADER: &str = "workload.spiffe.io";
-
-/// The default of [`WorkloadOptions::ack_after`] (the setting `workloadApi.ackAfter`).
-pub const DEFAULT_ACK_AFTER: Duration = Duration::from_secs(1);
-
-/// Tunables and bounds of the Workload API server.
-#[derive(Debug, Clone)]
-pub struct WorkloadOptions {
-    /// How long a stream waits for its caller's identity before failing with `UNAVAILABLE`.
-    pub identity_wait: Duration,
-    /// How long after a message is written it counts as ACKed for the rollout gate: a Workload API
-    /// client sends nothing back, so this is the time a workload gets to put a new bundle or SVID in
-    /// use (a SPIFFE library does at once; an application reloading files from spiffe-helper takes
-    /// longer).
-    pub ack_after: Duration,
-    /// Concurrent streams of one caller (one process).
-    pub streams_per_caller: usize,
-    /// The largest request message, in bytes.
-    pub request_bytes: usize,
-    /// Bounds on attesting a caller.
-    pub attest: AttestLimits,
-    /// Warnings about refused callers logged per minute.
-    pub warnings_per_minute: u32,
-    /// Audiences one JWT-SVID request may ask for (`limits.jwtAudiencesPerRequest`).
-    pub jwt_audiences_per_request: usize,
-    /// The longest audience, in bytes (`limits.jwtAudienceBytes`).
-    pub jwt_audience_bytes: usize,
-    /// Signed JWT-SVIDs kept for reuse (`limits.jwtSvidCacheEntries`).
-    pub jwt_svid_cache_entries: usize,
-}
-
-impl Default for WorkloadOptions {
-    fn default() -> Self {
-        WorkloadOptions {
-            identity_wait: Duration::from_secs(15),
-            ack_after: DEFAULT_ACK_AFTER,
-            streams_per_caller: 64,
-            request_bytes: 64 * 1024,
-            attest: AttestLimits::default(),
-            warnings_per_minute: 10,
-            jwt_audiences_per_request: 32,
-            jwt_audience_bytes: 1024,
-            jwt_svid_cache_entries: 4096,
-        }
-    }
-}
 
 /// The Workload API server. It rides on the daemon's SDS server, whose snapshots it serves and
 /// through which its streams report to the owner, so the rollout gate counts them.
@@ -90,35 +43,12 @@ impl std::fmt::Debug for WorkloadApi {
     }
 }
 
-/// What every request of one server shares.
-pub(crate) struct Shared {
-    pub(crate) sds: SdsServer,
-    pub(crate) options: WorkloadOptions,
-    /// Open streams per caller process.
-    streams: Mutex<HashMap<u32, usize>>,
-    /// The open streams, for operators.
-    pub(crate) callers: Callers,
-    refusals_logged: LogBudget,
-    /// The JWT signing keys of every trust domain.
-    pub(crate) jwt_keys: JwtKeys,
-    /// Signed JWT-SVIDs kept for reuse.
-    pub(crate) jwt_cache: Mutex<JwtSvidCache>,
-}
-
 impl WorkloadApi {
     /// A server that serves what `sds` serves, to the callers of the Workload API socket, signing
     /// JWT-SVIDs with `jwt_keys`.
     pub fn new(sds: SdsServer, options: WorkloadOptions, jwt_keys: JwtKeys) -> Self {
         WorkloadApi {
-            shared: Arc::new(Shared {
-                sds,
-                jwt_keys,
-                jwt_cache: Mutex::new(JwtSvidCache::new(options.jwt_svid_cache_entries)),
-                refusals_logged: LogBudget::new(options.warnings_per_minute),
-                options,
-                streams: Mutex::new(HashMap::new()),
-                callers: Callers::default(),
-            }),
+            shared: Arc::new(Shared::new(sds, options, jwt_keys)),
         }
     }
 
@@ -137,131 +67,6 @@ impl WorkloadApi {
                 None
             }
         })
-    }
-}
-
-/// One open stream's place in its caller's limit; released when the stream ends.
-pub(crate) struct CallerSlot {
-    shared: Arc<Shared>,
-    pid: u32,
-}
-
-impl Drop for CallerSlot {
-    fn drop(&mut self) {
-        let mut streams = self
-            .shared
-            .streams
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(open) = streams.get_mut(&self.pid) {
-            *open -= 1;
-            if *open == 0 {
-                streams.remove(&self.pid);
-            }
-        }
-    }
-}
-
-/// A caller that passed attestation, with its stream slot.
-pub(crate) struct Admitted {
-    pub selectors: Arc<Selectors>,
-    pub caller: String,
-    /// The caller's pid, uid and gid.
-    pub ids: (u32, u32, u32),
-    pub slot: CallerSlot,
-    pub open: Option<meshca_sds::OpenStream>,
-}
-
-impl Shared {
-    /// Attests the caller of a request on `conn` and takes a slot of its stream limit.
-    pub(crate) async fn admit(
-        self: &Arc<Self>,
-        conn: Option<&ConnInfo>,
-    ) -> Result<Admitted, Status> {
-        let peer = conn.and_then(ConnInfo::peer::<PeerProcess>).ok_or_else(|| {
-            Status::unauthenticated(
-                "the Workload API identifies callers by their process: connect over its unix socket",
-            )
-        })?;
-        let slot = self.take_slot(peer.pid())?;
-        let limits = self.options.attest;
-        let attested = {
-            let peer = peer.clone();
-            tokio::task::spawn_blocking(move || attest::attest(&peer, &limits)).await
-        };
-        let caller = match attested {
-            Ok(Ok(caller)) => caller,
-            Ok(Err(error)) => return Err(self.refuse_attestation(&peer, error)),
-            Err(_) => return Err(Status::unavailable("workload attestation failed")),
-        };
-        Ok(Admitted {
-            caller: format!("pid {} uid {}", caller.pid, caller.uid),
-            ids: (caller.pid, caller.uid, caller.gid),
-            selectors: Arc::new(caller.selectors),
-            slot,
-            open: conn.map(ConnInfo::stream_opened),
-        })
-    }
-
-    fn take_slot(self: &Arc<Self>, pid: u32) -> Result<CallerSlot, Status> {
-        let mut streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
-        let open = streams.entry(pid).or_default();
-        if *open >= self.options.streams_per_caller {
-            return Err(Status::resource_exhausted(format!(
-                "the caller has {} Workload API streams open, the most one process may \
-                 (limits.workloadStreamsPerCaller)",
-                *open
-            )));
-        }
-        *open += 1;
-        Ok(CallerSlot {
-            shared: self.clone(),
-            pid,
-        })
-    }
-
-    fn refuse_attestation(&self, peer: &PeerProcess, error: AttestError) -> Status {
-        if self.refusals_logged.admit().is_some() {
-            tracing::warn!(pid = peer.pid(), %error, "refused a Workload API caller");
-        }
-        match error {
-            AttestError::CallerGone { .. } => Status::unauthenticated(
-                "could not verify that the caller is still the process that connected",
-            ),
-            _ => Status::unavailable("workload attestation failed"),
-        }
-    }
-
-    /// The snapshot to match callers against: the newest one, once the owner has published its first
-    /// (a caller right after the start waits for it, then `UNAVAILABLE`, which clients retry).
-    pub(crate) async fn published(&self) -> Result<Arc<Snapshot>, Status> {
-        let mut snapshots = self.sds.snapshots();
-        let first = async {
-            loop {
-                let snapshot = snapshots.borrow_and_update().clone();
-                if snapshot.generation > 0 {
-                    return Ok(snapshot);
-                }
-                if snapshots.changed().await.is_err() {
-                    return Err(Status::unavailable("the server is shutting down"));
-                }
-            }
-        };
-        tokio::time::timeout(self.options.identity_wait, first)
-            .await
-            .unwrap_or_else(|_| {
-                Err(Status::unavailable(
-                    "the daemon is starting: it has not published its identities yet",
-                ))
-            })
-    }
-
-    /// Refuses a caller that matches no registration (it may be registered later: clients retry).
-    pub(crate) fn no_registration(&self, caller: &str) -> Status {
-        if self.refusals_logged.admit().is_some() {
-            tracing::info!(%caller, "a Workload API caller matches no WorkloadRegistration");
-        }
-        Status::permission_denied("no identity issued: the caller matches no WorkloadRegistration")
     }
 }
 

@@ -6,7 +6,7 @@
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
-use meshca_auth::quote;
+use meshca_auth::{quote, split_compact, JwsParts};
 use meshca_identity::SpiffeId;
 use ring::signature::{UnparsedPublicKey, ECDSA_P256_SHA256_FIXED};
 use serde_json::{Map, Value};
@@ -88,31 +88,10 @@ pub fn validate(
     Ok(ValidatedJwt { spiffe_id, claims })
 }
 
-/// The three segments of a compact JWS, split but not yet checked.
-struct Parts<'a> {
-    /// `header.payload`, the bytes the signature covers.
-    signing_input: &'a str,
-    header: &'a str,
-    payload: &'a str,
-    signature: &'a str,
-}
-
-/// Splits a token into exactly three segments. An empty signature is let through so that an unsigned
-/// (`alg: none`) token is reported as an unsupported algorithm.
-fn split(token: &str) -> Result<Parts<'_>, JwtError> {
-    let malformed = || JwtError::Malformed {
+/// Splits a token into its three segments (see [`meshca_auth::split_compact`]).
+fn split(token: &str) -> Result<JwsParts<'_>, JwtError> {
+    split_compact(token).ok_or_else(|| JwtError::Malformed {
         reason: "expected a compact JWS: three base64url segments separated by '.'".to_owned(),
-    };
-    let (signing_input, signature) = token.rsplit_once('.').ok_or_else(malformed)?;
-    let (header, payload) = signing_input.split_once('.').ok_or_else(malformed)?;
-    if header.is_empty() || payload.is_empty() || payload.contains('.') {
-        return Err(malformed());
-    }
-    Ok(Parts {
-        signing_input,
-        header,
-        payload,
-        signature,
     })
 }
 

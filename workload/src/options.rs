@@ -1,0 +1,50 @@
+//! What the embedder tunes: the Workload API server's options and bounds.
+
+use std::time::Duration;
+
+use crate::attest::AttestLimits;
+
+/// The default of [`WorkloadOptions::ack_after`] (the setting `workloadApi.ackAfter`).
+pub const DEFAULT_ACK_AFTER: Duration = Duration::from_secs(1);
+
+/// Tunables and bounds of the Workload API server.
+#[derive(Debug, Clone)]
+pub struct WorkloadOptions {
+    /// How long a stream waits for its caller's identity before failing with `UNAVAILABLE`.
+    pub identity_wait: Duration,
+    /// How long after a message is written it counts as ACKed for the rollout gate: a Workload API
+    /// client sends nothing back, so this is the time a workload gets to put a new bundle or SVID in
+    /// use (a SPIFFE library does at once; an application reloading files from spiffe-helper takes
+    /// longer).
+    pub ack_after: Duration,
+    /// Concurrent streams of one caller (one process).
+    pub streams_per_caller: usize,
+    /// The largest request message, in bytes.
+    pub request_bytes: usize,
+    /// Bounds on attesting a caller.
+    pub attest: AttestLimits,
+    /// Warnings about refused callers logged per minute.
+    pub warnings_per_minute: u32,
+    /// Audiences one JWT-SVID request may ask for (`limits.jwtAudiencesPerRequest`).
+    pub jwt_audiences_per_request: usize,
+    /// The longest audience, in bytes (`limits.jwtAudienceBytes`).
+    pub jwt_audience_bytes: usize,
+    /// Signed JWT-SVIDs kept for reuse (`limits.jwtSvidCacheEntries`).
+    pub jwt_svid_cache_entries: usize,
+}
+
+impl Default for WorkloadOptions {
+    fn default() -> Self {
+        WorkloadOptions {
+            identity_wait: Duration::from_secs(15),
+            ack_after: DEFAULT_ACK_AFTER,
+            streams_per_caller: 64,
+            request_bytes: 64 * 1024,
+            attest: AttestLimits::default(),
+            warnings_per_minute: 10,
+            jwt_audiences_per_request: 32,
+            jwt_audience_bytes: 1024,
+            jwt_svid_cache_entries: 4096,
+        }
+    }
+}
