@@ -829,3 +829,81 @@ async fn connections_past_the_limit_are_closed_and_the_others_keep_their_streams
     assert_eq!(both.svids.len(), 2);
     fixture.daemon.stop().await;
 }
+
+/// Receives one file descriptor sent over `socket` with SCM_RIGHTS.
+fn receive_fd(socket: &std::os::unix::net::UnixStream) -> std::os::fd::OwnedFd {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut byte = [0u8; 1];
+    rustix::net::recvmsg(
+        socket,
+        &mut [std::io::IoSliceMut::new(&mut byte)],
+        &mut control,
+        RecvFlags::empty(),
+    )
+    .expect("a message with a descriptor");
+    control
+        .drain()
+        .find_map(|message| match message {
+            RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
+            _ => None,
+        })
+        .expect("a descriptor")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_handed_on_by_a_process_that_exited_gets_nothing() {
+    // The registration selects this uid: the process that connects below has it too, so only the
+    // check that the caller is still the process that connected can refuse the call.
+    let registrations = registration("batch", &format!("[{}]", my_uid_selector()), "main");
+    let fixture = Fixture::start(&registrations).await;
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("a socket pair");
+    // A process of this uid connects to the Workload API, hands the connection to this test over
+    // its stdin (SCM_RIGHTS) and exits.
+    let handed = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\n\
+             socket.send_fds(socket.socket(fileno=0), [b'x'], [s.fileno()])\n",
+        ])
+        .arg(&fixture.socket)
+        .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(
+            theirs,
+        )))
+        .status()
+        .expect("python3 runs");
+    assert!(handed.success(), "the connecting process failed: {handed}");
+    let connection = std::os::unix::net::UnixStream::from(receive_fd(&ours));
+    connection.set_nonblocking(true).expect("non-blocking");
+    let connection = tokio::net::UnixStream::from_std(connection).expect("a tokio stream");
+    let mut once = Some(connection);
+    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+        let connection = once.take();
+        async move {
+            connection
+                .map(hyper_util::rt::TokioIo::new)
+                .ok_or_else(|| std::io::Error::other("the handed-on connection was used already"))
+        }
+    });
+    let channel = tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(connector)
+        .await
+        .expect("HTTP/2 over the handed-on connection");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    let refused = stream::<_, X509SvidResponse>(
+        &mut grpc,
+        paths::FETCH_X509_SVID,
+        with_header(X509SvidRequest {}),
+    )
+    .await
+    .expect_err("the caller that connected is gone");
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused}");
+    // This test's own connection, same uid, is served: the refusal was about the caller, not the uid.
+    let mut own = fixture.client().await;
+    let mut svids = open_when_room(&mut own).await;
+    next(&mut svids)
+        .await
+        .expect("served to the process that connected");
+    fixture.daemon.stop().await;
+}
