@@ -93,7 +93,7 @@ pub(crate) async fn serve(
     // Its streams end with the SDS server's: they wait on the same snapshot dispatcher, which
     // closes every wait when SDS shuts down.
     bound
-        .serve_service(api, policy, || {}, shutdown)
+        .serve_service(api.routes(), policy, || {}, shutdown)
         .await
         .map_err(|e| anyhow!("Workload API server failed: {e}"))
 }

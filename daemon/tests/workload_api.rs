@@ -907,3 +907,172 @@ async fn a_connection_handed_on_by_a_process_that_exited_gets_nothing() {
         .expect("served to the process that connected");
     fixture.daemon.stop().await;
 }
+
+mod sds {
+    //! SDS on the Workload API socket, as an Envoy set up for a SPIRE agent asks for it: no token, a
+    //! node id that names nothing, SPIRE's resource names.
+
+    use super::*;
+    use envoy_types::pb::envoy::config::core::v3::Node;
+    use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+    use meshca_sds::{describe, SecretKindView, SECRET_TYPE_URL};
+    use tokio::sync::mpsc;
+
+    const STREAM_SECRETS: &str = "/envoy.service.secret.v3.SecretDiscoveryService/StreamSecrets";
+    const FETCH_SECRETS: &str = "/envoy.service.secret.v3.SecretDiscoveryService/FetchSecrets";
+    const SPIFFE_ID: &str = "spiffe://default.default.mesh.local/workload/batch";
+
+    fn request(node_id: &str, names: &[&str]) -> DiscoveryRequest {
+        DiscoveryRequest {
+            node: Some(Node {
+                id: node_id.into(),
+                ..Default::default()
+            }),
+            resource_names: names.iter().map(|n| n.to_string()).collect(),
+            type_url: SECRET_TYPE_URL.into(),
+            ..Default::default()
+        }
+    }
+
+    /// Opens `StreamSecrets` with `first`, as Envoy does: no token, no security header.
+    async fn open(
+        grpc: &mut tonic::client::Grpc<Channel>,
+        first: DiscoveryRequest,
+    ) -> Result<(mpsc::Sender<DiscoveryRequest>, Streaming<DiscoveryResponse>), Status> {
+        let (requests, queue) = mpsc::channel(4);
+        requests.send(first).await.expect("queued");
+        grpc.ready().await.expect("ready");
+        let responses = grpc
+            .streaming(
+                Request::new(tokio_stream::wrappers::ReceiverStream::new(queue)),
+                STREAM_SECRETS.parse().expect("a path"),
+                ProstCodec::<DiscoveryRequest, DiscoveryResponse>::default(),
+            )
+            .await?
+            .into_inner();
+        Ok((requests, responses))
+    }
+
+    /// The resource names of a response, each with what it holds: the leaf's URI SAN for a
+    /// certificate, the trust domains for a validation context.
+    fn contents(response: &DiscoveryResponse) -> Vec<(String, String)> {
+        let secrets = meshca_sds::decode_secrets(response).expect("the secrets decode");
+        secrets
+            .iter()
+            .map(|secret| {
+                let content = match describe(secret).kind {
+                    SecretKindView::TlsCertificate {
+                        certificate_chain_pem,
+                        ..
+                    } => {
+                        let der = pem::parse(&certificate_chain_pem).expect("a PEM chain");
+                        let (_, leaf) =
+                            x509_parser::parse_x509_certificate(der.contents()).expect("a leaf");
+                        let san = leaf
+                            .subject_alternative_name()
+                            .expect("SANs parse")
+                            .expect("a SAN extension");
+                        format!("{:?}", san.value.general_names)
+                    }
+                    other => format!("{other:?}"),
+                };
+                (secret.name.clone(), content)
+            })
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_envoy_on_the_workload_socket_gets_its_registrations_identity_by_spire_names() {
+        let mine = my_uid_selector();
+        let fixture = Fixture::start(&registration("batch", &format!("[{mine}]"), "main")).await;
+        let mut grpc = fixture.client().await;
+        let names = ["default", SPIFFE_ID, "ROOTCA", "ALL"];
+        // The node id is whatever the Envoy was given: it is not a `<mesh>.<name>` of meshca's.
+        let (requests, mut responses) = open(&mut grpc, request("envoy-on-a-vm", &names))
+            .await
+            .expect("the stream opens without a token");
+        let first = next(&mut responses).await.expect("the first response");
+        let served = contents(&first);
+        let served_names: Vec<&str> = served.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(served_names, names, "every name asked, as asked");
+        for (name, content) in &served[..2] {
+            assert!(content.contains(SPIFFE_ID), "{name}: {content}");
+        }
+        for (name, content) in &served[2..] {
+            assert!(
+                content.contains("default.default.mesh.local"),
+                "{name} holds the mesh's trust domain: {content}"
+            );
+        }
+        // An ACK with another node id is accepted: the stream stays open and serves on.
+        let mut ack = request("renamed-envoy", &names);
+        ack.version_info = first.version_info.clone();
+        ack.response_nonce = first.nonce.clone();
+        requests.send(ack).await.expect("the ACK is queued");
+
+        // The admin API lists the stream under the caller's registration.
+        let listed = admin_json(fixture.daemon.admin_addr, "/api/workloads").await;
+        let streams = &listed[0]["streams"];
+        assert_eq!(streams[0]["method"], "SDS", "{listed}");
+        assert_eq!(streams[0]["pid"], std::process::id());
+
+        // FetchSecrets too, without a token.
+        grpc.ready().await.expect("ready");
+        let fetched: DiscoveryResponse = grpc
+            .unary(
+                Request::new(request("", &["default"])),
+                FETCH_SECRETS.parse().expect("a path"),
+                ProstCodec::default(),
+            )
+            .await
+            .expect("fetched")
+            .into_inner();
+        assert!(contents(&fetched)[0].1.contains(SPIFFE_ID));
+
+        // Its registration removed, the stream ends with PERMISSION_DENIED and no new one opens.
+        fixture
+            .set_registrations(&registration("other", "[unix:uid:4000000]", "x"))
+            .await;
+        loop {
+            match next(&mut responses).await {
+                Ok(_) => continue,
+                Err(status) => {
+                    assert_eq!(status.code(), Code::PermissionDenied, "{status}");
+                    break;
+                }
+            }
+        }
+        let refused = match open(&mut grpc, request("envoy-on-a-vm", &names)).await {
+            Ok((_requests, mut responses)) => next(&mut responses).await.map(|_| ()),
+            Err(status) => Err(status),
+        };
+        assert_eq!(code_of(refused), Code::PermissionDenied);
+        fixture.daemon.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unknown_name_is_refused_on_a_fetch_and_another_proxys_node_id_gains_nothing() {
+        let mine = my_uid_selector();
+        let fixture = Fixture::start(&registration("batch", &format!("[{mine}]"), "main")).await;
+        let grpc = fixture.client().await;
+        // A node id naming another proxy of the mesh changes nothing: the caller is still batch-1.
+        let fetch = |names: &'static [&'static str]| {
+            let mut grpc = grpc.clone();
+            async move {
+                grpc.ready().await.expect("ready");
+                grpc.unary(
+                    Request::new(request("default.someone-else", names)),
+                    FETCH_SECRETS.parse().expect("a path"),
+                    ProstCodec::<DiscoveryRequest, DiscoveryResponse>::default(),
+                )
+                .await
+                .map(tonic::Response::into_inner)
+            }
+        };
+        let own = fetch(&["default"]).await.expect("served");
+        assert!(contents(&own)[0].1.contains(SPIFFE_ID));
+        let unknown = fetch(&["spiffe://default.default.mesh.local/workload/someone-else"]).await;
+        assert_eq!(code_of(unknown), Code::NotFound);
+        fixture.daemon.stop().await;
+    }
+}

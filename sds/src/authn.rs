@@ -1,6 +1,8 @@
-//! Authenticating proxies: the bearer token, the node id, the node's preferences.
+//! Authenticating proxies: the bearer token, the node id, the node's preferences; or a caller another
+//! service authenticated (the Workload API socket, by the caller's process).
 
 use crate::log_text::shown;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::google::protobuf::value::Kind;
@@ -8,7 +10,7 @@ use meshca_auth::{Claims, ProxyType, RevocationList, Verifier};
 use tonic::metadata::MetadataMap;
 use tonic::Status;
 
-use meshca_control::ProxyKey;
+use meshca_control::{ProxyKey, Snapshot};
 
 use crate::names::ProxyContext;
 use crate::secret::Form;
@@ -16,6 +18,29 @@ use crate::transport::wire::Node;
 
 /// The node metadata key that asks for plain `trusted_ca` validation contexts.
 pub const DISABLE_SPIFFE_VALIDATION_KEY: &str = "disable_spiffe_cert_validation";
+
+/// Whether a caller that was authenticated without a token may still be served from a snapshot: run
+/// on every snapshot its stream wakes for; the error ends the stream.
+pub type AttestedCheck = Arc<dyn Fn(&Snapshot) -> Result<(), Status> + Send + Sync>;
+
+/// Who a stream or fetch speaks for, and how that was established.
+pub(crate) struct Principal {
+    /// The proxy: from its verified token, or made for an attested caller.
+    pub claims: Claims,
+    /// Set for a caller authenticated without a token: it names no node id of its own (its requests'
+    /// node ids are not checked), and this check runs on each snapshot it is served from.
+    pub attested: Option<AttestedCheck>,
+}
+
+impl Principal {
+    /// A proxy that presented a verified token.
+    pub(crate) fn token(claims: Claims) -> Principal {
+        Principal {
+            claims,
+            attested: None,
+        }
+    }
+}
 
 /// Checks the `authorization: Bearer <token>` header. Any failure is `UNAUTHENTICATED`.
 pub(crate) fn authenticate(

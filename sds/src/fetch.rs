@@ -4,11 +4,10 @@
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
-use meshca_auth::Claims;
 use meshca_control::parse_names;
 use tonic::Status;
 
-use crate::authn;
+use crate::authn::{self, Principal};
 use crate::log_text::shown;
 use crate::metrics::SdsMetrics;
 use crate::names::{self, Lookup};
@@ -17,14 +16,16 @@ use crate::session::{Session, Usable};
 use crate::shared::Shared;
 use crate::transport::wire::DiscoveryRequest;
 
-/// Serves one fetch for a proxy whose token was verified.
+/// Serves one fetch for a proxy whose token was verified (or that was attested).
 pub(crate) async fn fetch(
     shared: &Arc<Shared>,
-    claims: Claims,
+    principal: Principal,
     request: DiscoveryRequest,
 ) -> Result<DiscoveryResponse, Status> {
-    authn::check_first_node(request.node.as_ref(), &authn::proxy_key(&claims))
-        .map_err(|status| shared.auth_failure(status))?;
+    if principal.attested.is_none() {
+        authn::check_first_node(request.node.as_ref(), &authn::proxy_key(&principal.claims))
+            .map_err(|status| shared.auth_failure(status))?;
+    }
     secret::check_type_url(&request.type_url)?;
     shared.check_names(request.resource_names.iter().map(String::as_str))?;
     let asked = parse_names(request.resource_names);
@@ -33,8 +34,8 @@ pub(crate) async fn fetch(
             "resource_names is empty: name the secrets to fetch (e.g. \"default\", \"system_trust_bundle\")",
         ));
     }
-    let ctx = authn::proxy_context(&claims, request.node.as_ref());
-    let mut session = Session::open(shared.clone(), claims, ctx, None).await?;
+    let ctx = authn::proxy_context(&principal.claims, request.node.as_ref());
+    let mut session = Session::open(shared.clone(), principal, ctx, None).await?;
     let Usable { snapshot, entry } = session.wait_for_identity().await?;
     let mut items = Vec::with_capacity(asked.len());
     for name in asked {

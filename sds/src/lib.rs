@@ -31,7 +31,7 @@ mod stream;
 mod transport;
 mod wake;
 
-pub use authn::DISABLE_SPIFFE_VALIDATION_KEY;
+pub use authn::{AttestedCheck, DISABLE_SPIFFE_VALIDATION_KEY};
 pub use client::{connect_channel, decode_secrets, ClientTls, SdsClient};
 pub use describe::{describe, tls_certificate_parts, SecretKindView, SecretView};
 pub use error::{ClientError, ListenError, ServeError};
@@ -42,5 +42,5 @@ pub use metrics::{AckLag, SdsMetrics, ACK_LAG_BOUNDS};
 pub use options::{SdsLimits, ServerOptions};
 pub use registry::{StreamInfo, StreamKind, StreamRegistry};
 pub use secret::{NO_IDENTITY_SAN, SECRET_TYPE_URL, SPIFFE_VALIDATOR_NAME};
-pub use service::{SdsServer, SnapshotWaiter, EVENT_BUFFER};
+pub use service::{is_sds_method, Attested, SdsServer, SnapshotWaiter, EVENT_BUFFER};
 pub use transport::conn::{ConnInfo, OpenStream};

@@ -239,7 +239,7 @@ impl BoundListeners {
             .with_metrics(server.metrics());
         let closer = server.clone();
         self.serve_service(
-            server.into_service(),
+            tonic::service::Routes::new(server.into_service()),
             policy,
             move || closer.close_streams(),
             shutdown,
@@ -247,30 +247,18 @@ impl BoundListeners {
         .await
     }
 
-    /// Serves any gRPC `service` on every listener, with the connection handling SDS has (limits,
+    /// Serves any gRPC services (`routes`) on every listener, with the connection handling SDS has (limits,
     /// idle deadlines, keepalive, the unix socket's `:authority` fix-up), until `shutdown` fires;
     /// then calls `close_streams` (which must end the service's open streams so that a graceful
     /// HTTP/2 shutdown can complete), waits for connections to finish, and removes the unix socket
     /// files.
-    pub async fn serve_service<S>(
+    pub async fn serve_service(
         self,
-        service: S,
+        routes: tonic::service::Routes,
         policy: ConnPolicy,
         close_streams: impl FnOnce() + Send + 'static,
         shutdown: CancellationToken,
-    ) -> Result<(), ServeError>
-    where
-        S: tower::Service<
-                http::Request<tonic::body::Body>,
-                Response = http::Response<tonic::body::Body>,
-                Error = std::convert::Infallible,
-            > + tonic::server::NamedService
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        S::Future: Send + 'static,
-    {
+    ) -> Result<(), ServeError> {
         let (tx, rx) = mpsc::channel::<io::Result<Conn>>(ACCEPT_QUEUE);
         let limits = policy.limits.clone();
         let mut sockets = Vec::new();
@@ -297,7 +285,7 @@ impl BoundListeners {
             .http2_max_header_list_size(Some(MAX_HEADER_LIST_SIZE))
             .max_frame_size(Some(MAX_FRAME_SIZE as u32))
             .max_concurrent_streams(Some(limits.streams_per_connection))
-            .add_service(service)
+            .add_routes(routes)
             .serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown.cancelled_owned())
             .await;
         for path in sockets {

@@ -4,6 +4,8 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use meshca_auth::{Claims, RevocationList, Verifier};
+
+use crate::authn::{AttestedCheck, Principal};
 use tokio::sync::{mpsc, watch};
 use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
 use tonic::server::NamedService;
@@ -23,7 +25,7 @@ use crate::transport::conn::ConnInfo;
 use crate::transport::grpc;
 use crate::transport::outbox::OutboxStream;
 use crate::transport::wire::DiscoveryRequest;
-use crate::{fetch, session, stream};
+use crate::{authn, fetch, session, stream};
 
 /// A good capacity for the event channel handed to [`SdsServer::new`]: enough for a burst of
 /// connections and ACKs while the owner reconciles; when it is full, streams wait to report.
@@ -136,6 +138,27 @@ impl SdsServer {
     }
 }
 
+/// A caller another service authenticated instead of by a token: the Workload API socket, which knows
+/// its callers by their process. Its requests carry no token and their node ids are not checked; the
+/// rest is as for a proxy with a token.
+pub struct Attested {
+    /// What the caller is served as: the proxy, its labels, and the expiry that ends its streams.
+    pub claims: Claims,
+    /// Asked of each snapshot the caller is served from; an error ends its stream (its registration
+    /// went away).
+    pub check: AttestedCheck,
+    /// Kept for as long as the stream or fetch runs (e.g. the caller's place in a limit).
+    pub hold: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl std::fmt::Debug for Attested {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attested")
+            .field("proxy", &authn::proxy_key(&self.claims))
+            .finish_non_exhaustive()
+    }
+}
+
 /// One stream's wait for the snapshots that concern its proxy (see [`SdsServer::snapshot_waiter`]).
 #[derive(Debug)]
 pub struct SnapshotWaiter(crate::wake::Waiter);
@@ -163,6 +186,11 @@ const STREAM_SECRETS: &str = "/envoy.service.secret.v3.SecretDiscoveryService/St
 const DELTA_SECRETS: &str = "/envoy.service.secret.v3.SecretDiscoveryService/DeltaSecrets";
 const FETCH_SECRETS: &str = "/envoy.service.secret.v3.SecretDiscoveryService/FetchSecrets";
 
+/// Whether a request path is one of the SDS methods.
+pub fn is_sds_method(path: &str) -> bool {
+    matches!(path, STREAM_SECRETS | DELTA_SECRETS | FETCH_SECRETS)
+}
+
 impl<B> Service<http::Request<B>> for GrpcService
 where
     B: Body<Data = tonic::codegen::Bytes> + Send + 'static,
@@ -177,19 +205,36 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let server = self.server.clone();
-        match request.uri().path() {
-            STREAM_SECRETS => {
-                let response = server.open_stream::<Sotw>(request.map(tonic::body::Body::new));
-                Box::pin(async move { Ok(response) })
-            }
-            DELTA_SECRETS => {
-                let response = server.open_stream::<Delta>(request.map(tonic::body::Body::new));
-                Box::pin(async move { Ok(response) })
-            }
-            FETCH_SECRETS => server.fetch(request.map(tonic::body::Body::new)),
-            _ => Box::pin(async move { Ok(Status::unimplemented("").into_http()) }),
-        }
+        self.server
+            .serve_as(request.map(tonic::body::Body::new), None)
+    }
+}
+
+impl SdsServer {
+    /// Serves an SDS request of a caller that `attested` speaks for: no token is read and the node ids
+    /// of its requests are not checked; everything else (names, limits, ACKs, the rollout gate) is as
+    /// for a proxy with a token. A path that is no SDS method answers `UNIMPLEMENTED`.
+    pub fn serve_attested(
+        &self,
+        request: http::Request<tonic::body::Body>,
+        attested: Attested,
+    ) -> BoxFuture<http::Response<tonic::body::Body>, Infallible> {
+        self.serve_as(request, Some(attested))
+    }
+
+    /// Routes an SDS request: authenticated by its token, or by `attested`.
+    fn serve_as(
+        &self,
+        request: http::Request<tonic::body::Body>,
+        attested: Option<Attested>,
+    ) -> BoxFuture<http::Response<tonic::body::Body>, Infallible> {
+        let response = match request.uri().path() {
+            STREAM_SECRETS => self.open_stream::<Sotw>(request, attested),
+            DELTA_SECRETS => self.open_stream::<Delta>(request, attested),
+            FETCH_SECRETS => return self.fetch(request, attested),
+            _ => Status::unimplemented("").into_http(),
+        };
+        Box::pin(async move { Ok(response) })
     }
 }
 
@@ -199,33 +244,41 @@ impl SdsServer {
     fn open_stream<P: Protocol>(
         &self,
         request: http::Request<tonic::body::Body>,
+        attested: Option<Attested>,
     ) -> http::Response<tonic::body::Body>
     where
         P::Request: prost::Message + Default,
         P::Response: grpc::Encode,
     {
         let (parts, body) = request.into_parts();
-        let (claims, open) = match self.admit(parts) {
+        let Admitted {
+            principal,
+            open,
+            hold,
+        } = match self.admit(parts, attested) {
             Ok(admitted) => admitted,
             Err(status) => return status.into_http(),
         };
         let start = Box::new(stream::Start {
             shared: self.shared.clone(),
-            claims,
+            principal,
             inbound: grpc::Requests::new(body, self.shared.options.limits.request_bytes),
         });
         grpc::response::<P::Response>(Box::pin(OutboxStream::new(|outbox| async move {
             stream::run::<P>(start, outbox).await;
             drop(open);
+            drop(hold);
         })))
     }
 
-    /// Checks a request's headers: an uncompressed body and a valid token. Nothing of its body has
-    /// been read: a request that fails here is answered without reading any.
+    /// Checks a request's headers: an uncompressed body and a valid token (unless `attested` speaks
+    /// for the caller). Nothing of its body has been read: a request that fails here is answered
+    /// without reading any.
     fn admit(
         &self,
         parts: http::request::Parts,
-    ) -> Result<(Claims, Option<crate::transport::conn::StreamGuard>), Status> {
+        attested: Option<Attested>,
+    ) -> Result<Admitted, Status> {
         if let Some(encoding) = parts
             .headers
             .get("grpc-encoding")
@@ -236,11 +289,29 @@ impl SdsServer {
                 shown(&String::from_utf8_lossy(encoding.as_bytes()))
             )));
         }
-        let extensions = parts.extensions;
-        let metadata = tonic::metadata::MetadataMap::from_headers(parts.headers);
-        let claims = self.shared.authenticate(&metadata)?;
+        let (principal, hold) = match attested {
+            Some(Attested {
+                claims,
+                check,
+                hold,
+            }) => (
+                Principal {
+                    claims,
+                    attested: Some(check),
+                },
+                Some(hold),
+            ),
+            None => {
+                let metadata = tonic::metadata::MetadataMap::from_headers(parts.headers);
+                (Principal::token(self.shared.authenticate(&metadata)?), None)
+            }
+        };
         // Counted only once authenticated: a refused request must not keep its connection open.
-        Ok((claims, opened_on_connection(&extensions)))
+        Ok(Admitted {
+            principal,
+            open: opened_on_connection(&parts.extensions),
+            hold,
+        })
     }
 
     /// `FetchSecrets`: authenticates the token on the headers, then reads the one request message
@@ -249,9 +320,14 @@ impl SdsServer {
     fn fetch(
         &self,
         request: http::Request<tonic::body::Body>,
+        attested: Option<Attested>,
     ) -> BoxFuture<http::Response<tonic::body::Body>, Infallible> {
         let (parts, body) = request.into_parts();
-        let (claims, open) = match self.admit(parts) {
+        let Admitted {
+            principal,
+            open,
+            hold,
+        } = match self.admit(parts, attested) {
             Ok(admitted) => admitted,
             Err(status) => return Box::pin(async move { Ok(status.into_http()) }),
         };
@@ -264,7 +340,7 @@ impl SdsServer {
                     // The rest of the body (its end) is not waited for: the answer needs nothing
                     // more, and what the body held goes now.
                     drop(inbound);
-                    fetch::fetch(&shared, claims, request).await
+                    fetch::fetch(&shared, principal, request).await
                 }
                 Ok(None) => Err(Status::invalid_argument(
                     "the request ended without a message: FetchSecrets takes one DiscoveryRequest",
@@ -272,6 +348,7 @@ impl SdsServer {
                 Err(status) => Err(status),
             };
             drop(open);
+            drop(hold);
             Ok(match answer {
                 Ok(response) => grpc::response(Box::pin(futures::stream::once(async move {
                     Ok::<_, Status>(response)
@@ -280,6 +357,15 @@ impl SdsServer {
             })
         })
     }
+}
+
+/// A request whose headers were accepted.
+struct Admitted {
+    principal: Principal,
+    /// The request counted as a stream open on its connection.
+    open: Option<crate::transport::conn::StreamGuard>,
+    /// What the attesting service asked to keep while the request runs.
+    hold: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 /// Counts an authenticated request as a stream open on its connection (which keeps the connection
@@ -313,7 +399,7 @@ mod tests {
     async fn a_compressed_stream_is_refused_before_its_token_is_read() {
         let (server, _events) = server_with_events(16);
         let status_of = |encoding| {
-            let response = server.open_stream::<Sotw>(request_with_encoding(encoding));
+            let response = server.open_stream::<Sotw>(request_with_encoding(encoding), None);
             response.headers()["grpc-status"]
                 .to_str()
                 .unwrap()

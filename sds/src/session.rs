@@ -11,6 +11,7 @@ use meshca_control::{ClaimRule, ProxyEntry, ProxyKey, Snapshot, StreamEvent, Str
 use tokio::sync::watch;
 use tonic::Status;
 
+use crate::authn::{AttestedCheck, Principal};
 use crate::log_budget::LogBudget;
 use crate::metrics::SdsMetrics;
 use crate::names::ProxyContext;
@@ -43,6 +44,9 @@ pub(crate) struct Session {
     /// The claim rule the token was last checked against: a snapshot that carries the very same rule
     /// (its content unchanged) needs no new check.
     checked_rule: Option<Arc<ClaimRule>>,
+    /// For a caller authenticated without a token: whether it may still be served, asked of every
+    /// snapshot it is served from.
+    attested: Option<AttestedCheck>,
 }
 
 /// A snapshot in which the proxy may be served (its identity Ready, or NoIdentity), with its entry
@@ -53,16 +57,17 @@ pub(crate) struct Usable {
 }
 
 impl Session {
-    /// Starts a session for a proxy whose token and node id were checked: for streams (`kind`
+    /// Starts a session for a proxy whose token and node id were checked (or that was attested): for streams (`kind`
     /// set) registers it and counts it open, then reports `Connected`. A stream beyond the
     /// proxy's limit ([`crate::SdsLimits::streams_per_proxy`]) is refused with
     /// `RESOURCE_EXHAUSTED`.
     pub(crate) async fn open(
         shared: Arc<Shared>,
-        claims: Claims,
+        principal: Principal,
         ctx: ProxyContext,
         kind: Option<StreamKind>,
     ) -> Result<Self, Status> {
+        let Principal { claims, attested } = principal;
         let id = shared.next_stream_id();
         let limits = &shared.options.limits;
         let (warnings, progress) = match kind {
@@ -123,6 +128,7 @@ impl Session {
             progress,
             warnings,
             checked_rule: None,
+            attested,
         })
     }
 
@@ -138,6 +144,11 @@ impl Session {
 
     pub(crate) fn key(&self) -> &ProxyKey {
         &self.ctx.key
+    }
+
+    /// Whether the caller was authenticated without a token (its node id names nothing).
+    pub(crate) fn is_attested(&self) -> bool {
+        self.attested.is_some()
     }
 
     pub(crate) async fn emit(&self, event: StreamEvent) {
@@ -235,6 +246,9 @@ impl Session {
     }
 
     fn usable(&mut self, snapshot: Arc<Snapshot>) -> Result<Option<Usable>, Status> {
+        if let Some(check) = &self.attested {
+            check(&snapshot).map_err(|status| self.shared.auth_failure(status))?;
+        }
         if let Some(rule) = snapshot.claim_rules.get(self.key()) {
             let checked = self
                 .checked_rule

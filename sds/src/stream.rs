@@ -9,8 +9,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::authn::Principal;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
-use meshca_auth::Claims;
 use meshca_control::{ProxyEntry, ResourceName, Snapshot, StreamEvent};
 use tonic::Status;
 
@@ -134,7 +134,7 @@ type Outbound<R> = Outbox<Result<R, Status>>;
 /// stream is open.
 pub(crate) struct Start<R> {
     pub shared: Arc<Shared>,
-    pub claims: Claims,
+    pub principal: Principal,
     pub inbound: Requests<R>,
 }
 
@@ -163,12 +163,13 @@ where
 {
     let Start {
         shared,
-        claims,
+        principal,
         mut inbound,
     } = *start;
     // Opening and handling are boxed: their state is allocated only while they run, so an idle
     // stream holds only what this loop waits with.
-    let Some(mut stream) = Box::pin(open::<P>(shared, claims, &mut inbound, outbox)).await? else {
+    let Some(mut stream) = Box::pin(open::<P>(shared, principal, &mut inbound, outbox)).await?
+    else {
         return Ok(());
     };
     loop {
@@ -194,7 +195,7 @@ where
 /// the proxy closed the stream before asking anything.
 async fn open<'o, P: Protocol>(
     shared: Arc<Shared>,
-    claims: Claims,
+    principal: Principal,
     inbound: &mut Requests<P::Request>,
     outbox: &'o Outbound<P::Response>,
 ) -> Result<Option<Driver<'o, P>>, Status>
@@ -207,11 +208,14 @@ where
     // The node is read here and not kept: Envoy's lists every extension it was built with (about
     // 60 KB), and the request waits below for as long as the proxy's identity takes.
     let node = P::take_node(&mut first);
-    authn::check_first_node(node.as_ref(), &authn::proxy_key(&claims))
-        .map_err(|status| shared.auth_failure(status))?;
-    let ctx = authn::proxy_context(&claims, node.as_ref());
+    // An attested caller names itself by its process, not its node id.
+    if principal.attested.is_none() {
+        authn::check_first_node(node.as_ref(), &authn::proxy_key(&principal.claims))
+            .map_err(|status| shared.auth_failure(status))?;
+    }
+    let ctx = authn::proxy_context(&principal.claims, node.as_ref());
     drop(node);
-    let mut session = Session::open(shared, claims, ctx, Some(P::KIND)).await?;
+    let mut session = Session::open(shared, principal, ctx, Some(P::KIND)).await?;
     let usable = session.wait_for_identity().await?;
     let mut stream = Driver::<P>::new(session, outbox, usable);
     stream.on_request(first, true).await?;
@@ -264,7 +268,7 @@ impl<'o, P: Protocol> Driver<'o, P> {
             type_url,
             reply,
         } = P::header(&request);
-        if !first {
+        if !first && !self.session.is_attested() {
             authn::check_later_node(node, self.session.key())
                 .map_err(|status| self.session.shared.auth_failure(status))?;
         }

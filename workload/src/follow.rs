@@ -339,11 +339,27 @@ pub(crate) async fn connect(
     shared: &Shared,
     registration: &Registration,
 ) -> Result<(StreamId, SnapshotWaiter), Status> {
+    let claims = claims_for(registration)?;
+    let id = shared.sds.next_stream_id();
+    let waiter = shared.sds.snapshot_waiter(&registration.proxy);
+    shared
+        .sds
+        .report(StreamEvent::Connected {
+            stream: id,
+            claims: Arc::new(claims),
+        })
+        .await;
+    Ok((id, waiter))
+}
+
+/// What a caller is served as for `registration`: its Dataplane, with the Dataplane's labels. The claims
+/// are no token anyone holds; only the life of the stream that presents them bounds them.
+pub(crate) fn claims_for(registration: &Registration) -> Result<Claims, Status> {
     let now = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let claims = Claims::new(
+    Claims::new(
         ProxyType::Dataplane,
         &*registration.proxy.mesh,
         &*registration.proxy.name,
@@ -358,17 +374,7 @@ pub(crate) async fn connect(
             "registration {} cannot be served: {error}",
             registration.name
         ))
-    })?;
-    let id = shared.sds.next_stream_id();
-    let waiter = shared.sds.snapshot_waiter(&registration.proxy);
-    shared
-        .sds
-        .report(StreamEvent::Connected {
-            stream: id,
-            claims: Arc::new(claims),
-        })
-        .await;
-    Ok((id, waiter))
+    })
 }
 
 /// Sleeps until `deadline`, or forever without one.

@@ -18,6 +18,7 @@ mod jwt_api;
 pub mod jwt_keys;
 mod options;
 pub mod proto;
+mod sds_api;
 mod service;
 mod shared;
 mod x509;

@@ -14,7 +14,6 @@ use tonic_prost::ProstCodec;
 use crate::attest::PeerProcess;
 use crate::callers::Callers;
 use crate::follow::{Bundles, Follow, Svids, View};
-use crate::jwt_api;
 use crate::jwt_keys::JwtKeys;
 use crate::options::WorkloadOptions;
 use crate::proto::{
@@ -22,6 +21,7 @@ use crate::proto::{
 };
 use crate::shared::Shared;
 use crate::x509::MAX_RESPONSE_BYTES;
+use crate::{jwt_api, sds_api};
 
 /// The metadata every Workload API request must carry, with the value `true`: it proves the request
 /// comes from a client that meant to call the Workload API (a browser or a confused proxy cannot set
@@ -70,6 +70,41 @@ impl WorkloadApi {
     }
 }
 
+impl WorkloadApi {
+    /// Every gRPC service of the Workload API socket: the Workload API itself, and SDS for Envoys set up
+    /// for a SPIRE agent's socket (see [`crate::sds_api`]).
+    pub fn routes(&self) -> tonic::service::Routes {
+        tonic::service::Routes::new(self.clone()).add_service(WorkloadSds(self.clone()))
+    }
+}
+
+/// The SDS methods of the Workload API socket: the same server, under SDS's service name (gRPC routes
+/// by it).
+#[derive(Clone)]
+struct WorkloadSds(WorkloadApi);
+
+impl NamedService for WorkloadSds {
+    const NAME: &'static str = "envoy.service.secret.v3.SecretDiscoveryService";
+}
+
+impl<B> Service<http::Request<B>> for WorkloadSds
+where
+    B: Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Infallible>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        self.0.call(request)
+    }
+}
+
 /// Whether the request carries the security header exactly once, with the value `true`.
 fn has_security_header(headers: &http::HeaderMap) -> bool {
     let mut values = headers.get_all(SECURITY_HEADER).iter();
@@ -96,12 +131,16 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let shared = self.shared.clone();
         Box::pin(async move {
+            let request = request.map(tonic::body::Body::new);
+            // Envoy sends no security header: SDS is authenticated by the caller's process alone.
+            if meshca_sds::is_sds_method(request.uri().path()) {
+                return Ok(sds_api::serve(shared, request).await);
+            }
             if !has_security_header(request.headers()) {
                 return Ok(
                     Status::invalid_argument("security header missing from request").into_http(),
                 );
             }
-            let request = request.map(tonic::body::Body::new);
             Ok(match request.uri().path() {
                 paths::FETCH_X509_SVID => serve_stream::<Svids>(shared, request).await,
                 paths::FETCH_X509_BUNDLES => serve_stream::<Bundles>(shared, request).await,

@@ -1,0 +1,79 @@
+//! Envoy's Secret Discovery Service on the Workload API socket, as a SPIRE agent serves it: an Envoy set
+//! up for a SPIRE agent's socket gets its identity and trust from meshca unchanged.
+//!
+//! The caller is authenticated as every Workload API caller is, by its process: no token, and the node
+//! id Envoy sends names nothing. It is served as the Dataplane of its default registration (the first
+//! it matches), through the daemon's SDS server: so `default` and that identity's SPIFFE ID are its
+//! certificate, `ROOTCA` the trust of its mesh and `ALL` every trust domain meshca knows, and its ACKs
+//! count for the rollout gate as any proxy's do. Its streams end with `PERMISSION_DENIED` once no
+//! registration of the caller names that Dataplane any more. SDS requests carry no
+//! `workload.spiffe.io` header (Envoy sends none), so none is asked for.
+
+use std::sync::Arc;
+
+use meshca_control::Snapshot;
+use meshca_sds::{Attested, AttestedCheck, ConnInfo};
+use tonic::codegen::http;
+use tonic::Status;
+
+use crate::follow::claims_for;
+use crate::shared::Shared;
+
+/// The method the admin API lists SDS streams of Workload API callers under.
+const METHOD: &str = "SDS";
+
+/// Answers an SDS request of a Workload API caller.
+pub(crate) async fn serve(
+    shared: Arc<Shared>,
+    request: http::Request<tonic::body::Body>,
+) -> http::Response<tonic::body::Body> {
+    let conn = request.extensions().get::<ConnInfo>().cloned();
+    match attest(&shared, conn.as_ref()).await {
+        Ok(attested) => match shared.sds.serve_attested(request, attested).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        },
+        Err(status) => status.into_http(),
+    }
+}
+
+/// Attests the caller and picks the Dataplane it is served as.
+async fn attest(shared: &Arc<Shared>, conn: Option<&ConnInfo>) -> Result<Attested, Status> {
+    let admitted = shared.admit(conn).await?;
+    let snapshot = shared.published().await?;
+    let selectors = admitted.selectors.clone();
+    let matched = snapshot
+        .registrations
+        .matching(None, |s| selectors.contains(s));
+    let Some(default) = matched.first() else {
+        return Err(shared.no_registration(&admitted.caller));
+    };
+    let claims = claims_for(default)?;
+    let listed = shared.callers.open(admitted.ids, METHOD);
+    listed.serves(&matched[..1]);
+    let proxy = default.proxy.clone();
+    let caller = admitted.caller.clone();
+    let check: AttestedCheck = Arc::new(move |snapshot: &Snapshot| {
+        let still_named = snapshot
+            .registrations
+            .matching(None, |s| selectors.contains(s))
+            .iter()
+            .any(|registration| registration.proxy == proxy);
+        if still_named {
+            Ok(())
+        } else {
+            tracing::info!(%caller, dataplane = %proxy, "SDS stream on the Workload API socket ended: no registration of the caller names its Dataplane any more");
+            Err(Status::permission_denied(format!(
+                "no identity issued: the caller matches no WorkloadRegistration of Dataplane {proxy} \
+                 any more"
+            )))
+        }
+    });
+    Ok(Attested {
+        claims,
+        check,
+        // The caller's place in its stream limit, and its line in the admin API, last as long as the
+        // request. (The SDS server counts the request on its connection itself.)
+        hold: Box::new((admitted.slot, listed)),
+    })
+}
