@@ -79,7 +79,9 @@ def validate(config_path):
 class Envoy:
     """One Envoy process started from a bootstrap (YAML text or a dict)."""
 
-    def __init__(self, root: Path, name: str, bootstrap):
+    def __init__(self, root: Path, name: str, bootstrap, run_as=(), binary=None):
+        """`run_as`: a command prefix the Envoy runs under (setpriv, to run it as another uid); `binary`: the
+        Envoy to run (default: the venv's)."""
         self.name = name
         self.config = root / f"envoy-{name}.yaml"
         if isinstance(bootstrap, str):
@@ -92,7 +94,7 @@ class Envoy:
         self.log_path = root / f"envoy-{name}.log"
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [envoy_binary(), "-c", str(self.config), "--disable-hot-restart", "--concurrency", "1",
+            [*run_as, binary or envoy_binary(), "-c", str(self.config), "--disable-hot-restart", "--concurrency", "1",
              "--log-level", "warn"],
             stdout=self.log,
             stderr=subprocess.STDOUT,
