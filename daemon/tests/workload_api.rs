@@ -1076,3 +1076,80 @@ mod sds {
         fixture.daemon.stop().await;
     }
 }
+
+mod rust_spiffe {
+    //! The Workload API socket driven by rust-spiffe's client (the `spiffe` crate), as a Rust
+    //! application would: it checks what it parses, and this test checks what it does not.
+
+    use super::*;
+    use spiffe::{SpiffeId, TrustDomain, WorkloadApiClient};
+
+    const TRUST_DOMAIN: &str = "default.default.mesh.local";
+    const SPIFFE_ID: &str = "spiffe://default.default.mesh.local/workload/batch";
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rust_spiffe_gets_the_svid_bundles_and_jwt_svids_of_its_registration() {
+        let fixture = Fixture::start(&jwt_registration()).await;
+        let client = WorkloadApiClient::connect_to(format!("unix://{}", fixture.socket.display()))
+            .await
+            .expect("rust-spiffe connects to the socket");
+
+        let svid = tokio::time::timeout(TIMEOUT, client.fetch_x509_svid())
+            .await
+            .expect("in time")
+            .expect("an X.509-SVID");
+        assert_eq!(svid.spiffe_id().to_string(), SPIFFE_ID);
+        assert_eq!(svid.hint(), Some("main"));
+        // rust-spiffe does not check that the key is the leaf's: this test does.
+        let (_, leaf) =
+            x509_parser::parse_x509_certificate(svid.leaf().as_bytes()).expect("the leaf parses");
+        let key = ring::signature::EcdsaKeyPair::from_pkcs8(
+            &ring::signature::ECDSA_P256_SHA256_ASN1_SIGNING,
+            svid.private_key().as_bytes(),
+            &ring::rand::SystemRandom::new(),
+        )
+        .expect("the key is PKCS#8 P-256");
+        use ring::signature::KeyPair;
+        assert_eq!(
+            key.public_key().as_ref(),
+            leaf.public_key().subject_public_key.data.as_ref(),
+            "the key is the leaf's"
+        );
+
+        // The leaf's issuer is in the trust domain's bundle, and its signature verifies with it.
+        let bundles = client
+            .fetch_x509_bundles()
+            .await
+            .expect("the X.509 bundles");
+        let domain = TrustDomain::new(TRUST_DOMAIN).expect("a trust domain");
+        let bundle = bundles.get(&domain).expect("the SVID's trust domain");
+        let issued_by_bundle = bundle.authorities().iter().any(|ca| {
+            let (_, ca) = x509_parser::parse_x509_certificate(ca.as_bytes()).expect("a CA");
+            ca.subject() == leaf.issuer() && leaf.verify_signature(Some(ca.public_key())).is_ok()
+        });
+        assert!(issued_by_bundle, "a CA of the bundle signed the leaf");
+
+        // A JWT-SVID for an audience, which the server validates for that audience only.
+        let id = SpiffeId::new(SPIFFE_ID).expect("a SPIFFE ID");
+        let token = client
+            .fetch_jwt_token(["billing"], Some(&id))
+            .await
+            .expect("a JWT-SVID");
+        let validated = client
+            .validate_jwt_token("billing", &token)
+            .await
+            .expect("it validates for its audience");
+        assert_eq!(validated.spiffe_id().to_string(), SPIFFE_ID);
+        assert!(client.validate_jwt_token("other", &token).await.is_err());
+        let jwt_bundles = client.fetch_jwt_bundles().await.expect("the JWT bundles");
+        let kid = validated.key_id().to_owned();
+        let jwt_bundle = jwt_bundles
+            .get(&domain)
+            .expect("the trust domain's JWT bundle");
+        assert!(
+            jwt_bundle.find_jwt_authority(&kid).is_some(),
+            "the signing key {kid} is in the bundle"
+        );
+        fixture.daemon.stop().await;
+    }
+}
