@@ -176,13 +176,14 @@ pub struct ValidateArgs {
 pub struct TokenArgs {
     #[command(flatten)]
     pub config: ConfigArg,
-    /// The proxy's mesh.
-    #[arg(long, required_unless_present = "revoke")]
+    /// The proxy's mesh (required, except for an agent's token, which names none).
+    #[arg(long)]
     pub mesh: Option<String>,
-    /// The proxy's name (its node id is `<mesh>.<name>`).
+    /// The proxy's name (its node id is `<mesh>.<name>`), or the agent's (what registrations' `spec.agent`
+    /// names).
     #[arg(long, required_unless_present = "revoke")]
     pub name: Option<String>,
-    /// The kind of proxy.
+    /// The kind of proxy, or `agent` for a `meshca agent`.
     #[arg(long = "type", value_enum, default_value_t = ProxyKind::Dataplane)]
     pub proxy_type: ProxyKind,
     /// A dataplane label, `K=V`; repeatable. Fixed in the token: the proxy cannot claim others.
@@ -206,6 +207,8 @@ pub struct TokenArgs {
 pub enum ProxyKind {
     Dataplane,
     ZoneEgress,
+    /// A `meshca agent`: no mesh, and nothing but the WorkloadRegistrations that name it.
+    Agent,
 }
 
 #[derive(Debug, Args)]

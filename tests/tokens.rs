@@ -189,3 +189,53 @@ fn revoked_token_stops_working_for_fetches_and_open_streams() {
     let fresh = env.token("default", "web-1", &[]);
     env.fetch_identity(&fresh);
 }
+
+#[test]
+fn an_agent_token_names_no_mesh_and_bootstraps_no_envoy() {
+    let env = Env::new();
+    let run = env
+        .cli(&[
+            "token",
+            "--config",
+            env.cfg(),
+            "--type",
+            "agent",
+            "--name",
+            "host-1",
+        ])
+        .ok();
+    assert!(run.stderr.contains("for agent:host-1 (agent)"), "{run}");
+    let token = run.stdout.trim().to_owned();
+    let claims = meshca_auth::Verifier::read_unverified(&token).expect("a meshca token");
+    assert_eq!(claims.proxy_type, meshca_auth::ProxyType::Agent);
+    assert_eq!((claims.mesh.as_str(), claims.name.as_str()), ("", "host-1"));
+
+    // What an agent's token cannot carry, and what a proxy's must: usage errors naming the flags.
+    for (args, says) in [
+        (
+            &["--type", "agent", "--name", "h", "--mesh", "default"][..],
+            "--mesh",
+        ),
+        (
+            &["--type", "agent", "--name", "h", "--label", "a=b"][..],
+            "--label",
+        ),
+        (&["--name", "web-1"][..], "--mesh is required"),
+    ] {
+        let run = env.cli(&[&["token", "--config", env.cfg()][..], args].concat());
+        assert_eq!(run.code(), Some(2), "{run}");
+        assert!(run.stderr.contains(says), "{run}");
+    }
+
+    let file = env.root().join("agent.token");
+    std::fs::write(&file, &token).expect("writable");
+    let run = env.cli(&[
+        "bootstrap",
+        "--config",
+        env.cfg(),
+        "--token-file",
+        file.to_str().expect("UTF-8"),
+    ]);
+    assert_eq!(run.code(), Some(2), "{run}");
+    assert!(run.stderr.contains("an agent's token"), "{run}");
+}

@@ -26,6 +26,9 @@ pub enum ProxyType {
     Dataplane,
     /// A zone egress proxy serving every mesh (`zone-egress`).
     ZoneEgress,
+    /// A `meshca agent` serving the Workload API on another host (`agent`). Its token names no mesh and
+    /// grants no proxy's secrets: only the WorkloadRegistrations that name the agent.
+    Agent,
 }
 
 impl ProxyType {
@@ -34,6 +37,7 @@ impl ProxyType {
         match self {
             ProxyType::Dataplane => "dataplane",
             ProxyType::ZoneEgress => "zone-egress",
+            ProxyType::Agent => "agent",
         }
     }
 }
@@ -156,16 +160,55 @@ impl Claims {
         )
     }
 
-    /// The Envoy node id this token authenticates: `<mesh>.<name>`.
+    /// Claims for an agent's token: no mesh, no labels or tags; see [`Claims::new`].
+    pub fn new_agent(
+        name: impl Into<String>,
+        valid_for: Duration,
+        now_unix: u64,
+    ) -> Result<Claims, AuthError> {
+        Claims::new(
+            ProxyType::Agent,
+            "",
+            name,
+            BTreeMap::new(),
+            BTreeMap::new(),
+            valid_for,
+            now_unix,
+        )
+    }
+
+    /// The Envoy node id this token authenticates: `<mesh>.<name>`. An agent's token authenticates no
+    /// node: see [`Claims::subject`].
     pub fn node_id(&self) -> String {
         format!("{}.{}", self.mesh, self.name)
+    }
+
+    /// Whom the token is for (its `sub`): the node id `<mesh>.<name>` of a proxy, `agent:<name>` of an
+    /// agent (no mesh name holds a `:`, so the two never meet).
+    pub fn subject(&self) -> String {
+        match self.proxy_type {
+            ProxyType::Agent => format!("agent:{}", self.name),
+            ProxyType::Dataplane | ProxyType::ZoneEgress => self.node_id(),
+        }
     }
 
     /// Checks every field (not the time window, which depends on the verifier's clock).
     pub(crate) fn validate(&self) -> Result<(), AuthError> {
         let invalid =
             |field: &'static str, reason: String| AuthError::InvalidClaim { field, reason };
-        validate_mesh(&self.mesh).map_err(|r| invalid("mesh", r.0))?;
+        if self.proxy_type == ProxyType::Agent {
+            if !self.mesh.is_empty() {
+                return Err(invalid("mesh", "an agent's token names no mesh".to_owned()));
+            }
+            if !self.labels.is_empty() || !self.tags.is_empty() {
+                return Err(invalid(
+                    "labels",
+                    "an agent's token carries no labels or tags".to_owned(),
+                ));
+            }
+        } else {
+            validate_mesh(&self.mesh).map_err(|r| invalid("mesh", r.0))?;
+        }
         validate_proxy_name(&self.name).map_err(|r| invalid("name", r.0))?;
         for (field, map) in [("labels", &self.labels), ("tags", &self.tags)] {
             for (key, value) in map.iter() {

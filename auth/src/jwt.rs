@@ -21,6 +21,8 @@ pub(crate) const HEADER_JSON: &str = r#"{"alg":"ES256","typ":"JWT"}"#;
 pub(crate) struct WireClaims {
     iss: String,
     sub: String,
+    /// Absent from an agent's token.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     mesh: String,
     name: String,
     #[serde(rename = "type")]
@@ -40,7 +42,7 @@ impl WireClaims {
     pub(crate) fn from_claims(claims: &Claims) -> WireClaims {
         WireClaims {
             iss: ISSUER.to_owned(),
-            sub: claims.node_id(),
+            sub: claims.subject(),
             mesh: claims.mesh.clone(),
             name: claims.name.clone(),
             proxy_type: claims.proxy_type,
@@ -72,10 +74,10 @@ impl WireClaims {
             id: self.jti,
         };
         claims.validate()?;
-        if self.sub != claims.node_id() {
+        if self.sub != claims.subject() {
             return Err(AuthError::InvalidClaim {
                 field: "sub",
-                reason: "must be `<mesh>.<name>`".to_owned(),
+                reason: "must be `<mesh>.<name>` (`agent:<name>` for an agent)".to_owned(),
             });
         }
         Ok(claims)

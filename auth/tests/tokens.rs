@@ -354,3 +354,60 @@ proptest! {
         prop_assert_eq!(key.verifier().verify(&token, now).map_err(|e| e.to_string()), Ok(claims));
     }
 }
+
+#[test]
+fn an_agent_token_names_no_mesh_and_its_subject_is_the_agent() {
+    let (key, _) = SigningKey::generate().expect("key generation works");
+    let claims = Claims::new_agent("host-1", DAY, NOW).expect("valid claims");
+    let token = key.mint(&claims).expect("mints");
+    let payload: serde_json::Value = serde_json::from_slice(
+        &URL_SAFE_NO_PAD
+            .decode(token.split('.').nth(1).expect("a claims segment"))
+            .expect("base64url claims"),
+    )
+    .expect("JSON claims");
+    assert_eq!(payload["type"], "agent");
+    assert_eq!(payload["sub"], "agent:host-1");
+    assert_eq!(payload["name"], "host-1");
+    assert!(payload.get("mesh").is_none(), "{payload}");
+    let verified = key.verifier().verify(&token, NOW).expect("verifies");
+    assert_eq!(verified.proxy_type, ProxyType::Agent);
+    assert_eq!(verified.name, "host-1");
+    assert_eq!(verified.mesh, "");
+    assert_eq!(verified.subject(), "agent:host-1");
+}
+
+#[test]
+fn an_agent_token_with_a_mesh_or_labels_and_a_proxy_token_without_a_mesh_are_invalid() {
+    let field_of = |result: Result<Claims, AuthError>| match result {
+        Err(AuthError::InvalidClaim { field, .. }) => field,
+        other => panic!("expected an invalid claim, got {other:?}"),
+    };
+    let with_mesh = Claims::new(
+        ProxyType::Agent,
+        "default",
+        "host-1",
+        BTreeMap::new(),
+        BTreeMap::new(),
+        DAY,
+        NOW,
+    );
+    assert_eq!(field_of(with_mesh), "mesh");
+    let labelled = Claims::new(
+        ProxyType::Agent,
+        "",
+        "host-1",
+        BTreeMap::from([parse_label("app=web").expect("valid label")]),
+        BTreeMap::new(),
+        DAY,
+        NOW,
+    );
+    assert_eq!(field_of(labelled), "labels");
+    let meshless = Claims::new_dataplane("", "web-1", BTreeMap::new(), BTreeMap::new(), DAY, NOW);
+    assert_eq!(field_of(meshless), "mesh");
+    // An agent's claims turned into a proxy's after the fact are not minted.
+    let (key, _) = SigningKey::generate().expect("key generation works");
+    let mut turned = Claims::new_agent("host-1", DAY, NOW).expect("valid claims");
+    turned.proxy_type = ProxyType::Dataplane;
+    assert!(key.mint(&turned).is_err(), "a proxy token needs a mesh");
+}

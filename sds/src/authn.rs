@@ -70,9 +70,17 @@ pub(crate) fn authenticate(
         .duration_since(UNIX_EPOCH)
         .map(|elapsed| elapsed.as_secs())
         .unwrap_or(0);
-    verifier
+    let claims = verifier
         .verify_with(token, now_unix, revoked)
-        .map_err(|error| Status::unauthenticated(format!("token refused: {error}")))
+        .map_err(|error| Status::unauthenticated(format!("token refused: {error}")))?;
+    if claims.proxy_type == ProxyType::Agent {
+        return Err(Status::permission_denied(format!(
+            "token {} is an agent's ({}): it is for `meshca agent`, and grants no proxy's secrets",
+            claims.id,
+            shown(&claims.name)
+        )));
+    }
+    Ok(claims)
 }
 
 /// The proxy a set of verified claims speaks for.

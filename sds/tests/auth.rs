@@ -372,3 +372,24 @@ async fn an_enormous_name_is_refused_and_not_echoed_whole() {
         );
     }
 }
+
+#[tokio::test]
+async fn an_agents_token_gets_no_proxys_secrets() {
+    let harness = Harness::start().await;
+    let (token, _) = harness.token_with(
+        "",
+        "host-1",
+        ProxyType::Agent,
+        now_unix(),
+        Duration::from_secs(600),
+    );
+    // Whatever node it names: the mesh's `.host-1`, or a proxy's.
+    for node_id in [".host-1", "default.web-1"] {
+        let status =
+            refused_stream(&harness, Some(&token), first_request(node_id, &["default"])).await;
+        assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+        assert!(status.message().contains("agent"), "{status:?}");
+        let status = refused_fetch(&harness, Some(&token), node_id).await;
+        assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    }
+}

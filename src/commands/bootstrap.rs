@@ -22,6 +22,14 @@ pub fn run(args: BootstrapArgs) -> anyhow::Result<ExitCode> {
             args.token_file.display()
         ))
     })?;
+    if claims.proxy_type == meshca_auth::ProxyType::Agent {
+        return Err(InvalidInput(format!(
+            "--token-file {}: an agent's token ({}) bootstraps no Envoy: mint the proxy's own with              `meshca token --mesh M --name N`",
+            args.token_file.display(),
+            claims.name
+        ))
+        .into());
+    }
     let sds = match &args.server {
         Some(server) => target(server, args.sds_ca.as_deref(), &settings.data_dir)?,
         None => {

@@ -80,8 +80,8 @@ pub fn run(args: TokenArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let (Some(mesh), Some(name)) = (args.mesh.clone(), args.name.clone()) else {
-        return Err(invalid("--mesh and --name are required".into()));
+    let Some(name) = args.name.clone() else {
+        return Err(invalid("--name is required".into()));
     };
     let valid_for: meshca_config::Duration = args
         .valid_for
@@ -94,19 +94,40 @@ pub fn run(args: TokenArgs) -> anyhow::Result<ExitCode> {
              token and replace it before it expires, or raise tokens.maxValidFor in the settings"
         )));
     }
-    let labels = pairs("label", &args.labels)?;
-    let tags = pairs("tag", &args.tags)?;
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let proxy_type = match args.proxy_type {
-        ProxyKind::Dataplane => ProxyType::Dataplane,
-        ProxyKind::ZoneEgress => ProxyType::ZoneEgress,
-    };
-    let mut claims = Claims::new_dataplane(&mesh, &name, labels, tags, valid_for.as_std(), now)
-        .map_err(|e| invalid(format!("{e}")))?;
-    claims.proxy_type = proxy_type;
+    let claims = match args.proxy_type {
+        ProxyKind::Agent => {
+            if args.mesh.is_some() || !args.labels.is_empty() || !args.tags.is_empty() {
+                return Err(invalid(
+                    "--type agent takes no --mesh, --label or --tag: an agent serves the \
+                     WorkloadRegistrations of any mesh that name it (spec.agent)"
+                        .into(),
+                ));
+            }
+            Claims::new_agent(&name, valid_for.as_std(), now)
+        }
+        kind @ (ProxyKind::Dataplane | ProxyKind::ZoneEgress) => {
+            let Some(mesh) = args.mesh.clone() else {
+                return Err(invalid("--mesh is required for a proxy's token".into()));
+            };
+            let labels = pairs("label", &args.labels)?;
+            let tags = pairs("tag", &args.tags)?;
+            let proxy_type = match kind {
+                ProxyKind::ZoneEgress => ProxyType::ZoneEgress,
+                _ => ProxyType::Dataplane,
+            };
+            Claims::new_dataplane(&mesh, &name, labels, tags, valid_for.as_std(), now).map(
+                |mut claims| {
+                    claims.proxy_type = proxy_type;
+                    claims
+                },
+            )
+        }
+    }
+    .map_err(|e| invalid(format!("{e}")))?;
 
     let (data_dir, store) = open_store(&settings)?;
     let key = store.token_signing_key(&data_dir)?;
@@ -119,7 +140,7 @@ pub fn run(args: TokenArgs) -> anyhow::Result<ExitCode> {
             eprintln!(
                 "token {} for {} ({}) valid until {}",
                 claims.id,
-                claims.node_id(),
+                claims.subject(),
                 claims.proxy_type,
                 expiry(claims.expires_at, SystemTime::now())
             );
@@ -127,7 +148,8 @@ pub fn run(args: TokenArgs) -> anyhow::Result<ExitCode> {
         Output::Json => super::print_json(&serde_json::json!({
             "token": token,
             "id": claims.id,
-            "node_id": claims.node_id(),
+            "node_id": (claims.proxy_type != ProxyType::Agent).then(|| claims.node_id()),
+            "subject": claims.subject(),
             "type": claims.proxy_type.to_string(),
             "expires_at": claims.expires_at,
         }))?,

@@ -57,7 +57,9 @@ class Daemon:
 
     def start(self, log_mode="a"):
         self.log = open(self.root / "meshca.log", log_mode)
-        self.proc = subprocess.Popen([MESHCA, "serve", "--config", str(self.config)], stderr=self.log)
+        # MESHCA_BIN is this harness's own variable: the daemon would warn that it is no setting of its.
+        env = {k: v for k, v in os.environ.items() if k != "MESHCA_BIN"}
+        self.proc = subprocess.Popen([MESHCA, "serve", "--config", str(self.config)], stderr=self.log, env=env)
         self.wait_ready()
 
     def wait_ready(self, timeout=60):
