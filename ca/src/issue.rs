@@ -11,7 +11,7 @@ use rcgen::{
 
 use crate::authority::{CertificateAuthority, BACKDATE};
 use crate::certs;
-use crate::key::{GeneratedKey, KeyError, PrivateKey};
+use crate::key::{GeneratedKey, KeyError, PrivateKey, PublicKey};
 use crate::pem_out;
 use meshca_identity::{SpiffeId, TrustDomain};
 
@@ -98,6 +98,36 @@ pub enum IssueError {
     /// The certificate could not be built or signed.
     #[error("signing the SVID failed: {0}")]
     Sign(String),
+    /// A key given to sign for is not of the algorithm the leaf must have.
+    #[error(
+        "the key is {found}, but leaves are issued for {expected} keys (issuance.keyAlgorithm)"
+    )]
+    KeyAlgorithm {
+        /// The key's algorithm.
+        found: KeyAlgorithm,
+        /// What the leaf must have.
+        expected: KeyAlgorithm,
+    },
+}
+
+/// An SVID issued over a key its holder keeps ([`CertificateAuthority::issue_for_key`]): the
+/// certificates, and no key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SignedLeaf {
+    /// The SPIFFE ID in its URI SAN.
+    pub spiffe_id: SpiffeId,
+    /// The leaf followed by any intermediates, never the root.
+    pub chain_pem: String,
+    /// The same chain as DER.
+    pub chain_der: Vec<Vec<u8>>,
+    /// NotBefore (issuance time minus 10 s).
+    pub not_before: SystemTime,
+    /// NotAfter.
+    pub not_after: SystemTime,
+    /// The serial number, lowercase hex.
+    pub serial: String,
+    /// The issuing CA's [`CertificateAuthority::id`].
+    pub issuer_id: String,
 }
 
 impl CertificateAuthority {
@@ -121,6 +151,45 @@ impl CertificateAuthority {
         ahead: Option<GeneratedKey>,
         now: SystemTime,
     ) -> Result<Svid, IssueError> {
+        let window = self.leaf_window(req, now)?;
+        let (key, public) = match ahead {
+            Some(pair) if pair.algorithm() == req.key_algorithm => pair.into_parts(),
+            _ => PrivateKey::generate(req.key_algorithm).map_err(IssueError::Key)?,
+        };
+        let leaf = self.sign_leaf(req, &public, window)?;
+        Ok(Svid {
+            spiffe_id: leaf.spiffe_id,
+            chain_pem: leaf.chain_pem,
+            chain_der: leaf.chain_der,
+            key,
+            not_before: leaf.not_before,
+            not_after: leaf.not_after,
+            serial: leaf.serial,
+            issuer_id: leaf.issuer_id,
+        })
+    }
+
+    /// Issues an SVID for `req.spiffe_id` over a key someone else holds (a workload's, from its verified
+    /// certificate signing request): the same leaf as [`CertificateAuthority::issue_with_key`] makes,
+    /// for `public` instead of a new key. The key must be of `req.key_algorithm`.
+    pub fn issue_for_key(
+        &self,
+        req: &SvidRequest,
+        public: &PublicKey,
+        now: SystemTime,
+    ) -> Result<SignedLeaf, IssueError> {
+        if public.algorithm() != req.key_algorithm {
+            return Err(IssueError::KeyAlgorithm {
+                found: public.algorithm(),
+                expected: req.key_algorithm,
+            });
+        }
+        let window = self.leaf_window(req, now)?;
+        self.sign_leaf(req, public, window)
+    }
+
+    /// Checks a request against the CA at `now`, and the leaf's NotBefore and NotAfter.
+    fn leaf_window(&self, req: &SvidRequest, now: SystemTime) -> Result<LeafWindow, IssueError> {
         if req.spiffe_id.is_root() {
             return Err(IssueError::RootId(req.spiffe_id.clone()));
         }
@@ -155,11 +224,21 @@ impl CertificateAuthority {
         if not_after <= not_before {
             return Err(bad_lifetime());
         }
+        Ok(LeafWindow {
+            nb,
+            not_before,
+            na,
+            not_after,
+        })
+    }
 
-        let (key, public) = match ahead {
-            Some(pair) if pair.algorithm() == req.key_algorithm => pair.into_parts(),
-            _ => PrivateKey::generate(req.key_algorithm).map_err(IssueError::Key)?,
-        };
+    /// Builds and signs the leaf for `public`.
+    fn sign_leaf(
+        &self,
+        req: &SvidRequest,
+        public: &PublicKey,
+        window: LeafWindow,
+    ) -> Result<SignedLeaf, IssueError> {
         let serial = certs::random_serial().map_err(|e| IssueError::Sign(e.to_string()))?;
         let uri = rcgen::string::Ia5String::try_from(req.spiffe_id.as_str())
             .map_err(|e| IssueError::Sign(e.to_string()))?;
@@ -167,8 +246,8 @@ impl CertificateAuthority {
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
         params.subject_alt_names = vec![SanType::URI(uri)];
-        params.not_before = nb;
-        params.not_after = na;
+        params.not_before = window.nb;
+        params.not_after = window.na;
         params.serial_number = Some(SerialNumber::from_slice(&serial));
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = if req.key_algorithm.rsa_bits().is_some() {
@@ -185,7 +264,7 @@ impl CertificateAuthority {
         ];
         params.use_authority_key_identifier_extension = true;
         let cert = params
-            .signed_by(&public, &self.issuer)
+            .signed_by(public, &self.issuer)
             .map_err(|e| IssueError::Sign(e.to_string()))?;
 
         let leaf = cert.der().to_vec();
@@ -195,15 +274,22 @@ impl CertificateAuthority {
         let mut chain_der = Vec::with_capacity(1 + self.after_leaf_der.len());
         chain_der.push(leaf);
         chain_der.extend(self.after_leaf_der.iter().cloned());
-        Ok(Svid {
+        Ok(SignedLeaf {
             spiffe_id: req.spiffe_id.clone(),
             chain_pem,
             chain_der,
-            key,
-            not_before,
-            not_after,
+            not_before: window.not_before,
+            not_after: window.not_after,
             serial: hex::encode(serial),
             issuer_id: self.id.clone(),
         })
     }
+}
+
+/// A leaf's validity, as rcgen takes it and as the SVID reports it.
+struct LeafWindow {
+    nb: time::OffsetDateTime,
+    not_before: SystemTime,
+    na: time::OffsetDateTime,
+    not_after: SystemTime,
 }

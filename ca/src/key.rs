@@ -79,6 +79,11 @@ pub struct PublicKey {
 }
 
 impl PublicKey {
+    /// A key of `algorithm` whose subjectPublicKey bits are `raw` (checked by whoever read them).
+    pub(crate) fn from_parts(algorithm: KeyAlgorithm, raw: Vec<u8>) -> PublicKey {
+        PublicKey { algorithm, raw }
+    }
+
     /// The key's algorithm.
     pub fn algorithm(&self) -> KeyAlgorithm {
         self.algorithm

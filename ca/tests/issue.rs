@@ -405,3 +405,56 @@ fn a_key_generated_ahead_is_the_one_issued() {
     assert_eq!(svid.key.algorithm(), KeyAlgorithm::Rsa2048);
     assert_ne!(svid.key.public_key().expect("parses"), unused);
 }
+
+#[test]
+fn a_leaf_for_a_requests_key_follows_the_rules_and_holds_that_key() {
+    let ca = generated("default.zone-1.mesh.local", KeyAlgorithm::EcdsaP256);
+    // The workload's key stays with it: only its request reaches the CA.
+    let workload_key =
+        rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("a workload key");
+    let mut params =
+        rcgen::CertificateParams::new(vec!["what.the.request.says".to_owned()]).expect("params");
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    let csr = params
+        .serialize_request(&workload_key)
+        .expect("a request")
+        .der()
+        .to_vec();
+    let public = meshca_ca::csr_public_key(&csr).expect("the request verifies");
+    let req = request(
+        "spiffe://default.zone-1.mesh.local/workload/web",
+        KeyAlgorithm::EcdsaP256,
+        HOUR,
+    );
+    let leaf = ca.issue_for_key(&req, &public, now()).expect("issues");
+    check_svid_rules(&leaf.chain_der[0]).expect("the SVID rules hold");
+    verify_svid(&leaf.chain_der, &ca.bundle_der(), &req.spiffe_id, now())
+        .expect("verifies with webpki");
+    let (_, cert) = X509Certificate::from_der(&leaf.chain_der[0]).expect("parses");
+    assert_eq!(
+        cert.public_key().subject_public_key.data.as_ref(),
+        rcgen::PublicKeyData::der_bytes(&workload_key),
+        "the certificate holds the workload's key"
+    );
+    // Only the CA's SPIFFE ID: the DNS name the request asked for is not in it.
+    let sans = cert
+        .subject_alternative_name()
+        .expect("SANs parse")
+        .expect("present");
+    assert_eq!(sans.value.general_names.len(), 1);
+    assert_eq!(leaf.issuer_id, ca.id());
+
+    // A key of another algorithm than leaves are issued for is refused.
+    let p384 = request(
+        "spiffe://default.zone-1.mesh.local/workload/web",
+        KeyAlgorithm::EcdsaP384,
+        HOUR,
+    );
+    assert!(matches!(
+        ca.issue_for_key(&p384, &public, now()),
+        Err(IssueError::KeyAlgorithm {
+            found: KeyAlgorithm::EcdsaP256,
+            expected: KeyAlgorithm::EcdsaP384
+        })
+    ));
+}
