@@ -951,9 +951,9 @@ async fn a_token_validates_after_its_key_was_rotated_and_not_after_the_key_retir
     drop(grpc);
     fixture.daemon.stop().await;
 
-    // Key 1 made a lifetime (the default, a day) ago: its successor is due, it still signs.
+    // Key 1 made almost a lifetime (the default, a day) ago: its successor is due, it still signs.
     let now = std::time::SystemTime::now();
-    set_jwt_key_created(fixture._root.path(), 1, now - DAY);
+    set_jwt_key_created(fixture._root.path(), 1, now - DAY + Duration::from_secs(30));
     let fixture = Fixture::start_in(fixture._root, |_| {}).await;
     let mut grpc = fixture.client().await;
     let bundle = jwks(&mut grpc).await;

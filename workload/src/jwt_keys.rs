@@ -19,12 +19,12 @@
 //! could not have. A `FetchJWTSVID` that needs a brand-new key waits that long (bounded by the
 //! identity wait). Every stored key is published when the process starts.
 //!
-//! **Rotation.** Key `n` is meant to sign for [`WorkloadOptions::jwt_key_lifetime`] after it was
-//! created. Key `n + 1` is created `ack_after` before that, so it takes over on time; should the
-//! takeover be late here (a slow keystore, a process that just started), key `n` goes on signing for
-//! at most [`TAKEOVER_GRACE`] past its lifetime, and after that a request waits for key `n + 1`
-//! instead. So no key signs after `created + lifetime + TAKEOVER_GRACE`, on any replica, and each
-//! replica can tell when from the stored creation time alone.
+//! **Rotation.** Key `n` signs for at most [`WorkloadOptions::jwt_key_lifetime`] after it was
+//! created. Key `n + 1` is created `ack_after` plus [`TAKEOVER_MARGIN`] before that, so it takes over
+//! about a margin early; should the takeover be later than the lifetime's end here (a keystore slower
+//! than the margin, a process that starts right then), a request waits for key `n + 1` rather than
+//! have key `n` sign on. So no key signs after `created + lifetime`, on any replica, and each replica
+//! can tell when from the stored creation time alone.
 //!
 //! **Retirement.** A key stays in the bundles (and so in `ValidateJWTSVID`'s lookup) until every token
 //! it may have signed has expired: the latest moment it signs, plus the longest lifetime a JWT-SVID can
@@ -58,13 +58,12 @@ const PREFIX: &str = "jwt-svid/";
 /// The suffix of a key's record: `jwt-svid/<trust domain>/<number>.json`.
 const RECORD_SUFFIX: &str = ".json";
 
-/// How long past its lifetime a key may still sign while its successor is not in use yet in this
-/// process. The successor is created `ackAfter` before the lifetime ends and signs `ackAfter` after
-/// it was published, so it takes over on time unless creating or publishing it is late: a keystore
-/// write that takes up to its timeout, a busy blocking pool, a process that starts right then. A
-/// minute covers those; past it, requests wait for the successor rather than extend the old key's
-/// signing, since its retirement is counted from here.
-pub const TAKEOVER_GRACE: Duration = Duration::from_secs(60);
+/// How long before a key's lifetime ends, on top of `ackAfter`, its successor is created. The
+/// successor signs `ackAfter` after it was published, so without a margin it would take over exactly
+/// at the end, and any delay (a keystore write that takes up to its timeout, a busy blocking pool, a
+/// rotation task woken late) would leave requests waiting for it. A minute covers those delays; the
+/// old key then signs a minute less than its lifetime, which is at least ten minutes.
+pub const TAKEOVER_MARGIN: Duration = Duration::from_secs(60);
 
 /// The longest the rotation task sleeps before it looks again (the wall clock may be set meanwhile).
 const MAX_NAP: Duration = Duration::from_secs(300);
@@ -176,7 +175,7 @@ fn system_clock() -> Clock {
     Arc::new(|| {
         SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| millis(d))
+            .map_or(0, millis)
     })
 }
 
@@ -192,18 +191,16 @@ struct Schedule {
 }
 
 impl Schedule {
-    /// When its successor is created: `ack_after` before its lifetime ends.
+    /// When its successor is created: `ack_after` and the margin before its lifetime ends.
     fn successor_due(&self, created: u64) -> u64 {
-        created
-            .saturating_add(millis(self.lifetime))
+        self.signs_until(created)
             .saturating_sub(millis(self.ack_after))
+            .saturating_sub(millis(TAKEOVER_MARGIN))
     }
 
-    /// The latest it signs.
+    /// The latest it signs: the end of its lifetime.
     fn signs_until(&self, created: u64) -> u64 {
-        created
-            .saturating_add(millis(self.lifetime))
-            .saturating_add(millis(TAKEOVER_GRACE))
+        created.saturating_add(millis(self.lifetime))
     }
 
     /// When every token it signed has expired.
@@ -1079,7 +1076,7 @@ mod tests {
         // Just before the successor is due: one key.
         let due = schedule.successor_due(created(&keys, 1));
         advance_to(&clock, due - 1).await;
-        assert_eq!(bundle(&keys), [first.clone()]);
+        assert_eq!(bundle(&keys), [first.as_str()]);
 
         // The rotation task creates it at once, and it is published before it signs.
         let mut updates = keys.subscribe();
@@ -1135,7 +1132,7 @@ mod tests {
             .changed()
             .await
             .expect("the retirement is published");
-        assert_eq!(bundle(&keys), [second.clone()]);
+        assert_eq!(bundle(&keys), [second.as_str()]);
         assert!(
             !validates(&keys, clock()),
             "a retired key validates nothing"
@@ -1153,7 +1150,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn no_key_signs_past_its_lifetime_and_grace() {
+    async fn no_key_signs_past_its_lifetime() {
         let ack_after = Duration::from_secs(1);
         let options = options(ack_after, HOUR);
         let schedule = Schedule {
@@ -1266,7 +1263,7 @@ mod tests {
         let created1 = created(&keys, 1);
         drop(keys);
         let keys = load(&keystore, &options, &clock).await;
-        assert_eq!(bundle(&keys), [first.clone()]);
+        assert_eq!(bundle(&keys), [first.as_str()]);
         assert_eq!(created(&keys, 1), created1, "the stored creation time");
         assert_eq!(signing_now(&keys).await, None);
         tokio::time::sleep(ack_after).await;
@@ -1293,7 +1290,7 @@ mod tests {
         advance_to(&clock, schedule.retires_at(created1)).await;
         drop(keys);
         let keys = load(&keystore, &options, &clock).await;
-        assert_eq!(bundle(&keys), [second.clone()]);
+        assert_eq!(bundle(&keys), [second.as_str()]);
         assert_eq!(keystore.list("jwt-svid/").expect("lists").len(), 2);
 
         // Down past key 2's whole lifetime: the start creates key 3, which signs ackAfter later;

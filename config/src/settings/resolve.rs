@@ -408,8 +408,9 @@ fn resolve_sds(
 
 /// The longest `workloadApi.ackAfter`.
 const MAX_WORKLOAD_ACK_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
-/// The shortest `workloadApi.jwtKeyLifetime`: a key must sign well past the `ackAfter` its successor
-/// waits before it signs, and past the minute the old key may sign on while it takes over.
+/// The shortest `workloadApi.jwtKeyLifetime`: a key's successor is created `ackAfter` (at most a
+/// minute) plus a minute before the key's lifetime ends, so a much shorter lifetime would be spent
+/// mostly handing over.
 const MIN_JWT_KEY_LIFETIME: std::time::Duration = std::time::Duration::from_secs(10 * 60);
 /// The longest `workloadApi.jwtKeyLifetime`: 90 days.
 const MAX_JWT_KEY_LIFETIME: std::time::Duration = std::time::Duration::from_secs(90 * 24 * 3600);
@@ -435,7 +436,7 @@ fn resolve_workload_api(
     if jwt_key_lifetime.as_std() < MIN_JWT_KEY_LIFETIME {
         return Err(origins.invalid(
             "workloadApi.jwtKeyLifetime",
-            "must be at least 10m: a key signs from ackAfter after it is published until the next one takes over",
+            "must be at least 10m: the next key is created ackAfter plus a minute before a key's lifetime ends",
         ));
     }
     if jwt_key_lifetime.as_std() > MAX_JWT_KEY_LIFETIME {
