@@ -670,6 +670,8 @@ impl JwtKeys {
                     return;
                 };
                 let keys = JwtKeys { inner };
+                // Changes from here on wake the next round (the round's own included, harmlessly).
+                changes.borrow_and_update();
                 let next = match keys.tick().await {
                     Ok(next) => next,
                     Err(error) => {
@@ -678,7 +680,6 @@ impl JwtKeys {
                     }
                 };
                 drop(keys);
-                changes.borrow_and_update();
                 tokio::select! {
                     () = tokio::time::sleep_until(next) => {}
                     changed = changes.changed() => if changed.is_err() {
