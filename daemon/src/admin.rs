@@ -48,6 +48,8 @@ pub struct WorkloadsView {
     pub snapshots: tokio::sync::watch::Receiver<Arc<meshca_control::Snapshot>>,
     /// The open Workload API streams.
     pub callers: meshca_workload::Callers,
+    /// The JWT-SVID signing keys, for `/api/status` (`jwt_keys`).
+    pub jwt_keys: meshca_workload::jwt_keys::JwtKeys,
 }
 
 /// One registration as `/api/workloads` shows it: what it says, the SPIFFE ID it serves now, and the
@@ -233,10 +235,14 @@ async fn status(State(s): State<AdminState>) -> Response {
         .collect();
     let database = s.database.as_ref().map(|view| view.borrow().clone());
     let workloads = s.workloads.as_ref().map(WorkloadsView::registrations);
+    let jwt_keys = s.workloads.as_ref().map(|w| w.jwt_keys.status());
     let document = serde_json::to_value(&status).and_then(|mut document| {
         document["dataplanes"] = serde_json::to_value(dataplanes)?;
         if let Some(workloads) = workloads {
             document["workload_registrations"] = serde_json::to_value(workloads)?;
+        }
+        if let Some(jwt_keys) = jwt_keys {
+            document["jwt_keys"] = serde_json::to_value(jwt_keys)?;
         }
         if let Some(database) = database {
             document["database"] = serde_json::to_value(&*database)?;

@@ -12,7 +12,6 @@ use meshca_control::{
 };
 use meshca_keystore::Keystore;
 use meshca_sds::{BoundListeners, Listener, SdsServer, ServerOptions};
-use meshca_workload::jwt_keys::JwtKeys;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -106,14 +105,9 @@ impl Daemon {
         meshca_keystore::crash_point("bind the SDS listeners (creates the unix socket)");
         let listeners = Listeners::bind(&settings, store.keystore.as_ref()).await?;
         let jwt_keys = match &listeners.workload {
-            Some(_) => Some(
-                JwtKeys::load(
-                    store.keystore.clone(),
-                    settings.workload_api.ack_after.as_std(),
-                )
-                .await
-                .context("cannot load the JWT-SVID signing keys")?,
-            ),
+            Some(_) => {
+                Some(workload_api::jwt_keys(store.keystore.clone(), &limits.workload.0).await?)
+            }
             None => None,
         };
         let shutdown = CancellationToken::new();
@@ -168,19 +162,23 @@ impl Daemon {
         let loop_health = owner_loop.health();
         let ready = Arc::new(AtomicBool::new(false));
         let workload_api = jwt_keys.map(|jwt_keys| {
-            meshca_workload::WorkloadApi::new(
+            let api = meshca_workload::WorkloadApi::new(
                 serving.sds.clone(),
                 limits.workload.0.clone(),
-                jwt_keys,
-            )
+                jwt_keys.clone(),
+            );
+            (api, jwt_keys)
         });
         let admin_state = admin::AdminState {
             status: owner_loop.status_handle(),
             streams: serving.sds.registry(),
-            workloads: workload_api.as_ref().map(|api| admin::WorkloadsView {
-                snapshots: serving.sds.snapshots(),
-                callers: api.callers(),
-            }),
+            workloads: workload_api
+                .as_ref()
+                .map(|(api, jwt_keys)| admin::WorkloadsView {
+                    snapshots: serving.sds.snapshots(),
+                    callers: api.callers(),
+                    jwt_keys: jwt_keys.clone(),
+                }),
             metrics: serving.metrics,
             ready: ready.clone(),
             owner_health: loop_health.clone(),
@@ -196,7 +194,12 @@ impl Daemon {
             admin_state,
         }
         .spawn(
-            (listeners.sds, listeners.workload.zip(workload_api)),
+            (
+                listeners.sds,
+                listeners
+                    .workload
+                    .zip(workload_api.map(|(api, _jwt_keys)| api)),
+            ),
             listeners.admin,
             &reloader,
             &shutdown,

@@ -2,10 +2,13 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{anyhow, Context};
 use meshca_config::Settings;
+use meshca_keystore::Keystore;
 use meshca_sds::{BoundListeners, ConnPolicy, Listener, SdsLimits};
+use meshca_workload::jwt_keys::JwtKeys;
 use meshca_workload::{WorkloadApi, WorkloadOptions};
 use tokio_util::sync::CancellationToken;
 
@@ -55,11 +58,25 @@ fn warn_if_unreachable(socket: &Path) {
     }
 }
 
+/// Loads the JWT-SVID signing keys from `keystore` and starts their rotation, which runs for as long
+/// as the keys are held (the Workload API server holds them).
+pub(crate) async fn jwt_keys(
+    keystore: Arc<dyn Keystore>,
+    options: &WorkloadOptions,
+) -> anyhow::Result<JwtKeys> {
+    let keys = JwtKeys::load(keystore, options)
+        .await
+        .context("cannot load the JWT-SVID signing keys")?;
+    keys.spawn_rotation();
+    Ok(keys)
+}
+
 /// The Workload API's options and connection limits from the settings.
 pub(crate) fn options(settings: &Settings, sds: &SdsLimits) -> (WorkloadOptions, SdsLimits) {
     let limits = &settings.limits;
     let options = WorkloadOptions {
         ack_after: settings.workload_api.ack_after.as_std(),
+        jwt_key_lifetime: settings.workload_api.jwt_key_lifetime.as_std(),
         streams_per_caller: to_usize(limits.workload_streams_per_caller),
         request_bytes: to_usize(limits.workload_request_bytes),
         warnings_per_minute: limits.warnings_per_minute,

@@ -1153,3 +1153,107 @@ mod rust_spiffe {
         fixture.daemon.stop().await;
     }
 }
+
+/// Sets the creation time of JWT signing key `number` of the mesh's trust domain, in the keystore of
+/// a stopped daemon's data directory under `root`: as if the key had been made that long ago.
+fn set_jwt_key_created(root: &Path, number: u64, created: std::time::SystemTime) {
+    use meshca_keystore::Keystore as _;
+    let keystore =
+        meshca_keystore::FileKeystore::open(&root.join("data").join("keystore")).expect("opens");
+    let name = format!("jwt-svid/{TRUST_DOMAIN}/{number}.json");
+    assert!(
+        keystore.get_public(&name).expect("reads").is_some(),
+        "{name} exists"
+    );
+    let ms = created
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis();
+    keystore
+        .put_public(&name, format!("{{\"created_unix_ms\":{ms}}}").as_bytes())
+        .expect("writes");
+}
+
+/// The `kid` in a JWT-SVID's header.
+fn kid_of(token: &str) -> String {
+    jws_part(token, 0)["kid"]
+        .as_str()
+        .expect("a kid")
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_validates_after_its_key_was_rotated_and_not_after_the_key_retired() {
+    const DAY: Duration = Duration::from_secs(24 * 3600);
+    let fixture = Fixture::start(&jwt_registration()).await;
+    let mut grpc = fixture.client().await;
+    let old = fetch_jwt(&mut grpc, audiences(&["a"]))
+        .await
+        .expect("a JWT-SVID")
+        .svids
+        .remove(0)
+        .svid;
+    let first = kid_of(&old);
+    drop(grpc);
+    fixture.daemon.stop().await;
+
+    // Key 1 made almost a lifetime (the default, a day) ago: its successor is due, it still signs.
+    let now = std::time::SystemTime::now();
+    set_jwt_key_created(fixture._root.path(), 1, now - DAY + Duration::from_secs(30));
+    let fixture = Fixture::start_in(fixture._root, |_| {}).await;
+    let mut grpc = fixture.client().await;
+    let bundle = jwks(&mut grpc).await;
+    assert_eq!(bundle.keys().len(), 2, "key 2 is published beside key 1");
+    assert!(bundle.get(&first).is_some());
+    let new = fetch_jwt(&mut grpc, audiences(&["b"]))
+        .await
+        .expect("a JWT-SVID")
+        .svids
+        .remove(0)
+        .svid;
+    let second = kid_of(&new);
+    assert_ne!(second, first, "key 2 signs once it may");
+    assert!(bundle.get(&second).is_some());
+    let validated = validate_jwt(&mut grpc, "a", &old)
+        .await
+        .expect("a token of the old key still validates");
+    assert_eq!(
+        validated.spiffe_id,
+        format!("spiffe://{TRUST_DOMAIN}/workload/batch")
+    );
+    validate_jwt(&mut grpc, "b", &new)
+        .await
+        .expect("a token of the new key validates");
+    let status = admin_json(fixture.daemon.admin_addr, "/api/status").await;
+    let keys = status["jwt_keys"].as_array().expect("jwt_keys listed");
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    for key in keys {
+        assert_eq!(key["trust_domain"], TRUST_DOMAIN);
+        assert_eq!(key["signing"], key["kid"] == second.as_str(), "{key}");
+        for field in ["created", "signs_from", "signs_until", "retires_at"] {
+            assert!(key[field].is_string(), "{field}: {key}");
+        }
+        assert!(key.get("pkcs8").is_none() && key.get("d").is_none());
+    }
+    drop(grpc);
+    fixture.daemon.stop().await;
+
+    // Key 1 made so long ago that every token it may have signed has expired: the start retires it.
+    set_jwt_key_created(fixture._root.path(), 1, now - 3 * DAY);
+    let fixture = Fixture::start_in(fixture._root, |_| {}).await;
+    let mut grpc = fixture.client().await;
+    let bundle = jwks(&mut grpc).await;
+    assert_eq!(bundle.keys().len(), 1);
+    assert!(bundle.get(&second).is_some());
+    let refused = validate_jwt(&mut grpc, "a", &old).await;
+    assert_eq!(
+        code_of(refused),
+        Code::InvalidArgument,
+        "its key is retired"
+    );
+    validate_jwt(&mut grpc, "b", &new)
+        .await
+        .expect("a token of the new key validates");
+    drop(grpc);
+    fixture.daemon.stop().await;
+}

@@ -7,6 +7,9 @@ use crate::attest::AttestLimits;
 /// The default of [`WorkloadOptions::ack_after`] (the setting `workloadApi.ackAfter`).
 pub const DEFAULT_ACK_AFTER: Duration = Duration::from_secs(1);
 
+/// The default of [`WorkloadOptions::jwt_key_lifetime`] (the setting `workloadApi.jwtKeyLifetime`).
+pub const DEFAULT_JWT_KEY_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+
 /// Tunables and bounds of the Workload API server.
 #[derive(Debug, Clone)]
 pub struct WorkloadOptions {
@@ -17,6 +20,9 @@ pub struct WorkloadOptions {
     /// use (a SPIFFE library does at once; an application reloading files from spiffe-helper takes
     /// longer).
     pub ack_after: Duration,
+    /// How long a trust domain's JWT signing key signs before the next one takes over
+    /// (`workloadApi.jwtKeyLifetime`; see [`crate::jwt_keys`]).
+    pub jwt_key_lifetime: Duration,
     /// Concurrent streams of one caller (one process).
     pub streams_per_caller: usize,
     /// The largest request message, in bytes.
@@ -38,6 +44,7 @@ impl Default for WorkloadOptions {
         WorkloadOptions {
             identity_wait: Duration::from_secs(15),
             ack_after: DEFAULT_ACK_AFTER,
+            jwt_key_lifetime: DEFAULT_JWT_KEY_LIFETIME,
             streams_per_caller: 64,
             request_bytes: 64 * 1024,
             attest: AttestLimits::default(),

@@ -216,6 +216,9 @@ fn set(layer: &mut Layer, field: &str, value: &str) -> Result<(), EnvValueError>
         "workloadApi.ackAfter" => {
             layer.workload_api.get_or_insert_default().ack_after = Some(parse(value)?)
         }
+        "workloadApi.jwtKeyLifetime" => {
+            layer.workload_api.get_or_insert_default().jwt_key_lifetime = Some(parse(value)?)
+        }
         "rollout.ackTimeout" => {
             layer.rollout.get_or_insert_default().ack_timeout = Some(parse(value)?)
         }
@@ -290,6 +293,7 @@ mod tests {
                 "issuance.keysAhead" => "16",
                 "rollout.ackTimeout" => "5s",
                 "workloadApi.ackAfter" => "2s",
+                "workloadApi.jwtKeyLifetime" => "12h",
                 "keystore.type" => "file",
                 "keystore.postgres.timeout" | "replica.leaseTimeout" => "5s",
                 "keystore.postgres.maxConnections" => "4",

@@ -50,6 +50,7 @@ pub(super) struct SdsLayer {
 pub(super) struct WorkloadApiLayer {
     pub(super) listen: Option<Vec<ListenAddr>>,
     pub(super) ack_after: Option<Duration>,
+    pub(super) jwt_key_lifetime: Option<Duration>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -113,7 +114,7 @@ pub(super) struct TokensLayer {
 }
 
 /// The settings fields outside `limits:`, as written in the file (dotted camelCase paths).
-const BASE_FIELDS: [&str; 26] = [
+const BASE_FIELDS: [&str; 27] = [
     "zone",
     "dataDir",
     "resources",
@@ -124,6 +125,7 @@ const BASE_FIELDS: [&str; 26] = [
     "sds.insecure",
     "workloadApi.listen",
     "workloadApi.ackAfter",
+    "workloadApi.jwtKeyLifetime",
     "admin.listen",
     "issuance.keyAlgorithm",
     "issuance.renewAt",
@@ -170,6 +172,10 @@ impl Layer {
                 .workload_api
                 .as_ref()
                 .is_some_and(|w| w.ack_after.is_some()),
+            "workloadApi.jwtKeyLifetime" => self
+                .workload_api
+                .as_ref()
+                .is_some_and(|w| w.jwt_key_lifetime.is_some()),
             "admin.listen" => self.admin.as_ref().is_some_and(|a| a.listen.is_some()),
             "issuance.keyAlgorithm" => self
                 .issuance

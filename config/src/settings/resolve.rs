@@ -10,8 +10,8 @@ use super::types::{
     TokensSettings, WorkloadApiSettings, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN,
     DEFAULT_DATA_DIR, DEFAULT_KEYS_AHEAD, DEFAULT_LEASE_TIMEOUT, DEFAULT_POSTGRES_MAX_CONNECTIONS,
     DEFAULT_POSTGRES_TIMEOUT, DEFAULT_RENEW_AT, DEFAULT_TOKEN_MAX_VALID_FOR,
-    DEFAULT_WORKLOAD_ACK_AFTER, DEFAULT_ZONE, FALLBACK_REPLICA_NAME, MAX_ISSUANCE_WORKERS,
-    MAX_KEYS_AHEAD, MAX_POSTGRES_CONNECTIONS,
+    DEFAULT_WORKLOAD_ACK_AFTER, DEFAULT_WORKLOAD_JWT_KEY_LIFETIME, DEFAULT_ZONE,
+    FALLBACK_REPLICA_NAME, MAX_ISSUANCE_WORKERS, MAX_KEYS_AHEAD, MAX_POSTGRES_CONNECTIONS,
 };
 use super::{env, ListenAddr, Settings, SettingsError};
 use crate::names::check_name;
@@ -408,6 +408,12 @@ fn resolve_sds(
 
 /// The longest `workloadApi.ackAfter`.
 const MAX_WORKLOAD_ACK_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+/// The shortest `workloadApi.jwtKeyLifetime`: a key's successor is created `ackAfter` (at most a
+/// minute) plus a minute before the key's lifetime ends, so a much shorter lifetime would be spent
+/// mostly handing over.
+const MIN_JWT_KEY_LIFETIME: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+/// The longest `workloadApi.jwtKeyLifetime`: 90 days.
+const MAX_JWT_KEY_LIFETIME: std::time::Duration = std::time::Duration::from_secs(90 * 24 * 3600);
 
 /// `workloadApi:`: unix sockets only, each listed once, none shared with SDS.
 fn resolve_workload_api(
@@ -424,10 +430,26 @@ fn resolve_workload_api(
             format!("must be at most {MAX_WORKLOAD_ACK_AFTER:?}: rollouts wait this long for every Workload API stream"),
         ));
     }
+    let jwt_key_lifetime = workload_api
+        .jwt_key_lifetime
+        .unwrap_or(DEFAULT_WORKLOAD_JWT_KEY_LIFETIME);
+    if jwt_key_lifetime.as_std() < MIN_JWT_KEY_LIFETIME {
+        return Err(origins.invalid(
+            "workloadApi.jwtKeyLifetime",
+            "must be at least 10m: the next key is created ackAfter plus a minute before a key's lifetime ends",
+        ));
+    }
+    if jwt_key_lifetime.as_std() > MAX_JWT_KEY_LIFETIME {
+        return Err(origins.invalid(
+            "workloadApi.jwtKeyLifetime",
+            "must be at most 90d: a JWT signing key is rotated at least that often",
+        ));
+    }
     let Some(addrs) = workload_api.listen else {
         return Ok(WorkloadApiSettings {
             listen: Settings::default_workload_api_listen(data_dir),
             ack_after,
+            jwt_key_lifetime,
         });
     };
     let mut listen: Vec<PathBuf> = Vec::with_capacity(addrs.len());
@@ -458,5 +480,9 @@ fn resolve_workload_api(
         }
         listen.push(path);
     }
-    Ok(WorkloadApiSettings { listen, ack_after })
+    Ok(WorkloadApiSettings {
+        listen,
+        ack_after,
+        jwt_key_lifetime,
+    })
 }

@@ -746,3 +746,44 @@ fn workload_api_ack_after_comes_from_the_file_and_the_environment_and_is_bounded
         "{e}"
     );
 }
+
+#[test]
+fn workload_api_jwt_key_lifetime_comes_from_the_file_and_the_environment_and_is_bounded() {
+    assert_eq!(
+        Settings::default().workload_api.jwt_key_lifetime.as_std(),
+        std::time::Duration::from_secs(24 * 3600)
+    );
+    let (_dir, s) = load_yaml("workloadApi:\n  jwtKeyLifetime: 7d\n", &[]);
+    assert_eq!(
+        s.expect("valid").workload_api.jwt_key_lifetime.as_std(),
+        std::time::Duration::from_secs(7 * 24 * 3600)
+    );
+    let (_dir, s) = load_yaml(
+        "workloadApi:\n  jwtKeyLifetime: 7d\n",
+        &[("MESHCA_WORKLOAD_API_JWT_KEY_LIFETIME", "10m")],
+    );
+    assert_eq!(
+        s.expect("valid").workload_api.jwt_key_lifetime.as_std(),
+        std::time::Duration::from_secs(600)
+    );
+    let (_dir, s) = load_yaml("workloadApi:\n  jwtKeyLifetime: 90d\n", &[]);
+    assert_eq!(
+        s.expect("valid").workload_api.jwt_key_lifetime.as_std(),
+        std::time::Duration::from_secs(90 * 24 * 3600)
+    );
+    for (value, bound) in [("9m59s", "at least"), ("91d", "at most")] {
+        let (_dir, s) = load_yaml(&format!("workloadApi:\n  jwtKeyLifetime: {value}\n"), &[]);
+        let e = err_text(s);
+        assert!(
+            e.contains("workloadApi.jwtKeyLifetime") && e.contains(bound),
+            "{value}: {e}"
+        );
+    }
+    let (_dir, s) = load_yaml("", &[("MESHCA_WORKLOAD_API_JWT_KEY_LIFETIME", "1m")]);
+    let e = err_text(s);
+    assert!(
+        e.contains("workloadApi.jwtKeyLifetime")
+            && e.contains("MESHCA_WORKLOAD_API_JWT_KEY_LIFETIME"),
+        "{e}"
+    );
+}

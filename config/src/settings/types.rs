@@ -81,6 +81,9 @@ pub struct WorkloadApiSettings {
     /// rollout gate (default 1s, at most 1 minute): clients send nothing back, so this is the time a
     /// workload gets to put a new bundle or SVID in use.
     pub ack_after: Duration,
+    /// How long a trust domain's JWT-SVID signing key signs before the next one takes over
+    /// (default 24h, at least 10 minutes, at most 90 days).
+    pub jwt_key_lifetime: Duration,
 }
 
 /// Socket paths as `unix://PATH`, the form they are written in.
@@ -297,6 +300,8 @@ pub const DEFAULT_RENEW_AT: f64 = 0.8;
 pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(30);
 /// The default `workloadApi.ackAfter`: one second.
 pub const DEFAULT_WORKLOAD_ACK_AFTER: Duration = Duration::from_secs(1);
+/// The default `workloadApi.jwtKeyLifetime`: a day.
+pub const DEFAULT_WORKLOAD_JWT_KEY_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 /// The default longest validity of a proxy token: one year (365 days).
 pub const DEFAULT_TOKEN_MAX_VALID_FOR: Duration = Duration::from_secs(365 * 24 * 3600);
 
@@ -336,6 +341,7 @@ impl Default for Settings {
             workload_api: WorkloadApiSettings {
                 listen: Settings::default_workload_api_listen(&data_dir),
                 ack_after: DEFAULT_WORKLOAD_ACK_AFTER,
+                jwt_key_lifetime: DEFAULT_WORKLOAD_JWT_KEY_LIFETIME,
             },
             admin: AdminSettings {
                 listen: DEFAULT_ADMIN_LISTEN,
