@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime};
 use meshca_ca::{CaParams, CertificateAuthority, SvidRequest};
 use meshca_identity::KeyAlgorithm;
 
-use crate::cli::{BenchClient, BenchIssuanceArgs, BenchSdsArgs};
+use crate::cli::{BenchClient, BenchIssuanceArgs, BenchSdsArgs, BenchWorkloadArgs};
 use crate::InvalidInput;
 
 /// Calls `f` repeatedly for `span` on this thread; returns calls per second.
@@ -141,13 +141,33 @@ fn rsa_wave(
     })
 }
 
+/// The library's name for where a bench runs its clients.
+fn bench_client(client: BenchClient) -> meshca_drill::bench::harness::BenchClient {
+    use meshca_drill::bench::harness::BenchClient as Library;
+    match client {
+        BenchClient::Process => Library::Process,
+        BenchClient::InProcess => Library::InProcess,
+    }
+}
+
+/// `meshca bench workload`: the library's bench with the command line's options.
+pub async fn workload(args: BenchWorkloadArgs) -> anyhow::Result<ExitCode> {
+    use meshca_drill::bench::workload;
+    workload::run(workload::WorkloadArgs {
+        streams: args.streams,
+        connections: args.connections,
+        ack_after: args.ack_after,
+        seconds: args.seconds,
+        timeout: args.timeout,
+        client: bench_client(args.client),
+    })
+    .await
+}
+
 /// `meshca bench sds`: the library's bench with the command line's options.
 pub async fn sds(args: BenchSdsArgs) -> anyhow::Result<ExitCode> {
     use meshca_drill::bench::sds;
-    let client = match args.client {
-        BenchClient::Process => sds::BenchClient::Process,
-        BenchClient::InProcess => sds::BenchClient::InProcess,
-    };
+    let client = bench_client(args.client);
     sds::run(sds::SdsArgs {
         streams: args.streams,
         connections: args.connections,
