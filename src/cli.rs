@@ -314,6 +314,13 @@ pub struct BenchWorkloadArgs {
     /// it, the bundle latency does not). Default: the daemon's default.
     #[arg(long, default_value_t = 1.0)]
     pub ack_after: f64,
+    #[command(flatten)]
+    pub run: BenchRunArgs,
+}
+
+/// What `bench sds` and `bench workload` share.
+#[derive(Debug, Args)]
+pub struct BenchRunArgs {
     /// How long the streams stay idle before the memory is read.
     #[arg(long, default_value_t = 2.0)]
     pub seconds: f64,
@@ -344,16 +351,8 @@ pub struct BenchSdsArgs {
     /// default makes it the size Envoy 1.40 sends (about 61 KB); 0 sends a bare node.
     #[arg(long, default_value_t = 420)]
     pub node_extensions: usize,
-    /// How long the streams stay idle before the memory is read.
-    #[arg(long, default_value_t = 2.0)]
-    pub seconds: f64,
-    /// How long the setup, and then the rotation, may take before the bench fails.
-    #[arg(long, default_value_t = 60.0)]
-    pub timeout: f64,
-    /// Where the simulated proxies run: in a child process (the daemon's memory is then its own) or in
-    /// this one.
-    #[arg(long, value_enum, default_value_t = BenchClient::Process)]
-    pub client: BenchClient,
+    #[command(flatten)]
+    pub run: BenchRunArgs,
 }
 
 /// Where `bench sds` and `bench workload` run their clients.

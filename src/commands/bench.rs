@@ -157,9 +157,9 @@ pub async fn workload(args: BenchWorkloadArgs) -> anyhow::Result<ExitCode> {
         streams: args.streams,
         connections: args.connections,
         ack_after: args.ack_after,
-        seconds: args.seconds,
-        timeout: args.timeout,
-        client: bench_client(args.client),
+        seconds: args.run.seconds,
+        timeout: args.run.timeout,
+        client: bench_client(args.run.client),
     })
     .await
 }
@@ -167,16 +167,15 @@ pub async fn workload(args: BenchWorkloadArgs) -> anyhow::Result<ExitCode> {
 /// `meshca bench sds`: the library's bench with the command line's options.
 pub async fn sds(args: BenchSdsArgs) -> anyhow::Result<ExitCode> {
     use meshca_drill::bench::sds;
-    let client = bench_client(args.client);
     sds::run(sds::SdsArgs {
         streams: args.streams,
         connections: args.connections,
         proxies: args.proxies,
         identity_every: args.identity_every,
         node_extensions: args.node_extensions,
-        seconds: args.seconds,
-        timeout: args.timeout,
-        client,
+        seconds: args.run.seconds,
+        timeout: args.run.timeout,
+        client: bench_client(args.run.client),
     })
     .await
 }

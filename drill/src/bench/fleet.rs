@@ -139,7 +139,7 @@ pub(super) struct Progress {
 
 impl Progress {
     /// Counts a response the stream received, if the rotation clock runs.
-    pub(super) fn received(&self) {
+    fn received(&self) {
         if self.armed.get().is_some() {
             self.responses.fetch_add(1, Ordering::Relaxed);
         }
@@ -575,13 +575,29 @@ impl Frames {
 
 /// The responses of one stream, read from its DATA frames.
 pub(super) struct Responses {
+    /// The method, for errors.
+    method: &'static str,
     body: h2::RecvStream,
     frames: Frames,
 }
 
 impl Responses {
+    /// The next response of a stream that must not end, counted in `progress`.
+    pub(super) async fn message<M: Message + Default>(
+        &mut self,
+        progress: &Progress,
+    ) -> anyhow::Result<M> {
+        let method = self.method;
+        let message = self
+            .next()
+            .await?
+            .ok_or_else(|| anyhow!("the daemon ended the {method} stream"))?;
+        progress.received();
+        Ok(message)
+    }
+
     /// The next response; `None` when the daemon ended the stream without an error.
-    pub(super) async fn next<M: Message + Default>(&mut self) -> anyhow::Result<Option<M>> {
+    async fn next<M: Message + Default>(&mut self) -> anyhow::Result<Option<M>> {
         loop {
             if let Some(message) = self.frames.next_message()? {
                 return Ok(Some(M::decode(message)?));
@@ -667,6 +683,7 @@ impl GrpcCall<'_> {
         }
         grpc_status(response.headers()).with_context(|| format!("{method} refused"))?;
         let responses = Responses {
+            method,
             body: response.into_body(),
             frames: Frames::default(),
         };
@@ -706,11 +723,7 @@ async fn run_stream(
 
     let (mut has_bundle, mut has_identity, mut ready) = (false, !plan.identity, false);
     loop {
-        let response: DiscoveryResponse = responses
-            .next()
-            .await?
-            .ok_or_else(|| anyhow!("the daemon ended the SDS stream"))?;
-        progress.received();
+        let response: DiscoveryResponse = responses.message(progress).await?;
         let error_detail = match inspect(&response, progress.bundles()) {
             Ok(seen) => {
                 note(index, &seen, progress);

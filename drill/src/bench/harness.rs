@@ -1,6 +1,7 @@
 //! What `bench sds` and `bench workload` share: the mesh they rotate, the fleet wherever it runs,
 //! and the two halves of a run around the daemon (the streams opened and left idle, then the rotation).
 
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
@@ -44,6 +45,73 @@ pub(super) fn seconds(name: &str, value: f64, zero_ok: bool) -> Result<Duration,
             "{name} must be a positive number of seconds, got {value}"
         ))
     })
+}
+
+/// How many connections carry `streams`: `asked`, or `default` or as many as the daemon's
+/// `limits.streamsPerConnection` (which the benches leave at its default) needs; an error names the
+/// limit a size would hit, rather than leaving streams to wait for a slot that never comes.
+fn connections(streams: usize, asked: Option<usize>, default: usize) -> Result<usize, Error> {
+    let per_connection = Settings::default().limits.streams_per_connection as usize;
+    let connections = asked.unwrap_or_else(|| streams.div_ceil(per_connection).max(default));
+    if streams == 0 || connections == 0 {
+        return Err(Error::invalid_input(
+            "--streams and --connections must be at least 1",
+        ));
+    }
+    if streams.div_ceil(connections) > per_connection {
+        return Err(Error::invalid_input(format!(
+            "--streams {streams} over --connections {connections} puts more than limits.streamsPerConnection ({per_connection}) streams on a connection: use at least --connections {}",
+            streams.div_ceil(per_connection)
+        )));
+    }
+    Ok(connections)
+}
+
+/// How a bench runs, whatever its streams ask for.
+#[derive(Clone, Copy, Debug)]
+pub struct RunOptions {
+    /// Concurrent streams.
+    pub streams: usize,
+    /// HTTP/2 connections carrying them.
+    pub connections: usize,
+    /// How long the streams stay idle before the memory is read.
+    pub idle: Duration,
+    /// How long setup, and then the rotation, may take.
+    pub timeout: Duration,
+    /// Where the clients run.
+    pub client: BenchClient,
+}
+
+impl RunOptions {
+    /// From the command line's `--streams`, `--connections` (default: `default_connections`, see
+    /// [`connections`]), `--seconds` (zero allowed) and `--timeout`.
+    pub(super) fn new(
+        (streams, connections, default_connections): (usize, Option<usize>, usize),
+        (seconds, timeout): (f64, f64),
+        client: BenchClient,
+    ) -> Result<RunOptions, Error> {
+        Ok(RunOptions {
+            streams,
+            connections: self::connections(streams, connections, default_connections)?,
+            idle: self::seconds("--seconds", seconds, true)?,
+            timeout: self::seconds("--timeout", timeout, false)?,
+            client,
+        })
+    }
+}
+
+impl RunOptions {
+    /// A small run for tests: clients in this process, no idle time, a minute to finish.
+    #[cfg(test)]
+    pub(super) fn in_process(streams: usize, connections: usize) -> RunOptions {
+        RunOptions {
+            streams,
+            connections,
+            idle: Duration::ZERO,
+            timeout: Duration::from_secs(60),
+            client: BenchClient::InProcess,
+        }
+    }
 }
 
 /// Where a bench runs its clients.
@@ -176,13 +244,16 @@ pub struct Idle {
     pub client_rss_idle: Option<u64>,
 }
 
-/// Opens `plan`'s streams (into `clients`), waits until each holds what it asked for, leaves them
-/// idle for `idle` and reads the memory.
+/// Opens `plan`'s streams (into `clients`, where the options say), waits until each holds what it
+/// asked for, leaves them idle and reads the memory.
 pub(super) async fn open_idle<'c>(
     plan: FleetPlan,
-    client: BenchClient,
-    idle: Duration,
-    timeout: Duration,
+    RunOptions {
+        idle,
+        timeout,
+        client,
+        ..
+    }: RunOptions,
     clients: &'c mut Option<Clients>,
 ) -> anyhow::Result<(Idle, &'c mut Clients)> {
     let streams = plan.streams.counts().0;
@@ -271,21 +342,23 @@ pub(super) fn round(value: f64, places: i32) -> f64 {
     (value * scale).round() / scale
 }
 
-/// The fields of a report both benches have, `identity` naming the latencies of the streams' own
-/// certificates (`identity` for SDS, `svid` for the Workload API).
-pub(super) fn report_fields(
-    streams: usize,
-    client: BenchClient,
+/// A bench's report: the fields both benches have, `identity` naming the latencies of the streams'
+/// own certificates (`identity` for SDS, `svid` for the Workload API), with the snapshots published
+/// during setup and during the rotation, and the bench's `own` (an object).
+pub(super) fn report(
+    run: &RunOptions,
     identity: &str,
-    idle: &Idle,
-    rotation: &Rotation,
-) -> serde_json::Map<String, serde_json::Value> {
+    (idle, rotation, generations): (&Idle, &Rotation, (u64, u64)),
+    own: serde_json::Value,
+) -> serde_json::Value {
+    let streams = run.streams;
     let ms = |v: Option<f64>| v.map(|v| round(v, 4));
     let reach = &rotation.reach;
     let per_stream = idle.rss_idle.saturating_sub(idle.rss_before) as f64 / streams as f64;
     let mut fields: serde_json::Map<String, serde_json::Value> = [
         ("streams", json!(streams)),
-        ("client", json!(client.name())),
+        ("connections", json!(run.connections)),
+        ("client", json!(run.client.name())),
         ("setup_seconds", json!(round(idle.setup_seconds, 3))),
         ("rss_before_bytes", json!(idle.rss_before)),
         ("rss_idle_bytes", json!(idle.rss_idle)),
@@ -315,6 +388,8 @@ pub(super) fn report_fields(
         ),
         ("failed", json!(reach.failed)),
         ("responses_rotation", json!(reach.responses)),
+        ("snapshots_setup", json!(generations.0)),
+        ("snapshots_rotation", json!(generations.1)),
     ]
     .into_iter()
     .map(|(name, value)| (name.to_owned(), value))
@@ -327,11 +402,27 @@ pub(super) fn report_fields(
         fields.insert(format!("{identity}_{name}_seconds"), value.into());
     }
     fields.insert(format!("{identity}_reached"), reach.identity_reached.into());
-    fields
+    if let serde_json::Value::Object(own) = own {
+        fields.extend(own);
+    }
+    serde_json::Value::Object(fields)
 }
 
-/// The error of a run whose rotation did not reach every one of `streams` within `timeout`.
-pub(super) fn unreached(reach: &Reach, streams: usize, timeout: Duration) -> Option<String> {
+/// Prints a run's report (one JSON line) and, if it failed, `error`: exit 1 then.
+pub(super) fn conclude(report: &serde_json::Value, error: Option<String>) -> ExitCode {
+    println!("{report}");
+    match error {
+        None => ExitCode::SUCCESS,
+        Some(error) => {
+            eprintln!("error: {error}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The error of a run whose rotation did not reach every one of its streams within its timeout.
+pub(super) fn unreached(reach: &Reach, run: &RunOptions) -> Option<String> {
+    let (streams, timeout) = (run.streams, run.timeout);
     (reach.reached != streams).then(|| {
         format!(
             "the rotation reached {} of {streams} streams within {timeout:?} ({} failed); first error: {}",

@@ -11,7 +11,7 @@ use anyhow::{anyhow, Context};
 use meshca_config::Settings;
 
 use super::fleet::{FleetPlan, StreamPlan, Streams};
-use super::harness::{self, mesh_yaml, reload, round, seconds, Clients, Idle, Rotation, MESH};
+use super::harness::{self, mesh_yaml, reload, round, Clients, Idle, Rotation, RunOptions, MESH};
 use crate::sandbox::Sandbox;
 pub use harness::BenchClient;
 use meshca_daemon::Daemon;
@@ -24,48 +24,26 @@ const TOKEN_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 /// What to measure.
 #[derive(Clone, Copy, Debug)]
 pub struct Options {
-    /// Concurrent streams.
-    pub streams: usize,
-    /// HTTP/2 connections carrying them.
-    pub connections: usize,
     /// Proxies owning them (round-robin).
     pub proxies: usize,
     /// Every K-th stream also asks for `default`; 0: none.
     pub identity_every: usize,
     /// Extensions listed by the node of each first request.
     pub node_extensions: usize,
-    /// How long the streams stay idle before the memory is read.
-    pub idle: Duration,
-    /// How long setup, and then the rotation, may take.
-    pub timeout: Duration,
-    /// Where the clients run.
-    pub client: BenchClient,
+    /// How it runs.
+    pub run: RunOptions,
 }
 
 impl Options {
     fn from_args(args: &SdsArgs) -> Result<Options, Error> {
         // The bench daemon runs with the default limits: say which one a size would hit, rather than
         // watching streams wait for a slot that never comes.
-        let limits = Settings::default().limits;
-        let per_connection = limits.streams_per_connection as usize;
-        let per_proxy = limits.streams_per_proxy as usize;
-        let connections = args.connections.unwrap_or_else(|| {
-            args.streams
-                .div_ceil(per_connection)
-                .max(DEFAULT_CONNECTIONS)
-        });
-        if args.streams == 0 || connections == 0 {
-            return Err(Error::invalid_input(
-                "--streams and --connections must be at least 1",
-            ));
-        }
-        if args.streams.div_ceil(connections) > per_connection {
-            return Err(Error::invalid_input(format!(
-                "--streams {} over --connections {connections} puts more than limits.streamsPerConnection ({per_connection}) streams on a connection: use at least --connections {}",
-                args.streams,
-                args.streams.div_ceil(per_connection)
-            )));
-        }
+        let run = RunOptions::new(
+            (args.streams, args.connections, DEFAULT_CONNECTIONS),
+            (args.seconds, args.timeout),
+            args.client,
+        )?;
+        let per_proxy = Settings::default().limits.streams_per_proxy as usize;
         let proxies = args.proxies.unwrap_or(args.streams);
         if !(1..=args.streams).contains(&proxies) {
             return Err(Error::invalid_input(format!(
@@ -81,14 +59,10 @@ impl Options {
             )));
         }
         Ok(Options {
-            streams: args.streams,
-            connections,
             proxies,
             identity_every: args.identity_every,
             node_extensions: args.node_extensions,
-            idle: seconds("--seconds", args.seconds, true)?,
-            timeout: seconds("--timeout", args.timeout, false)?,
-            client: args.client,
+            run,
         })
     }
 }
@@ -191,7 +165,7 @@ fn fleet_plan(daemon: &Daemon, target: String, options: &Options) -> anyhow::Res
         .with_context(|| format!("{name}: cannot make token claims"))?;
         tokens.push((format!("{MESH}.{name}"), daemon.mint_token(&claims)?));
     }
-    let streams = (0..options.streams)
+    let streams = (0..options.run.streams)
         .map(|i| {
             let (node_id, token) = &tokens[i % options.proxies];
             StreamPlan {
@@ -203,7 +177,7 @@ fn fleet_plan(daemon: &Daemon, target: String, options: &Options) -> anyhow::Res
         .collect();
     Ok(FleetPlan {
         target,
-        connections: options.connections,
+        connections: options.run.connections,
         streams: Streams::Sds {
             node_extensions: options.node_extensions,
             streams,
@@ -235,11 +209,10 @@ async fn play(
     let plan = fleet_plan(daemon, target.clone(), options)?;
     let generation = || daemon.generation();
     let start_generation = generation();
-    let (idle, fleet) =
-        harness::open_idle(plan, options.client, options.idle, options.timeout, clients).await?;
+    let (idle, fleet) = harness::open_idle(plan, options.run, clients).await?;
     // Single events are measured with the daemon idle too: no proxy left for a later turn of its loop,
     // no certificate being issued (proxies whose streams ask only for trust may get theirs after setup).
-    quiescent(daemon, options.timeout).await?;
+    quiescent(daemon, options.run.timeout).await?;
     // Single events are short and the machine is shared: each is measured several times, one after
     // the other, and the median reported.
     // One event that touches nothing: the same resources again.
@@ -272,7 +245,7 @@ async fn play(
     events.ack_loop = median(|e| e.ack_loop);
     let idle_generation = generation();
 
-    let rotation = harness::rotate(daemon, sandbox, fleet, options.timeout).await?;
+    let rotation = harness::rotate(daemon, sandbox, fleet, options.run.timeout).await?;
     let generations = (
         idle_generation - start_generation,
         generation() - idle_generation,
@@ -378,16 +351,8 @@ async fn one_proxy(daemon: &Daemon, target: &str, name: &str) -> anyhow::Result<
 /// The JSON line of a run.
 fn report(options: &Options, outcome: &Outcome) -> serde_json::Value {
     let reach = &outcome.rotation.reach;
-    let mut line = harness::report_fields(
-        options.streams,
-        options.client,
-        "identity",
-        &outcome.idle,
-        &outcome.rotation,
-    );
     let own = serde_json::json!({
         "bench": "sds",
-        "connections": options.connections,
         "proxies": options.proxies,
         "identity_streams": reach.identity_streams,
         "node_extensions": options.node_extensions,
@@ -398,27 +363,17 @@ fn report(options: &Options, outcome: &Outcome) -> serde_json::Value {
         "connect_loop_seconds": round(outcome.events.connect_loop.as_secs_f64(), 6),
         "ack_loop_seconds": round(outcome.events.ack_loop.as_secs_f64(), 6),
         "nacks": reach.nacks,
-        "snapshots_setup": outcome.generations.0,
-        "snapshots_rotation": outcome.generations.1,
     });
-    if let serde_json::Value::Object(own) = own {
-        line.extend(own);
-    }
-    serde_json::Value::Object(line)
+    let measured = (&outcome.idle, &outcome.rotation, outcome.generations);
+    harness::report(&options.run, "identity", measured, own)
 }
 
 /// `meshca bench sds`: prints one JSON line; exit 1 unless the rotation reached every stream in time.
 pub async fn run(args: SdsArgs) -> anyhow::Result<ExitCode> {
     let options = Options::from_args(&args)?;
     let outcome = measure(&options).await?;
-    println!("{}", report(&options, &outcome));
-    match harness::unreached(&outcome.rotation.reach, options.streams, options.timeout) {
-        None => Ok(ExitCode::SUCCESS),
-        Some(error) => {
-            eprintln!("error: {error}");
-            Ok(ExitCode::from(1))
-        }
-    }
+    let error = harness::unreached(&outcome.rotation.reach, &options.run);
+    Ok(harness::conclude(&report(&options, &outcome), error))
 }
 
 #[cfg(test)]
@@ -453,8 +408,8 @@ mod tests {
     #[test]
     fn sizes_that_a_default_limit_would_stop_are_refused_naming_it() {
         let o = options(&["--streams", "100000"]).expect("enough connections by default");
-        assert_eq!(o.connections, 98);
-        assert_eq!(options(&[]).expect("defaults").connections, 50);
+        assert_eq!(o.run.connections, 98);
+        assert_eq!(options(&[]).expect("defaults").run.connections, 50);
         let e = options(&["--streams", "100000", "--connections", "50"])
             .expect_err("2,000 streams per connection")
             .to_string();
@@ -474,14 +429,10 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_rotation_reaches_every_stream() {
         let options = Options {
-            streams: 200,
-            connections: 4,
             proxies: 150,
             identity_every: 4,
             node_extensions: 3,
-            idle: Duration::ZERO,
-            timeout: Duration::from_secs(60),
-            client: BenchClient::InProcess,
+            run: RunOptions::in_process(200, 4),
         };
         let outcome = measure(&options).await.expect("the bench runs");
         let reach = &outcome.rotation.reach;

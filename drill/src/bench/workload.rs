@@ -19,7 +19,9 @@ use meshca_config::Settings;
 use meshca_daemon::Error;
 
 use super::fleet::{FleetPlan, Streams};
-use super::harness::{self, mesh_yaml, round, seconds, BenchClient, Idle, Rotation, MESH};
+use super::harness::{
+    self, mesh_yaml, round, seconds, BenchClient, Idle, Rotation, RunOptions, MESH,
+};
 use crate::sandbox::Sandbox;
 use crate::scenario::registered_workload;
 
@@ -64,54 +66,21 @@ pub const DEFAULT_CONNECTIONS: usize = 16;
 /// What to measure, checked.
 #[derive(Clone, Copy, Debug)]
 pub struct Options {
-    /// Concurrent streams.
-    pub streams: usize,
-    /// HTTP/2 connections carrying them.
-    pub connections: usize,
     /// The daemon's `workloadApi.ackAfter`.
     pub ack_after: Duration,
-    /// How long the streams stay idle before the memory is read.
-    pub idle: Duration,
-    /// How long setup, and then the rotation, may take.
-    pub timeout: Duration,
-    /// Where the clients run.
-    pub client: BenchClient,
+    /// How it runs.
+    pub run: RunOptions,
 }
 
 impl Options {
     fn from_args(args: &WorkloadArgs) -> Result<Options, Error> {
-        // The streams of one connection are bounded by a limit the bench leaves as it is (it is
-        // the SDS socket's too): say when a size would hit it.
-        let per_connection = Settings::default().limits.streams_per_connection as usize;
-        let connections = args.connections.unwrap_or_else(|| {
-            args.streams
-                .div_ceil(per_connection)
-                .max(DEFAULT_CONNECTIONS)
-        });
-        if args.streams == 0 || connections == 0 {
-            return Err(Error::invalid_input(
-                "--streams and --connections must be at least 1",
-            ));
-        }
-        if args.streams.div_ceil(connections) > per_connection {
-            return Err(Error::invalid_input(format!(
-                "--streams {} over --connections {connections} puts more than limits.streamsPerConnection ({per_connection}) streams on a connection: use at least --connections {}",
-                args.streams,
-                args.streams.div_ceil(per_connection)
-            )));
-        }
-        if u32::try_from(args.streams).is_err() || u32::try_from(connections).is_err() {
-            return Err(Error::invalid_input(
-                "--streams and --connections must be below 2^32",
-            ));
-        }
         Ok(Options {
-            streams: args.streams,
-            connections,
             ack_after: seconds("--ack-after", args.ack_after, true)?,
-            idle: seconds("--seconds", args.seconds, true)?,
-            timeout: seconds("--timeout", args.timeout, false)?,
-            client: args.client,
+            run: RunOptions::new(
+                (args.streams, args.connections, DEFAULT_CONNECTIONS),
+                (args.seconds, args.timeout),
+                args.client,
+            )?,
         })
     }
 
@@ -123,8 +92,8 @@ impl Options {
         let at_least = |limit: &mut u32, wanted: usize| {
             *limit = (*limit).max(u32::try_from(wanted).unwrap_or(u32::MAX));
         };
-        at_least(&mut limits.workload_streams_per_caller, self.streams);
-        at_least(&mut limits.workload_connections, self.connections);
+        at_least(&mut limits.workload_streams_per_caller, self.run.streams);
+        at_least(&mut limits.workload_connections, self.run.connections);
         settings.workload_api.ack_after = meshca_config::Duration(self.ack_after);
         settings
     }
@@ -161,17 +130,15 @@ pub async fn measure(options: &Options) -> anyhow::Result<Outcome> {
     harness::with_daemon(&sandbox, settings, async |daemon, sandbox, clients| {
         let plan = FleetPlan {
             target,
-            connections: options.connections,
+            connections: options.run.connections,
             streams: Streams::Workload {
-                count: options.streams,
+                count: options.run.streams,
             },
         };
         let start_generation = daemon.generation();
-        let (idle, fleet) =
-            harness::open_idle(plan, options.client, options.idle, options.timeout, clients)
-                .await?;
+        let (idle, fleet) = harness::open_idle(plan, options.run, clients).await?;
         let idle_generation = daemon.generation();
-        let rotation = harness::rotate(daemon, sandbox, fleet, options.timeout).await?;
+        let rotation = harness::rotate(daemon, sandbox, fleet, options.run.timeout).await?;
         Ok(Outcome {
             idle,
             rotation,
@@ -186,24 +153,12 @@ pub async fn measure(options: &Options) -> anyhow::Result<Outcome> {
 
 /// The JSON line of a run.
 fn report(options: &Options, outcome: &Outcome) -> serde_json::Value {
-    let mut line = harness::report_fields(
-        options.streams,
-        options.client,
-        "svid",
-        &outcome.idle,
-        &outcome.rotation,
-    );
     let own = serde_json::json!({
         "bench": "workload",
-        "connections": options.connections,
         "ack_after_seconds": round(options.ack_after.as_secs_f64(), 3),
-        "snapshots_setup": outcome.generations.0,
-        "snapshots_rotation": outcome.generations.1,
     });
-    if let serde_json::Value::Object(own) = own {
-        line.extend(own);
-    }
-    serde_json::Value::Object(line)
+    let measured = (&outcome.idle, &outcome.rotation, outcome.generations);
+    harness::report(&options.run, "svid", measured, own)
 }
 
 /// `meshca bench workload`: prints one JSON line; exit 1 unless the rotation reached every stream (and
@@ -211,23 +166,16 @@ fn report(options: &Options, outcome: &Outcome) -> serde_json::Value {
 pub async fn run(args: WorkloadArgs) -> anyhow::Result<ExitCode> {
     let options = Options::from_args(&args)?;
     let outcome = measure(&options).await?;
-    println!("{}", report(&options, &outcome));
     let reach = &outcome.rotation.reach;
-    let error = harness::unreached(reach, options.streams, options.timeout).or_else(|| {
-        (reach.identity_reached != options.streams).then(|| {
+    let error = harness::unreached(reach, &options.run).or_else(|| {
+        (reach.identity_reached != options.run.streams).then(|| {
             format!(
                 "{} of {} SVIDs were renewed by ca-2 within {:?}",
-                reach.identity_reached, options.streams, options.timeout
+                reach.identity_reached, options.run.streams, options.run.timeout
             )
         })
     });
-    match error {
-        None => Ok(ExitCode::SUCCESS),
-        Some(error) => {
-            eprintln!("error: {error}");
-            Ok(ExitCode::from(1))
-        }
-    }
+    Ok(harness::conclude(&report(&options, &outcome), error))
 }
 
 #[cfg(test)]
@@ -242,9 +190,12 @@ mod tests {
             ..WorkloadArgs::default()
         };
         let o = Options::from_args(&args(10_000, None)).expect("defaults");
-        assert_eq!((o.connections, o.ack_after), (16, Duration::from_secs(1)));
+        assert_eq!(
+            (o.run.connections, o.ack_after),
+            (16, Duration::from_secs(1))
+        );
         let o = Options::from_args(&args(100_000, None)).expect("enough connections by default");
-        assert_eq!(o.connections, 98);
+        assert_eq!(o.run.connections, 98);
         let e = Options::from_args(&args(10_000, Some(4)))
             .expect_err("2,500 streams per connection")
             .to_string();
@@ -260,12 +211,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_rotation_reaches_every_workload_stream_and_renews_every_svid() {
         let options = Options {
-            streams: 20,
-            connections: 3,
             ack_after: Duration::from_millis(50),
-            idle: Duration::ZERO,
-            timeout: Duration::from_secs(60),
-            client: BenchClient::InProcess,
+            run: RunOptions::in_process(20, 3),
         };
         let outcome = measure(&options).await.expect("the bench runs");
         let reach = &outcome.rotation.reach;

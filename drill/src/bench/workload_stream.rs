@@ -33,11 +33,7 @@ pub(super) async fn run(
     let (_requests, mut responses) = call.open(connection).await?;
     let mut ready = false;
     loop {
-        let response: X509SvidResponse = responses
-            .next()
-            .await?
-            .ok_or_else(|| anyhow!("the daemon ended the FetchX509SVID stream"))?;
-        progress.received();
+        let response: X509SvidResponse = responses.message(progress).await?;
         // A message a client could not use fails the stream: the Workload API has no NACK.
         let seen = inspect(&response, progress)?;
         note(index, &seen, progress);
