@@ -1,13 +1,14 @@
-//! The client side of `bench sds`: many `StreamSecrets` streams multiplexed over a few HTTP/2
-//! connections. Each stream ACKs every response at once, as Envoy does, and notes when it first holds
-//! its secrets and, once a rotation is armed, when it first receives a bundle with a CA outside the
-//! steady-state one (and, if it asks for its identity, a certificate from such a CA).
+//! The client side of `bench sds` and `bench workload`: many streams multiplexed over a few HTTP/2
+//! connections. An SDS stream (`StreamSecrets`) ACKs every response at once, as Envoy does; a Workload
+//! API stream (`FetchX509SVID`, [`super::workload_stream`]) only listens. Each notes when it first holds
+//! what it asked for and, once a rotation is armed, when it first receives a bundle with a CA outside
+//! the steady-state one (and, if it asks for its identity, a certificate from such a CA).
 //!
 //! The streams speak gRPC over the `h2` crate directly (length-prefixed protobuf in DATA frames), not
-//! through tonic's client: the simulated proxies share the machine's cores with the daemon they
+//! through tonic's client: the simulated clients share the machine's cores with the daemon they
 //! measure, and tonic's request channel and decode buffer per stream made the client spend a third
-//! more CPU than the daemon's own work needs of it. Every response is still read whole, decoded, checked
-//! and ACKed (or NACKed) on its stream.
+//! more CPU than the daemon's own work needs of it. Every response is still read whole, decoded,
+//! checked and, on SDS, ACKed (or NACKed) on its stream.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
