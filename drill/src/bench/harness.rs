@@ -246,7 +246,7 @@ pub struct Idle {
 
 /// Opens `plan`'s streams (into `clients`, where the options say), waits until each holds what it
 /// asked for, leaves them idle and reads the memory.
-pub(super) async fn open_idle<'c>(
+pub(super) async fn open_idle(
     plan: FleetPlan,
     RunOptions {
         idle,
@@ -254,8 +254,8 @@ pub(super) async fn open_idle<'c>(
         client,
         ..
     }: RunOptions,
-    clients: &'c mut Option<Clients>,
-) -> anyhow::Result<(Idle, &'c mut Clients)> {
+    clients: &mut Option<Clients>,
+) -> anyhow::Result<(Idle, &mut Clients)> {
     let streams = plan.streams.counts().0;
     // Held until the idle memory is read, so that its freed copy cannot make room for the streams.
     let kept = plan.clone();
