@@ -293,9 +293,46 @@ pub enum BenchCommand {
     Issuance(BenchIssuanceArgs),
     /// SDS fan-out: many idle streams, memory per stream, and how fast a CA rotation reaches them all.
     Sds(BenchSdsArgs),
-    /// The client half of `bench sds` when it runs in its own process: reads its plan on stdin.
+    /// Workload API fan-out: many idle `FetchX509SVID` streams of one process, memory per stream, and
+    /// how fast a CA rotation reaches them all.
+    Workload(BenchWorkloadArgs),
+    /// The client half of `bench sds` and `bench workload` when it runs in its own process: reads its
+    /// plan on stdin.
     #[command(hide = true)]
     SdsClient,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchWorkloadArgs {
+    /// How many concurrent `FetchX509SVID` streams (all from one process, which the bench daemon's
+    /// limits make room for).
+    #[arg(long, default_value_t = 10_000)]
+    pub streams: usize,
+    /// How many HTTP/2 connections to the Workload API socket carry them (streams are spread evenly);
+    /// default: 16, or as many as `limits.streamsPerConnection` needs.
+    #[arg(long)]
+    pub connections: Option<usize>,
+    /// The bench daemon's `workloadApi.ackAfter`, in seconds: how long after a message is written it
+    /// counts as applied, which the rotation waits for between its steps (so the SVID latency includes
+    /// it, the bundle latency does not). Default: the daemon's default.
+    #[arg(long, default_value_t = 1.0)]
+    pub ack_after: f64,
+    #[command(flatten)]
+    pub run: BenchRunArgs,
+}
+
+/// What `bench sds` and `bench workload` share.
+#[derive(Debug, Args)]
+pub struct BenchRunArgs {
+    /// How long the streams stay idle before the memory is read.
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+    /// How long the setup, and then the rotation, may take before the bench fails.
+    #[arg(long, default_value_t = 60.0)]
+    pub timeout: f64,
+    /// Where the clients run: in a child process (the daemon's memory is then its own) or in this one.
+    #[arg(long, value_enum, default_value_t = BenchClient::Process)]
+    pub client: BenchClient,
 }
 
 #[derive(Debug, Args)]
@@ -317,19 +354,11 @@ pub struct BenchSdsArgs {
     /// default makes it the size Envoy 1.40 sends (about 61 KB); 0 sends a bare node.
     #[arg(long, default_value_t = 420)]
     pub node_extensions: usize,
-    /// How long the streams stay idle before the memory is read.
-    #[arg(long, default_value_t = 2.0)]
-    pub seconds: f64,
-    /// How long the setup, and then the rotation, may take before the bench fails.
-    #[arg(long, default_value_t = 60.0)]
-    pub timeout: f64,
-    /// Where the simulated proxies run: in a child process (the daemon's memory is then its own) or in
-    /// this one.
-    #[arg(long, value_enum, default_value_t = BenchClient::Process)]
-    pub client: BenchClient,
+    #[command(flatten)]
+    pub run: BenchRunArgs,
 }
 
-/// Where `bench sds` runs its clients.
+/// Where `bench sds` and `bench workload` run their clients.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BenchClient {
     /// A child process (`meshca bench sds-client`).

@@ -256,8 +256,26 @@ const EGRESS_CONTEXT: &str = "system_trust_bundle_egress";
 /// A member as a workload: its Dataplane, and a registration that selects the process with effective
 /// uid `uid` and hints the SVID with the member's name.
 fn workload_documents(member: &MemberSpec, uid: u32) -> String {
-    let labels: String = member
-        .labels
+    registered_workload(
+        &member.mesh,
+        &member.name,
+        &member.service,
+        &member.labels,
+        uid,
+    )
+}
+
+/// The resource documents of a workload: Dataplane `name` of `mesh` (one inbound tagged `service`,
+/// with `labels`), and a WorkloadRegistration of the same name that gives its identity to processes of
+/// effective uid `uid`, hinted `name`.
+pub(crate) fn registered_workload(
+    mesh: &str,
+    name: &str,
+    service: &str,
+    labels: &BTreeMap<String, String>,
+    uid: u32,
+) -> String {
+    let labels: String = labels
         .iter()
         .map(|(k, v)| format!("  {k}: {v}\n"))
         .collect();
@@ -266,9 +284,6 @@ fn workload_documents(member: &MemberSpec, uid: u32) -> String {
          inbound:\n    - port: 8080\n      tags: {{kuma.io/service: {service}}}\n---\n\
          type: WorkloadRegistration\nmesh: {mesh}\nname: {name}\nspec:\n  dataplane: {name}\n  \
          selectors: [\"unix:uid:{uid}\"]\n  hint: {name}\n",
-        mesh = member.mesh,
-        name = member.name,
-        service = member.service,
     )
 }
 

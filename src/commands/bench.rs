@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime};
 use meshca_ca::{CaParams, CertificateAuthority, SvidRequest};
 use meshca_identity::KeyAlgorithm;
 
-use crate::cli::{BenchClient, BenchIssuanceArgs, BenchSdsArgs};
+use crate::cli::{BenchClient, BenchIssuanceArgs, BenchSdsArgs, BenchWorkloadArgs};
 use crate::InvalidInput;
 
 /// Calls `f` repeatedly for `span` on this thread; returns calls per second.
@@ -141,22 +141,41 @@ fn rsa_wave(
     })
 }
 
+/// The library's name for where a bench runs its clients.
+fn bench_client(client: BenchClient) -> meshca_drill::bench::harness::BenchClient {
+    use meshca_drill::bench::harness::BenchClient as Library;
+    match client {
+        BenchClient::Process => Library::Process,
+        BenchClient::InProcess => Library::InProcess,
+    }
+}
+
+/// `meshca bench workload`: the library's bench with the command line's options.
+pub async fn workload(args: BenchWorkloadArgs) -> anyhow::Result<ExitCode> {
+    use meshca_drill::bench::workload;
+    workload::run(workload::WorkloadArgs {
+        streams: args.streams,
+        connections: args.connections,
+        ack_after: args.ack_after,
+        seconds: args.run.seconds,
+        timeout: args.run.timeout,
+        client: bench_client(args.run.client),
+    })
+    .await
+}
+
 /// `meshca bench sds`: the library's bench with the command line's options.
 pub async fn sds(args: BenchSdsArgs) -> anyhow::Result<ExitCode> {
     use meshca_drill::bench::sds;
-    let client = match args.client {
-        BenchClient::Process => sds::BenchClient::Process,
-        BenchClient::InProcess => sds::BenchClient::InProcess,
-    };
     sds::run(sds::SdsArgs {
         streams: args.streams,
         connections: args.connections,
         proxies: args.proxies,
         identity_every: args.identity_every,
         node_extensions: args.node_extensions,
-        seconds: args.seconds,
-        timeout: args.timeout,
-        client,
+        seconds: args.run.seconds,
+        timeout: args.run.timeout,
+        client: bench_client(args.run.client),
     })
     .await
 }

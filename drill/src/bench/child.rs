@@ -1,5 +1,5 @@
-//! The fleet in its own process (`meshca bench sds-client`, hidden), so that the bench process's
-//! memory is the daemon's alone, as an operator would see it.
+//! The fleet in its own process (`meshca bench sds-client`, hidden; `bench workload` uses it too), so
+//! that the bench process's memory is the daemon's alone, as an operator would see it.
 //!
 //! The parent talks to the child with one JSON object per line: on the child's stdin a [`ToChild::Plan`],
 //! later a [`ToChild::Arm`]; on its stdout [`FromChild`] answers. The child arms its clock before it
@@ -201,11 +201,10 @@ async fn drive(lines: &mut Lines<BufReader<tokio::io::Stdin>>) -> anyhow::Result
 }
 
 async fn next(lines: &mut Lines<BufReader<tokio::io::Stdin>>) -> anyhow::Result<ToChild> {
-    let line = lines
-        .next_line()
-        .await?
-        .ok_or_else(|| anyhow!("stdin closed: this command is run by `meshca bench sds`"))?;
-    serde_json::from_str(&line).context("not a message from `meshca bench sds`")
+    let line = lines.next_line().await?.ok_or_else(|| {
+        anyhow!("stdin closed: this command is run by `meshca bench sds` and `bench workload`")
+    })?;
+    serde_json::from_str(&line).context("not a message from `meshca bench sds` or `bench workload`")
 }
 
 fn say(message: &FromChild) -> anyhow::Result<()> {

@@ -1,13 +1,14 @@
-//! The client side of `bench sds`: many `StreamSecrets` streams multiplexed over a few HTTP/2
-//! connections. Each stream ACKs every response at once, as Envoy does, and notes when it first holds
-//! its secrets and, once a rotation is armed, when it first receives a bundle with a CA outside the
-//! steady-state one (and, if it asks for its identity, a certificate from such a CA).
+//! The client side of `bench sds` and `bench workload`: many streams multiplexed over a few HTTP/2
+//! connections. An SDS stream (`StreamSecrets`) ACKs every response at once, as Envoy does; a Workload
+//! API stream (`FetchX509SVID`, [`super::workload_stream`]) only listens. Each notes when it first holds
+//! what it asked for and, once a rotation is armed, when it first receives a bundle with a CA outside
+//! the steady-state one (and, if it asks for its identity, a certificate from such a CA).
 //!
 //! The streams speak gRPC over the `h2` crate directly (length-prefixed protobuf in DATA frames), not
-//! through tonic's client: the simulated proxies share the machine's cores with the daemon they
+//! through tonic's client: the simulated clients share the machine's cores with the daemon they
 //! measure, and tonic's request channel and decode buffer per stream made the client spend a third
-//! more CPU than the daemon's own work needs of it. Every response is still read whole, decoded, checked
-//! and ACKed (or NACKed) on its stream.
+//! more CPU than the daemon's own work needs of it. Every response is still read whole, decoded,
+//! checked and, on SDS, ACKed (or NACKed) on its stream.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -19,6 +20,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use envoy_types::pb::envoy::config::core::v3::{Extension, Node};
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use envoy_types::pb::google::rpc::Status as RpcStatus;
+use futures::future::BoxFuture;
+use futures::FutureExt;
 use meshca_sds::{decode_secrets, describe, SecretKindView, SECRET_TYPE_URL};
 use prost::Message;
 use rustls_pki_types::pem::PemObject;
@@ -47,14 +50,43 @@ pub struct StreamPlan {
 /// Every stream of a fleet and where they go.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct FleetPlan {
-    /// The daemon's SDS socket (`unix:///…`).
+    /// The daemon's socket (`unix:///…`): its SDS socket, or its Workload API socket.
     pub target: String,
     /// How many HTTP/2 connections carry the streams; stream `i` uses connection `i % connections`.
     pub connections: usize,
-    /// How many extensions the node of each first request lists ([`envoy_node`]).
-    pub node_extensions: usize,
     /// The streams.
-    pub streams: Vec<StreamPlan>,
+    pub streams: Streams,
+}
+
+/// What a fleet's streams ask for.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Streams {
+    /// SDS `StreamSecrets` streams, as Envoys open them.
+    Sds {
+        /// How many extensions the node of each first request lists ([`envoy_node`]).
+        node_extensions: usize,
+        /// The streams.
+        streams: Vec<StreamPlan>,
+    },
+    /// Workload API `FetchX509SVID` streams of one process (see [`super::workload_stream`]): every
+    /// stream receives an SVID, so every one is an identity stream.
+    Workload {
+        /// How many.
+        count: usize,
+    },
+}
+
+impl Streams {
+    /// How many streams, and how many of them ask for an identity.
+    pub(super) fn counts(&self) -> (usize, usize) {
+        match self {
+            Streams::Sds { streams, .. } => {
+                (streams.len(), streams.iter().filter(|s| s.identity).count())
+            }
+            Streams::Workload { count } => (*count, *count),
+        }
+    }
 }
 
 /// How a rotation reached the fleet. Latencies are seconds from [`StreamFleet::arm`], sorted.
@@ -84,7 +116,7 @@ pub struct Reach {
 
 /// What every stream reports to.
 #[derive(Debug)]
-struct Progress {
+pub(super) struct Progress {
     total: usize,
     /// Streams that ask for an identity.
     identity_streams: usize,
@@ -107,6 +139,23 @@ struct Progress {
 }
 
 impl Progress {
+    /// Counts a response the stream received, if the rotation clock runs.
+    fn received(&self) {
+        if self.armed.get().is_some() {
+            self.responses.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The stream holds everything it asked for (reported once per stream).
+    pub(super) fn stream_ready(&self) {
+        self.bump(&self.ready, self.total);
+    }
+
+    /// The bundles decoded so far.
+    pub(super) fn bundles(&self) -> &Bundles {
+        &self.bundles
+    }
+
     fn note_error(&self, message: String) {
         let mut first = self
             .first_error
@@ -149,39 +198,47 @@ impl Progress {
     }
 }
 
-/// The bundles the streams received, decoded once each: every stream of a mesh receives the same PEMs,
-/// and decoding them for each of 100,000 streams was a fifth of the client's CPU.
+/// The bundles the streams received, decoded once each: every stream of a mesh receives the same
+/// bundle, and decoding it for each of 100,000 streams was a fifth of the client's CPU.
 #[derive(Debug, Default)]
-struct Bundles {
-    /// The last few distinct bundles (their PEMs) and their certificates.
-    seen: Mutex<VecDeque<(Vec<String>, Cas)>>,
+pub(super) struct Bundles {
+    /// The last few distinct bundles (their bytes as received) and their certificates.
+    seen: Mutex<VecDeque<(Vec<u8>, Cas)>>,
 }
 
 /// A bundle's certificates, shared by every stream that received it.
-type Cas = Arc<[CertificateDer<'static>]>;
+pub(super) type Cas = Arc<[CertificateDer<'static>]>;
 
 impl Bundles {
     /// How many distinct bundles are kept: a rotation shows two or three.
     const KEPT: usize = 8;
 
-    /// The certificates of the bundle made of `pems`; an error if a PEM does not decode.
+    /// The certificates of the SDS bundle made of `pems`; an error if a PEM does not decode.
     fn decode(&self, pems: Vec<String>) -> anyhow::Result<Cas> {
+        self.cached(pems.join("\n").into_bytes(), |text| {
+            CertificateDer::pem_slice_iter(text)
+                .map(|cert| cert.map_err(|e| anyhow!("a bundle PEM does not decode: {e}")))
+                .collect()
+        })
+    }
+
+    /// The certificates of the bundle received as `bytes`, decoded by `decode` unless a bundle of the
+    /// same bytes was decoded before.
+    pub(super) fn cached(
+        &self,
+        bytes: Vec<u8>,
+        decode: impl FnOnce(&[u8]) -> anyhow::Result<Vec<CertificateDer<'static>>>,
+    ) -> anyhow::Result<Cas> {
         let lock = || self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((_, cas)) = lock().iter().find(|(seen, _)| *seen == pems) {
+        if let Some((_, cas)) = lock().iter().find(|(seen, _)| *seen == bytes) {
             return Ok(cas.clone());
         }
-        let mut cas = Vec::new();
-        for pem in &pems {
-            for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-                cas.push(cert.map_err(|e| anyhow!("a bundle PEM does not decode: {e}"))?);
-            }
-        }
-        let cas: Cas = cas.into();
+        let cas: Cas = decode(&bytes)?.into();
         let mut seen = lock();
         if seen.len() == Self::KEPT {
             seen.pop_front();
         }
-        seen.push_back((pems, cas.clone()));
+        seen.push_back((bytes, cas.clone()));
         Ok(cas)
     }
 }
@@ -224,9 +281,8 @@ impl StreamFleet {
         for _ in 0..plan.connections {
             connections.push(connect(&plan.target, &mut tasks).await?);
         }
-        let total = plan.streams.len();
+        let (total, identity_streams) = plan.streams.counts();
         let slots = |n: usize| (0..n).map(|_| AtomicU64::new(0)).collect();
-        let identity_streams = plan.streams.iter().filter(|s| s.identity).count();
         let progress = Arc::new(Progress {
             total,
             identity_streams,
@@ -244,18 +300,40 @@ impl StreamFleet {
             wake: Notify::new(),
             bundles: Bundles::default(),
         });
-        let extensions = plan.node_extensions;
-        for (index, stream) in plan.streams.into_iter().enumerate() {
-            let connection = connections[index % connections.len()].clone();
+        let spawn = |tasks: &mut JoinSet<()>,
+                     index: usize,
+                     stream: BoxFuture<'static, anyhow::Result<()>>| {
             let progress = progress.clone();
             tasks.spawn(async move {
-                if let Err(error) =
-                    run_stream(index, connection, stream, extensions, &progress).await
-                {
+                if let Err(error) = stream.await {
                     progress.note_error(format!("stream {index}: {error:#}"));
                     progress.fail();
                 }
             });
+        };
+        let connection = |index: usize| connections[index % connections.len()].clone();
+        match plan.streams {
+            Streams::Sds {
+                node_extensions,
+                streams,
+            } => {
+                for (index, stream) in streams.into_iter().enumerate() {
+                    let (connection, progress) = (connection(index), progress.clone());
+                    let run = async move {
+                        run_stream(index, connection, stream, node_extensions, &progress).await
+                    };
+                    spawn(&mut tasks, index, run.boxed());
+                }
+            }
+            Streams::Workload { count } => {
+                for index in 0..count {
+                    let (connection, progress) = (connection(index), progress.clone());
+                    let run = async move {
+                        super::workload_stream::run(index, connection, &progress).await
+                    };
+                    spawn(&mut tasks, index, run.boxed());
+                }
+            }
         }
         Ok(StreamFleet {
             progress,
@@ -353,10 +431,11 @@ impl StreamFleet {
 
 /// What one response held, as far as the bench cares.
 #[derive(Default)]
-struct Seen {
-    bundle: Option<Cas>,
+pub(super) struct Seen {
+    /// The CAs of its bundle, if it holds one.
+    pub bundle: Option<Cas>,
     /// The issuer (DER) of the identity's leaf certificate.
-    leaf_issuer: Option<Vec<u8>>,
+    pub leaf_issuer: Option<Vec<u8>>,
 }
 
 fn inspect(response: &DiscoveryResponse, bundles: &Bundles) -> anyhow::Result<Seen> {
@@ -389,17 +468,22 @@ fn inspect(response: &DiscoveryResponse, bundles: &Bundles) -> anyhow::Result<Se
                     .next()
                     .ok_or_else(|| anyhow!("the identity holds no certificate"))?
                     .map_err(|e| anyhow!("the identity PEM does not decode: {e}"))?;
-                // Only its issuer is read: the extensions are left unparsed.
-                let (_, cert) = X509CertificateParser::new()
-                    .with_deep_parse_extensions(false)
-                    .parse(&leaf)
-                    .map_err(|e| anyhow!("the identity certificate does not parse: {e}"))?;
-                seen.leaf_issuer = Some(cert.issuer().as_raw().to_vec());
+                seen.leaf_issuer = Some(issuer_of(&leaf)?);
             }
             (name, kind) => return Err(anyhow!("unexpected secret {name:?}: {kind:?}")),
         }
     }
     Ok(seen)
+}
+
+/// The issuer (DER) of the first certificate of `der` (one or more DER certificates); only the issuer
+/// is read, the extensions are left unparsed.
+pub(super) fn issuer_of(der: &[u8]) -> anyhow::Result<Vec<u8>> {
+    let (_, cert) = X509CertificateParser::new()
+        .with_deep_parse_extensions(false)
+        .parse(der)
+        .map_err(|e| anyhow!("the identity certificate does not parse: {e}"))?;
+    Ok(cert.issuer().as_raw().to_vec())
 }
 
 /// The longest response a stream accepts: a bundle of many CAs, far below it.
@@ -414,7 +498,7 @@ const STREAM_SECRETS: &str =
 
 /// Opens one HTTP/2 connection to `target` (`unix:///path`, the only kind the bench serves on); its
 /// driver runs in `tasks`.
-async fn connect(
+pub(super) async fn connect(
     target: &str,
     tasks: &mut JoinSet<()>,
 ) -> anyhow::Result<h2::client::SendRequest<Bytes>> {
@@ -441,7 +525,7 @@ async fn connect(
 }
 
 /// `message` framed for gRPC: uncompressed, its length, its bytes.
-fn grpc_frame(message: &DiscoveryRequest) -> anyhow::Result<Bytes> {
+pub(super) fn grpc_frame(message: &impl Message) -> anyhow::Result<Bytes> {
     let len = message.encoded_len();
     let mut framed = BytesMut::with_capacity(5 + len);
     framed.put_u8(0);
@@ -491,22 +575,38 @@ impl Frames {
 }
 
 /// The responses of one stream, read from its DATA frames.
-struct Responses {
+pub(super) struct Responses {
+    /// The method, for errors.
+    method: &'static str,
     body: h2::RecvStream,
     frames: Frames,
 }
 
 impl Responses {
+    /// The next response of a stream that must not end, counted in `progress`.
+    pub(super) async fn message<M: Message + Default>(
+        &mut self,
+        progress: &Progress,
+    ) -> anyhow::Result<M> {
+        let method = self.method;
+        let message = self
+            .next()
+            .await?
+            .ok_or_else(|| anyhow!("the daemon ended the {method} stream"))?;
+        progress.received();
+        Ok(message)
+    }
+
     /// The next response; `None` when the daemon ended the stream without an error.
-    async fn next(&mut self) -> anyhow::Result<Option<DiscoveryResponse>> {
+    async fn next<M: Message + Default>(&mut self) -> anyhow::Result<Option<M>> {
         loop {
             if let Some(message) = self.frames.next_message()? {
-                return Ok(Some(DiscoveryResponse::decode(message)?));
+                return Ok(Some(M::decode(message)?));
             }
             let Some(chunk) = self.body.data().await else {
                 return self.ended().await.map(|()| None);
             };
-            let chunk = chunk.context("the SDS stream failed")?;
+            let chunk = chunk.context("the stream failed")?;
             // The window opens as data arrives: responses are consumed as they come.
             let _ = self.body.flow_control().release_capacity(chunk.len());
             self.frames.push(chunk);
@@ -519,7 +619,7 @@ impl Responses {
             .body
             .trailers()
             .await
-            .context("the SDS stream failed")?
+            .context("the stream failed")?
             .unwrap_or_default();
         grpc_status(&trailers)
     }
@@ -537,6 +637,61 @@ fn grpc_status(headers: &http::HeaderMap) -> anyhow::Result<()> {
     }
 }
 
+/// One gRPC call on a fleet's connection: its first request message, framed.
+pub(super) struct GrpcCall<'a> {
+    /// The method, for errors.
+    pub method: &'static str,
+    /// Its URI (`http://localhost/<service>/<method>`).
+    pub uri: &'static str,
+    /// The header the call needs besides gRPC's own (its credentials, or a marker).
+    pub header: (&'static str, &'a str),
+    /// The first request message, framed ([`grpc_frame`]).
+    pub first: Bytes,
+    /// Whether the request ends with it (a server-streaming call).
+    pub end_stream: bool,
+}
+
+impl GrpcCall<'_> {
+    /// Sends the call on `connection` and waits for the response headers: the request side, to send
+    /// more messages on (unless ended), and the responses. An error names the method and why the
+    /// daemon refused it.
+    pub(super) async fn open(
+        self,
+        connection: h2::client::SendRequest<Bytes>,
+    ) -> anyhow::Result<(h2::SendStream<Bytes>, Responses)> {
+        let method = self.method;
+        let request = http::Request::post(self.uri)
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header(self.header.0, self.header.1)
+            .body(())
+            .with_context(|| format!("the {method} request headers"))?;
+        let mut connection = connection
+            .ready()
+            .await
+            .context("the HTTP/2 connection failed")?;
+        let (response, mut requests) = connection
+            .send_request(request, false)
+            .with_context(|| format!("{method} refused"))?;
+        requests
+            .send_data(self.first, self.end_stream)
+            .with_context(|| format!("the {method} stream closed"))?;
+        let response = response
+            .await
+            .with_context(|| format!("{method} refused"))?;
+        if response.status() != http::StatusCode::OK {
+            bail!("{method} refused: HTTP {}", response.status());
+        }
+        grpc_status(response.headers()).with_context(|| format!("{method} refused"))?;
+        let responses = Responses {
+            method,
+            body: response.into_body(),
+            frames: Frames::default(),
+        };
+        Ok((requests, responses))
+    }
+}
+
 /// Runs one stream until it fails; reports into `progress` as it goes.
 async fn run_stream(
     index: usize,
@@ -550,49 +705,27 @@ async fn run_stream(
     } else {
         vec![TRUST.to_owned()]
     };
-    let request = http::Request::post(STREAM_SECRETS)
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .header("authorization", format!("Bearer {}", plan.token.trim()))
-        .body(())
-        .context("the stream's request headers")?;
-    let mut connection = connection
-        .ready()
-        .await
-        .context("the HTTP/2 connection failed")?;
-    let (response, mut requests) = connection
-        .send_request(request, false)
-        .context("StreamSecrets refused")?;
     let first = DiscoveryRequest {
         node: Some(envoy_node(&plan.node_id, node_extensions)),
         resource_names: names.clone(),
         type_url: SECRET_TYPE_URL.to_owned(),
         ..Default::default()
     };
-    requests
-        .send_data(grpc_frame(&first)?, false)
-        .context("the SDS stream closed")?;
-    drop(first);
-    let response = response.await.context("StreamSecrets refused")?;
-    if response.status() != http::StatusCode::OK {
-        bail!("StreamSecrets refused: HTTP {}", response.status());
-    }
-    grpc_status(response.headers()).context("StreamSecrets refused")?;
-    let mut responses = Responses {
-        body: response.into_body(),
-        frames: Frames::default(),
+    let authorization = format!("Bearer {}", plan.token.trim());
+    let call = GrpcCall {
+        method: "StreamSecrets",
+        uri: STREAM_SECRETS,
+        header: ("authorization", &authorization),
+        first: grpc_frame(&first)?,
+        end_stream: false,
     };
+    drop(first);
+    let (mut requests, mut responses) = call.open(connection).await?;
 
     let (mut has_bundle, mut has_identity, mut ready) = (false, !plan.identity, false);
     loop {
-        let response = responses
-            .next()
-            .await?
-            .ok_or_else(|| anyhow!("the daemon ended the SDS stream"))?;
-        if progress.armed.get().is_some() {
-            progress.responses.fetch_add(1, Ordering::Relaxed);
-        }
-        let error_detail = match inspect(&response, &progress.bundles) {
+        let response: DiscoveryResponse = responses.message(progress).await?;
+        let error_detail = match inspect(&response, progress.bundles()) {
             Ok(seen) => {
                 note(index, &seen, progress);
                 has_bundle |= seen.bundle.is_some();
@@ -622,7 +755,7 @@ async fn run_stream(
             .context("the SDS stream closed")?;
         if !ready && has_bundle && has_identity {
             ready = true;
-            progress.bump(&progress.ready, progress.total);
+            progress.stream_ready();
         }
     }
 }
@@ -650,7 +783,7 @@ fn envoy_node(id: &str, extensions: usize) -> Node {
 }
 
 /// Records what a response brought: the baseline, and (once armed) the new CA reaching the stream.
-fn note(index: usize, seen: &Seen, progress: &Progress) {
+pub(super) fn note(index: usize, seen: &Seen, progress: &Progress) {
     let Some(armed) = progress.armed.get() else {
         if let Some(cas) = &seen.bundle {
             progress

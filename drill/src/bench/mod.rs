@@ -1,12 +1,18 @@
-//! `meshca bench sds`: SDS fan-out against an in-process daemon (targets and figures: BENCHMARKS.md).
+//! `meshca bench sds` and `meshca bench workload`: SDS and Workload API fan-out against an in-process
+//! daemon (targets and figures: BENCHMARKS.md).
 //!
-//! The pieces: [`fleet`] (many `StreamSecrets` streams multiplexed over a few HTTP/2 connections, each
-//! ACKing like Envoy and timing when a rotation reaches it), [`child`] (the fleet in its own process, so
-//! the daemon's memory is measured alone) and [`sds`] (the daemon, the rotation and the report).
+//! The pieces: [`fleet`] (many streams multiplexed over a few HTTP/2 connections, timing when a
+//! rotation reaches each: `StreamSecrets` streams ACKing like Envoy, or `FetchX509SVID` streams
+//! ([`workload_stream`]) reading like a SPIFFE library), [`child`] (the fleet in its own process, so
+//! the daemon's memory is measured alone), [`harness`] (the daemon, the idle fleet and the rotation,
+//! as both benches run them) and [`sds`] and [`workload`] (each bench's setup and report).
 
 pub mod child;
 pub mod fleet;
+pub mod harness;
 pub mod sds;
+pub mod workload;
+mod workload_stream;
 
 use anyhow::{anyhow, Context};
 

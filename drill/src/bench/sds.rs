@@ -10,15 +10,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{anyhow, Context};
 use meshca_config::Settings;
 
-use super::child::ChildFleet;
-use super::fleet::{FleetPlan, Reach, StreamFleet, StreamPlan};
-use super::{cpu_seconds, quantile, rss_bytes};
+use super::fleet::{FleetPlan, StreamPlan, Streams};
+use super::harness::{self, mesh_yaml, reload, round, Clients, Idle, Rotation, RunOptions, MESH};
 use crate::sandbox::Sandbox;
+pub use harness::BenchClient;
+use meshca_daemon::Daemon;
 use meshca_daemon::Error;
-use meshca_daemon::{Daemon, DaemonOptions};
-
-/// The mesh the bench runs in.
-const MESH: &str = "default";
 /// How many services the proxies are spread over (`kuma.io/service=svc-<i % SERVICES>`).
 const SERVICES: usize = 5;
 /// How long the bench's tokens are valid: far longer than any run.
@@ -27,56 +24,26 @@ const TOKEN_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 /// What to measure.
 #[derive(Clone, Copy, Debug)]
 pub struct Options {
-    /// Concurrent streams.
-    pub streams: usize,
-    /// HTTP/2 connections carrying them.
-    pub connections: usize,
     /// Proxies owning them (round-robin).
     pub proxies: usize,
     /// Every K-th stream also asks for `default`; 0: none.
     pub identity_every: usize,
     /// Extensions listed by the node of each first request.
     pub node_extensions: usize,
-    /// How long the streams stay idle before the memory is read.
-    pub idle: Duration,
-    /// How long setup, and then the rotation, may take.
-    pub timeout: Duration,
-    /// Where the clients run.
-    pub client: BenchClient,
+    /// How it runs.
+    pub run: RunOptions,
 }
 
 impl Options {
     fn from_args(args: &SdsArgs) -> Result<Options, Error> {
-        let seconds = |name: &str, value: f64, zero_ok: bool| {
-            let ok = value.is_finite() && (value > 0.0 || (zero_ok && value == 0.0));
-            ok.then(|| Duration::from_secs_f64(value)).ok_or_else(|| {
-                Error::invalid_input(format!(
-                    "{name} must be a positive number of seconds, got {value}"
-                ))
-            })
-        };
         // The bench daemon runs with the default limits: say which one a size would hit, rather than
         // watching streams wait for a slot that never comes.
-        let limits = Settings::default().limits;
-        let per_connection = limits.streams_per_connection as usize;
-        let per_proxy = limits.streams_per_proxy as usize;
-        let connections = args.connections.unwrap_or_else(|| {
-            args.streams
-                .div_ceil(per_connection)
-                .max(DEFAULT_CONNECTIONS)
-        });
-        if args.streams == 0 || connections == 0 {
-            return Err(Error::invalid_input(
-                "--streams and --connections must be at least 1",
-            ));
-        }
-        if args.streams.div_ceil(connections) > per_connection {
-            return Err(Error::invalid_input(format!(
-                "--streams {} over --connections {connections} puts more than limits.streamsPerConnection ({per_connection}) streams on a connection: use at least --connections {}",
-                args.streams,
-                args.streams.div_ceil(per_connection)
-            )));
-        }
+        let run = RunOptions::new(
+            (args.streams, args.connections, DEFAULT_CONNECTIONS),
+            (args.seconds, args.timeout),
+            args.client,
+        )?;
+        let per_proxy = Settings::default().limits.streams_per_proxy as usize;
         let proxies = args.proxies.unwrap_or(args.streams);
         if !(1..=args.streams).contains(&proxies) {
             return Err(Error::invalid_input(format!(
@@ -92,14 +59,10 @@ impl Options {
             )));
         }
         Ok(Options {
-            streams: args.streams,
-            connections,
             proxies,
             identity_every: args.identity_every,
             node_extensions: args.node_extensions,
-            idle: seconds("--seconds", args.seconds, true)?,
-            timeout: seconds("--timeout", args.timeout, false)?,
-            client: args.client,
+            run,
         })
     }
 }
@@ -141,15 +104,6 @@ impl Default for SdsArgs {
     }
 }
 
-/// Where `bench sds` runs its clients.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BenchClient {
-    /// A child process (`meshca bench sds-client`).
-    Process,
-    /// The bench's own process, beside the daemon.
-    InProcess,
-}
-
 /// Connections the bench opens unless more are needed or `--connections` says otherwise.
 const DEFAULT_CONNECTIONS: usize = 50;
 
@@ -172,50 +126,19 @@ pub struct EventCosts {
 /// What one run measured.
 #[derive(Debug)]
 pub struct Outcome {
-    /// Seconds until every stream held its secrets.
-    pub setup_seconds: f64,
-    /// The bench process before any stream.
-    pub rss_before: u64,
-    /// The bench process with every stream open and idle.
-    pub rss_idle: u64,
-    /// The client process with every stream open and idle (clients in their own process only).
-    pub client_rss_idle: Option<u64>,
-    /// How long `reload_resources` took (load, reconcile, publish).
-    pub reload_seconds: f64,
-    /// How long a reload of unchanged resources took, with every stream idle (the median of
+    /// The streams opened and idle.
+    pub idle: Idle,
+    /// How a reload of unchanged resources took, with every stream idle (the median of
     /// [`EVENT_SAMPLES`]): a per-event cost that should not grow with the fleet.
     pub noop_reload_seconds: f64,
     /// Whether those reloads published a snapshot (they should not: nothing changed).
     pub noop_reload_published: bool,
     /// What single events cost the control loop with every other stream idle.
     pub events: EventCosts,
-    /// How the rotation reached the streams.
-    pub reach: Reach,
+    /// The rotation.
+    pub rotation: Rotation,
     /// Snapshots the daemon published while the streams opened, and during the rotation.
     pub generations: (u64, u64),
-    /// The CPU seconds the daemon and the client process used from the switch to ca-2 until the rotation
-    /// had reached every stream (clients in their own process only: otherwise the two share one).
-    pub rotation_cpu: Option<(f64, f64)>,
-}
-
-fn backend(name: &str) -> String {
-    format!(
-        "    - name: {name}\n      type: builtin\n      dpCert: {{rotation: {{expiration: 24h}}}}\n      conf: {{caCert: {{expiration: 1y}}}}\n"
-    )
-}
-
-/// The Mesh on ca-1 alone, or switched to ca-2 with ca-1 still trusted.
-fn mesh_yaml(switched: bool) -> String {
-    let (enabled, secondary, backends) = if switched {
-        (
-            "ca-2",
-            "  secondaryBackends: [ca-1]\n",
-            backend("ca-1") + &backend("ca-2"),
-        )
-    } else {
-        ("ca-1", "", backend("ca-1"))
-    };
-    format!("type: Mesh\nname: {MESH}\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}")
 }
 
 /// One token per proxy; stream `i` belongs to proxy `p-<i % proxies>`.
@@ -242,7 +165,7 @@ fn fleet_plan(daemon: &Daemon, target: String, options: &Options) -> anyhow::Res
         .with_context(|| format!("{name}: cannot make token claims"))?;
         tokens.push((format!("{MESH}.{name}"), daemon.mint_token(&claims)?));
     }
-    let streams = (0..options.streams)
+    let streams = (0..options.run.streams)
         .map(|i| {
             let (node_id, token) = &tokens[i % options.proxies];
             StreamPlan {
@@ -254,101 +177,24 @@ fn fleet_plan(daemon: &Daemon, target: String, options: &Options) -> anyhow::Res
         .collect();
     Ok(FleetPlan {
         target,
-        connections: options.connections,
-        node_extensions: options.node_extensions,
-        streams,
+        connections: options.run.connections,
+        streams: Streams::Sds {
+            node_extensions: options.node_extensions,
+            streams,
+        },
     })
-}
-
-/// The fleet, wherever it runs.
-enum Clients {
-    Local(StreamFleet, Instant),
-    Child(Box<ChildFleet>),
-}
-
-impl Clients {
-    async fn start(plan: FleetPlan, options: &Options) -> anyhow::Result<Clients> {
-        Ok(match options.client {
-            BenchClient::InProcess => {
-                Clients::Local(StreamFleet::open(plan).await?, Instant::now())
-            }
-            BenchClient::Process => {
-                Clients::Child(Box::new(ChildFleet::spawn(plan, options.timeout).await?))
-            }
-        })
-    }
-
-    /// Setup seconds and, for a child, its memory.
-    async fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<(f64, Option<u64>)> {
-        match self {
-            Clients::Local(fleet, started) => {
-                fleet.wait_ready(timeout).await?;
-                Ok((started.elapsed().as_secs_f64(), None))
-            }
-            Clients::Child(child) => {
-                let (setup, rss) = child.wait_ready().await?;
-                Ok((setup, Some(rss)))
-            }
-        }
-    }
-
-    async fn arm(&mut self) -> anyhow::Result<()> {
-        match self {
-            Clients::Local(fleet, _) => {
-                fleet.arm();
-                Ok(())
-            }
-            Clients::Child(child) => child.arm().await,
-        }
-    }
-
-    async fn wait_reached(&mut self, timeout: Duration) -> anyhow::Result<Reach> {
-        match self {
-            Clients::Local(fleet, _) => Ok(fleet.wait_reached(timeout).await),
-            Clients::Child(child) => child.wait_reached().await,
-        }
-    }
-
-    /// The CPU seconds the client process has used so far (clients in their own process only).
-    fn cpu_seconds(&self) -> anyhow::Result<Option<f64>> {
-        match self {
-            Clients::Local(..) => Ok(None),
-            Clients::Child(child) => {
-                let pid = child
-                    .pid()
-                    .ok_or_else(|| anyhow!("the client process has exited"))?;
-                cpu_seconds(Some(pid)).map(Some)
-            }
-        }
-    }
-
-    async fn stop(self) {
-        match self {
-            Clients::Local(fleet, _) => fleet.stop().await,
-            Clients::Child(child) => child.stop().await,
-        }
-    }
 }
 
 /// Runs the whole bench against a fresh in-process daemon.
 pub async fn measure(options: &Options) -> anyhow::Result<Outcome> {
     let sandbox = Sandbox::new()?;
     sandbox.write_resource("mesh.yaml", &mesh_yaml(false))?;
-    let daemon = Daemon::start(
+    harness::with_daemon(
+        &sandbox,
         sandbox.settings(),
-        DaemonOptions {
-            gate: true,
-            watch_files: false,
-        },
+        async |daemon, sandbox, clients| play(daemon, sandbox, options, clients).await,
     )
-    .await?;
-    let mut clients = None;
-    let result = play(&daemon, &sandbox, options, &mut clients).await;
-    if let Some(clients) = clients {
-        clients.stop().await;
-    }
-    daemon.stop().await;
-    result
+    .await
 }
 
 async fn play(
@@ -361,24 +207,12 @@ async fn play(
         .unix_target()
         .ok_or_else(|| anyhow!("the bench daemon has no unix SDS socket"))?;
     let plan = fleet_plan(daemon, target.clone(), options)?;
-    // Held until the idle memory is read, so that its freed copy cannot make room for the streams.
-    let kept = plan.clone();
-    let rss_before = rss_bytes(None)?;
     let generation = || daemon.generation();
     let start_generation = generation();
-    let fleet = clients.insert(Clients::start(plan, options).await?);
-    let (setup_seconds, client_rss_idle) = fleet.wait_ready(options.timeout).await?;
-    tracing::info!(
-        streams = options.streams,
-        setup_seconds,
-        "bench: every stream holds its secrets"
-    );
-    tokio::time::sleep(options.idle).await;
-    let rss_idle = rss_bytes(None)?;
-    drop(kept);
+    let (idle, fleet) = harness::open_idle(plan, options.run, clients).await?;
     // Single events are measured with the daemon idle too: no proxy left for a later turn of its loop,
     // no certificate being issued (proxies whose streams ask only for trust may get theirs after setup).
-    quiescent(daemon, options.timeout).await?;
+    quiescent(daemon, options.run.timeout).await?;
     // Single events are short and the machine is shared: each is measured several times, one after
     // the other, and the median reported.
     // One event that touches nothing: the same resources again.
@@ -411,42 +245,18 @@ async fn play(
     events.ack_loop = median(|e| e.ack_loop);
     let idle_generation = generation();
 
-    sandbox.write_resource("mesh.yaml", &mesh_yaml(true))?;
-    fleet.arm().await?;
-    // The bench process is the daemon's alone when the clients run in their own.
-    let cpu = |fleet: &Clients| -> anyhow::Result<Option<(f64, f64)>> {
-        let Some(client) = fleet.cpu_seconds()? else {
-            return Ok(None);
-        };
-        Ok(Some((cpu_seconds(None)?, client)))
-    };
-    let cpu_before = cpu(fleet)?;
-    let reload_started = Instant::now();
-    reload(daemon, "the switch to ca-2").await?;
-    let reload_seconds = reload_started.elapsed().as_secs_f64();
-    let reach = fleet.wait_reached(options.timeout).await?;
-    let rotation_cpu = match (cpu_before, cpu(fleet)?) {
-        (Some((daemon0, client0)), Some((daemon1, client1))) => {
-            Some((daemon1 - daemon0, client1 - client0))
-        }
-        _ => None,
-    };
+    let rotation = harness::rotate(daemon, sandbox, fleet, options.run.timeout).await?;
     let generations = (
         idle_generation - start_generation,
         generation() - idle_generation,
     );
     Ok(Outcome {
-        generations,
-        setup_seconds,
-        rss_before,
-        rss_idle,
-        client_rss_idle,
-        reload_seconds,
+        idle,
         noop_reload_seconds,
         noop_reload_published,
         events,
-        reach,
-        rotation_cpu,
+        rotation,
+        generations,
     })
 }
 
@@ -538,87 +348,32 @@ async fn one_proxy(daemon: &Daemon, target: &str, name: &str) -> anyhow::Result<
     Ok(events)
 }
 
-/// Has the daemon reload its resources; an error when it rejects them (`what` names the edit).
-async fn reload(daemon: &Daemon, what: &str) -> anyhow::Result<()> {
-    match daemon.reload_resources().await? {
-        Ok(()) => Ok(()),
-        Err(errors) => {
-            let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
-            Err(anyhow!("the daemon rejected {what}: {}", lines.join("; ")))
-        }
-    }
-}
-
-fn round(value: f64, places: i32) -> f64 {
-    let scale = 10f64.powi(places);
-    (value * scale).round() / scale
-}
-
 /// The JSON line of a run.
 fn report(options: &Options, outcome: &Outcome) -> serde_json::Value {
-    let ms = |v: Option<f64>| v.map(|v| round(v, 4));
-    let reach = &outcome.reach;
-    let per_stream =
-        outcome.rss_idle.saturating_sub(outcome.rss_before) as f64 / options.streams as f64;
-    serde_json::json!({
+    let reach = &outcome.rotation.reach;
+    let own = serde_json::json!({
         "bench": "sds",
-        "streams": options.streams,
-        "connections": options.connections,
         "proxies": options.proxies,
         "identity_streams": reach.identity_streams,
         "node_extensions": options.node_extensions,
-        "client": match options.client {
-            BenchClient::Process => "process",
-            BenchClient::InProcess => "in-process",
-        },
-        "setup_seconds": round(outcome.setup_seconds, 3),
-        "rss_before_bytes": outcome.rss_before,
-        "rss_idle_bytes": outcome.rss_idle,
-        "bytes_per_idle_stream": per_stream.round(),
-        "client_rss_idle_bytes": outcome.client_rss_idle,
-        "reload_seconds": ms(Some(outcome.reload_seconds)),
-        "noop_reload_seconds": ms(Some(outcome.noop_reload_seconds)),
+        "noop_reload_seconds": round(outcome.noop_reload_seconds, 4),
         "noop_reload_published": outcome.noop_reload_published,
         "noop_reload_loop_seconds": round(outcome.events.noop_reload_loop.as_secs_f64(), 6),
         "connect_seconds": round(outcome.events.connect.as_secs_f64(), 6),
         "connect_loop_seconds": round(outcome.events.connect_loop.as_secs_f64(), 6),
         "ack_loop_seconds": round(outcome.events.ack_loop.as_secs_f64(), 6),
-        "rotation_p50_seconds": ms(quantile(&reach.latencies, 0.5)),
-        "rotation_p99_seconds": ms(quantile(&reach.latencies, 0.99)),
-        "rotation_max_seconds": ms(reach.latencies.last().copied()),
-        "reached": reach.reached,
-        "identity_p50_seconds": ms(quantile(&reach.identity_latencies, 0.5)),
-        "identity_p99_seconds": ms(quantile(&reach.identity_latencies, 0.99)),
-        "identity_max_seconds": ms(reach.identity_latencies.last().copied()),
-        "daemon_cpu_rotation_seconds": outcome.rotation_cpu.map(|(daemon, _)| round(daemon, 2)),
-        "client_cpu_rotation_seconds": outcome.rotation_cpu.map(|(_, client)| round(client, 2)),
-        "identity_reached": reach.identity_reached,
-        "failed": reach.failed,
         "nacks": reach.nacks,
-        "responses_rotation": reach.responses,
-        "snapshots_setup": outcome.generations.0,
-        "snapshots_rotation": outcome.generations.1,
-    })
+    });
+    let measured = (&outcome.idle, &outcome.rotation, outcome.generations);
+    harness::report(&options.run, "identity", measured, own)
 }
 
 /// `meshca bench sds`: prints one JSON line; exit 1 unless the rotation reached every stream in time.
 pub async fn run(args: SdsArgs) -> anyhow::Result<ExitCode> {
     let options = Options::from_args(&args)?;
     let outcome = measure(&options).await?;
-    println!("{}", report(&options, &outcome));
-    let reach = &outcome.reach;
-    if reach.reached == options.streams {
-        return Ok(ExitCode::SUCCESS);
-    }
-    eprintln!(
-        "error: the rotation reached {} of {} streams within {:?} ({} failed); first error: {}",
-        reach.reached,
-        options.streams,
-        options.timeout,
-        reach.failed,
-        reach.first_error.as_deref().unwrap_or("none reported"),
-    );
-    Ok(ExitCode::from(1))
+    let error = harness::unreached(&outcome.rotation.reach, &options.run);
+    Ok(harness::conclude(&report(&options, &outcome), error))
 }
 
 #[cfg(test)]
@@ -653,8 +408,8 @@ mod tests {
     #[test]
     fn sizes_that_a_default_limit_would_stop_are_refused_naming_it() {
         let o = options(&["--streams", "100000"]).expect("enough connections by default");
-        assert_eq!(o.connections, 98);
-        assert_eq!(options(&[]).expect("defaults").connections, 50);
+        assert_eq!(o.run.connections, 98);
+        assert_eq!(options(&[]).expect("defaults").run.connections, 50);
         let e = options(&["--streams", "100000", "--connections", "50"])
             .expect_err("2,000 streams per connection")
             .to_string();
@@ -674,17 +429,13 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_rotation_reaches_every_stream() {
         let options = Options {
-            streams: 200,
-            connections: 4,
             proxies: 150,
             identity_every: 4,
             node_extensions: 3,
-            idle: Duration::ZERO,
-            timeout: Duration::from_secs(60),
-            client: BenchClient::InProcess,
+            run: RunOptions::in_process(200, 4),
         };
         let outcome = measure(&options).await.expect("the bench runs");
-        let reach = &outcome.reach;
+        let reach = &outcome.rotation.reach;
         assert_eq!(reach.failed, 0, "{:?}", reach.first_error);
         assert_eq!(reach.nacks, 0, "{:?}", reach.first_error);
         assert_eq!(reach.reached, 200);
@@ -696,7 +447,7 @@ mod tests {
             "a bundle per stream and a certificate per identity stream: {}",
             reach.responses
         );
-        assert!(outcome.rss_idle > 0 && outcome.rss_before > 0);
+        assert!(outcome.idle.rss_idle > 0 && outcome.idle.rss_before > 0);
         assert!(
             !outcome.noop_reload_published,
             "a reload that changes nothing pushes nothing"

@@ -1,0 +1,236 @@
+//! `meshca bench workload` (BENCHMARKS.md): `bench sds` for the SPIFFE Workload API. An in-process
+//! daemon serves mesh `default` from builtin CA ca-1 and one WorkloadRegistration that selects the
+//! bench's user (so the client process, of the same user, matches it); N `FetchX509SVID` streams from
+//! that one process, the daemon's memory before and after they open, then the edit that switches the
+//! mesh to ca-2 (ca-1 kept as secondary) and, per stream, the time from the reload call until a
+//! message's bundle holds ca-2, and until its SVID is signed by ca-2.
+//!
+//! The second step waits for the first to be applied everywhere: the rollout gate counts a Workload
+//! API message as applied `workloadApi.ackAfter` after writing it (clients send nothing back). So the
+//! SVID latency is that setting plus the daemon's own work; `--ack-after` sets it (default: the
+//! daemon's default, 1 s, what operators run), and a run with a small one shows the work alone.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::anyhow;
+use meshca_config::Settings;
+use meshca_daemon::Error;
+
+use super::fleet::{FleetPlan, Streams};
+use super::harness::{
+    self, mesh_yaml, round, seconds, BenchClient, Idle, Rotation, RunOptions, MESH,
+};
+use crate::sandbox::Sandbox;
+use crate::scenario::registered_workload;
+
+/// The Dataplane (and registration) whose identity every stream receives.
+const WORKLOAD: &str = "bench-workload";
+
+/// What `meshca bench workload` is asked for, before it is checked.
+#[derive(Clone, Debug)]
+pub struct WorkloadArgs {
+    /// How many concurrent `FetchX509SVID` streams.
+    pub streams: usize,
+    /// How many HTTP/2 connections carry them; `None`: [`DEFAULT_CONNECTIONS`], or as many as
+    /// `limits.streamsPerConnection` needs.
+    pub connections: Option<usize>,
+    /// `workloadApi.ackAfter` of the bench daemon, in seconds.
+    pub ack_after: f64,
+    /// How long the streams stay idle before the memory is read, in seconds.
+    pub seconds: f64,
+    /// How long the setup, and then the rotation, may take, in seconds.
+    pub timeout: f64,
+    /// Where the clients run.
+    pub client: BenchClient,
+}
+
+impl Default for WorkloadArgs {
+    /// The defaults of `meshca bench workload`.
+    fn default() -> WorkloadArgs {
+        WorkloadArgs {
+            streams: 10_000,
+            connections: None,
+            ack_after: meshca_workload::DEFAULT_ACK_AFTER.as_secs_f64(),
+            seconds: 2.0,
+            timeout: 60.0,
+            client: BenchClient::Process,
+        }
+    }
+}
+
+/// Connections the bench opens unless more are needed or `--connections` says otherwise.
+pub const DEFAULT_CONNECTIONS: usize = 16;
+
+/// What to measure, checked.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// The daemon's `workloadApi.ackAfter`.
+    pub ack_after: Duration,
+    /// How it runs.
+    pub run: RunOptions,
+}
+
+impl Options {
+    fn from_args(args: &WorkloadArgs) -> Result<Options, Error> {
+        Ok(Options {
+            ack_after: seconds("--ack-after", args.ack_after, true)?,
+            run: RunOptions::new(
+                (args.streams, args.connections, DEFAULT_CONNECTIONS),
+                (args.seconds, args.timeout),
+                args.client,
+            )?,
+        })
+    }
+
+    /// The bench daemon's settings: the sandbox's, with room for every stream and connection of one
+    /// process, and the bench's `workloadApi.ackAfter`.
+    fn settings(&self, sandbox: &Sandbox) -> Settings {
+        let mut settings = sandbox.settings();
+        let limits = &mut settings.limits;
+        let at_least = |limit: &mut u32, wanted: usize| {
+            *limit = (*limit).max(u32::try_from(wanted).unwrap_or(u32::MAX));
+        };
+        at_least(&mut limits.workload_streams_per_caller, self.run.streams);
+        at_least(&mut limits.workload_connections, self.run.connections);
+        settings.workload_api.ack_after = meshca_config::Duration(self.ack_after);
+        settings
+    }
+}
+
+/// What one run measured.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The streams opened and idle.
+    pub idle: Idle,
+    /// The rotation.
+    pub rotation: Rotation,
+    /// Snapshots the daemon published while the streams opened, and during the rotation.
+    pub generations: (u64, u64),
+}
+
+/// Runs the whole bench against a fresh in-process daemon.
+pub async fn measure(options: &Options) -> anyhow::Result<Outcome> {
+    let sandbox = Sandbox::new()?;
+    sandbox.write_resource("mesh.yaml", &mesh_yaml(false))?;
+    let uid = rustix::process::geteuid().as_raw();
+    let labels = BTreeMap::from([("app".to_owned(), "bench".to_owned())]);
+    sandbox.write_resource(
+        "workload.yaml",
+        &registered_workload(MESH, WORKLOAD, "bench", &labels, uid),
+    )?;
+    let settings = options.settings(&sandbox);
+    let socket = settings
+        .workload_api
+        .listen
+        .first()
+        .ok_or_else(|| anyhow!("the bench daemon has no Workload API socket"))?;
+    let target = format!("unix://{}", socket.display());
+    harness::with_daemon(&sandbox, settings, async |daemon, sandbox, clients| {
+        let plan = FleetPlan {
+            target,
+            connections: options.run.connections,
+            streams: Streams::Workload {
+                count: options.run.streams,
+            },
+        };
+        let start_generation = daemon.generation();
+        let (idle, fleet) = harness::open_idle(plan, options.run, clients).await?;
+        let idle_generation = daemon.generation();
+        let rotation = harness::rotate(daemon, sandbox, fleet, options.run.timeout).await?;
+        Ok(Outcome {
+            idle,
+            rotation,
+            generations: (
+                idle_generation - start_generation,
+                daemon.generation() - idle_generation,
+            ),
+        })
+    })
+    .await
+}
+
+/// The JSON line of a run.
+fn report(options: &Options, outcome: &Outcome) -> serde_json::Value {
+    let own = serde_json::json!({
+        "bench": "workload",
+        "ack_after_seconds": round(options.ack_after.as_secs_f64(), 3),
+    });
+    let measured = (&outcome.idle, &outcome.rotation, outcome.generations);
+    harness::report(&options.run, "svid", measured, own)
+}
+
+/// `meshca bench workload`: prints one JSON line; exit 1 unless the rotation reached every stream (and
+/// renewed every SVID) in time.
+pub async fn run(args: WorkloadArgs) -> anyhow::Result<ExitCode> {
+    let options = Options::from_args(&args)?;
+    let outcome = measure(&options).await?;
+    let reach = &outcome.rotation.reach;
+    let error = harness::unreached(reach, &options.run).or_else(|| {
+        (reach.identity_reached != options.run.streams).then(|| {
+            format!(
+                "{} of {} SVIDs were renewed by ca-2 within {:?}",
+                reach.identity_reached, options.run.streams, options.run.timeout
+            )
+        })
+    });
+    Ok(harness::conclude(&report(&options, &outcome), error))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_that_a_connection_limit_would_stop_are_refused_naming_it() {
+        let args = |streams: usize, connections: Option<usize>| WorkloadArgs {
+            streams,
+            connections,
+            ..WorkloadArgs::default()
+        };
+        let o = Options::from_args(&args(10_000, None)).expect("defaults");
+        assert_eq!(
+            (o.run.connections, o.ack_after),
+            (16, Duration::from_secs(1))
+        );
+        let o = Options::from_args(&args(100_000, None)).expect("enough connections by default");
+        assert_eq!(o.run.connections, 98);
+        let e = Options::from_args(&args(10_000, Some(4)))
+            .expect_err("2,500 streams per connection")
+            .to_string();
+        assert!(
+            e.contains("limits.streamsPerConnection (1024)") && e.contains("--connections 10"),
+            "{e}"
+        );
+        let settings = o.settings(&Sandbox::new().expect("a sandbox"));
+        assert_eq!(settings.limits.workload_streams_per_caller, 100_000);
+        assert_eq!(settings.limits.workload_connections, 1024, "default kept");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rotation_reaches_every_workload_stream_and_renews_every_svid() {
+        let options = Options {
+            ack_after: Duration::from_millis(50),
+            run: RunOptions::in_process(20, 3),
+        };
+        let outcome = measure(&options).await.expect("the bench runs");
+        let reach = &outcome.rotation.reach;
+        assert_eq!(reach.failed, 0, "{:?}", reach.first_error);
+        assert_eq!(reach.reached, 20);
+        assert_eq!(reach.latencies.len(), 20);
+        assert_eq!(reach.identity_streams, 20);
+        assert_eq!(reach.identity_reached, 20, "every SVID renewed by ca-2");
+        assert!(
+            reach.responses >= 40,
+            "the new bundle, then the new SVID, on every stream: {}",
+            reach.responses
+        );
+        assert!(outcome.idle.rss_idle > 0 && outcome.idle.rss_before > 0);
+        let line = report(&options, &outcome);
+        assert_eq!(line["bench"], "workload");
+        assert_eq!(line["reached"], 20);
+        assert_eq!(line["svid_reached"], 20);
+        assert_eq!(line["ack_after_seconds"], 0.05);
+    }
+}
