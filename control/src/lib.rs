@@ -59,8 +59,9 @@ pub use plan::{decide, renewal_time, DataplaneInfo, Decision, Desired, Issuer, O
 pub use replica_views::{keep_gone, peer_views, GoneViews, LiveViews};
 pub use resource_name::{parse_names, Asker, NameKind, ResourceName, Target, TrustScope};
 pub use snapshot::{
-    Changed, ClaimRule, Derived, KeyHasher, MeshServiceTrust, MeshView, ProxyEntry, ProxyHashMap,
-    ProxyHashSet, ProxyIdentity, ProxyKey, ProxyMap, SecretPem, Snapshot, TrustBundle,
+    trust_domain_of, Changed, ClaimRule, Derived, KeyHasher, MeshServiceTrust, MeshView,
+    ProxyEntry, ProxyHashMap, ProxyHashSet, ProxyIdentity, ProxyKey, ProxyMap, SecretPem, Snapshot,
+    TrustBundle,
 };
 pub use standalone::{issue_standalone, Standalone, StandaloneError};
 pub use timefmt::{rfc3339, seconds_until};

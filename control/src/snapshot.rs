@@ -385,6 +385,19 @@ pub struct ProxyIdentity {
     pub key_pem: SecretPem,
 }
 
+impl ProxyIdentity {
+    /// The trust domain of its SPIFFE ID.
+    pub fn trust_domain(&self) -> &str {
+        trust_domain_of(&self.spiffe_id)
+    }
+}
+
+/// The trust domain of a SPIFFE ID meshca issued: what follows `spiffe://`, up to the path.
+pub fn trust_domain_of(spiffe_id: &str) -> &str {
+    let rest = spiffe_id.strip_prefix("spiffe://").unwrap_or(spiffe_id);
+    rest.split('/').next().unwrap_or(rest)
+}
+
 /// A PEM-encoded private key: zeroized on drop, never printed, never serialized.
 #[derive(Clone)]
 pub struct SecretPem(Zeroizing<String>);
@@ -410,6 +423,12 @@ impl fmt::Debug for SecretPem {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_trust_domain_is_the_host_of_the_id() {
+        assert_eq!(trust_domain_of("spiffe://example.org/w/x"), "example.org");
+        assert_eq!(trust_domain_of("spiffe://example.org"), "example.org");
+    }
 
     #[test]
     fn secret_pem_debug_is_redacted() {

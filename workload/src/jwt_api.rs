@@ -40,12 +40,6 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-/// The SPIFFE ID's trust domain: the host part of `spiffe://<td>/<path>`.
-fn trust_domain_of(spiffe_id: &str) -> &str {
-    let rest = spiffe_id.strip_prefix("spiffe://").unwrap_or(spiffe_id);
-    rest.split('/').next().unwrap_or(rest)
-}
-
 /// The registrations `admitted` matches in the current snapshot; `PERMISSION_DENIED` for none.
 async fn matched(shared: &Shared, admitted: &Admitted) -> Result<Vec<Arc<Registration>>, Status> {
     let snapshot = shared.published().await?;
@@ -114,7 +108,7 @@ async fn identities(
     };
     drop(connected);
     for (_, identity) in &ready {
-        let td = trust_domain_of(&identity.spiffe_id);
+        let td = identity.trust_domain();
         shared
             .jwt_keys
             .ensure(td)
@@ -133,7 +127,7 @@ pub(crate) fn ensure_keys_of(
 ) {
     for registration in registrations {
         if let Some(ProxyEntry::Ready(identity)) = snapshot.proxies.get(&registration.proxy) {
-            let td = trust_domain_of(&identity.spiffe_id).to_owned();
+            let td = identity.trust_domain().to_owned();
             if shared
                 .jwt_keys
                 .current()
@@ -226,7 +220,7 @@ pub(crate) async fn fetch_jwt_svid(
         })?;
         let key = shared
             .jwt_keys
-            .signer(trust_domain_of(&identity.spiffe_id), deadline)
+            .signer(identity.trust_domain(), deadline)
             .await
             .map_err(|error| key_failure(&error))?;
         let now = unix_now();
@@ -510,11 +504,5 @@ mod tests {
                 ]
             }))
         );
-    }
-
-    #[test]
-    fn the_trust_domain_is_the_host_of_the_id() {
-        assert_eq!(trust_domain_of("spiffe://example.org/w/x"), "example.org");
-        assert_eq!(trust_domain_of("spiffe://example.org"), "example.org");
     }
 }

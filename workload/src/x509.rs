@@ -27,17 +27,37 @@ pub(crate) enum Built<R> {
     TooLarge(String),
 }
 
-/// What a response was built from, compared by pointer: equal fingerprints mean equal content.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct Fingerprint(Vec<usize>);
+/// What a response was built from, compared by pointer: equal fingerprints mean equal content. It holds
+/// what it names, so that an address it compares cannot be freed and reused by other content (which
+/// would make a changed message look unchanged).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Fingerprint(Vec<Part>);
+
+/// One thing a response was built from.
+#[derive(Debug, Clone)]
+enum Part {
+    Svid(Arc<ProxyIdentity>),
+    Trust(Arc<TrustBundle>),
+}
+
+impl PartialEq for Fingerprint {
+    fn eq(&self, other: &Fingerprint) -> bool {
+        self.0.len() == other.0.len()
+            && self.0.iter().zip(&other.0).all(|pair| match pair {
+                (Part::Svid(a), Part::Svid(b)) => Arc::ptr_eq(a, b),
+                (Part::Trust(a), Part::Trust(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            })
+    }
+}
 
 impl Fingerprint {
     fn of_svid(&mut self, identity: &Arc<ProxyIdentity>) {
-        self.0.push(Arc::as_ptr(identity) as usize);
+        self.0.push(Part::Svid(identity.clone()));
     }
 
     fn of_trust(&mut self, bundle: &Arc<TrustBundle>) {
-        self.0.push(Arc::as_ptr(bundle) as usize);
+        self.0.push(Part::Trust(bundle.clone()));
     }
 }
 
@@ -149,12 +169,6 @@ impl DerCache {
     }
 }
 
-/// The SPIFFE ID's trust domain: the host part of `spiffe://<td>/<path>`.
-fn trust_domain_of(spiffe_id: &str) -> &str {
-    let rest = spiffe_id.strip_prefix("spiffe://").unwrap_or(spiffe_id);
-    rest.split('/').next().unwrap_or(rest)
-}
-
 /// One SVID as the Workload API carries it.
 fn svid(
     identity: &ProxyIdentity,
@@ -172,7 +186,7 @@ fn svid(
         ));
     }
     let key = Zeroizing::new(key.into_contents());
-    let td = trust_domain_of(&identity.spiffe_id);
+    let td = identity.trust_domain();
     let bundle = der_of(bundles.get(td).map(Vec::as_slice).unwrap_or_default())?;
     if bundle.is_empty() {
         return Err(format!("no CA of trust domain {td} is trusted"));
@@ -226,7 +240,7 @@ pub(crate) fn svids(
     let own: Vec<String> = response
         .svids
         .iter()
-        .map(|s| trust_domain_of(&s.spiffe_id).to_owned())
+        .map(|s| meshca_control::trust_domain_of(&s.spiffe_id).to_owned())
         .collect();
     response.federated_bundles = match federated(&bundles, |td| own.iter().any(|o| o == td)) {
         Ok(map) => map,
@@ -289,6 +303,35 @@ fn within_limit<R: Message>(response: R) -> Built<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn identity(spiffe_id: &str) -> Arc<ProxyIdentity> {
+        Arc::new(ProxyIdentity {
+            spiffe_id: spiffe_id.to_owned(),
+            identity_name: None,
+            chain_pem: String::new(),
+            key_pem: meshca_control::SecretPem::new(String::new()),
+        })
+    }
+
+    #[test]
+    fn a_fingerprint_tells_content_apart_by_identity_and_keeps_what_it_names() {
+        let first = identity("spiffe://example.org/a");
+        let mut sent = Fingerprint::default();
+        sent.of_svid(&first);
+        let mut again = Fingerprint::default();
+        again.of_svid(&first);
+        assert_eq!(sent, again, "the same content");
+        // Equal text in another identity is other content (a renewal can repeat every field shown here).
+        let mut renewed = Fingerprint::default();
+        renewed.of_svid(&identity("spiffe://example.org/a"));
+        assert_ne!(sent, renewed);
+        // What was sent stays alive while its fingerprint does, so its address is never reused.
+        let weak = Arc::downgrade(&first);
+        drop((first, again));
+        assert!(weak.upgrade().is_some());
+        drop(sent);
+        assert!(weak.upgrade().is_none());
+    }
 
     /// A CERTIFICATE block (its content is not looked at: any bytes do) and its content.
     fn certificate(name: &str) -> (String, Vec<u8>) {
