@@ -373,3 +373,27 @@ fn validate_reports_every_violation_of_one_resource_each_with_its_field() {
     );
     assert_no_keystore(&env);
 }
+
+#[test]
+fn validate_of_a_missing_resources_directory_says_what_serve_would_do() {
+    let env = Env::new();
+    let missing = env.root().join("no-resources-yet");
+    let run = env.cli(&[
+        "validate",
+        "--config",
+        env.cfg(),
+        missing.to_str().expect("UTF-8"),
+    ]);
+    assert_eq!(run.code(), Some(2), "{run}");
+    let line = run
+        .stderr
+        .lines()
+        .find(|l| l.contains("no-resources-yet"))
+        .unwrap_or_else(|| panic!("the directory is named: {run}"));
+    assert!(
+        line.contains(": cannot read the resources directory")
+            && line.contains("`meshca serve` creates it"),
+        "{line}"
+    );
+    assert!(!line.contains(": :"), "no empty resource or field: {line}");
+}

@@ -22,25 +22,60 @@ pub struct UpdateError {
 }
 
 impl fmt::Display for UpdateError {
+    /// `<file>: <resource>: <field>: <message>`, leaving out a resource or field the error has not
+    /// (an unreadable directory, a file that is not YAML).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: {}: {}: {}",
-            self.file, self.resource, self.field, self.message
-        )
+        write!(f, "{}: ", self.file)?;
+        for part in [&self.resource, &self.field] {
+            if !part.is_empty() {
+                write!(f, "{part}: ")?;
+            }
+        }
+        f.write_str(&self.message)
     }
 }
 
 impl std::error::Error for UpdateError {}
 
+#[cfg(test)]
+mod update_error_tests {
+    use super::*;
+
+    #[test]
+    fn an_error_about_a_whole_file_names_no_document_or_field() {
+        let whole = meshca_config::ResourceError {
+            file: "/etc/meshca/resources".into(),
+            document: 0,
+            resource: None,
+            field: String::new(),
+            message: "cannot read the resources directory".into(),
+        };
+        assert_eq!(
+            UpdateError::from(&whole).to_string(),
+            "/etc/meshca/resources: cannot read the resources directory"
+        );
+        let unnamed = meshca_config::ResourceError {
+            document: 2,
+            field: "type".into(),
+            ..whole.clone()
+        };
+        assert_eq!(
+            UpdateError::from(&unnamed).to_string(),
+            "/etc/meshca/resources: document 2: type: cannot read the resources directory"
+        );
+    }
+}
+
 impl From<&meshca_config::ResourceError> for UpdateError {
     fn from(e: &meshca_config::ResourceError) -> Self {
         UpdateError {
             file: e.file.display().to_string(),
-            resource: e
-                .resource
-                .clone()
-                .unwrap_or_else(|| format!("document {}", e.document)),
+            resource: match (&e.resource, e.document) {
+                (Some(resource), _) => resource.clone(),
+                // About the whole file (or directory): no document to name.
+                (None, 0) => String::new(),
+                (None, document) => format!("document {document}"),
+            },
             field: e.field.clone(),
             message: e.message.clone(),
         }

@@ -251,9 +251,14 @@ fn dir_error(path: &Path, message: String) -> ResourceError {
 /// (symlinks are followed), sorted by name.
 fn resource_files(dir: &Path) -> Result<Vec<PathBuf>, Vec<ResourceError>> {
     let entries = std::fs::read_dir(dir).map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::NotFound {
+            " (`meshca serve` creates it, with a default Mesh and MeshIdentity, when it is absent)"
+        } else {
+            ""
+        };
         vec![dir_error(
             dir,
-            format!("cannot read the resources directory: {e}"),
+            format!("cannot read the resources directory: {e}{hint}"),
         )]
     })?;
     let mut files = Vec::new();
