@@ -20,8 +20,8 @@ use zeroize::Zeroizing;
 use super::envoy::{EnvoyRing, RingMember, RingTraffic, Topology};
 use super::fleet::{Fleet, Reach};
 use super::play::{
-    envoy_accepts, every, is_converged, mint_for, poll_until, progress, ring_members, steady_ca,
-    Stage, CONVERGE_TIMEOUT, WORKERS,
+    every, is_converged, mint_for, poll_until, progress, ring_members, steady_ca,
+    wait_for_initial_ids, CONVERGE_TIMEOUT, WORKERS,
 };
 use super::report::{FailoverReport, Header, Outcome, Report};
 use super::sandbox::Sandbox;
@@ -328,18 +328,7 @@ async fn play_ring(
     daemons: &mut [Option<Daemon>],
     ring: &EnvoyRing,
 ) -> anyhow::Result<Report> {
-    poll_until(
-        "every Envoy to accept every peer's initial SPIFFE ID",
-        || async {
-            for sidecar in &ring.sidecars {
-                if !envoy_accepts(script, sidecar, Stage::Initial).await {
-                    return false;
-                }
-            }
-            true
-        },
-    )
-    .await?;
+    wait_for_initial_ids(script, ring).await?;
     let before = ring.presented_serials().await;
     let victim = daemons.len() - 1;
     let edge = (options.handshakes / 5).max(1);

@@ -521,18 +521,7 @@ async fn play_envoy(
     sandbox: &Sandbox,
     ring: &EnvoyRing,
 ) -> anyhow::Result<Report> {
-    poll_until(
-        "every Envoy to accept every service's initial SPIFFE ID",
-        || async {
-            for sidecar in &ring.sidecars {
-                if !envoy_accepts(script, sidecar, Stage::Initial).await {
-                    return false;
-                }
-            }
-            true
-        },
-    )
-    .await?;
+    wait_for_initial_ids(script, ring).await?;
     let before = ring.presented_serials().await;
     let [steady_min, change_min, converged_min] = options.phase_minimums();
     let mut traffic = RingTraffic::start(ring, options.seed, WORKERS, "steady");
@@ -600,6 +589,23 @@ async fn envoy_satisfies(wait: &Wait, sidecar: &Sidecar, script: &Script) -> boo
             .is_some_and(|bundle| names_domain(&bundle, domain)),
         Wait::FinalIdPresented => sidecar.presents(&sidecar.final_id).await,
     }
+}
+
+/// Waits until every Envoy of `ring` accepts its peers' initial SPIFFE IDs (see [`envoy_accepts`]): the
+/// steady state a drill starts from.
+pub(super) async fn wait_for_initial_ids(script: &Script, ring: &EnvoyRing) -> anyhow::Result<()> {
+    poll_until(
+        "every Envoy to accept its peers' initial SPIFFE IDs",
+        || async {
+            for sidecar in &ring.sidecars {
+                if !envoy_accepts(script, sidecar, Stage::Initial).await {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await
 }
 
 /// Whether the `meshservice:` context an Envoy's outbound validates with (Envoy asks only for what a
