@@ -65,6 +65,19 @@ pub enum StreamEvent {
         /// The proxy's error message.
         message: String,
     },
+    /// The stream's proxy holds its own keys (a `meshca agent` serving a Workload API registration):
+    /// this is a key it made for its next certificate, from a request whose signature proved the agent
+    /// holds the private half. The owner issues the proxy's certificates over the newest key offered,
+    /// never over a key of its own.
+    KeyOffered {
+        /// The stream (the agent's stream for the registration's Dataplane).
+        stream: StreamId,
+        /// The public key to certify.
+        key: Arc<meshca_ca::PublicKey>,
+        /// The agent holds no key for the certificate it has (it restarted): issue over this key at
+        /// once, instead of at the next renewal.
+        replace_now: bool,
+    },
     /// A stream or a fetch ended.
     Disconnected {
         /// The stream.
@@ -80,6 +93,7 @@ impl StreamEvent {
             | StreamEvent::Subscribed { stream, .. }
             | StreamEvent::Acked { stream, .. }
             | StreamEvent::Nacked { stream, .. }
+            | StreamEvent::KeyOffered { stream, .. }
             | StreamEvent::Disconnected { stream } => *stream,
         }
     }

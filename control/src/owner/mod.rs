@@ -423,6 +423,8 @@ impl Owner {
                 // Only the status changes, and it is built when asked for.
                 false
             }
+            // Not handled yet: the owner issues agent-held keys in the next step.
+            StreamEvent::KeyOffered { .. } => false,
             // When its last stream leaves, the proxy stops being served; its registration and
             // certificate are kept so that a reconnect within the certificate's life reuses them.
             // Another stream of the proxy leaving matters only to a rollout that may wait on it.
