@@ -59,7 +59,7 @@ pub use plan::{decide, renewal_time, DataplaneInfo, Decision, Desired, Issuer, O
 pub use replica_views::{keep_gone, peer_views, GoneViews, LiveViews};
 pub use resource_name::{parse_names, Asker, NameKind, ResourceName, Target, TrustScope};
 pub use snapshot::{
-    trust_domain_of, Changed, ClaimRule, Derived, KeyHasher, MeshServiceTrust, MeshView,
+    trust_domain_of, Changed, ClaimRule, Derived, KeyHasher, LeafKey, MeshServiceTrust, MeshView,
     ProxyEntry, ProxyHashMap, ProxyHashSet, ProxyIdentity, ProxyKey, ProxyMap, SecretPem, Snapshot,
     TrustBundle,
 };

@@ -269,7 +269,7 @@ mod tests {
             spiffe_id: "spiffe://a/web".into(),
             identity_name: Some("workloads".into()),
             chain_pem: String::new(),
-            key_pem: SecretPem::new(String::new()),
+            key: crate::LeafKey::Held(SecretPem::new(String::new())),
         }
     }
 

@@ -381,8 +381,28 @@ pub struct ProxyIdentity {
     pub identity_name: Option<String>,
     /// PEM: the leaf followed by any intermediates (not the root).
     pub chain_pem: String,
-    /// PEM: the leaf's private key.
-    pub key_pem: SecretPem,
+    /// The leaf's private key, or who holds it.
+    pub key: LeafKey,
+}
+
+/// A leaf certificate's private key, or who holds it.
+#[derive(Debug, Clone)]
+pub enum LeafKey {
+    /// meshca made the key and serves it with the certificate (PEM, PKCS#8).
+    Held(SecretPem),
+    /// A `meshca agent` made the key on its host and keeps it there; meshca certified its public half
+    /// and can serve the certificate to that agent only.
+    Agent(Arc<meshca_ca::PublicKey>),
+}
+
+impl LeafKey {
+    /// The private key, when meshca holds it.
+    pub fn held(&self) -> Option<&SecretPem> {
+        match self {
+            LeafKey::Held(pem) => Some(pem),
+            LeafKey::Agent(_) => None,
+        }
+    }
 }
 
 impl ProxyIdentity {
@@ -438,7 +458,7 @@ mod tests {
             spiffe_id: "spiffe://td/x".into(),
             identity_name: None,
             chain_pem: String::new(),
-            key_pem: key,
+            key: LeafKey::Held(key),
         };
         assert!(!format!("{identity:?}").contains("abc"));
     }

@@ -252,7 +252,10 @@ pub(crate) fn identity_any(name: &str, identity: &ProxyIdentity) -> Any {
         name: name.to_owned(),
         r#type: Some(secret::Type::TlsCertificate(TlsCertificate {
             certificate_chain: Some(inline(identity.chain_pem.clone())),
-            private_key: Some(inline(identity.key_pem.expose().to_owned())),
+            private_key: identity
+                .key
+                .held()
+                .map(|key| inline(key.expose().to_owned())),
             ..Default::default()
         })),
     };

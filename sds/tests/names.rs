@@ -89,7 +89,7 @@ async fn identity_names_serve_the_proxys_own_certificate_and_key() {
         let secret = fetch_one(&mut client, "default.web-1", name, None).await;
         let (chain, key) = tls_certificate_parts(&secret).expect("a tls_certificate");
         assert_eq!(chain, own.chain_pem);
-        assert_eq!(key.expose(), own.key_pem.expose());
+        assert_eq!(key.expose(), own.key.held().expect("held").expose());
         let view = serde_json::to_value(describe(&secret)).expect("serializable");
         assert_eq!(view["tls_certificate"]["private_key"], "[redacted]");
         assert!(!view.to_string().contains("PRIVATE KEY"));
@@ -414,7 +414,7 @@ async fn a_proxy_never_gets_another_proxys_key() {
     let response = stream.expect_response().await;
     let served = secrets(&response);
     assert_eq!(served.keys().collect::<Vec<_>>(), ["default"]);
-    let key = web2.key_pem.expose().as_bytes();
+    let key = web2.key.held().expect("held").expose().as_bytes();
     for resource in &response.resources {
         assert!(!resource
             .value

@@ -177,7 +177,10 @@ fn svid(
 ) -> Result<X509Svid, String> {
     let chain = certificates_der(&identity.chain_pem)
         .map_err(|e| format!("the certificate chain does not parse: {e}"))?;
-    let key = ::pem::parse(identity.key_pem.expose())
+    let held = identity.key.held().ok_or_else(|| {
+        "its key is held by a meshca agent: the agent's Workload API socket serves it".to_owned()
+    })?;
+    let key = ::pem::parse(held.expose())
         .map_err(|_| "the private key does not parse as PEM".to_owned())?;
     if key.tag() != "PRIVATE KEY" {
         return Err(format!(
@@ -309,7 +312,7 @@ mod tests {
             spiffe_id: spiffe_id.to_owned(),
             identity_name: None,
             chain_pem: String::new(),
-            key_pem: meshca_control::SecretPem::new(String::new()),
+            key: meshca_control::LeafKey::Held(meshca_control::SecretPem::new(String::new())),
         })
     }
 

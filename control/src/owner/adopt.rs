@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use super::{Issued, Leaf, Owner, Previous};
 use crate::error::NotAdoptable;
 use crate::plan::Issuer;
-use crate::snapshot::{ProxyIdentity, ProxyKey, SecretPem};
+use crate::snapshot::{LeafKey, ProxyIdentity, ProxyKey, SecretPem};
 use crate::trust::{BundleKey, CaId};
 
 /// A certificate this replica issued, to be recorded for the other replicas.
@@ -170,7 +170,7 @@ impl Owner {
                 spiffe_id: spiffe_id.to_string(),
                 identity_name,
                 chain_pem: held.chain_pem,
-                key_pem: held.key_pem,
+                key: LeafKey::Held(held.key_pem),
             }),
             ca_trust,
             previous,

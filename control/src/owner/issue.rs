@@ -12,7 +12,9 @@ use crate::error::IssueFailure;
 use crate::keys_ahead::KeysAhead;
 use crate::plan::{self, Desired};
 use crate::pool::{Background, Priority};
-use crate::snapshot::{ProxyEntry, ProxyHashMap, ProxyIdentity, ProxyKey, ProxyMap, SecretPem};
+use crate::snapshot::{
+    LeafKey, ProxyEntry, ProxyHashMap, ProxyIdentity, ProxyKey, ProxyMap, SecretPem,
+};
 use crate::standalone::issue_verified;
 use crate::trust::{BundleKey, CaId, CaTrust};
 
@@ -471,11 +473,12 @@ impl Owner {
         let previous = self.replaced(key, old, &ca_trust, &spiffe_id);
         self.replacing
             .update(key, old.map_or(&[][..], |o| &o.previous), &previous);
+        let key_pem = SecretPem::new(leaf_key.to_pem().to_string());
         let published = Arc::new(ProxyIdentity {
             spiffe_id,
             identity_name: desired.identity_name.clone(),
             chain_pem,
-            key_pem: SecretPem::new(leaf_key.to_pem().to_string()),
+            key: LeafKey::Held(key_pem.clone()),
         });
         tracing::debug!(proxy = %key, spiffe_id = %leaf_id, issuer = %desired.issuer, serial = %serial, "issued certificate");
         self.links.record(|| IssuedIdentity {
@@ -483,7 +486,7 @@ impl Owner {
             issuer: desired.issuer.to_string(),
             ca_id: desired.ca.id().to_owned(),
             chain_pem: published.chain_pem.clone(),
-            key_pem: published.key_pem.clone(),
+            key_pem,
             not_after,
         });
         self.issued.insert(

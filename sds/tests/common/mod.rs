@@ -17,7 +17,7 @@ use envoy_types::pb::google::protobuf::Struct;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use meshca_auth::{Claims, ProxyType, RevocationList, SigningKey};
 use meshca_control::{
-    MeshServiceTrust, MeshView, ProxyEntry, ProxyIdentity, ProxyKey, SecretPem, Snapshot,
+    LeafKey, MeshServiceTrust, MeshView, ProxyEntry, ProxyIdentity, ProxyKey, SecretPem, Snapshot,
     StreamEvent, TrustBundle,
 };
 use meshca_sds::{
@@ -71,7 +71,7 @@ pub fn identity(spiffe_id: &str, identity_name: Option<&str>) -> Arc<ProxyIdenti
         spiffe_id: spiffe_id.to_owned(),
         identity_name: identity_name.map(str::to_owned),
         chain_pem: cert.pem(),
-        key_pem: SecretPem::new(key.serialize_pem()),
+        key: LeafKey::Held(SecretPem::new(key.serialize_pem())),
     })
 }
 

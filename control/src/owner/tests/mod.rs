@@ -1977,7 +1977,7 @@ fn a_wave_issued_on_several_threads_gives_every_proxy_its_own_certificate() {
         let served = h.ready(name);
         assert_eq!(served.spiffe_id, format!("spiffe://default/{name}"));
         assert!(
-            keys.insert(served.key_pem.expose().to_owned()),
+            keys.insert(served.key.held().expect("held").expose().to_owned()),
             "a key served twice"
         );
     }
@@ -2098,8 +2098,10 @@ fn an_rsa_job_takes_a_key_generated_ahead_once() {
     let carrying: Vec<&str> = ["web-1", "web-2"]
         .into_iter()
         .filter(|name| {
-            let key = meshca_ca::PrivateKey::from_pem(h.ready(name).key_pem.expose().as_bytes())
-                .expect("a served key parses");
+            let key = meshca_ca::PrivateKey::from_pem(
+                h.ready(name).key.held().expect("held").expose().as_bytes(),
+            )
+            .expect("a served key parses");
             assert_eq!(key.algorithm(), meshca_identity::KeyAlgorithm::Rsa2048);
             key.public_key().expect("parses") == ready[0]
         })
