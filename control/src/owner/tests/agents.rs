@@ -1,0 +1,271 @@
+//! Dataplanes a `meshca agent` serves: the agent makes their keys and offers the public halves; the
+//! owner certifies those, never a key of its own, in the order the rollout gate allows.
+
+use meshca_ca::{PrivateKey, PublicKey};
+use meshca_identity::KeyAlgorithm;
+
+use super::*;
+use crate::LeafKey;
+
+/// web-1 is served by agent host-1 (a WorkloadRegistration names it); web-2 by meshca over SDS.
+const SERVED: &str = r#"
+---
+type: Dataplane
+mesh: default
+name: web-1
+labels: {app: web}
+networking:
+  inbound: [{port: 8080, tags: {kuma.io/service: web}}]
+---
+type: Dataplane
+mesh: default
+name: web-2
+labels: {app: web}
+networking:
+  inbound: [{port: 8080, tags: {kuma.io/service: web}}]
+---
+type: WorkloadRegistration
+mesh: default
+name: billing
+spec:
+  dataplane: web-1
+  selectors: [unix:uid:1001]
+  agent: host-1
+"#;
+
+fn world(mesh: &str) -> String {
+    format!("{mesh}{SERVED}")
+}
+
+/// A fresh key of `algorithm`, as an agent would make it; only its public half reaches the owner.
+fn agent_key(algorithm: KeyAlgorithm) -> Arc<PublicKey> {
+    let (_private, public) = PrivateKey::generate(algorithm).expect("a key");
+    Arc::new(public)
+}
+
+/// The key the certificate `identity` serves certifies.
+fn certified(identity: &ProxyIdentity) -> PublicKey {
+    meshca_ca::certificate_public_key(&leaf_der(identity)).expect("a readable leaf")
+}
+
+/// Connects `name` as its Dataplane file describes it; its stream subscribes to its identity and the
+/// mesh trust.
+fn connect_filed(h: &mut Harness, name: &str) -> StreamId {
+    let stream = h.connect(name, &[("app", "web")], &[("kuma.io/service", "web")]);
+    h.stream(stream.0, &["default", "system_trust_bundle"], None);
+    stream
+}
+
+fn offer(h: &mut Harness, stream: StreamId, key: &Arc<PublicKey>, replace_now: bool) -> bool {
+    h.owner.on_event(StreamEvent::KeyOffered {
+        stream,
+        key: key.clone(),
+        replace_now,
+    })
+}
+
+/// Asserts that `identity` is served over the agent's `key`, and holds no private key anywhere.
+fn assert_over(identity: &ProxyIdentity, key: &PublicKey) {
+    assert_eq!(
+        certified(identity),
+        *key,
+        "the leaf certifies the agent's key"
+    );
+    match &identity.key {
+        LeafKey::Agent(published) => assert_eq!(**published, *key),
+        LeafKey::Held(_) => panic!("an agent-served identity carries a private key"),
+    }
+    assert!(!identity.chain_pem.contains("PRIVATE KEY"));
+}
+
+#[test]
+fn an_agent_served_dataplane_waits_for_its_agents_key_and_is_issued_over_it() {
+    let mut h = Harness::new(&world(LEGACY));
+    let stream = connect_filed(&mut h, "web-1");
+    h.reconcile(t0());
+    // No key yet: no job, Pending, and the status says whose key it waits for.
+    assert!(h.owner.take_jobs().is_empty());
+    assert!(matches!(h.entry("web-1"), ProxyEntry::Pending));
+    let status = h.status();
+    let reason = dataplane(&status, "web-1")
+        .reason
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        reason.contains("meshca agent host-1's key request"),
+        "{reason}"
+    );
+
+    let key = agent_key(KeyAlgorithm::EcdsaP256);
+    assert!(
+        offer(&mut h, stream, &key, false),
+        "a key for a proxy waiting for one matters"
+    );
+    h.reconcile(t0() + Duration::from_secs(1));
+    let served = h.ready("web-1");
+    assert_over(&served, &key);
+    assert_eq!(served.spiffe_id, "spiffe://default/web");
+    assert_eq!(dataplane(&h.status(), "web-1").reason, None);
+}
+
+#[test]
+fn renewal_uses_the_newest_offered_key_or_the_current_one_when_none_came() {
+    let mut h = Harness::new(&world(LEGACY));
+    let stream = connect_filed(&mut h, "web-1");
+    let first = agent_key(KeyAlgorithm::EcdsaP256);
+    offer(&mut h, stream, &first, false);
+    h.reconcile(t0());
+    let issued = h.ready("web-1");
+    assert_over(&issued, &first);
+
+    // The agent sends its next key at once; it is for the next renewal, not a reason to reissue.
+    let second = agent_key(KeyAlgorithm::EcdsaP256);
+    let third = agent_key(KeyAlgorithm::EcdsaP256);
+    assert!(!offer(&mut h, stream, &second, false));
+    assert!(
+        !offer(&mut h, stream, &third, false),
+        "the newest offer replaces the last"
+    );
+    let renew = h
+        .reconcile(t0() + Duration::from_secs(1))
+        .expect("a renewal is due some day");
+    assert!(
+        Arc::ptr_eq(&h.ready("web-1"), &issued),
+        "reissued before its renewal"
+    );
+
+    let renewed_at = renew;
+    let next = h.reconcile(renewed_at).expect("connected");
+    let renewed = h.ready("web-1");
+    assert_over(&renewed, &third);
+    assert_eq!(h.owner.agent_keys.offers(), 0, "the offer is used");
+
+    // A silent agent: the next renewal certifies the key the agent already holds.
+    h.reconcile(next);
+    let again = h.ready("web-1");
+    assert!(!Arc::ptr_eq(&again, &renewed), "renewed");
+    assert_ne!(again.chain_pem, renewed.chain_pem);
+    assert_over(&again, &third);
+    assert_eq!(dataplane(&h.status(), "web-1").regenerations, 2);
+}
+
+#[test]
+fn replace_now_reissues_over_the_new_key_at_once() {
+    let mut h = Harness::new(&world(LEGACY));
+    let stream = connect_filed(&mut h, "web-1");
+    let first = agent_key(KeyAlgorithm::EcdsaP256);
+    offer(&mut h, stream, &first, false);
+    h.reconcile(t0());
+    assert_over(&h.ready("web-1"), &first);
+    // Offering the key it holds, even saying replace now, changes nothing.
+    assert!(!offer(&mut h, stream, &first, true));
+
+    // The agent restarted and lost its keys.
+    let fresh = agent_key(KeyAlgorithm::EcdsaP256);
+    assert!(
+        offer(&mut h, stream, &fresh, true),
+        "the proxy must be looked at now"
+    );
+    h.reconcile(t0() + Duration::from_secs(1));
+    assert_over(&h.ready("web-1"), &fresh);
+}
+
+#[test]
+fn a_key_offered_for_a_proxy_no_agent_serves_is_ignored() {
+    let mut h = Harness::new(&world(LEGACY));
+    let web2 = connect_filed(&mut h, "web-2");
+    let key = agent_key(KeyAlgorithm::EcdsaP256);
+    assert!(!offer(&mut h, web2, &key, true));
+    // A stream of no connected proxy.
+    assert!(!offer(&mut h, StreamId(99), &key, true));
+    assert_eq!(h.owner.agent_keys.offers(), 0);
+    h.reconcile(t0());
+    let served = h.ready("web-2");
+    assert!(served.key.held().is_some(), "meshca makes web-2's key");
+    assert_ne!(certified(&served), *key);
+}
+
+#[test]
+fn a_key_of_the_wrong_algorithm_fails_issuance_and_is_dropped_for_the_next_one() {
+    let mut h = Harness::new(&world(LEGACY));
+    let stream = connect_filed(&mut h, "web-1");
+    // Leaves are ECDSA P-256 (issuance.keyAlgorithm); the agent offers P-384.
+    let wrong = agent_key(KeyAlgorithm::EcdsaP384);
+    assert!(offer(&mut h, stream, &wrong, false));
+    h.reconcile(t0());
+    assert_eq!(
+        h.owner.agent_keys.offers(),
+        0,
+        "the unusable key is dropped"
+    );
+    assert!(matches!(
+        h.entry("web-1"),
+        ProxyEntry::NoIdentity { .. } | ProxyEntry::Pending
+    ));
+    // Its retry finds no key, and waits for the agent's next one.
+    h.reconcile(t0() + Duration::from_secs(60));
+    assert!(matches!(h.entry("web-1"), ProxyEntry::Pending));
+    let right = agent_key(KeyAlgorithm::EcdsaP256);
+    assert!(offer(&mut h, stream, &right, false));
+    h.reconcile(t0() + Duration::from_secs(61));
+    assert_over(&h.ready("web-1"), &right);
+}
+
+#[test]
+fn an_agent_served_proxy_is_rotated_to_a_new_ca_only_once_every_stream_acked_its_trust() {
+    let mut h = Harness::new(&world(LEGACY));
+    let agent = connect_filed(&mut h, "web-1");
+    let web2 = connect_filed(&mut h, "web-2");
+    let key = agent_key(KeyAlgorithm::EcdsaP256);
+    offer(&mut h, agent, &key, false);
+    h.reconcile(t0());
+    let g = generation(&h);
+    h.ack(agent.0, Some(g));
+    h.ack(web2.0, Some(g));
+    let ca1 = issuer_of(&h.ready("web-1"));
+
+    h.update(&world(SWITCHED)).expect("valid");
+    h.reconcile(t0() + Duration::from_secs(1));
+    let ca2 = ca_subject(&h, "ca-2");
+    let g_trust = generation(&h);
+    assert!(
+        bundle_subjects(&h).contains(&ca2),
+        "the new CA is trusted at once"
+    );
+    assert_eq!(issuer_of(&h.ready("web-1")), ca1, "but issues nothing yet");
+
+    // The agent's stream ACKs the new trust; web-2 has not: still nothing from ca-2.
+    h.ack(agent.0, Some(g_trust));
+    h.reconcile(t0() + Duration::from_secs(2));
+    assert_eq!(issuer_of(&h.ready("web-1")), ca1);
+    assert_eq!(issuer_of(&h.ready("web-2")), ca1);
+
+    h.ack(web2.0, Some(g_trust));
+    h.reconcile(t0() + Duration::from_secs(3));
+    let rotated = h.ready("web-1");
+    assert_eq!(issuer_of(&rotated), ca2);
+    // A silent agent does not stall the rotation: the key it holds is certified again.
+    assert_over(&rotated, &key);
+    assert_eq!(issuer_of(&h.ready("web-2")), ca2);
+}
+
+#[test]
+fn a_forgotten_proxy_forgets_its_offer_and_an_unregistered_one_gets_a_key_of_meshcas() {
+    let mut h = Harness::new(&world(LEGACY));
+    let stream = connect_filed(&mut h, "web-1");
+    let first = agent_key(KeyAlgorithm::EcdsaP256);
+    offer(&mut h, stream, &first, false);
+    h.reconcile(t0());
+    assert_over(&h.ready("web-1"), &first);
+    offer(&mut h, stream, &agent_key(KeyAlgorithm::EcdsaP256), false);
+    assert_eq!(h.owner.agent_keys.offers(), 1);
+
+    // The registration goes: meshca serves web-1 itself, over a key of its own, at once.
+    let unregistered = world(LEGACY).replace("  agent: host-1\n", "");
+    h.update(&unregistered).expect("valid");
+    h.reconcile(t0() + Duration::from_secs(1));
+    assert_eq!(h.owner.agent_keys.offers(), 0);
+    let served = h.ready("web-1");
+    assert!(served.key.held().is_some());
+    assert_ne!(certified(&served), *first);
+}
