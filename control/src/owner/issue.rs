@@ -537,16 +537,14 @@ impl Owner {
             key: leaf_key,
         });
         tracing::debug!(proxy = %key, spiffe_id = %leaf_id, issuer = %desired.issuer, serial = %serial, "issued certificate");
-        if let LeafKey::Held(key_pem) = &published.key {
-            self.links.record(|| IssuedIdentity {
-                key: key.clone(),
-                issuer: desired.issuer.to_string(),
-                ca_id: desired.ca.id().to_owned(),
-                chain_pem: published.chain_pem.clone(),
-                key_pem: key_pem.clone(),
-                not_after,
-            });
-        }
+        self.links.record(|| IssuedIdentity {
+            key: key.clone(),
+            issuer: desired.issuer.to_string(),
+            ca_id: desired.ca.id().to_owned(),
+            chain_pem: published.chain_pem.clone(),
+            key_pem: published.key.held().cloned(),
+            not_after,
+        });
         self.issued.insert(
             key.clone(),
             Issued {

@@ -269,3 +269,101 @@ fn a_forgotten_proxy_forgets_its_offer_and_an_unregistered_one_gets_a_key_of_mes
     assert!(served.key.held().is_some());
     assert_ne!(certified(&served), *first);
 }
+
+/// Both ends of an owner's link to the replicas' records.
+struct Records {
+    issued: tokio::sync::mpsc::UnboundedReceiver<Vec<crate::owner::IssuedIdentity>>,
+    _lookups: tokio::sync::mpsc::UnboundedReceiver<ProxyKey>,
+}
+
+fn records(h: &mut Harness) -> Records {
+    let (issued_tx, issued) = tokio::sync::mpsc::unbounded_channel();
+    let (lookups_tx, lookups) = tokio::sync::mpsc::unbounded_channel();
+    h.owner.record_through(crate::owner::RecordLink {
+        issued: issued_tx,
+        lookups: lookups_tx,
+    });
+    Records {
+        issued,
+        _lookups: lookups,
+    }
+}
+
+/// What another replica serving the same configuration recorded for `name`, served over `key` when
+/// an agent serves it.
+fn recorded_elsewhere(
+    h: &Harness,
+    name: &str,
+    key: Option<&Arc<PublicKey>>,
+) -> crate::owner::IssuedIdentity {
+    let (snapshot_tx, snapshots) = watch::channel(Arc::new(Snapshot::empty()));
+    let mut b = Harness {
+        keystore: MemoryKeystore::new(),
+        settings: h.settings.clone(),
+        owner: Owner::new(
+            OwnerConfig::from_settings(&h.settings),
+            (**h.owner.world()).clone(),
+            Arc::new(NoTelemetry),
+            snapshot_tx,
+        ),
+        snapshots,
+        next_stream: 0,
+    };
+    let mut link = records(&mut b);
+    let stream = connect_filed(&mut b, name);
+    if let Some(key) = key {
+        offer(&mut b, stream, key, false);
+    }
+    b.reconcile(t0());
+    link.issued.try_recv().expect("b issued")[0].clone()
+}
+
+#[test]
+fn a_keyless_identity_is_recorded_and_adopted_by_another_replica_for_an_agent_served_proxy_only() {
+    let mut h = Harness::new(&world(LEGACY));
+    let key = agent_key(KeyAlgorithm::EcdsaP256);
+    let held = recorded_elsewhere(&h, "web-1", Some(&key));
+    assert!(held.key_pem.is_none(), "recorded without a key");
+    let web2_held = recorded_elsewhere(&h, "web-2", None);
+    assert!(web2_held.key_pem.is_some());
+
+    let _link = records(&mut h);
+    connect_filed(&mut h, "web-1");
+    // The mesh's bundles are published (web-1 waits for its agent's key here).
+    h.reconcile(t0());
+    assert!(matches!(h.entry("web-1"), ProxyEntry::Pending));
+    connect_filed(&mut h, "web-2");
+    let web1 = ProxyKey::new("default", "web-1");
+    let web2 = ProxyKey::new("default", "web-2");
+    // A key-less record of a proxy meshca makes the keys of, and a record with a key for a proxy an
+    // agent serves, are not served.
+    let keyless_web2 = crate::owner::IssuedIdentity {
+        key_pem: None,
+        ..web2_held.clone()
+    };
+    assert!(!h.owner.adopt(web2.clone(), Some(keyless_web2), t0()));
+    assert!(
+        h.owner.adopt(web2, Some(web2_held.clone()), t0()),
+        "with its key it is served"
+    );
+    let web1_with_a_key = crate::owner::IssuedIdentity {
+        key_pem: web2_held.key_pem.clone(),
+        ..held.clone()
+    };
+    assert!(!h.owner.adopt(web1.clone(), Some(web1_with_a_key), t0()));
+
+    assert!(h.owner.adopt(web1, Some(held.clone()), t0()));
+    // Served at once, while this replica issues its own.
+    h.owner.reconcile(t0());
+    let served = h.ready("web-1");
+    assert_eq!(
+        served.chain_pem, held.chain_pem,
+        "the other replica's certificate"
+    );
+    assert_over(&served, &key);
+    // This replica's own is over the key the agent holds (it offered none here yet).
+    h.reconcile(t0());
+    let renewed = h.ready("web-1");
+    assert_ne!(renewed.chain_pem, held.chain_pem);
+    assert_over(&renewed, &key);
+}
