@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use meshca_ca::PublicKey;
+use meshca_identity::KeyAlgorithm;
 
 use crate::snapshot::{LeafKey, ProxyHashMap, ProxyKey};
 use crate::workloads::Registrations;
@@ -51,14 +52,19 @@ impl AgentKeys {
     }
 
     /// The key `proxy`'s next certificate certifies: the newest offered one not certified yet, else
-    /// the key of the certificate it holds (`current`) when an agent holds that one; `None` when
-    /// there is neither.
-    pub fn next_key(&self, proxy: &ProxyKey, current: Option<&LeafKey>) -> Option<Arc<PublicKey>> {
+    /// the key of the certificate it holds (`current`) when an agent holds that one and it is of the
+    /// `algorithm` leaves are issued for; `None` when there is neither.
+    pub fn next_key(
+        &self,
+        proxy: &ProxyKey,
+        current: Option<&LeafKey>,
+        algorithm: KeyAlgorithm,
+    ) -> Option<Arc<PublicKey>> {
         if let Some(offered) = self.offered.get(proxy) {
             return Some(offered.key.clone());
         }
         match current {
-            Some(LeafKey::Agent(key)) => Some(key.clone()),
+            Some(LeafKey::Agent(key)) if key.algorithm() == algorithm => Some(key.clone()),
             _ => None,
         }
     }
@@ -98,5 +104,62 @@ impl AgentKeys {
     #[cfg(test)]
     pub fn offers(&self) -> usize {
         self.offered.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(algorithm: KeyAlgorithm) -> Arc<PublicKey> {
+        Arc::new(meshca_ca::PrivateKey::generate(algorithm).expect("a key").1)
+    }
+
+    #[test]
+    fn the_newest_offer_goes_first_then_the_current_key_of_the_leaf_algorithm() {
+        let mut keys = AgentKeys::default();
+        let proxy = ProxyKey::new("default", "web-1");
+        let p256 = KeyAlgorithm::EcdsaP256;
+        let (current, older, newer) = (key(p256), key(p256), key(p256));
+        let held = LeafKey::Agent(current.clone());
+        assert_eq!(keys.next_key(&proxy, None, p256), None);
+        assert_eq!(
+            keys.next_key(&proxy, Some(&held), p256),
+            Some(current.clone())
+        );
+        // The current key is not reused for leaves of another algorithm: a new key is needed.
+        assert_eq!(
+            keys.next_key(&proxy, Some(&held), KeyAlgorithm::EcdsaP384),
+            None
+        );
+        let made_here = LeafKey::Held(crate::SecretPem::new("KEY".into()));
+        assert_eq!(keys.next_key(&proxy, Some(&made_here), p256), None);
+
+        keys.offer(proxy.clone(), older.clone(), true);
+        keys.offer(proxy.clone(), newer.clone(), false);
+        assert_eq!(
+            keys.next_key(&proxy, Some(&held), p256),
+            Some(newer.clone())
+        );
+        assert!(
+            !keys.replace_now(&proxy, &current),
+            "the newest offer's flag counts"
+        );
+        keys.offer(proxy.clone(), newer.clone(), true);
+        assert!(keys.replace_now(&proxy, &current));
+        assert!(
+            !keys.replace_now(&proxy, &newer),
+            "the key it holds needs no replacing"
+        );
+
+        // Dropping or certifying an older key leaves a newer offer.
+        keys.drop_offer(&proxy, &older);
+        keys.certified(&proxy, &older);
+        assert_eq!(keys.offers(), 1);
+        keys.certified(&proxy, &newer);
+        assert_eq!(keys.offers(), 0);
+        keys.offer(proxy.clone(), older, false);
+        keys.forget(&proxy);
+        assert_eq!(keys.offers(), 0);
     }
 }

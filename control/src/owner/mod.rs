@@ -502,7 +502,12 @@ impl Owner {
             return false;
         }
         let urgent = match self.issued.get(&proxy).map(|i| &i.published.key) {
-            Some(LeafKey::Agent(current)) => replace_now && **current != *key,
+            // A key the agent holds: a new one waits for the renewal, unless the agent lost that
+            // one, or leaves are no longer issued for its algorithm (no renewal could reuse it).
+            Some(LeafKey::Agent(current)) => {
+                (replace_now && **current != *key)
+                    || current.algorithm() != self.config.key_algorithm
+            }
             // None yet, or one whose key meshca made (it was not agent-served then).
             Some(LeafKey::Held(_)) | None => true,
         };

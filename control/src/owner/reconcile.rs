@@ -16,7 +16,7 @@ use crate::gate::{GateEvent, RolloutStep, Wait};
 use crate::peers::PresentedIds;
 use crate::plan::{self, DataplaneInfo, Decision, Desired, Origin};
 use crate::resource_name::Target;
-use crate::snapshot::{Changed, ClaimRule, KeyHasher, ProxyEntry, ProxyKey, ProxyMap};
+use crate::snapshot::{Changed, ClaimRule, KeyHasher, LeafKey, ProxyEntry, ProxyKey, ProxyMap};
 use crate::timefmt::{rfc3339, seconds_until};
 use crate::trust::{BundleKey, CaTrust, ServiceIds, ServiceKey, TrustKey, EGRESS_SERVICE};
 use crate::world::MeshState;
@@ -535,8 +535,23 @@ impl Owner {
     ) -> (ProxyEntry, Option<SystemTime>) {
         let (gated, issue) = match served {
             Served::Entry(entry) => return (entry, None),
-            // The agent's offer wakes it.
-            Served::WaitsForKey(_) => return (ProxyEntry::Pending, None),
+            // The agent's offer wakes it. A certificate over a key the agent holds is served until
+            // it expires meanwhile (then the proxy is looked at again); one over a key meshca made
+            // is of no use to the agent.
+            Served::WaitsForKey(_) => {
+                return match self.issued.get(key) {
+                    Some(issued)
+                        if matches!(issued.published.key, LeafKey::Agent(_))
+                            && now < issued.leaf.not_after =>
+                    {
+                        (
+                            ProxyEntry::Ready(issued.published.clone()),
+                            Some(issued.leaf.not_after),
+                        )
+                    }
+                    _ => (ProxyEntry::Pending, None),
+                }
+            }
             Served::Decided { gated, issue, .. } => (gated, issue),
         };
         // Being issued now: its result publishes it (or, on failure, sets its retry). Meanwhile the
@@ -623,7 +638,10 @@ impl Owner {
         // A proxy an agent serves is certified over a key the agent holds, never one of meshca's.
         if let Some(agent) = self.agent_served(key) {
             let current = self.issued.get(key).map(|i| &i.published.key);
-            match self.agent_keys.next_key(key, current) {
+            match self
+                .agent_keys
+                .next_key(key, current, desired.key_algorithm)
+            {
                 Some(next) => desired.agent_key = Some(next),
                 None => return Served::WaitsForKey(Arc::from(agent)),
             }

@@ -296,12 +296,22 @@ fn recorded_elsewhere(
     name: &str,
     key: Option<&Arc<PublicKey>>,
 ) -> crate::owner::IssuedIdentity {
+    recorded_by(h, OwnerConfig::from_settings(&h.settings), name, key)
+}
+
+/// [`recorded_elsewhere`], by a replica configured as `config`.
+fn recorded_by(
+    h: &Harness,
+    config: OwnerConfig,
+    name: &str,
+    key: Option<&Arc<PublicKey>>,
+) -> crate::owner::IssuedIdentity {
     let (snapshot_tx, snapshots) = watch::channel(Arc::new(Snapshot::empty()));
     let mut b = Harness {
         keystore: MemoryKeystore::new(),
         settings: h.settings.clone(),
         owner: Owner::new(
-            OwnerConfig::from_settings(&h.settings),
+            config,
             (**h.owner.world()).clone(),
             Arc::new(NoTelemetry),
             snapshot_tx,
@@ -366,4 +376,43 @@ fn a_keyless_identity_is_recorded_and_adopted_by_another_replica_for_an_agent_se
     let renewed = h.ready("web-1");
     assert_ne!(renewed.chain_pem, held.chain_pem);
     assert_over(&renewed, &key);
+}
+
+#[test]
+fn a_certificate_over_a_key_of_another_algorithm_is_served_until_the_agent_offers_a_new_key() {
+    let mut h = Harness::new(&world(LEGACY));
+    // Another replica issued web-1's certificate over a P-384 key; leaves here are P-256.
+    let p384 = agent_key(KeyAlgorithm::EcdsaP384);
+    let config = OwnerConfig {
+        key_algorithm: KeyAlgorithm::EcdsaP384,
+        ..OwnerConfig::from_settings(&h.settings)
+    };
+    let held = recorded_by(&h, config, "web-1", Some(&p384));
+    let stream = connect_filed(&mut h, "web-1");
+    h.reconcile(t0());
+    assert!(h
+        .owner
+        .adopt(ProxyKey::new("default", "web-1"), Some(held.clone()), t0()));
+    // Due for replacement at once, but no renewal can reuse its key: it is served, and nothing is
+    // issued until the agent offers a key of the leaves' algorithm.
+    h.reconcile(t0());
+    assert!(h.owner.take_jobs().is_empty());
+    let served = h.ready("web-1");
+    assert_eq!(served.chain_pem, held.chain_pem);
+    assert_over(&served, &p384);
+    let reason = dataplane(&h.status(), "web-1").reason.clone();
+    assert!(
+        reason
+            .as_deref()
+            .is_some_and(|r| r.contains("meshca agent host-1's key request")),
+        "{reason:?}"
+    );
+
+    let p256 = agent_key(KeyAlgorithm::EcdsaP256);
+    assert!(
+        offer(&mut h, stream, &p256, false),
+        "a key for a proxy that cannot be renewed without one matters now"
+    );
+    h.reconcile(t0() + Duration::from_secs(1));
+    assert_over(&h.ready("web-1"), &p256);
 }
