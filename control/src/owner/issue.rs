@@ -45,7 +45,7 @@ enum Made {
     /// With a key meshca made and serves.
     Held(Svid),
     /// Over the key a `meshca agent` holds (the job's [`Desired::agent_key`]).
-    ForAgent(SignedLeaf),
+    ForAgent(SignedLeaf, Arc<meshca_ca::PublicKey>),
 }
 
 /// Issues a job's certificate and runs the check before publishing. A panic is an issuance failure
@@ -58,7 +58,8 @@ pub fn run_job(job: &Job) -> Completed {
 pub(super) fn run_job_with(job: &Job, keys: Option<&KeysAhead>) -> Completed {
     let started = Instant::now();
     let result = std::panic::catch_unwind(AssertUnwindSafe(|| match &job.desired.agent_key {
-        Some(key) => issue_verified_for_key(&job.desired, key, job.now).map(Made::ForAgent),
+        Some(key) => issue_verified_for_key(&job.desired, key, job.now)
+            .map(|leaf| Made::ForAgent(leaf, key.clone())),
         None => {
             let ahead = keys.and_then(|k| k.take(job.desired.key_algorithm));
             issue_verified(&job.desired, ahead, job.now).map(Made::Held)
@@ -489,14 +490,10 @@ impl Owner {
                 };
                 (leaf, LeafKey::Held(key_pem))
             }
-            Made::ForAgent(leaf) => match &desired.agent_key {
-                Some(certified) => {
-                    self.agent_keys.certified(key, certified);
-                    (leaf, LeafKey::Agent(certified.clone()))
-                }
-                // A job over an agent's key always says which key.
-                None => return,
-            },
+            Made::ForAgent(leaf, certified) => {
+                self.agent_keys.certified(key, &certified);
+                (leaf, LeafKey::Agent(certified))
+            }
         };
         self.telemetry.issued(&key.mesh, &desired.issuer, took);
         *self

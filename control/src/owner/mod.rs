@@ -497,7 +497,7 @@ impl Owner {
             tracing::warn!(stream = %stream, "ignored a key offered on a stream of no connected proxy");
             return false;
         };
-        if self.proxies.is_zone_egress(&proxy) || self.agent_keys.agent_of(&proxy).is_none() {
+        if self.agent_served(&proxy).is_none() {
             tracing::warn!(proxy = %proxy, stream = %stream, "ignored a key offered for a proxy that no meshca agent serves: meshca makes its keys");
             return false;
         }
