@@ -4,15 +4,10 @@
 //! is the CA's decision alone, so the request's subject, SANs and extensions are ignored.
 
 use x509_parser::certification_request::X509CertificationRequest;
-use x509_parser::oid_registry::{
-    OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY, OID_NIST_EC_P384, OID_PKCS1_RSAENCRYPTION,
-};
 use x509_parser::prelude::FromDer;
-use x509_parser::public_key::PublicKey as ParsedKey;
-use x509_parser::x509::SubjectPublicKeyInfo;
 
 use crate::key::PublicKey;
-use meshca_identity::KeyAlgorithm;
+use crate::spki::{self, SpkiError};
 
 /// The largest request accepted: an RSA-4096 request is about 1.2 KB; room to spare, and a bound before
 /// anything is parsed.
@@ -55,63 +50,19 @@ pub fn csr_public_key(der: &[u8]) -> Result<PublicKey, CsrError> {
             rest.len()
         )));
     }
-    let spki = &csr.certification_request_info.subject_pki;
-    let algorithm = key_algorithm(spki)?;
+    let key =
+        spki::public_key(&csr.certification_request_info.subject_pki).map_err(|e| match e {
+            SpkiError::Malformed(m) => CsrError::Malformed(m),
+            SpkiError::UnsupportedKey(k) => CsrError::UnsupportedKey(k),
+        })?;
     csr.verify_signature().map_err(|_| CsrError::BadSignature)?;
-    Ok(PublicKey::from_parts(
-        algorithm,
-        spki.subject_public_key.data.to_vec(),
-    ))
-}
-
-/// Which of meshca's key algorithms a SubjectPublicKeyInfo holds.
-fn key_algorithm(spki: &SubjectPublicKeyInfo<'_>) -> Result<KeyAlgorithm, CsrError> {
-    let oid = &spki.algorithm.algorithm;
-    if *oid == OID_KEY_TYPE_EC_PUBLIC_KEY {
-        let curve = spki
-            .algorithm
-            .parameters
-            .as_ref()
-            .and_then(|p| p.as_oid().ok());
-        return match curve {
-            Some(curve) if curve == OID_EC_P256 => Ok(KeyAlgorithm::EcdsaP256),
-            Some(curve) if curve == OID_NIST_EC_P384 => Ok(KeyAlgorithm::EcdsaP384),
-            Some(curve) => Err(CsrError::UnsupportedKey(format!("ECDSA on curve {curve}"))),
-            None => Err(CsrError::UnsupportedKey(
-                "ECDSA without a named curve".to_owned(),
-            )),
-        };
-    }
-    if *oid == OID_PKCS1_RSAENCRYPTION {
-        let bits = match spki.parsed() {
-            Ok(ParsedKey::RSA(rsa)) => modulus_bits(rsa.modulus),
-            _ => return Err(CsrError::Malformed("an unreadable RSA key".to_owned())),
-        };
-        return match bits {
-            2048 => Ok(KeyAlgorithm::Rsa2048),
-            3072 => Ok(KeyAlgorithm::Rsa3072),
-            4096 => Ok(KeyAlgorithm::Rsa4096),
-            other => Err(CsrError::UnsupportedKey(format!("RSA with {other} bits"))),
-        };
-    }
-    Err(CsrError::UnsupportedKey(format!("of algorithm {oid}")))
-}
-
-/// The size in bits of a big-endian unsigned integer (leading zero bytes and bits not counted).
-fn modulus_bits(modulus: &[u8]) -> usize {
-    let significant = modulus
-        .iter()
-        .position(|b| *b != 0)
-        .map_or(&[][..], |first| &modulus[first..]);
-    match significant.first() {
-        Some(top) => significant.len() * 8 - top.leading_zeros() as usize,
-        None => 0,
-    }
+    Ok(key)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use meshca_identity::KeyAlgorithm;
     use rcgen::{CertificateParams, KeyPair};
 
     fn csr_for(key: &KeyPair) -> Vec<u8> {
@@ -216,13 +167,5 @@ mod tests {
             let len = len % der.len();
             proptest::prop_assert!(csr_public_key(&der[..len]).is_err());
         }
-    }
-
-    #[test]
-    fn modulus_bits_count_from_the_top_set_bit() {
-        assert_eq!(modulus_bits(&[0x00, 0x80, 0x00]), 16);
-        assert_eq!(modulus_bits(&[0x01, 0x00]), 9);
-        assert_eq!(modulus_bits(&[0x00, 0x00]), 0);
-        assert_eq!(modulus_bits(&[]), 0);
     }
 }

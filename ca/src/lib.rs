@@ -18,6 +18,7 @@ mod pem_out;
 mod provided;
 mod sds_tls;
 mod select;
+mod spki;
 #[cfg(test)]
 mod test_fixtures;
 mod verify;
@@ -33,6 +34,7 @@ pub use meshca_identity::KeyAlgorithm;
 pub use provided::{ProvidedCaError, ProvidedOptions};
 pub use sds_tls::{SdsCa, SdsServerCert, SdsTlsError};
 pub use select::select;
+pub use spki::{certificate_public_key, CertificateKeyError};
 // The templates live with the identity types (resource files are checked against them where they are
 // read); they stay part of this crate's API.
 pub use meshca_identity::{

@@ -238,6 +238,12 @@ pub(crate) enum NotAdoptable {
     KeyUnreadable(String),
     #[error("its key is not its certificate's")]
     KeyMismatch,
+    #[error(
+        "it was recorded without its key, which only a proxy that a meshca agent serves may be"
+    )]
+    KeylessNotAgentServed,
+    #[error("it carries a key meshca made, but meshca agent {0} serves the proxy now and holds its keys")]
+    HeldButAgentServed(String),
     #[error("unknown issuer {0:?}")]
     UnknownIssuer(String),
 }

@@ -180,6 +180,9 @@ pub struct Desired {
     pub key_algorithm: KeyAlgorithm,
     /// Requested lifetime.
     pub lifetime: Duration,
+    /// The key to certify when a `meshca agent` holds the dataplane's keys (it made the key on its
+    /// host and proved it holds the private half); `None`: meshca makes the key and serves it.
+    pub agent_key: Option<Arc<meshca_ca::PublicKey>>,
 }
 
 /// The outcome of deciding a dataplane's identity.
@@ -265,6 +268,7 @@ impl Issuance<'_> {
                         trusted_in: self.trusted_in.clone(),
                         key_algorithm: self.key_algorithm,
                         lifetime: expiry.unwrap_or(DEFAULT_CERT_LIFETIME),
+                        agent_key: None,
                     })),
                     Err(e) => Decision::NoIdentity(format!(
                         "MeshIdentity {}: the SPIFFE ID does not render: {e}",
@@ -299,6 +303,7 @@ impl Issuance<'_> {
                 trusted_in: self.trusted_in.clone(),
                 key_algorithm: self.key_algorithm,
                 lifetime: backend.dp_cert_lifetime.unwrap_or(DEFAULT_CERT_LIFETIME),
+                agent_key: None,
             })),
             Err(e) => Decision::NoIdentity(format!("the legacy SPIFFE ID {id} is not valid: {e}")),
         }

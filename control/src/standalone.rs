@@ -97,3 +97,23 @@ pub(crate) fn issue_verified(
         .verify_issued(&svid.chain_der, &desired.spiffe_id, now)?;
     Ok(svid)
 }
+
+/// Issues the certificate `desired` describes over `key`, a key a `meshca agent` holds, and verifies
+/// it as [`issue_verified`] does. A key of another algorithm than `desired`'s is refused
+/// ([`meshca_ca::IssueError::KeyAlgorithm`]).
+pub(crate) fn issue_verified_for_key(
+    desired: &Desired,
+    key: &meshca_ca::PublicKey,
+    now: SystemTime,
+) -> Result<meshca_ca::SignedLeaf, IssueFailure> {
+    let request = SvidRequest {
+        spiffe_id: desired.spiffe_id.clone(),
+        key_algorithm: desired.key_algorithm,
+        lifetime: desired.lifetime,
+    };
+    let leaf = desired.ca.issue_for_key(&request, key, now)?;
+    desired
+        .ca
+        .verify_issued(&leaf.chain_der, &desired.spiffe_id, now)?;
+    Ok(leaf)
+}

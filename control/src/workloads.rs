@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use meshca_config::{Resources, Selector};
 
-use crate::snapshot::ProxyKey;
+use crate::snapshot::{ProxyHashMap, ProxyKey};
 
 /// One registration, resolved against its Dataplane.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +43,8 @@ impl Registration {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Registrations {
     list: Vec<Arc<Registration>>,
+    /// The agent of every agent-served Dataplane.
+    agents: ProxyHashMap<Arc<str>>,
 }
 
 impl Registrations {
@@ -59,7 +61,7 @@ impl Registrations {
                 )
             })
             .collect();
-        let mut list: Vec<Arc<Registration>> = resources
+        let list: Vec<Arc<Registration>> = resources
             .workload_registrations
             .iter()
             .map(|r| {
@@ -77,16 +79,22 @@ impl Registrations {
                 })
             })
             .collect();
+        Registrations::sorted(list)
+    }
+
+    /// The table of `list`: sorted, with the agent of each Dataplane indexed.
+    fn sorted(mut list: Vec<Arc<Registration>>) -> Registrations {
         list.sort_by(|a, b| (&a.name, &a.proxy.mesh).cmp(&(&b.name, &b.proxy.mesh)));
-        Registrations { list }
+        let agents = list
+            .iter()
+            .filter_map(|r| Some((r.proxy.clone(), Arc::from(r.agent.as_deref()?))))
+            .collect();
+        Registrations { list, agents }
     }
 
     /// A table of exactly these registrations, sorted as [`Registrations::from_resources`] sorts them.
-    pub fn new(mut list: Vec<Registration>) -> Registrations {
-        list.sort_by(|a, b| (&a.name, &a.proxy.mesh).cmp(&(&b.name, &b.proxy.mesh)));
-        Registrations {
-            list: list.into_iter().map(Arc::new).collect(),
-        }
+    pub fn new(list: Vec<Registration>) -> Registrations {
+        Registrations::sorted(list.into_iter().map(Arc::new).collect())
     }
 
     /// Every registration.
@@ -97,6 +105,13 @@ impl Registrations {
     /// Whether there is none.
     pub fn is_empty(&self) -> bool {
         self.list.is_empty()
+    }
+
+    /// The agent that serves `proxy`'s registrations, when one does: that Dataplane's keys are made
+    /// and held on the agent's host (the resources were checked: all the registrations of one
+    /// Dataplane name the same agent, or none).
+    pub fn agent_of(&self, proxy: &ProxyKey) -> Option<&str> {
+        self.agents.get(proxy).map(|agent| &**agent)
     }
 
     /// The registrations served by `agent` (`None`: the server's own socket) that a caller with the
@@ -111,5 +126,45 @@ impl Registrations {
             .filter(|r| r.agent.as_deref() == agent && r.matches(&has))
             .cloned()
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registration(name: &str, dataplane: &str, agent: Option<&str>) -> Registration {
+        Registration {
+            name: name.to_owned(),
+            proxy: ProxyKey::new("default", dataplane),
+            selectors: vec!["unix:uid:1".parse().expect("a selector")],
+            agent: agent.map(str::to_owned),
+            hint: None,
+            jwt_svid_expiry: Duration::from_secs(300),
+            labels: meshca_auth::Labels::default(),
+        }
+    }
+
+    #[test]
+    fn a_dataplane_is_agent_served_when_its_registrations_name_an_agent() {
+        let registrations = Registrations::new(vec![
+            registration("b", "web-1", Some("host-1")),
+            registration("a", "web-1", Some("host-1")),
+            registration("c", "web-2", None),
+        ]);
+        assert_eq!(
+            registrations.agent_of(&ProxyKey::new("default", "web-1")),
+            Some("host-1")
+        );
+        assert_eq!(
+            registrations.agent_of(&ProxyKey::new("default", "web-2")),
+            None
+        );
+        assert_eq!(
+            registrations.agent_of(&ProxyKey::new("other", "web-1")),
+            None
+        );
+        let names: Vec<&str> = registrations.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
     }
 }

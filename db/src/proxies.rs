@@ -1,5 +1,6 @@
 //! Each proxy's served identity, shared by every replica: the certificate chain a replica issued to a
-//! proxy and its private key, sealed with the key-encryption key. A replica a proxy moves to (its own
+//! proxy and its private key, sealed with the key-encryption key (or no key, for a proxy a `meshca
+//! agent` serves: the agent holds it). A replica a proxy moves to (its own
 //! died, or the proxy was moved) serves it the identity it already holds instead of nothing until a new
 //! one is ready, so the rollout gate counts it from its first response. Each row is tagged over all its
 //! columns and its proxy's name: one changed, or moved to another proxy, is refused.
@@ -31,8 +32,9 @@ pub struct ProxyRecord {
     pub issuer: String,
     /// The certificate chain, PEM, leaf first.
     pub chain_pem: String,
-    /// The private key, PEM.
-    pub key_pem: Zeroizing<String>,
+    /// The private key, PEM; `None` when a `meshca agent` holds it (the certificate is over the
+    /// agent's key, which never leaves its host). Stored sealed, or as an empty value when `None`.
+    pub key_pem: Option<Zeroizing<String>>,
     /// When the leaf expires, Unix seconds.
     pub not_after: i64,
 }
@@ -57,6 +59,10 @@ pub struct ProxyRecords {
     db: Arc<Database>,
     key: Arc<KeyEncryptionKey>,
 }
+
+/// How a key-less record (an agent holds the key) stores its key: an empty value, which no sealed key
+/// is (every one starts with its format byte and nonce). The row's tag covers it like a sealed key.
+const NO_KEY: &[u8] = &[];
 
 /// The name a proxy's key is sealed under: a sealed key moved to another proxy's row does not open.
 fn sealed_name(mesh: &str, name: &str) -> String {
@@ -100,9 +106,12 @@ impl ProxyRecords {
         let mut tags: Vec<Vec<u8>> = Vec::with_capacity(records.len());
         let mut not_after: Vec<i64> = Vec::with_capacity(records.len());
         for r in records {
-            let sealed = self
-                .key
-                .seal(&sealed_name(&r.mesh, &r.name), r.key_pem.as_bytes())?;
+            let sealed = match &r.key_pem {
+                Some(key_pem) => self
+                    .key
+                    .seal(&sealed_name(&r.mesh, &r.name), key_pem.as_bytes())?,
+                None => NO_KEY.to_vec(),
+            };
             tags.push(tag(&self.key, r, &sealed).sign());
             keys.push(sealed);
             for (column, value) in columns.iter_mut().zip([
@@ -169,22 +178,27 @@ impl ProxyRecords {
             ca_id: row.get(1),
             issuer: row.get(2),
             chain_pem: row.get(3),
-            key_pem: Zeroizing::new(String::new()),
+            key_pem: None,
             not_after: row.get(5),
         };
         integrity::check(stored_tag.as_deref(), tag(&self.key, &record, &sealed))
             .map_err(|why| integrity::refuse(&format!("proxy record {mesh}/{name}"), why))?;
+        if sealed == NO_KEY {
+            return Ok(Some(record));
+        }
         let key = self
             .key
             .open(&sealed_name(mesh, name), &sealed)
             .ok_or_else(|| DbError::Unsealable {
                 name: sealed_name(mesh, name),
             })?;
-        record.key_pem = std::str::from_utf8(&key)
-            .map(|pem| Zeroizing::new(pem.to_owned()))
-            .map_err(|_| DbError::Unsealable {
-                name: sealed_name(mesh, name),
-            })?;
+        record.key_pem = Some(
+            std::str::from_utf8(&key)
+                .map(|pem| Zeroizing::new(pem.to_owned()))
+                .map_err(|_| DbError::Unsealable {
+                    name: sealed_name(mesh, name),
+                })?,
+        );
         Ok(Some(record))
     }
 }

@@ -114,7 +114,10 @@ fn to_record(replica: &str, issued: &IssuedIdentity) -> ProxyRecord {
         ca_id: issued.ca_id.clone(),
         issuer: issued.issuer.clone(),
         chain_pem: issued.chain_pem.clone(),
-        key_pem: zeroize::Zeroizing::new(issued.key_pem.expose().to_owned()),
+        key_pem: issued
+            .key_pem
+            .as_ref()
+            .map(|key| zeroize::Zeroizing::new(key.expose().to_owned())),
         not_after: issued
             .not_after
             .duration_since(UNIX_EPOCH)
@@ -129,7 +132,10 @@ fn from_record(record: &ProxyRecord) -> Option<IssuedIdentity> {
         issuer: record.issuer.clone(),
         ca_id: record.ca_id.clone(),
         chain_pem: record.chain_pem.clone(),
-        key_pem: SecretPem::new(record.key_pem.to_string()),
+        key_pem: record
+            .key_pem
+            .as_ref()
+            .map(|key| SecretPem::new(key.to_string())),
         not_after,
     })
 }
@@ -145,9 +151,20 @@ mod tests {
             issuer: "backend ca-1".into(),
             ca_id: "ab".repeat(32),
             chain_pem: "CHAIN".into(),
-            key_pem: SecretPem::new("KEY".into()),
+            key_pem: Some(SecretPem::new("KEY".into())),
             not_after: UNIX_EPOCH + Duration::from_secs(1_900_000_000),
         };
+        // One whose key an agent holds reads back without one.
+        let keyless = IssuedIdentity {
+            key_pem: None,
+            ..issued.clone()
+        };
+        let record_keyless = to_record("meshca-a", &keyless);
+        assert!(record_keyless.key_pem.is_none());
+        assert!(from_record(&record_keyless)
+            .expect("a valid record")
+            .key_pem
+            .is_none());
         let record = to_record("meshca-a", &issued);
         assert_eq!(record.replica, "meshca-a");
         assert_eq!(record.not_after, 1_900_000_000);
@@ -162,7 +179,7 @@ mod tests {
                 issued.not_after
             )
         );
-        assert_eq!(back.key_pem.expose(), "KEY");
+        assert_eq!(back.key_pem.as_ref().map(SecretPem::expose), Some("KEY"));
         let mut negative = record;
         negative.not_after = -1;
         assert!(

@@ -355,7 +355,7 @@ fn proxy(name: &str) -> ProxyRecord {
         ca_id: "ab".repeat(32),
         issuer: "backend ca-1".into(),
         chain_pem: format!("CHAIN OF {name}"),
-        key_pem: Zeroizing::new(format!("KEY OF {name}")),
+        key_pem: Some(Zeroizing::new(format!("KEY OF {name}"))),
         not_after: 1_900_000_000,
     }
 }

@@ -378,7 +378,7 @@ fn proxy(name: &str, key: &str) -> meshca_db::ProxyRecord {
         ca_id: "ab".repeat(32),
         issuer: "backend ca-1".into(),
         chain_pem: format!("CHAIN OF {name}"),
-        key_pem: Zeroizing::new(key.to_owned()),
+        key_pem: Some(Zeroizing::new(key.to_owned())),
         not_after: 1_900_000_000,
     }
 }
@@ -419,4 +419,36 @@ fn proxies_identities_read_back_and_their_keys_open_only_in_their_own_row() {
     let wrong = runtime.block_on(other_key.get("default", "web-2"));
     assert!(matches!(wrong, Err(DbError::Refused { .. })), "{wrong:?}");
     assert!(!format!("{moved:?}{wrong:?}").contains("KEY TWO"));
+}
+
+/// A proxy whose key a meshca agent holds is recorded without one, and reads back so; a sealed key
+/// emptied outside meshca (to pass a record off as key-less) is refused by the row's tag.
+#[test]
+fn a_keyless_identity_reads_back_without_a_key_and_a_key_emptied_outside_is_refused() {
+    let pg = TestPostgres::start();
+    let records = proxy_records(&pg, 1);
+    let runtime = runtime();
+    let keyless = meshca_db::ProxyRecord {
+        key_pem: None,
+        ..proxy("web-1", "")
+    };
+    runtime.block_on(async {
+        records
+            .put(&[keyless.clone(), proxy("web-2", "KEY TWO")])
+            .await
+            .expect("writes");
+        assert_eq!(
+            records.get("default", "web-1").await.expect("reads"),
+            Some(keyless)
+        );
+    });
+    pg.psql(
+        "meshca",
+        "UPDATE meshca_proxies SET key = ''::bytea WHERE name = 'web-2'",
+    );
+    let emptied = runtime.block_on(records.get("default", "web-2"));
+    assert!(
+        matches!(emptied, Err(DbError::Refused { .. })),
+        "{emptied:?}"
+    );
 }

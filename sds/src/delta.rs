@@ -117,15 +117,19 @@ impl Protocol for Delta {
                 .map(|(name, _, version)| (name.as_str(), version.as_str()))
                 .chain(removed.iter().map(|name| (name.as_str(), "removed"))),
         );
-        let resources = updates
-            .iter()
-            .map(|(name, resolved, version)| Resource {
+        let mut resources = Vec::with_capacity(updates.len());
+        for (name, resolved, version) in &updates {
+            let any = match resolved.to_any(name) {
+                Ok(any) => any,
+                Err(keyless) => return Build::Refused(keyless),
+            };
+            resources.push(Resource {
                 name: (*name).clone(),
                 version: version.clone(),
-                resource: Some(resolved.to_any(name)),
+                resource: Some(any),
                 ..Default::default()
-            })
-            .collect();
+            });
+        }
         let mut names = Vec::with_capacity(updates.len() + removed.len());
         for (name, _, version) in updates {
             self.held.insert(name.clone(), version);

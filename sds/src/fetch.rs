@@ -72,7 +72,13 @@ pub(crate) async fn fetch(
     let resources = items
         .iter()
         .map(|(name, resolved, _)| resolved.to_any(name))
-        .collect();
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|keyless| {
+            shared.auth_failure(Status::permission_denied(format!(
+                "proxy {} is refused: {keyless}",
+                session.key()
+            )))
+        })?;
     SdsMetrics::incr(&shared.metrics.responses_pushed);
     Ok(DiscoveryResponse {
         version_info: version,

@@ -9,7 +9,7 @@ use meshca_control::{
     TrustBundle, TrustScope,
 };
 
-use crate::secret::{self, EncodedSecret, Form};
+use crate::secret::{self, EncodedSecret, Form, KeylessIdentity};
 
 /// Who is asking, as far as resource names are concerned.
 #[derive(Debug, Clone)]
@@ -46,11 +46,12 @@ impl Resolved {
         }
     }
 
-    /// The secret packed under the exact name that was asked.
-    pub(crate) fn to_any(&self, name: &str) -> Any {
+    /// The secret packed under the exact name that was asked; an identity whose key a meshca agent
+    /// holds is refused.
+    pub(crate) fn to_any(&self, name: &str) -> Result<Any, KeylessIdentity> {
         match self {
             Resolved::Identity(identity) => secret::identity_any(name, identity),
-            Resolved::Validation(encoded) => encoded.to_any(name),
+            Resolved::Validation(encoded) => Ok(encoded.to_any(name)),
         }
     }
 }

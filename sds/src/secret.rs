@@ -16,7 +16,7 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, StringMatcher};
 use envoy_types::pb::google::protobuf::Any;
-use meshca_control::{Derived, MeshServiceTrust, ProxyIdentity, TrustBundle};
+use meshca_control::{Derived, LeafKey, MeshServiceTrust, ProxyIdentity, TrustBundle};
 use prost::{Message, Name};
 use zeroize::Zeroize;
 
@@ -246,25 +246,40 @@ pub(crate) fn identity_version(identity: &ProxyIdentity) -> String {
     content_version(b"tls_certificate", identity.chain_pem.as_bytes())
 }
 
-/// The identity secret named `name`. Built per response: a private key is never cached.
-pub(crate) fn identity_any(name: &str, identity: &ProxyIdentity) -> Any {
+/// An identity whose private key meshca does not hold (a `meshca agent` made it and keeps it on its
+/// host): SDS has no key to serve with its certificate, and never sends a certificate without one.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("the identity {spiffe_id} is certified over a key that a meshca agent holds on its host: SDS has no private key to serve with it")]
+pub(crate) struct KeylessIdentity {
+    /// The identity's SPIFFE ID.
+    pub spiffe_id: String,
+}
+
+/// The identity secret named `name`. Built per response: a private key is never cached. An identity
+/// whose key an agent holds is refused, never sent without its key.
+pub(crate) fn identity_any(name: &str, identity: &ProxyIdentity) -> Result<Any, KeylessIdentity> {
+    let key = match &identity.key {
+        LeafKey::Held(key) => key,
+        LeafKey::Agent(_) => {
+            return Err(KeylessIdentity {
+                spiffe_id: identity.spiffe_id.clone(),
+            })
+        }
+    };
     let mut message = Secret {
         name: name.to_owned(),
         r#type: Some(secret::Type::TlsCertificate(TlsCertificate {
             certificate_chain: Some(inline(identity.chain_pem.clone())),
-            private_key: identity
-                .key
-                .held()
-                .map(|key| inline(key.expose().to_owned())),
+            private_key: Some(inline(key.expose().to_owned())),
             ..Default::default()
         })),
     };
     let value = message.encode_to_vec();
     wipe_private_key(&mut message);
-    Any {
+    Ok(Any {
         type_url: SECRET_TYPE_URL.to_owned(),
         value,
-    }
+    })
 }
 
 /// Zeroizes the key copy held by a `Secret` before it is dropped.

@@ -68,6 +68,10 @@ impl Session {
         kind: Option<StreamKind>,
     ) -> Result<Self, Status> {
         let Principal { claims, attested } = principal;
+        if attested.is_none() {
+            served_here(&shared.snapshots.borrow(), &ctx)
+                .map_err(|status| shared.auth_failure(status))?;
+        }
         let id = shared.next_stream_id();
         let limits = &shared.options.limits;
         let (warnings, progress) = match kind {
@@ -246,8 +250,12 @@ impl Session {
     }
 
     fn usable(&mut self, snapshot: Arc<Snapshot>) -> Result<Option<Usable>, Status> {
-        if let Some(check) = &self.attested {
-            check(&snapshot).map_err(|status| self.shared.auth_failure(status))?;
+        match &self.attested {
+            Some(check) => {
+                check(&snapshot).map_err(|status| self.shared.auth_failure(status))?;
+            }
+            None => served_here(&snapshot, &self.ctx)
+                .map_err(|status| self.shared.auth_failure(status))?,
         }
         if let Some(rule) = snapshot.claim_rules.get(self.key()) {
             let checked = self
@@ -317,6 +325,21 @@ impl Drop for Session {
         self.shared
             .emit_from_drop(StreamEvent::Disconnected { stream: self.id });
         tracing::debug!(stream = %self.id, proxy = %self.ctx.key, "proxy disconnected");
+    }
+}
+
+/// Refuses a token for a Dataplane that a `meshca agent` serves (a WorkloadRegistration names one):
+/// its keys are made and kept on the agent's host, and only that agent is sent its certificates.
+fn served_here(snapshot: &Snapshot, ctx: &ProxyContext) -> Result<(), Status> {
+    if ctx.zone_egress {
+        return Ok(());
+    }
+    match snapshot.registrations.agent_of(&ctx.key) {
+        None => Ok(()),
+        Some(agent) => Err(Status::permission_denied(format!(
+            "dataplane {}/{} is served by meshca agent {agent}: its key is on that host",
+            ctx.key.mesh, ctx.key.name
+        ))),
     }
 }
 

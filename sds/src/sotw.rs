@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
+use envoy_types::pb::google::protobuf::Any;
 use meshca_control::{parse_names, ResourceName};
 use prost::Message;
 
@@ -136,7 +137,7 @@ impl Protocol for Sotw {
             // Trust alone: the response every stream asking by this name gets.
             [(name, names::Resolved::Validation(encoded), _)] => {
                 encoded.alone(name.as_str(), || {
-                    let response = whole_response(&items);
+                    let response = whole_response(&items, vec![encoded.to_any(name.as_str())]);
                     SharedResponse {
                         encoded: response.encode_to_vec(),
                         version: response.version_info,
@@ -155,7 +156,14 @@ impl Protocol for Sotw {
                 (response, version)
             }
             None => {
-                let response = whole_response(&items);
+                let resources: Result<Vec<Any>, _> = items
+                    .iter()
+                    .map(|(name, resolved, _)| resolved.to_any(name.as_str()))
+                    .collect();
+                let response = match resources {
+                    Ok(resources) => whole_response(&items, resources),
+                    Err(keyless) => return Build::Refused(keyless),
+                };
                 let version = response.version_info.clone();
                 (SotwResponse::Built(response), version)
             }
@@ -178,9 +186,13 @@ impl Protocol for Sotw {
     }
 }
 
-/// The response that carries `items` (each asked name, what it resolved to, and its version), without
-/// a nonce; its version changes iff a name or a content does.
-fn whole_response(items: &[(&ResourceName, names::Resolved, String)]) -> DiscoveryResponse {
+/// The response that carries `items` (each asked name, what it resolved to, and its version) as
+/// `resources` (their secrets, in the same order), without a nonce; its version changes iff a name or
+/// a content does.
+fn whole_response(
+    items: &[(&ResourceName, names::Resolved, String)],
+    resources: Vec<Any>,
+) -> DiscoveryResponse {
     let version = names::response_version(
         items
             .iter()
@@ -188,10 +200,7 @@ fn whole_response(items: &[(&ResourceName, names::Resolved, String)]) -> Discove
     );
     DiscoveryResponse {
         version_info: version,
-        resources: items
-            .iter()
-            .map(|(name, resolved, _)| resolved.to_any(name.as_str()))
-            .collect(),
+        resources,
         type_url: SECRET_TYPE_URL.to_owned(),
         ..Default::default()
     }

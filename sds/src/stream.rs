@@ -19,7 +19,7 @@ use crate::log_text::{bounded, shown};
 use crate::metrics::SdsMetrics;
 use crate::names::{self, Lookup, Resolved};
 use crate::registry::StreamKind;
-use crate::secret;
+use crate::secret::{self, KeylessIdentity};
 use crate::session::{self, Session, Usable};
 use crate::shared::Shared;
 use crate::transport::grpc::Requests;
@@ -96,6 +96,8 @@ pub(crate) enum Build<R> {
     Unchanged,
     /// There is nothing to send yet (no subscribed resource is available); the proxy keeps what it has.
     Withheld,
+    /// A secret cannot be sent: the stream is refused.
+    Refused(KeylessIdentity),
 }
 
 /// What differs between the state-of-the-world and the delta protocol.
@@ -469,6 +471,15 @@ impl<'o, P: Protocol> Driver<'o, P> {
                 Ok(())
             }
             Build::Withheld => Ok(()),
+            Build::Refused(keyless) => {
+                Err(self
+                    .session
+                    .shared
+                    .auth_failure(Status::permission_denied(format!(
+                        "proxy {} is refused: {keyless}",
+                        self.session.key()
+                    ))))
+            }
         }
     }
 

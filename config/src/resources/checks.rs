@@ -88,9 +88,11 @@ struct HintScope<'a> {
     hint: &'a str,
 }
 
-/// Every WorkloadRegistration names a Dataplane of its own mesh; and no two with the same mesh,
-/// agent and selector set carry the same hint, since a caller matching both would get two SVIDs
-/// under one hint (the later one is reported).
+/// Every WorkloadRegistration names a Dataplane of its own mesh; all the registrations of one
+/// Dataplane are served at the same place (one agent, or the server's own socket), since the
+/// Dataplane's key is made and held there; and no two with the same mesh, agent and selector set
+/// carry the same hint, since a caller matching both would get two SVIDs under one hint (the later
+/// one is reported).
 fn check_registrations(resources: &[Resource], broken: &[Broken]) -> Vec<ResourceError> {
     let dataplanes: BTreeSet<(&str, &str)> = resources
         .iter()
@@ -107,10 +109,31 @@ fn check_registrations(resources: &[Resource], broken: &[Broken]) -> Vec<Resourc
         .collect();
     let mut errors = Vec::new();
     let mut hints: BTreeMap<HintScope<'_>, &WorkloadRegistration> = BTreeMap::new();
+    let mut served_at: BTreeMap<(&str, &str), &WorkloadRegistration> = BTreeMap::new();
     for resource in resources {
         let Resource::WorkloadRegistration(r) = resource else {
             continue;
         };
+        match served_at.get(&(r.mesh.as_str(), r.dataplane.as_str())) {
+            Some(earlier) if earlier.agent != r.agent && earlier.name != r.name => {
+                errors.push(error(
+                    resource,
+                    "spec.agent",
+                    format!(
+                        "Dataplane {:?} is served {} here but {} by registration {:?} ({}): every registration of a Dataplane must be served at the same place, where its key is held",
+                        r.dataplane,
+                        place(r.agent.as_deref()),
+                        place(earlier.agent.as_deref()),
+                        earlier.name,
+                        earlier.source,
+                    ),
+                ));
+            }
+            Some(_) => {}
+            None => {
+                served_at.insert((r.mesh.as_str(), r.dataplane.as_str()), r);
+            }
+        }
         if !dataplanes.contains(&(r.mesh.as_str(), r.dataplane.as_str())) {
             errors.push(error(
                 resource,
@@ -152,4 +175,12 @@ fn check_registrations(resources: &[Resource], broken: &[Broken]) -> Vec<Resourc
         }
     }
     errors
+}
+
+/// Where a registration is served, for messages: `by agent "host-1"` or `on the server's own socket`.
+fn place(agent: Option<&str>) -> String {
+    match agent {
+        Some(agent) => format!("by agent {agent:?}"),
+        None => "on the server's own socket".to_owned(),
+    }
 }

@@ -27,8 +27,9 @@ pub struct IssuedIdentity {
     pub ca_id: String,
     /// The chain, PEM, leaf first.
     pub chain_pem: String,
-    /// The private key.
-    pub key_pem: SecretPem,
+    /// The private key; `None` when a `meshca agent` holds it (the certificate is over the agent's
+    /// key, which never leaves its host, and is recorded without one).
+    pub key_pem: Option<SecretPem>,
     /// When the leaf expires.
     pub not_after: SystemTime,
 }
@@ -129,11 +130,27 @@ impl Owner {
             .collect();
         meshca_ca::verify_svid(&chain, &anchors, &spiffe_id, now)
             .map_err(|e| NotAdoptable::Unverified(e.to_string()))?;
-        let private = meshca_ca::PrivateKey::from_pem(held.key_pem.expose().as_bytes())
-            .map_err(|e| NotAdoptable::KeyUnreadable(e.to_string()))?;
-        if !meshca_ca::key_matches(&private, &chain[0]) {
-            return Err(NotAdoptable::KeyMismatch);
-        }
+        // A proxy an agent serves holds a certificate over the agent's key, recorded without it; any
+        // other proxy's record carries the key meshca made.
+        let leaf_key = match (held.key_pem, self.agent_served(key)) {
+            (Some(key_pem), None) => {
+                let private = meshca_ca::PrivateKey::from_pem(key_pem.expose().as_bytes())
+                    .map_err(|e| NotAdoptable::KeyUnreadable(e.to_string()))?;
+                if !meshca_ca::key_matches(&private, &chain[0]) {
+                    return Err(NotAdoptable::KeyMismatch);
+                }
+                LeafKey::Held(key_pem)
+            }
+            (None, Some(_)) => {
+                let public = meshca_ca::certificate_public_key(&chain[0])
+                    .map_err(|e| NotAdoptable::KeyUnreadable(e.to_string()))?;
+                LeafKey::Agent(Arc::new(public))
+            }
+            (None, None) => return Err(NotAdoptable::KeylessNotAgentServed),
+            (Some(_), Some(agent)) => {
+                return Err(NotAdoptable::HeldButAgentServed(agent.to_owned()))
+            }
+        };
         let issuer = match held.issuer.split_once(' ') {
             Some(("backend", name)) => Issuer::Backend(name.to_owned()),
             Some(("MeshIdentity", name)) => Issuer::MeshIdentity(name.to_owned()),
@@ -170,7 +187,7 @@ impl Owner {
                 spiffe_id: spiffe_id.to_string(),
                 identity_name,
                 chain_pem: held.chain_pem,
-                key: LeafKey::Held(held.key_pem),
+                key: leaf_key,
             }),
             ca_trust,
             previous,

@@ -120,6 +120,7 @@ impl Owner {
                 if let Some(issued) = self.issued.remove(key) {
                     self.replacing.update(key, &issued.previous, &[]);
                 }
+                self.agent_keys.forget(key);
             }
         }
         self.publish_entries(generation, entries, &left, Some((keys, dataplanes)));

@@ -4,7 +4,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use meshca_ca::Svid;
+use meshca_ca::{IssueError, SignedLeaf, Svid};
 use tokio::sync::mpsc;
 
 use super::{Issued, IssuedIdentity, Leaf, Owner, Previous};
@@ -15,7 +15,7 @@ use crate::pool::{Background, Priority};
 use crate::snapshot::{
     LeafKey, ProxyEntry, ProxyHashMap, ProxyIdentity, ProxyKey, ProxyMap, SecretPem,
 };
-use crate::standalone::issue_verified;
+use crate::standalone::{issue_verified, issue_verified_for_key};
 use crate::trust::{BundleKey, CaId, CaTrust};
 
 /// How long a proxy whose issuance failed waits before it is tried again.
@@ -35,8 +35,17 @@ pub struct Job {
 pub struct Completed {
     key: ProxyKey,
     ticket: u64,
-    result: Result<Svid, IssueFailure>,
+    result: Result<Made, IssueFailure>,
     took: Duration,
+}
+
+/// A certificate a job made.
+#[derive(Debug)]
+enum Made {
+    /// With a key meshca made and serves.
+    Held(Svid),
+    /// Over the key a `meshca agent` holds (the job's [`Desired::agent_key`]).
+    ForAgent(SignedLeaf, Arc<meshca_ca::PublicKey>),
 }
 
 /// Issues a job's certificate and runs the check before publishing. A panic is an issuance failure
@@ -48,9 +57,13 @@ pub fn run_job(job: &Job) -> Completed {
 /// [`run_job`], with a key generated ahead when `keys` has one of the job's algorithm.
 pub(super) fn run_job_with(job: &Job, keys: Option<&KeysAhead>) -> Completed {
     let started = Instant::now();
-    let ahead = keys.and_then(|k| k.take(job.desired.key_algorithm));
-    let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        issue_verified(&job.desired, ahead, job.now)
+    let result = std::panic::catch_unwind(AssertUnwindSafe(|| match &job.desired.agent_key {
+        Some(key) => issue_verified_for_key(&job.desired, key, job.now)
+            .map(|leaf| Made::ForAgent(leaf, key.clone())),
+        None => {
+            let ahead = keys.and_then(|k| k.take(job.desired.key_algorithm));
+            issue_verified(&job.desired, ahead, job.now).map(Made::Held)
+        }
     }))
     .unwrap_or_else(|_| {
         Err(IssueFailure::Internal(
@@ -129,12 +142,13 @@ impl Issuing {
     }
 }
 
-/// Whether two decisions ask for the same certificate.
+/// Whether two decisions ask for the same certificate (over the same agent-held key, if any).
 fn same_certificate(a: &Desired, b: &Desired) -> bool {
     a.ca.id() == b.ca.id()
         && a.spiffe_id == b.spiffe_id
         && a.identity_name == b.identity_name
         && a.key_algorithm == b.key_algorithm
+        && a.agent_key == b.agent_key
 }
 
 impl Owner {
@@ -180,7 +194,8 @@ impl Owner {
     }
 
     /// Whether `key` needs a new certificate to hold `desired`: it has none, its issuer, SPIFFE ID or
-    /// MeshIdentity changed, or it is due for renewal.
+    /// MeshIdentity changed, it is due for renewal, or its key must change now (the key moved between
+    /// meshca and an agent, or the agent holds no key for it any more).
     pub(super) fn needs_issue(&self, key: &ProxyKey, desired: &Desired, now: SystemTime) -> bool {
         match self.issued.get(key) {
             None => true,
@@ -190,7 +205,19 @@ impl Owner {
                     || issued.identity_name != desired.identity_name
                     || now >= issued.renew_at
                     || now >= issued.leaf.not_after
+                    || self.key_replaced_now(key, issued, desired)
             }
+        }
+    }
+
+    /// Whether `issued`'s key must be replaced before its renewal to hold `desired`: meshca made it
+    /// and an agent serves the proxy now (or the reverse), or the agent offered another key saying
+    /// that it holds none for `issued`. A newer key offered for the next renewal waits for it.
+    fn key_replaced_now(&self, key: &ProxyKey, issued: &Issued, desired: &Desired) -> bool {
+        match (&issued.published.key, &desired.agent_key) {
+            (LeafKey::Held(_), None) => false,
+            (LeafKey::Agent(current), Some(_)) => self.agent_keys.replace_now(key, current),
+            (LeafKey::Held(_), Some(_)) | (LeafKey::Agent(_), None) => true,
         }
     }
 
@@ -208,6 +235,12 @@ impl Owner {
             {
                 continue;
             }
+            if let (Some(wanted), Some(issued)) = (&desired.agent_key, self.issued.get(key)) {
+                if matches!(&issued.published.key, LeafKey::Agent(current) if current == wanted) {
+                    tracing::debug!(proxy = %key, agent = self.agent_keys.agent_of(key).unwrap_or_default(), "issuing over the key of the current certificate: the agent offered no newer one");
+                }
+            }
+            let issuing = &mut self.issuing;
             issuing.next_ticket += 1;
             let desired = Arc::new((*desired).clone());
             issuing.in_flight.insert(
@@ -281,8 +314,8 @@ impl Owner {
                 && !self.agenda.full
                 && !self.agenda.touched.contains(&key);
             match result {
-                Ok(svid) if decided_now || self.still_wanted(&key, &desired, now) => {
-                    self.keep(&key, &desired, svid, took, now);
+                Ok(made) if decided_now || self.still_wanted(&key, &desired, now) => {
+                    self.keep(&key, &desired, made, took, now);
                     kept.push(key);
                 }
                 Ok(_) => {
@@ -291,6 +324,12 @@ impl Owner {
                 Err(e) => {
                     self.telemetry.issue_failed(&key.mesh, &desired.issuer);
                     tracing::error!(proxy = %key, issuer = %desired.issuer, "certificate not issued: {e}");
+                    if let (IssueFailure::Issue(IssueError::KeyAlgorithm { .. }), Some(offered)) =
+                        (&e, &desired.agent_key)
+                    {
+                        // The agent's next request is used instead.
+                        self.agent_keys.drop_offer(&key, offered);
+                    }
                     failed.push(key);
                 }
             }
@@ -365,7 +404,7 @@ impl Owner {
                 gated,
                 ..
             } => !gated && same_certificate(&wanted, desired),
-            super::reconcile::Served::Entry(_) => false,
+            super::reconcile::Served::Entry(_) | super::reconcile::Served::WaitsForKey(_) => false,
         }
     }
 
@@ -433,18 +472,37 @@ impl Owner {
         &mut self,
         key: &ProxyKey,
         desired: &Desired,
-        svid: Svid,
+        made: Made,
         took: Duration,
         now: SystemTime,
     ) {
+        let (leaf, leaf_key) = match made {
+            Made::Held(svid) => {
+                let key_pem = SecretPem::new(svid.key.to_pem().to_string());
+                let leaf = SignedLeaf {
+                    spiffe_id: svid.spiffe_id,
+                    chain_pem: svid.chain_pem,
+                    chain_der: svid.chain_der,
+                    not_before: svid.not_before,
+                    not_after: svid.not_after,
+                    serial: svid.serial,
+                    issuer_id: svid.issuer_id,
+                };
+                (leaf, LeafKey::Held(key_pem))
+            }
+            Made::ForAgent(leaf, certified) => {
+                self.agent_keys.certified(key, &certified);
+                (leaf, LeafKey::Agent(certified))
+            }
+        };
         self.telemetry.issued(&key.mesh, &desired.issuer, took);
         *self
             .wave
             .entry((key.mesh.to_string(), desired.issuer.to_string()))
             .or_default() += 1;
         let renew_at = plan::renewal_time(
-            svid.not_before,
-            svid.not_after,
+            leaf.not_before,
+            leaf.not_after,
             self.config.renew_at,
             jitter(),
         );
@@ -452,33 +510,28 @@ impl Owner {
         let regenerations = old.map_or(0, |i| i.regenerations + 1);
         let ca_trust = CaTrust::of_ca(
             desired.trusted_in.clone(),
-            svid.spiffe_id.trust_domain(),
+            leaf.spiffe_id.trust_domain(),
             &desired.ca,
         );
         // Break last: until the proxy ACKs this certificate, peers may still see the one it replaces,
         // from another CA or with another SPIFFE ID, or any it was issued before and has not ACKed.
-        let spiffe_id = svid.spiffe_id.to_string();
+        let spiffe_id = leaf.spiffe_id.to_string();
         // What the owner keeps is copied on its own thread: memory allocated on an issuance thread and
         // kept for the certificate's life would pin pages of that thread's allocator arena among the
         // wave's freed memory, which could then not be given back (measured with glibc's malloc: about
         // 2 KB more per idle stream at 10,000).
-        let chain_pem = svid.chain_pem.clone();
-        let serial = svid.serial.clone();
+        let chain_pem = leaf.chain_pem.clone();
+        let serial = leaf.serial.clone();
         let leaf_id = desired.spiffe_id.clone();
-        let Svid {
-            key: leaf_key,
-            not_after,
-            ..
-        } = svid;
+        let not_after = leaf.not_after;
         let previous = self.replaced(key, old, &ca_trust, &spiffe_id);
         self.replacing
             .update(key, old.map_or(&[][..], |o| &o.previous), &previous);
-        let key_pem = SecretPem::new(leaf_key.to_pem().to_string());
         let published = Arc::new(ProxyIdentity {
             spiffe_id,
             identity_name: desired.identity_name.clone(),
             chain_pem,
-            key: LeafKey::Held(key_pem.clone()),
+            key: leaf_key,
         });
         tracing::debug!(proxy = %key, spiffe_id = %leaf_id, issuer = %desired.issuer, serial = %serial, "issued certificate");
         self.links.record(|| IssuedIdentity {
@@ -486,7 +539,7 @@ impl Owner {
             issuer: desired.issuer.to_string(),
             ca_id: desired.ca.id().to_owned(),
             chain_pem: published.chain_pem.clone(),
-            key_pem,
+            key_pem: published.key.held().cloned(),
             not_after,
         });
         self.issued.insert(

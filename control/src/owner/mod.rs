@@ -8,6 +8,7 @@
 
 mod adopt;
 mod agenda;
+mod agent_keys;
 mod incremental;
 mod issue;
 mod links;
@@ -34,13 +35,14 @@ use crate::events::StreamEvent;
 use crate::gate::{Gate, GateEvent};
 use crate::peers::{GateView, PeerView, PresentedCa};
 use crate::plan::{DataplaneInfo, Issuer};
-use crate::snapshot::{ProxyHashMap, ProxyIdentity, ProxyKey, Snapshot};
+use crate::snapshot::{LeafKey, ProxyHashMap, ProxyIdentity, ProxyKey, Snapshot};
 
 use crate::timefmt::rfc3339;
 use crate::trust::{CaId, CaTrust, TrustKey};
 use crate::world::World;
 pub use adopt::{IssuedIdentity, RecordLink};
 use agenda::Agenda;
+use agent_keys::AgentKeys;
 use issue::Issuing;
 pub use issue::{run_job, Completed, Job};
 use links::RecordLinks;
@@ -230,6 +232,8 @@ pub struct Owner {
     publisher: Publisher,
     /// Where issued identities are recorded and recorded ones looked up (replicas on a database).
     links: RecordLinks,
+    /// Which proxies `meshca agent`s serve, and the keys they offered.
+    agent_keys: AgentKeys,
 }
 
 /// What is known of every dataplane: its description, or why its token was refused.
@@ -243,6 +247,8 @@ impl Owner {
         telemetry: Arc<dyn Telemetry>,
         snapshot_tx: watch::Sender<Arc<Snapshot>>,
     ) -> Owner {
+        let mut agent_keys = AgentKeys::default();
+        agent_keys.set_world(&world);
         Owner {
             gate: Gate::new(config.gate, config.ack_timeout),
             config,
@@ -260,6 +266,7 @@ impl Owner {
             telemetry,
             publisher: Publisher::new(snapshot_tx),
             links: RecordLinks::default(),
+            agent_keys,
         }
     }
 
@@ -376,6 +383,7 @@ impl Owner {
         if world.same_content(&self.world) {
             return;
         }
+        self.agent_keys.set_world(&world);
         self.world = Arc::new(world);
         self.agenda.full = true;
     }
@@ -423,8 +431,11 @@ impl Owner {
                 // Only the status changes, and it is built when asked for.
                 false
             }
-            // Not handled yet: the owner issues agent-held keys in the next step.
-            StreamEvent::KeyOffered { .. } => false,
+            StreamEvent::KeyOffered {
+                stream,
+                key,
+                replace_now,
+            } => self.on_key_offered(stream, key, replace_now),
             // When its last stream leaves, the proxy stops being served; its registration and
             // certificate are kept so that a reconnect within the certificate's life reuses them.
             // Another stream of the proxy leaving matters only to a rollout that may wait on it.
@@ -471,6 +482,40 @@ impl Owner {
         }
         // Another stream of a connected proxy matters only to a rollout that may wait on it.
         self.agenda.waiting_on_acks
+    }
+
+    /// Keeps the key an agent offered on `stream` for its proxy's next certificate; whether a
+    /// reconcile must look at the proxy now: it has no certificate an agent holds the key of, or the
+    /// agent asks for the key to be certified at once.
+    fn on_key_offered(
+        &mut self,
+        stream: crate::StreamId,
+        key: Arc<meshca_ca::PublicKey>,
+        replace_now: bool,
+    ) -> bool {
+        let Some(proxy) = self.proxies.streams.proxy_of(stream).cloned() else {
+            tracing::warn!(stream = %stream, "ignored a key offered on a stream of no connected proxy");
+            return false;
+        };
+        if self.agent_served(&proxy).is_none() {
+            tracing::warn!(proxy = %proxy, stream = %stream, "ignored a key offered for a proxy that no meshca agent serves: meshca makes its keys");
+            return false;
+        }
+        let urgent = match self.issued.get(&proxy).map(|i| &i.published.key) {
+            // A key the agent holds: a new one waits for the renewal, unless the agent lost that
+            // one, or leaves are no longer issued for its algorithm (no renewal could reuse it).
+            Some(LeafKey::Agent(current)) => {
+                (replace_now && **current != *key)
+                    || current.algorithm() != self.config.key_algorithm
+            }
+            // None yet, or one whose key meshca made (it was not agent-served then).
+            Some(LeafKey::Held(_)) | None => true,
+        };
+        self.agent_keys.offer(proxy.clone(), key, replace_now);
+        if urgent {
+            self.agenda.touched.insert(proxy);
+        }
+        urgent
     }
 
     /// Every dataplane, described anew only where something changed: all of them under a new

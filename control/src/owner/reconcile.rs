@@ -16,7 +16,7 @@ use crate::gate::{GateEvent, RolloutStep, Wait};
 use crate::peers::PresentedIds;
 use crate::plan::{self, DataplaneInfo, Decision, Desired, Origin};
 use crate::resource_name::Target;
-use crate::snapshot::{Changed, ClaimRule, KeyHasher, ProxyEntry, ProxyKey, ProxyMap};
+use crate::snapshot::{Changed, ClaimRule, KeyHasher, LeafKey, ProxyEntry, ProxyKey, ProxyMap};
 use crate::timefmt::{rfc3339, seconds_until};
 use crate::trust::{BundleKey, CaTrust, ServiceIds, ServiceKey, TrustKey, EGRESS_SERVICE};
 use crate::world::MeshState;
@@ -25,6 +25,8 @@ use crate::world::MeshState;
 pub(super) enum Served {
     /// Without a certificate decision: refused, or no identity.
     Entry(ProxyEntry),
+    /// Pending: the agent that holds its keys (named) has offered none to certify yet.
+    WaitsForKey(Arc<str>),
     /// With a decided identity.
     Decided {
         /// What it should hold.
@@ -459,9 +461,21 @@ impl Owner {
         let plans = self.decide_and_submit(keys, dataplanes, now);
         let mut entries = Vec::with_capacity(plans.len());
         for (key, served) in plans {
+            let waits_for_key = match &served {
+                Served::WaitsForKey(agent) => Some(agent.clone()),
+                _ => None,
+            };
             let (entry, renew_at) = self.entry_of(&key, served, now);
             self.agenda.renewals.set(&key, renew_at);
-            self.note_reason(&key, &entry);
+            match waits_for_key {
+                Some(agent) => {
+                    self.reasons.insert(
+                        key.clone(),
+                        format!("waiting for meshca agent {agent}'s key request: the agent makes and holds this dataplane's keys"),
+                    );
+                }
+                None => self.note_reason(&key, &entry),
+            }
             entries.push((key, entry));
         }
         entries
@@ -521,6 +535,23 @@ impl Owner {
     ) -> (ProxyEntry, Option<SystemTime>) {
         let (gated, issue) = match served {
             Served::Entry(entry) => return (entry, None),
+            // The agent's offer wakes it. A certificate over a key the agent holds is served until
+            // it expires meanwhile (then the proxy is looked at again); one over a key meshca made
+            // is of no use to the agent.
+            Served::WaitsForKey(_) => {
+                return match self.issued.get(key) {
+                    Some(issued)
+                        if matches!(issued.published.key, LeafKey::Agent(_))
+                            && now < issued.leaf.not_after =>
+                    {
+                        (
+                            ProxyEntry::Ready(issued.published.clone()),
+                            Some(issued.leaf.not_after),
+                        )
+                    }
+                    _ => (ProxyEntry::Pending, None),
+                }
+            }
             Served::Decided { gated, issue, .. } => (gated, issue),
         };
         // Being issued now: its result publishes it (or, on failure, sets its retry). Meanwhile the
@@ -598,12 +629,23 @@ impl Owner {
         info: &DataplaneInfo,
         now: SystemTime,
     ) -> Served {
-        let desired = match self.decide(key, info) {
+        let mut desired = match self.decide(key, info) {
             Decision::NoIdentity(reason) => {
                 return Served::Entry(ProxyEntry::NoIdentity { reason })
             }
             Decision::Issue(desired) => desired,
         };
+        // A proxy an agent serves is certified over a key the agent holds, never one of meshca's.
+        if let Some(agent) = self.agent_served(key) {
+            let current = self.issued.get(key).map(|i| &i.published.key);
+            match self
+                .agent_keys
+                .next_key(key, current, desired.key_algorithm)
+            {
+                Some(next) => desired.agent_key = Some(next),
+                None => return Served::WaitsForKey(Arc::from(agent)),
+            }
+        }
         // Trust before identity: a CA issues only once every stream that must trust it has ACKed it.
         // SANs before identity: a proxy changes its SPIFFE ID only once the `meshservice:` contexts of
         // its services, as their subscribers hold them, accept the new one.
@@ -618,6 +660,14 @@ impl Owner {
             gated,
             issue,
         }
+    }
+
+    /// The agent that serves `key`, when one does (a zone egress is always meshca's).
+    pub(super) fn agent_served(&self, key: &ProxyKey) -> Option<&str> {
+        if self.proxies.is_zone_egress(key) {
+            return None;
+        }
+        self.agent_keys.agent_of(key)
     }
 
     /// The certificate `key` should hold: the zone egress identity for an egress, else its dataplane
@@ -684,12 +734,14 @@ impl Owner {
                 }
                 keep
             });
+            self.agent_keys.retain(described);
             return;
         };
         for key in only.iter().filter(|k| !described(k)) {
             if let Some(issued) = self.issued.remove(key) {
                 self.replacing.update(key, &issued.previous, &[]);
             }
+            self.agent_keys.forget(key);
         }
     }
 

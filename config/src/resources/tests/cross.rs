@@ -127,7 +127,8 @@ fn registration_cross_checks_report_every_error() {
         // The same hint with the same selector set (in another order): the later one is refused.
         registration("first", "{dataplane: billing-1, selectors: [unix:uid:1, unix:gid:2], hint: billing}"),
         registration("second", "{dataplane: billing-1, selectors: [unix:gid:2, unix:uid:1], hint: billing}"),
-        // Not a clash: other agent, other selectors, other hint.
+        // Not a hint clash (other agent), but the Dataplane's other registrations are served on the
+        // server's own socket.
         registration("on-agent", "{dataplane: billing-1, selectors: [unix:uid:1, unix:gid:2], hint: billing, agent: host-1}"),
         registration("more", "{dataplane: billing-1, selectors: [unix:uid:1, unix:gid:2, unix:gid:3], hint: billing}"),
     ))
@@ -140,6 +141,7 @@ fn registration_cross_checks_report_every_error() {
             "/r/test.yaml: WorkloadRegistration/default/missing: spec.dataplane: Dataplane \"billing-2\" does not exist in mesh \"default\"",
             "/r/test.yaml: WorkloadRegistration/default/elsewhere: spec.dataplane: Dataplane \"web-1\" does not exist in mesh \"default\"",
             "/r/test.yaml: WorkloadRegistration/default/second: spec.hint: hint \"billing\" is already used by registration \"first\" (/r/test.yaml (document 7)) with the same selectors on the server's own socket: a caller matching both would get two SVIDs with one hint",
+            "/r/test.yaml: WorkloadRegistration/default/on-agent: spec.agent: Dataplane \"billing-1\" is served by agent \"host-1\" here but on the server's own socket by registration \"first\" (/r/test.yaml (document 7)): every registration of a Dataplane must be served at the same place, where its key is held",
             "/r/test.yaml: WorkloadRegistration/nowhere/lost: spec.dataplane: Dataplane \"billing-1\" does not exist in mesh \"nowhere\"",
         ]
     );
@@ -169,6 +171,56 @@ fn same_hint_on_the_same_agent_clashes() {
         errors[0].resource.as_deref(),
         Some("WorkloadRegistration/default/b")
     );
+}
+
+#[test]
+fn a_dataplane_is_served_by_one_agent_or_by_the_server() {
+    // Two registrations on one agent, or two on the server's own socket: fine.
+    checked(&format!(
+        "{MESHES}{}{}---\ntype: WorkloadRegistration\nmesh: other\nname: a\nspec: {{dataplane: web-1, selectors: [unix:uid:3]}}\n---\ntype: WorkloadRegistration\nmesh: other\nname: b\nspec: {{dataplane: web-1, selectors: [unix:uid:4]}}\n",
+        registration("a", "{dataplane: billing-1, selectors: [unix:uid:1], agent: host-1}"),
+        registration("b", "{dataplane: billing-1, selectors: [unix:uid:2], agent: host-1}"),
+    ))
+    .expect("one place per Dataplane");
+    // Two agents: the later registration is refused, naming the agent field.
+    let errors = checked(&format!(
+        "{MESHES}{}{}",
+        registration(
+            "a",
+            "{dataplane: billing-1, selectors: [unix:uid:1], agent: host-1}"
+        ),
+        registration(
+            "b",
+            "{dataplane: billing-1, selectors: [unix:uid:2], agent: host-2}"
+        ),
+    ))
+    .unwrap_err();
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_eq!(
+        errors[0].to_string(),
+        "/r/test.yaml: WorkloadRegistration/default/b: spec.agent: Dataplane \"billing-1\" is served by agent \"host-2\" here but by agent \"host-1\" by registration \"a\" (/r/test.yaml (document 5)): every registration of a Dataplane must be served at the same place, where its key is held"
+    );
+    // One on an agent, one on the server's socket (either order).
+    for (first, second) in [("agent: host-1", ""), ("", "agent: host-1")] {
+        let errors = checked(&format!(
+            "{MESHES}{}{}",
+            registration(
+                "a",
+                &format!("{{dataplane: billing-1, selectors: [unix:uid:1], {first}}}")
+            ),
+            registration(
+                "b",
+                &format!("{{dataplane: billing-1, selectors: [unix:uid:2], {second}}}")
+            ),
+        ))
+        .unwrap_err();
+        assert_eq!(errors.len(), 1, "{errors:#?}");
+        assert_error(&errors[0], "spec.agent", "the server's own socket");
+        assert_eq!(
+            errors[0].resource.as_deref(),
+            Some("WorkloadRegistration/default/b")
+        );
+    }
 }
 
 #[test]

@@ -1854,6 +1854,7 @@ fn service_context(h: &Harness, service: &str) -> Vec<String> {
         .collect()
 }
 
+mod agents;
 mod egress;
 mod events;
 mod peers;

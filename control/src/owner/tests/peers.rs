@@ -418,7 +418,11 @@ fn every_issued_certificate_is_recorded_and_a_newcomer_is_looked_up() {
     assert_eq!(recorded[0].issuer, "backend ca-1");
     assert_eq!(recorded[0].chain_pem, served.chain_pem);
     assert_eq!(
-        recorded[0].key_pem.expose(),
+        recorded[0]
+            .key_pem
+            .as_ref()
+            .expect("recorded with its key")
+            .expose(),
         served.key.held().expect("held").expose()
     );
     // It reconnects: this replica holds its certificate, nothing to look up.
