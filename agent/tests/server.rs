@@ -726,6 +726,32 @@ async fn a_good_key_request_is_offered_to_the_owner_for_its_registrations_stream
     let wants: Vec<bool> = state.registrations.iter().map(|r| r.wants_key).collect();
     assert_eq!(wants, [true, false, false], "db, web, web2");
 
+    // Once the owner certified the offered key, the registration wants the next one.
+    let mut certified = (*h.current()).clone();
+    certified.generation = 2;
+    certified.changed = Changed::after(&h.current(), None);
+    let web1 = ProxyIdentity {
+        spiffe_id: "spiffe://default.zone/web-1".into(),
+        identity_name: None,
+        chain_pem: h.world.ca.leaf("spiffe://default.zone/web-1", &next_key),
+        key: LeafKey::Agent(offered.1.clone()),
+    };
+    certified.proxies.insert(
+        ProxyKey::new("default", "web-1"),
+        ProxyEntry::Ready(Arc::new(web1)),
+    );
+    h.publish(certified);
+    let state = agent.state().await;
+    let wants: Vec<bool> = state.registrations.iter().map(|r| r.wants_key).collect();
+    assert_eq!(wants, [true, true, false], "db, web, web2");
+    let web = &state.registrations[1];
+    assert_eq!(
+        web.identity.as_ref().map(|i| i.key_id.clone()),
+        Some(meshca_agent::proto::key_id(
+            &rcgen::PublicKeyData::der_bytes(&next_key)
+        ))
+    );
+
     // A request for another agent's registration is ignored (the registration may have moved), and the
     // stream goes on.
     agent

@@ -398,7 +398,7 @@ impl Sync {
         }
         self.force = false;
         self.seen = Some(snapshot.generation);
-        self.relink(&snapshot).await;
+        let relinked = self.relink(&snapshot).await;
         let keys = self.jwt.borrow_and_update().clone();
         let served: Vec<Served<'_>> = self
             .links
@@ -409,7 +409,9 @@ impl Sync {
             })
             .collect();
         let content = state::build(&snapshot, &served, &keys, self.shared.options.key_algorithm);
-        if self.content.as_ref() == Some(&content) {
+        // A registration linked anew has a stream the last state did not carry: it needs a state of
+        // its own to acknowledge, even if the content looks the same.
+        if !relinked && self.content.as_ref() == Some(&content) {
             self.stands_for(snapshot.generation).await;
             return None;
         }
@@ -453,8 +455,8 @@ impl Sync {
     }
 
     /// Matches the agent against `snapshot`'s registrations, and tells the owner which it now speaks
-    /// for.
-    async fn relink(&mut self, snapshot: &Snapshot) {
+    /// for. Whether it linked any anew.
+    async fn relink(&mut self, snapshot: &Snapshot) -> bool {
         let name = self.agent.name.as_str();
         let mine: Vec<&Arc<Registration>> = snapshot
             .registrations
@@ -467,7 +469,7 @@ impl Sync {
                 .zip(&self.links)
                 .all(|(m, l)| Arc::ptr_eq(m, &l.registration) || ***m == *l.registration);
         if same {
-            return;
+            return false;
         }
         let mut kept = Vec::with_capacity(mine.len());
         for link in std::mem::take(&mut self.links) {
@@ -481,11 +483,13 @@ impl Sync {
                     .await;
             }
         }
+        let mut added = false;
         for registration in mine {
             if let Some(at) = kept.iter().position(|l| *l.registration == **registration) {
                 self.links.push(kept.swap_remove(at));
             } else if let Some(link) = self.connect(registration).await {
                 self.links.push(link);
+                added = true;
             }
         }
         self.proxies = self
@@ -494,6 +498,7 @@ impl Sync {
             .map(|l| l.registration.proxy.clone())
             .collect();
         self.list_registrations();
+        added
     }
 
     /// Tells the owner a stream of `registration`'s Dataplane is open and what it subscribes to.
