@@ -567,7 +567,7 @@ async fn the_first_state_holds_the_agents_registrations_only() {
     assert_eq!(identity.certificate_chain, der_of(&h.world.web1.chain_pem));
     assert_eq!(
         identity.key_id,
-        meshca_agent::proto::key_id(&rcgen::PublicKeyData::der_bytes(&h.world.agent_key))
+        meshca_agent::proto::key_id(rcgen::PublicKeyData::der_bytes(&h.world.agent_key))
     );
 
     let web2 = &state.registrations[2];
@@ -748,7 +748,7 @@ async fn a_good_key_request_is_offered_to_the_owner_for_its_registrations_stream
     assert_eq!(
         web.identity.as_ref().map(|i| i.key_id.clone()),
         Some(meshca_agent::proto::key_id(
-            &rcgen::PublicKeyData::der_bytes(&next_key)
+            rcgen::PublicKeyData::der_bytes(&next_key)
         ))
     );
 
@@ -903,4 +903,72 @@ impl Harness {
     fn agent_keys_current(&self) -> Arc<meshca_workload::jwt_keys::KeySet> {
         self.jwt_keys.current()
     }
+}
+
+#[tokio::test]
+async fn an_ack_of_a_superseded_state_is_taken_quietly() {
+    let mut h = Harness::start().await;
+    let (token, _) = h.agent_token(AGENT);
+    let mut agent = h.sync(Some(&token), None).await.expect("opened");
+    assert_eq!(agent.state().await.version, 1);
+    let streams = h.connected(3).await;
+    let mut second = (*h.current()).clone();
+    second.generation = 2;
+    second.changed = Changed::after(&h.current(), None);
+    second
+        .proxies
+        .insert(ProxyKey::new("default", "db-1"), ProxyEntry::Pending);
+    h.publish(second);
+    let state = agent.state().await;
+    assert_eq!(state.version, 2);
+    assert!(
+        state.registrations[0].no_identity.is_empty(),
+        "db is pending"
+    );
+    agent.ack(2).await;
+    h.acked_at(streams.values().copied(), 2).await;
+    // Version 1 was sent, and version 2 superseded it.
+    agent.ack(1).await;
+    agent.ack(99).await;
+    let status = agent.refused().await;
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("99"), "{status:?}");
+    assert!(
+        !h.drain()
+            .iter()
+            .any(|e| matches!(e, StreamEvent::Acked { generation: 1, .. })),
+        "nothing is acknowledged backwards"
+    );
+}
+
+#[tokio::test]
+async fn a_registration_linked_anew_is_sent_a_state_even_if_it_looks_the_same() {
+    let mut h = Harness::start().await;
+    let (token, _) = h.agent_token(AGENT);
+    let mut agent = h.sync(Some(&token), None).await.expect("opened");
+    let first = agent.state().await;
+    let streams = h.connected(3).await;
+    // The Dataplane's labels changed: what the agent is sent does not show them, but the owner must
+    // hear of the stream anew (its claims select the MeshIdentity).
+    let mut registrations = World::registrations();
+    registrations[0].labels = Arc::new(BTreeMap::from([("team".to_owned(), "a".to_owned())]));
+    let mut second = (*h.current()).clone();
+    second.generation = 2;
+    second.changed = Changed::after(&h.current(), None);
+    second.registrations = Arc::new(Registrations::new(registrations));
+    h.publish(second);
+    let gone = h
+        .event(|e| match e {
+            StreamEvent::Disconnected { stream } => Some(stream),
+            _ => None,
+        })
+        .await;
+    assert_eq!(gone, streams["web-1"]);
+    let anew = h.connected(1).await;
+    let state = agent.state().await;
+    assert_eq!(state.version, 2);
+    assert_eq!(state.registrations, first.registrations);
+    agent.ack(2).await;
+    h.acked_at([anew["web-1"], streams["web-2"], streams["db-1"]], 2)
+        .await;
 }

@@ -37,7 +37,8 @@ use crate::proto::{agent_message, Ack, AgentMessage, AgentState, KeyRequests, PR
 /// What an agent's stream subscribes to for each registration: what a Workload API caller is sent.
 const RESOURCES: [&str; 3] = ["default", "system_trust_bundle", "ALL"];
 
-/// How many of the states it sent a stream remembers, for the agent's acknowledgements.
+/// How many of the states it sent and the agent has not acknowledged yet a stream remembers: an agent
+/// far behind still acknowledges the older ones without error, and the newest ones with their streams.
 const SENT_KEPT: usize = 64;
 
 /// Answers `Sync`: the token is checked on the headers and the stream takes its place in the agent's
@@ -121,7 +122,7 @@ struct Sent {
     version: u64,
     /// The newest snapshot generation whose content it equals.
     stands_for: u64,
-    /// The registrations' streams it carried.
+    /// The registrations' streams it carried, sorted.
     streams: Vec<StreamId>,
     acked: bool,
 }
@@ -150,9 +151,10 @@ struct Sync {
     force: bool,
     /// The content last sent (version 0).
     content: Option<AgentState>,
+    /// The states sent and not superseded by a newer acknowledgement (at most [`SENT_KEPT`]).
     sent: VecDeque<Sent>,
-    /// The newest version the agent acknowledged.
-    acked: Option<u64>,
+    /// The newest version sent that `sent` no longer holds.
+    forgotten: Option<u64>,
     listed: Listed,
     warnings: LogBudget,
     done: bool,
@@ -204,7 +206,7 @@ impl Sync {
             force: false,
             content: None,
             sent: VecDeque::new(),
-            acked: None,
+            forgotten: None,
             listed,
             done: false,
             shared,
@@ -424,11 +426,20 @@ impl Sync {
         self.sent.push_back(Sent {
             version,
             stands_for: snapshot.generation,
-            streams: self.links.iter().map(|l| l.id).collect(),
+            streams: {
+                let mut streams: Vec<StreamId> = self.links.iter().map(|l| l.id).collect();
+                streams.sort_unstable();
+                streams
+            },
             acked: false,
         });
         if self.sent.len() > SENT_KEPT {
-            self.sent.pop_front();
+            if let Some(oldest) = self.sent.pop_front() {
+                self.forgotten = Some(
+                    self.forgotten
+                        .map_or(oldest.version, |v| v.max(oldest.version)),
+                );
+            }
         }
         let mut state = content.clone();
         state.version = version;
@@ -537,12 +548,6 @@ impl Sync {
 
     /// `Ack`: the agent sent state `version` to every Workload API stream on its host.
     async fn ack(&mut self, ack: Ack) -> Result<(), Status> {
-        let Some(sent) = self.sent.iter_mut().find(|s| s.version == ack.version) else {
-            return Err(Status::invalid_argument(format!(
-                "Ack of version {}, which is not one of the last {SENT_KEPT} states this stream sent",
-                ack.version
-            )));
-        };
         for open in &ack.streams {
             if let Some(link) = self.links.iter_mut().find(|l| {
                 *l.registration.proxy.mesh == *open.mesh && l.registration.name == open.registration
@@ -550,11 +555,32 @@ impl Sync {
                 link.workload_streams = open.streams;
             }
         }
-        let stale = self.acked.is_some_and(|acked| acked >= ack.version);
-        if !stale {
+        let Some(at) = self.sent.iter().position(|s| s.version == ack.version) else {
+            if self.forgotten.is_some_and(|v| ack.version <= v) {
+                // A state a newer acknowledgement (or the bound on those kept) superseded: it tells
+                // nothing new.
+                self.list_registrations();
+                return Ok(());
+            }
+            return Err(Status::invalid_argument(format!(
+                "Ack of version {}, which this stream never sent",
+                ack.version
+            )));
+        };
+        // The states sent before this one are superseded by it.
+        for older in self.sent.drain(..at) {
+            self.forgotten = Some(
+                self.forgotten
+                    .map_or(older.version, |v| v.max(older.version)),
+            );
+        }
+        let sent = self
+            .sent
+            .front_mut()
+            .expect("the acknowledged state is kept");
+        if !sent.acked {
             sent.acked = true;
             let (streams, generation) = (sent.streams.clone(), sent.stands_for);
-            self.acked = Some(ack.version);
             self.listed.update(|s| s.last_acked = Some(ack.version));
             tracing::debug!(agent = %self.agent.name, version = ack.version, generation, "agent state acknowledged");
             self.report_acked(&streams, generation, ack.version).await;
@@ -565,7 +591,11 @@ impl Sync {
 
     /// Reports `Acked` for the streams of `streams` the stream still speaks for.
     async fn report_acked(&self, streams: &[StreamId], generation: u64, version: u64) {
-        for link in self.links.iter().filter(|l| streams.contains(&l.id)) {
+        for link in self
+            .links
+            .iter()
+            .filter(|l| streams.binary_search(&l.id).is_ok())
+        {
             self.shared
                 .sds
                 .report(StreamEvent::Acked {
