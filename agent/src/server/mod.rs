@@ -10,6 +10,7 @@
 
 mod keys;
 mod mint;
+mod sent;
 mod state;
 mod status;
 mod sync;

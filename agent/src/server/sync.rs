@@ -8,7 +8,6 @@
 //! response does, so the rollout gate sees the agent's workloads hold the newest generation without a
 //! message being sent.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -29,6 +28,7 @@ use tonic::server::{Grpc, StreamingService};
 use tonic::{Status, Streaming};
 use tonic_prost::ProstCodec;
 
+use super::sent::{Acked, NeverSent, SentStates};
 use super::state::{self, Served};
 use super::status::{AgentStatus, Listed, RegistrationStatus};
 use super::{keys, Admitted, Shared, KEY_REQUESTS_PER_MESSAGE};
@@ -36,10 +36,6 @@ use crate::proto::{agent_message, Ack, AgentMessage, AgentState, KeyRequests, PR
 
 /// What an agent's stream subscribes to for each registration: what a Workload API caller is sent.
 const RESOURCES: [&str; 3] = ["default", "system_trust_bundle", "ALL"];
-
-/// How many of the states it sent and the agent has not acknowledged yet a stream remembers: an agent
-/// far behind still acknowledges the older ones without error, and the newest ones with their streams.
-const SENT_KEPT: usize = 64;
 
 /// Answers `Sync`: the token is checked on the headers and the stream takes its place in the agent's
 /// limit before anything of the body is read.
@@ -117,16 +113,6 @@ struct Link {
     workload_streams: u32,
 }
 
-/// A state the stream sent.
-struct Sent {
-    version: u64,
-    /// The newest snapshot generation whose content it equals.
-    stands_for: u64,
-    /// The registrations' streams it carried, sorted.
-    streams: Vec<StreamId>,
-    acked: bool,
-}
-
 /// One agent's stream.
 struct Sync {
     shared: Arc<Shared>,
@@ -151,10 +137,8 @@ struct Sync {
     force: bool,
     /// The content last sent (version 0).
     content: Option<AgentState>,
-    /// The states sent and not superseded by a newer acknowledgement (at most [`SENT_KEPT`]).
-    sent: VecDeque<Sent>,
-    /// The newest version sent that `sent` no longer holds.
-    forgotten: Option<u64>,
+    /// The states sent, for the agent's acknowledgements.
+    sent: SentStates,
     listed: Listed,
     warnings: LogBudget,
     done: bool,
@@ -205,8 +189,7 @@ impl Sync {
             seen: None,
             force: false,
             content: None,
-            sent: VecDeque::new(),
-            forgotten: None,
+            sent: SentStates::default(),
             listed,
             done: false,
             shared,
@@ -417,30 +400,10 @@ impl Sync {
             self.stands_for(snapshot.generation).await;
             return None;
         }
-        // The snapshot's generation; one more than the last when one generation is sent twice (a
-        // key offered, a JWT key added), so that versions grow.
-        let version = match self.sent.back() {
-            Some(last) if last.version >= snapshot.generation => last.version + 1,
-            _ => snapshot.generation,
-        };
-        self.sent.push_back(Sent {
-            version,
-            stands_for: snapshot.generation,
-            streams: {
-                let mut streams: Vec<StreamId> = self.links.iter().map(|l| l.id).collect();
-                streams.sort_unstable();
-                streams
-            },
-            acked: false,
-        });
-        if self.sent.len() > SENT_KEPT {
-            if let Some(oldest) = self.sent.pop_front() {
-                self.forgotten = Some(
-                    self.forgotten
-                        .map_or(oldest.version, |v| v.max(oldest.version)),
-                );
-            }
-        }
+        let version = self.sent.send(
+            snapshot.generation,
+            self.links.iter().map(|l| l.id).collect(),
+        );
         let mut state = content.clone();
         state.version = version;
         self.content = Some(content);
@@ -452,16 +415,8 @@ impl Sync {
     /// The content last sent equals generation `generation`'s: it stands for it too, and if the agent
     /// acknowledged it, every registration's stream holds `generation`.
     async fn stands_for(&mut self, generation: u64) {
-        let Some(last) = self.sent.back_mut() else {
-            return;
-        };
-        if last.stands_for >= generation {
-            return;
-        }
-        last.stands_for = generation;
-        if last.acked {
-            let (streams, version) = (last.streams.clone(), last.version);
-            self.report_acked(&streams, generation, version).await;
+        if let Some(acked) = self.sent.unchanged(generation) {
+            self.report_acked(acked).await;
         }
     }
 
@@ -548,60 +503,61 @@ impl Sync {
 
     /// `Ack`: the agent sent state `version` to every Workload API stream on its host.
     async fn ack(&mut self, ack: Ack) -> Result<(), Status> {
-        for open in &ack.streams {
-            if let Some(link) = self.links.iter_mut().find(|l| {
-                *l.registration.proxy.mesh == *open.mesh && l.registration.name == open.registration
-            }) {
-                link.workload_streams = open.streams;
+        if !ack.streams.is_empty() {
+            let at: std::collections::HashMap<(&str, &str), usize> = self
+                .links
+                .iter()
+                .enumerate()
+                .map(|(i, l)| {
+                    (
+                        (&*l.registration.proxy.mesh, l.registration.name.as_str()),
+                        i,
+                    )
+                })
+                .collect();
+            let counts: Vec<(usize, u32)> = ack
+                .streams
+                .iter()
+                .filter_map(|open| {
+                    at.get(&(open.mesh.as_str(), open.registration.as_str()))
+                        .map(|i| (*i, open.streams))
+                })
+                .collect();
+            for (i, streams) in counts {
+                self.links[i].workload_streams = streams;
             }
         }
-        let Some(at) = self.sent.iter().position(|s| s.version == ack.version) else {
-            if self.forgotten.is_some_and(|v| ack.version <= v) {
-                // A state a newer acknowledgement (or the bound on those kept) superseded: it tells
-                // nothing new.
-                self.list_registrations();
-                return Ok(());
+        match self.sent.ack(ack.version) {
+            Ok(Some(acked)) => {
+                self.listed.update(|s| s.last_acked = Some(ack.version));
+                tracing::debug!(agent = %self.agent.name, version = ack.version, generation = acked.generation, "agent state acknowledged");
+                self.report_acked(acked).await;
             }
-            return Err(Status::invalid_argument(format!(
-                "Ack of version {}, which this stream never sent",
-                ack.version
-            )));
-        };
-        // The states sent before this one are superseded by it.
-        for older in self.sent.drain(..at) {
-            self.forgotten = Some(
-                self.forgotten
-                    .map_or(older.version, |v| v.max(older.version)),
-            );
-        }
-        let sent = self
-            .sent
-            .front_mut()
-            .expect("the acknowledged state is kept");
-        if !sent.acked {
-            sent.acked = true;
-            let (streams, generation) = (sent.streams.clone(), sent.stands_for);
-            self.listed.update(|s| s.last_acked = Some(ack.version));
-            tracing::debug!(agent = %self.agent.name, version = ack.version, generation, "agent state acknowledged");
-            self.report_acked(&streams, generation, ack.version).await;
+            // Superseded by a newer acknowledgement: it tells nothing new.
+            Ok(None) => {}
+            Err(NeverSent(version)) => {
+                return Err(Status::invalid_argument(format!(
+                    "Ack of version {version}, which this stream never sent"
+                )))
+            }
         }
         self.list_registrations();
         Ok(())
     }
 
-    /// Reports `Acked` for the streams of `streams` the stream still speaks for.
-    async fn report_acked(&self, streams: &[StreamId], generation: u64, version: u64) {
+    /// Reports `acked` for those of its streams the stream still speaks for.
+    async fn report_acked(&self, acked: Acked) {
         for link in self
             .links
             .iter()
-            .filter(|l| streams.binary_search(&l.id).is_ok())
+            .filter(|l| acked.streams.binary_search(&l.id).is_ok())
         {
             self.shared
                 .sds
                 .report(StreamEvent::Acked {
                     stream: link.id,
-                    generation,
-                    version: version.to_string(),
+                    generation: acked.generation,
+                    version: acked.version.to_string(),
                 })
                 .await;
         }
