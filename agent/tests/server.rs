@@ -972,3 +972,49 @@ async fn a_registration_linked_anew_is_sent_a_state_even_if_it_looks_the_same() 
     h.acked_at([anew["web-1"], streams["web-2"], streams["db-1"]], 2)
         .await;
 }
+
+#[tokio::test]
+async fn a_new_jwt_signing_key_is_sent_to_the_agent() {
+    let h = Harness::start().await;
+    let (token, _) = h.agent_token(AGENT);
+    let mut agent = h.sync(Some(&token), None).await.expect("opened");
+    let first = agent.state().await;
+    assert!(first.jwt_bundles.is_empty(), "no JWT key was made yet");
+    // Minting makes the trust domain's first key.
+    h.mint(&token, "web").await.expect("minted");
+    let state = agent.state().await;
+    assert_eq!(state.version, 2, "one generation, sent twice");
+    let document = meshca_workload::jwt::JwksDocument::parse(&state.jwt_bundles["default.zone"])
+        .expect("a JWK Set");
+    assert_eq!(
+        document.keys().len(),
+        h.jwt_keys.current().by_trust_domain()["default.zone"]
+            .keys()
+            .len()
+    );
+}
+
+#[tokio::test]
+async fn too_many_key_requests_in_one_message_or_too_large_a_message_end_the_stream() {
+    let h = Harness::start_with(
+        AgentOptions::new(KeyAlgorithm::EcdsaP256).with_message_bytes(64 * 1024),
+    )
+    .await;
+    let (token, _) = h.agent_token(AGENT);
+    let key = KeyPair::generate().expect("a key");
+    let one = csr(&key, &[]);
+
+    let mut agent = h.sync(Some(&token), None).await.expect("opened");
+    agent.state().await;
+    agent.keys(vec![key_request("web", one.clone()); 65]).await;
+    let status = agent.refused().await;
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+
+    let mut agent = h.sync(Some(&token), None).await.expect("opened");
+    agent.state().await;
+    agent
+        .keys(vec![key_request("web", vec![0; 64 * 1024])])
+        .await;
+    let status = agent.refused().await;
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+}

@@ -133,7 +133,8 @@ struct Sync {
     proxies: ProxyHashSet,
     /// The snapshot generation the stream's content was last compared with.
     seen: Option<u64>,
-    /// Something other than the snapshot changed the content (a key was offered): build anew.
+    /// Something other than the snapshot changed the content (a key was offered, the JWT keys
+    /// changed): build anew.
     force: bool,
     /// The content last sent (version 0).
     content: Option<AgentState>,
@@ -292,6 +293,7 @@ impl Sync {
             expiry,
             closed,
             inbound,
+            force,
             ..
         } = self;
         let ended = tokio::select! {
@@ -309,6 +311,8 @@ impl Sync {
             }
             changed = watch_changed(jwt, watching.jwt) => {
                 watching.jwt = changed;
+                // The JWT keys are no part of the snapshot: build anew.
+                *force = true;
                 return Ok(Woken::Changed);
             }
         };
@@ -366,8 +370,7 @@ impl Sync {
             // Nothing published yet: there is nothing to tell the agent.
             return None;
         }
-        let jwt_changed = self.jwt.has_changed().unwrap_or(false);
-        if !self.force && !jwt_changed {
+        if !self.force {
             if self.seen == Some(snapshot.generation) {
                 return None;
             }
