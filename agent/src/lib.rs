@@ -10,3 +10,6 @@
 #![warn(missing_docs)]
 
 pub mod proto;
+pub mod server;
+
+pub use server::{AgentOptions, AgentServer, AgentStatus, Agents, RegistrationStatus};

@@ -1,9 +1,12 @@
 //! Certificate signing requests (PKCS#10): how a workload whose key never leaves its host asks for a
 //! certificate. Only the public key and the proof that the requester holds its private half (the
 //! request's signature) are taken from it; what the certificate says (its SPIFFE ID, validity, usages)
-//! is the CA's decision alone, so the request's subject, SANs and extensions are ignored.
+//! is the CA's decision alone, so the request's subject, SANs and extensions are never copied into a
+//! certificate ([`read_csr`] reports the URI SANs asked for, so that a server can refuse a request for
+//! another identity).
 
 use x509_parser::certification_request::X509CertificationRequest;
+use x509_parser::extensions::{GeneralName, ParsedExtension};
 use x509_parser::prelude::FromDer;
 
 use crate::key::PublicKey;
@@ -39,6 +42,24 @@ pub enum CsrError {
 
 /// The public key of a DER certificate signing request, once its signature verified with that key.
 pub fn csr_public_key(der: &[u8]) -> Result<PublicKey, CsrError> {
+    read_csr(der).map(|csr| csr.public_key)
+}
+
+/// What meshca reads of a certificate signing request whose signature verified.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct SignedRequest {
+    /// The key to certify.
+    pub public_key: PublicKey,
+    /// The URI SANs the request asks for (its extension request), as written. meshca never copies
+    /// them into a certificate; a server checks them so that a request asking for another identity
+    /// than the one it would get is refused, not silently rewritten.
+    pub uri_sans: Vec<String>,
+}
+
+/// Reads a DER certificate signing request: its key, once its signature verified with that key, and
+/// the URI SANs it asks for.
+pub fn read_csr(der: &[u8]) -> Result<SignedRequest, CsrError> {
     if der.len() > MAX_CSR_BYTES {
         return Err(CsrError::TooLarge { len: der.len() });
     }
@@ -56,7 +77,29 @@ pub fn csr_public_key(der: &[u8]) -> Result<PublicKey, CsrError> {
             SpkiError::UnsupportedKey(k) => CsrError::UnsupportedKey(k),
         })?;
     csr.verify_signature().map_err(|_| CsrError::BadSignature)?;
-    Ok(key)
+    let mut uri_sans = Vec::new();
+    for extension in csr.requested_extensions().into_iter().flatten() {
+        match extension {
+            ParsedExtension::SubjectAlternativeName(san) => {
+                for name in &san.general_names {
+                    if let GeneralName::URI(uri) = name {
+                        uri_sans.push((*uri).to_owned());
+                    }
+                }
+            }
+            ParsedExtension::UnsupportedExtension { .. } => {}
+            ParsedExtension::ParseError { error } => {
+                return Err(CsrError::Malformed(format!(
+                    "an extension it requests does not parse: {error}"
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(SignedRequest {
+        public_key: key,
+        uri_sans,
+    })
 }
 
 #[cfg(test)]
@@ -74,6 +117,48 @@ mod tests {
             .expect("a request")
             .der()
             .to_vec()
+    }
+
+    #[test]
+    fn the_uri_sans_a_request_asks_for_are_read() {
+        let key = KeyPair::generate().expect("a key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.subject_alt_names = vec![
+            rcgen::SanType::URI("spiffe://td/w".try_into().expect("a URI")),
+            rcgen::SanType::DnsName("x.example".try_into().expect("a name")),
+        ];
+        let der = params
+            .serialize_request(&key)
+            .expect("a request")
+            .der()
+            .to_vec();
+        let read = read_csr(&der).expect("accepted");
+        assert_eq!(read.uri_sans, ["spiffe://td/w"]);
+        assert!(read_csr(&csr_for(&key))
+            .expect("accepted")
+            .uri_sans
+            .is_empty());
+    }
+
+    #[test]
+    fn the_uri_sans_a_request_asks_for_are_read() {
+        let key = KeyPair::generate().expect("a key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.subject_alt_names = vec![
+            rcgen::SanType::URI("spiffe://td/w".try_into().expect("a URI")),
+            rcgen::SanType::DnsName("x.example".try_into().expect("a name")),
+        ];
+        let der = params
+            .serialize_request(&key)
+            .expect("a request")
+            .der()
+            .to_vec();
+        let read = read_csr(&der).expect("accepted");
+        assert_eq!(read.uri_sans, ["spiffe://td/w"]);
+        assert!(read_csr(&csr_for(&key))
+            .expect("accepted")
+            .uri_sans
+            .is_empty());
     }
 
     #[test]

@@ -26,7 +26,7 @@ mod verify;
 pub use anchor::{AnchorError, TrustAnchor};
 pub use authority::{CaError, CaParams, CertificateAuthority, FULL_CHECK_EVERY};
 pub use bench::{floor_once, FloorError};
-pub use csr::{csr_public_key, CsrError, MAX_CSR_BYTES};
+pub use csr::{csr_public_key, read_csr, CsrError, SignedRequest, MAX_CSR_BYTES};
 pub use inspect::{inspect_pem, CertInfo, InspectError};
 pub use issue::{IssueError, SignedLeaf, Svid, SvidRequest};
 pub use key::{GeneratedKey, KeyError, PrivateKey, PublicKey};

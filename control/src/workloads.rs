@@ -32,7 +32,29 @@ pub struct Registration {
     pub labels: meshca_auth::Labels,
 }
 
+/// How long the claims a registration's streams present for its Dataplane last: the life of the stream
+/// that presents them is what bounds them (they are never a token anyone holds).
+const STREAM_CLAIMS_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
+
 impl Registration {
+    /// What a stream serving this registration (a Workload API caller's, or an agent's) is, to the owner:
+    /// its Dataplane, with the Dataplane's labels (which select its MeshIdentity). The claims are no token
+    /// anyone holds; only the life of the stream that presents them bounds them.
+    pub fn dataplane_claims(
+        &self,
+        now_unix: u64,
+    ) -> Result<meshca_auth::Claims, meshca_auth::AuthError> {
+        meshca_auth::Claims::new(
+            meshca_auth::ProxyType::Dataplane,
+            &*self.proxy.mesh,
+            &*self.proxy.name,
+            (*self.labels).clone(),
+            Default::default(),
+            STREAM_CLAIMS_VALIDITY,
+            now_unix,
+        )
+    }
+
     /// Whether a caller with these selectors matches: it has every one of the registration's.
     pub fn matches(&self, has: impl Fn(&Selector) -> bool) -> bool {
         self.selectors.iter().all(has)

@@ -39,6 +39,8 @@ pub struct AdminState {
     pub database: Option<tokio::sync::watch::Receiver<Arc<DatabaseView>>>,
     /// The Workload API's registrations and callers (`None` when it is off).
     pub workloads: Option<WorkloadsView>,
+    /// The agents connected over the agent protocol.
+    pub agents: meshca_agent::Agents,
 }
 
 /// What the admin API reads to list the Workload API's registrations and the callers they match.
@@ -156,6 +158,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/api/rejected-update", get(rejected))
         .route("/api/replicas", get(replicas))
         .route("/api/workloads", get(workloads))
+        .route("/api/agents", get(agents))
         .with_state(state)
 }
 
@@ -321,6 +324,10 @@ async fn workloads(State(s): State<AdminState>) -> Response {
         )
             .into_response(),
     }
+}
+
+async fn agents(State(s): State<AdminState>) -> Json<Vec<meshca_agent::AgentStatus>> {
+    Json(s.agents.list())
 }
 
 async fn streams(State(s): State<AdminState>) -> Json<Vec<StreamInfo>> {

@@ -21,8 +21,8 @@ use super::limits::ServeLimits;
 use super::reload::Reloader;
 use super::replica::{DatabaseView, GateSync, Heartbeat};
 use super::store::Store;
-use super::workload_api;
 use super::{admin, daemon_keys, metrics, revocations, watcher};
+use super::{agent_api, workload_api};
 use crate::error::{Error, InvalidInput, Result};
 use meshca_db::RecordSync;
 use meshca_db::Replicas;
@@ -104,12 +104,14 @@ impl Daemon {
         let serving = Serving::new(revocations, &signing_key, &limits);
         meshca_keystore::crash_point("bind the SDS listeners (creates the unix socket)");
         let listeners = Listeners::bind(&settings, store.keystore.as_ref()).await?;
-        let jwt_keys = match &listeners.workload {
-            Some(_) => {
-                Some(workload_api::jwt_keys(store.keystore.clone(), &limits.workload.0).await?)
-            }
-            None => None,
-        };
+        // Agents' workloads get JWT-SVIDs through the agent protocol, which the SDS listeners always
+        // serve: the keys are loaded whether or not this host's own Workload API socket is on.
+        let jwt_keys = workload_api::jwt_keys(store.keystore.clone(), &limits.workload.0).await?;
+        let agents = meshca_agent::AgentServer::new(
+            serving.sds.clone(),
+            jwt_keys.clone(),
+            agent_api::options(&settings),
+        );
         let shutdown = CancellationToken::new();
         let (reload_tx, reload_rx) = mpsc::channel(RELOAD_QUEUE);
         let revocations_file = match &revocations_source {
@@ -161,7 +163,7 @@ impl Daemon {
         }
         let loop_health = owner_loop.health();
         let ready = Arc::new(AtomicBool::new(false));
-        let workload_api = jwt_keys.map(|jwt_keys| {
+        let workload_api = listeners.workload.as_ref().map(|_| {
             let api = meshca_workload::WorkloadApi::new(
                 serving.sds.clone(),
                 limits.workload.0.clone(),
@@ -179,6 +181,7 @@ impl Daemon {
                     callers: api.callers(),
                     jwt_keys: jwt_keys.clone(),
                 }),
+            agents: agents.agents(),
             metrics: serving.metrics,
             ready: ready.clone(),
             owner_health: loop_health.clone(),
@@ -188,6 +191,7 @@ impl Daemon {
         let tasks = Tasks {
             owner_loop,
             sds: serving.sds,
+            agents,
             heartbeat,
             replica_sync,
             poll_revocations: revocations_file.is_none(),
@@ -492,6 +496,8 @@ fn replica_links(
 struct Tasks {
     owner_loop: OwnerLoop,
     sds: SdsServer,
+    /// The agent protocol, served beside SDS on its listeners.
+    agents: meshca_agent::AgentServer,
     heartbeat: Option<Heartbeat>,
     replica_sync: Option<(GateSync, RecordSync)>,
     poll_revocations: bool,
@@ -526,7 +532,12 @@ impl Tasks {
                 shutdown.clone(),
             ));
         }
-        tasks.spawn(serve_sds(sds_listeners, self.sds, shutdown.clone()));
+        tasks.spawn(serve_sds(
+            sds_listeners,
+            self.sds,
+            self.agents,
+            shutdown.clone(),
+        ));
         if self.poll_revocations {
             tasks.spawn(reloader.clone().poll_revocations(shutdown.clone()));
         }
@@ -618,13 +629,16 @@ fn server_tls(
     daemon_keys::server_tls_config(identity)
 }
 
+/// Serves SDS, and the agent protocol beside it, on the SDS listeners: agents connect where Envoys do
+/// and count toward the same connection limits.
 async fn serve_sds(
     bound: BoundListeners,
     sds: SdsServer,
+    agents: meshca_agent::AgentServer,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     bound
-        .serve(sds, shutdown)
+        .serve_beside(sds, |routes| routes.add_service(agents), shutdown)
         .await
         .map_err(|e| anyhow!("SDS server failed: {e}"))
 }

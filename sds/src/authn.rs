@@ -7,7 +7,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::google::protobuf::value::Kind;
 use meshca_auth::{Claims, ProxyType, RevocationList, Verifier};
-use tonic::metadata::MetadataMap;
 use tonic::Status;
 
 use meshca_control::{ProxyKey, Snapshot};
@@ -42,14 +41,35 @@ impl Principal {
     }
 }
 
-/// Checks the `authorization: Bearer <token>` header. Any failure is `UNAUTHENTICATED`.
+/// Checks the `authorization: Bearer <token>` header of an SDS request: a verified, unrevoked token of
+/// a proxy. A bad token is `UNAUTHENTICATED`; an agent's token is `PERMISSION_DENIED`.
 pub(crate) fn authenticate(
-    metadata: &MetadataMap,
+    headers: &http::HeaderMap,
     verifier: &Verifier,
     revoked: &RevocationList,
     now: SystemTime,
 ) -> Result<Claims, Status> {
-    let header = metadata.get("authorization").ok_or_else(|| {
+    let claims = verify_bearer(headers, verifier, revoked, now)?;
+    if claims.proxy_type == ProxyType::Agent {
+        return Err(Status::permission_denied(format!(
+            "token {} is an agent's ({}): it is for `meshca agent`, and grants no proxy's secrets",
+            claims.id,
+            shown(&claims.name)
+        )));
+    }
+    Ok(claims)
+}
+
+/// Checks the `authorization: Bearer <token>` header: a token this server's key signed, not expired
+/// (with the verifier's clock-skew leeway) and not revoked, of any type. Any failure is
+/// `UNAUTHENTICATED`.
+pub(crate) fn verify_bearer(
+    headers: &http::HeaderMap,
+    verifier: &Verifier,
+    revoked: &RevocationList,
+    now: SystemTime,
+) -> Result<Claims, Status> {
+    let header = headers.get("authorization").ok_or_else(|| {
         Status::unauthenticated(
             "missing `authorization: Bearer <token>` metadata: configure the proxy's SDS \
              initial_metadata with a token from `meshca token`",
@@ -70,17 +90,9 @@ pub(crate) fn authenticate(
         .duration_since(UNIX_EPOCH)
         .map(|elapsed| elapsed.as_secs())
         .unwrap_or(0);
-    let claims = verifier
+    verifier
         .verify_with(token, now_unix, revoked)
-        .map_err(|error| Status::unauthenticated(format!("token refused: {error}")))?;
-    if claims.proxy_type == ProxyType::Agent {
-        return Err(Status::permission_denied(format!(
-            "token {} is an agent's ({}): it is for `meshca agent`, and grants no proxy's secrets",
-            claims.id,
-            shown(&claims.name)
-        )));
-    }
-    Ok(claims)
+        .map_err(|error| Status::unauthenticated(format!("token refused: {error}")))
 }
 
 /// The proxy a set of verified claims speaks for.

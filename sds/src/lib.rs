@@ -43,4 +43,5 @@ pub use options::{SdsLimits, ServerOptions};
 pub use registry::{StreamInfo, StreamKind, StreamRegistry};
 pub use secret::{NO_IDENTITY_SAN, SECRET_TYPE_URL, SPIFFE_VALIDATOR_NAME};
 pub use service::{is_sds_method, Attested, SdsServer, SnapshotWaiter, EVENT_BUFFER};
+pub use session::token_deadline;
 pub use transport::conn::{ConnInfo, OpenStream};

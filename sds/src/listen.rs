@@ -235,11 +235,23 @@ impl BoundListeners {
         server: SdsServer,
         shutdown: CancellationToken,
     ) -> Result<(), ServeError> {
+        self.serve_beside(server, |routes| routes, shutdown).await
+    }
+
+    /// [`BoundListeners::serve`], with the gRPC services `beside` adds to SDS's routes (the agent
+    /// protocol): their requests share SDS's listeners, connection limits and counters. Their streams
+    /// must end when [`SdsServer::closed`] resolves.
+    pub async fn serve_beside(
+        self,
+        server: SdsServer,
+        beside: impl FnOnce(tonic::service::Routes) -> tonic::service::Routes,
+        shutdown: CancellationToken,
+    ) -> Result<(), ServeError> {
         let policy = ConnPolicy::new("SDS", "limits.sdsConnections", server.limits().clone())
             .with_metrics(server.metrics());
         let closer = server.clone();
         self.serve_service(
-            tonic::service::Routes::new(server.into_service()),
+            beside(tonic::service::Routes::new(server.into_service())),
             policy,
             move || closer.close_streams(),
             shutdown,

@@ -95,6 +95,31 @@ impl SdsServer {
         self.shared.next_stream_id()
     }
 
+    /// Verifies the `authorization: Bearer <token>` header of a request of another service on this
+    /// server's listeners (the agent protocol) exactly as SDS verifies its streams' tokens: signed by
+    /// this server's key, not expired, not revoked. Unlike SDS it accepts a token of any type; the
+    /// caller checks the type. Every failure is `UNAUTHENTICATED`, counted and logged as SDS's are.
+    pub fn verify_bearer(&self, headers: &http::HeaderMap) -> Result<Claims, Status> {
+        self.shared.verify_bearer(headers)
+    }
+
+    /// The revoked tokens, as the server's streams read them: a stream whose token appears in a new
+    /// list ends.
+    pub fn revocations(&self) -> watch::Receiver<Arc<RevocationList>> {
+        self.shared.revocations.clone()
+    }
+
+    /// How long a stream waits for its first request (and for its proxy's identity) before it fails.
+    pub fn first_request_wait(&self) -> std::time::Duration {
+        self.shared.options.identity_wait
+    }
+
+    /// Resolves once [`SdsServer::close_streams`] was called: streams of other services on the same
+    /// listeners end then too, so that a graceful shutdown can complete.
+    pub fn closed(&self) -> impl std::future::Future<Output = ()> + Send + Sync + 'static {
+        self.shared.shutdown.clone().cancelled_owned()
+    }
+
     /// The snapshots this server serves.
     pub fn snapshots(&self) -> watch::Receiver<Arc<Snapshot>> {
         self.shared.snapshots.clone()
@@ -301,10 +326,10 @@ impl SdsServer {
                 },
                 Some(hold),
             ),
-            None => {
-                let metadata = tonic::metadata::MetadataMap::from_headers(parts.headers);
-                (Principal::token(self.shared.authenticate(&metadata)?), None)
-            }
+            None => (
+                Principal::token(self.shared.authenticate(&parts.headers)?),
+                None,
+            ),
         };
         // Counted only once authenticated: a refused request must not keep its connection open.
         Ok(Admitted {

@@ -344,8 +344,8 @@ fn served_here(snapshot: &Snapshot, ctx: &ProxyContext) -> Result<(), Status> {
 }
 
 /// The moment a token expiring at `expires_at` (Unix seconds) stops being accepted, with the same
-/// clock-skew leeway the verifier allows.
-fn token_deadline(expires_at: u64) -> tokio::time::Instant {
+/// clock-skew leeway the verifier allows: an open stream of that token ends then.
+pub fn token_deadline(expires_at: u64) -> tokio::time::Instant {
     /// Far enough that a token valid longer is treated as never expiring on an open stream.
     const FAR: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
     let deadline = UNIX_EPOCH

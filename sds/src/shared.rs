@@ -157,13 +157,18 @@ impl Shared {
         Ok(())
     }
 
-    /// Verifies the bearer token of a request against the current revocation list.
-    pub(crate) fn authenticate(
-        &self,
-        metadata: &tonic::metadata::MetadataMap,
-    ) -> Result<Claims, Status> {
+    /// Verifies the bearer token of an SDS request against the current revocation list (a proxy's
+    /// token only).
+    pub(crate) fn authenticate(&self, headers: &http::HeaderMap) -> Result<Claims, Status> {
         let revoked = self.revocations.borrow().clone();
-        authn::authenticate(metadata, &self.verifier, &revoked, SystemTime::now())
+        authn::authenticate(headers, &self.verifier, &revoked, SystemTime::now())
+            .map_err(|status| self.auth_failure(status))
+    }
+
+    /// Verifies the bearer token of a request against the current revocation list, whatever its type.
+    pub(crate) fn verify_bearer(&self, headers: &http::HeaderMap) -> Result<Claims, Status> {
+        let revoked = self.revocations.borrow().clone();
+        authn::verify_bearer(headers, &self.verifier, &revoked, SystemTime::now())
             .map_err(|status| self.auth_failure(status))
     }
 }

@@ -11,11 +11,11 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use futures::future::select_all;
 use futures::stream::{self, BoxStream, StreamExt};
-use meshca_auth::{Claims, ProxyType};
+use meshca_auth::Claims;
 use meshca_control::{parse_names, Registration, Snapshot, StreamEvent, StreamId};
 use meshca_sds::{OpenStream, SnapshotWaiter};
 use tokio::sync::watch;
@@ -27,10 +27,6 @@ use crate::callers::Listed;
 use crate::options::WorkloadOptions;
 use crate::shared::{Admitted, CallerSlot, Shared};
 use crate::x509::{self, Built, Fingerprint};
-
-/// How long the claims a Workload API stream presents for its Dataplane last: the stream's own life is
-/// what bounds them (they are never a token anyone holds).
-const CLAIMS_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// What a stream sends: its message type, how to build it, and what it subscribes to.
 pub(crate) trait View: Send + 'static {
@@ -359,16 +355,7 @@ pub(crate) fn claims_for(registration: &Registration) -> Result<Claims, Status> 
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    Claims::new(
-        ProxyType::Dataplane,
-        &*registration.proxy.mesh,
-        &*registration.proxy.name,
-        (*registration.labels).clone(),
-        Default::default(),
-        CLAIMS_VALIDITY,
-        now,
-    )
-    .map_err(|error| {
+    registration.dataplane_claims(now).map_err(|error| {
         tracing::warn!(registration = %registration.name, %error, "a WorkloadRegistration's Dataplane cannot be served");
         Status::internal(format!(
             "registration {} cannot be served: {error}",

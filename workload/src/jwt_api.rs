@@ -6,8 +6,8 @@
 //! their trust domains' keys ([`JwtKeys`], whose module docs say when a new key signs).
 
 use std::collections::HashMap;
-use std::sync::{Arc, PoisonError};
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
 
 use futures::future::select_all;
 use futures::stream::{self, BoxStream, StreamExt};
@@ -21,10 +21,8 @@ use tokio::time::Instant;
 use tonic::Status;
 
 use crate::follow::{connect, sleep_until_some};
-use crate::jwt::{self, check_audiences, mint, JwksDocument};
-#[cfg(doc)]
-use crate::jwt_keys::JwtKeys;
-use crate::jwt_keys::{JwtKeysError, KeySet};
+use crate::jwt::{self, check_audiences, mint, JwksDocument, JwtSvidCache};
+use crate::jwt_keys::{JwtKeys, JwtKeysError, KeySet};
 use crate::proto::{
     value::Kind, JwtBundlesRequest, JwtBundlesResponse, JwtSvid, JwtSvidRequest, JwtSvidResponse,
     ListValue, Struct, ValidateJwtSvidRequest, ValidateJwtSvidResponse, Value,
@@ -218,38 +216,19 @@ pub(crate) async fn fetch_jwt_svid(
                 registration.name, identity.spiffe_id
             ))
         })?;
-        let key = shared
-            .jwt_keys
-            .signer(identity.trust_domain(), deadline)
-            .await
-            .map_err(|error| key_failure(&error))?;
-        let now = unix_now();
-        let cached = shared
-            .jwt_cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&spiffe_id, key.kid(), &request.audience, now);
-        let token = match cached {
-            Some(token) => token,
-            None => {
-                let expires_at = now.saturating_add(registration.jwt_svid_expiry.as_secs().max(1));
-                let token = mint(&key, spiffe_id.as_str(), &request.audience, now, expires_at)
-                    .map_err(|e| Status::invalid_argument(e.to_string()))?;
-                shared
-                    .jwt_cache
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(
-                        &spiffe_id,
-                        key.kid(),
-                        &request.audience,
-                        token.clone(),
-                        now,
-                        expires_at,
-                    );
-                token
-            }
-        };
+        let token = mint_jwt_svid(
+            &shared.jwt_keys,
+            &shared.jwt_cache,
+            &spiffe_id,
+            &request.audience,
+            registration.jwt_svid_expiry,
+            deadline,
+        )
+        .await
+        .map_err(|error| match error {
+            MintError::Key(error) => key_failure(&error),
+            MintError::Token(error) => Status::invalid_argument(error.to_string()),
+        })?;
         // A hint is unique within one response: the first registration (in order) keeps it.
         let hint = match registration.hint.as_deref() {
             Some(hint) if !hints.contains(&hint) => {
@@ -274,6 +253,57 @@ pub(crate) async fn fetch_jwt_svid(
         return Err(Status::resource_exhausted(reason));
     }
     Ok(tonic::Response::new(response))
+}
+
+/// Why no JWT-SVID was minted.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MintError {
+    /// The trust domain's signing key could not be had (not yet usable, or the keystore failed).
+    #[error(transparent)]
+    Key(#[from] JwtKeysError),
+    /// The token could not be made (the audiences make it too long, ...).
+    #[error(transparent)]
+    Token(#[from] jwt::JwtError),
+}
+
+/// A JWT-SVID naming `spiffe_id` for `audience`, valid for `lifetime` (at least a second), signed by the
+/// current key of its trust domain (created if needed, waited for no later than `deadline`); taken from
+/// `cache` while a token it holds for the same identity, key and audiences is fresh enough, and put there
+/// when signed. What `FetchJWTSVID` answers with, for the Workload API socket and for an agent's
+/// workloads alike. The audiences must have been checked ([`jwt::check_audiences`]).
+pub async fn mint_jwt_svid(
+    keys: &JwtKeys,
+    cache: &Mutex<JwtSvidCache>,
+    spiffe_id: &SpiffeId,
+    audience: &[String],
+    lifetime: Duration,
+    deadline: Instant,
+) -> Result<String, MintError> {
+    let key = keys
+        .signer(spiffe_id.trust_domain().as_str(), deadline)
+        .await?;
+    let now = unix_now();
+    let cached = cache.lock().unwrap_or_else(PoisonError::into_inner).get(
+        spiffe_id,
+        key.kid(),
+        audience,
+        now,
+    );
+    if let Some(token) = cached {
+        return Ok(token);
+    }
+    let expires_at = now.saturating_add(lifetime.as_secs().max(1));
+    let token = mint(&key, spiffe_id.as_str(), audience, now, expires_at)?;
+    cache.lock().unwrap_or_else(PoisonError::into_inner).insert(
+        spiffe_id,
+        key.kid(),
+        audience,
+        token.clone(),
+        now,
+        expires_at,
+    );
+    Ok(token)
 }
 
 /// `ValidateJWTSVID`.

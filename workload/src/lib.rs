@@ -24,6 +24,7 @@ mod shared;
 mod x509;
 
 pub use callers::{CallerStream, Callers};
+pub use jwt_api::{mint_jwt_svid, MintError};
 pub use options::{WorkloadOptions, DEFAULT_ACK_AFTER, DEFAULT_JWT_KEY_LIFETIME};
 pub use service::{WorkloadApi, SECURITY_HEADER};
 pub use x509::MAX_RESPONSE_BYTES;

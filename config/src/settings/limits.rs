@@ -191,6 +191,12 @@ limits! {
     jwt_audience_bytes: u32 = 1024, "jwtAudienceBytes";
     /// Signed JWT-SVIDs kept for reuse until they near their expiry (default 4096).
     jwt_svid_cache_entries: u32 = 4096, "jwtSvidCacheEntries";
+    /// `Sync` streams one agent (one agent token name) may hold open at once, over every SDS
+    /// listener (default 4).
+    agent_streams_per_agent: u32 = 4, "agentStreamsPerAgent";
+    /// The largest message a `meshca agent` may send (key requests, acknowledgements), in bytes
+    /// (default 1 MiB).
+    agent_message_bytes: u32 = 1024 * 1024, "agentMessageBytes";
 }
 
 impl Limits {

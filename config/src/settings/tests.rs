@@ -674,6 +674,20 @@ fn the_workload_api_socket_is_not_an_sds_socket() {
 }
 
 #[test]
+fn agent_limits_have_defaults_and_overrides() {
+    let defaults = Limits::default();
+    assert_eq!(defaults.agent_streams_per_agent, 4);
+    assert_eq!(defaults.agent_message_bytes, 1024 * 1024);
+    let (_dir, s) = load_yaml(
+        "limits:\n  agentStreamsPerAgent: 2\n",
+        &[("MESHCA_LIMITS_AGENT_MESSAGE_BYTES", "4096")],
+    );
+    let limits = s.expect("valid").limits;
+    assert_eq!(limits.agent_streams_per_agent, 2);
+    assert_eq!(limits.agent_message_bytes, 4096);
+}
+
+#[test]
 fn workload_api_limits_have_defaults_and_overrides() {
     let defaults = Limits::default();
     assert_eq!(defaults.workload_connections, 1024);

@@ -1,0 +1,196 @@
+//! The states one `Sync` stream sent, and what the agent's acknowledgements of them mean for the
+//! rollout gate (pure: the stream reports what this returns).
+//!
+//! A state is numbered with the snapshot generation it was built from, and stands for every newer
+//! generation whose content for the agent is the same (as an SDS response does): an acknowledged state
+//! whose content a new snapshot leaves unchanged means the agent's workloads hold the new generation
+//! too.
+
+use std::collections::VecDeque;
+
+use meshca_control::StreamId;
+
+/// How many sent states not yet acknowledged are kept: an agent far behind still acknowledges the older
+/// ones without error, and the newest ones with their streams.
+pub(crate) const KEPT: usize = 64;
+
+/// ACKs to report: every one of `streams` (those the stream still speaks for) holds `generation`,
+/// through state `version`.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Acked {
+    pub streams: Vec<StreamId>,
+    pub generation: u64,
+    pub version: u64,
+}
+
+/// An acknowledgement of a version the stream never sent.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct NeverSent(pub u64);
+
+/// One state sent.
+#[derive(Debug)]
+struct Sent {
+    version: u64,
+    /// The newest snapshot generation whose content it equals.
+    stands_for: u64,
+    /// The registrations' streams it carried, sorted.
+    streams: Vec<StreamId>,
+    acked: bool,
+}
+
+/// The states a stream sent and the agent has not superseded by acknowledging a newer one.
+#[derive(Debug, Default)]
+pub(crate) struct SentStates {
+    sent: VecDeque<Sent>,
+    /// The newest version sent that `sent` no longer holds.
+    forgotten: Option<u64>,
+}
+
+impl SentStates {
+    /// Records a state built from `generation` that carries `streams`, and returns its version: the
+    /// generation, or one more than the last version when one generation is sent twice (a key offered,
+    /// a JWT key added), so that versions grow.
+    pub(crate) fn send(&mut self, generation: u64, mut streams: Vec<StreamId>) -> u64 {
+        let version = match self.sent.back() {
+            Some(last) if last.version >= generation => last.version + 1,
+            _ => match self.forgotten {
+                Some(forgotten) if forgotten >= generation => forgotten + 1,
+                _ => generation,
+            },
+        };
+        streams.sort_unstable();
+        self.sent.push_back(Sent {
+            version,
+            stands_for: generation,
+            streams,
+            acked: false,
+        });
+        if self.sent.len() > KEPT {
+            if let Some(oldest) = self.sent.pop_front() {
+                self.forget(oldest.version);
+            }
+        }
+        version
+    }
+
+    /// The content last sent equals generation `generation`'s: it stands for it too. ACKs to report
+    /// when the agent had acknowledged it.
+    pub(crate) fn unchanged(&mut self, generation: u64) -> Option<Acked> {
+        let last = self.sent.back_mut()?;
+        if last.stands_for >= generation {
+            return None;
+        }
+        last.stands_for = generation;
+        last.acked.then(|| Acked {
+            streams: last.streams.clone(),
+            generation,
+            version: last.version,
+        })
+    }
+
+    /// The agent acknowledged `version`: ACKs to report, none when a newer acknowledgement superseded
+    /// it already (or it was acknowledged before).
+    pub(crate) fn ack(&mut self, version: u64) -> Result<Option<Acked>, NeverSent> {
+        let Some(at) = self.sent.iter().position(|s| s.version == version) else {
+            return match self.forgotten {
+                Some(forgotten) if version <= forgotten => Ok(None),
+                _ => Err(NeverSent(version)),
+            };
+        };
+        // The states sent before it are superseded by it.
+        let older: Vec<u64> = self.sent.drain(..at).map(|s| s.version).collect();
+        for version in older {
+            self.forget(version);
+        }
+        let Some(sent) = self.sent.front_mut() else {
+            return Ok(None);
+        };
+        if sent.acked {
+            return Ok(None);
+        }
+        sent.acked = true;
+        Ok(Some(Acked {
+            streams: sent.streams.clone(),
+            generation: sent.stands_for,
+            version,
+        }))
+    }
+
+    fn forget(&mut self, version: u64) {
+        self.forgotten = Some(self.forgotten.map_or(version, |v| v.max(version)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(ids: &[u64]) -> Vec<StreamId> {
+        ids.iter().copied().map(StreamId).collect()
+    }
+
+    #[test]
+    fn versions_are_generations_and_grow_when_one_is_sent_twice() {
+        let mut sent = SentStates::default();
+        assert_eq!(sent.send(3, ids(&[1])), 3);
+        assert_eq!(sent.send(3, ids(&[1])), 4);
+        assert_eq!(sent.send(4, ids(&[1])), 5);
+        assert_eq!(sent.send(9, ids(&[1])), 9);
+    }
+
+    #[test]
+    fn an_ack_reports_the_newest_generation_the_state_stands_for() {
+        let mut sent = SentStates::default();
+        let v = sent.send(1, ids(&[2, 1]));
+        assert_eq!(sent.unchanged(2), None, "not acknowledged yet");
+        assert_eq!(
+            sent.ack(v),
+            Ok(Some(Acked {
+                streams: ids(&[1, 2]),
+                generation: 2,
+                version: 1
+            }))
+        );
+        assert_eq!(sent.ack(v), Ok(None), "once is enough");
+        assert_eq!(
+            sent.unchanged(3),
+            Some(Acked {
+                streams: ids(&[1, 2]),
+                generation: 3,
+                version: 1
+            }),
+            "acknowledged: the new generation is held at once"
+        );
+        assert_eq!(sent.unchanged(3), None);
+    }
+
+    #[test]
+    fn a_newer_ack_supersedes_older_states_and_unknown_versions_are_refused() {
+        let mut sent = SentStates::default();
+        let first = sent.send(1, ids(&[1]));
+        let second = sent.send(2, ids(&[1, 3]));
+        assert_eq!(
+            sent.ack(second).map(|a| a.map(|a| a.generation)),
+            Ok(Some(2))
+        );
+        assert_eq!(sent.ack(first), Ok(None), "superseded");
+        assert_eq!(sent.ack(7), Err(NeverSent(7)));
+    }
+
+    #[test]
+    fn only_so_many_unacknowledged_states_are_kept() {
+        let mut sent = SentStates::default();
+        for generation in 1..=(KEPT as u64 + 5) {
+            sent.send(generation, ids(&[1]));
+        }
+        assert_eq!(sent.ack(1), Ok(None), "forgotten, but it was sent");
+        let newest = KEPT as u64 + 5;
+        assert_eq!(
+            sent.ack(newest).map(|a| a.map(|a| a.version)),
+            Ok(Some(newest))
+        );
+        assert_eq!(sent.ack(newest + 1), Err(NeverSent(newest + 1)));
+        // After everything kept was superseded, versions still grow past what was forgotten.
+        assert_eq!(sent.send(3, ids(&[1])), newest + 1);
+    }
+}
