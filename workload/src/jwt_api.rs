@@ -46,7 +46,7 @@ async fn matched(shared: &Shared, admitted: &Admitted) -> Result<Vec<Arc<Registr
     let selectors = &admitted.selectors;
     let matched = snapshot
         .registrations
-        .matching(None, |s| selectors.contains(s));
+        .matching(shared.options.agent.as_deref(), |s| selectors.contains(s));
     if matched.is_empty() {
         return Err(shared.no_registration(&admitted.caller));
     }
@@ -110,7 +110,7 @@ async fn identities(
     for (_, identity) in &ready {
         let td = identity.trust_domain();
         shared
-            .jwt_keys
+            .jwt_keys()?
             .ensure(td)
             .await
             .map_err(|error| key_failure(&error))?;
@@ -125,18 +125,16 @@ pub(crate) fn ensure_keys_of(
     snapshot: &Snapshot,
     registrations: &[Arc<Registration>],
 ) {
+    let Ok(jwt_keys) = shared.jwt_keys() else {
+        return;
+    };
     for registration in registrations {
         if let Some(ProxyEntry::Ready(identity)) = snapshot.proxies.get(&registration.proxy) {
             let td = identity.trust_domain().to_owned();
-            if shared
-                .jwt_keys
-                .current()
-                .by_trust_domain()
-                .contains_key(&td)
-            {
+            if jwt_keys.current().by_trust_domain().contains_key(&td) {
                 continue;
             }
-            let keys = shared.jwt_keys.clone();
+            let keys = jwt_keys.clone();
             tokio::spawn(async move {
                 if let Err(error) = keys.ensure(&td).await {
                     tracing::warn!(%error, "a JWT signing key is not available");
@@ -219,7 +217,7 @@ pub(crate) async fn fetch_jwt_svid(
             ))
         })?;
         let key = shared
-            .jwt_keys
+            .jwt_keys()?
             .signer(identity.trust_domain(), deadline)
             .await
             .map_err(|error| key_failure(&error))?;
@@ -297,7 +295,7 @@ pub(crate) async fn validate_jwt_svid(
             request.audience.len()
         )));
     }
-    let keys = shared.jwt_keys.current();
+    let keys = shared.jwt_keys()?.current();
     let validated = jwt::validate(
         &request.svid,
         &request.audience,
@@ -374,8 +372,9 @@ pub(crate) async fn fetch_jwt_bundles(
     .await?;
     let shutdown = shared.sds.snapshot_waiter(&registrations[0].proxy);
     let follow = BundlesFollow {
-        keys: shared.jwt_keys.subscribe(),
+        keys: shared.jwt_keys()?.subscribe(),
         snapshots: shared.sds.snapshots(),
+        agent: shared.options.agent.clone(),
         admitted,
         shutdown,
         first: true,
@@ -396,6 +395,8 @@ pub(crate) async fn fetch_jwt_bundles(
 /// One `FetchJWTBundles` stream: the key set at once, then again whenever it changes.
 struct BundlesFollow {
     admitted: Admitted,
+    /// Which registrations the socket serves ([`crate::WorkloadOptions::agent`]).
+    agent: Option<String>,
     keys: watch::Receiver<Arc<KeySet>>,
     snapshots: watch::Receiver<Arc<Snapshot>>,
     /// Rung by the dispatcher that wakes the server's streams; `false` once the server shuts down.
@@ -440,7 +441,7 @@ impl BundlesFollow {
         let selectors = &self.admitted.selectors;
         if snapshot
             .registrations
-            .matching(None, |s| selectors.contains(s))
+            .matching(self.agent.as_deref(), |s| selectors.contains(s))
             .is_empty()
         {
             tracing::info!(caller = %self.admitted.caller, method = "FetchJWTBundles", "Workload API stream ended: the caller matches no registration any more");

@@ -48,7 +48,15 @@ impl WorkloadApi {
     /// JWT-SVIDs with `jwt_keys`.
     pub fn new(sds: SdsServer, options: WorkloadOptions, jwt_keys: JwtKeys) -> Self {
         WorkloadApi {
-            shared: Arc::new(Shared::new(sds, options, jwt_keys)),
+            shared: Arc::new(Shared::new(sds, options, Some(jwt_keys))),
+        }
+    }
+
+    /// A server that serves what `sds` serves, X.509-SVIDs and bundles only: its JWT methods answer
+    /// `UNAVAILABLE` (a socket whose JWT-SVIDs only a remote server could sign).
+    pub fn without_jwt(sds: SdsServer, options: WorkloadOptions) -> Self {
+        WorkloadApi {
+            shared: Arc::new(Shared::new(sds, options, None)),
         }
     }
 
@@ -283,7 +291,7 @@ impl<V: View + Answers> ServerStreamingService<V::Request> for Method<V> {
             let selectors = &admitted.selectors;
             let matched = snapshot
                 .registrations
-                .matching(None, |s| selectors.contains(s));
+                .matching(shared.options.agent.as_deref(), |s| selectors.contains(s));
             if matched.is_empty() {
                 return Err(shared.no_registration(&admitted.caller));
             }

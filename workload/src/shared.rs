@@ -23,15 +23,20 @@ pub(crate) struct Shared {
     /// The open streams, for operators.
     pub(crate) callers: Callers,
     refusals_logged: LogBudget,
-    /// The JWT signing keys of every trust domain.
-    pub(crate) jwt_keys: JwtKeys,
+    /// The JWT signing keys of every trust domain; `None` on a socket that serves X.509-SVIDs only.
+    jwt_keys: Option<JwtKeys>,
     /// Signed JWT-SVIDs kept for reuse.
     pub(crate) jwt_cache: Mutex<JwtSvidCache>,
 }
 
 impl Shared {
-    /// The state of a server that serves what `sds` serves, signing JWT-SVIDs with `jwt_keys`.
-    pub(crate) fn new(sds: SdsServer, options: WorkloadOptions, jwt_keys: JwtKeys) -> Shared {
+    /// The state of a server that serves what `sds` serves, signing JWT-SVIDs with `jwt_keys` (none:
+    /// the JWT methods answer `UNAVAILABLE`).
+    pub(crate) fn new(
+        sds: SdsServer,
+        options: WorkloadOptions,
+        jwt_keys: Option<JwtKeys>,
+    ) -> Shared {
         Shared {
             sds,
             jwt_keys,
@@ -41,6 +46,15 @@ impl Shared {
             streams: Mutex::new(HashMap::new()),
             callers: Callers::default(),
         }
+    }
+}
+
+impl Shared {
+    /// The JWT signing keys, or `UNAVAILABLE` on a socket that serves no JWT-SVIDs.
+    pub(crate) fn jwt_keys(&self) -> Result<&JwtKeys, Status> {
+        self.jwt_keys.as_ref().ok_or_else(|| {
+            Status::unavailable("JWT-SVIDs are not served on this Workload API socket")
+        })
     }
 }
 
