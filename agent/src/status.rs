@@ -2,7 +2,7 @@
 //! Never a key, a token or a certificate's content.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::extract::State;
@@ -10,6 +10,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::local::RegistrationStatus;
@@ -59,21 +60,29 @@ pub struct RegistrationWithStreams {
 }
 
 /// The status, shared between the agent and its admin listener.
-#[derive(Debug, Clone, Default)]
-pub struct StatusHandle(Arc<Mutex<AgentStatus>>);
+#[derive(Debug, Clone)]
+pub struct StatusHandle(Arc<watch::Sender<AgentStatus>>);
+
+impl Default for StatusHandle {
+    fn default() -> Self {
+        StatusHandle(Arc::new(watch::Sender::new(AgentStatus::default())))
+    }
+}
 
 impl StatusHandle {
     /// A copy of the current status.
     pub fn get(&self) -> AgentStatus {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.0.borrow().clone()
+    }
+
+    /// Every change of the status, as it happens.
+    pub fn subscribe(&self) -> watch::Receiver<AgentStatus> {
+        self.0.subscribe()
     }
 
     /// Changes the status.
     pub(crate) fn update(&self, change: impl FnOnce(&mut AgentStatus)) {
-        change(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner));
+        self.0.send_modify(change);
     }
 
     /// Whether the agent is ready, or why not.
