@@ -430,3 +430,157 @@ fn same_entry(before: Option<&ProxyEntry>, entry: &ProxyEntry) -> bool {
         _ => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use meshca_ca::{CaParams, CertificateAuthority, SvidRequest};
+    use meshca_identity::{SpiffeId, TrustDomain};
+
+    use super::*;
+    use crate::proto::{Identity, MeshTrust, X509Bundle};
+
+    fn ca() -> CertificateAuthority {
+        CertificateAuthority::generate(
+            &CaParams {
+                trust_domain: TrustDomain::parse("example.org").expect("td"),
+                key_algorithm: KeyAlgorithm::EcdsaP256,
+                validity: Duration::from_secs(3600),
+                name: "default/test".into(),
+            },
+            SystemTime::now(),
+        )
+        .expect("a CA")
+    }
+
+    fn state(version: u64, ca: &CertificateAuthority, identity: Option<Identity>) -> AgentState {
+        let bundle = X509Bundle {
+            authorities: vec![ca.cert_der().to_vec()],
+        };
+        AgentState {
+            version,
+            registrations: vec![proto::Registration {
+                mesh: "default".into(),
+                name: "r".into(),
+                dataplane: "d".into(),
+                selectors: vec!["unix:uid:1".into()],
+                key_algorithm: "ecdsa-p256".into(),
+                identity,
+                ..Default::default()
+            }],
+            all: HashMap::from([("example.org".to_owned(), bundle.clone())]),
+            meshes: HashMap::from([(
+                "default".to_owned(),
+                MeshTrust {
+                    by_trust_domain: HashMap::from([("example.org".to_owned(), bundle)]),
+                },
+            )]),
+            jwt_bundles: HashMap::new(),
+        }
+    }
+
+    fn identity(ca: &CertificateAuthority, csr: &[u8]) -> Identity {
+        let public = meshca_ca::csr_public_key(csr).expect("a request");
+        let leaf = ca
+            .issue_for_key(
+                &SvidRequest {
+                    spiffe_id: SpiffeId::parse("spiffe://example.org/w").expect("id"),
+                    key_algorithm: KeyAlgorithm::EcdsaP256,
+                    lifetime: Duration::from_secs(600),
+                },
+                &public,
+                SystemTime::now(),
+            )
+            .expect("a leaf");
+        Identity {
+            spiffe_id: "spiffe://example.org/w".into(),
+            certificate_chain: leaf.chain_der,
+            key_id: key_id(public.raw()),
+        }
+    }
+
+    fn key_id(raw: &[u8]) -> Vec<u8> {
+        proto::key_id(raw)
+    }
+
+    #[test]
+    fn unchanged_content_keeps_its_objects_and_an_identity_change_names_its_proxy() {
+        let ca = ca();
+        let mut local = Local::new("host-1".into());
+        let requests = local.apply(&state(1, &ca, None));
+        assert_eq!(requests.len(), 1);
+        assert!(requests[0].replace_now);
+        let first = local.build(&state(1, &ca, None)).expect("a first snapshot");
+        assert_eq!(first.generation, 1);
+        let registration = first.registrations.iter().next().expect("one registration");
+        assert_eq!(registration.agent.as_deref(), Some("host-1"));
+        assert!(matches!(
+            first.proxies.get(&ProxyKey::new("default", "d")),
+            Some(ProxyEntry::Pending)
+        ));
+
+        // The same state again: nothing to publish, nothing to request.
+        assert!(local.apply(&state(2, &ca, None)).is_empty());
+        assert!(local.build(&state(2, &ca, None)).is_none());
+
+        // The identity over the key requested: only that proxy changed.
+        let certified = state(3, &ca, Some(identity(&ca, &requests[0].csr)));
+        let ahead = local.apply(&certified);
+        assert_eq!(ahead.len(), 1, "the key ahead");
+        assert!(!ahead[0].replace_now);
+        let second = local.build(&certified).expect("a new snapshot");
+        assert_eq!(second.generation, 2);
+        assert!(Arc::ptr_eq(&first.all, &second.all));
+        assert!(Arc::ptr_eq(&first.registrations, &second.registrations));
+        assert!(Arc::ptr_eq(
+            &first.meshes["default"].trust,
+            &second.meshes["default"].trust
+        ));
+        assert_eq!(
+            second.changed.proxies.as_deref(),
+            Some(&[ProxyKey::new("default", "d")][..])
+        );
+        let Some(ProxyEntry::Ready(served)) = second.proxies.get(&ProxyKey::new("default", "d"))
+        else {
+            panic!("the identity is served");
+        };
+        let key = served.key.held().expect("the agent holds the key");
+        let private = meshca_ca::PrivateKey::from_pem(key.expose().as_bytes()).expect("PKCS#8");
+        assert_eq!(
+            key_id(private.public_key().expect("public").raw()),
+            certified.registrations[0]
+                .identity
+                .as_ref()
+                .expect("identity")
+                .key_id
+        );
+
+        // The same certificate again: the very same identity object.
+        assert!(local.apply(&certified).is_empty());
+        assert!(local.build(&certified).is_none());
+        assert!(local.status()[0].key_request_outstanding);
+        assert_eq!(
+            local.status()[0].spiffe_id.as_deref(),
+            Some("spiffe://example.org/w")
+        );
+    }
+
+    #[test]
+    fn a_registration_gone_takes_its_keys_and_its_proxy() {
+        let ca = ca();
+        let mut local = Local::new("host-1".into());
+        local.apply(&state(1, &ca, None));
+        local.build(&state(1, &ca, None)).expect("a snapshot");
+        let mut empty = state(2, &ca, None);
+        empty.registrations.clear();
+        assert!(local.apply(&empty).is_empty());
+        let snapshot = local.build(&empty).expect("a snapshot");
+        assert!(snapshot.proxies.is_empty());
+        assert!(
+            snapshot.changed.proxies.is_none(),
+            "the registrations changed"
+        );
+        assert!(local.new_stream().is_empty(), "no request is held any more");
+    }
+}
