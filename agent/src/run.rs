@@ -1,15 +1,19 @@
 //! The `meshca agent` process: its local Workload API server, and its conversation with the
 //! servers (failover, key requests, acknowledgements).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use meshca_auth::{ProxyType, RevocationList, SigningKey, Verifier};
 use meshca_control::{Snapshot, StreamEvent};
 use meshca_sds::{ClientTls, ConnPolicy, Listener, SdsLimits, SdsServer, ServerOptions};
-use meshca_workload::WorkloadApi;
+use meshca_workload::jwt::JwksDocument;
+use meshca_workload::jwt_keys::KeySet;
+use meshca_workload::{JwtMinter, JwtSource, RemoteJwt, WorkloadApi};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -22,8 +26,8 @@ use crate::config::{AgentConfig, ServerAddr};
 use crate::gate::LocalStreams;
 use crate::local::Local;
 use crate::proto::{
-    agent_message, paths, Ack, AgentMessage, AgentState, Hello, KeyRequest, KeyRequests,
-    PROTOCOL_VERSION,
+    agent_message, paths, Ack, AgentMessage, AgentState, Hello, JwtSvidRequest, JwtSvidResponse,
+    KeyRequest, KeyRequests, PROTOCOL_VERSION,
 };
 use crate::status::{self, RegistrationWithStreams, StatusHandle};
 use crate::AgentError;
@@ -102,7 +106,17 @@ impl Agent {
         );
         let mut options = config.workload.clone();
         options.agent = Some(name.clone());
-        let api = WorkloadApi::without_jwt(sds.clone(), options);
+        let (jwt_keys_tx, jwt_keys_rx) = watch::channel(Arc::new(KeySet::default()));
+        let (server_tx, server_rx) = watch::channel(None);
+        let minter = Arc::new(Minter { server: server_rx });
+        let api = WorkloadApi::with_jwt_source(
+            sds.clone(),
+            options,
+            Some(JwtSource::Remote(RemoteJwt {
+                keys: jwt_keys_rx,
+                minter,
+            })),
+        );
 
         if let Some(dir) = config.listen.parent() {
             if !dir.as_os_str().is_empty() && !dir.exists() {
@@ -159,6 +173,8 @@ impl Agent {
             snapshot_tx,
             events: events_rx,
             status: status.clone(),
+            jwt_keys: jwt_keys_tx,
+            server: server_tx,
             _sds: sds,
             _revocations: revocations_tx,
         };
@@ -228,6 +244,10 @@ struct Core {
     snapshot_tx: watch::Sender<Arc<Snapshot>>,
     events: mpsc::Receiver<StreamEvent>,
     status: StatusHandle,
+    /// The JWT bundles of the last state.
+    jwt_keys: watch::Sender<Arc<KeySet>>,
+    /// The server connected now, for `FetchJWTSVID`.
+    server: watch::Sender<Option<Connected>>,
     /// Held so that the local server's channels stay open.
     _sds: SdsServer,
     _revocations: watch::Sender<Arc<RevocationList>>,
@@ -247,6 +267,7 @@ impl Core {
                 ended = self.session(server, &mut outage) => ended,
                 () = shutdown.cancelled() => return,
             };
+            self.server.send_replace(None);
             let now = status::unix_now();
             self.status.update(|s| {
                 s.server = status::ServerStatus {
@@ -319,6 +340,10 @@ impl Core {
             }
             Err(_) => return Ended::failed("the token is not a valid header value".into()),
         }
+        let connected = Connected {
+            channel: channel.clone(),
+            authorization: format!("Bearer {token}"),
+        };
         let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_STATE_BYTES);
         if let Err(error) = grpc.ready().await {
             return Ended::failed(format!("the connection is not ready: {error}"));
@@ -344,6 +369,7 @@ impl Core {
                         if !had_state {
                             had_state = true;
                             first_deadline = None;
+                            self.server.send_replace(Some(connected.clone()));
                             let now = status::unix_now();
                             self.status.update(|s| s.server = status::ServerStatus { connected: Some(server.to_string()), since: Some(now), last_error: None });
                             match outage.take() {
@@ -382,6 +408,10 @@ impl Core {
     ) -> Result<(), String> {
         let version = state.version;
         let requests = self.local.apply(&state);
+        let jwt_keys = jwt_key_set(&state);
+        if *jwt_keys != **self.jwt_keys.borrow() {
+            self.jwt_keys.send_replace(jwt_keys);
+        }
         if let Some(snapshot) = self.local.build(&state) {
             self.snapshot_tx.send_replace(snapshot);
         }
@@ -434,6 +464,79 @@ impl Core {
         })
         .await
         .map_err(|_| "the stream closed while acknowledging".to_owned())
+    }
+}
+
+/// The state's JWT bundles as the Workload API publishes them; a bundle that does not parse is left
+/// out, with a warning.
+fn jwt_key_set(state: &AgentState) -> Arc<KeySet> {
+    let mut documents = BTreeMap::new();
+    for (trust_domain, document) in &state.jwt_bundles {
+        let trust_domain = trust_domain
+            .strip_prefix("spiffe://")
+            .unwrap_or(trust_domain);
+        match JwksDocument::parse(document) {
+            Ok(document) => {
+                documents.insert(trust_domain.to_owned(), document);
+            }
+            Err(error) => {
+                tracing::warn!(%trust_domain, %error, "the server's JWT bundle does not parse; it is not served");
+            }
+        }
+    }
+    Arc::new(KeySet::from_documents(documents))
+}
+
+/// The server the agent is connected to: where `FetchJWTSVID` is sent.
+#[derive(Clone)]
+struct Connected {
+    channel: tonic::transport::Channel,
+    authorization: String,
+}
+
+/// Mints JWT-SVIDs on the connected server.
+struct Minter {
+    server: watch::Receiver<Option<Connected>>,
+}
+
+impl JwtMinter for Minter {
+    fn mint(
+        &self,
+        registration: &meshca_control::Registration,
+        audience: &[String],
+    ) -> BoxFuture<'static, Result<String, tonic::Status>> {
+        let connected = self.server.borrow().clone();
+        let request = JwtSvidRequest {
+            mesh: registration.proxy.mesh.to_string(),
+            registration: registration.name.clone(),
+            audience: audience.to_vec(),
+        };
+        Box::pin(async move {
+            let Some(connected) = connected else {
+                return Err(tonic::Status::unavailable(
+                    "no meshca server answers this agent; JWT-SVIDs are signed by the server",
+                ));
+            };
+            let mut request = tonic::Request::new(request);
+            let value = connected
+                .authorization
+                .parse()
+                .map_err(|_| tonic::Status::internal("the token is not a valid header value"))?;
+            request.metadata_mut().insert("authorization", value);
+            let mut grpc = tonic::client::Grpc::new(connected.channel);
+            grpc.ready()
+                .await
+                .map_err(|e| tonic::Status::unavailable(format!("the server is not ready: {e}")))?;
+            let path = tonic::codegen::http::uri::PathAndQuery::from_static(paths::MINT_JWT_SVID);
+            let response = grpc
+                .unary(
+                    request,
+                    path,
+                    ProstCodec::<JwtSvidRequest, JwtSvidResponse>::default(),
+                )
+                .await?;
+            Ok(response.into_inner().token)
+        })
     }
 }
 

@@ -9,18 +9,21 @@ use std::time::{Duration, SystemTime};
 
 use futures::stream::{BoxStream, StreamExt};
 use meshca_agent::proto::{
-    agent_message, paths, AgentMessage, AgentState, Identity, MeshTrust, Registration, X509Bundle,
+    agent_message, paths, AgentMessage, AgentState, Identity, JwtSvidRequest, JwtSvidResponse,
+    MeshTrust, Registration, X509Bundle,
 };
 use meshca_agent::{AgentConfig, AgentStatus, ServerAddr};
 use meshca_auth::{Claims, SigningKey};
 use meshca_ca::{CaParams, CertificateAuthority, KeyAlgorithm, SvidRequest};
 use meshca_identity::{SpiffeId, TrustDomain};
 use meshca_workload::client::WorkloadClient;
+use meshca_workload::jwt::{JwksDocument, JwtSigningKey};
+use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{UnboundedReceiverStream, UnixListenerStream};
 use tokio_util::sync::CancellationToken;
 use tonic::codegen::{http, BoxFuture, Context, Poll, Service};
-use tonic::server::{Grpc, NamedService, StreamingService};
+use tonic::server::{Grpc, NamedService, StreamingService, UnaryService};
 use tonic::Status;
 use tonic_prost::ProstCodec;
 
@@ -59,10 +62,11 @@ impl Conn {
     }
 }
 
-/// A fake meshca server: it hands every `Sync` stream to the test.
+/// A fake meshca server: it hands every `Sync` stream to the test, and signs JWT-SVIDs with its key.
 #[derive(Clone)]
 struct Fake {
     conns: mpsc::UnboundedSender<Conn>,
+    jwt_key: Arc<JwtSigningKey>,
 }
 
 impl NamedService for Fake {
@@ -80,13 +84,44 @@ impl Service<http::Request<tonic::body::Body>> for Fake {
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let conns = self.conns.clone();
+        let jwt_key = self.jwt_key.clone();
         Box::pin(async move {
-            if request.uri().path() != paths::SYNC {
-                return Ok(Status::unimplemented("not in the fake").into_http());
+            match request.uri().path() {
+                paths::SYNC => Ok(Grpc::new(ProstCodec::<AgentState, AgentMessage>::default())
+                    .streaming(Sync { conns }, request)
+                    .await),
+                paths::MINT_JWT_SVID => Ok(Grpc::new(
+                    ProstCodec::<JwtSvidResponse, JwtSvidRequest>::default(),
+                )
+                .unary(Mint { key: jwt_key }, request)
+                .await),
+                _ => Ok(Status::unimplemented("not in the fake").into_http()),
             }
-            Ok(Grpc::new(ProstCodec::<AgentState, AgentMessage>::default())
-                .streaming(Sync { conns }, request)
-                .await)
+        })
+    }
+}
+
+/// `MintJwtSvid`: a token for the registration's identity, as the server would sign it.
+struct Mint {
+    key: Arc<JwtSigningKey>,
+}
+
+impl UnaryService<JwtSvidRequest> for Mint {
+    type Response = JwtSvidResponse;
+    type Future = BoxFuture<tonic::Response<JwtSvidResponse>, Status>;
+
+    fn call(&mut self, request: tonic::Request<JwtSvidRequest>) -> Self::Future {
+        let key = self.key.clone();
+        Box::pin(async move {
+            let request = request.into_inner();
+            if (request.mesh.as_str(), request.registration.as_str()) != ("default", "billing") {
+                return Err(Status::permission_denied("not this agent's registration"));
+            }
+            let now = now_secs();
+            let token =
+                meshca_workload::jwt::mint(&key, SPIFFE_ID, &request.audience, now, now + 300)
+                    .map_err(|e| Status::internal(e.to_string()))?;
+            Ok(tonic::Response::new(JwtSvidResponse { token }))
         })
     }
 }
@@ -129,14 +164,14 @@ struct FakeServer {
 }
 
 impl FakeServer {
-    fn start(socket: PathBuf) -> FakeServer {
+    fn start(socket: PathBuf, jwt_key: Arc<JwtSigningKey>) -> FakeServer {
         let listener = tokio::net::UnixListener::bind(&socket).expect("bind the fake server");
         let (tx, conns) = mpsc::unbounded_channel();
         let stop = CancellationToken::new();
         let until = stop.clone();
         tokio::spawn(async move {
             tonic::transport::Server::builder()
-                .add_service(Fake { conns: tx })
+                .add_service(Fake { conns: tx, jwt_key })
                 .serve_with_incoming_shutdown(
                     UnixListenerStream::new(listener),
                     until.cancelled_owned(),
@@ -183,6 +218,7 @@ fn state(
     version: u64,
     uid: u32,
     ca: &CertificateAuthority,
+    jwt_key: &JwtSigningKey,
     identity: Option<Identity>,
 ) -> AgentState {
     let bundle = X509Bundle {
@@ -209,7 +245,10 @@ fn state(
                 by_trust_domain: HashMap::from([(TD.to_owned(), bundle)]),
             },
         )]),
-        jwt_bundles: HashMap::new(),
+        jwt_bundles: HashMap::from([(
+            TD.to_owned(),
+            JwksDocument::new([jwt_key.public()]).to_bytes(),
+        )]),
     }
 }
 
@@ -286,8 +325,9 @@ async fn wait_status(
 async fn the_agent_serves_what_its_servers_certify_over_its_own_keys() {
     let dir = tempfile::tempdir().expect("a temp dir");
     let uid = std::fs::metadata(dir.path()).expect("metadata").uid();
-    let mut first = FakeServer::start(dir.path().join("first.sock"));
-    let mut second = FakeServer::start(dir.path().join("second.sock"));
+    let jwt_key = Arc::new(JwtSigningKey::generate().expect("a JWT key"));
+    let mut first = FakeServer::start(dir.path().join("first.sock"), jwt_key.clone());
+    let mut second = FakeServer::start(dir.path().join("second.sock"), jwt_key.clone());
     let mut config = AgentConfig::new(
         vec![first.addr(), second.addr()],
         write_token(dir.path(), "host-1"),
@@ -317,7 +357,7 @@ async fn the_agent_serves_what_its_servers_certify_over_its_own_keys() {
     assert_eq!(hello.protocol, meshca_agent::proto::PROTOCOL_VERSION);
 
     // No identity yet: a key, for now.
-    conn.send(state(1, uid, &ca, None));
+    conn.send(state(1, uid, &ca, &jwt_key, None));
     let (request, public) = one_request(conn.recv().await);
     assert!(request.replace_now);
     assert_eq!(
@@ -341,7 +381,13 @@ async fn the_agent_serves_what_its_servers_certify_over_its_own_keys() {
     .await;
 
     // The certificate over the agent's key: served with that key; acknowledged once sent.
-    conn.send(state(2, uid, &ca, Some(identity_over(&ca, &public))));
+    conn.send(state(
+        2,
+        uid,
+        &ca,
+        &jwt_key,
+        Some(identity_over(&ca, &public)),
+    ));
     let (ahead, ahead_public) = one_request(conn.recv().await);
     assert!(
         !ahead.replace_now,
@@ -366,10 +412,31 @@ async fn the_agent_serves_what_its_servers_certify_over_its_own_keys() {
         "the leaf's key"
     );
 
+    // JWT-SVIDs come from the connected server, and validate against the bundle it sent.
+    let mut client = WorkloadClient::connect(agent.socket())
+        .await
+        .expect("connect");
+    let jwts = within(
+        "a JWT-SVID",
+        client.fetch_jwt(vec!["billing-api".into()], None),
+    )
+    .await
+    .expect("a JWT-SVID through the agent");
+    assert_eq!(jwts[0].spiffe_id.as_str(), SPIFFE_ID);
+    let jwt_public = jwt_key.public();
+    let validated = meshca_workload::jwt::validate(
+        &jwts[0].token,
+        "billing-api",
+        &|td: &str, kid: &str| (td == TD && kid == jwt_public.kid()).then(|| jwt_public.clone()),
+        now_secs(),
+    )
+    .expect("the token validates");
+    assert_eq!(validated.spiffe_id.as_str(), SPIFFE_ID);
+
     // A certificate over a key the agent does not hold: a new key, now.
     let mut unknown = identity_over(&ca, &public);
     unknown.key_id = vec![0; 32];
-    conn.send(state(3, uid, &ca, Some(unknown)));
+    conn.send(state(3, uid, &ca, &jwt_key, Some(unknown)));
     let (replace, _) = one_request(conn.recv().await);
     assert!(replace.replace_now);
 
@@ -382,7 +449,13 @@ async fn the_agent_serves_what_its_servers_certify_over_its_own_keys() {
     ));
     let (again, _) = one_request(conn.recv().await);
     assert_eq!(again, replace, "the outstanding request, sent again");
-    conn.send(state(1, uid, &ca, Some(identity_over(&ca, &public))));
+    conn.send(state(
+        1,
+        uid,
+        &ca,
+        &jwt_key,
+        Some(identity_over(&ca, &public)),
+    ));
     wait_status(&mut status, "the second server", |s| {
         s.server.connected.as_deref() == Some(second.addr().to_string().as_str())
     })
@@ -400,6 +473,13 @@ async fn the_agent_serves_what_its_servers_certify_over_its_own_keys() {
         .await
         .expect("an SVID");
     assert_eq!(context.svids[0].spiffe_id.as_str(), SPIFFE_ID);
+    let refused = within(
+        "FetchJWTSVID with no server",
+        client.fetch_jwt(vec!["a".into()], None),
+    )
+    .await
+    .expect_err("no server signs");
+    assert_eq!(refused.code(), Some("UNAVAILABLE"), "{refused}");
     let status_now = agent.status().get();
     assert!(status_now.server.last_error.is_some(), "{status_now:?}");
     assert!(agent.status().ready().is_ok());

@@ -25,6 +25,7 @@ use crate::jwt::{self, check_audiences, mint, JwksDocument};
 #[cfg(doc)]
 use crate::jwt_keys::JwtKeys;
 use crate::jwt_keys::{JwtKeysError, KeySet};
+use crate::jwt_source::JwtSource;
 use crate::proto::{
     value::Kind, JwtBundlesRequest, JwtBundlesResponse, JwtSvid, JwtSvidRequest, JwtSvidResponse,
     ListValue, Struct, ValidateJwtSvidRequest, ValidateJwtSvidResponse, Value,
@@ -107,13 +108,12 @@ async fn identities(
         }
     };
     drop(connected);
-    for (_, identity) in &ready {
-        let td = identity.trust_domain();
-        shared
-            .jwt_keys()?
-            .ensure(td)
-            .await
-            .map_err(|error| key_failure(&error))?;
+    if let Some(keys) = shared.jwt()?.local() {
+        for (_, identity) in &ready {
+            keys.ensure(identity.trust_domain())
+                .await
+                .map_err(|error| key_failure(&error))?;
+        }
     }
     Ok((ready, skipped))
 }
@@ -125,7 +125,7 @@ pub(crate) fn ensure_keys_of(
     snapshot: &Snapshot,
     registrations: &[Arc<Registration>],
 ) {
-    let Ok(jwt_keys) = shared.jwt_keys() else {
+    let Some(jwt_keys) = shared.jwt.as_ref().and_then(JwtSource::local) else {
         return;
     };
     for registration in registrations {
@@ -174,6 +174,18 @@ fn key_failure(error: &JwtKeysError) -> Status {
     Status::unavailable(format!("JWT signing key not available: {error}"))
 }
 
+/// A registration's hint, unless an earlier registration of the response has it: the first one (in
+/// order) keeps it.
+fn unique_hint<'a>(registration: &'a Registration, hints: &mut Vec<&'a str>) -> String {
+    match registration.hint.as_deref() {
+        Some(hint) if !hints.contains(&hint) => {
+            hints.push(hint);
+            hint.to_owned()
+        }
+        _ => String::new(),
+    }
+}
+
 /// `FetchJWTSVID`.
 pub(crate) async fn fetch_jwt_svid(
     shared: Arc<Shared>,
@@ -216,8 +228,19 @@ pub(crate) async fn fetch_jwt_svid(
                 registration.name, identity.spiffe_id
             ))
         })?;
-        let key = shared
-            .jwt_keys()?
+        let keys = match shared.jwt()? {
+            JwtSource::Local(keys) => keys,
+            JwtSource::Remote(remote) => {
+                let token = remote.minter.mint(registration, &request.audience).await?;
+                response.svids.push(JwtSvid {
+                    spiffe_id: identity.spiffe_id.clone(),
+                    svid: token,
+                    hint: unique_hint(registration, &mut hints),
+                });
+                continue;
+            }
+        };
+        let key = keys
             .signer(identity.trust_domain(), deadline)
             .await
             .map_err(|error| key_failure(&error))?;
@@ -248,14 +271,7 @@ pub(crate) async fn fetch_jwt_svid(
                 token
             }
         };
-        // A hint is unique within one response: the first registration (in order) keeps it.
-        let hint = match registration.hint.as_deref() {
-            Some(hint) if !hints.contains(&hint) => {
-                hints.push(hint);
-                hint.to_owned()
-            }
-            _ => String::new(),
-        };
+        let hint = unique_hint(registration, &mut hints);
         response.svids.push(JwtSvid {
             spiffe_id: identity.spiffe_id.clone(),
             svid: token,
@@ -295,7 +311,7 @@ pub(crate) async fn validate_jwt_svid(
             request.audience.len()
         )));
     }
-    let keys = shared.jwt_keys()?.current();
+    let keys = shared.jwt()?.current();
     let validated = jwt::validate(
         &request.svid,
         &request.audience,
@@ -372,7 +388,7 @@ pub(crate) async fn fetch_jwt_bundles(
     .await?;
     let shutdown = shared.sds.snapshot_waiter(&registrations[0].proxy);
     let follow = BundlesFollow {
-        keys: shared.jwt_keys()?.subscribe(),
+        keys: shared.jwt()?.subscribe(),
         snapshots: shared.sds.snapshots(),
         agent: shared.options.agent.clone(),
         admitted,
