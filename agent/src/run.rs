@@ -261,6 +261,8 @@ impl Core {
         let mut delay = shortest;
         // Since when no server answers, once that was logged.
         let mut outage: Option<u64> = None;
+        // Streams that ended without a state since the last that brought one.
+        let mut failed_in_a_row = 0usize;
         loop {
             let server = &servers[index % servers.len()];
             let ended = tokio::select! {
@@ -281,7 +283,13 @@ impl Core {
             } else {
                 tracing::info!(%server, reason = %ended.reason, "the stream to the server ended; trying the next server");
             }
-            if outage.is_none() {
+            failed_in_a_row = if ended.had_state {
+                1
+            } else {
+                failed_in_a_row + 1
+            };
+            // An outage: every server tried once in a row, none answered.
+            if outage.is_none() && failed_in_a_row >= servers.len() {
                 outage = Some(now);
                 tracing::warn!(%server, reason = %ended.reason, serving = self.local.published().generation > 0, "no meshca server answers; the Workload API keeps serving what it holds");
             }
@@ -407,7 +415,14 @@ impl Core {
         tx: &mpsc::Sender<AgentMessage>,
     ) -> Result<(), String> {
         let version = state.version;
-        let requests = self.local.apply(&state);
+        // Keys are made here (an RSA key takes a while): on a runtime with worker threads, the
+        // others go on meanwhile.
+        let requests = match tokio::runtime::Handle::current().runtime_flavor() {
+            tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(|| self.local.apply(&state))
+            }
+            _ => self.local.apply(&state),
+        };
         let jwt_keys = jwt_key_set(&state);
         if *jwt_keys != **self.jwt_keys.borrow() {
             self.jwt_keys.send_replace(jwt_keys);
