@@ -68,9 +68,16 @@ impl LocalStreams {
     }
 
     /// The newest version every open stream has applied, if one waits: it is acknowledged, and
-    /// so are the ones before it.
-    pub(crate) fn due(&mut self) -> Option<u64> {
-        let oldest_applied = self.open.values().map(|o| o.applied).min();
+    /// so are the ones before it. A stream that has applied nothing yet and whose Dataplane has no
+    /// identity to serve (`serving` says which have) holds nothing back: it is waiting for its
+    /// identity, and whatever it is sent first is the newest state.
+    pub(crate) fn due(&mut self, serving: impl Fn(&ProxyKey) -> bool) -> Option<u64> {
+        let oldest_applied = self
+            .open
+            .values()
+            .filter(|o| o.applied > 0 || serving(&o.proxy))
+            .map(|o| o.applied)
+            .min();
         let mut due = None;
         while let Some(&(version, generation)) = self.waiting.front() {
             if oldest_applied.is_some_and(|applied| applied < generation) {
@@ -146,8 +153,8 @@ mod tests {
     fn with_no_stream_open_a_version_is_due_at_once() {
         let mut streams = LocalStreams::default();
         streams.served(7, 1);
-        assert_eq!(streams.due(), Some(7));
-        assert_eq!(streams.due(), None, "acknowledged once");
+        assert_eq!(streams.due(|_| true), Some(7));
+        assert_eq!(streams.due(|_| true), None, "acknowledged once");
     }
 
     #[test]
@@ -157,13 +164,21 @@ mod tests {
         streams.event(connected(2, "b"));
         streams.served(10, 3);
         streams.served(11, 4);
-        assert_eq!(streams.due(), None);
+        assert_eq!(streams.due(|_| true), None);
         streams.event(acked(1, 4));
-        assert_eq!(streams.due(), None, "stream 2 has not applied generation 3");
+        assert_eq!(
+            streams.due(|_| true),
+            None,
+            "stream 2 has not applied generation 3"
+        );
         streams.event(acked(2, 3));
-        assert_eq!(streams.due(), Some(10));
+        assert_eq!(streams.due(|_| true), Some(10));
         streams.event(disconnected(2));
-        assert_eq!(streams.due(), Some(11), "the stream that lagged is gone");
+        assert_eq!(
+            streams.due(|_| true),
+            Some(11),
+            "the stream that lagged is gone"
+        );
     }
 
     fn disconnected(id: u64) -> StreamEvent {
@@ -173,13 +188,26 @@ mod tests {
     }
 
     #[test]
+    fn a_stream_waiting_for_its_identity_holds_nothing_back() {
+        let mut streams = LocalStreams::default();
+        streams.event(connected(1, "a"));
+        streams.served(10, 3);
+        let serving_a = |proxy: &ProxyKey| &*proxy.name == "a";
+        assert_eq!(streams.due(|_| false), Some(10), "a has no identity yet");
+        streams.served(11, 4);
+        assert_eq!(streams.due(serving_a), None, "a has its identity now");
+        streams.event(acked(1, 4));
+        assert_eq!(streams.due(|_| false), Some(11), "once applied, it counts");
+    }
+
+    #[test]
     fn a_new_server_stream_forgets_the_versions_of_the_last() {
         let mut streams = LocalStreams::default();
         streams.event(connected(1, "a"));
         streams.served(10, 3);
         streams.new_stream();
         streams.event(acked(1, 3));
-        assert_eq!(streams.due(), None);
+        assert_eq!(streams.due(|_| true), None);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use meshca_auth::{ProxyType, RevocationList, SigningKey, Verifier};
-use meshca_control::{Snapshot, StreamEvent};
+use meshca_control::{ProxyEntry, ProxyKey, Snapshot, StreamEvent};
 use meshca_sds::{ClientTls, ConnPolicy, Listener, SdsLimits, SdsServer, ServerOptions};
 use meshca_workload::jwt::JwksDocument;
 use meshca_workload::jwt_keys::KeySet;
@@ -457,7 +457,10 @@ impl Core {
     /// Acknowledges the newest version every open local stream has applied, if one waits.
     async fn ack_due(&mut self, tx: &mpsc::Sender<AgentMessage>) -> Result<(), String> {
         let open = self.streams.open();
-        let Some(version) = self.streams.due() else {
+        let published = self.local.published().clone();
+        let serving =
+            |proxy: &ProxyKey| matches!(published.proxies.get(proxy), Some(ProxyEntry::Ready(_)));
+        let Some(version) = self.streams.due(serving) else {
             self.status.update(|s| s.open_streams = open);
             return Ok(());
         };
