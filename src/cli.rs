@@ -62,6 +62,32 @@ pub enum Command {
     /// Ask a SPIFFE Workload API socket what this process would get.
     #[command(subcommand)]
     Workload(WorkloadCommand),
+    /// Serve the SPIFFE Workload API on this host, with identities from meshca servers and keys
+    /// made here (each flag overrides its `agent.*` setting and `MESHCA_AGENT_*` variable).
+    Agent(AgentArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// The meshca servers' SDS listeners, tried in order: host:port, https://host:port or
+    /// unix:///path, comma separated (agent.servers).
+    #[arg(long)]
+    pub server: Option<String>,
+    /// The file holding this host's agent token, `meshca token --type agent --name HOST`
+    /// (agent.tokenFile).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// PEM of the CA that signs the servers' SDS certificates, for TLS (agent.sdsCa).
+    #[arg(long)]
+    pub sds_ca: Option<PathBuf>,
+    /// The Workload API socket, unix:///PATH (agent.listen; default unix:///run/meshca/workload.sock).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// The status listener, a loopback IP:port (agent.admin; default 127.0.0.1:9911).
+    #[arg(long)]
+    pub admin: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -141,27 +141,6 @@ mod tests {
     }
 
     #[test]
-    fn the_uri_sans_a_request_asks_for_are_read() {
-        let key = KeyPair::generate().expect("a key");
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
-        params.subject_alt_names = vec![
-            rcgen::SanType::URI("spiffe://td/w".try_into().expect("a URI")),
-            rcgen::SanType::DnsName("x.example".try_into().expect("a name")),
-        ];
-        let der = params
-            .serialize_request(&key)
-            .expect("a request")
-            .der()
-            .to_vec();
-        let read = read_csr(&der).expect("accepted");
-        assert_eq!(read.uri_sans, ["spiffe://td/w"]);
-        assert!(read_csr(&csr_for(&key))
-            .expect("accepted")
-            .uri_sans
-            .is_empty());
-    }
-
-    #[test]
     fn the_key_of_a_signed_request_is_taken_with_its_algorithm() {
         for (alg, expected) in [
             (&rcgen::PKCS_ECDSA_P256_SHA256, KeyAlgorithm::EcdsaP256),

@@ -32,10 +32,11 @@ pub use selector::{
     MAX_SELECTOR_PATH_BYTES,
 };
 pub use settings::{
-    settings_env_vars, AdminSettings, Defaults, IssuanceSettings, KeystoreSettings, KeystoreType,
-    Limits, ListenAddr, ListenAddrError, PostgresSettings, ReplicaSettings, RolloutSettings,
-    SdsSettings, Settings, SettingsError, TlsFiles, TokensSettings, UnknownKeystoreType,
-    WorkloadApiSettings, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR,
+    settings_env_vars, AdminSettings, AgentSettings, Defaults, IssuanceSettings, KeystoreSettings,
+    KeystoreType, Limits, ListenAddr, ListenAddrError, PostgresSettings, ReplicaSettings,
+    RolloutSettings, SdsSettings, ServerAddr, ServerAddrError, Settings, SettingsError, TlsFiles,
+    TokensSettings, UnknownKeystoreType, WorkloadApiSettings, DEFAULT_ACK_TIMEOUT,
+    DEFAULT_ADMIN_LISTEN, DEFAULT_AGENT_ADMIN, DEFAULT_AGENT_LISTEN, DEFAULT_DATA_DIR,
     DEFAULT_KEYS_AHEAD, DEFAULT_LEASE_TIMEOUT, DEFAULT_POSTGRES_MAX_CONNECTIONS,
     DEFAULT_POSTGRES_TIMEOUT, DEFAULT_RENEW_AT, DEFAULT_SDS_TCP, DEFAULT_TOKEN_MAX_VALID_FOR,
     DEFAULT_ZONE, ENV_PREFIX, MAX_ISSUANCE_WORKERS, MAX_KEYS_AHEAD, MAX_POSTGRES_CONNECTIONS,

@@ -326,7 +326,7 @@ async fn workloads(State(s): State<AdminState>) -> Response {
     }
 }
 
-async fn agents(State(s): State<AdminState>) -> Json<Vec<meshca_agent::AgentStatus>> {
+async fn agents(State(s): State<AdminState>) -> Json<Vec<meshca_agent::server::AgentStatus>> {
     Json(s.agents.list())
 }
 

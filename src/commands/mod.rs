@@ -1,5 +1,6 @@
 //! One module per subcommand; `run` dispatches.
 
+mod agent;
 mod bench;
 mod bootstrap;
 mod drill;
@@ -43,6 +44,7 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Workload(crate::cli::WorkloadCommand::Fetch(args)) => {
             workload_fetch::run(args).await
         }
+        Command::Agent(args) => agent::run(args).await,
     }
 }
 

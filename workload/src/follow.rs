@@ -243,7 +243,9 @@ impl<V: View> Follow<V> {
         let selectors = &self.selectors;
         let matched = snapshot
             .registrations
-            .matching(None, |s| selectors.contains(s));
+            .matching(self.shared.options.agent.as_deref(), |s| {
+                selectors.contains(s)
+            });
         if matched.is_empty() {
             tracing::info!(caller = %self.caller, method = V::METHOD, "Workload API stream ended: the caller matches no registration any more");
             return Err(Status::permission_denied(

@@ -23,6 +23,7 @@ use tonic::Status;
 use crate::follow::{connect, sleep_until_some};
 use crate::jwt::{self, check_audiences, mint, JwksDocument, JwtSvidCache};
 use crate::jwt_keys::{JwtKeys, JwtKeysError, KeySet};
+use crate::jwt_source::JwtSource;
 use crate::proto::{
     value::Kind, JwtBundlesRequest, JwtBundlesResponse, JwtSvid, JwtSvidRequest, JwtSvidResponse,
     ListValue, Struct, ValidateJwtSvidRequest, ValidateJwtSvidResponse, Value,
@@ -44,7 +45,7 @@ async fn matched(shared: &Shared, admitted: &Admitted) -> Result<Vec<Arc<Registr
     let selectors = &admitted.selectors;
     let matched = snapshot
         .registrations
-        .matching(None, |s| selectors.contains(s));
+        .matching(shared.options.agent.as_deref(), |s| selectors.contains(s));
     if matched.is_empty() {
         return Err(shared.no_registration(&admitted.caller));
     }
@@ -105,13 +106,12 @@ async fn identities(
         }
     };
     drop(connected);
-    for (_, identity) in &ready {
-        let td = identity.trust_domain();
-        shared
-            .jwt_keys
-            .ensure(td)
-            .await
-            .map_err(|error| key_failure(&error))?;
+    if let Some(keys) = shared.jwt()?.local() {
+        for (_, identity) in &ready {
+            keys.ensure(identity.trust_domain())
+                .await
+                .map_err(|error| key_failure(&error))?;
+        }
     }
     Ok((ready, skipped))
 }
@@ -123,18 +123,16 @@ pub(crate) fn ensure_keys_of(
     snapshot: &Snapshot,
     registrations: &[Arc<Registration>],
 ) {
+    let Some(jwt_keys) = shared.jwt.as_ref().and_then(JwtSource::local) else {
+        return;
+    };
     for registration in registrations {
         if let Some(ProxyEntry::Ready(identity)) = snapshot.proxies.get(&registration.proxy) {
             let td = identity.trust_domain().to_owned();
-            if shared
-                .jwt_keys
-                .current()
-                .by_trust_domain()
-                .contains_key(&td)
-            {
+            if jwt_keys.current().by_trust_domain().contains_key(&td) {
                 continue;
             }
-            let keys = shared.jwt_keys.clone();
+            let keys = jwt_keys.clone();
             tokio::spawn(async move {
                 if let Err(error) = keys.ensure(&td).await {
                     tracing::warn!(%error, "a JWT signing key is not available");
@@ -172,6 +170,18 @@ fn key_failure(error: &JwtKeysError) -> Status {
     }
     tracing::warn!(%error, "a JWT signing key is not available");
     Status::unavailable(format!("JWT signing key not available: {error}"))
+}
+
+/// A registration's hint, unless an earlier registration of the response has it: the first one (in
+/// order) keeps it.
+fn unique_hint<'a>(registration: &'a Registration, hints: &mut Vec<&'a str>) -> String {
+    match registration.hint.as_deref() {
+        Some(hint) if !hints.contains(&hint) => {
+            hints.push(hint);
+            hint.to_owned()
+        }
+        _ => String::new(),
+    }
 }
 
 /// `FetchJWTSVID`.
@@ -216,8 +226,20 @@ pub(crate) async fn fetch_jwt_svid(
                 registration.name, identity.spiffe_id
             ))
         })?;
+        let keys = match shared.jwt()? {
+            JwtSource::Local(keys) => keys,
+            JwtSource::Remote(remote) => {
+                let token = remote.minter.mint(registration, &request.audience).await?;
+                response.svids.push(JwtSvid {
+                    spiffe_id: identity.spiffe_id.clone(),
+                    svid: token,
+                    hint: unique_hint(registration, &mut hints),
+                });
+                continue;
+            }
+        };
         let token = mint_jwt_svid(
-            &shared.jwt_keys,
+            keys,
             &shared.jwt_cache,
             &spiffe_id,
             &request.audience,
@@ -229,14 +251,7 @@ pub(crate) async fn fetch_jwt_svid(
             MintError::Key(error) => key_failure(&error),
             MintError::Token(error) => Status::invalid_argument(error.to_string()),
         })?;
-        // A hint is unique within one response: the first registration (in order) keeps it.
-        let hint = match registration.hint.as_deref() {
-            Some(hint) if !hints.contains(&hint) => {
-                hints.push(hint);
-                hint.to_owned()
-            }
-            _ => String::new(),
-        };
+        let hint = unique_hint(registration, &mut hints);
         response.svids.push(JwtSvid {
             spiffe_id: identity.spiffe_id.clone(),
             svid: token,
@@ -327,7 +342,7 @@ pub(crate) async fn validate_jwt_svid(
             request.audience.len()
         )));
     }
-    let keys = shared.jwt_keys.current();
+    let keys = shared.jwt()?.current();
     let validated = jwt::validate(
         &request.svid,
         &request.audience,
@@ -404,8 +419,9 @@ pub(crate) async fn fetch_jwt_bundles(
     .await?;
     let shutdown = shared.sds.snapshot_waiter(&registrations[0].proxy);
     let follow = BundlesFollow {
-        keys: shared.jwt_keys.subscribe(),
+        keys: shared.jwt()?.subscribe(),
         snapshots: shared.sds.snapshots(),
+        agent: shared.options.agent.clone(),
         admitted,
         shutdown,
         first: true,
@@ -426,6 +442,8 @@ pub(crate) async fn fetch_jwt_bundles(
 /// One `FetchJWTBundles` stream: the key set at once, then again whenever it changes.
 struct BundlesFollow {
     admitted: Admitted,
+    /// Which registrations the socket serves ([`crate::WorkloadOptions::agent`]).
+    agent: Option<String>,
     keys: watch::Receiver<Arc<KeySet>>,
     snapshots: watch::Receiver<Arc<Snapshot>>,
     /// Rung by the dispatcher that wakes the server's streams; `false` once the server shuts down.
@@ -470,7 +488,7 @@ impl BundlesFollow {
         let selectors = &self.admitted.selectors;
         if snapshot
             .registrations
-            .matching(None, |s| selectors.contains(s))
+            .matching(self.agent.as_deref(), |s| selectors.contains(s))
             .is_empty()
         {
             tracing::info!(caller = %self.admitted.caller, method = "FetchJWTBundles", "Workload API stream ended: the caller matches no registration any more");

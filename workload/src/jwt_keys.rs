@@ -136,6 +136,11 @@ pub struct KeySet {
 }
 
 impl KeySet {
+    /// A key set of these documents, by bare trust domain name (keys another server publishes).
+    pub fn from_documents(by_trust_domain: BTreeMap<String, JwksDocument>) -> KeySet {
+        KeySet { by_trust_domain }
+    }
+
     /// The JWK Set of each trust domain that has keys, by bare trust domain name.
     pub fn by_trust_domain(&self) -> &BTreeMap<String, JwksDocument> {
         &self.by_trust_domain

@@ -16,6 +16,7 @@ mod follow;
 pub mod jwt;
 mod jwt_api;
 pub mod jwt_keys;
+mod jwt_source;
 mod options;
 pub mod proto;
 mod sds_api;
@@ -25,6 +26,7 @@ mod x509;
 
 pub use callers::{CallerStream, Callers};
 pub use jwt_api::{mint_jwt_svid, MintError};
+pub use jwt_source::{JwtMinter, JwtSource, RemoteJwt};
 pub use options::{WorkloadOptions, DEFAULT_ACK_AFTER, DEFAULT_JWT_KEY_LIFETIME};
 pub use service::{WorkloadApi, SECURITY_HEADER};
 pub use x509::MAX_RESPONSE_BYTES;

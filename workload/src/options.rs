@@ -37,6 +37,9 @@ pub struct WorkloadOptions {
     pub jwt_audience_bytes: usize,
     /// Signed JWT-SVIDs kept for reuse (`limits.jwtSvidCacheEntries`).
     pub jwt_svid_cache_entries: usize,
+    /// Which registrations this socket serves: those naming this agent (`spec.agent`), or with
+    /// `None` those naming no agent (the server's own socket).
+    pub agent: Option<String>,
 }
 
 impl Default for WorkloadOptions {
@@ -52,6 +55,7 @@ impl Default for WorkloadOptions {
             jwt_audiences_per_request: 32,
             jwt_audience_bytes: 1024,
             jwt_svid_cache_entries: 4096,
+            agent: None,
         }
     }
 }

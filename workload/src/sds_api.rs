@@ -42,9 +42,10 @@ async fn attest(shared: &Arc<Shared>, conn: Option<&ConnInfo>) -> Result<Atteste
     let admitted = shared.admit(conn).await?;
     let snapshot = shared.published().await?;
     let selectors = admitted.selectors.clone();
+    let agent = shared.options.agent.clone();
     let matched = snapshot
         .registrations
-        .matching(None, |s| selectors.contains(s));
+        .matching(agent.as_deref(), |s| selectors.contains(s));
     let Some(default) = matched.first() else {
         return Err(shared.no_registration(&admitted.caller));
     };
@@ -56,7 +57,7 @@ async fn attest(shared: &Arc<Shared>, conn: Option<&ConnInfo>) -> Result<Atteste
     let check: AttestedCheck = Arc::new(move |snapshot: &Snapshot| {
         let still_named = snapshot
             .registrations
-            .matching(None, |s| selectors.contains(s))
+            .matching(agent.as_deref(), |s| selectors.contains(s))
             .iter()
             .any(|registration| registration.proxy == proxy);
         if still_named {

@@ -15,6 +15,7 @@ use crate::attest::PeerProcess;
 use crate::callers::Callers;
 use crate::follow::{Bundles, Follow, Svids, View};
 use crate::jwt_keys::JwtKeys;
+use crate::jwt_source::JwtSource;
 use crate::options::WorkloadOptions;
 use crate::proto::{
     paths, JwtBundlesRequest, JwtBundlesResponse, X509BundlesRequest, X509SvidRequest,
@@ -48,7 +49,19 @@ impl WorkloadApi {
     /// JWT-SVIDs with `jwt_keys`.
     pub fn new(sds: SdsServer, options: WorkloadOptions, jwt_keys: JwtKeys) -> Self {
         WorkloadApi {
-            shared: Arc::new(Shared::new(sds, options, jwt_keys)),
+            shared: Arc::new(Shared::new(sds, options, Some(JwtSource::Local(jwt_keys)))),
+        }
+    }
+
+    /// A server that serves what `sds` serves, with JWT-SVIDs from `jwt` (`None`: X.509-SVIDs and
+    /// bundles only, and the JWT methods answer `UNAVAILABLE`).
+    pub fn with_jwt_source(
+        sds: SdsServer,
+        options: WorkloadOptions,
+        jwt: Option<JwtSource>,
+    ) -> Self {
+        WorkloadApi {
+            shared: Arc::new(Shared::new(sds, options, jwt)),
         }
     }
 
@@ -283,7 +296,7 @@ impl<V: View + Answers> ServerStreamingService<V::Request> for Method<V> {
             let selectors = &admitted.selectors;
             let matched = snapshot
                 .registrations
-                .matching(None, |s| selectors.contains(s));
+                .matching(shared.options.agent.as_deref(), |s| selectors.contains(s));
             if matched.is_empty() {
                 return Err(shared.no_registration(&admitted.caller));
             }

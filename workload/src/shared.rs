@@ -11,7 +11,7 @@ use tonic::Status;
 use crate::attest::{self, AttestError, PeerProcess, Selectors};
 use crate::callers::Callers;
 use crate::jwt::JwtSvidCache;
-use crate::jwt_keys::JwtKeys;
+use crate::jwt_source::JwtSource;
 use crate::options::WorkloadOptions;
 
 /// What every request of one server shares.
@@ -23,24 +23,34 @@ pub(crate) struct Shared {
     /// The open streams, for operators.
     pub(crate) callers: Callers,
     refusals_logged: LogBudget,
-    /// The JWT signing keys of every trust domain.
-    pub(crate) jwt_keys: JwtKeys,
+    /// Where JWT-SVIDs come from; `None` on a socket that serves X.509-SVIDs only.
+    pub(crate) jwt: Option<JwtSource>,
     /// Signed JWT-SVIDs kept for reuse.
     pub(crate) jwt_cache: Mutex<JwtSvidCache>,
 }
 
 impl Shared {
-    /// The state of a server that serves what `sds` serves, signing JWT-SVIDs with `jwt_keys`.
-    pub(crate) fn new(sds: SdsServer, options: WorkloadOptions, jwt_keys: JwtKeys) -> Shared {
+    /// The state of a server that serves what `sds` serves, with JWT-SVIDs from `jwt` (none:
+    /// the JWT methods answer `UNAVAILABLE`).
+    pub(crate) fn new(sds: SdsServer, options: WorkloadOptions, jwt: Option<JwtSource>) -> Shared {
         Shared {
             sds,
-            jwt_keys,
+            jwt,
             jwt_cache: Mutex::new(JwtSvidCache::new(options.jwt_svid_cache_entries)),
             refusals_logged: LogBudget::new(options.warnings_per_minute),
             options,
             streams: Mutex::new(HashMap::new()),
             callers: Callers::default(),
         }
+    }
+}
+
+impl Shared {
+    /// Where JWT-SVIDs come from, or `UNAVAILABLE` on a socket that serves no JWT-SVIDs.
+    pub(crate) fn jwt(&self) -> Result<&JwtSource, Status> {
+        self.jwt.as_ref().ok_or_else(|| {
+            Status::unavailable("JWT-SVIDs are not served on this Workload API socket")
+        })
     }
 }
 

@@ -103,6 +103,32 @@ pub(super) fn apply(
     Ok(set_by)
 }
 
+/// Applies overrides given on a command line on top of `layer`: each is a field (one of the file's
+/// dotted paths), where it came from (`--server`, for errors) and its text, read as the field's
+/// environment variable would be. Returns the field each set, with its origin.
+pub(super) fn apply_overrides(
+    layer: &mut Layer,
+    overrides: impl IntoIterator<Item = (String, String, String)>,
+) -> Result<BTreeMap<&'static str, String>, SettingsError> {
+    let mut set_by = BTreeMap::new();
+    for (field, origin, value) in overrides {
+        let Some(known) = fields().find(|f| *f == field) else {
+            return Err(SettingsError::Invalid {
+                origin,
+                field,
+                message: "not a settings field".to_owned(),
+            });
+        };
+        set(layer, known, &value).map_err(|e| SettingsError::Invalid {
+            origin: origin.clone(),
+            field: known.to_owned(),
+            message: e.to_string(),
+        })?;
+        set_by.insert(known, origin);
+    }
+    Ok(set_by)
+}
+
 /// Why an environment variable's text is not a value of its field; the caller names the variable
 /// and the field.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -256,6 +282,11 @@ fn set(layer: &mut Layer, field: &str, value: &str) -> Result<(), EnvValueError>
         limit if limit.starts_with("limits.") => {
             layer.limits.get_or_insert_default().set(limit, value)?;
         }
+        "agent.servers" => layer.agent.get_or_insert_default().servers = Some(parse_list(value)?),
+        "agent.tokenFile" => layer.agent.get_or_insert_default().token_file = Some(value.into()),
+        "agent.sdsCa" => layer.agent.get_or_insert_default().sds_ca = Some(value.into()),
+        "agent.listen" => layer.agent.get_or_insert_default().listen = Some(parse(value)?),
+        "agent.admin" => layer.agent.get_or_insert_default().admin = Some(parse(value)?),
         other => unreachable!("FIELDS and set() list the same fields; {other} is missing here"),
     }
     Ok(())
@@ -285,7 +316,9 @@ mod tests {
             let value = match field {
                 "sds.listen" => "127.0.0.1:1,unix:///x",
                 "workloadApi.listen" => "unix:///w",
-                "admin.listen" => "127.0.0.1:1",
+                "admin.listen" | "agent.admin" => "127.0.0.1:1",
+                "agent.servers" => "ca:5678,unix:///s",
+                "agent.listen" => "unix:///w",
                 "sds.insecure" => "true",
                 "issuance.keyAlgorithm" => "rsa-2048",
                 "issuance.renewAt" => "0.5",

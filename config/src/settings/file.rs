@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use super::limits::{LimitsLayer, LIMIT_FIELDS};
-use super::{KeystoreType, ListenAddr};
+use super::{KeystoreType, ListenAddr, ServerAddr};
 use crate::Duration;
 use meshca_identity::KeyAlgorithm;
 
@@ -27,6 +27,19 @@ pub(super) struct Layer {
     pub(super) tokens: Option<TokensLayer>,
     pub(super) replica: Option<ReplicaLayer>,
     pub(super) limits: Option<LimitsLayer>,
+    pub(super) agent: Option<AgentLayer>,
+}
+
+/// `agent:`. The listen address is read like `sds.listen`'s, so that a TCP one is refused with a
+/// reason.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct AgentLayer {
+    pub(super) servers: Option<Vec<ServerAddr>>,
+    pub(super) token_file: Option<PathBuf>,
+    pub(super) sds_ca: Option<PathBuf>,
+    pub(super) listen: Option<ListenAddr>,
+    pub(super) admin: Option<SocketAddr>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -114,7 +127,7 @@ pub(super) struct TokensLayer {
 }
 
 /// The settings fields outside `limits:`, as written in the file (dotted camelCase paths).
-const BASE_FIELDS: [&str; 27] = [
+const BASE_FIELDS: [&str; 32] = [
     "zone",
     "dataDir",
     "resources",
@@ -142,6 +155,11 @@ const BASE_FIELDS: [&str; 27] = [
     "tokens.maxValidFor",
     "replica.name",
     "replica.leaseTimeout",
+    "agent.servers",
+    "agent.tokenFile",
+    "agent.sdsCa",
+    "agent.listen",
+    "agent.admin",
 ];
 
 /// Every settings field as written in the file (its dotted camelCase path). The environment
@@ -208,6 +226,16 @@ impl Layer {
                 .is_some_and(|t| t.max_valid_for.is_some()),
             limit if limit.starts_with("limits.") => {
                 self.limits.as_ref().is_some_and(|l| l.is_set(limit))
+            }
+            agent if agent.starts_with("agent.") => {
+                self.agent.as_ref().is_some_and(|a| match agent {
+                    "agent.servers" => a.servers.is_some(),
+                    "agent.tokenFile" => a.token_file.is_some(),
+                    "agent.sdsCa" => a.sds_ca.is_some(),
+                    "agent.listen" => a.listen.is_some(),
+                    "agent.admin" => a.admin.is_some(),
+                    _ => false,
+                })
             }
             _ => false,
         }

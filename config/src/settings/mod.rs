@@ -1,5 +1,6 @@
 //! Daemon settings: embedded defaults, a YAML file, `MESHCA_*` environment overrides.
 
+mod agent;
 mod env;
 mod error;
 mod file;
@@ -8,6 +9,9 @@ mod listen;
 mod resolve;
 mod types;
 
+pub use agent::{
+    AgentSettings, ServerAddr, ServerAddrError, DEFAULT_AGENT_ADMIN, DEFAULT_AGENT_LISTEN,
+};
 pub use env::{settings_env_vars, ENV_PREFIX};
 pub use error::SettingsError;
 pub use limits::Limits;

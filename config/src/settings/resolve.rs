@@ -13,7 +13,10 @@ use super::types::{
     DEFAULT_WORKLOAD_ACK_AFTER, DEFAULT_WORKLOAD_JWT_KEY_LIFETIME, DEFAULT_ZONE,
     FALLBACK_REPLICA_NAME, MAX_ISSUANCE_WORKERS, MAX_KEYS_AHEAD, MAX_POSTGRES_CONNECTIONS,
 };
-use super::{env, ListenAddr, Settings, SettingsError};
+use super::{
+    env, AgentSettings, ListenAddr, Settings, SettingsError, DEFAULT_AGENT_ADMIN,
+    DEFAULT_AGENT_LISTEN,
+};
 use crate::names::check_name;
 
 /// The largest settings file read; a settings file is a few hundred bytes.
@@ -40,6 +43,17 @@ impl Settings {
         path: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Settings, SettingsError> {
+        Settings::load_with_overrides(path, env, Vec::new())
+    }
+
+    /// [`Settings::load`], then `overrides` on top of the environment: each is a field's dotted path
+    /// (`agent.servers`), where it came from (a command-line flag, which errors name) and its text,
+    /// read as the field's environment variable is.
+    pub fn load_with_overrides(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        overrides: Vec<(String, String, String)>,
+    ) -> Result<Settings, SettingsError> {
         let mut origins: BTreeMap<&'static str, String> = BTreeMap::new();
         let mut layer = match path {
             Some(path) => {
@@ -57,6 +71,7 @@ impl Settings {
             None => Layer::default(),
         };
         origins.extend(env::apply(&mut layer, env)?);
+        origins.extend(env::apply_overrides(&mut layer, overrides)?);
         resolve(layer, &origins)
     }
 }
@@ -203,7 +218,9 @@ fn resolve(
     }
     let keystore = resolve_keystore(layer.keystore.unwrap_or_default(), origins)?;
     let replica = resolve_replica(layer.replica.unwrap_or_default(), keystore.kind, origins)?;
+    let agent = resolve_agent(layer.agent.unwrap_or_default(), origins)?;
     Ok(Settings {
+        agent,
         zone,
         resources,
         defaults: Defaults { mesh },
@@ -484,5 +501,46 @@ fn resolve_workload_api(
         listen,
         ack_after,
         jwt_key_lifetime,
+    })
+}
+
+/// `agent:`: a unix socket to serve on, a loopback admin listener.
+fn resolve_agent(
+    agent: super::file::AgentLayer,
+    origins: &Origins<'_>,
+) -> Result<AgentSettings, SettingsError> {
+    let listen = match agent.listen {
+        None => PathBuf::from(DEFAULT_AGENT_LISTEN),
+        Some(ListenAddr::Unix(path)) => path,
+        Some(ListenAddr::Tcp(tcp)) => {
+            return Err(origins.invalid(
+                "agent.listen",
+                format!("{tcp} is a TCP address; the Workload API listens on a unix socket only (unix:///path), because it identifies its callers by the kernel's peer credentials"),
+            ))
+        }
+    };
+    let admin = agent.admin.unwrap_or(DEFAULT_AGENT_ADMIN);
+    if !admin.ip().is_loopback() {
+        return Err(origins.invalid(
+            "agent.admin",
+            format!(
+                "{admin} is not a loopback address; the agent's status listens on loopback only"
+            ),
+        ));
+    }
+    let token_file = match agent.token_file {
+        Some(path) => Some(non_empty_path(origins, "agent.tokenFile", path)?),
+        None => None,
+    };
+    let sds_ca = match agent.sds_ca {
+        Some(path) => Some(non_empty_path(origins, "agent.sdsCa", path)?),
+        None => None,
+    };
+    Ok(AgentSettings {
+        servers: agent.servers.unwrap_or_default(),
+        token_file,
+        sds_ca,
+        listen,
+        admin,
     })
 }

@@ -801,3 +801,66 @@ fn workload_api_jwt_key_lifetime_comes_from_the_file_and_the_environment_and_is_
         "{e}"
     );
 }
+
+#[test]
+fn the_agent_section_comes_from_the_file_the_environment_and_the_command_line() {
+    let (_dir, result) = load_yaml(
+        "agent:\n  servers: [\"ca-1:5678\", \"https://ca-2:5678\"]\n  tokenFile: /etc/meshca/agent.token\n  sdsCa: /etc/meshca/sds-ca.pem\n  listen: unix:///run/w.sock\n  admin: 127.0.0.1:9000\n",
+        &[("MESHCA_AGENT_TOKEN_FILE", "/env/token")],
+    );
+    let s = result.expect("valid");
+    assert_eq!(s.agent.servers.len(), 2);
+    assert_eq!(s.agent.servers[1].to_string(), "https://ca-2:5678");
+    assert_eq!(s.agent.token_file, Some(PathBuf::from("/env/token")));
+    assert_eq!(
+        s.agent.sds_ca,
+        Some(PathBuf::from("/etc/meshca/sds-ca.pem"))
+    );
+    assert_eq!(s.agent.listen, Path::new("/run/w.sock"));
+    assert_eq!(s.agent.admin, SocketAddr::from(([127, 0, 0, 1], 9000)));
+
+    let s = Settings::load_with_overrides(
+        None,
+        env(&[("MESHCA_AGENT_SERVERS", "a:1,b:2")]),
+        vec![(
+            "agent.servers".into(),
+            "--server".into(),
+            "unix:///run/meshca/sds.sock".into(),
+        )],
+    )
+    .expect("valid");
+    assert_eq!(
+        s.agent.servers,
+        vec![ServerAddr::Unix("/run/meshca/sds.sock".into())],
+        "the command line wins"
+    );
+    let defaults = Settings::load(None, no_env()).expect("valid");
+    assert!(defaults.agent.servers.is_empty());
+    assert_eq!(defaults.agent.listen, Path::new(DEFAULT_AGENT_LISTEN));
+    assert_eq!(defaults.agent.admin, DEFAULT_AGENT_ADMIN);
+}
+
+#[test]
+fn bad_agent_settings_name_the_setting_and_where_it_came_from() {
+    let text = err_text(Settings::load_with_overrides(
+        None,
+        no_env(),
+        vec![("agent.servers".into(), "--server".into(), "ca-1".into())],
+    ));
+    assert!(text.starts_with("--server: agent.servers: "), "{text}");
+    assert!(text.contains("\"ca-1\""), "{text}");
+    let text = err_text(Settings::load(
+        None,
+        env(&[("MESHCA_AGENT_LISTEN", "127.0.0.1:1")]),
+    ));
+    assert!(
+        text.starts_with("MESHCA_AGENT_LISTEN: agent.listen: "),
+        "{text}"
+    );
+    let (_dir, result) = load_yaml("agent:\n  admin: 0.0.0.0:9911\n", &[]);
+    let text = err_text(result);
+    assert!(
+        text.contains("agent.admin: 0.0.0.0:9911 is not a loopback address"),
+        "{text}"
+    );
+}

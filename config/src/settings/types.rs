@@ -45,6 +45,8 @@ pub struct Settings {
     pub tokens: TokensSettings,
     /// This daemon among replicas that share one database (`keystore.type: postgres`).
     pub replica: ReplicaSettings,
+    /// `meshca agent`: its servers, token and sockets (the daemon ignores it).
+    pub agent: super::AgentSettings,
 }
 
 /// `defaults:` in the settings file.
@@ -363,6 +365,13 @@ impl Default for Settings {
             replica: ReplicaSettings {
                 name: default_replica_name().unwrap_or_else(|_| FALLBACK_REPLICA_NAME.to_owned()),
                 lease_timeout: DEFAULT_LEASE_TIMEOUT,
+            },
+            agent: super::AgentSettings {
+                servers: Vec::new(),
+                token_file: None,
+                sds_ca: None,
+                listen: PathBuf::from(super::DEFAULT_AGENT_LISTEN),
+                admin: super::DEFAULT_AGENT_ADMIN,
             },
             data_dir,
         }

@@ -1,0 +1,146 @@
+//! What the agent tells its operator: `/ready` and `/api/status` on its admin listener (loopback).
+//! Never a key, a token or a certificate's content.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::local::RegistrationStatus;
+use crate::AgentError;
+
+/// The connection to the servers, as the status shows it.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerStatus {
+    /// The server the agent is connected to, if any.
+    pub connected: Option<String>,
+    /// Since when it is connected, or since when it is not (unix seconds).
+    pub since: Option<u64>,
+    /// The last connection failure.
+    pub last_error: Option<String>,
+}
+
+/// Everything `/api/status` shows.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStatus {
+    /// The agent's name (from its token).
+    pub agent: String,
+    /// The server connection.
+    pub server: ServerStatus,
+    /// The version of the last state received on the current (or last) stream.
+    pub last_version_received: Option<u64>,
+    /// The last version acknowledged.
+    pub last_version_acknowledged: Option<u64>,
+    /// Whether a state is served on the Workload API socket.
+    pub serving: bool,
+    /// The Workload API streams open on this host.
+    pub open_streams: usize,
+    /// The registrations that name this agent.
+    pub registrations: Vec<RegistrationWithStreams>,
+}
+
+/// One registration with its open streams.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RegistrationWithStreams {
+    /// The registration.
+    #[serde(flatten)]
+    pub registration: RegistrationStatus,
+    /// Its Workload API streams open on this host.
+    pub open_streams: u32,
+}
+
+/// The status, shared between the agent and its admin listener.
+#[derive(Debug, Clone)]
+pub struct StatusHandle(Arc<watch::Sender<AgentStatus>>);
+
+impl Default for StatusHandle {
+    fn default() -> Self {
+        StatusHandle(Arc::new(watch::Sender::new(AgentStatus::default())))
+    }
+}
+
+impl StatusHandle {
+    /// A copy of the current status.
+    pub fn get(&self) -> AgentStatus {
+        self.0.borrow().clone()
+    }
+
+    /// Every change of the status, as it happens.
+    pub fn subscribe(&self) -> watch::Receiver<AgentStatus> {
+        self.0.subscribe()
+    }
+
+    /// Changes the status.
+    pub(crate) fn update(&self, change: impl FnOnce(&mut AgentStatus)) {
+        self.0.send_modify(change);
+    }
+
+    /// Whether the agent is ready, or why not.
+    pub fn ready(&self) -> Result<(), String> {
+        let status = self.get();
+        if status.serving {
+            return Ok(());
+        }
+        Err(match status.server.last_error {
+            Some(error) => format!("no state received from any server yet; last error: {error}"),
+            None => "no state received from any server yet".to_owned(),
+        })
+    }
+}
+
+/// Unix seconds now.
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Binds the admin listener at `addr`.
+pub(crate) async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, AgentError> {
+    if !addr.ip().is_loopback() {
+        return Err(AgentError::AdminNotLoopback { addr });
+    }
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| AgentError::AdminBind { addr, source })
+}
+
+/// Serves `/ready` and `/api/status` until `shutdown` fires.
+pub(crate) async fn serve(
+    listener: tokio::net::TcpListener,
+    status: StatusHandle,
+    shutdown: CancellationToken,
+) {
+    let app = Router::new()
+        .route("/ready", get(ready))
+        .route("/api/status", get(api_status))
+        .with_state(status);
+    if let Err(error) = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+    {
+        tracing::error!(%error, "the agent's admin listener failed");
+    }
+}
+
+async fn ready(State(status): State<StatusHandle>) -> Response {
+    match status.ready() {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")).into_response(),
+    }
+}
+
+async fn api_status(State(status): State<StatusHandle>) -> Json<AgentStatus> {
+    Json(status.get())
+}
