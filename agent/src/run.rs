@@ -626,3 +626,39 @@ pub(crate) async fn sleep_until(deadline: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_requests_are_sent_64_a_message() {
+        let requests: Vec<KeyRequest> = (0..130)
+            .map(|i| KeyRequest {
+                mesh: "m".into(),
+                registration: format!("r{i}"),
+                csr: vec![1],
+                replace_now: true,
+            })
+            .collect();
+        let sizes: Vec<usize> = key_messages(requests)
+            .into_iter()
+            .map(|m| match m.message {
+                Some(agent_message::Message::Keys(keys)) => keys.requests.len(),
+                other => panic!("not key requests: {other:?}"),
+            })
+            .collect();
+        assert_eq!(sizes, [64, 64, 2]);
+    }
+
+    #[test]
+    fn backoff_is_jittered_within_a_quarter() {
+        for _ in 0..100 {
+            let wait = jittered(Duration::from_secs(4));
+            assert!(
+                wait >= Duration::from_secs(3) && wait <= Duration::from_secs(5),
+                "{wait:?}"
+            );
+        }
+    }
+}
