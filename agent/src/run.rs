@@ -293,10 +293,10 @@ impl Core {
                 outage = Some(now);
                 tracing::warn!(%server, reason = %ended.reason, serving = self.local.published().generation > 0, "no meshca server answers; the Workload API keeps serving what it holds");
             }
-            delay = if ended.had_state {
-                shortest
-            } else if ended.refused {
+            delay = if ended.refused {
                 longest
+            } else if ended.had_state {
+                shortest
             } else {
                 delay
             };

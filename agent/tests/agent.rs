@@ -500,6 +500,18 @@ async fn the_agent_serves_what_its_servers_certify_over_its_own_keys() {
     })
     .await;
 
+    // A refused token: said so, and the next server is tried after the longest wait.
+    conn.end(Status::unauthenticated("the token is revoked"));
+    let mut conn = first.next_conn().await;
+    let refused = agent.status().get().server.last_error.unwrap_or_default();
+    assert!(refused.contains("Unauthenticated"), "{refused}");
+    assert!(matches!(
+        conn.recv().await,
+        agent_message::Message::Hello(_)
+    ));
+    let (again, _) = one_request(conn.recv().await);
+    assert_eq!(again, replace, "still outstanding");
+
     // No server at all: the socket keeps serving what the agent holds.
     first.stop.cancel();
     second.stop.cancel();
