@@ -293,10 +293,10 @@ impl Core {
                 outage = Some(now);
                 tracing::warn!(%server, reason = %ended.reason, serving = self.local.published().generation > 0, "no meshca server answers; the Workload API keeps serving what it holds");
             }
-            delay = if ended.had_state {
-                shortest
-            } else if ended.refused {
+            delay = if ended.refused {
                 longest
+            } else if ended.had_state {
+                shortest
             } else {
                 delay
             };
@@ -624,5 +624,41 @@ pub(crate) async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_requests_are_sent_64_a_message() {
+        let requests: Vec<KeyRequest> = (0..130)
+            .map(|i| KeyRequest {
+                mesh: "m".into(),
+                registration: format!("r{i}"),
+                csr: vec![1],
+                replace_now: true,
+            })
+            .collect();
+        let sizes: Vec<usize> = key_messages(requests)
+            .into_iter()
+            .map(|m| match m.message {
+                Some(agent_message::Message::Keys(keys)) => keys.requests.len(),
+                other => panic!("not key requests: {other:?}"),
+            })
+            .collect();
+        assert_eq!(sizes, [64, 64, 2]);
+    }
+
+    #[test]
+    fn backoff_is_jittered_within_a_quarter() {
+        for _ in 0..100 {
+            let wait = jittered(Duration::from_secs(4));
+            assert!(
+                wait >= Duration::from_secs(3) && wait <= Duration::from_secs(5),
+                "{wait:?}"
+            );
+        }
     }
 }

@@ -311,6 +311,30 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
+/// A one-shot HTTP/1.0 GET: the status code and the body.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = within("the admin listener", tokio::net::TcpStream::connect(addr))
+        .await
+        .expect("connect");
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let mut raw = Vec::new();
+    within("the admin response", stream.read_to_end(&mut raw))
+        .await
+        .expect("read");
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status line");
+    (code, body.to_owned())
+}
+
 async fn wait_status(
     status: &mut watch::Receiver<AgentStatus>,
     what: &str,
@@ -333,7 +357,7 @@ async fn the_agent_serves_what_its_servers_certify_over_its_own_keys() {
         write_token(dir.path(), "host-1"),
     );
     config.listen = dir.path().join("workload.sock");
-    config.admin = None;
+    config.admin = Some("127.0.0.1:0".parse().expect("an address"));
     config.workload.ack_after = Duration::from_millis(50);
     config.backoff = (Duration::from_millis(20), Duration::from_millis(200));
     let shutdown = CancellationToken::new();
@@ -343,6 +367,10 @@ async fn the_agent_serves_what_its_servers_certify_over_its_own_keys() {
     assert_eq!(agent.name(), "host-1");
     let mut status = agent.status().subscribe();
     let ca = ca();
+    let admin = agent.admin_addr().expect("an admin listener");
+    let (code, body) = http_get(admin, "/ready").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("no state received"), "{body}");
 
     // Hello first, with the agent's token.
     let mut conn = first.next_conn().await;
@@ -398,6 +426,17 @@ async fn the_agent_serves_what_its_servers_certify_over_its_own_keys() {
     assert!(
         first_message.is_finished(),
         "acknowledged only after the stream was sent the state"
+    );
+    assert_eq!(http_get(admin, "/ready").await.0, 200);
+    let (code, body) = http_get(admin, "/api/status").await;
+    assert_eq!(code, 200, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(json["lastVersionAcknowledged"], 2, "{json}");
+    assert_eq!(json["registrations"][0]["spiffeId"], SPIFFE_ID, "{json}");
+    assert_eq!(json["registrations"][0]["openStreams"], 1, "{json}");
+    assert_eq!(
+        json["registrations"][0]["keyRequestOutstanding"], true,
+        "{json}"
     );
     let (context, _watch) = first_message.await.expect("the client task");
     let context = context.expect("an SVID");
@@ -460,6 +499,18 @@ async fn the_agent_serves_what_its_servers_certify_over_its_own_keys() {
         s.server.connected.as_deref() == Some(second.addr().to_string().as_str())
     })
     .await;
+
+    // A refused token: said so, and the next server is tried after the longest wait.
+    conn.end(Status::unauthenticated("the token is revoked"));
+    let mut conn = first.next_conn().await;
+    let refused = agent.status().get().server.last_error.unwrap_or_default();
+    assert!(refused.contains("Unauthenticated"), "{refused}");
+    assert!(matches!(
+        conn.recv().await,
+        agent_message::Message::Hello(_)
+    ));
+    let (again, _) = one_request(conn.recv().await);
+    assert_eq!(again, replace, "still outstanding");
 
     // No server at all: the socket keeps serving what the agent holds.
     first.stop.cancel();
