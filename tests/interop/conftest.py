@@ -31,6 +31,23 @@ mtls:
 """
 
 
+def wait_ready(proc, admin_port, log_path, what, timeout=60):
+    """Polls `/ready` on `admin_port` until it answers 200 (a process's readiness is only visible there);
+    fails with the log when `proc` exits first or the time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}: {log_path.read_text()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/ready", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{what} did not become ready: {log_path.read_text()[-4000:]}")
+
+
 class Daemon:
     def __init__(self, root: Path, workload_socket: Path | None = None, resources: dict[str, str] | None = None):
         """`workload_socket`: where the Workload API listens (else its default, in the data dir, which only
@@ -63,18 +80,7 @@ class Daemon:
         self.wait_ready()
 
     def wait_ready(self, timeout=60):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"meshca exited with {self.proc.returncode}: {(self.root / 'meshca.log').read_text()}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError("meshca did not become ready")
+        wait_ready(self.proc, self.admin_port, self.root / "meshca.log", "meshca", timeout)
 
     def api(self, path):
         with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}{path}", timeout=5) as r:

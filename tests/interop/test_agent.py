@@ -3,19 +3,18 @@ sockets), and py-spiffe workloads as other uids on each agent's socket. What the
 cryptography; the server's side is searched for the workloads' private keys."""
 
 import base64
+import json
 import os
 import shutil
 import subprocess
 import tempfile
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from conftest import MESHCA, Daemon
+from conftest import MESHCA, Daemon, wait_ready
 from sidecars import free_port
 from test_workload_api import (
     ID_A,
@@ -74,24 +73,11 @@ class Agent:
         self.wait_ready()
 
     def status(self):
-        import json
-
         with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/api/status", timeout=5) as r:
             return json.loads(r.read())
 
     def wait_ready(self, timeout=60):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"meshca agent exited with {self.proc.returncode}: {self.log_path.read_text()}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except (OSError, urllib.error.HTTPError):
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"meshca agent {self.name} did not become ready: {self.log_path.read_text()}")
+        wait_ready(self.proc, self.admin_port, self.log_path, f"meshca agent {self.name}", timeout)
 
     def stop(self):
         self.proc.terminate()
