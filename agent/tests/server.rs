@@ -635,6 +635,65 @@ async fn acks_are_reported_for_every_registration_stream() {
 }
 
 #[tokio::test]
+async fn a_snapshot_touching_the_agent_without_changing_its_content_sends_nothing() {
+    let mut h = Harness::start().await;
+    let (token, _) = h.agent_token(AGENT);
+    let mut agent = h.sync(Some(&token), None).await.expect("opened");
+    let state = agent.state().await;
+    let streams = h.connected(3).await;
+    agent.ack(state.version).await;
+    h.acked_at(streams.values().copied(), 1).await;
+
+    // web-1 is named as changed, but every entry and bundle is the one the state was built from:
+    // the acknowledged state stands for generation 2, and no state is sent for it.
+    let web1 = ProxyKey::new("default", "web-1");
+    let first = h.current();
+    let mut second = (*first).clone();
+    second.generation = 2;
+    second.changed = Changed::after(&first, Some(Arc::from(vec![web1.clone()])));
+    h.publish(second.clone());
+    h.acked_at(streams.values().copied(), 2).await;
+
+    // web-1 renewed over the same key: the next state carries the new chain, and web's part only
+    // changed.
+    let renewed_pem = h
+        .world
+        .ca
+        .leaf("spiffe://default.zone/web-1", &h.world.agent_key);
+    let renewed = Arc::new(ProxyIdentity {
+        chain_pem: renewed_pem.clone(),
+        ..(*h.world.web1).clone()
+    });
+    let mut third = second.clone();
+    third.generation = 3;
+    third
+        .proxies
+        .insert(web1.clone(), ProxyEntry::Ready(renewed));
+    third.changed = Changed::after(&second, Some(Arc::from(vec![web1])));
+    h.publish(third);
+    let next = agent.state().await;
+    assert_eq!(next.version, 3, "no state was sent for generation 2");
+    let part = |state: &AgentState, name: &str| {
+        state
+            .registrations
+            .iter()
+            .find(|r| r.name == name)
+            .cloned()
+            .expect("the registration")
+    };
+    let web = part(&next, "web");
+    assert_eq!(
+        web.identity.expect("an identity").certificate_chain,
+        der_of(&renewed_pem)
+    );
+    assert_ne!(part(&state, "web"), part(&next, "web"));
+    assert_eq!(part(&state, "web2"), part(&next, "web2"));
+    assert_eq!(part(&state, "db"), part(&next, "db"));
+    assert_eq!(state.all, next.all);
+    assert_eq!(state.meshes, next.meshes);
+}
+
+#[tokio::test]
 async fn an_unchanged_state_not_yet_acknowledged_is_acked_for_the_newer_generation() {
     let mut h = Harness::start().await;
     let (token, _) = h.agent_token(AGENT);

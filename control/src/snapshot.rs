@@ -17,26 +17,28 @@ use zeroize::Zeroizing;
 
 use crate::error::ClaimMismatch;
 
-/// Data a consumer derives from an immutable value and keeps with it, built on first use. SDS keeps
-/// its encoded validation contexts here; this crate never looks inside.
+/// Data consumers derive from an immutable value and keep with it, built on first use. SDS keeps its
+/// encoded validation contexts here, the agent server its DER bundles; this crate never looks inside.
 #[derive(Default)]
-pub struct Derived(OnceLock<Box<dyn Any + Send + Sync>>);
+pub struct Derived([OnceLock<Box<dyn Any + Send + Sync>>; Derived::CONSUMERS]);
 
 impl Derived {
-    /// The consumer's `T`, created with `T::default()` on first use. `None` when a value of another
-    /// type was stored first: one consumer type per value (the consumer then works without a cache).
+    /// How many consumer types one value keeps data for.
+    const CONSUMERS: usize = 3;
+
+    /// The consumer's `T`, created with `T::default()` on first use. `None` when every place is
+    /// taken by other types (the consumer then works without a cache).
     pub fn get_or_default<T: Any + Send + Sync + Default>(&self) -> Option<&T> {
-        self.0.get_or_init(|| Box::new(T::default())).downcast_ref()
+        self.0
+            .iter()
+            .find_map(|slot| slot.get_or_init(|| Box::new(T::default())).downcast_ref())
     }
 }
 
 impl fmt::Debug for Derived {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.get().is_some() {
-            "Derived(built)"
-        } else {
-            "Derived(empty)"
-        })
+        let built = self.0.iter().filter(|slot| slot.get().is_some()).count();
+        write!(f, "Derived({built} built)")
     }
 }
 
@@ -532,6 +534,34 @@ mod tests {
         );
         assert_eq!(since(&after_big, snapshot.generation), None);
         assert_eq!(since(&after_big, big.generation), names(&["a"]));
+    }
+
+    #[test]
+    fn derived_keeps_one_value_per_consumer_type_up_to_its_places() {
+        #[derive(Default)]
+        struct A(std::sync::atomic::AtomicU32);
+        #[derive(Default)]
+        struct B(u8);
+        #[derive(Default)]
+        struct C(u16);
+        #[derive(Default)]
+        struct D;
+        let derived = Derived::default();
+        let a = derived.get_or_default::<A>().expect("a place for A");
+        a.0.store(7, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(derived.get_or_default::<B>().map(|b| b.0), Some(0));
+        assert_eq!(derived.get_or_default::<C>().map(|c| c.0), Some(0));
+        let again = derived.get_or_default::<A>().expect("A is kept");
+        assert_eq!(
+            again.0.load(std::sync::atomic::Ordering::Relaxed),
+            7,
+            "the same A"
+        );
+        assert!(
+            derived.get_or_default::<D>().is_none(),
+            "every place is taken"
+        );
+        assert_eq!(format!("{derived:?}"), "Derived(3 built)");
     }
 
     #[test]

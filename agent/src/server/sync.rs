@@ -29,10 +29,12 @@ use tonic::{Status, Streaming};
 use tonic_prost::ProstCodec;
 
 use super::sent::{Acked, NeverSent, SentStates};
-use super::state::{self, Served};
+use super::state::{self, Fingerprint, Source};
 use super::status::{AgentStatus, Listed, RegistrationStatus};
 use super::{keys, Admitted, Shared, KEY_REQUESTS_PER_MESSAGE};
-use crate::proto::{agent_message, Ack, AgentMessage, AgentState, KeyRequests, PROTOCOL_VERSION};
+use crate::proto::{
+    self, agent_message, Ack, AgentMessage, AgentState, KeyRequests, PROTOCOL_VERSION,
+};
 
 /// What an agent's stream subscribes to for each registration: what a Workload API caller is sent.
 const RESOURCES: [&str; 3] = ["default", "system_trust_bundle", "ALL"];
@@ -111,6 +113,8 @@ struct Link {
     offered: Option<Arc<PublicKey>>,
     /// Its Workload API streams on the agent's host, as of the last acknowledgement.
     workload_streams: u32,
+    /// Its part of the last state built, and what that was built from.
+    built: Option<(Source, proto::Registration)>,
 }
 
 /// One agent's stream.
@@ -136,8 +140,8 @@ struct Sync {
     /// Something other than the snapshot changed the content (a key was offered, the JWT keys
     /// changed): build anew.
     force: bool,
-    /// The content last sent (version 0).
-    content: Option<AgentState>,
+    /// What the content last sent was built from.
+    fingerprint: Option<Fingerprint>,
     /// The states sent, for the agent's acknowledgements.
     sent: SentStates,
     listed: Listed,
@@ -189,7 +193,7 @@ impl Sync {
             proxies: ProxyHashSet::default(),
             seen: None,
             force: false,
-            content: None,
+            fingerprint: None,
             sent: SentStates::default(),
             listed,
             done: false,
@@ -387,29 +391,40 @@ impl Sync {
         self.force = false;
         self.seen = Some(snapshot.generation);
         let relinked = self.relink(&snapshot).await;
-        let keys = self.jwt.borrow_and_update().clone();
-        let served: Vec<Served<'_>> = self
+        let jwt = self.jwt.borrow_and_update().clone();
+        let sources = self
             .links
             .iter()
-            .map(|l| Served {
-                registration: &l.registration,
-                offered: l.offered.as_ref(),
-            })
+            .map(|l| Source::of(&snapshot, &l.registration, l.offered.as_ref()))
             .collect();
-        let content = state::build(&snapshot, &served, &keys, self.shared.options.key_algorithm);
+        let fingerprint = Fingerprint::new(&snapshot, sources, jwt);
         // A registration linked anew has a stream the last state did not carry: it needs a state of
         // its own to acknowledge, even if the content looks the same.
-        if !relinked && self.content.as_ref() == Some(&content) {
+        if !relinked && self.fingerprint.as_ref() == Some(&fingerprint) {
             self.stands_for(snapshot.generation).await;
             return None;
         }
+        let algorithm = self.shared.options.key_algorithm;
+        let registrations = self
+            .links
+            .iter_mut()
+            .zip(fingerprint.sources())
+            .map(|(link, source)| match &link.built {
+                Some((built_from, part)) if built_from == source => part.clone(),
+                _ => {
+                    let part = state::registration(source, algorithm);
+                    link.built = Some((source.clone(), part.clone()));
+                    part
+                }
+            })
+            .collect();
+        let mut state = fingerprint.state(registrations);
         let version = self.sent.send(
             snapshot.generation,
             self.links.iter().map(|l| l.id).collect(),
         );
-        let mut state = content.clone();
         state.version = version;
-        self.content = Some(content);
+        self.fingerprint = Some(fingerprint);
         self.listed.update(|s| s.last_sent = Some(version));
         tracing::debug!(agent = %self.agent.name, version, registrations = self.links.len(), "agent state sent");
         Some(state)
@@ -501,6 +516,7 @@ impl Sync {
             id,
             offered: None,
             workload_streams: 0,
+            built: None,
         })
     }
 
