@@ -433,9 +433,14 @@ pub struct DrillArgs {
     /// steps, instead of the one-step edit (migrate-to-meshidentity and trust-domain).
     #[arg(long)]
     pub staged: bool,
-    /// `failover`: the PostgreSQL database the replicas share, `postgres://user@host:port/db`; it
-    /// must hold no meshca tables, and holds none again at the end. The password comes from
-    /// MESHCA_KEYSTORE_POSTGRES_PASSWORD.
+    /// `workload`: serve the workloads through two `meshca agent`s (run in the drill's process, each
+    /// with its own Workload API socket and agent token) instead of the daemon's own socket; with
+    /// `--postgres`, the agents list every replica and one replica is killed mid-rotation.
+    #[arg(long)]
+    pub agent: bool,
+    /// `failover` (and `workload --agent`): the PostgreSQL database the replicas share,
+    /// `postgres://user@host:port/db`; it must hold no meshca tables, and holds none again at the end.
+    /// The password comes from MESHCA_KEYSTORE_POSTGRES_PASSWORD.
     #[arg(long, value_name = "URL")]
     pub postgres: Option<String>,
     /// `failover`: how many replicas serve the proxies (the last one is killed).

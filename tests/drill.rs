@@ -163,6 +163,24 @@ fn the_egress_drill_breaks_nothing_with_the_gate_and_breaks_handshakes_without()
 }
 
 #[test]
+fn the_workload_drill_behind_two_agents_breaks_nothing_with_the_gate_and_breaks_handshakes_without()
+{
+    let (run, report) = drill_with("workload", "on", &["--agent"]);
+    assert_eq!(report["scenario"], "workload");
+    assert_eq!(report["agents"], 2, "{run}");
+    assert_clean(&run, &report, "rotation");
+    for agent in ["host-a", "host-b"] {
+        assert!(
+            run.stderr
+                .contains(&format!("agent connected agent={agent}")),
+            "{agent} served its workloads: {run}"
+        );
+    }
+    let (run, report) = drill_with("workload", "off", &["--agent"]);
+    assert_breaks(&run, &report, "UnknownIssuer");
+}
+
+#[test]
 fn the_staged_flows_break_nothing_even_without_the_gate() {
     for scenario in ["migrate-to-meshidentity", "trust-domain"] {
         for gate in ["on", "off"] {
@@ -208,6 +226,20 @@ fn bad_sizes_are_usage_errors() {
     assert!(run.stderr.contains("--proxies"), "{run}");
     let run = env.cli(&["drill", "nonsense"]);
     assert_eq!(run.code(), Some(2), "{run}");
+    let run = env.cli(&["drill", "ca-rotation", "--agent"]);
+    assert_eq!(run.code(), Some(2), "{run}");
+    assert!(
+        run.stderr.contains("--agent goes with the workload drill"),
+        "{run}"
+    );
+    let run = env.cli(&[
+        "drill",
+        "workload",
+        "--postgres",
+        "postgres://x@127.0.0.1/db",
+    ]);
+    assert_eq!(run.code(), Some(2), "{run}");
+    assert!(run.stderr.contains("--postgres URL goes with"), "{run}");
     for scenario in ["ca-rotation", "egress"] {
         let run = env.cli(&["drill", scenario, "--staged"]);
         assert_eq!(run.code(), Some(2), "{run}");

@@ -324,14 +324,18 @@ fn fingerprint(der: &[u8]) -> String {
 /// `meshca drill failover` on the test server: the password from the environment, as an operator
 /// gives it.
 fn failover_drill(pg: &TestPostgres, gate: &str) -> common::Run {
+    replicated_drill(pg, &["failover", "--gate", gate])
+}
+
+/// `meshca drill <scenario...>` over replicas on the test server.
+fn replicated_drill(pg: &TestPostgres, scenario: &[&str]) -> common::Run {
     let env = Env::new();
-    let args = [
-        "drill",
-        "failover",
+    let url = pg.url();
+    let mut args = vec!["drill"];
+    args.extend(scenario);
+    args.extend([
         "--postgres",
-        &pg.url(),
-        "--gate",
-        gate,
+        &url,
         "--proxies",
         "12",
         "--handshakes",
@@ -340,7 +344,7 @@ fn failover_drill(pg: &TestPostgres, gate: &str) -> common::Run {
         "3",
         "--output",
         "json",
-    ];
+    ]);
     let mut command = env.command(&args);
     command.env("MESHCA_KEYSTORE_POSTGRES_PASSWORD", pg.password());
     env.cli_with(command, &args)
@@ -392,6 +396,35 @@ fn the_failover_drill_breaks_nothing_with_the_gate_and_breaks_handshakes_without
         "without the gate the rotation breaks handshakes: {run}"
     );
     assert_eq!(meshca_tables(&pg), "0");
+}
+
+#[test]
+fn the_workload_drill_behind_agents_over_replicas_breaks_nothing_when_the_agents_replica_is_killed()
+{
+    let pg = TestPostgres::start();
+    let run = replicated_drill(&pg, &["workload", "--agent"]);
+    let report = run.json();
+    assert_eq!(run.code(), Some(0), "{run}");
+    assert_eq!(report["ok"], true, "{run}");
+    assert_eq!(report["scenario"], "workload", "{run}");
+    assert_eq!(report["agents"], 2, "{run}");
+    assert_eq!(report["failover"]["killed"], "drill-c", "{run}");
+    // The first agent started on the killed replica: it moved; the other stayed where it was.
+    assert_eq!(report["failover"]["moved_streams"], 1, "{run}");
+    assert!(report["phases"]
+        .as_array()
+        .expect("phases")
+        .iter()
+        .all(|p| p["failed"] == 0 && p["handshakes"].as_u64().unwrap_or(0) > 0));
+    assert!(
+        run.stderr.contains("trying the next server"),
+        "the agent says it moved: {run}"
+    );
+    assert_eq!(
+        meshca_tables(&pg),
+        "0",
+        "the drill leaves the database empty"
+    );
 }
 
 #[test]

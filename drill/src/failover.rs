@@ -17,6 +17,7 @@ use meshca_config::{
 use meshca_db::{Database, DbOptions};
 use zeroize::Zeroizing;
 
+use super::agents::Agents;
 use super::envoy::{EnvoyRing, RingMember, RingTraffic, Topology};
 use super::fleet::{Fleet, Reach};
 use super::play::{
@@ -51,6 +52,9 @@ pub struct Options {
     /// Real Envoy sidecars from this binary instead of simulated proxies; each one's SDS cluster
     /// lists every replica.
     pub envoy: Option<PathBuf>,
+    /// With more than 0: the members are workloads on the Workload API behind this many `meshca
+    /// agent`s, each listing every replica, the first one starting on the replica that is killed.
+    pub agents: usize,
 }
 
 /// Plays the drill and reports. An error means it could not start (the database is not empty or
@@ -92,7 +96,14 @@ fn connect(url: &str) -> anyhow::Result<Database> {
 
 /// The replicas, each in a sandbox of its own, sharing a key-encryption key; the drill.
 async fn with_replicas(options: &Options) -> anyhow::Result<Report> {
-    let script = Script::new(Scenario::Failover, false);
+    let script = if options.agents > 0 {
+        let mut script = Script::new(Scenario::Workload, false).behind_agents(options.agents);
+        script.change_phase = "failover";
+        script
+    } else {
+        Script::new(Scenario::Failover, false)
+    };
+    let uid = rustix::process::geteuid().as_raw();
     let shared = Sandbox::new()?;
     let kek = shared.root().join("kek");
     write_random_key(&kek)?;
@@ -100,7 +111,7 @@ async fn with_replicas(options: &Options) -> anyhow::Result<Report> {
     let mut daemons = Vec::with_capacity(options.replicas);
     for index in 0..options.replicas {
         let sandbox = Sandbox::new()?;
-        for (name, yaml) in &script.initial {
+        for (name, yaml) in &script.initial_files(options.proxies, uid) {
             sandbox.write_resource(name, yaml)?;
         }
         let mut settings = sandbox.settings();
@@ -134,7 +145,7 @@ async fn with_replicas(options: &Options) -> anyhow::Result<Report> {
     }
     let result = match &options.envoy {
         Some(envoy) => play_envoy(options, &script, &shared, &sandboxes, &mut daemons, envoy).await,
-        None => play(options, &script, &sandboxes, &mut daemons).await,
+        None => play(options, &script, &shared, &sandboxes, &mut daemons).await,
     };
     for daemon in daemons.into_iter().flatten() {
         daemon.stop().await;
@@ -162,6 +173,7 @@ fn write_random_key(path: &std::path::Path) -> anyhow::Result<()> {
 async fn play(
     options: &Options,
     script: &Script,
+    shared: &Sandbox,
     sandboxes: &[Sandbox],
     daemons: &mut [Option<Daemon>],
 ) -> anyhow::Result<Report> {
@@ -175,16 +187,51 @@ async fn play(
         .collect::<anyhow::Result<Vec<_>>>()?;
     let minter = daemons[0].as_ref().ok_or_else(|| anyhow!("no replica"))?;
     let mint = |claims: &meshca_auth::Claims| Ok(minter.mint_token(claims)?);
+    let agents = if script.agents > 0 {
+        let sockets: Vec<PathBuf> = sandboxes
+            .iter()
+            .map(|s| s.root().join("sds.sock"))
+            .collect();
+        // Agent 0 starts on the replica that is killed, the others on the ones before it; each
+        // lists every replica, as an agent of a fleet lists every server.
+        let servers = |index: usize| {
+            let first = (sockets.len() - 1 + sockets.len() - index % sockets.len()) % sockets.len();
+            sockets[first..]
+                .iter()
+                .chain(&sockets[..first])
+                .cloned()
+                .collect()
+        };
+        Some(Agents::start(shared.root(), script.agents, servers, &mint).await?)
+    } else {
+        None
+    };
     let reach = Reach {
         targets,
         mint: &mint,
-        workload_socket: None,
+        workload_sockets: agents.as_ref().map(Agents::sockets).unwrap_or_default(),
     };
     let specs = script.members(options.proxies);
     let contexts: Vec<String> = script.contexts().into_keys().collect();
-    let mut fleet = Fleet::start(&reach, &specs, &contexts, options.seed)?;
-    let result = play_fleet(options, script, sandboxes, daemons, &mut fleet).await;
-    fleet.stop().await;
+    let mut result = match Fleet::start(&reach, &specs, &contexts, options.seed) {
+        Ok(mut fleet) => {
+            let result = play_fleet(options, script, sandboxes, daemons, &mut fleet).await;
+            fleet.stop().await;
+            result
+        }
+        Err(error) => Err(error),
+    };
+    if let Some(agents) = agents {
+        // Behind agents, the streams that move are the agents' own, one per agent.
+        if let Ok(Report {
+            failover: Some(failover),
+            ..
+        }) = &mut result
+        {
+            failover.moved_streams = Some(agents.moved());
+        }
+        agents.stop().await;
+    }
     result
 }
 
@@ -282,6 +329,7 @@ fn header(options: &Options, script: &Script) -> Header {
         gate: options.gate,
         proxies: options.proxies,
         envoy: options.envoy.is_some(),
+        agents: script.agents,
         seed: options.seed,
     }
 }

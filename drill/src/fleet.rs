@@ -78,8 +78,9 @@ pub struct Reach<'a> {
     pub targets: Vec<String>,
     /// Signs a token for claims.
     pub mint: &'a dyn Fn(&meshca_auth::Claims) -> anyhow::Result<String>,
-    /// The members are workloads on this Workload API socket rather than proxies on SDS.
-    pub workload_socket: Option<std::path::PathBuf>,
+    /// When not empty, the members are workloads on these Workload API sockets rather than proxies on
+    /// SDS: member `i` on socket `i % n`.
+    pub workload_sockets: Vec<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Reach<'_> {
@@ -124,8 +125,9 @@ impl Fleet {
                 ])),
                 state,
             });
-            if let Some(socket) = &reach.workload_socket {
-                let (socket, name) = (socket.clone(), spec.name.clone());
+            if !reach.workload_sockets.is_empty() {
+                let socket = reach.workload_sockets[index % reach.workload_sockets.len()].clone();
+                let name = spec.name.clone();
                 let seed = seed ^ index as u64;
                 tasks.spawn(workload::run(
                     socket,

@@ -7,7 +7,8 @@
 //! (rustls configs from what a proxy applied, SPIFFE ID checks), [`traffic`] (handshakes between
 //! random pairs, counted per phase), [`fleet`] (the proxies and waiting on their state), [`scenario`]
 //! (each drill as a script of resource edits) and [`play`] (which plays a script). In the `workload`
-//! drill the members are [`workload`]s on the SPIFFE Workload API instead of proxies. With `--envoy`,
+//! drill the members are [`workload`]s on the SPIFFE Workload API instead of proxies, on the daemon's own
+//! socket or, with `--agent`, behind [`agents`]. With `--envoy`,
 //! [`envoy`] runs real Envoy sidecars instead of the simulated proxies and counts HTTP requests through
 //! them, each a new mTLS handshake.
 
@@ -15,6 +16,7 @@
 //! daemon in process through `meshca-daemon`.
 #![forbid(unsafe_code)]
 
+pub mod agents;
 pub mod bench;
 pub mod bootstrap;
 pub mod envoy;

@@ -11,6 +11,7 @@ use meshca_auth::{Claims, ProxyType};
 use meshca_control::{Detail, StatusReply};
 use rustls_pki_types::CertificateDer;
 
+use super::agents::Agents;
 use super::envoy::{EnvoyRing, RingMember, RingTraffic, Sidecar, Topology};
 use super::fleet::{Fleet, Member, Reach, States};
 use super::proxy::ProxyTls;
@@ -56,6 +57,7 @@ impl Options {
             gate: self.gate,
             proxies: self.proxies,
             envoy: self.envoy.is_some(),
+            agents: script.agents,
             seed: self.seed,
         }
     }
@@ -104,24 +106,46 @@ async fn simulated(
         .unix_target()
         .ok_or_else(|| anyhow!("the drill daemon has no unix SDS socket"))?;
     let mint = |claims: &meshca_auth::Claims| Ok(daemon.mint_token(claims)?);
+    let agents = if script.agents > 0 {
+        let sds = daemon
+            .sds_addrs
+            .iter()
+            .find_map(unix_path)
+            .ok_or_else(|| anyhow!("the drill daemon has no unix SDS socket"))?;
+        let servers = |_| vec![sds.clone()];
+        Some(Agents::start(sandbox.root(), script.agents, servers, &mint).await?)
+    } else {
+        None
+    };
+    let workload_sockets = match &agents {
+        Some(agents) => agents.sockets(),
+        None if script.workloads => vec![daemon
+            .workload_addrs
+            .iter()
+            .find_map(unix_path)
+            .ok_or_else(|| anyhow!("the drill daemon has no Workload API socket"))?],
+        None => Vec::new(),
+    };
     let reach = Reach {
         targets: vec![target],
         mint: &mint,
-        workload_socket: script
-            .workloads
-            .then(|| daemon.workload_addrs.iter().find_map(unix_path))
-            .flatten(),
+        workload_sockets,
     };
-    if script.workloads && reach.workload_socket.is_none() {
-        return Err(anyhow!("the drill daemon has no Workload API socket"));
+    let result = match Fleet::start(&reach, &specs, &contexts, options.seed) {
+        Ok(mut fleet) => {
+            let result = play_simulated(script, options, daemon, sandbox, &mut fleet).await;
+            fleet.stop().await;
+            result
+        }
+        Err(error) => Err(error),
+    };
+    if let Some(agents) = agents {
+        agents.stop().await;
     }
-    let mut fleet = Fleet::start(&reach, &specs, &contexts, options.seed)?;
-    let result = play_simulated(script, options, daemon, sandbox, &mut fleet).await;
-    fleet.stop().await;
     result
 }
 
-fn unix_path(addr: &meshca_sds::BoundAddr) -> Option<std::path::PathBuf> {
+pub(super) fn unix_path(addr: &meshca_sds::BoundAddr) -> Option<std::path::PathBuf> {
     match addr {
         meshca_sds::BoundAddr::Unix(path) => Some(path.clone()),
         _ => None,

@@ -18,6 +18,8 @@ pub struct Report {
     pub proxies: usize,
     /// Whether they were real Envoy sidecars (each request a new mTLS handshake) rather than simulated.
     pub envoy: bool,
+    /// How many `meshca agent`s served the workloads (0: none, or not a workload drill).
+    pub agents: usize,
     /// The seed of apply delays and handshake pairs.
     pub seed: u64,
     /// Each phase, in order.
@@ -43,6 +45,7 @@ pub struct FailoverReport {
     /// The replica killed in the middle of the rotation.
     pub killed: String,
     /// Streams re-opened on another replica after one failed (simulated proxies; Envoy does not say).
+    /// Behind agents: the agents' own streams, one per agent.
     pub moved_streams: Option<u64>,
 }
 
@@ -101,6 +104,8 @@ pub struct Header {
     pub proxies: usize,
     /// Real Envoy sidecars rather than simulated proxies.
     pub envoy: bool,
+    /// How many `meshca agent`s served the workloads.
+    pub agents: usize,
     /// The seed.
     pub seed: u64,
 }
@@ -127,6 +132,7 @@ impl Report {
             gate: header.gate,
             proxies: header.proxies,
             envoy: header.envoy,
+            agents: header.agents,
             seed: header.seed,
             phases,
             converge_seconds: outcome.converge_seconds.map(round2),
@@ -152,9 +158,11 @@ impl Report {
         let mut out = String::new();
         let gate = if self.gate { "on" } else { "off" };
         let kind = if self.envoy {
-            "Envoy sidecars (each request a new mTLS handshake)"
+            "Envoy sidecars (each request a new mTLS handshake)".to_owned()
+        } else if self.agents > 0 {
+            format!("workloads behind {} meshca agents", self.agents)
         } else {
-            "proxies"
+            "proxies".to_owned()
         };
         let _ = writeln!(
             out,
@@ -168,6 +176,10 @@ impl Report {
                 failover.replicas, failover.killed
             );
             match failover.moved_streams {
+                Some(moved) if self.agents > 0 => {
+                    let agents = self.agents;
+                    let _ = writeln!(out, "; {moved} of {agents} agents moved to another replica");
+                }
                 Some(moved) => {
                     let _ = writeln!(out, "; {moved} streams moved to another replica");
                 }

@@ -115,6 +115,9 @@ pub struct Script {
     /// The members are workloads on the Workload API, each a Dataplane and a registration of the
     /// resource files, rather than proxies on SDS.
     pub workloads: bool,
+    /// With `workloads`: how many `meshca agent`s serve them (0: the daemon's own socket does).
+    /// Member `i`'s registration names agent [`agent_name`]`(i % agents)`.
+    pub agents: usize,
 }
 
 impl Script {
@@ -139,16 +142,25 @@ impl Script {
         }
     }
 
+    /// The same script with its workloads behind `agents` agents (see [`Script::agents`]).
+    pub fn behind_agents(self, agents: usize) -> Script {
+        Script { agents, ..self }
+    }
+
     /// The resource files of the steady state for `count` members: [`Script::initial`], and for a
     /// drill of workloads their Dataplanes and registrations, each selecting the process with effective
-    /// uid `uid` and hinted with the member's name.
+    /// uid `uid`, hinted with the member's name and naming its agent if there are agents.
     pub fn initial_files(&self, count: usize, uid: u32) -> Vec<(&'static str, String)> {
         let mut files = self.initial.clone();
         if self.workloads {
             let documents: Vec<String> = self
                 .members(count)
                 .iter()
-                .map(|m| workload_documents(m, uid))
+                .enumerate()
+                .map(|(i, m)| {
+                    let agent = (self.agents > 0).then(|| agent_name(i % self.agents));
+                    workload_documents(m, uid, agent.as_deref())
+                })
                 .collect();
             files.push(("workloads.yaml", documents.join("---\n")));
         }
@@ -254,15 +266,25 @@ pub const OTHER_MESH: &str = "other";
 const EGRESS_CONTEXT: &str = "system_trust_bundle_egress";
 
 /// A member as a workload: its Dataplane, and a registration that selects the process with effective
-/// uid `uid` and hints the SVID with the member's name.
-fn workload_documents(member: &MemberSpec, uid: u32) -> String {
-    registered_workload(
+/// uid `uid`, hints the SVID with the member's name and names `agent`, if any.
+fn workload_documents(member: &MemberSpec, uid: u32, agent: Option<&str>) -> String {
+    let mut documents = registered_workload(
         &member.mesh,
         &member.name,
         &member.service,
         &member.labels,
         uid,
-    )
+    );
+    if let Some(agent) = agent {
+        documents.push_str(&format!("  agent: {agent}\n"));
+    }
+    documents
+}
+
+/// The name of a drill's agent `index` (`host-a`, `host-b`, ...), as its token and the registrations
+/// it serves name it.
+pub fn agent_name(index: usize) -> String {
+    format!("host-{}", char::from(b'a' + (index % 26) as u8))
 }
 
 /// The resource documents of a workload: Dataplane `name` of `mesh` (one inbound tagged `service`,
@@ -414,6 +436,7 @@ fn ca_rotation() -> Script {
         },
         final_issuer: Some("backend ca-2"),
         workloads: false,
+        agents: 0,
     }
 }
 
@@ -488,6 +511,7 @@ fn migrate_to_meshidentity(staged: bool) -> Script {
         },
         final_issuer: Some("MeshIdentity workloads"),
         workloads: false,
+        agents: 0,
     }
 }
 
@@ -565,6 +589,7 @@ fn trust_domain(staged: bool) -> Script {
         },
         final_issuer,
         workloads: false,
+        agents: 0,
     }
 }
 
@@ -608,6 +633,7 @@ fn egress() -> Script {
         // The egress and the two meshes' sidecars end with three issuers.
         final_issuer: None,
         workloads: false,
+        agents: 0,
     }
 }
 

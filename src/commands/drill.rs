@@ -16,6 +16,8 @@ const MAX_ENVOYS: usize = 64;
 /// The most replicas the failover drill starts (each a daemon with its own connections to the
 /// database).
 const MAX_REPLICAS: usize = 8;
+/// The agents of `drill workload --agent`: two hosts, so that each serves only its own workloads.
+const DRILL_AGENTS: usize = 2;
 
 pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
     if !(2..=MAX_PROXIES).contains(&args.proxies) {
@@ -62,15 +64,31 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
         ))
         .into());
     }
-    if args.postgres.is_some() != (args.scenario == DrillScenario::Failover) {
+    if args.agent && args.scenario != DrillScenario::Workload {
         return Err(InvalidInput(
-            "--postgres URL goes with the failover drill, and the failover drill needs it (an empty PostgreSQL database for its replicas)"
+            "--agent goes with the workload drill: its members are workloads, which agents serve"
                 .into(),
         )
         .into());
     }
+    let replicated = args.scenario == DrillScenario::Failover || args.agent;
+    if args.postgres.is_some() && !replicated {
+        return Err(InvalidInput(
+            "--postgres URL goes with the failover drill and with `workload --agent` (an empty PostgreSQL database for their replicas)"
+                .into(),
+        )
+        .into());
+    }
+    if args.postgres.is_none() && args.scenario == DrillScenario::Failover {
+        return Err(InvalidInput(
+            "the failover drill needs --postgres URL (an empty PostgreSQL database for its replicas)"
+                .into(),
+        )
+        .into());
+    }
+    let agents = if args.agent { DRILL_AGENTS } else { 0 };
     if let Some(postgres) = &args.postgres {
-        return failover(&args, postgres.clone()).await;
+        return failover(&args, postgres.clone(), agents).await;
     }
     let options = play::Options {
         proxies: args.proxies,
@@ -79,11 +97,12 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
         handshakes: args.handshakes,
         envoy: args.envoy.clone(),
     };
-    let report = play::run(Script::new(scenario(args.scenario), args.staged), options).await?;
+    let script = Script::new(scenario(args.scenario), args.staged).behind_agents(agents);
+    let report = play::run(script, options).await?;
     print_report(&args, &report)
 }
 
-async fn failover(args: &DrillArgs, postgres: String) -> anyhow::Result<ExitCode> {
+async fn failover(args: &DrillArgs, postgres: String, agents: usize) -> anyhow::Result<ExitCode> {
     if !(2..=MAX_REPLICAS).contains(&args.replicas) {
         return Err(InvalidInput(format!(
             "--replicas must be between 2 and {MAX_REPLICAS} (one is killed, another takes its proxies), got {}",
@@ -99,6 +118,7 @@ async fn failover(args: &DrillArgs, postgres: String) -> anyhow::Result<ExitCode
         seed: args.seed,
         handshakes: args.handshakes,
         envoy: args.envoy.clone(),
+        agents,
     };
     let report = failover::run(options).await?;
     print_report(args, &report)
