@@ -116,6 +116,11 @@ impl SentStates {
         }))
     }
 
+    /// How many sent states are kept: at most [`KEPT`].
+    pub(crate) fn kept(&self) -> usize {
+        self.sent.len()
+    }
+
     fn forget(&mut self, version: u64) {
         self.forgotten = Some(self.forgotten.map_or(version, |v| v.max(version)));
     }
