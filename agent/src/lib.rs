@@ -17,6 +17,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 pub mod config;
+#[doc(hidden)]
+pub mod fuzzing;
 mod gate;
 pub mod keys;
 pub mod local;

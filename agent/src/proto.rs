@@ -344,4 +344,148 @@ mod tests {
             "SHA-256(\"abc\") begins ba7816bf"
         );
     }
+
+    mod properties {
+        use super::*;
+        use proptest::collection::{hash_map, vec};
+        use proptest::prelude::*;
+
+        fn text() -> impl Strategy<Value = String> {
+            "\\PC{0,12}"
+        }
+
+        fn bytes() -> impl Strategy<Value = Vec<u8>> {
+            vec(any::<u8>(), 0..24)
+        }
+
+        fn agent_message() -> impl Strategy<Value = AgentMessage> {
+            let hello = (any::<u32>(), text()).prop_map(|(protocol, agent_version)| {
+                agent_message::Message::Hello(Hello {
+                    protocol,
+                    agent_version,
+                })
+            });
+            let request = (text(), text(), bytes(), any::<bool>()).prop_map(
+                |(mesh, registration, csr, replace_now)| KeyRequest {
+                    mesh,
+                    registration,
+                    csr,
+                    replace_now,
+                },
+            );
+            let keys = vec(request, 0..4)
+                .prop_map(|requests| agent_message::Message::Keys(KeyRequests { requests }));
+            let open = (text(), text(), any::<u32>()).prop_map(|(mesh, registration, streams)| {
+                OpenStreams {
+                    mesh,
+                    registration,
+                    streams,
+                }
+            });
+            let ack = (any::<u64>(), vec(open, 0..4)).prop_map(|(version, streams)| {
+                agent_message::Message::Ack(Ack { version, streams })
+            });
+            proptest::option::of(prop_oneof![hello, keys, ack])
+                .prop_map(|message| AgentMessage { message })
+        }
+
+        fn bundle() -> impl Strategy<Value = X509Bundle> {
+            vec(bytes(), 0..3).prop_map(|authorities| X509Bundle { authorities })
+        }
+
+        fn registration() -> impl Strategy<Value = Registration> {
+            let identity = (text(), vec(bytes(), 0..3), bytes()).prop_map(
+                |(spiffe_id, certificate_chain, key_id)| Identity {
+                    spiffe_id,
+                    certificate_chain,
+                    key_id,
+                },
+            );
+            (
+                (text(), text(), text(), vec(text(), 0..3), text()),
+                (
+                    any::<u64>(),
+                    text(),
+                    proptest::option::of(identity),
+                    text(),
+                    any::<bool>(),
+                ),
+            )
+                .prop_map(
+                    |(
+                        (mesh, name, dataplane, selectors, hint),
+                        (jwt_svid_seconds, key_algorithm, identity, no_identity, wants_key),
+                    )| Registration {
+                        mesh,
+                        name,
+                        dataplane,
+                        selectors,
+                        hint,
+                        jwt_svid_seconds,
+                        key_algorithm,
+                        identity,
+                        no_identity,
+                        wants_key,
+                    },
+                )
+        }
+
+        fn agent_state() -> impl Strategy<Value = AgentState> {
+            let mesh_trust = hash_map(text(), bundle(), 0..3)
+                .prop_map(|by_trust_domain| MeshTrust { by_trust_domain });
+            (
+                any::<u64>(),
+                vec(registration(), 0..3),
+                hash_map(text(), bundle(), 0..3),
+                hash_map(text(), mesh_trust, 0..3),
+                hash_map(text(), bytes(), 0..3),
+            )
+                .prop_map(|(version, registrations, all, meshes, jwt_bundles)| {
+                    AgentState {
+                        version,
+                        registrations,
+                        all,
+                        meshes,
+                        jwt_bundles,
+                    }
+                })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// What an agent sends decodes to what it encoded, whatever the values.
+            #[test]
+            fn an_agent_message_decodes_to_what_was_encoded(message in agent_message()) {
+                let encoded = message.encode_to_vec();
+                prop_assert_eq!(encoded.len(), message.encoded_len());
+                let decoded = AgentMessage::decode(encoded.as_slice());
+                prop_assert_eq!(decoded.as_ref(), Ok(&message));
+            }
+
+            /// What a server sends decodes to what it encoded, whatever the values.
+            #[test]
+            fn an_agent_state_decodes_to_what_was_encoded(state in agent_state()) {
+                let encoded = state.encode_to_vec();
+                prop_assert_eq!(encoded.len(), state.encoded_len());
+                let decoded = AgentState::decode(encoded.as_slice());
+                prop_assert_eq!(decoded.as_ref(), Ok(&state));
+            }
+
+            /// Bytes that decode as a message re-encode to bytes that decode to the same message.
+            #[test]
+            fn any_bytes_that_decode_re_encode_to_the_same_message(
+                bytes in vec(any::<u8>(), 0..256)
+            ) {
+                if let Ok(message) = AgentMessage::decode(bytes.as_slice()) {
+                    let again = AgentMessage::decode(message.encode_to_vec().as_slice());
+                    prop_assert_eq!(again.as_ref(), Ok(&message));
+                }
+                if let Ok(state) = AgentState::decode(bytes.as_slice()) {
+                    let again = AgentState::decode(state.encode_to_vec().as_slice());
+                    prop_assert_eq!(again.as_ref(), Ok(&state));
+                }
+            }
+        }
+    }
 }

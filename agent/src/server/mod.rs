@@ -8,9 +8,9 @@
 //! behind the agent as it does for Envoys. The agent's key requests are checked here ([`keys`]) and
 //! handed to the owner as `KeyOffered`; the server never sees a private key.
 
-mod keys;
+pub(crate) mod keys;
 mod mint;
-mod sent;
+pub(crate) mod sent;
 mod state;
 mod status;
 mod sync;

@@ -116,6 +116,11 @@ impl SentStates {
         }))
     }
 
+    /// How many sent states are kept: at most [`KEPT`].
+    pub(crate) fn kept(&self) -> usize {
+        self.sent.len()
+    }
+
     fn forget(&mut self, version: u64) {
         self.forgotten = Some(self.forgotten.map_or(version, |v| v.max(version)));
     }
@@ -192,5 +197,204 @@ mod tests {
         assert_eq!(sent.ack(newest + 1), Err(NeverSent(newest + 1)));
         // After everything kept was superseded, versions still grow past what was forgotten.
         assert_eq!(sent.send(3, ids(&[1])), newest + 1);
+    }
+
+    mod model {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// What a stream does with its states.
+        #[derive(Debug, Clone)]
+        enum Op {
+            /// A state built from the generation this many after the current one, carrying these
+            /// streams.
+            Send(u64, Vec<u64>),
+            /// A snapshot this many generations newer leaves the content unchanged.
+            Unchanged(u64),
+            /// An Ack of the state sent this many states before the newest (wrapping), or of a
+            /// version this far past the newest.
+            AckSent(usize),
+            AckPast(u64),
+            /// An Ack of a version between two sent, or below every one.
+            AckBetween(usize),
+            /// This many states, each of the next generation, with no Ack between: past what is kept.
+            Burst(u64),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                4 => (0u64..3, proptest::collection::vec(0u64..4, 0..3))
+                    .prop_map(|(ahead, streams)| Op::Send(ahead, streams)),
+                1 => (0u64..3).prop_map(Op::Unchanged),
+                3 => (0usize..80).prop_map(Op::AckSent),
+                1 => (1u64..4).prop_map(Op::AckPast),
+                1 => (0usize..80).prop_map(Op::AckBetween),
+                1 => (1u64..=(KEPT as u64 + 8)).prop_map(Op::Burst),
+            ]
+        }
+
+        /// One state sent, as the model sees it.
+        struct Sent {
+            version: u64,
+            stands_for: u64,
+            streams: Vec<StreamId>,
+        }
+
+        /// Every state ever sent, and indices into it: the first still kept, and the one acknowledged
+        /// last. A state is kept if it is among the newest `KEPT` and not older than the one
+        /// acknowledged last.
+        #[derive(Default)]
+        struct Model {
+            history: Vec<Sent>,
+            acked: Option<usize>,
+        }
+
+        impl Model {
+            fn first_kept(&self) -> usize {
+                self.history
+                    .len()
+                    .saturating_sub(KEPT)
+                    .max(self.acked.unwrap_or(0))
+            }
+
+            /// The newest version no longer kept.
+            fn forgotten(&self) -> Option<u64> {
+                self.history[..self.first_kept()]
+                    .iter()
+                    .map(|s| s.version)
+                    .max()
+            }
+
+            fn send(&mut self, generation: u64, mut streams: Vec<StreamId>) -> u64 {
+                let version = match self.history.last() {
+                    Some(last) => generation.max(last.version + 1),
+                    None => generation,
+                };
+                streams.sort_unstable();
+                self.history.push(Sent {
+                    version,
+                    stands_for: generation,
+                    streams,
+                });
+                version
+            }
+
+            fn unchanged(&mut self, generation: u64) -> Option<Acked> {
+                let at = self.history.len().checked_sub(1)?;
+                let last = &mut self.history[at];
+                if last.stands_for >= generation {
+                    return None;
+                }
+                last.stands_for = generation;
+                (self.acked == Some(at)).then(|| Acked {
+                    streams: last.streams.clone(),
+                    generation,
+                    version: last.version,
+                })
+            }
+
+            fn ack(&mut self, version: u64) -> Result<Option<Acked>, NeverSent> {
+                let Some(at) = self.history.iter().position(|s| s.version == version) else {
+                    return match self.forgotten() {
+                        Some(forgotten) if version <= forgotten => Ok(None),
+                        _ => Err(NeverSent(version)),
+                    };
+                };
+                if at < self.first_kept() || self.acked == Some(at) {
+                    return Ok(None);
+                }
+                self.acked = Some(at);
+                let sent = &self.history[at];
+                Ok(Some(Acked {
+                    streams: sent.streams.clone(),
+                    generation: sent.stands_for,
+                    version,
+                }))
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(128))]
+
+            /// `SentStates` does what the model, which remembers every state, says; versions grow,
+            /// what is reported acknowledged never goes back, a version never sent is refused
+            /// unless older than one forgotten, and no more than `KEPT` states are kept.
+            #[test]
+            fn sent_states_follow_the_model(ops in proptest::collection::vec(op(), 1..300)) {
+                let mut sent = SentStates::default();
+                let mut model = Model::default();
+                let mut generation = 1;
+                let mut reported: Option<(u64, u64)> = None;
+                for op in ops {
+                    let acked = match op {
+                        Op::Send(ahead, streams) => {
+                            generation += ahead;
+                            let streams: Vec<StreamId> = streams.into_iter().map(StreamId).collect();
+                            let newest = model.history.last().map(|s| s.version);
+                            let version = sent.send(generation, streams.clone());
+                            prop_assert_eq!(version, model.send(generation, streams));
+                            prop_assert!(version >= generation);
+                            prop_assert!(newest.is_none_or(|newest| version > newest));
+                            None
+                        }
+                        Op::Burst(states) => {
+                            for _ in 0..states {
+                                generation += 1;
+                                let streams = vec![StreamId(1)];
+                                let version = sent.send(generation, streams.clone());
+                                prop_assert_eq!(version, model.send(generation, streams));
+                                prop_assert!(sent.kept() <= KEPT);
+                            }
+                            None
+                        }
+                        Op::Unchanged(ahead) => {
+                            generation += ahead;
+                            let acked = sent.unchanged(generation);
+                            prop_assert_eq!(&acked, &model.unchanged(generation));
+                            acked
+                        }
+                        Op::AckSent(back) | Op::AckBetween(back) if model.history.is_empty() => {
+                            let _ = back;
+                            prop_assert_eq!(sent.ack(1), Err(NeverSent(1)));
+                            None
+                        }
+                        Op::AckSent(back) => {
+                            let version = model.history[model.history.len() - 1 - back % model.history.len()].version;
+                            let acked = sent.ack(version);
+                            prop_assert!(acked.is_ok(), "a version sent was refused");
+                            prop_assert_eq!(&acked, &model.ack(version));
+                            acked.ok().flatten()
+                        }
+                        Op::AckPast(past) => {
+                            let version = model.history.last().map_or(0, |s| s.version) + past;
+                            prop_assert_eq!(sent.ack(version), Err(NeverSent(version)));
+                            None
+                        }
+                        Op::AckBetween(at) => {
+                            let at = at % model.history.len();
+                            let below = if at == 0 { 0 } else { model.history[at - 1].version };
+                            let version = model.history[at].version - 1;
+                            if version == below {
+                                // No gap here.
+                                continue;
+                            }
+                            let acked = sent.ack(version);
+                            prop_assert!(!matches!(acked, Ok(Some(_))), "a version never sent was reported");
+                            prop_assert_eq!(&acked, &model.ack(version));
+                            acked.ok().flatten()
+                        }
+                    };
+                    if let Some(acked) = acked {
+                        if let Some((version, generation)) = reported {
+                            prop_assert!(acked.version >= version && acked.generation >= generation);
+                            prop_assert!((acked.version, acked.generation) != (version, generation));
+                        }
+                        reported = Some((acked.version, acked.generation));
+                    }
+                    prop_assert!(sent.kept() <= KEPT);
+                    prop_assert_eq!(sent.kept(), model.history.len() - model.first_kept());
+                }
+            }
+        }
     }
 }
