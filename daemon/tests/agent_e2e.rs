@@ -3,7 +3,8 @@
 //! API, and the database dump of replicas on PostgreSQL), a CA rotation reaches the workload's bundle
 //! before its SVID moves to the new CA, the agent keeps serving while the server is down and catches up
 //! when it returns, a revoked agent token gets no new certificate while the agent keeps serving what
-//! it holds, and an agent moves from a stopped replica to another that serves its workload on.
+//! it holds, and an agent moves from a stopped replica to another that serves its workload on until
+//! its token is revoked through the database.
 
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -670,7 +671,8 @@ async fn dump_once_recorded(pg: &TestPostgres, leaf: &Traces) -> Vec<u8> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicas_on_postgres_store_no_workload_key_and_one_serves_on_when_the_other_stops() {
+async fn replicas_on_postgres_store_no_workload_key_serve_on_when_one_stops_and_refuse_a_revoked_agent(
+) {
     let pg = tokio::task::block_in_place(TestPostgres::start);
     let shared = tempfile::tempdir().expect("a temp dir");
     write_private(&shared.path().join("kek"), &[7u8; 32]);
@@ -752,6 +754,46 @@ async fn replicas_on_postgres_store_no_workload_key_and_one_serves_on_when_the_o
         key.assert_not_under(&root_a.path().join("data"));
         key.assert_not_under(&root_b.path().join("data"));
     }
+
+    // The operator revokes the agent's token with replica a's settings, as `meshca token --revoke`
+    // does: into the database, which replica b reads. Replica b ends the agent's stream; the agent
+    // keeps serving what it holds.
+    let settings_a = replica_settings(root_a.path(), &pg, shared.path(), "replica-a");
+    let id = agent.claims.id.clone();
+    let added = tokio::task::spawn_blocking(move || {
+        let (_, store) = meshca_daemon::open_store(&settings_a).expect("the store opens");
+        store
+            .revocations()
+            .expect("the database keeps the revoked tokens")
+            .revoke(&id, "revoked by the test")
+            .expect("revokes")
+    })
+    .await
+    .expect("the revocation ran");
+    assert!(added, "the token was not revoked before");
+    let mut agent_status = agent.agent.status().subscribe();
+    let refused = tokio::time::timeout(
+        TIMEOUT,
+        agent_status.wait_for(|s| {
+            s.server.connected.is_none()
+                && s.server
+                    .last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("revoked") && e.contains(&agent.claims.id))
+        }),
+    )
+    .await
+    .expect("replica b refuses the agent in time")
+    .expect("the agent runs")
+    .clone();
+    assert!(refused.serving, "the agent still serves what it holds");
+    let mut again = x509_stream(&agent.socket).await;
+    let held = next(&mut again).await;
+    assert_eq!(
+        leaf_der(&held),
+        second_leaf.raw,
+        "the workload keeps its SVID"
+    );
 
     agent.stop().await;
     replica_b.stop().await;
