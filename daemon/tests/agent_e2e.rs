@@ -1,220 +1,38 @@
-//! A daemon and a `meshca agent` together, both in this process: a workload on the agent's socket gets
-//! an SVID over a key the agent made, the server side holds that key nowhere, a CA rotation reaches the
-//! workload's bundle before its SVID moves to the new CA, and the agent keeps serving while the server
-//! is down, then catches up when it returns.
+//! A daemon and `meshca agent`s together, all in this process: a workload on an agent's socket gets
+//! an SVID over a key the agent made, the server side holds that key nowhere (data directory, admin
+//! API), a CA rotation reaches the workload's bundle before its SVID moves to the new CA, the agent
+//! keeps serving while the server is down and catches up when it returns, and a revoked agent token
+//! gets no new certificate while the agent keeps serving what it holds.
 
-use std::collections::BTreeSet;
-use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+mod common;
+
+use std::time::Duration;
 
 use base64::Engine;
-use meshca_agent::{Agent, AgentConfig, ServerAddr};
-use meshca_config::{ListenAddr, Settings};
-use meshca_daemon::{Daemon, DaemonOptions};
-use meshca_workload::proto::{paths, X509SvidRequest, X509SvidResponse};
-use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
-use tonic::{Request, Streaming};
-use tonic_prost::ProstCodec;
-
-/// How long any one step may take.
-const TIMEOUT: Duration = Duration::from_secs(60);
-
-/// How long the agent gives a workload to apply a message before it counts as applied.
-const ACK_AFTER: Duration = Duration::from_secs(1);
-
-/// A legacy mesh whose builtin backend `enabled` issues, trusting `also` too.
-fn mesh(enabled: &str, also: &[&str]) -> String {
-    let mut backends = String::new();
-    for name in std::iter::once(enabled).chain(also.iter().copied()) {
-        backends.push_str(&format!(
-            "    - {{name: {name}, type: builtin, dpCert: {{rotation: {{expiration: 1h}}}}}}\n"
-        ));
-    }
-    let secondary = if also.is_empty() {
-        String::new()
-    } else {
-        format!("  secondaryBackends: [{}]\n", also.join(", "))
-    };
-    format!("type: Mesh\nname: default\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}")
-}
-
-fn workloads(uid: &str) -> String {
-    format!(
-        "type: Dataplane\nmesh: default\nname: batch-1\nnetworking:\n  address: 10.0.0.1\n  inbound: \
-         [{{port: 8080, tags: {{kuma.io/service: batch}}}}]\n---\ntype: WorkloadRegistration\nmesh: \
-         default\nname: batch\nspec:\n  dataplane: batch-1\n  selectors: [unix:uid:{uid}]\n  agent: \
-         host-a\n"
-    )
-}
-
-fn my_uid() -> String {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|ids| ids.split_whitespace().nth(1))
-        .expect("an effective uid")
-        .to_owned()
-}
-
-async fn start_daemon(root: &Path) -> Daemon {
-    let mut settings = Settings {
-        data_dir: root.join("data"),
-        resources: root.join("resources"),
-        ..Settings::default()
-    };
-    settings.sds.listen = vec![ListenAddr::Unix(root.join("sds.sock"))];
-    settings.sds.tls = None;
-    settings.admin.listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-    settings.workload_api.listen = Vec::new();
-    let options = DaemonOptions {
-        gate: true,
-        watch_files: false,
-    };
-    tokio::time::timeout(TIMEOUT, Daemon::start(settings, options))
-        .await
-        .expect("starts in time")
-        .expect("the daemon starts")
-}
-
-async fn reload(daemon: &Daemon) {
-    let outcome = daemon.reload_resources().await.expect("the daemon runs");
-    if let Err(errors) = outcome {
-        panic!("the update was rejected: {errors:?}");
-    }
-}
-
-async fn x509_stream(socket: &Path) -> Streaming<X509SvidResponse> {
-    let channel: Channel =
-        meshca_sds::connect_channel(&format!("unix://{}", socket.display()), None)
-            .await
-            .expect("connects to the agent's socket");
-    let mut grpc = tonic::client::Grpc::new(channel);
-    let mut request = Request::new(X509SvidRequest {});
-    request
-        .metadata_mut()
-        .insert("workload.spiffe.io", "true".parse().expect("ascii"));
-    grpc.ready().await.expect("ready");
-    grpc.server_streaming(
-        request,
-        paths::FETCH_X509_SVID.parse().expect("a path"),
-        ProstCodec::default(),
-    )
-    .await
-    .expect("the stream opens")
-    .into_inner()
-}
-
-async fn next(stream: &mut Streaming<X509SvidResponse>) -> X509SvidResponse {
-    tokio::time::timeout(TIMEOUT, stream.message())
-        .await
-        .expect("a message in time")
-        .expect("the stream stays open")
-        .expect("a message")
-}
-
-/// The subjects of the CAs in a concatenated DER bundle.
-fn ca_subjects(bundle: &[u8]) -> BTreeSet<String> {
-    let mut rest = bundle;
-    let mut subjects = BTreeSet::new();
-    while !rest.is_empty() {
-        let (after, cert) = x509_parser::parse_x509_certificate(rest).expect("a CA certificate");
-        subjects.insert(cert.subject().to_string());
-        rest = after;
-    }
-    subjects
-}
-
-/// The leaf's issuer, and whether the key sent with it is the leaf's.
-fn leaf_issuer(response: &X509SvidResponse) -> String {
-    let svid = &response.svids[0];
-    let (_, leaf) = x509_parser::parse_x509_certificate(&svid.x509_svid).expect("the leaf parses");
-    let key = ring::signature::EcdsaKeyPair::from_pkcs8(
-        &ring::signature::ECDSA_P256_SHA256_ASN1_SIGNING,
-        &svid.x509_svid_key,
-        &ring::rand::SystemRandom::new(),
-    )
-    .expect("the key is PKCS#8 P-256");
-    use ring::signature::KeyPair;
-    assert_eq!(
-        key.public_key().as_ref(),
-        leaf.public_key().subject_public_key.data.as_ref(),
-        "the key is the leaf's"
-    );
-    leaf.issuer().to_string()
-}
-
-/// Every file under `dir`, read whole.
-fn files_under(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        for entry in std::fs::read_dir(&dir).expect("a readable directory") {
-            let path = entry.expect("an entry").path();
-            if path.is_dir() {
-                pending.push(path);
-            } else if path.is_file() {
-                out.push((path.clone(), std::fs::read(&path).expect("a readable file")));
-            }
-        }
-    }
-    out
-}
-
-async fn admin_text(admin: SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(admin)
-        .await
-        .expect("admin connects");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .expect("request sent");
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .await
-        .expect("response read");
-    assert!(response.starts_with("HTTP/1.1 200"), "{path}: {response}");
-    response
-}
+use common::{
+    admin_text, ca_subjects, connected_agents, dataplane, leaf_der, leaf_issuer, mesh, my_uid,
+    next, registration, reload, settings, start, start_daemon, workloads, write_resources,
+    x509_stream, TestAgent, WorkloadKey, ACK_AFTER, TIMEOUT,
+};
+use meshca_agent::ServerAddr;
+use meshca_daemon::revocations::{self, Revoked};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_workload_behind_an_agent_gets_its_identity_over_a_key_the_server_never_holds() {
     let root = tempfile::tempdir().expect("a temp dir");
-    let resources = root.path().join("resources");
-    std::fs::create_dir(&resources).expect("resources dir");
-    std::fs::write(resources.join("mesh.yaml"), mesh("ca-1", &[])).expect("mesh.yaml");
-    std::fs::write(resources.join("workloads.yaml"), workloads(&my_uid())).expect("workloads");
+    let resources = write_resources(root.path(), &workloads(&my_uid()));
     let daemon = start_daemon(root.path()).await;
-
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("after 1970")
-        .as_secs();
-    let claims =
-        meshca_auth::Claims::new_agent("host-a", Duration::from_secs(3600), now).expect("claims");
-    let token_file = root.path().join("agent.token");
-    std::fs::write(&token_file, daemon.mint_token(&claims).expect("a token")).expect("token");
-    let mut config = AgentConfig::new(
+    let agent = TestAgent::start(
+        root.path(),
+        "host-a",
         vec![ServerAddr::Unix(root.path().join("sds.sock"))],
-        token_file,
-    );
-    let agent_socket = root.path().join("agent.sock");
-    config.listen = agent_socket.clone();
-    config.admin = None;
-    config.workload.ack_after = ACK_AFTER;
-    config.backoff = (Duration::from_millis(20), Duration::from_millis(200));
-    let shutdown = CancellationToken::new();
-    let agent = Agent::start(config, shutdown.clone())
-        .await
-        .expect("the agent starts");
+        &daemon,
+        Duration::from_millis(200),
+    )
+    .await;
 
     // The workload gets the dataplane's identity, over a key the agent made.
-    let mut svids = x509_stream(&agent_socket).await;
+    let mut svids = x509_stream(&agent.socket).await;
     let first = next(&mut svids).await;
     assert_eq!(first.svids.len(), 1);
     assert_eq!(first.svids[0].spiffe_id, "spiffe://default/batch");
@@ -223,25 +41,8 @@ async fn a_workload_behind_an_agent_gets_its_identity_over_a_key_the_server_neve
     assert!(old_cas.contains(&old_issuer), "the bundle holds its issuer");
 
     // The key is nowhere on the server's side: not in its data directory, not in its admin API.
-    // A P-256 PKCS#8 key (as ring writes it) begins with 36 bytes every such key shares; the private
-    // scalar follows. Its bytes, and the PEM text that encodes them (base64 from the 48th character:
-    // 36 bytes are 48 characters), are what must not appear.
-    let key = first.svids[0].x509_svid_key.clone();
-    let secret = &key[36..68];
-    let key_b64 = base64::engine::general_purpose::STANDARD.encode(&key);
-    let key_body = &key_b64[48..88];
-    for (path, content) in files_under(&root.path().join("data")) {
-        assert!(
-            !content.windows(secret.len()).any(|w| w == secret),
-            "{} holds the workload's key",
-            path.display()
-        );
-        assert!(
-            !String::from_utf8_lossy(&content).contains(key_body),
-            "{} holds the workload's key as PEM",
-            path.display()
-        );
-    }
+    let key = WorkloadKey::of(&first.svids[0].x509_svid_key);
+    key.assert_not_under(&root.path().join("data"));
     for path in [
         "/api/status",
         "/api/agents",
@@ -250,7 +51,7 @@ async fn a_workload_behind_an_agent_gets_its_identity_over_a_key_the_server_neve
         "/api/streams",
     ] {
         let text = admin_text(daemon.admin_addr, path).await;
-        assert!(!text.contains(key_body), "{path} shows the workload's key");
+        key.assert_not_in(path, text.as_bytes());
     }
     let agents = admin_text(daemon.admin_addr, "/api/agents").await;
     assert!(agents.contains("host-a"), "{agents}");
@@ -295,7 +96,7 @@ async fn a_workload_behind_an_agent_gets_its_identity_over_a_key_the_server_neve
 
     // The server goes away: the agent keeps serving what it holds, to a new stream too.
     daemon.stop().await;
-    let mut again = x509_stream(&agent_socket).await;
+    let mut again = x509_stream(&agent.socket).await;
     let held = next(&mut again).await;
     assert_eq!(held.svids[0].spiffe_id, "spiffe://default/batch");
 
@@ -312,7 +113,167 @@ async fn a_workload_behind_an_agent_gets_its_identity_over_a_key_the_server_neve
             break;
         }
     }
-    shutdown.cancel();
-    agent.wait().await;
+    agent.stop().await;
     daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_agent_token_gets_no_new_certificate_and_its_agent_keeps_serving_what_it_holds() {
+    let root = tempfile::tempdir().expect("a temp dir");
+    let uid = my_uid();
+    let resources = write_resources(
+        root.path(),
+        &format!(
+            "{}---\n{}",
+            registration("host-a", "batch-1", "batch", "10.0.0.1", &uid),
+            registration("host-b", "reports-1", "reports", "10.0.0.2", &uid)
+        ),
+    );
+    // The revocation list is watched, as `meshca serve` watches it.
+    let daemon = start(settings(root.path()), true).await;
+    let servers = vec![ServerAddr::Unix(root.path().join("sds.sock"))];
+    // The revoked agent keeps asking; the server refuses each time.
+    let retry = Duration::from_millis(200);
+    let revoked = TestAgent::start(root.path(), "host-a", servers.clone(), &daemon, retry).await;
+    let other = TestAgent::start(root.path(), "host-b", servers, &daemon, retry).await;
+
+    let mut held_stream = x509_stream(&revoked.socket).await;
+    let held = next(&mut held_stream).await;
+    assert_eq!(held.svids[0].spiffe_id, "spiffe://default/batch");
+    let held_leaf = leaf_der(&held);
+    let old_issuer = leaf_issuer(&held);
+    let old_cas = ca_subjects(&held.svids[0].bundle);
+    let mut other_stream = x509_stream(&other.socket).await;
+    let other_first = next(&mut other_stream).await;
+    assert_eq!(other_first.svids[0].spiffe_id, "spiffe://default/reports");
+    assert_eq!(leaf_issuer(&other_first), old_issuer);
+    let before = dataplane(&daemon, "batch-1").await;
+    assert!(before.connected, "{before:?}");
+    let held_expiry = revoked.agent.status().get().registrations[0]
+        .registration
+        .expires
+        .clone();
+    assert!(held_expiry.is_some(), "the agent reports what it serves");
+
+    // The operator revokes host-a's token as `meshca token --revoke` does: into the list the daemon
+    // watches.
+    let list = root.path().join("data").join(revocations::FILE_NAME);
+    assert_eq!(
+        revocations::revoke(&list, &revoked.claims.id, true).expect("revokes"),
+        Revoked::Added
+    );
+    // The server ends the agent's stream and refuses it from then on; the agent says why.
+    let mut agent_status = revoked.agent.status().subscribe();
+    let refused = tokio::time::timeout(
+        TIMEOUT,
+        agent_status.wait_for(|s| {
+            s.server.connected.is_none()
+                && s.server
+                    .last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("revoked"))
+        }),
+    )
+    .await
+    .expect("the agent is refused in time")
+    .expect("the agent runs")
+    .clone();
+    let reason = refused.server.last_error.unwrap_or_default();
+    assert!(
+        reason.contains(&revoked.claims.id),
+        "the reason names the token: {reason}"
+    );
+    // The stream ends with PERMISSION_DENIED; a new one is refused as unauthenticated.
+    assert!(
+        reason.contains("PermissionDenied") || reason.contains("Unauthenticated"),
+        "{reason}"
+    );
+    assert!(refused.serving, "the agent still serves what it holds");
+
+    // A CA rotation: the owner issues anew to every connected proxy. Host-b's workload, whose agent's
+    // token stands, gets an SVID from the new CA; once it has, the rotation is done.
+    std::fs::write(resources.join("mesh.yaml"), mesh("ca-2", &["ca-1"])).expect("mesh.yaml");
+    reload(&daemon).await;
+    let new_issuer = loop {
+        let issuer = leaf_issuer(&next(&mut other_stream).await);
+        if issuer != old_issuer {
+            break issuer;
+        }
+    };
+
+    // No certificate was issued over host-a's keys: the server holds batch-1's old one, disconnected.
+    let after = dataplane(&daemon, "batch-1").await;
+    assert!(!after.connected, "{after:?}");
+    assert_eq!(
+        (&after.serial, after.regenerations),
+        (&before.serial, before.regenerations),
+        "no new certificate for batch-1"
+    );
+    let reports = dataplane(&daemon, "reports-1").await;
+    assert!(reports.connected, "{reports:?}");
+    assert!(
+        reports
+            .issuer
+            .as_deref()
+            .is_some_and(|i| i.contains("ca-2")),
+        "{reports:?}"
+    );
+    assert_eq!(connected_agents(&daemon).await, ["host-b"]);
+
+    // Host-a's workload holds its SVID: whatever reached its stream since is the same certificate
+    // and key, and a new stream gets them too, with the bundle it had (nothing of the new CA).
+    while let Ok(message) = tokio::time::timeout(Duration::ZERO, held_stream.message()).await {
+        let message = message.expect("the stream stays open").expect("a message");
+        assert_eq!(leaf_der(&message), held_leaf, "the SVID did not change");
+    }
+    let mut fresh = x509_stream(&revoked.socket).await;
+    let now = next(&mut fresh).await;
+    assert_eq!(leaf_der(&now), held_leaf, "the workload keeps the old SVID");
+    assert_eq!(now.svids[0].x509_svid_key, held.svids[0].x509_svid_key);
+    assert_eq!(leaf_issuer(&now), old_issuer);
+    let bundle = ca_subjects(&now.svids[0].bundle);
+    assert_eq!(bundle, old_cas);
+    assert!(!bundle.contains(&new_issuer));
+    let status = revoked.agent.status().get();
+    assert!(status.serving && status.server.connected.is_none());
+    assert_eq!(status.registrations[0].registration.expires, held_expiry);
+
+    revoked.stop().await;
+    other.stop().await;
+    daemon.stop().await;
+}
+
+#[test]
+fn the_key_scan_finds_a_key_stored_as_bytes_hex_or_pem_in_a_dump() {
+    use ring::signature::{EcdsaKeyPair, ECDSA_P256_SHA256_ASN1_SIGNING};
+    let rng = ring::rand::SystemRandom::new();
+    let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &rng).expect("a key");
+    let pkcs8 = pkcs8.as_ref();
+    let key = WorkloadKey::of(pkcs8);
+    let found = |content: &[u8]| {
+        std::panic::catch_unwind(|| key.assert_not_in("content", content))
+            .expect_err("the key is found")
+    };
+    // The bytes themselves, anywhere in a file.
+    found(&[b"prefix".as_slice(), pkcs8, b"suffix"].concat());
+    // A bytea, as pg_dump writes it.
+    let hex: String = pkcs8.iter().map(|b| format!("{b:02x}")).collect();
+    found(format!("COPY t (key) FROM stdin;\n\\\\x{hex}\n\\.\n").as_bytes());
+    // PEM in a text column, its line breaks escaped, after text of every length modulo 3.
+    let pem = pem::encode(&pem::Pem::new("PRIVATE KEY", pkcs8.to_vec())).replace('\n', "\\n");
+    for prefix in ["", "a", "ab"] {
+        found(format!("{prefix}{pem}").as_bytes());
+    }
+    // The private scalar alone, inside a longer base64 text at each alignment.
+    let scalar = &pkcs8[36..68];
+    for before in 0..3 {
+        let blob = [vec![0u8; before], scalar.to_vec(), vec![1u8; 5]].concat();
+        found(
+            base64::engine::general_purpose::STANDARD
+                .encode(blob)
+                .as_bytes(),
+        );
+    }
+    // And nothing in what does not hold it.
+    key.assert_not_in("another key", &[0u8; 200]);
 }
