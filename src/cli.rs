@@ -322,6 +322,9 @@ pub enum BenchCommand {
     /// Workload API fan-out: many idle `FetchX509SVID` streams of one process, memory per stream, and
     /// how fast a CA rotation reaches them all.
     Workload(BenchWorkloadArgs),
+    /// Many `meshca agent`s (simulated, one connection each) against one server: memory per agent,
+    /// and how fast a CA rotation reaches every agent and renews every certificate.
+    Agents(BenchAgentsArgs),
     /// The client half of `bench sds` and `bench workload` when it runs in its own process: reads its
     /// plan on stdin.
     #[command(hide = true)]
@@ -343,6 +346,27 @@ pub struct BenchWorkloadArgs {
     /// it, the bundle latency does not). Default: the daemon's default.
     #[arg(long, default_value_t = 1.0)]
     pub ack_after: f64,
+    /// Serve the streams through a `meshca agent` (in the bench's process, beside the daemon) instead
+    /// of the daemon's own socket: the agent makes the keys, and acknowledges a state once every
+    /// stream was sent it. `--ack-after` is then the agent's.
+    #[arg(long)]
+    pub agent: bool,
+    /// With `--agent`: how many registrations name the agent (the streams all match the first; the
+    /// others select other uids, so the server certifies them through the agent and none is served).
+    #[arg(long, default_value_t = 1, requires = "agent")]
+    pub registrations: usize,
+    #[command(flatten)]
+    pub run: BenchRunArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchAgentsArgs {
+    /// How many agents, each with its own connection and `Sync` stream.
+    #[arg(long, default_value_t = 1_000)]
+    pub agents: usize,
+    /// How many WorkloadRegistrations (each on its own Dataplane) name each agent.
+    #[arg(long, default_value_t = 1)]
+    pub registrations: usize,
     #[command(flatten)]
     pub run: BenchRunArgs,
 }

@@ -27,12 +27,14 @@ pub struct Agents {
 
 impl Agents {
     /// Starts `count` agents in `dir`: agent `i` is [`agent_name`]`(i)`, serves `dir/agent-<i>.sock`,
-    /// and tries the servers `servers(i)` (unix socket paths) in order.
+    /// and tries the servers `servers(i)` (unix socket paths) in order; `configure` has the last word
+    /// on each one's configuration.
     pub async fn start(
         dir: &Path,
         count: usize,
         servers: impl Fn(usize) -> Vec<PathBuf>,
         mint: &dyn Fn(&meshca_auth::Claims) -> anyhow::Result<String>,
+        configure: &dyn Fn(&mut AgentConfig),
     ) -> anyhow::Result<Agents> {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -55,6 +57,7 @@ impl Agents {
             config.admin = None;
             // A killed replica's agent moves to the next one at once.
             config.backoff = (Duration::from_millis(50), Duration::from_millis(500));
+            configure(&mut config);
             tracing::info!(agent = %name, socket = %config.listen.display(), "drill: starting an agent");
             let agent = Agent::start(config, shutdown.child_token())
                 .await

@@ -202,7 +202,7 @@ async fn play(
                 .cloned()
                 .collect()
         };
-        Some(Agents::start(shared.root(), script.agents, servers, &mint).await?)
+        Some(Agents::start(shared.root(), script.agents, servers, &mint, &|_| {}).await?)
     } else {
         None
     };

@@ -113,7 +113,7 @@ async fn simulated(
             .find_map(unix_path)
             .ok_or_else(|| anyhow!("the drill daemon has no unix SDS socket"))?;
         let servers = |_| vec![sds.clone()];
-        Some(Agents::start(sandbox.root(), script.agents, servers, &mint).await?)
+        Some(Agents::start(sandbox.root(), script.agents, servers, &mint, &|_| {}).await?)
     } else {
         None
     };

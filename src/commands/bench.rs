@@ -6,7 +6,9 @@ use std::time::{Duration, Instant, SystemTime};
 use meshca_ca::{CaParams, CertificateAuthority, SvidRequest};
 use meshca_identity::KeyAlgorithm;
 
-use crate::cli::{BenchClient, BenchIssuanceArgs, BenchSdsArgs, BenchWorkloadArgs};
+use crate::cli::{
+    BenchAgentsArgs, BenchClient, BenchIssuanceArgs, BenchSdsArgs, BenchWorkloadArgs,
+};
 use crate::InvalidInput;
 
 /// Calls `f` repeatedly for `span` on this thread; returns calls per second.
@@ -157,6 +159,20 @@ pub async fn workload(args: BenchWorkloadArgs) -> anyhow::Result<ExitCode> {
         streams: args.streams,
         connections: args.connections,
         ack_after: args.ack_after,
+        agent_registrations: args.agent.then_some(args.registrations),
+        seconds: args.run.seconds,
+        timeout: args.run.timeout,
+        client: bench_client(args.run.client),
+    })
+    .await
+}
+
+/// `meshca bench agents`: the library's bench with the command line's options.
+pub async fn agents(args: BenchAgentsArgs) -> anyhow::Result<ExitCode> {
+    use meshca_drill::bench::agents;
+    agents::run(agents::AgentsArgs {
+        agents: args.agents,
+        registrations: args.registrations,
         seconds: args.run.seconds,
         timeout: args.run.timeout,
         client: bench_client(args.run.client),

@@ -36,6 +36,7 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Bench(crate::cli::BenchCommand::Issuance(args)) => bench::issuance(args),
         Command::Bench(crate::cli::BenchCommand::Sds(args)) => bench::sds(args).await,
         Command::Bench(crate::cli::BenchCommand::Workload(args)) => bench::workload(args).await,
+        Command::Bench(crate::cli::BenchCommand::Agents(args)) => bench::agents(args).await,
         Command::Bench(crate::cli::BenchCommand::SdsClient) => {
             meshca_drill::bench::child::serve().await
         }

@@ -75,6 +75,12 @@ pub enum Streams {
         /// How many.
         count: usize,
     },
+    /// Agents' `Sync` streams (see [`super::agent_stream`]), one per agent: each receives the
+    /// certificates of the agent's registrations, so every one is an identity stream.
+    Agents {
+        /// The agents.
+        agents: Vec<super::agent_stream::AgentPlan>,
+    },
 }
 
 impl Streams {
@@ -85,6 +91,7 @@ impl Streams {
                 (streams.len(), streams.iter().filter(|s| s.identity).count())
             }
             Streams::Workload { count } => (*count, *count),
+            Streams::Agents { agents } => (agents.len(), agents.len()),
         }
     }
 }
@@ -330,6 +337,15 @@ impl StreamFleet {
                     let (connection, progress) = (connection(index), progress.clone());
                     let run = async move {
                         super::workload_stream::run(index, connection, &progress).await
+                    };
+                    spawn(&mut tasks, index, run.boxed());
+                }
+            }
+            Streams::Agents { agents } => {
+                for (index, agent) in agents.into_iter().enumerate() {
+                    let (connection, progress) = (connection(index), progress.clone());
+                    let run = async move {
+                        super::agent_stream::run(index, connection, agent, &progress).await
                     };
                     spawn(&mut tasks, index, run.boxed());
                 }

@@ -199,7 +199,7 @@ impl Clients {
         }
     }
 
-    async fn stop(self) {
+    pub(super) async fn stop(self) {
         match self {
             Clients::Local(fleet, _) => fleet.stop().await,
             Clients::Child(child) => child.stop().await,

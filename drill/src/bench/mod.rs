@@ -5,8 +5,11 @@
 //! rotation reaches each: `StreamSecrets` streams ACKing like Envoy, or `FetchX509SVID` streams
 //! ([`workload_stream`]) reading like a SPIFFE library), [`child`] (the fleet in its own process, so
 //! the daemon's memory is measured alone), [`harness`] (the daemon, the idle fleet and the rotation,
-//! as both benches run them) and [`sds`] and [`workload`] (each bench's setup and report).
+//! as both benches run them) and [`sds`] and [`workload`] (each bench's setup and report). `meshca
+//! bench agents` ([`agents`]) runs the same with simulated `meshca agent`s ([`agent_stream`]).
 
+pub mod agent_stream;
+pub mod agents;
 pub mod child;
 pub mod fleet;
 pub mod harness;

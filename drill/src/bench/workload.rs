@@ -22,8 +22,9 @@ use super::fleet::{FleetPlan, Streams};
 use super::harness::{
     self, mesh_yaml, round, seconds, BenchClient, Idle, Rotation, RunOptions, MESH,
 };
+use crate::agents::Agents;
 use crate::sandbox::Sandbox;
-use crate::scenario::registered_workload;
+use crate::scenario::{agent_name, registered_workload};
 
 /// The Dataplane (and registration) whose identity every stream receives.
 const WORKLOAD: &str = "bench-workload";
@@ -36,8 +37,11 @@ pub struct WorkloadArgs {
     /// How many HTTP/2 connections carry them; `None`: [`DEFAULT_CONNECTIONS`], or as many as
     /// `limits.streamsPerConnection` needs.
     pub connections: Option<usize>,
-    /// `workloadApi.ackAfter` of the bench daemon, in seconds.
+    /// `workloadApi.ackAfter` of the bench daemon (of the agent, behind one), in seconds.
     pub ack_after: f64,
+    /// Serve the streams through a `meshca agent` that this many registrations name; `None`: the
+    /// daemon's own socket serves them.
+    pub agent_registrations: Option<usize>,
     /// How long the streams stay idle before the memory is read, in seconds.
     pub seconds: f64,
     /// How long the setup, and then the rotation, may take, in seconds.
@@ -53,6 +57,7 @@ impl Default for WorkloadArgs {
             streams: 10_000,
             connections: None,
             ack_after: meshca_workload::DEFAULT_ACK_AFTER.as_secs_f64(),
+            agent_registrations: None,
             seconds: 2.0,
             timeout: 60.0,
             client: BenchClient::Process,
@@ -66,8 +71,10 @@ pub const DEFAULT_CONNECTIONS: usize = 16;
 /// What to measure, checked.
 #[derive(Clone, Copy, Debug)]
 pub struct Options {
-    /// The daemon's `workloadApi.ackAfter`.
+    /// The daemon's `workloadApi.ackAfter` (the agent's, behind one).
     pub ack_after: Duration,
+    /// Through a `meshca agent` that this many registrations name.
+    pub agent_registrations: Option<usize>,
     /// How it runs.
     pub run: RunOptions,
 }
@@ -76,6 +83,14 @@ impl Options {
     fn from_args(args: &WorkloadArgs) -> Result<Options, Error> {
         Ok(Options {
             ack_after: seconds("--ack-after", args.ack_after, true)?,
+            agent_registrations: match args.agent_registrations {
+                Some(0) => {
+                    return Err(Error::invalid_input(
+                        "--registrations must be at least 1 (the streams match the first)",
+                    ))
+                }
+                other => other,
+            },
             run: RunOptions::new(
                 (args.streams, args.connections, DEFAULT_CONNECTIONS),
                 (args.seconds, args.timeout),
@@ -115,19 +130,88 @@ pub async fn measure(options: &Options) -> anyhow::Result<Outcome> {
     let sandbox = Sandbox::new()?;
     sandbox.write_resource("mesh.yaml", &mesh_yaml(false))?;
     let uid = rustix::process::geteuid().as_raw();
-    let labels = BTreeMap::from([("app".to_owned(), "bench".to_owned())]);
-    sandbox.write_resource(
-        "workload.yaml",
-        &registered_workload(MESH, WORKLOAD, "bench", &labels, uid),
-    )?;
+    sandbox.write_resource("workload.yaml", &workloads_yaml(options, uid))?;
     let settings = options.settings(&sandbox);
     let socket = settings
         .workload_api
         .listen
         .first()
-        .ok_or_else(|| anyhow!("the bench daemon has no Workload API socket"))?;
-    let target = format!("unix://{}", socket.display());
+        .ok_or_else(|| anyhow!("the bench daemon has no Workload API socket"))?
+        .clone();
+    let sds = settings
+        .sds
+        .listen
+        .iter()
+        .find_map(|l| match l {
+            meshca_config::ListenAddr::Unix(path) => Some(path.clone()),
+            _ => None,
+        })
+        .ok_or_else(|| anyhow!("the bench daemon has no unix SDS socket"))?;
     harness::with_daemon(&sandbox, settings, async |daemon, sandbox, clients| {
+        let agent = match options.agent_registrations {
+            Some(_) => Some(start_agent(options, daemon, sandbox, sds).await?),
+            None => None,
+        };
+        let socket = agent.as_ref().map_or(socket, |a| a.sockets()[0].clone());
+        let result = rotate_through(options, daemon, sandbox, clients, socket).await;
+        if let Some(agent) = agent {
+            // The fleet goes first: an agent stopping under open streams would end them.
+            if let Some(clients) = clients.take() {
+                clients.stop().await;
+            }
+            agent.stop().await;
+        }
+        result
+    })
+    .await
+}
+
+/// The registrations: `WORKLOAD`, which the bench's process matches; behind an agent, also the others
+/// naming it, for other uids.
+fn workloads_yaml(options: &Options, uid: u32) -> String {
+    let labels = BTreeMap::from([("app".to_owned(), "bench".to_owned())]);
+    let Some(count) = options.agent_registrations else {
+        return registered_workload(MESH, WORKLOAD, "bench", &labels, uid);
+    };
+    let agent = format!("  agent: {}\n", agent_name(0));
+    (0..count)
+        .map(|i| {
+            let (name, uid) = match i {
+                0 => (WORKLOAD.to_owned(), uid),
+                i => (format!("{WORKLOAD}-{i}"), uid.wrapping_add(1 + i as u32)),
+            };
+            registered_workload(MESH, &name, "bench", &labels, uid) + &agent
+        })
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+/// The agent the streams go through, with room for them all and the bench's `ackAfter`.
+async fn start_agent(
+    options: &Options,
+    daemon: &meshca_daemon::Daemon,
+    sandbox: &Sandbox,
+    sds: std::path::PathBuf,
+) -> anyhow::Result<Agents> {
+    let mint = |claims: &meshca_auth::Claims| Ok(daemon.mint_token(claims)?);
+    let configure = |config: &mut meshca_agent::AgentConfig| {
+        config.workload.ack_after = options.ack_after;
+        config.workload.streams_per_caller =
+            config.workload.streams_per_caller.max(options.run.streams);
+    };
+    Agents::start(sandbox.root(), 1, |_| vec![sds.clone()], &mint, &configure).await
+}
+
+/// Opens the streams on `socket`, leaves them idle, then rotates.
+async fn rotate_through(
+    options: &Options,
+    daemon: &meshca_daemon::Daemon,
+    sandbox: &Sandbox,
+    clients: &mut Option<harness::Clients>,
+    socket: std::path::PathBuf,
+) -> anyhow::Result<Outcome> {
+    let target = format!("unix://{}", socket.display());
+    {
         let plan = FleetPlan {
             target,
             connections: options.run.connections,
@@ -147,8 +231,7 @@ pub async fn measure(options: &Options) -> anyhow::Result<Outcome> {
                 daemon.generation() - idle_generation,
             ),
         })
-    })
-    .await
+    }
 }
 
 /// The JSON line of a run.
@@ -156,6 +239,7 @@ fn report(options: &Options, outcome: &Outcome) -> serde_json::Value {
     let own = serde_json::json!({
         "bench": "workload",
         "ack_after_seconds": round(options.ack_after.as_secs_f64(), 3),
+        "agent_registrations": options.agent_registrations,
     });
     let measured = (&outcome.idle, &outcome.rotation, outcome.generations);
     harness::report(&options.run, "svid", measured, own)
@@ -212,6 +296,7 @@ mod tests {
     async fn a_rotation_reaches_every_workload_stream_and_renews_every_svid() {
         let options = Options {
             ack_after: Duration::from_millis(50),
+            agent_registrations: None,
             run: RunOptions::in_process(20, 3),
         };
         let outcome = measure(&options).await.expect("the bench runs");
@@ -232,5 +317,22 @@ mod tests {
         assert_eq!(line["reached"], 20);
         assert_eq!(line["svid_reached"], 20);
         assert_eq!(line["ack_after_seconds"], 0.05);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn behind_an_agent_a_rotation_reaches_every_stream_and_renews_every_svid() {
+        let options = Options {
+            ack_after: Duration::from_millis(50),
+            agent_registrations: Some(5),
+            run: RunOptions::in_process(20, 3),
+        };
+        let outcome = measure(&options).await.expect("the bench runs");
+        let reach = &outcome.rotation.reach;
+        assert_eq!(reach.failed, 0, "{:?}", reach.first_error);
+        assert_eq!(reach.reached, 20);
+        assert_eq!(reach.identity_reached, 20, "every SVID renewed by ca-2");
+        let line = report(&options, &outcome);
+        assert_eq!(line["agent_registrations"], 5);
+        assert_eq!(line["svid_reached"], 20);
     }
 }
