@@ -17,7 +17,7 @@ use meshca_workload::{JwtMinter, JwtSource, RemoteJwt, WorkloadApi};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tonic_prost::ProstCodec;
@@ -328,20 +328,24 @@ impl Core {
             Ok(channel) => channel,
             Err(reason) => return Ended::failed(reason),
         };
-        let (tx, rx) = mpsc::channel::<AgentMessage>(1024);
+        // Unbounded on purpose: with a bound, a server busy writing states stops reading messages, the
+        // agent then waits to send and stops reading states, and neither moves again (one agent with
+        // 1,000 registrations did exactly that). What it holds is bounded by the states received
+        // meanwhile: one Ack each, and one key request per registration per certificate.
+        let (tx, rx) = mpsc::unbounded_channel::<AgentMessage>();
         let hello = AgentMessage {
             message: Some(agent_message::Message::Hello(Hello {
                 protocol: PROTOCOL_VERSION,
                 agent_version: env!("CARGO_PKG_VERSION").to_owned(),
             })),
         };
-        // The channel is new and larger than what is queued here: these never wait.
-        let _ = tx.try_send(hello);
+        // The receiver is held below: these sends cannot fail.
+        let _ = tx.send(hello);
         for message in key_messages(self.local.new_stream()) {
-            let _ = tx.send(message).await;
+            let _ = tx.send(message);
         }
         self.streams.new_stream();
-        let mut request = tonic::Request::new(ReceiverStream::new(rx));
+        let mut request = tonic::Request::new(UnboundedReceiverStream::new(rx));
         match format!("Bearer {token}").parse() {
             Ok(value) => {
                 request.metadata_mut().insert("authorization", value);
@@ -412,7 +416,7 @@ impl Core {
     async fn on_state(
         &mut self,
         state: AgentState,
-        tx: &mpsc::Sender<AgentMessage>,
+        tx: &mpsc::UnboundedSender<AgentMessage>,
     ) -> Result<(), String> {
         let version = state.version;
         // Keys are made here (an RSA key takes a while): on a runtime with worker threads, the
@@ -448,14 +452,13 @@ impl Core {
         });
         for message in key_messages(requests) {
             tx.send(message)
-                .await
                 .map_err(|_| "the stream closed while sending key requests".to_owned())?;
         }
         self.ack_due(tx).await
     }
 
     /// Acknowledges the newest version every open local stream has applied, if one waits.
-    async fn ack_due(&mut self, tx: &mpsc::Sender<AgentMessage>) -> Result<(), String> {
+    async fn ack_due(&mut self, tx: &mpsc::UnboundedSender<AgentMessage>) -> Result<(), String> {
         let open = self.streams.open();
         let published = self.local.published().clone();
         let serving =
@@ -480,7 +483,6 @@ impl Core {
         tx.send(AgentMessage {
             message: Some(agent_message::Message::Ack(Ack { version, streams })),
         })
-        .await
         .map_err(|_| "the stream closed while acknowledging".to_owned())
     }
 }
