@@ -244,6 +244,8 @@ struct Stream {
     versions: BTreeMap<u64, (u64, Vec<StreamId>)>,
     /// The newest state reported acknowledged: its version and generation.
     acked: Option<(u64, u64)>,
+    /// The key last offered for each registration (by name): one offered again changes nothing.
+    offered: BTreeMap<String, Vec<u8>>,
 }
 
 impl Stream {
@@ -255,6 +257,7 @@ impl Stream {
             generation: world.snapshot.generation,
             versions: BTreeMap::new(),
             acked: None,
+            offered: BTreeMap::new(),
         }
     }
 
@@ -422,13 +425,16 @@ impl Stream {
                         self.world.spiffe_id(registration),
                         algorithm,
                     );
-                    offered = true;
+                    let last = self
+                        .offered
+                        .insert(registration.name.clone(), key.raw().to_vec());
+                    offered |= last.as_deref() != Some(key.raw());
                 }
                 Err(_) => return false,
             }
         }
         if offered {
-            // An offered key changes the content: a new state of the same generation.
+            // A newly offered key changes the content: a new state of the same generation.
             self.send();
         }
         true

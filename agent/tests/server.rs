@@ -812,20 +812,34 @@ async fn a_good_key_request_is_offered_to_the_owner_for_its_registrations_stream
     );
 
     // A request for another agent's registration is ignored (the registration may have moved), and the
-    // stream goes on.
+    // stream goes on. A key offered already (an agent sends its request again when a state that
+    // crossed it still asks for a key) is not offered again and sends no state: the next event and
+    // state are the new key's.
+    let last = state.version;
+    let after_next = KeyPair::generate().expect("a key");
     agent
         .keys(vec![key_request("other", csr(&next_key, &[]))])
         .await;
     agent
-        .keys(vec![key_request("web", csr(&next_key, &[]))])
+        .keys(vec![key_request("web2", csr(&next_key, &[]))])
+        .await;
+    agent
+        .keys(vec![key_request("web", csr(&after_next, &[]))])
         .await;
     let third = h
         .event(|e| match e {
-            StreamEvent::KeyOffered { stream, .. } => Some(stream),
+            StreamEvent::KeyOffered { stream, key, .. } => Some((stream, key)),
             _ => None,
         })
         .await;
-    assert_eq!(third, streams["web-1"]);
+    assert_eq!(third.0, streams["web-1"], "web2's key was offered already");
+    assert_eq!(third.1.raw(), rcgen::PublicKeyData::der_bytes(&after_next));
+    let state = agent.state().await;
+    assert_eq!(
+        state.version,
+        last + 1,
+        "no state for the key offered again"
+    );
     assert_eq!(h.agent.ignored_key_requests(), 1);
 }
 

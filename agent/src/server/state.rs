@@ -13,7 +13,8 @@ use meshca_workload::jwt_keys::KeySet;
 
 use crate::proto::{self, AgentState, Identity, MeshTrust, X509Bundle};
 
-/// What one registration's part of a state is built from. Compared by pointer (and the reason's text):
+/// What one registration's part of a state is built from. Compared by pointer (the reason by its text,
+/// the offered key by its bits):
 /// equal sources build equal parts, so a part is built again only when its source changed. It holds what
 /// it points at, so that an address it compares cannot be freed and reused by other content.
 #[derive(Clone)]
@@ -62,7 +63,7 @@ impl PartialEq for Source {
             _ => false,
         };
         let offered = match (&self.offered, &other.offered) {
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b) || same_key(a, b),
             (None, None) => true,
             _ => false,
         };

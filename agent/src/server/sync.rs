@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use futures::stream::{self, BoxStream, StreamExt};
+use futures::FutureExt;
 use meshca_auth::{Claims, RevocationList};
 use meshca_ca::PublicKey;
 use meshca_control::{
@@ -35,6 +36,9 @@ use super::{keys, Admitted, Shared, KEY_REQUESTS_PER_MESSAGE};
 use crate::proto::{
     self, agent_message, Ack, AgentMessage, AgentState, KeyRequests, PROTOCOL_VERSION,
 };
+
+/// The most messages that arrived already a stream handles before it builds the next state.
+const MESSAGES_PER_WAKE: usize = 64;
 
 /// What an agent's stream subscribes to for each registration: what a Workload API caller is sent.
 const RESOURCES: [&str; 3] = ["default", "system_trust_bundle", "ALL"];
@@ -243,7 +247,12 @@ impl Sync {
             match self.wait().await? {
                 Woken::Changed => {}
                 Woken::Message(None) => return Ok(None),
-                Woken::Message(Some(message)) => self.handle(message).await?,
+                Woken::Message(Some(message)) => {
+                    self.handle(message).await?;
+                    if !self.handle_arrived().await? {
+                        return Ok(None);
+                    }
+                }
             }
         }
     }
@@ -352,6 +361,22 @@ impl Sync {
             )));
         }
         Ok(())
+    }
+
+    /// Handles the messages that arrived already (at most [`MESSAGES_PER_WAKE`]) before the next state
+    /// is built: an agent sends its key requests in several messages at once, and a state built
+    /// between two of them would be older than the next on arrival. False when the agent ended the
+    /// stream.
+    async fn handle_arrived(&mut self) -> Result<bool, Status> {
+        for _ in 0..MESSAGES_PER_WAKE {
+            match self.inbound.message().now_or_never() {
+                Some(Ok(Some(message))) => self.handle(message).await?,
+                Some(Ok(None)) => return Ok(false),
+                Some(Err(status)) => return Err(status),
+                None => break,
+            }
+        }
+        Ok(true)
     }
 
     async fn handle(&mut self, message: AgentMessage) -> Result<(), Status> {
@@ -607,6 +632,18 @@ impl Sync {
                 continue;
             };
             match keys::check(&request.csr, &link.registration, &snapshot, algorithm) {
+                Ok(key)
+                    if link
+                        .offered
+                        .as_deref()
+                        .is_some_and(|o| state::same_key(o, &key)) =>
+                {
+                    // Offered already: the agent sends a request again when a state that left the
+                    // server before the request arrived still asks for a key. Offering it again
+                    // would change nothing but send the agent another state, which would again be
+                    // older than what is in flight.
+                    tracing::trace!(agent = %self.agent.name, mesh = %request.mesh, registration = %request.registration, "a key offered again; nothing changes");
+                }
                 Ok(key) => {
                     let key = Arc::new(key);
                     link.offered = Some(key.clone());
