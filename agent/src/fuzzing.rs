@@ -541,22 +541,10 @@ fn significant_bits(bytes: &[u8]) -> usize {
 mod tests {
     use super::*;
     use crate::proto::{Ack, Hello, KeyRequest};
-    use rcgen::{CertificateParams, KeyPair, SanType};
+    use crate::server::keys::tests::csr;
+    use rcgen::KeyPair;
 
     const WEB: &str = "spiffe://default.zone/web-1";
-
-    fn csr(key: &KeyPair, uris: &[&str]) -> Vec<u8> {
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
-        params.subject_alt_names = uris
-            .iter()
-            .map(|u| SanType::URI((*u).try_into().expect("a URI")))
-            .collect();
-        params
-            .serialize_request(key)
-            .expect("a request")
-            .der()
-            .to_vec()
-    }
 
     fn encoded(message: agent_message::Message) -> Vec<u8> {
         AgentMessage {

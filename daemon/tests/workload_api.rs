@@ -1,6 +1,8 @@
 //! The Workload API of a daemon started in process, driven by raw gRPC calls over its unix socket:
 //! the security header, the methods it does not serve, who gets what, and streams that follow changes.
 
+mod common;
+
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -202,24 +204,10 @@ where
     Ok(response.into_inner())
 }
 
-/// One HTTP/1.1 GET of the admin API, its body as JSON.
+/// One GET of the admin API, which must answer 200, its body as JSON.
 async fn admin_json(admin: SocketAddr, path: &str) -> serde_json::Value {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(admin)
-        .await
-        .expect("admin connects");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .expect("request sent");
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .await
-        .expect("response read");
-    let (head, body) = response.split_once("\r\n\r\n").expect("a body");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let response = common::admin_text(admin, path).await;
+    let (_, body) = response.split_once("\r\n\r\n").expect("a body");
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
 }
 

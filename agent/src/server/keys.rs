@@ -80,7 +80,7 @@ pub(crate) fn check(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::{Arc, LazyLock};
     use std::time::Duration;
 
@@ -127,7 +127,8 @@ mod tests {
         (web, db, snapshot)
     });
 
-    fn csr(key: &KeyPair, uris: &[&str]) -> Vec<u8> {
+    /// A certificate request over `key` naming the URI SANs `uris`.
+    pub(crate) fn csr(key: &KeyPair, uris: &[&str]) -> Vec<u8> {
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
         params.subject_alt_names = uris
             .iter()

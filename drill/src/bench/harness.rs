@@ -420,6 +420,20 @@ pub(super) fn conclude(report: &serde_json::Value, error: Option<String>) -> Exi
     }
 }
 
+/// The error of a run whose rotation did not reach every one of its streams, or did not renew the
+/// identity of every one, within its timeout; `renewed` says what was renewed (`SVIDs were renewed by
+/// ca-2`).
+pub(super) fn unfinished(reach: &Reach, run: &RunOptions, renewed: &str) -> Option<String> {
+    unreached(reach, run).or_else(|| {
+        (reach.identity_reached != run.streams).then(|| {
+            format!(
+                "{} of {} {renewed} within {:?}",
+                reach.identity_reached, run.streams, run.timeout
+            )
+        })
+    })
+}
+
 /// The error of a run whose rotation did not reach every one of its streams within its timeout.
 pub(super) fn unreached(reach: &Reach, run: &RunOptions) -> Option<String> {
     let (streams, timeout) = (run.streams, run.timeout);
