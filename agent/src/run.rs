@@ -291,7 +291,12 @@ impl Core {
             // An outage: every server tried once in a row, none answered.
             if outage.is_none() && failed_in_a_row >= servers.len() {
                 outage = Some(now);
-                tracing::warn!(%server, reason = %ended.reason, serving = self.local.published().generation > 0, "no meshca server answers; the Workload API keeps serving what it holds");
+                let serving = self.local.published().generation > 0;
+                if ended.refused {
+                    tracing::warn!(%server, reason = %ended.reason, serving, "no meshca server accepts this agent's token; the Workload API keeps serving what it holds");
+                } else {
+                    tracing::warn!(%server, reason = %ended.reason, serving, "no meshca server answers; the Workload API keeps serving what it holds");
+                }
             }
             delay = if ended.refused {
                 longest
