@@ -27,6 +27,15 @@ use crate::proto::{self, AgentState, KeyRequest};
 /// A registration, as the protocol names it: its mesh and name.
 pub(crate) type RegistrationId = (String, String);
 
+/// A Dataplane: its mesh and name. Keys are held per Dataplane, since its registrations share one
+/// identity: two registrations of one Dataplane (matching different processes) serve the same
+/// certificate, and the same key.
+type DataplaneId = (String, String);
+
+fn dataplane_of(registration: &proto::Registration) -> DataplaneId {
+    (registration.mesh.clone(), registration.dataplane.clone())
+}
+
 /// The identity a registration serves, with the key its certificate certifies.
 struct Installed {
     key: WorkloadKey,
@@ -42,7 +51,7 @@ struct Pending {
     sent: bool,
 }
 
-/// The keys of one registration.
+/// The keys of one Dataplane, which all its registrations serve.
 #[derive(Default)]
 struct Held {
     installed: Option<Installed>,
@@ -72,7 +81,7 @@ pub struct RegistrationStatus {
 pub(crate) struct Local {
     /// The agent's name: the registrations it serves name it.
     agent: String,
-    held: HashMap<RegistrationId, Held>,
+    held: HashMap<DataplaneId, Held>,
     /// The registrations of the last state, for the snapshot and the open-stream counts.
     registrations: Vec<proto::Registration>,
     published: Arc<Snapshot>,
@@ -102,12 +111,11 @@ impl Local {
     /// A new stream to a server: every request held is to be sent on it again.
     pub(crate) fn new_stream(&mut self) -> Vec<KeyRequest> {
         let mut requests = Vec::new();
-        let mut ids: Vec<&RegistrationId> = self.held.keys().collect();
-        ids.sort();
-        let ids: Vec<RegistrationId> = ids.into_iter().cloned().collect();
-        for id in ids {
-            if let Some(pending) = self.held.get_mut(&id).and_then(|h| h.pending.as_mut()) {
+        for registration in &self.registrations {
+            let held = self.held.get_mut(&dataplane_of(registration));
+            if let Some(pending) = held.and_then(|h| h.pending.as_mut()) {
                 pending.sent = true;
+                let id = (registration.mesh.clone(), registration.name.clone());
                 requests.push(request(&id, pending));
             }
         }
@@ -118,12 +126,8 @@ impl Local {
     /// send. Then [`Local::build`] makes the snapshot to serve.
     pub(crate) fn apply(&mut self, state: &AgentState) -> Vec<KeyRequest> {
         let mut requests = Vec::new();
-        let present: HashSet<RegistrationId> = state
-            .registrations
-            .iter()
-            .map(|r| (r.mesh.clone(), r.name.clone()))
-            .collect();
-        // A registration gone: its keys go with it.
+        let present: HashSet<DataplaneId> = state.registrations.iter().map(dataplane_of).collect();
+        // A Dataplane no registration serves any more: its keys go with it.
         self.held.retain(|id, _| present.contains(id));
         for registration in &state.registrations {
             let id = (registration.mesh.clone(), registration.name.clone());
@@ -134,7 +138,7 @@ impl Local {
                     continue;
                 }
             };
-            let held = self.held.entry(id.clone()).or_default();
+            let held = self.held.entry(dataplane_of(registration)).or_default();
             if let Some(request) = step(&id, held, registration, algorithm) {
                 requests.push(request);
             }
@@ -171,8 +175,11 @@ impl Local {
         }
         let mut proxies: ProxyMap<ProxyEntry> = ProxyMap::default();
         for registration in &state.registrations {
-            let id = (registration.mesh.clone(), registration.name.clone());
-            let entry = match self.held.get(&id).and_then(|h| h.installed.as_ref()) {
+            let entry = match self
+                .held
+                .get(&dataplane_of(registration))
+                .and_then(|h| h.installed.as_ref())
+            {
                 Some(installed) => ProxyEntry::Ready(installed.identity.clone()),
                 None if !registration.no_identity.is_empty() => ProxyEntry::NoIdentity {
                     reason: registration.no_identity.clone(),
@@ -254,7 +261,7 @@ impl Local {
         self.registrations
             .iter()
             .map(|r| {
-                let held = self.held.get(&(r.mesh.clone(), r.name.clone()));
+                let held = self.held.get(&dataplane_of(r));
                 let installed = held.and_then(|h| h.installed.as_ref());
                 RegistrationStatus {
                     mesh: r.mesh.clone(),
@@ -502,6 +509,51 @@ mod tests {
 
     fn key_id(raw: &[u8]) -> Vec<u8> {
         proto::key_id(raw)
+    }
+
+    /// `state` with a second registration, `r2`, of the same Dataplane.
+    fn two_registrations(mut state: AgentState) -> AgentState {
+        let second = proto::Registration {
+            name: "r2".into(),
+            selectors: vec!["unix:uid:2".into()],
+            ..state.registrations[0].clone()
+        };
+        state.registrations.push(second);
+        state
+    }
+
+    #[test]
+    fn two_registrations_of_one_dataplane_share_its_key_and_its_identity() {
+        let ca = ca();
+        let mut local = Local::new("host-1".into());
+        let requests = local.apply(&two_registrations(state(1, &ca, None)));
+        let named: Vec<&str> = requests.iter().map(|r| r.registration.as_str()).collect();
+        assert_eq!(named, ["r"], "one key for the Dataplane");
+
+        // The identity over that key serves both, and neither asks for a replacement: the agent
+        // holds the key it certifies.
+        let certified = two_registrations(state(2, &ca, Some(identity(&ca, &requests[0].csr))));
+        let ahead = local.apply(&certified);
+        assert!(
+            ahead
+                .iter()
+                .all(|r| !r.replace_now && r.csr == ahead[0].csr),
+            "one key ahead, for both"
+        );
+        let snapshot = local.build(&certified).expect("a snapshot");
+        assert!(matches!(
+            snapshot.proxies.get(&ProxyKey::new("default", "d")),
+            Some(ProxyEntry::Ready(_))
+        ));
+        let status = local.status();
+        assert_eq!(status.len(), 2);
+        assert!(status
+            .iter()
+            .all(|r| r.spiffe_id.as_deref() == Some("spiffe://example.org/w")));
+
+        // Again: stable, nothing more to ask.
+        let again = two_registrations(state(3, &ca, Some(identity(&ca, &requests[0].csr))));
+        assert!(local.apply(&again).iter().all(|r| !r.replace_now));
     }
 
     #[test]
