@@ -17,7 +17,7 @@ use meshca_daemon::Error;
 
 use super::agent_stream::AgentPlan;
 use super::fleet::{FleetPlan, Streams};
-use super::harness::{self, mesh_yaml, BenchClient, Idle, Rotation, RunOptions, MESH};
+use super::harness::{self, mesh_yaml, BenchClient, RunOptions, MESH};
 use crate::sandbox::Sandbox;
 use crate::scenario::registered_workload;
 
@@ -100,16 +100,8 @@ fn registrations_yaml(agents: usize, per_agent: usize, uid: u32) -> String {
     documents.join("---\n")
 }
 
-/// What one run measured.
-#[derive(Debug)]
-pub struct Outcome {
-    /// The agents connected and idle.
-    pub idle: Idle,
-    /// The rotation.
-    pub rotation: Rotation,
-    /// Snapshots the daemon published while the agents connected, and during the rotation.
-    pub generations: (u64, u64),
-}
+/// What one run measured (the agents are its streams).
+pub type Outcome = harness::Outcome;
 
 /// Runs the whole bench against a fresh in-process daemon.
 pub async fn measure(options: &Options) -> anyhow::Result<Outcome> {
@@ -147,18 +139,7 @@ pub async fn measure(options: &Options) -> anyhow::Result<Outcome> {
             connections: options.run.connections,
             streams: Streams::Agents { agents: plans },
         };
-        let start_generation = daemon.generation();
-        let (idle, fleet) = harness::open_idle(plan, options.run, clients).await?;
-        let idle_generation = daemon.generation();
-        let rotation = harness::rotate(daemon, sandbox, fleet, options.run.timeout).await?;
-        Ok(Outcome {
-            idle,
-            rotation,
-            generations: (
-                idle_generation - start_generation,
-                daemon.generation() - idle_generation,
-            ),
-        })
+        harness::idle_then_rotate(daemon, sandbox, clients, plan, options.run).await
     })
     .await
 }

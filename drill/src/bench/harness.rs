@@ -279,6 +279,40 @@ pub(super) async fn open_idle(
     Ok((idle, fleet))
 }
 
+/// What a bench of idle streams and a rotation measured.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The streams opened and idle.
+    pub idle: Idle,
+    /// The rotation.
+    pub rotation: Rotation,
+    /// Snapshots the daemon published while the streams opened, and during the rotation.
+    pub generations: (u64, u64),
+}
+
+/// Opens `plan`'s streams and leaves them idle ([`open_idle`]), then rotates ([`rotate`]), counting the
+/// snapshots the daemon published during each.
+pub(super) async fn idle_then_rotate(
+    daemon: &Daemon,
+    sandbox: &Sandbox,
+    clients: &mut Option<Clients>,
+    plan: FleetPlan,
+    run: RunOptions,
+) -> anyhow::Result<Outcome> {
+    let start_generation = daemon.generation();
+    let (idle, fleet) = open_idle(plan, run, clients).await?;
+    let idle_generation = daemon.generation();
+    let rotation = rotate(daemon, sandbox, fleet, run.timeout).await?;
+    Ok(Outcome {
+        idle,
+        rotation,
+        generations: (
+            idle_generation - start_generation,
+            daemon.generation() - idle_generation,
+        ),
+    })
+}
+
 /// How a rotation went.
 #[derive(Debug)]
 pub struct Rotation {

@@ -19,9 +19,7 @@ use meshca_config::Settings;
 use meshca_daemon::Error;
 
 use super::fleet::{FleetPlan, Streams};
-use super::harness::{
-    self, mesh_yaml, round, seconds, BenchClient, Idle, Rotation, RunOptions, MESH,
-};
+use super::harness::{self, mesh_yaml, round, seconds, BenchClient, RunOptions, MESH};
 use crate::agents::Agents;
 use crate::sandbox::Sandbox;
 use crate::scenario::{agent_name, registered_workload};
@@ -115,15 +113,7 @@ impl Options {
 }
 
 /// What one run measured.
-#[derive(Debug)]
-pub struct Outcome {
-    /// The streams opened and idle.
-    pub idle: Idle,
-    /// The rotation.
-    pub rotation: Rotation,
-    /// Snapshots the daemon published while the streams opened, and during the rotation.
-    pub generations: (u64, u64),
-}
+pub type Outcome = harness::Outcome;
 
 /// Runs the whole bench against a fresh in-process daemon.
 pub async fn measure(options: &Options) -> anyhow::Result<Outcome> {
@@ -210,28 +200,14 @@ async fn rotate_through(
     clients: &mut Option<harness::Clients>,
     socket: std::path::PathBuf,
 ) -> anyhow::Result<Outcome> {
-    let target = format!("unix://{}", socket.display());
-    {
-        let plan = FleetPlan {
-            target,
-            connections: options.run.connections,
-            streams: Streams::Workload {
-                count: options.run.streams,
-            },
-        };
-        let start_generation = daemon.generation();
-        let (idle, fleet) = harness::open_idle(plan, options.run, clients).await?;
-        let idle_generation = daemon.generation();
-        let rotation = harness::rotate(daemon, sandbox, fleet, options.run.timeout).await?;
-        Ok(Outcome {
-            idle,
-            rotation,
-            generations: (
-                idle_generation - start_generation,
-                daemon.generation() - idle_generation,
-            ),
-        })
-    }
+    let plan = FleetPlan {
+        target: format!("unix://{}", socket.display()),
+        connections: options.run.connections,
+        streams: Streams::Workload {
+            count: options.run.streams,
+        },
+    };
+    harness::idle_then_rotate(daemon, sandbox, clients, plan, options.run).await
 }
 
 /// The JSON line of a run.
