@@ -7,3 +7,12 @@
 //! A key is named in the keystore and in resources by an RFC 7512 `pkcs11:` URI.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+
+mod der;
+mod error;
+mod key;
+mod token;
+
+pub use error::HsmError;
+pub use key::{KeySelector, TokenKey};
+pub use token::{Token, TokenStatus};
