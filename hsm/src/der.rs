@@ -7,7 +7,7 @@ use meshca_identity::KeyAlgorithm;
 /// `ECDSA-Sig-Value ::= SEQUENCE { r INTEGER, s INTEGER }` from the token's `r || s` (each half the
 /// curve's size, big-endian). `None` when the input is not two equal, non-empty halves.
 pub(crate) fn ecdsa_signature(raw: &[u8]) -> Option<Vec<u8>> {
-    if raw.is_empty() || raw.len() % 2 != 0 {
+    if raw.is_empty() || !raw.len().is_multiple_of(2) {
         return None;
     }
     let (r, s) = raw.split_at(raw.len() / 2);
