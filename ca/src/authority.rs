@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
+use meshca_hsm::{HsmError, KeySelector, Token, TokenKey};
 use meshca_identity::KeyAlgorithm;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
@@ -52,30 +53,78 @@ pub enum CaError {
     /// A CA meshca persisted earlier could not be loaded.
     #[error("the persisted CA cannot be loaded: {0}")]
     Persisted(#[source] ProvidedCaError),
+    /// The CA key could not be made in, or found in, the PKCS#11 token.
+    #[error("{0}")]
+    Token(#[source] HsmError),
 }
 
-/// The CA's signing key as rcgen uses it; wipes its PKCS#8 copy on drop.
-pub(crate) struct CaSigner(KeyPair);
+/// The CA's private key: in memory, or in a PKCS#11 token.
+pub(crate) enum CaKey {
+    /// A key meshca holds (PKCS#8, wiped on drop).
+    Software(PrivateKey),
+    /// A key in the token, which signs there.
+    Token(Arc<TokenKey>),
+}
+
+impl CaKey {
+    fn algorithm(&self) -> KeyAlgorithm {
+        match self {
+            CaKey::Software(key) => key.algorithm(),
+            CaKey::Token(key) => key.algorithm(),
+        }
+    }
+}
+
+impl fmt::Debug for CaKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CaKey::Software(key) => key.fmt(f),
+            CaKey::Token(key) => key.fmt(f),
+        }
+    }
+}
+
+/// The CA's signing key as rcgen uses it. A software key's PKCS#8 copy is wiped on drop.
+pub(crate) enum CaSigner {
+    Software(KeyPair),
+    Token(Arc<TokenKey>),
+}
 
 impl Drop for CaSigner {
     fn drop(&mut self) {
-        self.0.zeroize();
+        if let CaSigner::Software(key) = self {
+            key.zeroize();
+        }
     }
 }
 
 impl rcgen::PublicKeyData for CaSigner {
     fn der_bytes(&self) -> &[u8] {
-        self.0.der_bytes()
+        match self {
+            CaSigner::Software(key) => key.der_bytes(),
+            CaSigner::Token(key) => key.public_key(),
+        }
     }
 
     fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
-        rcgen::PublicKeyData::algorithm(&self.0)
+        match self {
+            CaSigner::Software(key) => rcgen::PublicKeyData::algorithm(key),
+            CaSigner::Token(key) => match key.algorithm() {
+                KeyAlgorithm::EcdsaP256 => &rcgen::PKCS_ECDSA_P256_SHA256,
+                KeyAlgorithm::EcdsaP384 => &rcgen::PKCS_ECDSA_P384_SHA384,
+                _ => &rcgen::PKCS_RSA_SHA256,
+            },
+        }
     }
 }
 
 impl rcgen::SigningKey for CaSigner {
     fn sign(&self, msg: &[u8]) -> Result<Vec<u8>, rcgen::Error> {
-        self.0.sign(msg)
+        match self {
+            CaSigner::Software(key) => key.sign(msg),
+            // The token's status says why (see `CertificateAuthority::token_failure`).
+            CaSigner::Token(key) => key.sign(msg).map_err(|_| rcgen::Error::RemoteKeyError),
+        }
     }
 }
 
@@ -95,7 +144,7 @@ pub struct CertificateAuthority {
     /// The trust anchor as PEM, encoded once: every proxy's certificate record shares it.
     pub(crate) anchor_pems: Arc<[String]>,
     pub(crate) issuer: Issuer<'static, CaSigner>,
-    pub(crate) key: PrivateKey,
+    pub(crate) key: CaKey,
     pub(crate) trust_domain: Option<TrustDomain>,
     pub(crate) subject: String,
     pub(crate) not_before: SystemTime,
@@ -129,34 +178,43 @@ impl CertificateAuthority {
     pub fn generate(params: &CaParams, now: SystemTime) -> Result<Self, CaError> {
         let (key, _) = PrivateKey::generate(params.key_algorithm).map_err(CaError::Key)?;
         let signer = signer_for(&key).map_err(|e| CaError::Certificate(e.to_string()))?;
-        let (not_before, _) = now
-            .checked_sub(BACKDATE)
-            .and_then(certs::whole_seconds)
-            .ok_or(CaError::Validity(params.validity))?;
-        let not_after = now
-            .checked_add(params.validity)
-            .and_then(certs::whole_seconds)
-            .filter(|(t, _)| t.year() < 9999 && !params.validity.is_zero())
-            .ok_or(CaError::Validity(params.validity))?
-            .0;
-        let serial = certs::random_serial().map_err(|e| CaError::Certificate(e.to_string()))?;
-        let uri = rcgen::string::Ia5String::try_from(params.trust_domain.id())
-            .map_err(|e| CaError::Certificate(e.to_string()))?;
-
-        let mut cert_params = CertificateParams::default();
-        cert_params.distinguished_name = ca_subject(&params.name, &serial);
-        cert_params.not_before = not_before;
-        cert_params.not_after = not_after;
-        cert_params.serial_number = Some(SerialNumber::from_slice(&serial));
-        cert_params.subject_alt_names = vec![SanType::URI(uri)];
-        cert_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        cert_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        cert_params.use_authority_key_identifier_extension = true;
-        let cert = cert_params
-            .self_signed(&signer)
-            .map_err(|e| CaError::Certificate(e.to_string()))?;
+        let der = self_signed(params, now, &signer)?;
         drop(signer);
-        Self::assemble(vec![cert.der().to_vec()], key).map_err(CaError::Persisted)
+        Self::assemble(vec![der], CaKey::Software(key)).map_err(CaError::Persisted)
+    }
+
+    /// Generates a CA as [`CertificateAuthority::generate`] does, its key made in `token`: sensitive and
+    /// never extractable, labelled with the CA's id once the certificate is signed. The key stays in the
+    /// token if this fails after making it; [`CertificateAuthority::discard`] removes the key of a CA
+    /// that is not kept.
+    pub fn generate_in_token(
+        params: &CaParams,
+        now: SystemTime,
+        token: &Token,
+    ) -> Result<Self, CaError> {
+        let key = token
+            .generate_key(params.key_algorithm, &format!("meshca {} (new)", params.name))
+            .map_err(CaError::Token)?;
+        let signer = CaSigner::Token(Arc::new(key));
+        let signed = self_signed(params, now, &signer);
+        let CaSigner::Token(key) = &signer else {
+            unreachable!("made as a token signer above")
+        };
+        let key = Arc::clone(key);
+        drop(signer);
+        let der = signed.map_err(|e| match token.status().up {
+            true => e,
+            false => CaError::Token(HsmError::Unavailable {
+                label: token.label().to_owned(),
+                reason: token.status().reason.unwrap_or_default(),
+            }),
+        })?;
+        let mut key = Arc::try_unwrap(key).map_err(|_| {
+            CaError::Certificate("the token key is still in use after signing".into())
+        })?;
+        key.relabel(&certs::sha256_hex(&der))
+            .map_err(CaError::Token)?;
+        Self::assemble(vec![der], CaKey::Token(Arc::new(key))).map_err(CaError::Persisted)
     }
 
     /// Reloads a CA meshca generated and persisted earlier ([`CertificateAuthority::to_pem`]): parses the
@@ -165,14 +223,26 @@ impl CertificateAuthority {
         let load = || {
             let chain = crate::provided::read_chain(cert_chain_pem)?;
             let key = PrivateKey::from_pem(key_pem).map_err(ProvidedCaError::UnreadableKey)?;
-            Self::assemble(chain, key)
+            Self::assemble(chain, CaKey::Software(key))
         };
         load().map_err(CaError::Persisted)
     }
 
+    /// Reloads a CA meshca generated in a token and persisted earlier: its chain, and the key `selector`
+    /// names in `token`, proven to be the certificate's by a signature.
+    pub fn from_persisted_in_token(
+        cert_chain_pem: &[u8],
+        token: &Token,
+        selector: KeySelector<'_>,
+    ) -> Result<Self, CaError> {
+        let chain = crate::provided::read_chain(cert_chain_pem).map_err(CaError::Persisted)?;
+        let key = find_token_key(&chain, token, selector)?;
+        Self::assemble(chain, CaKey::Token(Arc::new(key))).map_err(CaError::Persisted)
+    }
+
     /// Builds the CA from a chain (signing certificate first) and its key: checks the key matches, reads
     /// the trust domain, and builds the rcgen issuer once.
-    pub(crate) fn assemble(chain: Vec<Vec<u8>>, key: PrivateKey) -> Result<Self, ProvidedCaError> {
+    pub(crate) fn assemble(chain: Vec<Vec<u8>>, key: CaKey) -> Result<Self, ProvidedCaError> {
         let mut chain = chain.into_iter();
         let cert_der = chain.next().ok_or(ProvidedCaError::NoCertificate)?;
         let above: Vec<Vec<u8>> = chain.collect();
@@ -183,7 +253,12 @@ impl CertificateAuthority {
             })?;
         let subject = certs::subject(&cert);
 
-        let signer = signer_for(&key).map_err(|e| ProvidedCaError::Signer(e.to_string()))?;
+        let signer = match &key {
+            CaKey::Software(software) => {
+                signer_for(software).map_err(|e| ProvidedCaError::Signer(e.to_string()))?
+            }
+            CaKey::Token(token_key) => CaSigner::Token(Arc::clone(token_key)),
+        };
         let cert_key = cert.public_key();
         let same_type = certs::key_kind(cert_key) == KeyKind::Supported(key.algorithm());
         if !same_type
@@ -315,20 +390,113 @@ impl CertificateAuthority {
         &self.after_leaf_der
     }
 
-    /// The chain (signing certificate first, then the rest as given) and the key, as PEM, for the keystore.
-    pub fn to_pem(&self) -> (String, Zeroizing<String>) {
+    /// The chain (signing certificate first, then the rest as given) and the key, as PEM, for the
+    /// keystore. The key is `None` when it is in a token ([`CertificateAuthority::token_key`]).
+    pub fn to_pem(&self) -> (String, Option<Zeroizing<String>>) {
         let mut chain = pem_out::cert(&self.cert_der);
         for der in &self.above {
             pem_out::push_cert(&mut chain, der);
         }
-        (chain, self.key.to_pem())
+        let key = match &self.key {
+            CaKey::Software(key) => Some(key.to_pem()),
+            CaKey::Token(_) => None,
+        };
+        (chain, key)
+    }
+
+    /// The CA's key when it is in a PKCS#11 token.
+    pub fn token_key(&self) -> Option<&TokenKey> {
+        match &self.key {
+            CaKey::Software(_) => None,
+            CaKey::Token(key) => Some(key),
+        }
+    }
+
+    /// Removes the key of a CA made in a token and not kept (another process persisted its CA first).
+    /// Does nothing for a software key, which is wiped when dropped.
+    pub fn discard(self) -> Result<(), HsmError> {
+        let CaKey::Token(key) = &self.key else {
+            return Ok(());
+        };
+        let key = Arc::clone(key);
+        drop(self);
+        match Arc::try_unwrap(key) {
+            Ok(key) => key.destroy(),
+            // Still shared (a copy of this CA is in use): it is not this caller's to remove.
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// Why a signature of this CA failed, when its key is in a token that stopped answering.
+    pub(crate) fn token_failure(&self) -> Option<HsmError> {
+        let token = self.token_key()?.token();
+        let status = token.status();
+        (!status.up).then(|| HsmError::Unavailable {
+            label: token.label().to_owned(),
+            reason: status.reason.unwrap_or_default(),
+        })
     }
 }
 
 /// Loads the CA key into rcgen (this parses the PKCS#8: done once per CA, never per leaf).
 fn signer_for(key: &PrivateKey) -> Result<CaSigner, rcgen::Error> {
     let der = rustls_pki_types::PrivatePkcs8KeyDer::from(key.pkcs8_der());
-    KeyPair::try_from(&der).map(CaSigner)
+    KeyPair::try_from(&der).map(CaSigner::Software)
+}
+
+/// The key `selector` names in `token`, checked against the public key of the chain's first
+/// certificate.
+pub(crate) fn find_token_key(
+    chain: &[Vec<u8>],
+    token: &Token,
+    selector: KeySelector<'_>,
+) -> Result<TokenKey, CaError> {
+    let first = chain.first().ok_or(CaError::Persisted(ProvidedCaError::NoCertificate))?;
+    let cert = certs::parse(first).map_err(|reason| {
+        CaError::Persisted(ProvidedCaError::UnparsableCertificate {
+            position: 1,
+            reason: reason.to_string(),
+        })
+    })?;
+    let KeyKind::Supported(algorithm) = certs::key_kind(cert.public_key()) else {
+        return Err(CaError::Persisted(ProvidedCaError::KeyMismatch {
+            subject: certs::subject(&cert),
+        }));
+    };
+    token
+        .find_key(selector, algorithm, &cert.public_key().subject_public_key.data)
+        .map_err(CaError::Token)
+}
+
+/// The self-signed certificate of a new CA, signed by `signer`.
+fn self_signed(params: &CaParams, now: SystemTime, signer: &CaSigner) -> Result<Vec<u8>, CaError> {
+    let (not_before, _) = now
+        .checked_sub(BACKDATE)
+        .and_then(certs::whole_seconds)
+        .ok_or(CaError::Validity(params.validity))?;
+    let not_after = now
+        .checked_add(params.validity)
+        .and_then(certs::whole_seconds)
+        .filter(|(t, _)| t.year() < 9999 && !params.validity.is_zero())
+        .ok_or(CaError::Validity(params.validity))?
+        .0;
+    let serial = certs::random_serial().map_err(|e| CaError::Certificate(e.to_string()))?;
+    let uri = rcgen::string::Ia5String::try_from(params.trust_domain.id())
+        .map_err(|e| CaError::Certificate(e.to_string()))?;
+
+    let mut cert_params = CertificateParams::default();
+    cert_params.distinguished_name = ca_subject(&params.name, &serial);
+    cert_params.not_before = not_before;
+    cert_params.not_after = not_after;
+    cert_params.serial_number = Some(SerialNumber::from_slice(&serial));
+    cert_params.subject_alt_names = vec![SanType::URI(uri)];
+    cert_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    cert_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    cert_params.use_authority_key_identifier_extension = true;
+    let cert = cert_params
+        .self_signed(signer)
+        .map_err(|e| CaError::Certificate(e.to_string()))?;
+    Ok(cert.der().to_vec())
 }
 
 /// `CN=meshca <name> <16 hex of the serial>, O=meshca`, the CN kept within X.509's 64 characters.

@@ -98,6 +98,9 @@ pub enum IssueError {
     /// The certificate could not be built or signed.
     #[error("signing the SVID failed: {0}")]
     Sign(String),
+    /// The CA's key is in a PKCS#11 token that does not answer: nothing is signed until it does.
+    #[error("signing the SVID failed: {0}")]
+    Token(#[source] meshca_hsm::HsmError),
     /// A key given to sign for is not of the algorithm the leaf must have.
     #[error(
         "the key is {found}, but leaves are issued for {expected} keys (issuance.keyAlgorithm)"
@@ -263,9 +266,12 @@ impl CertificateAuthority {
             ExtendedKeyUsagePurpose::ClientAuth,
         ];
         params.use_authority_key_identifier_extension = true;
-        let cert = params
-            .signed_by(public, &self.issuer)
-            .map_err(|e| IssueError::Sign(e.to_string()))?;
+        let cert = params.signed_by(public, &self.issuer).map_err(|e| {
+            match self.token_failure() {
+                Some(failure) => IssueError::Token(failure),
+                None => IssueError::Sign(e.to_string()),
+            }
+        })?;
 
         let leaf = cert.der().to_vec();
         let mut chain_pem = String::with_capacity(leaf.len() * 2 + self.after_leaf_pem.len());

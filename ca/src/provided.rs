@@ -4,7 +4,11 @@ use std::time::SystemTime;
 
 use x509_parser::certificate::X509Certificate;
 
-use crate::authority::CertificateAuthority;
+use std::sync::Arc;
+
+use meshca_hsm::{KeySelector, Token};
+
+use crate::authority::{find_token_key, CaError, CaKey, CertificateAuthority};
 use crate::certs::{self, KeyKind};
 use crate::key::{KeyError, PrivateKey};
 use meshca_identity::SpiffeIdError;
@@ -168,40 +172,66 @@ impl CertificateAuthority {
         opts: &ProvidedOptions,
         now: SystemTime,
     ) -> Result<Self, ProvidedCaError> {
-        let chain = read_chain(cert_chain_pem)?;
-        let parsed = chain
-            .iter()
-            .enumerate()
-            .map(|(i, der)| {
-                certs::parse(der).map_err(|reason| ProvidedCaError::UnparsableCertificate {
-                    position: i + 1,
-                    reason: reason.to_string(),
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        for (i, cert) in parsed.iter().enumerate() {
-            check_ca_cert(i + 1, cert, now)?;
-        }
-        for (i, pair) in parsed.windows(2).enumerate() {
-            check_link(i + 1, &pair[0], &pair[1])?;
-        }
-        let signing = &parsed[0];
-        if parsed.len() == 1 && is_self_signed(signing) && !opts.allow_self_signed {
-            return Err(ProvidedCaError::SelfSignedNotAllowed {
-                subject: certs::subject(signing),
-            });
-        }
-        // A root given last must at least verify its own signature.
-        if let Some(last) = parsed
-            .last()
-            .filter(|c| parsed.len() > 1 && c.subject().as_raw() == c.issuer().as_raw())
-        {
-            check_link(parsed.len(), last, last)?;
-        }
+        let chain = checked_chain(cert_chain_pem, opts, now)?;
         let key = PrivateKey::from_pem(key_pem).map_err(ProvidedCaError::UnreadableKey)?;
-        drop(parsed);
-        CertificateAuthority::assemble(chain, key)
+        CertificateAuthority::assemble(chain, CaKey::Software(key))
     }
+
+    /// Loads a provided CA whose key is in a PKCS#11 token, named by `selector`: the chain is checked as
+    /// [`CertificateAuthority::from_pem`] checks it, and the key in the token is proven to be the
+    /// certificate's by a signature.
+    pub fn from_pem_in_token(
+        cert_chain_pem: &[u8],
+        token: &Token,
+        selector: KeySelector<'_>,
+        opts: &ProvidedOptions,
+        now: SystemTime,
+    ) -> Result<Self, CaError> {
+        let chain = checked_chain(cert_chain_pem, opts, now).map_err(CaError::Persisted)?;
+        let key = find_token_key(&chain, token, selector)?;
+        CertificateAuthority::assemble(chain, CaKey::Token(Arc::new(key))).map_err(CaError::Persisted)
+    }
+}
+
+/// A provided CA's chain, read and checked: every certificate a CA with keyCertSign and without
+/// keyAgreement, valid at `now`, with a supported key, each signed by the next.
+fn checked_chain(
+    cert_chain_pem: &[u8],
+    opts: &ProvidedOptions,
+    now: SystemTime,
+) -> Result<Vec<Vec<u8>>, ProvidedCaError> {
+    let chain = read_chain(cert_chain_pem)?;
+    let parsed = chain
+        .iter()
+        .enumerate()
+        .map(|(i, der)| {
+            certs::parse(der).map_err(|reason| ProvidedCaError::UnparsableCertificate {
+                position: i + 1,
+                reason: reason.to_string(),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    for (i, cert) in parsed.iter().enumerate() {
+        check_ca_cert(i + 1, cert, now)?;
+    }
+    for (i, pair) in parsed.windows(2).enumerate() {
+        check_link(i + 1, &pair[0], &pair[1])?;
+    }
+    let signing = &parsed[0];
+    if parsed.len() == 1 && is_self_signed(signing) && !opts.allow_self_signed {
+        return Err(ProvidedCaError::SelfSignedNotAllowed {
+            subject: certs::subject(signing),
+        });
+    }
+    // A root given last must at least verify its own signature.
+    if let Some(last) = parsed
+        .last()
+        .filter(|c| parsed.len() > 1 && c.subject().as_raw() == c.issuer().as_raw())
+    {
+        check_link(parsed.len(), last, last)?;
+    }
+    drop(parsed);
+    Ok(chain)
 }
 
 fn is_self_signed(cert: &X509Certificate<'_>) -> bool {

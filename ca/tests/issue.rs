@@ -220,6 +220,7 @@ fn rsa_ca_issues_p256_and_rsa_leaves() {
 
     // An RSA leaf (keyEncipherment allowed) from a fixture-keyed RSA CA via the persisted path.
     let (chain, key) = ca.to_pem();
+    let key = key.expect("a software key");
     let again =
         CertificateAuthority::from_persisted(chain.as_bytes(), key.as_bytes()).expect("reloads");
     assert_eq!(again.id(), ca.id());
@@ -306,6 +307,7 @@ fn generate_rejects_bad_validity() {
 fn persisted_round_trip_keeps_the_ca() {
     let ca = generated("td", KeyAlgorithm::EcdsaP256);
     let (chain, key) = ca.to_pem();
+    let key = key.expect("a software key");
     assert!(key.starts_with("-----BEGIN PRIVATE KEY-----"));
     let again =
         CertificateAuthority::from_persisted(chain.as_bytes(), key.as_bytes()).expect("reloads");
@@ -329,7 +331,7 @@ fn persisted_round_trip_keeps_the_ca() {
 #[test]
 fn debug_output_holds_no_key_material() {
     let ca = generated("td", KeyAlgorithm::EcdsaP256);
-    let (_, key_pem) = ca.to_pem();
+    let key_pem = ca.to_pem().1.expect("a software key");
     let body: String = key_pem
         .lines()
         .nth(1)

@@ -74,6 +74,7 @@ fn intermediate_and_root_chain_issues_verifiable_svids() {
 
     // The persisted form keeps the whole chain.
     let (pem, key) = ca.to_pem();
+    let key = key.expect("a software key");
     let again =
         CertificateAuthority::from_persisted(pem.as_bytes(), key.as_bytes()).expect("reloads");
     assert_eq!(again.bundle_der(), ca.bundle_der());

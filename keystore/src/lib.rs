@@ -3,7 +3,8 @@
 //! Everything is addressed by a relative slash path such as `ca/default/ca-1/key.pem` (see [`validate_name`]).
 //! Secrets come back as [`Secret`], which zeroizes on drop and never prints. [`FileKeystore`] keeps them on
 //! disk: mode 0600 files in a 0700 tree, replaced atomically. [`MemoryKeystore`] is for tests. The PostgreSQL
-//! keystore of replicas implements the same [`Keystore`] in the `meshca-db` crate.
+//! keystore of replicas implements the same [`Keystore`] in the `meshca-db` crate. [`WithToken`] pairs a
+//! keystore with the PKCS#11 token CA keys are made in.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -16,6 +17,7 @@ mod memory;
 mod name;
 mod secret;
 mod store;
+mod with_token;
 
 pub use crash::{crash_point, CRASH_AT_ENV};
 pub use error::KeystoreError;
@@ -24,3 +26,4 @@ pub use memory::MemoryKeystore;
 pub use name::{validate_name, validate_prefix};
 pub use secret::Secret;
 pub use store::{Creation, Keystore, NewEntry};
+pub use with_token::WithToken;

@@ -46,6 +46,12 @@ pub trait Keystore: Send + Sync + Debug {
     /// Every entry name that starts with `prefix` (a plain string prefix, so `ca/` lists everything under
     /// `ca`, and `""` lists everything), sorted.
     fn list(&self, prefix: &str) -> Result<Vec<String>, KeystoreError>;
+
+    /// The PKCS#11 token CA keys are made in, when there is one (see [`crate::WithToken`]): the keystore
+    /// then holds a CA's certificate and the `pkcs11:` URI of its key, and the token the key.
+    fn token(&self) -> Option<&meshca_hsm::Token> {
+        None
+    }
 }
 
 /// One entry of a group written by [`Keystore::create_if_absent`]. `Debug` shows the name only.
