@@ -12,7 +12,9 @@ mod der;
 mod error;
 mod key;
 mod token;
+mod uri;
 
 pub use error::HsmError;
 pub use key::{KeySelector, TokenKey};
 pub use token::{Token, TokenStatus};
+pub use uri::{ObjectType, Pkcs11Uri, UriError};
