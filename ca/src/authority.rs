@@ -85,6 +85,8 @@ impl fmt::Debug for CaKey {
 }
 
 /// The CA's signing key as rcgen uses it. A software key's PKCS#8 copy is wiped on drop.
+// One per CA: keeping the key pair inline saves an indirection on every signature.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum CaSigner {
     Software(KeyPair),
     Token(Arc<TokenKey>),
@@ -193,7 +195,10 @@ impl CertificateAuthority {
         token: &Token,
     ) -> Result<Self, CaError> {
         let key = token
-            .generate_key(params.key_algorithm, &format!("meshca {} (new)", params.name))
+            .generate_key(
+                params.key_algorithm,
+                &format!("meshca {} (new)", params.name),
+            )
             .map_err(CaError::Token)?;
         let signer = CaSigner::Token(Arc::new(key));
         let signed = self_signed(params, now, &signer);
@@ -451,7 +456,9 @@ pub(crate) fn find_token_key(
     token: &Token,
     selector: KeySelector<'_>,
 ) -> Result<TokenKey, CaError> {
-    let first = chain.first().ok_or(CaError::Persisted(ProvidedCaError::NoCertificate))?;
+    let first = chain
+        .first()
+        .ok_or(CaError::Persisted(ProvidedCaError::NoCertificate))?;
     let cert = certs::parse(first).map_err(|reason| {
         CaError::Persisted(ProvidedCaError::UnparsableCertificate {
             position: 1,
@@ -464,7 +471,11 @@ pub(crate) fn find_token_key(
         }));
     };
     token
-        .find_key(selector, algorithm, &cert.public_key().subject_public_key.data)
+        .find_key(
+            selector,
+            algorithm,
+            &cert.public_key().subject_public_key.data,
+        )
         .map_err(CaError::Token)
 }
 

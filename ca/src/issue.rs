@@ -266,12 +266,13 @@ impl CertificateAuthority {
             ExtendedKeyUsagePurpose::ClientAuth,
         ];
         params.use_authority_key_identifier_extension = true;
-        let cert = params.signed_by(public, &self.issuer).map_err(|e| {
-            match self.token_failure() {
-                Some(failure) => IssueError::Token(failure),
-                None => IssueError::Sign(e.to_string()),
-            }
-        })?;
+        let cert =
+            params
+                .signed_by(public, &self.issuer)
+                .map_err(|e| match self.token_failure() {
+                    Some(failure) => IssueError::Token(failure),
+                    None => IssueError::Sign(e.to_string()),
+                })?;
 
         let leaf = cert.der().to_vec();
         let mut chain_pem = String::with_capacity(leaf.len() * 2 + self.after_leaf_pem.len());

@@ -189,7 +189,8 @@ impl CertificateAuthority {
     ) -> Result<Self, CaError> {
         let chain = checked_chain(cert_chain_pem, opts, now).map_err(CaError::Persisted)?;
         let key = find_token_key(&chain, token, selector)?;
-        CertificateAuthority::assemble(chain, CaKey::Token(Arc::new(key))).map_err(CaError::Persisted)
+        CertificateAuthority::assemble(chain, CaKey::Token(Arc::new(key)))
+            .map_err(CaError::Persisted)
     }
 }
 

@@ -128,6 +128,32 @@ pub enum CaLoadError {
         /// The CA's keystore path.
         path: String,
     },
+    /// A CA key named by a `pkcs11:` URI, but no token is configured.
+    #[error("{source_name} names a key in a PKCS#11 token ({uri}), but keystore.pkcs11 is not set in the settings: set it to the token holding the key")]
+    NoToken {
+        /// Where the URI came from: a keystore entry or a resource's data source.
+        source_name: String,
+        /// The URI.
+        uri: String,
+    },
+    /// A CA key named by a `pkcs11:` URI in another token than the configured one.
+    #[error("{source_name} names a key in the PKCS#11 token {uri}, but keystore.pkcs11.token is {configured:?}: meshca uses one token")]
+    OtherToken {
+        /// Where the URI came from.
+        source_name: String,
+        /// The URI.
+        uri: String,
+        /// The configured token's label.
+        configured: String,
+    },
+    /// A persisted CA's key reference is not a `pkcs11:` URI.
+    #[error("the keystore entry {entry} should hold the pkcs11: URI of a CA key: {reason}; restore it from a backup")]
+    KeyReference {
+        /// The entry.
+        entry: String,
+        /// Why it does not parse.
+        reason: String,
+    },
     /// A MeshIdentity's CA signs for another trust domain than its SPIFFE IDs use.
     #[error("the CA certificate is for trust domain {ca}, but spiffeID.trustDomain renders to {rendered}")]
     TrustDomainMismatch {

@@ -100,6 +100,17 @@ pub enum HsmError {
         /// The key's label.
         label: String,
     },
+    /// A sealed value is malformed.
+    #[error("the sealed value cannot be read: {0}")]
+    Sealed(&'static str),
+    /// The token did not open a sealed value.
+    #[error("the PKCS#11 token {label:?} did not open the sealed key-encryption key ({reason}): it was sealed by another token's key, or changed")]
+    Unseal {
+        /// The token's label.
+        label: String,
+        /// The module's answer.
+        reason: String,
+    },
     /// The system's random source failed.
     #[error("the system's random source failed")]
     Random,

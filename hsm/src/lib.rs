@@ -11,10 +11,12 @@
 mod der;
 mod error;
 mod key;
+mod seal;
 mod token;
 mod uri;
 
 pub use error::HsmError;
 pub use key::{KeySelector, TokenKey};
+pub use seal::SEALING_KEY_LABEL;
 pub use token::{Token, TokenStatus};
 pub use uri::{ObjectType, Pkcs11Uri, UriError};

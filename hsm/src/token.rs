@@ -43,6 +43,9 @@ pub(crate) struct Inner {
 pub(crate) struct Context {
     pkcs11: Pkcs11,
     slot: Slot,
+    /// The session that logged in, kept open for the context's life: PKCS#11 logs the application
+    /// out when its last session closes, and sessions of the pool are closed after a failure.
+    _login: Mutex<Session>,
     /// Sessions not in use; each operation takes one, or opens one when none is free.
     idle: Mutex<Vec<Session>>,
     pub(crate) generation: u64,
@@ -274,10 +277,11 @@ impl Context {
         }
         let opened = Self::find_and_login(&pkcs11, label, pin);
         match opened {
-            Ok(slot) => Ok(Context {
+            Ok((slot, login)) => Ok(Context {
                 pkcs11,
-                slot: slot.0,
-                idle: Mutex::new(vec![slot.1]),
+                slot,
+                _login: Mutex::new(login),
+                idle: Mutex::new(Vec::new()),
                 generation,
             }),
             Err(error) => {
@@ -370,10 +374,14 @@ impl Context {
 
     /// Closes every session and finalises the module.
     fn close(self) {
-        self.idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
-        let _ = self.pkcs11.finalize();
+        let Context {
+            pkcs11,
+            _login,
+            idle,
+            ..
+        } = self;
+        drop(idle);
+        drop(_login);
+        let _ = pkcs11.finalize();
     }
 }

@@ -138,6 +138,30 @@ fn a_softhsm2_token_end_to_end() {
     assert!(matches!(err, HsmError::KeyNotFound { .. }), "{err}");
     other.destroy().expect("destroys");
 
+    // Sealing: what the token sealed opens only through it, and a changed value does not open.
+    let sealed = token.seal(&[42u8; 32]).expect("seals");
+    assert!(
+        !sealed.windows(32).any(|w| w == [42u8; 32]),
+        "the secret is not in the sealed value"
+    );
+    assert_eq!(
+        token.open_sealed(&sealed).expect("opens").as_slice(),
+        &[42u8; 32]
+    );
+    let again = token
+        .seal(&[42u8; 32])
+        .expect("seals again with the same key");
+    assert_eq!(again[..18], sealed[..18], "the same key id");
+    assert_ne!(again, sealed, "a fresh IV each time");
+    let mut changed = sealed.clone();
+    *changed.last_mut().expect("not empty") ^= 1;
+    let err = token.open_sealed(&changed).expect_err("changed");
+    assert!(matches!(err, HsmError::Unseal { .. }), "{err}");
+    let mut other_key = sealed.clone();
+    other_key[2] ^= 1;
+    let err = token.open_sealed(&other_key).expect_err("no such key");
+    assert!(matches!(err, HsmError::KeyNotFound { .. }), "{err}");
+
     // Several threads sign at once, each in a session of its own.
     thread::scope(|s| {
         for _ in 0..4 {

@@ -323,7 +323,12 @@ impl Owner {
                 }
                 Err(e) => {
                     self.telemetry.issue_failed(&key.mesh, &desired.issuer);
-                    tracing::error!(proxy = %key, issuer = %desired.issuer, "certificate not issued: {e}");
+                    if let IssueFailure::Issue(IssueError::Token(_)) = &e {
+                        // Said once, when the token stopped answering; retried until it answers.
+                        tracing::debug!(proxy = %key, issuer = %desired.issuer, "certificate not issued: {e}");
+                    } else {
+                        tracing::error!(proxy = %key, issuer = %desired.issuer, "certificate not issued: {e}");
+                    }
                     if let (IssueFailure::Issue(IssueError::KeyAlgorithm { .. }), Some(offered)) =
                         (&e, &desired.agent_key)
                     {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use meshca_ca::{CaParams, CertificateAuthority, ProvidedOptions};
 use meshca_config::{Backend, Bundled, BundledCa, DataSource, MeshIdentity};
+use meshca_hsm::{KeySelector, Pkcs11Uri, Token};
 use meshca_identity::{KeyAlgorithm, TrustDomain};
 use meshca_keystore::{Creation, KeystoreError, NewEntry};
 
@@ -242,70 +243,152 @@ fn load_provided(
 /// Loads a generated CA from the keystore, or generates and persists it the first time (with
 /// [`LoadMode::Check`], generates it in memory only).
 ///
+/// With a PKCS#11 token (`keystore.pkcs11`), a new CA's key is made in the token and the keystore keeps
+/// the certificate and the key's `pkcs11:` URI (`key.pkcs11`) instead of the key (`key.pem`). CAs
+/// persisted before the token was configured keep their software keys until they rotate.
+///
 /// Another process (a second daemon, `meshca issue --mesh`) may generate the same CA at the same time:
 /// the keystore lets exactly one persist its CA, and every other caller loads that one, so all of them
-/// serve one CA.
+/// serve one CA (a loser's key made in the token is destroyed again).
 fn load_or_generate(
     src: &CaSource<'_>,
     path: &str,
     params: &CaParams,
 ) -> Result<LoadedCa, CaLoadError> {
-    let cert_name = format!("{path}/cert.pem");
-    let key_name = format!("{path}/key.pem");
     let loaded = |ca| LoadedCa {
         ca: Arc::new(ca),
         generated: true,
     };
-    if let Some(ca) = load_persisted(src, &cert_name, &key_name)? {
+    if let Some(ca) = load_persisted(src, path)? {
         return Ok(loaded(ca));
     }
-    let ca = CertificateAuthority::generate(params, src.now)?;
+    let token = src.keystore.token();
+    let ca = match token {
+        Some(token) if src.mode == LoadMode::Apply => {
+            CertificateAuthority::generate_in_token(params, src.now, token)?
+        }
+        _ => CertificateAuthority::generate(params, src.now)?,
+    };
     if src.mode == LoadMode::Check {
         return Ok(loaded(ca));
     }
     // Missing, or half written by a creator still at work: decided under the keystore's lock.
     let (chain, key) = ca.to_pem();
+    let names = EntryNames::new(path);
+    let reference = ca
+        .token_key()
+        .map(|k| Pkcs11Uri::key(k.token().label(), k.label(), k.id()).to_string());
+    let key_entry = match (&key, &reference) {
+        (Some(pem), _) => NewEntry::secret(&names.key, pem.as_bytes()),
+        (None, Some(uri)) => NewEntry::public(&names.token_key, uri.as_bytes()),
+        (None, None) => unreachable!("a CA's key is in memory or in a token"),
+    };
     // All or nothing: a kill between the two writes is rolled back by the keystore (nothing used this CA
     // yet), so only a file removed by hand leaves half of it (HalfPersisted, never replaced silently).
-    let created = src.keystore.create_if_absent(&[
-        NewEntry::secret(&key_name, key.as_bytes()),
-        NewEntry::public(&cert_name, chain.as_bytes()),
-    ]);
+    let created = src
+        .keystore
+        .create_if_absent(&[key_entry, NewEntry::public(&names.cert, chain.as_bytes())]);
+    if let Ok(Creation::Created) = created {
+        tracing::info!(ca = %params.name, trust_domain = %params.trust_domain, id = %ca.id(),
+            key = reference.as_deref().unwrap_or("in the keystore"), "generated a new CA");
+        return Ok(loaded(ca));
+    }
+    discard(ca);
     match created {
-        Ok(Creation::Created) => {
-            tracing::info!(ca = %params.name, trust_domain = %params.trust_domain, id = %ca.id(), "generated a new CA");
-            Ok(loaded(ca))
-        }
-        Ok(Creation::Existing) => load_persisted(src, &cert_name, &key_name)?
+        Ok(_) | Err(KeystoreError::PartlyPresent { .. }) => load_persisted(src, path)?
             .map(loaded)
             .ok_or_else(|| CaLoadError::HalfPersisted {
                 path: path.to_owned(),
             }),
-        Err(KeystoreError::PartlyPresent { .. }) => Err(CaLoadError::HalfPersisted {
-            path: path.to_owned(),
-        }),
         Err(e) => Err(e.into()),
     }
 }
 
-/// The persisted CA with this certificate and key, if both exist.
+/// Drops a generated CA that is not kept; its key in the token, if any, is destroyed.
+fn discard(ca: CertificateAuthority) {
+    let id = ca.id().to_owned();
+    if let Err(error) = ca.discard() {
+        tracing::warn!(ca = %id, "a CA key made in the PKCS#11 token and not used could not be destroyed; it is harmless, remove it from the token when convenient: {error}");
+    }
+}
+
+/// The keystore names of a persisted CA's entries.
+struct EntryNames {
+    cert: String,
+    /// A software key.
+    key: String,
+    /// The `pkcs11:` URI of a key in the token.
+    token_key: String,
+}
+
+impl EntryNames {
+    fn new(path: &str) -> EntryNames {
+        EntryNames {
+            cert: format!("{path}/cert.pem"),
+            key: format!("{path}/key.pem"),
+            token_key: format!("{path}/key.pkcs11"),
+        }
+    }
+}
+
+/// The persisted CA at `path`, if its certificate and its key (or the key's `pkcs11:` URI) exist.
 fn load_persisted(
     src: &CaSource<'_>,
-    cert_name: &str,
-    key_name: &str,
+    path: &str,
 ) -> Result<Option<CertificateAuthority>, CaLoadError> {
-    let cert = src.keystore.get_public(cert_name)?;
-    let key = src.keystore.get_secret(key_name)?;
-    let (Some(cert), Some(key)) = (cert, key) else {
+    let names = EntryNames::new(path);
+    let Some(cert) = src.keystore.get_public(&names.cert)? else {
         return Ok(None);
     };
-    CertificateAuthority::from_persisted(&cert, key.expose())
-        .map(Some)
-        .map_err(|error| CaLoadError::Persisted {
-            cert: cert_name.to_owned(),
-            key: key_name.to_owned(),
-            error: Box::new(error),
-        })
+    let persisted = |key: &str, error| CaLoadError::Persisted {
+        cert: names.cert.clone(),
+        key: key.to_owned(),
+        error: Box::new(error),
+    };
+    if let Some(key) = src.keystore.get_secret(&names.key)? {
+        return CertificateAuthority::from_persisted(&cert, key.expose())
+            .map(Some)
+            .map_err(|error| persisted(&names.key, error));
+    }
+    let Some(reference) = src.keystore.get_public(&names.token_key)? else {
+        return Ok(None);
+    };
+    let reference = String::from_utf8_lossy(&reference).trim().to_owned();
+    let uri = Pkcs11Uri::parse(&reference).map_err(|error| CaLoadError::KeyReference {
+        entry: names.token_key.clone(),
+        reason: error.to_string(),
+    })?;
+    let token = token_for(src, &uri, &names.token_key)?;
+    CertificateAuthority::from_persisted_in_token(
+        &cert,
+        token,
+        KeySelector {
+            label: uri.object(),
+            id: uri.id(),
+        },
+    )
+    .map(Some)
+    .map_err(|error| persisted(&names.token_key, error))
+}
+
+/// The configured token, which must be the one `uri` names (`where_` says where the URI came from).
+fn token_for<'a>(
+    src: &CaSource<'a>,
+    uri: &Pkcs11Uri,
+    where_: &str,
+) -> Result<&'a Token, CaLoadError> {
+    let token = src.keystore.token().ok_or_else(|| CaLoadError::NoToken {
+        source_name: where_.to_owned(),
+        uri: uri.to_string(),
+    })?;
+    match uri.token() {
+        Some(label) if label != token.label() => Err(CaLoadError::OtherToken {
+            source_name: where_.to_owned(),
+            uri: uri.to_string(),
+            configured: token.label().to_owned(),
+        }),
+        _ => Ok(token),
+    }
 }
 
 #[cfg(test)]
