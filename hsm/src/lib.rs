@@ -7,3 +7,7 @@
 //! A key is named in the keystore and in resources by an RFC 7512 `pkcs11:` URI.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+
+mod uri;
+
+pub use uri::{ObjectType, Pkcs11Uri, UriError};
