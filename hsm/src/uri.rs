@@ -235,12 +235,20 @@ const QUERY_NAMES: &str = "module-name, module-path";
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Pkcs11Uri {
     token: Option<String>,
-    manufacturer: Option<String>,
-    model: Option<String>,
-    serial: Option<String>,
     object: Option<String>,
     object_type: Option<ObjectType>,
     id: Option<Vec<u8>>,
+    /// The attributes that do not pick a key, boxed: a URI sits in every data source that may hold
+    /// one.
+    details: Box<Details>,
+}
+
+/// The attributes of a [`Pkcs11Uri`] that meshca keeps but does not use to pick a key.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+struct Details {
+    manufacturer: Option<String>,
+    model: Option<String>,
+    serial: Option<String>,
     library_manufacturer: Option<String>,
     library_description: Option<String>,
     /// Digits, optionally `.` and digits, as given.
@@ -359,24 +367,24 @@ impl Pkcs11Uri {
 
     /// `serial`: the token's serial number.
     pub fn serial(&self) -> Option<&str> {
-        self.serial.as_deref()
+        self.details.serial.as_deref()
     }
 
     /// `slot-id`: the slot's number.
     pub fn slot_id(&self) -> Option<u64> {
-        self.slot_id
+        self.details.slot_id
     }
 
     /// `module-path`: the PKCS#11 module this URI was written for.
     pub fn module_path(&self) -> Option<&str> {
-        self.module_path.as_deref()
+        self.details.module_path.as_deref()
     }
 
     fn path_attribute(&mut self, index: usize, attribute: &str) -> Result<(), UriError> {
         let (name, raw) = split(Component::Path, index, attribute)?;
         let Some(kind) = PATH_ATTRS.iter().find(|(n, _)| *n == name).map(|(_, k)| *k) else {
             let value = vendor(Component::Path, name, raw, PATH_NAMES)?;
-            return insert_vendor(&mut self.vendor_path, name, value);
+            return insert_vendor(&mut self.details.vendor_path, name, value);
         };
         let text = || decode_text(Component::Path, name, raw);
         match kind {
@@ -385,14 +393,18 @@ impl Pkcs11Uri {
                 set(&mut self.id, name, bytes)
             }
             PathAttr::Token => set(&mut self.token, name, text()?),
-            PathAttr::Manufacturer => set(&mut self.manufacturer, name, text()?),
-            PathAttr::Model => set(&mut self.model, name, text()?),
-            PathAttr::Serial => set(&mut self.serial, name, text()?),
+            PathAttr::Manufacturer => set(&mut self.details.manufacturer, name, text()?),
+            PathAttr::Model => set(&mut self.details.model, name, text()?),
+            PathAttr::Serial => set(&mut self.details.serial, name, text()?),
             PathAttr::Object => set(&mut self.object, name, text()?),
-            PathAttr::LibraryManufacturer => set(&mut self.library_manufacturer, name, text()?),
-            PathAttr::LibraryDescription => set(&mut self.library_description, name, text()?),
-            PathAttr::SlotDescription => set(&mut self.slot_description, name, text()?),
-            PathAttr::SlotManufacturer => set(&mut self.slot_manufacturer, name, text()?),
+            PathAttr::LibraryManufacturer => {
+                set(&mut self.details.library_manufacturer, name, text()?)
+            }
+            PathAttr::LibraryDescription => {
+                set(&mut self.details.library_description, name, text()?)
+            }
+            PathAttr::SlotDescription => set(&mut self.details.slot_description, name, text()?),
+            PathAttr::SlotManufacturer => set(&mut self.details.slot_manufacturer, name, text()?),
             PathAttr::Type => {
                 let value = text()?;
                 let Some(t) = ObjectType::ALL.into_iter().find(|t| t.as_str() == value) else {
@@ -413,7 +425,7 @@ impl Pkcs11Uri {
                         "a version: digits, or digits.digits",
                     ));
                 }
-                set(&mut self.library_version, name, value)
+                set(&mut self.details.library_version, name, value)
             }
             PathAttr::SlotId => {
                 let value = text()?;
@@ -421,7 +433,7 @@ impl Pkcs11Uri {
                     .filter(|v| digits(v))
                     .and_then(|v| v.parse::<u64>().ok())
                     .ok_or_else(|| bad_number(name, &value, "a slot number (decimal digits)"))?;
-                set(&mut self.slot_id, name, slot)
+                set(&mut self.details.slot_id, name, slot)
             }
         }
     }
@@ -431,15 +443,15 @@ impl Pkcs11Uri {
         match name {
             "module-name" => {
                 let value = decode_text(Component::Query, name, raw)?;
-                set(&mut self.module_name, name, value)
+                set(&mut self.details.module_name, name, value)
             }
             "module-path" => {
                 let value = decode_text(Component::Query, name, raw)?;
-                set(&mut self.module_path, name, value)
+                set(&mut self.details.module_path, name, value)
             }
             _ => {
                 let value = vendor(Component::Query, name, raw, QUERY_NAMES)?;
-                insert_vendor(&mut self.vendor_query, name, value)
+                insert_vendor(&mut self.details.vendor_query, name, value)
             }
         }
     }
@@ -608,41 +620,48 @@ fn encode(
 
 impl fmt::Display for Pkcs11Uri {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let slot_id = self.slot_id.map(|s| s.to_string());
+        let slot_id = self.details.slot_id.map(|s| s.to_string());
         let path: [(&str, Option<&[u8]>); 13] = [
             ("token", self.token.as_deref().map(str::as_bytes)),
             (
                 "manufacturer",
-                self.manufacturer.as_deref().map(str::as_bytes),
+                self.details.manufacturer.as_deref().map(str::as_bytes),
             ),
-            ("model", self.model.as_deref().map(str::as_bytes)),
-            ("serial", self.serial.as_deref().map(str::as_bytes)),
+            ("model", self.details.model.as_deref().map(str::as_bytes)),
+            ("serial", self.details.serial.as_deref().map(str::as_bytes)),
             ("object", self.object.as_deref().map(str::as_bytes)),
             ("type", self.object_type.map(|t| t.as_str().as_bytes())),
             ("id", self.id.as_deref()),
             (
                 "library-manufacturer",
-                self.library_manufacturer.as_deref().map(str::as_bytes),
+                self.details
+                    .library_manufacturer
+                    .as_deref()
+                    .map(str::as_bytes),
             ),
             (
                 "library-description",
-                self.library_description.as_deref().map(str::as_bytes),
+                self.details
+                    .library_description
+                    .as_deref()
+                    .map(str::as_bytes),
             ),
             (
                 "library-version",
-                self.library_version.as_deref().map(str::as_bytes),
+                self.details.library_version.as_deref().map(str::as_bytes),
             ),
             ("slot-id", slot_id.as_deref().map(str::as_bytes)),
             (
                 "slot-description",
-                self.slot_description.as_deref().map(str::as_bytes),
+                self.details.slot_description.as_deref().map(str::as_bytes),
             ),
             (
                 "slot-manufacturer",
-                self.slot_manufacturer.as_deref().map(str::as_bytes),
+                self.details.slot_manufacturer.as_deref().map(str::as_bytes),
             ),
         ];
         let vendor_path = self
+            .details
             .vendor_path
             .iter()
             .map(|(n, v)| (n.as_str(), Some(v.as_bytes())));
@@ -658,10 +677,11 @@ impl fmt::Display for Pkcs11Uri {
             encode(f, Component::Path, value, name == "id")?;
         }
         let query = [
-            ("module-name", self.module_name.as_deref()),
-            ("module-path", self.module_path.as_deref()),
+            ("module-name", self.details.module_name.as_deref()),
+            ("module-path", self.details.module_path.as_deref()),
         ];
         let vendor_query = self
+            .details
             .vendor_query
             .iter()
             .map(|(n, v)| (n.as_str(), Some(v.as_str())));
