@@ -9,18 +9,17 @@
 use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 
+mod error;
 #[cfg(test)]
 mod tests;
+
+pub use error::UriError;
 
 /// The longest `pkcs11:` URI accepted, in bytes.
 const MAX_URI_BYTES: usize = 4096;
 
 /// The most characters of a value or name an error quotes.
 const ECHO_CHARS: usize = 64;
-
-/// What the PIN refusal says, for `pin-value` and `pin-source` alike.
-const PIN_REFUSED: &str = "a PIN in the URI is refused: meshca takes the PIN from \
-keystore.pkcs11.pinFile or MESHCA_KEYSTORE_PKCS11_PIN";
 
 /// The `type` attribute: the class of the object a URI names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -61,126 +60,6 @@ impl ObjectType {
 impl fmt::Display for ObjectType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-/// Why a text is not a `pkcs11:` URI meshca accepts. Each error names the attribute at fault, where
-/// there is one; none quotes a PIN.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum UriError {
-    /// The text does not start with `pkcs11:`.
-    #[error("not a PKCS#11 URI: it must start with \"pkcs11:\", not {found:?}")]
-    Scheme {
-        /// The start of the text (cut).
-        found: String,
-    },
-    /// The text, or its canonical form, is longer than [`MAX_URI_BYTES`].
-    #[error("a pkcs11: URI of {len} bytes (as given, or written canonically with id percent-encoded byte by byte); at most {MAX_URI_BYTES} are accepted")]
-    TooLong {
-        /// Its length in bytes, as given or in canonical form.
-        len: usize,
-    },
-    /// An attribute with no name: `;;`, a trailing `;`, or `=value` alone.
-    #[error("the {} {component} attribute has an empty name (look for ';;', '&&', a trailing separator or a lone '=')", Ordinal(*position))]
-    EmptyName {
-        /// `path` or `query`.
-        component: &'static str,
-        /// Which attribute of its component, 1-based.
-        position: usize,
-    },
-    /// An attribute with no `=`.
-    #[error("attribute {attribute:?} has no '=': attributes are name=value")]
-    MissingValue {
-        /// The attribute's name.
-        attribute: String,
-    },
-    /// An attribute given twice.
-    #[error("attribute {attribute:?} is given twice")]
-    Duplicate {
-        /// The attribute's name.
-        attribute: String,
-    },
-    /// An attribute RFC 7512 does not define in this component, and not a vendor `x-` one.
-    #[error("unknown {component} attribute {attribute:?}; the {component} attributes are {known} (and vendor attributes x-...)")]
-    UnknownAttribute {
-        /// `path` or `query`.
-        component: &'static str,
-        /// The attribute's name (cut).
-        attribute: String,
-        /// The names this component accepts.
-        known: &'static str,
-    },
-    /// A vendor attribute whose name is `x-` without letters, digits, `-` or `_` after it.
-    #[error("vendor attribute {attribute:?}: the name must be x- followed by letters, digits, '-' or '_'")]
-    VendorName {
-        /// The attribute's name (cut).
-        attribute: String,
-    },
-    /// A `type` other than RFC 7512's five.
-    #[error("attribute \"type\": {value:?} is not an object type; one of private, public, cert, secret-key, data")]
-    UnknownType {
-        /// The value given (cut).
-        value: String,
-    },
-    /// A `%` not followed by two hex digits.
-    #[error("attribute {attribute:?}: {escape:?} is not a percent-escape (% and two hex digits)")]
-    BadEscape {
-        /// The attribute's name.
-        attribute: String,
-        /// The `%` and what follows it (up to two characters).
-        escape: String,
-    },
-    /// A character that RFC 7512 allows only percent-encoded.
-    #[error(
-        "attribute {attribute:?}: the character {character:?} must be percent-encoded ({encoded})"
-    )]
-    Unencoded {
-        /// The attribute's name.
-        attribute: String,
-        /// The character.
-        character: char,
-        /// Its UTF-8 bytes percent-encoded.
-        encoded: String,
-    },
-    /// A value other than `id` that is not UTF-8 once decoded.
-    #[error("attribute {attribute:?}: the decoded value is not UTF-8 text")]
-    NotUtf8 {
-        /// The attribute's name.
-        attribute: String,
-    },
-    /// A `slot-id` or `library-version` that is not a number of the form RFC 7512 gives.
-    #[error("attribute {attribute:?}: {value:?} is not {expected}")]
-    BadNumber {
-        /// The attribute's name.
-        attribute: String,
-        /// The value given (cut).
-        value: String,
-        /// What the attribute takes.
-        expected: &'static str,
-    },
-    /// `pin-value` or `pin-source`.
-    #[error("attribute {attribute:?}: {PIN_REFUSED}")]
-    Pin {
-        /// `pin-value` or `pin-source`.
-        attribute: &'static str,
-    },
-}
-
-/// A 1-based position, displayed as an English ordinal (`1st`, `2nd`, `11th`).
-struct Ordinal(usize);
-
-impl fmt::Display for Ordinal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let n = self.0;
-        let suffix = match (n % 10, n % 100) {
-            (_, 11..=13) => "th",
-            (1, _) => "st",
-            (2, _) => "nd",
-            (3, _) => "rd",
-            _ => "th",
-        };
-        write!(f, "{n}{suffix}")
     }
 }
 
@@ -296,8 +175,8 @@ impl Component {
 impl Pkcs11Uri {
     /// The URI of a private key meshca made: `pkcs11:token=<token>;object=<object>;type=private;id=<id>`.
     ///
-    /// The labels and ids meshca gives its keys are short; a URI whose canonical text passed
-    /// [`MAX_URI_BYTES`] would be refused when read back.
+    /// The labels and ids meshca gives its keys are short; a URI whose canonical text passed 4 KiB
+    /// would be refused when read back.
     pub fn key(token: &str, object: &str, id: &[u8]) -> Pkcs11Uri {
         Pkcs11Uri {
             token: Some(token.to_owned()),

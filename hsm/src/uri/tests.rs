@@ -2,6 +2,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
+use super::error::Ordinal;
 use super::*;
 
 fn refused(text: &str) -> UriError {
