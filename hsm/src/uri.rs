@@ -9,18 +9,17 @@
 use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 
+mod error;
 #[cfg(test)]
 mod tests;
+
+pub use error::UriError;
 
 /// The longest `pkcs11:` URI accepted, in bytes.
 const MAX_URI_BYTES: usize = 4096;
 
 /// The most characters of a value or name an error quotes.
 const ECHO_CHARS: usize = 64;
-
-/// What the PIN refusal says, for `pin-value` and `pin-source` alike.
-const PIN_REFUSED: &str = "a PIN in the URI is refused: meshca takes the PIN from \
-keystore.pkcs11.pinFile or MESHCA_KEYSTORE_PKCS11_PIN";
 
 /// The `type` attribute: the class of the object a URI names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -61,126 +60,6 @@ impl ObjectType {
 impl fmt::Display for ObjectType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-/// Why a text is not a `pkcs11:` URI meshca accepts. Each error names the attribute at fault, where
-/// there is one; none quotes a PIN.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum UriError {
-    /// The text does not start with `pkcs11:`.
-    #[error("not a PKCS#11 URI: it must start with \"pkcs11:\", not {found:?}")]
-    Scheme {
-        /// The start of the text (cut).
-        found: String,
-    },
-    /// The text, or its canonical form, is longer than [`MAX_URI_BYTES`].
-    #[error("a pkcs11: URI of {len} bytes (as given, or written canonically with id percent-encoded byte by byte); at most {MAX_URI_BYTES} are accepted")]
-    TooLong {
-        /// Its length in bytes, as given or in canonical form.
-        len: usize,
-    },
-    /// An attribute with no name: `;;`, a trailing `;`, or `=value` alone.
-    #[error("the {} {component} attribute has an empty name (look for ';;', '&&', a trailing separator or a lone '=')", Ordinal(*position))]
-    EmptyName {
-        /// `path` or `query`.
-        component: &'static str,
-        /// Which attribute of its component, 1-based.
-        position: usize,
-    },
-    /// An attribute with no `=`.
-    #[error("attribute {attribute:?} has no '=': attributes are name=value")]
-    MissingValue {
-        /// The attribute's name.
-        attribute: String,
-    },
-    /// An attribute given twice.
-    #[error("attribute {attribute:?} is given twice")]
-    Duplicate {
-        /// The attribute's name.
-        attribute: String,
-    },
-    /// An attribute RFC 7512 does not define in this component, and not a vendor `x-` one.
-    #[error("unknown {component} attribute {attribute:?}; the {component} attributes are {known} (and vendor attributes x-...)")]
-    UnknownAttribute {
-        /// `path` or `query`.
-        component: &'static str,
-        /// The attribute's name (cut).
-        attribute: String,
-        /// The names this component accepts.
-        known: &'static str,
-    },
-    /// A vendor attribute whose name is `x-` without letters, digits, `-` or `_` after it.
-    #[error("vendor attribute {attribute:?}: the name must be x- followed by letters, digits, '-' or '_'")]
-    VendorName {
-        /// The attribute's name (cut).
-        attribute: String,
-    },
-    /// A `type` other than RFC 7512's five.
-    #[error("attribute \"type\": {value:?} is not an object type; one of private, public, cert, secret-key, data")]
-    UnknownType {
-        /// The value given (cut).
-        value: String,
-    },
-    /// A `%` not followed by two hex digits.
-    #[error("attribute {attribute:?}: {escape:?} is not a percent-escape (% and two hex digits)")]
-    BadEscape {
-        /// The attribute's name.
-        attribute: String,
-        /// The `%` and what follows it (up to two characters).
-        escape: String,
-    },
-    /// A character that RFC 7512 allows only percent-encoded.
-    #[error(
-        "attribute {attribute:?}: the character {character:?} must be percent-encoded ({encoded})"
-    )]
-    Unencoded {
-        /// The attribute's name.
-        attribute: String,
-        /// The character.
-        character: char,
-        /// Its UTF-8 bytes percent-encoded.
-        encoded: String,
-    },
-    /// A value other than `id` that is not UTF-8 once decoded.
-    #[error("attribute {attribute:?}: the decoded value is not UTF-8 text")]
-    NotUtf8 {
-        /// The attribute's name.
-        attribute: String,
-    },
-    /// A `slot-id` or `library-version` that is not a number of the form RFC 7512 gives.
-    #[error("attribute {attribute:?}: {value:?} is not {expected}")]
-    BadNumber {
-        /// The attribute's name.
-        attribute: String,
-        /// The value given (cut).
-        value: String,
-        /// What the attribute takes.
-        expected: &'static str,
-    },
-    /// `pin-value` or `pin-source`.
-    #[error("attribute {attribute:?}: {PIN_REFUSED}")]
-    Pin {
-        /// `pin-value` or `pin-source`.
-        attribute: &'static str,
-    },
-}
-
-/// A 1-based position, displayed as an English ordinal (`1st`, `2nd`, `11th`).
-struct Ordinal(usize);
-
-impl fmt::Display for Ordinal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let n = self.0;
-        let suffix = match (n % 10, n % 100) {
-            (_, 11..=13) => "th",
-            (1, _) => "st",
-            (2, _) => "nd",
-            (3, _) => "rd",
-            _ => "th",
-        };
-        write!(f, "{n}{suffix}")
     }
 }
 
@@ -235,12 +114,20 @@ const QUERY_NAMES: &str = "module-name, module-path";
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Pkcs11Uri {
     token: Option<String>,
-    manufacturer: Option<String>,
-    model: Option<String>,
-    serial: Option<String>,
     object: Option<String>,
     object_type: Option<ObjectType>,
     id: Option<Vec<u8>>,
+    /// The attributes that do not pick a key, boxed: a URI sits in every data source that may hold
+    /// one.
+    details: Box<Details>,
+}
+
+/// The attributes of a [`Pkcs11Uri`] that meshca keeps but does not use to pick a key.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+struct Details {
+    manufacturer: Option<String>,
+    model: Option<String>,
+    serial: Option<String>,
     library_manufacturer: Option<String>,
     library_description: Option<String>,
     /// Digits, optionally `.` and digits, as given.
@@ -288,8 +175,8 @@ impl Component {
 impl Pkcs11Uri {
     /// The URI of a private key meshca made: `pkcs11:token=<token>;object=<object>;type=private;id=<id>`.
     ///
-    /// The labels and ids meshca gives its keys are short; a URI whose canonical text passed
-    /// [`MAX_URI_BYTES`] would be refused when read back.
+    /// The labels and ids meshca gives its keys are short; a URI whose canonical text passed 4 KiB
+    /// would be refused when read back.
     pub fn key(token: &str, object: &str, id: &[u8]) -> Pkcs11Uri {
         Pkcs11Uri {
             token: Some(token.to_owned()),
@@ -359,24 +246,24 @@ impl Pkcs11Uri {
 
     /// `serial`: the token's serial number.
     pub fn serial(&self) -> Option<&str> {
-        self.serial.as_deref()
+        self.details.serial.as_deref()
     }
 
     /// `slot-id`: the slot's number.
     pub fn slot_id(&self) -> Option<u64> {
-        self.slot_id
+        self.details.slot_id
     }
 
     /// `module-path`: the PKCS#11 module this URI was written for.
     pub fn module_path(&self) -> Option<&str> {
-        self.module_path.as_deref()
+        self.details.module_path.as_deref()
     }
 
     fn path_attribute(&mut self, index: usize, attribute: &str) -> Result<(), UriError> {
         let (name, raw) = split(Component::Path, index, attribute)?;
         let Some(kind) = PATH_ATTRS.iter().find(|(n, _)| *n == name).map(|(_, k)| *k) else {
             let value = vendor(Component::Path, name, raw, PATH_NAMES)?;
-            return insert_vendor(&mut self.vendor_path, name, value);
+            return insert_vendor(&mut self.details.vendor_path, name, value);
         };
         let text = || decode_text(Component::Path, name, raw);
         match kind {
@@ -385,14 +272,18 @@ impl Pkcs11Uri {
                 set(&mut self.id, name, bytes)
             }
             PathAttr::Token => set(&mut self.token, name, text()?),
-            PathAttr::Manufacturer => set(&mut self.manufacturer, name, text()?),
-            PathAttr::Model => set(&mut self.model, name, text()?),
-            PathAttr::Serial => set(&mut self.serial, name, text()?),
+            PathAttr::Manufacturer => set(&mut self.details.manufacturer, name, text()?),
+            PathAttr::Model => set(&mut self.details.model, name, text()?),
+            PathAttr::Serial => set(&mut self.details.serial, name, text()?),
             PathAttr::Object => set(&mut self.object, name, text()?),
-            PathAttr::LibraryManufacturer => set(&mut self.library_manufacturer, name, text()?),
-            PathAttr::LibraryDescription => set(&mut self.library_description, name, text()?),
-            PathAttr::SlotDescription => set(&mut self.slot_description, name, text()?),
-            PathAttr::SlotManufacturer => set(&mut self.slot_manufacturer, name, text()?),
+            PathAttr::LibraryManufacturer => {
+                set(&mut self.details.library_manufacturer, name, text()?)
+            }
+            PathAttr::LibraryDescription => {
+                set(&mut self.details.library_description, name, text()?)
+            }
+            PathAttr::SlotDescription => set(&mut self.details.slot_description, name, text()?),
+            PathAttr::SlotManufacturer => set(&mut self.details.slot_manufacturer, name, text()?),
             PathAttr::Type => {
                 let value = text()?;
                 let Some(t) = ObjectType::ALL.into_iter().find(|t| t.as_str() == value) else {
@@ -413,7 +304,7 @@ impl Pkcs11Uri {
                         "a version: digits, or digits.digits",
                     ));
                 }
-                set(&mut self.library_version, name, value)
+                set(&mut self.details.library_version, name, value)
             }
             PathAttr::SlotId => {
                 let value = text()?;
@@ -421,7 +312,7 @@ impl Pkcs11Uri {
                     .filter(|v| digits(v))
                     .and_then(|v| v.parse::<u64>().ok())
                     .ok_or_else(|| bad_number(name, &value, "a slot number (decimal digits)"))?;
-                set(&mut self.slot_id, name, slot)
+                set(&mut self.details.slot_id, name, slot)
             }
         }
     }
@@ -431,15 +322,15 @@ impl Pkcs11Uri {
         match name {
             "module-name" => {
                 let value = decode_text(Component::Query, name, raw)?;
-                set(&mut self.module_name, name, value)
+                set(&mut self.details.module_name, name, value)
             }
             "module-path" => {
                 let value = decode_text(Component::Query, name, raw)?;
-                set(&mut self.module_path, name, value)
+                set(&mut self.details.module_path, name, value)
             }
             _ => {
                 let value = vendor(Component::Query, name, raw, QUERY_NAMES)?;
-                insert_vendor(&mut self.vendor_query, name, value)
+                insert_vendor(&mut self.details.vendor_query, name, value)
             }
         }
     }
@@ -608,41 +499,48 @@ fn encode(
 
 impl fmt::Display for Pkcs11Uri {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let slot_id = self.slot_id.map(|s| s.to_string());
+        let slot_id = self.details.slot_id.map(|s| s.to_string());
         let path: [(&str, Option<&[u8]>); 13] = [
             ("token", self.token.as_deref().map(str::as_bytes)),
             (
                 "manufacturer",
-                self.manufacturer.as_deref().map(str::as_bytes),
+                self.details.manufacturer.as_deref().map(str::as_bytes),
             ),
-            ("model", self.model.as_deref().map(str::as_bytes)),
-            ("serial", self.serial.as_deref().map(str::as_bytes)),
+            ("model", self.details.model.as_deref().map(str::as_bytes)),
+            ("serial", self.details.serial.as_deref().map(str::as_bytes)),
             ("object", self.object.as_deref().map(str::as_bytes)),
             ("type", self.object_type.map(|t| t.as_str().as_bytes())),
             ("id", self.id.as_deref()),
             (
                 "library-manufacturer",
-                self.library_manufacturer.as_deref().map(str::as_bytes),
+                self.details
+                    .library_manufacturer
+                    .as_deref()
+                    .map(str::as_bytes),
             ),
             (
                 "library-description",
-                self.library_description.as_deref().map(str::as_bytes),
+                self.details
+                    .library_description
+                    .as_deref()
+                    .map(str::as_bytes),
             ),
             (
                 "library-version",
-                self.library_version.as_deref().map(str::as_bytes),
+                self.details.library_version.as_deref().map(str::as_bytes),
             ),
             ("slot-id", slot_id.as_deref().map(str::as_bytes)),
             (
                 "slot-description",
-                self.slot_description.as_deref().map(str::as_bytes),
+                self.details.slot_description.as_deref().map(str::as_bytes),
             ),
             (
                 "slot-manufacturer",
-                self.slot_manufacturer.as_deref().map(str::as_bytes),
+                self.details.slot_manufacturer.as_deref().map(str::as_bytes),
             ),
         ];
         let vendor_path = self
+            .details
             .vendor_path
             .iter()
             .map(|(n, v)| (n.as_str(), Some(v.as_bytes())));
@@ -658,10 +556,11 @@ impl fmt::Display for Pkcs11Uri {
             encode(f, Component::Path, value, name == "id")?;
         }
         let query = [
-            ("module-name", self.module_name.as_deref()),
-            ("module-path", self.module_path.as_deref()),
+            ("module-name", self.details.module_name.as_deref()),
+            ("module-path", self.details.module_path.as_deref()),
         ];
         let vendor_query = self
+            .details
             .vendor_query
             .iter()
             .map(|(n, v)| (n.as_str(), Some(v.as_str())));

@@ -3,7 +3,7 @@
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
-use super::data_source::{DataSource, SecureDataSource};
+use super::data_source::{DataSource, Holds, SecureDataSource};
 use super::error::{Report, Source};
 use super::Labels;
 use crate::names::{cut, ECHO_CHARS, MAX_NAME_LEN};
@@ -424,15 +424,15 @@ impl RawCa {
     /// The provided CA, or `None` with the violations of both data sources reported.
     fn into_typed(self, report: &mut Report) -> Option<BundledCa> {
         const FIELD: &str = "spec.provider.bundled.ca";
-        let mut part = |source: Option<SecureDataSource>, name: &str| match source {
-            Some(s) => s.into_typed(&format!("{FIELD}.{name}"), report),
+        let mut part = |source: Option<SecureDataSource>, name: &str, holds| match source {
+            Some(s) => s.into_typed(&format!("{FIELD}.{name}"), holds, report),
             None => {
                 report.error(format!("{FIELD}.{name}"), "required when ca is set");
                 None
             }
         };
-        let certificate = part(self.certificate, "certificate");
-        let private_key = part(self.private_key, "privateKey");
+        let certificate = part(self.certificate, "certificate", Holds::Certificate);
+        let private_key = part(self.private_key, "privateKey", Holds::Key);
         Some(BundledCa::Provided {
             certificate: certificate?,
             private_key: private_key?,

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
-use super::data_source::{DataSource, MeshDataSource};
+use super::data_source::{DataSource, Holds, MeshDataSource};
 use super::error::{Report, Source};
 use super::Labels;
 use crate::names::check_name;
@@ -363,8 +363,8 @@ impl RawBackend {
                         "not allowed for a provided backend (its CA comes from conf.cert and conf.key)",
                     );
                 }
-                let mut part = |source: Option<MeshDataSource>, name: &str| match source {
-                    Some(s) => s.into_typed(&format!("{conf_field}.{name}"), report),
+                let mut part = |source: Option<MeshDataSource>, name: &str, holds| match source {
+                    Some(s) => s.into_typed(&format!("{conf_field}.{name}"), holds, report),
                     None => {
                         report.error(
                             format!("{conf_field}.{name}"),
@@ -373,8 +373,8 @@ impl RawBackend {
                         None
                     }
                 };
-                let cert = part(conf.cert, "cert");
-                let key = part(conf.key, "key");
+                let cert = part(conf.cert, "cert", Holds::Certificate);
+                let key = part(conf.key, "key", Holds::Key);
                 match (cert, key) {
                     (Some(cert), Some(key)) => Some(BackendKind::Provided { cert, key }),
                     _ => None,

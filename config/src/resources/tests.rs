@@ -5,6 +5,7 @@ mod dataplane;
 mod header;
 mod identity;
 mod mesh;
+mod pkcs11;
 mod registration;
 mod service;
 mod trust;

@@ -2,6 +2,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
+use super::error::Ordinal;
 use super::*;
 
 fn refused(text: &str) -> UriError {
@@ -36,7 +37,7 @@ fn rfc_7512_examples_without_a_pin() {
 
     let uri = parsed("pkcs11:object=my-sign-key;type=private?module-name=mypkcs11");
     assert_eq!(uri.object_type(), Some(ObjectType::Private));
-    assert_eq!(uri.module_name.as_deref(), Some("mypkcs11"));
+    assert_eq!(uri.details.module_name.as_deref(), Some("mypkcs11"));
 
     let uri = parsed("pkcs11:object=my-sign-key;type=private?module-path=/mnt/libmypkcs11.so.1");
     assert_eq!(uri.module_path(), Some("/mnt/libmypkcs11.so.1"));
@@ -46,17 +47,23 @@ fn rfc_7512_examples_without_a_pin() {
     );
 
     let uri = parsed("pkcs11:slot-description=Sun%20Metaslot");
-    assert_eq!(uri.slot_description.as_deref(), Some("Sun Metaslot"));
+    assert_eq!(
+        uri.details.slot_description.as_deref(),
+        Some("Sun Metaslot")
+    );
 
     let uri = parsed(
         "pkcs11:library-manufacturer=Snake%20Oil,%20Inc.;library-description=Soft%20Token%20Library;library-version=1.23",
     );
-    assert_eq!(uri.library_manufacturer.as_deref(), Some("Snake Oil, Inc."));
     assert_eq!(
-        uri.library_description.as_deref(),
+        uri.details.library_manufacturer.as_deref(),
+        Some("Snake Oil, Inc.")
+    );
+    assert_eq!(
+        uri.details.library_description.as_deref(),
         Some("Soft Token Library")
     );
-    assert_eq!(uri.library_version.as_deref(), Some("1.23"));
+    assert_eq!(uri.details.library_version.as_deref(), Some("1.23"));
 
     // Escapes in either case; `id` is binary.
     let uri = parsed(
@@ -255,7 +262,7 @@ fn vendor_attributes_are_kept_and_ignored() {
     let uri = parsed("pkcs11:x-b=2;object=k;x-a=%41?x-q=/p&module-name=m");
     assert_eq!(uri.object(), Some("k"));
     assert_eq!(
-        uri.vendor_path,
+        uri.details.vendor_path,
         BTreeMap::from([
             ("x-a".to_owned(), "A".to_owned()),
             ("x-b".to_owned(), "2".to_owned())
@@ -496,22 +503,24 @@ prop_compose! {
     ) -> Pkcs11Uri {
         Pkcs11Uri {
             token,
-            manufacturer,
-            model,
-            serial,
             object,
             object_type,
             id,
-            library_manufacturer: library.0,
-            library_description: library.1,
-            library_version: library.2,
-            slot_id: slot.0,
-            slot_description: slot.1,
-            slot_manufacturer: slot.2,
-            vendor_path,
-            module_name,
-            module_path,
-            vendor_query,
+            details: Box::new(Details {
+                manufacturer,
+                model,
+                serial,
+                library_manufacturer: library.0,
+                library_description: library.1,
+                library_version: library.2,
+                slot_id: slot.0,
+                slot_description: slot.1,
+                slot_manufacturer: slot.2,
+                vendor_path,
+                module_name,
+                module_path,
+                vendor_query,
+            }),
         }
     }
 }

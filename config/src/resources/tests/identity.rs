@@ -210,7 +210,7 @@ fn secure_data_sources_are_checked() {
     assert_error(
         &e,
         "spec.provider.bundled.ca.certificate.type",
-        r#""Inline" must be one of ["File", "EnvVar", "InsecureInline", "Secret"]"#,
+        r#""Inline" must be one of ["File", "EnvVar", "InsecureInline", "Pkcs11", "Secret"]"#,
     );
 }
 
