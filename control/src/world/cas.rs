@@ -227,13 +227,21 @@ fn load_provided(
         })
     };
     let cert_pem = read(cert, "certificate")?;
-    let key_pem = zeroize::Zeroizing::new(read(key, "key")?);
-    let ca = CertificateAuthority::from_pem(
-        &cert_pem,
-        &key_pem,
-        &ProvidedOptions { allow_self_signed },
-        now,
-    )?;
+    let options = ProvidedOptions { allow_self_signed };
+    let ca = match key {
+        DataSource::Pkcs11(uri) => {
+            let token = token_for(src, uri, "the CA key")?;
+            let selector = KeySelector {
+                label: uri.object(),
+                id: uri.id(),
+            };
+            CertificateAuthority::from_pem_in_token(&cert_pem, token, selector, &options, now)?
+        }
+        _ => {
+            let key_pem = zeroize::Zeroizing::new(read(key, "key")?);
+            CertificateAuthority::from_pem(&cert_pem, &key_pem, &options, now)?
+        }
+    };
     Ok(LoadedCa {
         ca: Arc::new(ca),
         generated: false,
