@@ -33,12 +33,13 @@ pub use selector::{
 };
 pub use settings::{
     settings_env_vars, AdminSettings, AgentSettings, Defaults, IssuanceSettings, KeystoreSettings,
-    KeystoreType, Limits, ListenAddr, ListenAddrError, PostgresSettings, ReplicaSettings,
-    RolloutSettings, SdsSettings, ServerAddr, ServerAddrError, Settings, SettingsError, TlsFiles,
-    TokensSettings, UnknownKeystoreType, WorkloadApiSettings, DEFAULT_ACK_TIMEOUT,
-    DEFAULT_ADMIN_LISTEN, DEFAULT_AGENT_ADMIN, DEFAULT_AGENT_LISTEN, DEFAULT_DATA_DIR,
-    DEFAULT_KEYS_AHEAD, DEFAULT_LEASE_TIMEOUT, DEFAULT_POSTGRES_MAX_CONNECTIONS,
+    KeystoreType, Limits, ListenAddr, ListenAddrError, Pkcs11Settings, PostgresSettings,
+    ReplicaSettings, RolloutSettings, SdsSettings, ServerAddr, ServerAddrError, Settings,
+    SettingsError, TlsFiles, TokensSettings, UnknownKeystoreType, WorkloadApiSettings,
+    DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_AGENT_ADMIN, DEFAULT_AGENT_LISTEN,
+    DEFAULT_DATA_DIR, DEFAULT_KEYS_AHEAD, DEFAULT_LEASE_TIMEOUT, DEFAULT_POSTGRES_MAX_CONNECTIONS,
     DEFAULT_POSTGRES_TIMEOUT, DEFAULT_RENEW_AT, DEFAULT_SDS_TCP, DEFAULT_TOKEN_MAX_VALID_FOR,
-    DEFAULT_ZONE, ENV_PREFIX, MAX_ISSUANCE_WORKERS, MAX_KEYS_AHEAD, MAX_POSTGRES_CONNECTIONS,
-    POSTGRES_PASSWORD_ENV, SECRET_ENV_VARS,
+    DEFAULT_ZONE, ENV_PREFIX, MAX_ISSUANCE_WORKERS, MAX_KEYS_AHEAD, MAX_PKCS11_PIN_FILE,
+    MAX_PKCS11_TOKEN_LABEL, MAX_POSTGRES_CONNECTIONS, PKCS11_PIN_ENV, POSTGRES_PASSWORD_ENV,
+    SECRET_ENV_VARS,
 };

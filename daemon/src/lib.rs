@@ -28,3 +28,4 @@ pub use daemon::{Daemon, DaemonOptions};
 pub use error::{Cause, Error, Result};
 pub use files::open_store;
 pub use run::{load_settings, process_env, run};
+pub use store::read_pkcs11_pin;

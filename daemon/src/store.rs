@@ -1,6 +1,7 @@
 //! Where the daemon keeps its keys and revoked tokens: files in the data directory (`keystore.type:
 //! file`), or the PostgreSQL database that replicas share (`keystore.type: postgres`).
 
+use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -8,7 +9,10 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use meshca_auth::SigningKey;
-use meshca_config::{PostgresSettings, Settings, POSTGRES_PASSWORD_ENV};
+use meshca_config::{
+    Pkcs11Settings, PostgresSettings, Settings, MAX_PKCS11_PIN_FILE, PKCS11_PIN_ENV,
+    POSTGRES_PASSWORD_ENV,
+};
 use meshca_db::{
     Database, DbError, DbOptions, KeyEncryptionKey, PostgresKeystore, ProxyRecords,
     TokenRevocations,
@@ -81,8 +85,13 @@ impl Store {
                 revocations: None,
             });
         };
+        let Some(kek_file) = &postgres.key_encryption_key_file else {
+            return Err(Unavailable::Other(anyhow!(
+                "keystore.postgres.keyEncryptionKeyFile: required until the key-encryption key in the token is implemented"
+            )));
+        };
         let db = Arc::new(connect(postgres)?);
-        let key = KeyEncryptionKey::read(&postgres.key_encryption_key_file)
+        let key = KeyEncryptionKey::read(kek_file)
             .context("keystore.postgres.keyEncryptionKeyFile")
             .map_err(Unavailable::Other)?;
         let keystore = PostgresKeystore::open(db.clone(), key)?;
@@ -183,4 +192,168 @@ fn read_password(file: &Path) -> anyhow::Result<Zeroizing<String>> {
     let password = text.strip_suffix('\n').unwrap_or(text);
     let password = password.strip_suffix('\r').unwrap_or(password);
     Ok(Zeroizing::new(password.to_owned()))
+}
+
+/// The token's user PIN: the content of `keystore.pkcs11.pinFile` when set, else
+/// `MESHCA_KEYSTORE_PKCS11_PIN` from this process's environment. Errors name the file or the
+/// variable, never the PIN.
+pub fn read_pkcs11_pin(settings: &Pkcs11Settings) -> anyhow::Result<Zeroizing<String>> {
+    pkcs11_pin(settings, std::env::var_os(PKCS11_PIN_ENV))
+}
+
+/// [`read_pkcs11_pin`] with the variable's value given (`None`: unset).
+fn pkcs11_pin(
+    settings: &Pkcs11Settings,
+    from_env: Option<OsString>,
+) -> anyhow::Result<Zeroizing<String>> {
+    let Some(file) = &settings.pin_file else {
+        let Some(value) = from_env else {
+            return Err(anyhow!(
+                "keystore.pkcs11: no PIN for token {:?}: set keystore.pkcs11.pinFile (a file readable by \
+                 its owner only) or {PKCS11_PIN_ENV}",
+                settings.token
+            ));
+        };
+        let pin = Zeroizing::new(
+            value
+                .into_string()
+                .map_err(|_| anyhow!("{PKCS11_PIN_ENV} is not UTF-8 text"))?,
+        );
+        if pin.is_empty() {
+            return Err(anyhow!(
+                "{PKCS11_PIN_ENV} is empty: set it to the token's user PIN, or unset it and set \
+                 keystore.pkcs11.pinFile"
+            ));
+        }
+        return Ok(pin);
+    };
+    let context = || format!("keystore.pkcs11.pinFile: {}", file.display());
+    let opened = meshca_files::open(file).with_context(context)?;
+    let mode = opened.metadata().permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(anyhow!(
+            "keystore.pkcs11.pinFile: {} has mode {mode:04o}, but a PIN file must be readable by its \
+             owner only: `chmod 600` it",
+            file.display()
+        ));
+    }
+    let bytes = opened
+        .read_secret(MAX_PKCS11_PIN_FILE, "the largest PIN file")
+        .with_context(context)?;
+    let text = std::str::from_utf8(&bytes).map_err(|_| {
+        anyhow!(
+            "keystore.pkcs11.pinFile: {} is not UTF-8 text",
+            file.display()
+        )
+    })?;
+    let pin = text.strip_suffix('\n').unwrap_or(text);
+    let pin = pin.strip_suffix('\r').unwrap_or(pin);
+    if pin.is_empty() {
+        return Err(anyhow!(
+            "keystore.pkcs11.pinFile: {} is empty: it must hold the token's user PIN",
+            file.display()
+        ));
+    }
+    Ok(Zeroizing::new(pin.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::PathBuf;
+
+    use super::*;
+
+    fn token(pin_file: Option<PathBuf>) -> Pkcs11Settings {
+        Pkcs11Settings {
+            module: PathBuf::from("/usr/lib/softhsm/libsofthsm2.so"),
+            token: "meshca".to_owned(),
+            pin_file,
+        }
+    }
+
+    fn write(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        path
+    }
+
+    fn error(settings: &Pkcs11Settings, env: Option<&str>) -> String {
+        match pkcs11_pin(settings, env.map(OsString::from)) {
+            Ok(_) => panic!("expected an error for {settings:?}"),
+            Err(e) => format!("{e:#}"),
+        }
+    }
+
+    #[test]
+    fn the_pin_comes_from_a_private_file_before_the_environment() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = write(dir.path(), "pin", b"1234\n", 0o600);
+        let pin = pkcs11_pin(&token(Some(file.clone())), Some("from-env".into())).expect("read");
+        assert_eq!(pin.as_str(), "1234");
+        let crlf = write(dir.path(), "crlf", b"12 34\r\n", 0o400);
+        assert_eq!(
+            pkcs11_pin(&token(Some(crlf)), None).expect("read").as_str(),
+            "12 34"
+        );
+        let two = write(dir.path(), "two", b"1234\n\n", 0o600);
+        assert_eq!(
+            pkcs11_pin(&token(Some(two)), None).expect("read").as_str(),
+            "1234\n",
+            "only one trailing newline is not part of the PIN"
+        );
+        let longest = write(dir.path(), "longest", &[b'7'; 256], 0o600);
+        assert_eq!(
+            pkcs11_pin(&token(Some(longest)), None).expect("read").len(),
+            256
+        );
+        let from_env = pkcs11_pin(&token(None), Some("5678".into())).expect("from the variable");
+        assert_eq!(from_env.as_str(), "5678");
+    }
+
+    #[test]
+    fn a_pin_that_cannot_be_used_is_refused_naming_the_file_or_variable_never_the_pin() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let exposed = write(dir.path(), "exposed", b"secret-pin-1\n", 0o640);
+        let e = error(&token(Some(exposed.clone())), None);
+        assert!(
+            e.contains("keystore.pkcs11.pinFile")
+                && e.contains(&exposed.display().to_string())
+                && e.contains("0640")
+                && e.contains("chmod 600"),
+            "{e}"
+        );
+        let large = write(dir.path(), "large", &[b'7'; 257], 0o600);
+        let e = error(&token(Some(large.clone())), None);
+        assert!(
+            e.contains(&large.display().to_string()) && e.contains("larger than 256 bytes"),
+            "{e}"
+        );
+        let empty = write(dir.path(), "empty", b"\n", 0o600);
+        let e = error(&token(Some(empty.clone())), Some("unused"));
+        assert!(
+            e.contains(&empty.display().to_string()) && e.contains("is empty"),
+            "{e}"
+        );
+        let e = error(&token(Some(dir.path().to_owned())), None);
+        assert!(
+            e.contains("keystore.pkcs11.pinFile") && e.contains("not a regular file"),
+            "{e}"
+        );
+        let missing = dir.path().join("missing");
+        let e = error(&token(Some(missing.clone())), Some("secret-pin-2"));
+        assert!(e.contains(&missing.display().to_string()), "{e}");
+
+        let e = error(&token(None), None);
+        assert!(
+            e.contains("keystore.pkcs11.pinFile") && e.contains(PKCS11_PIN_ENV),
+            "names both: {e}"
+        );
+        let e = error(&token(None), Some(""));
+        assert!(e.contains(PKCS11_PIN_ENV) && e.contains("is empty"), "{e}");
+        for e in [e, error(&token(Some(exposed)), Some("secret-pin-3"))] {
+            assert!(!e.contains("secret-pin"), "{e}");
+        }
+    }
 }

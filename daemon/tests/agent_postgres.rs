@@ -32,11 +32,12 @@ fn replica_settings(root: &Path, pg: &TestPostgres, shared: &Path, name: &str) -
         postgres: Some(PostgresSettings {
             url: pg.url(),
             password_file: Some(shared.join("db-password")),
-            key_encryption_key_file: shared.join("kek"),
+            key_encryption_key_file: Some(shared.join("kek")),
             ca_file: None,
             timeout: meshca_config::DEFAULT_POSTGRES_TIMEOUT,
             max_connections: meshca_config::DEFAULT_POSTGRES_MAX_CONNECTIONS,
         }),
+        pkcs11: None,
     };
     settings.replica = ReplicaSettings {
         name: name.to_owned(),

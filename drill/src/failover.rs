@@ -120,11 +120,12 @@ async fn with_replicas(options: &Options) -> anyhow::Result<Report> {
             postgres: Some(PostgresSettings {
                 url: options.postgres.clone(),
                 password_file: None,
-                key_encryption_key_file: kek.clone(),
+                key_encryption_key_file: Some(kek.clone()),
                 ca_file: None,
                 timeout: meshca_config::DEFAULT_POSTGRES_TIMEOUT,
                 max_connections: meshca_config::DEFAULT_POSTGRES_MAX_CONNECTIONS,
             }),
+            pkcs11: None,
         };
         settings.replica = ReplicaSettings {
             name: replica_name(index),

@@ -6,7 +6,7 @@ use std::str::FromStr;
 
 use super::file::{fields, Layer};
 use super::limits::LimitError;
-use super::types::POSTGRES_PASSWORD_ENV;
+use super::types::{PKCS11_PIN_ENV, POSTGRES_PASSWORD_ENV};
 use super::SettingsError;
 
 /// The prefix of every settings environment variable.
@@ -73,7 +73,7 @@ pub(super) fn apply(
         .collect();
     vars.sort();
     for (var, value) in vars {
-        if var == POSTGRES_PASSWORD_ENV || var == TEST_CRASH_AT_ENV {
+        if var == POSTGRES_PASSWORD_ENV || var == PKCS11_PIN_ENV || var == TEST_CRASH_AT_ENV {
             // A secret the daemon reads itself, or the test hook: never a settings field.
             continue;
         }
@@ -267,6 +267,21 @@ fn set(layer: &mut Layer, field: &str, value: &str) -> Result<(), EnvValueError>
                     layer.max_connections =
                         Some(parse_number(value, EnvValueError::NotWholeNumber)?)
                 }
+                other => {
+                    unreachable!("FIELDS and set() list the same fields; {other} is missing here")
+                }
+            }
+        }
+        pkcs11 if pkcs11.starts_with("keystore.pkcs11.") => {
+            let layer = layer
+                .keystore
+                .get_or_insert_default()
+                .pkcs11
+                .get_or_insert_default();
+            match pkcs11 {
+                "keystore.pkcs11.module" => layer.module = Some(value.into()),
+                "keystore.pkcs11.token" => layer.token = Some(value.to_owned()),
+                "keystore.pkcs11.pinFile" => layer.pin_file = Some(value.into()),
                 other => {
                     unreachable!("FIELDS and set() list the same fields; {other} is missing here")
                 }

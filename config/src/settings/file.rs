@@ -100,6 +100,15 @@ pub(super) struct KeystoreLayer {
     #[serde(rename = "type")]
     pub(super) kind: Option<KeystoreType>,
     pub(super) postgres: Option<PostgresLayer>,
+    pub(super) pkcs11: Option<Pkcs11Layer>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct Pkcs11Layer {
+    pub(super) module: Option<PathBuf>,
+    pub(super) token: Option<String>,
+    pub(super) pin_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -127,7 +136,7 @@ pub(super) struct TokensLayer {
 }
 
 /// The settings fields outside `limits:`, as written in the file (dotted camelCase paths).
-const BASE_FIELDS: [&str; 32] = [
+const BASE_FIELDS: [&str; 35] = [
     "zone",
     "dataDir",
     "resources",
@@ -152,6 +161,9 @@ const BASE_FIELDS: [&str; 32] = [
     "keystore.postgres.caFile",
     "keystore.postgres.timeout",
     "keystore.postgres.maxConnections",
+    "keystore.pkcs11.module",
+    "keystore.pkcs11.token",
+    "keystore.pkcs11.pinFile",
     "tokens.maxValidFor",
     "replica.name",
     "replica.leaseTimeout",
@@ -215,6 +227,16 @@ impl Layer {
                 .as_ref()
                 .and_then(|k| k.postgres.as_ref())
                 .is_some_and(|p| p.is_set(postgres)),
+            pkcs11 if pkcs11.starts_with("keystore.pkcs11.") => self
+                .keystore
+                .as_ref()
+                .and_then(|k| k.pkcs11.as_ref())
+                .is_some_and(|p| match pkcs11 {
+                    "keystore.pkcs11.module" => p.module.is_some(),
+                    "keystore.pkcs11.token" => p.token.is_some(),
+                    "keystore.pkcs11.pinFile" => p.pin_file.is_some(),
+                    _ => false,
+                }),
             "replica.name" => self.replica.as_ref().is_some_and(|r| r.name.is_some()),
             "replica.leaseTimeout" => self
                 .replica

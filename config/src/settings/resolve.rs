@@ -6,12 +6,13 @@ use std::path::{Path, PathBuf};
 use super::file::{fields, Layer};
 use super::types::{
     default_replica_name, AdminSettings, Defaults, IssuanceSettings, KeystoreSettings,
-    KeystoreType, PostgresSettings, ReplicaSettings, RolloutSettings, SdsSettings, TlsFiles,
-    TokensSettings, WorkloadApiSettings, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN,
+    KeystoreType, Pkcs11Settings, PostgresSettings, ReplicaSettings, RolloutSettings, SdsSettings,
+    TlsFiles, TokensSettings, WorkloadApiSettings, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN,
     DEFAULT_DATA_DIR, DEFAULT_KEYS_AHEAD, DEFAULT_LEASE_TIMEOUT, DEFAULT_POSTGRES_MAX_CONNECTIONS,
     DEFAULT_POSTGRES_TIMEOUT, DEFAULT_RENEW_AT, DEFAULT_TOKEN_MAX_VALID_FOR,
     DEFAULT_WORKLOAD_ACK_AFTER, DEFAULT_WORKLOAD_JWT_KEY_LIFETIME, DEFAULT_ZONE,
-    FALLBACK_REPLICA_NAME, MAX_ISSUANCE_WORKERS, MAX_KEYS_AHEAD, MAX_POSTGRES_CONNECTIONS,
+    FALLBACK_REPLICA_NAME, MAX_ISSUANCE_WORKERS, MAX_KEYS_AHEAD, MAX_PKCS11_TOKEN_LABEL,
+    MAX_POSTGRES_CONNECTIONS,
 };
 use super::{
     env, AgentSettings, ListenAddr, Settings, SettingsError, DEFAULT_AGENT_ADMIN,
@@ -25,6 +26,9 @@ pub const SETTINGS_FILE_BYTES: u64 = 1024 * 1024;
 const FIXED_BOUND: &str = "a fixed bound";
 
 const DEFAULTS_ORIGIN: &str = "built-in defaults";
+
+/// `keystore.pkcs11`, whose origin is where any of its fields, or the empty section, was set.
+const PKCS11: &str = "keystore.pkcs11";
 
 impl Settings {
     /// Loads the settings: the embedded defaults, then the YAML file at `path` (if any), then the
@@ -65,6 +69,10 @@ impl Settings {
                 let layer = parse_file(path, &text)?;
                 for field in fields().filter(|f| layer.is_set(f)) {
                     origins.insert(field, path.display().to_string());
+                }
+                if layer.keystore.as_ref().is_some_and(|k| k.pkcs11.is_some()) {
+                    // `pkcs11: {}` sets no field, but an error about what it lacks names the file.
+                    origins.insert(PKCS11, path.display().to_string());
                 }
                 layer
             }
@@ -247,6 +255,10 @@ fn resolve_keystore(
     origins: &Origins<'_>,
 ) -> Result<KeystoreSettings, SettingsError> {
     let kind = keystore.kind.unwrap_or_default();
+    let pkcs11 = keystore
+        .pkcs11
+        .map(|p| resolve_pkcs11(p, origins))
+        .transpose()?;
     let Some(postgres) = keystore.postgres else {
         if kind == KeystoreType::Postgres {
             return Err(origins.invalid_from(
@@ -258,6 +270,7 @@ fn resolve_keystore(
         return Ok(KeystoreSettings {
             kind,
             postgres: None,
+            pkcs11,
         });
     };
     if kind != KeystoreType::Postgres {
@@ -285,11 +298,22 @@ fn resolve_keystore(
             "must be a postgres:// URL, such as postgres://meshca@db.example:5432/meshca",
         ));
     }
-    let kek = postgres
-        .key_encryption_key_file
-        .map(|p| p.to_string_lossy().into_owned());
-    let key_encryption_key_file =
-        PathBuf::from(required(kek, "keystore.postgres.keyEncryptionKeyFile")?);
+    let key_encryption_key_file = match postgres.key_encryption_key_file {
+        Some(path) => Some(non_empty_path(
+            origins,
+            "keystore.postgres.keyEncryptionKeyFile",
+            path,
+        )?),
+        // The key-encryption key then lives in the token.
+        None if pkcs11.is_some() => None,
+        None => {
+            return Err(origins.invalid_from(
+                "keystore.type",
+                "keystore.postgres.keyEncryptionKeyFile",
+                "required when keystore.type is postgres (unless keystore.pkcs11 holds the key-encryption key in a token)",
+            ))
+        }
+    };
     let password_file = postgres
         .password_file
         .map(|p| non_empty_path(origins, "keystore.postgres.passwordFile", p))
@@ -321,6 +345,57 @@ fn resolve_keystore(
             timeout,
             max_connections,
         }),
+        pkcs11,
+    })
+}
+
+/// `keystore.pkcs11`: the module and the token's label are required once the section is there.
+fn resolve_pkcs11(
+    pkcs11: super::file::Pkcs11Layer,
+    origins: &Origins<'_>,
+) -> Result<Pkcs11Settings, SettingsError> {
+    // Where the section came from: the first of its fields that was set, else the empty section.
+    let section = super::file::fields()
+        .find(|f| f.starts_with("keystore.pkcs11.") && origins.0.contains_key(f))
+        .unwrap_or(PKCS11);
+    let required =
+        |field: &str| origins.invalid_from(section, field, "required when keystore.pkcs11 is set");
+    const MODULE: &str = "keystore.pkcs11.module";
+    const TOKEN: &str = "keystore.pkcs11.token";
+    let module = pkcs11.module.ok_or_else(|| required(MODULE))?;
+    if module.as_os_str().is_empty() {
+        return Err(origins.invalid(MODULE, "must not be empty"));
+    }
+    if !module.is_absolute() {
+        return Err(origins.invalid(
+            MODULE,
+            format!(
+                "must be an absolute path (such as /usr/lib/softhsm/libsofthsm2.so), got {}: the dynamic loader would search its own directories for a relative one",
+                module.display()
+            ),
+        ));
+    }
+    let token = pkcs11.token.ok_or_else(|| required(TOKEN))?;
+    if token.trim_end_matches(' ').is_empty() {
+        return Err(origins.invalid(TOKEN, "must not be empty: it is the token's label"));
+    }
+    if token.len() > MAX_PKCS11_TOKEN_LABEL {
+        return Err(origins.invalid(
+            TOKEN,
+            format!(
+                "a token label is at most {MAX_PKCS11_TOKEN_LABEL} bytes (PKCS#11's label field), got {} bytes",
+                token.len()
+            ),
+        ));
+    }
+    let pin_file = pkcs11
+        .pin_file
+        .map(|p| non_empty_path(origins, "keystore.pkcs11.pinFile", p))
+        .transpose()?;
+    Ok(Pkcs11Settings {
+        module,
+        token,
+        pin_file,
     })
 }
 

@@ -481,7 +481,10 @@ fn a_postgres_keystore_takes_its_database_from_the_file_and_the_environment() {
         pg.password_file.as_deref(),
         Some(Path::new("/etc/meshca/db-password"))
     );
-    assert_eq!(pg.key_encryption_key_file, Path::new("/etc/meshca/kek"));
+    assert_eq!(
+        pg.key_encryption_key_file.as_deref(),
+        Some(Path::new("/etc/meshca/kek"))
+    );
     assert_eq!(pg.ca_file, None);
     assert_eq!(pg.timeout, DEFAULT_POSTGRES_TIMEOUT);
     assert_eq!(pg.max_connections, 3);
@@ -862,5 +865,182 @@ fn bad_agent_settings_name_the_setting_and_where_it_came_from() {
     assert!(
         text.contains("agent.admin: 0.0.0.0:9911 is not a loopback address"),
         "{text}"
+    );
+}
+
+#[test]
+fn a_pkcs11_token_takes_its_settings_from_the_file_and_the_environment() {
+    let (_dir, s) = load_yaml(
+        "keystore:\n  pkcs11:\n    module: /usr/lib/softhsm/libsofthsm2.so\n    token: meshca\n    \
+         pinFile: /etc/meshca/hsm-pin\n",
+        &[(PKCS11_PIN_ENV, "pin-not-a-setting-never-echoed")],
+    );
+    let s = s.expect("valid");
+    assert_eq!(s.keystore.kind, KeystoreType::File);
+    let token = s.keystore.pkcs11.as_ref().expect("pkcs11 settings");
+    assert_eq!(token.module, Path::new("/usr/lib/softhsm/libsofthsm2.so"));
+    assert_eq!(token.token, "meshca");
+    assert_eq!(
+        token.pin_file.as_deref(),
+        Some(Path::new("/etc/meshca/hsm-pin"))
+    );
+    let json = serde_json::to_value(&s).expect("serializes");
+    assert_eq!(
+        json["keystore"]["pkcs11"],
+        serde_json::json!({
+            "module": "/usr/lib/softhsm/libsofthsm2.so",
+            "token": "meshca",
+            "pinFile": "/etc/meshca/hsm-pin",
+        })
+    );
+    let text = json.to_string();
+    assert!(!text.contains("never-echoed"), "{text}");
+
+    // The environment alone, both spellings of pinFile; the PIN itself is read later, not here.
+    for pin_file_var in [
+        "MESHCA_KEYSTORE_PKCS11_PIN_FILE",
+        "MESHCA_KEYSTORE_PKCS11_PINFILE",
+    ] {
+        let s = Settings::load(
+            None,
+            env(&[
+                ("MESHCA_KEYSTORE_PKCS11_MODULE", "/opt/hsm/lib.so"),
+                ("MESHCA_KEYSTORE_PKCS11_TOKEN", "ca keys"),
+                (pin_file_var, "/run/pin"),
+                (PKCS11_PIN_ENV, "1234"),
+            ]),
+        )
+        .expect("valid from the environment alone");
+        let token = s.keystore.pkcs11.expect("pkcs11");
+        assert_eq!(token.module, Path::new("/opt/hsm/lib.so"));
+        assert_eq!(token.token, "ca keys");
+        assert_eq!(token.pin_file.as_deref(), Some(Path::new("/run/pin")));
+    }
+    let s = Settings::load(
+        None,
+        env(&[
+            ("MESHCA_KEYSTORE_PKCS11_MODULE", "/opt/hsm/lib.so"),
+            ("MESHCA_KEYSTORE_PKCS11_TOKEN", "meshca"),
+        ]),
+    )
+    .expect("the PIN may come from the environment");
+    assert_eq!(s.keystore.pkcs11.expect("pkcs11").pin_file, None);
+
+    // Without the section, nothing about a token is shown.
+    let json = serde_json::to_value(Settings::default()).expect("serializes");
+    assert!(json["keystore"].get("pkcs11").is_none(), "{json}");
+    assert!(SECRET_ENV_VARS.contains(&PKCS11_PIN_ENV));
+}
+
+#[test]
+fn a_pkcs11_token_names_what_it_lacks_or_what_is_wrong() {
+    let long = "x".repeat(MAX_PKCS11_TOKEN_LABEL + 1);
+    let longest = "x".repeat(MAX_PKCS11_TOKEN_LABEL);
+    let ok = format!("keystore:\n  pkcs11:\n    module: /m.so\n    token: {longest}\n");
+    assert_eq!(
+        load_yaml(&ok, &[])
+            .1
+            .expect("32 bytes")
+            .keystore
+            .pkcs11
+            .expect("pkcs11")
+            .token,
+        longest
+    );
+    let cases: Vec<(String, &str)> = vec![
+        (
+            "keystore:\n  pkcs11:\n    token: meshca\n".into(),
+            "keystore.pkcs11.module: required when keystore.pkcs11 is set",
+        ),
+        (
+            "keystore:\n  pkcs11:\n    module: /m.so\n".into(),
+            "keystore.pkcs11.token: required when keystore.pkcs11 is set",
+        ),
+        (
+            "keystore:\n  pkcs11: {}\n".into(),
+            "keystore.pkcs11.module: required when keystore.pkcs11 is set",
+        ),
+        (
+            "keystore:\n  pkcs11:\n    module: libsofthsm2.so\n    token: meshca\n".into(),
+            "keystore.pkcs11.module: must be an absolute path",
+        ),
+        (
+            "keystore:\n  pkcs11:\n    module: /m.so\n    token: ''\n".into(),
+            "keystore.pkcs11.token: must not be empty",
+        ),
+        (
+            format!("keystore:\n  pkcs11:\n    module: /m.so\n    token: {long}\n"),
+            "keystore.pkcs11.token: a token label is at most 32 bytes (PKCS#11's label field), got 33 bytes",
+        ),
+        (
+            "keystore:\n  pkcs11:\n    module: /m.so\n    token: t\n    pinFile: ''\n".into(),
+            "keystore.pkcs11.pinFile: must not be empty",
+        ),
+        (
+            "keystore:\n  pkcs11:\n    module: /m.so\n    token: t\n    pin: '1234'\n".into(),
+            "unknown field `pin`",
+        ),
+    ];
+    for (yaml, expected) in cases {
+        let (dir, s) = load_yaml(&yaml, &[]);
+        let e = err_text(s);
+        let file = dir.path().join("settings.yaml").display().to_string();
+        assert!(e.contains(expected) && e.contains(&file), "{yaml}: {e}");
+    }
+    // A field missing from the environment is blamed on the variable that set the section.
+    let e = Settings::load(None, env(&[("MESHCA_KEYSTORE_PKCS11_TOKEN", "meshca")]))
+        .expect_err("no module");
+    assert_eq!(
+        e.to_string(),
+        "MESHCA_KEYSTORE_PKCS11_TOKEN: keystore.pkcs11.module: required when keystore.pkcs11 is set"
+    );
+    let e = Settings::load(
+        None,
+        env(&[
+            ("MESHCA_KEYSTORE_PKCS11_MODULE", "/m.so"),
+            ("MESHCA_KEYSTORE_PKCS11_TOKEN", &long),
+        ]),
+    )
+    .expect_err("too long");
+    assert!(
+        e.to_string()
+            .starts_with("MESHCA_KEYSTORE_PKCS11_TOKEN: keystore.pkcs11.token:"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_postgres_keystore_with_a_token_needs_no_key_encryption_key_file() {
+    let postgres = "keystore:\n  type: postgres\n  postgres:\n    url: postgres://db/m\n";
+    let token = "  pkcs11:\n    module: /m.so\n    token: meshca\n";
+    let (_dir, s) = load_yaml(&format!("{postgres}{token}"), &[]);
+    let s = s.expect("the key-encryption key is in the token");
+    assert_eq!(
+        s.keystore
+            .postgres
+            .expect("postgres")
+            .key_encryption_key_file,
+        None
+    );
+    let (_dir, s) = load_yaml(
+        &format!("{postgres}    keyEncryptionKeyFile: /k\n{token}"),
+        &[],
+    );
+    assert_eq!(
+        s.expect("valid")
+            .keystore
+            .postgres
+            .expect("postgres")
+            .key_encryption_key_file
+            .as_deref(),
+        Some(Path::new("/k"))
+    );
+    let (_dir, s) = load_yaml(postgres, &[]);
+    let e = err_text(s);
+    assert!(
+        e.contains(
+            "keystore.postgres.keyEncryptionKeyFile: required when keystore.type is postgres"
+        ),
+        "{e}"
     );
 }

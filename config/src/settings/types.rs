@@ -161,7 +161,35 @@ pub struct KeystoreSettings {
     /// The database, with `type: postgres` (and only then).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub postgres: Option<PostgresSettings>,
+    /// The PKCS#11 token that holds the CA keys (and, with `postgres`, the key-encryption key), with
+    /// either keystore type.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pkcs11: Option<Pkcs11Settings>,
 }
+
+/// `keystore.pkcs11:` in the settings file: the token (an HSM, SoftHSM2 for a trial) that holds CA
+/// keys. The PIN is no field: it comes from `pin_file`, or else `MESHCA_KEYSTORE_PKCS11_PIN`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Pkcs11Settings {
+    /// The vendor's PKCS#11 module, an absolute path (`MESHCA_KEYSTORE_PKCS11_MODULE`).
+    pub module: PathBuf,
+    /// The token's label: 1 to [`MAX_PKCS11_TOKEN_LABEL`] bytes (`MESHCA_KEYSTORE_PKCS11_TOKEN`).
+    pub token: String,
+    /// A file holding the user PIN, readable by its owner only. Without it, the PIN comes from
+    /// `MESHCA_KEYSTORE_PKCS11_PIN`.
+    pub pin_file: Option<PathBuf>,
+}
+
+/// The longest token label: PKCS#11's `CK_TOKEN_INFO.label` field holds 32 bytes.
+pub const MAX_PKCS11_TOKEN_LABEL: usize = 32;
+
+/// The largest PIN file read (a PIN is a few dozen characters at most).
+pub const MAX_PKCS11_PIN_FILE: u64 = 256;
+
+/// The environment variable that holds the token's user PIN when `keystore.pkcs11.pinFile` is unset
+/// (a secret: never a settings field, never shown, never handed to a child process).
+pub const PKCS11_PIN_ENV: &str = "MESHCA_KEYSTORE_PKCS11_PIN";
 
 /// `keystore.postgres:` in the settings file: the database replicas share.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -173,8 +201,9 @@ pub struct PostgresSettings {
     /// `MESHCA_KEYSTORE_POSTGRES_PASSWORD`, or there is none.
     pub password_file: Option<PathBuf>,
     /// The key that seals every secret stored in the database: 32 random bytes or 64 hex digits,
-    /// the same file on every replica, readable by its owner only.
-    pub key_encryption_key_file: PathBuf,
+    /// the same file on every replica, readable by its owner only. Required unless
+    /// `keystore.pkcs11` is set, where the key-encryption key lives in the token instead.
+    pub key_encryption_key_file: Option<PathBuf>,
     /// PEM certificates of the CAs the database server's certificate must chain to; the system's
     /// roots when unset.
     pub ca_file: Option<PathBuf>,
@@ -199,7 +228,7 @@ pub const POSTGRES_PASSWORD_ENV: &str = "MESHCA_KEYSTORE_POSTGRES_PASSWORD";
 
 /// The environment variables that hold secrets: meshca reads them, and never hands them on to a
 /// process it starts (`meshca issue --exec`, a drill's Envoys).
-pub const SECRET_ENV_VARS: &[&str] = &[POSTGRES_PASSWORD_ENV];
+pub const SECRET_ENV_VARS: &[&str] = &[POSTGRES_PASSWORD_ENV, PKCS11_PIN_ENV];
 
 /// `replica:` in the settings file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
