@@ -203,6 +203,7 @@ fn the_exec_command_gets_the_environment_without_meshcas_secrets() {
     let mut command = env.command(&[]);
     command
         .env("MESHCA_KEYSTORE_POSTGRES_PASSWORD", "not-for-children")
+        .env("MESHCA_KEYSTORE_PKCS11_PIN", "pin-not-for-children")
         .env("MESHCA_TEST_PASSED_ON", "yes");
     let args = [
         "issue",
@@ -224,5 +225,9 @@ fn the_exec_command_gets_the_environment_without_meshcas_secrets() {
     assert!(
         !seen.contains("MESHCA_KEYSTORE_POSTGRES_PASSWORD") && !seen.contains("not-for-children"),
         "the database password reached the child: {seen}"
+    );
+    assert!(
+        !seen.contains("MESHCA_KEYSTORE_PKCS11_PIN") && !seen.contains("pin-not-for-children"),
+        "the token's PIN reached the child: {seen}"
     );
 }
