@@ -41,6 +41,8 @@ pub struct AdminState {
     pub workloads: Option<WorkloadsView>,
     /// The agents connected over the agent protocol.
     pub agents: meshca_agent::Agents,
+    /// The PKCS#11 token holding the CA keys (`keystore.pkcs11`).
+    pub token: Option<meshca_hsm::Token>,
 }
 
 /// What the admin API reads to list the Workload API's registrations and the callers they match.
@@ -170,6 +172,21 @@ async fn ready(State(s): State<AdminState>) -> Response {
         )
             .into_response();
     }
+    let token_down = s
+        .token
+        .as_ref()
+        .map(|t| (t.label().to_owned(), t.status()))
+        .filter(|(_, status)| !status.up)
+        .map(|(label, status)| {
+            let since = meshca_control::rfc3339(status.since);
+            (
+                label,
+                TokenDown {
+                    reason: status.reason,
+                    since,
+                },
+            )
+        });
     match s.owner_health.busy_for(std::time::SystemTime::now()) {
         Some(busy) if busy > LOOP_STALL => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -179,6 +196,21 @@ async fn ready(State(s): State<AdminState>) -> Response {
             ),
         )
             .into_response(),
+        // A token that stopped answering stops new signatures, not serving: what is issued stays valid,
+        // and every replica sharing the token is in the same state, so the replica stays ready and says
+        // what waits.
+        _ if token_down.is_some() => {
+            let (label, status) = token_down.unwrap_or_default();
+            (
+                StatusCode::OK,
+                format!(
+                    "ready, serving what is issued; the PKCS#11 token {label:?} does not answer ({}) since {}: no new certificate is signed until it does\n",
+                    status.reason.as_deref().unwrap_or("no reason given"),
+                    status.since,
+                ),
+            )
+                .into_response()
+        }
         // Every replica loses the database together: pulling them all would leave proxies nowhere to
         // reconnect, so a replica stays ready and says what waits.
         _ => match s.database.as_ref().map(|view| view.borrow().clone()) {
@@ -194,6 +226,13 @@ async fn ready(State(s): State<AdminState>) -> Response {
             _ => (StatusCode::OK, "ready\n").into_response(),
         },
     }
+}
+
+/// Why `/ready` says the token is down.
+#[derive(Debug, Default)]
+struct TokenDown {
+    reason: Option<String>,
+    since: String,
 }
 
 /// The owner's status, or the response that says why there is none.
@@ -249,6 +288,16 @@ async fn status(State(s): State<AdminState>) -> Response {
         }
         if let Some(database) = database {
             document["database"] = serde_json::to_value(&*database)?;
+        }
+        if let Some(token) = &s.token {
+            let status = token.status();
+            document["keystore_token"] = serde_json::json!({
+                "label": token.label(),
+                "module": token.module(),
+                "up": status.up,
+                "since": meshca_control::rfc3339(status.since),
+                "reason": status.reason,
+            });
         }
         Ok(document)
     });

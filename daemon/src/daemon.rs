@@ -101,7 +101,7 @@ impl Daemon {
             revocations_source,
             revocations,
         } = Opened::open(&settings).await?;
-        let serving = Serving::new(revocations, &signing_key, &limits);
+        let serving = Serving::new(revocations, &signing_key, &limits, store.token.clone());
         meshca_keystore::crash_point("bind the SDS listeners (creates the unix socket)");
         let listeners = Listeners::bind(&settings, store.keystore.as_ref()).await?;
         // Agents' workloads get JWT-SVIDs through the agent protocol, which the SDS listeners always
@@ -186,6 +186,7 @@ impl Daemon {
             ready: ready.clone(),
             owner_health: loop_health.clone(),
             database: heartbeat.is_some().then_some(database_rx),
+            token: store.token.clone(),
         };
         let status = owner_loop.status_handle();
         let tasks = Tasks {
@@ -195,6 +196,7 @@ impl Daemon {
             heartbeat,
             replica_sync,
             poll_revocations: revocations_file.is_none(),
+            token: store.token.clone(),
             admin_state,
         }
         .spawn(
@@ -368,6 +370,7 @@ impl Serving {
         revocations: meshca_auth::RevocationList,
         signing_key: &meshca_auth::SigningKey,
         limits: &ServeLimits,
+        token: Option<meshca_hsm::Token>,
     ) -> Serving {
         let (revocations_tx, revocations_rx) = watch::channel(Arc::new(revocations));
         let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(Snapshot::empty()));
@@ -379,7 +382,7 @@ impl Serving {
             events_tx,
             ServerOptions::default().with_limits(limits.sds.clone()),
         );
-        let metrics = Arc::new(metrics::Metrics::new(sds.metrics()));
+        let metrics = Arc::new(metrics::Metrics::new(sds.metrics(), token));
         Serving {
             sds,
             metrics,
@@ -501,6 +504,8 @@ struct Tasks {
     heartbeat: Option<Heartbeat>,
     replica_sync: Option<(GateSync, RecordSync)>,
     poll_revocations: bool,
+    /// The PKCS#11 token, watched and recovered while the daemon runs.
+    token: Option<meshca_hsm::Token>,
     admin_state: admin::AdminState,
 }
 
@@ -543,6 +548,13 @@ impl Tasks {
         }
         if let Some(heartbeat) = self.heartbeat {
             tasks.spawn(heartbeat.run(shutdown.clone()));
+        }
+        if let Some(token) = self.token {
+            tasks.spawn(super::token_health::watch(
+                token,
+                reloader.clone(),
+                shutdown.clone(),
+            ));
         }
         if let Some((gate_sync, record_sync)) = self.replica_sync {
             tasks.spawn(gate_sync.run(shutdown.clone()));

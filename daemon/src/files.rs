@@ -7,13 +7,24 @@ use anyhow::Context;
 use meshca_config::Settings;
 
 use super::data_dir::DataDir;
-use super::store::Store;
+use super::store::{Store, Token};
 
-/// The store the settings name (see [`Store::open`]), for commands that run beside the daemon.
+/// The store the settings name (see [`Store::open`]), for commands that run beside the daemon and load
+/// CAs (`meshca issue --mesh`): with `keystore.pkcs11`, the token is opened.
 pub fn open_store(settings: &Settings) -> crate::Result<(DataDir, Store)> {
+    open_store_with(settings, Token::Open)
+}
+
+/// The store, for commands that use no CA key (`meshca token`): the token is opened only when the
+/// database's key-encryption key is in it, so that tokens can be minted while the HSM is away.
+pub fn open_store_without_ca_keys(settings: &Settings) -> crate::Result<(DataDir, Store)> {
+    open_store_with(settings, Token::OnlyForTheDatabase)
+}
+
+fn open_store_with(settings: &Settings, token: Token) -> crate::Result<(DataDir, Store)> {
     let open = || {
         let data_dir = DataDir::open(&settings.data_dir)?;
-        let store = Store::open(settings, &data_dir)?;
+        let store = Store::open(settings, &data_dir, token)?;
         Ok((data_dir, store))
     };
     open().map_err(crate::Error::from_internal)

@@ -21,11 +21,12 @@ pub mod revocations;
 mod run;
 mod stalled_writes;
 mod store;
+mod token_health;
 mod watcher;
 mod workload_api;
 
 pub use daemon::{Daemon, DaemonOptions};
 pub use error::{Cause, Error, Result};
-pub use files::open_store;
+pub use files::{open_store, open_store_without_ca_keys};
 pub use run::{load_settings, process_env, run};
-pub use store::read_pkcs11_pin;
+pub use store::{open_token, read_pkcs11_pin};

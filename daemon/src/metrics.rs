@@ -181,6 +181,24 @@ impl Collector for RefusedRowsCollector {
     }
 }
 
+/// Whether the PKCS#11 token answers, read at scrape time (`keystore.pkcs11` only).
+#[derive(Debug)]
+struct TokenCollector(meshca_hsm::Token);
+
+impl Collector for TokenCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let gauge = ConstGauge::new(i64::from(self.0.status().up));
+        let labels = [("token", self.0.label().to_owned())];
+        let mut metric = encoder.encode_descriptor(
+            "meshca_keystore_token_up",
+            "1 while the PKCS#11 token holding the CA keys answers; 0 while it does not, when nothing new is signed",
+            None,
+            gauge.metric_type(),
+        )?;
+        gauge.encode(metric.encode_family(&labels)?)
+    }
+}
+
 /// What `register_issuance` registers, in the order of its names there.
 type IssuanceMetrics = (
     Family<IssuerLabels, Counter>,
@@ -224,7 +242,7 @@ fn register<M: prometheus_client::registry::Metric + Clone>(
 
 impl Metrics {
     /// Registers every metric; SDS counters are read from `sds` at scrape time.
-    pub fn new(sds: Arc<meshca_sds::SdsMetrics>) -> Metrics {
+    pub fn new(sds: Arc<meshca_sds::SdsMetrics>, token: Option<meshca_hsm::Token>) -> Metrics {
         let mut registry = Registry::default();
         let (
             issued,
@@ -249,6 +267,9 @@ impl Metrics {
         ) = Metrics::register_rollout(&mut registry);
         registry.register_collector(Box::new(SdsCollector(sds)));
         registry.register_collector(Box::new(RefusedRowsCollector));
+        if let Some(token) = token {
+            registry.register_collector(Box::new(TokenCollector(token)));
+        }
         Metrics {
             registry,
             issued,
@@ -562,7 +583,7 @@ mod tests {
 
     #[test]
     fn exposition_names_every_documented_family() {
-        let metrics = Metrics::new(Arc::default());
+        let metrics = Metrics::new(Arc::default(), None);
         metrics.issued(
             "default",
             &Issuer::Backend("ca-1".into()),

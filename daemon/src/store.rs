@@ -17,7 +17,8 @@ use meshca_db::{
     Database, DbError, DbOptions, KeyEncryptionKey, PostgresKeystore, ProxyRecords,
     TokenRevocations,
 };
-use meshca_keystore::Keystore;
+use meshca_hsm::Token as Pkcs11Token;
+use meshca_keystore::{Keystore, WithToken};
 use zeroize::Zeroizing;
 
 use super::data_dir::DataDir;
@@ -38,13 +39,19 @@ pub struct Store {
     pub proxy_records: Option<ProxyRecords>,
     /// The revoked tokens in the database, with `keystore.type: postgres`.
     revocations: Option<TokenRevocations>,
+    /// The PKCS#11 token CA keys are made in (`keystore.pkcs11`).
+    pub token: Option<Pkcs11Token>,
 }
 
 impl Store {
     /// Opens the store the settings name. With `postgres`, connects, migrates the schema and checks
     /// the key-encryption key first: any problem stops here, naming the setting.
-    pub(crate) fn open(settings: &Settings, data_dir: &DataDir) -> anyhow::Result<Store> {
-        Store::open_or_unavailable(settings, data_dir).map_err(Unavailable::into_error)
+    pub(crate) fn open(
+        settings: &Settings,
+        data_dir: &DataDir,
+        token: Token,
+    ) -> anyhow::Result<Store> {
+        Store::open_or_unavailable(settings, data_dir, token).map_err(Unavailable::into_error)
     }
 
     /// [`Store::open`] for the daemon: while the database does not answer, tries again with a growing
@@ -58,7 +65,7 @@ impl Store {
         loop {
             let (settings, data_dir) = (settings.clone(), data_dir.clone());
             let opened = tokio::task::spawn_blocking(move || {
-                Store::open_or_unavailable(&settings, &data_dir)
+                Store::open_or_unavailable(&settings, &data_dir, Token::Open)
             })
             .await?;
             match opened {
@@ -76,30 +83,42 @@ impl Store {
         }
     }
 
-    fn open_or_unavailable(settings: &Settings, data_dir: &DataDir) -> Result<Store, Unavailable> {
+    fn open_or_unavailable(
+        settings: &Settings,
+        data_dir: &DataDir,
+        token: Token,
+    ) -> Result<Store, Unavailable> {
+        let needed = match token {
+            Token::Open => true,
+            Token::OnlyForTheDatabase => settings
+                .keystore
+                .postgres
+                .as_ref()
+                .is_some_and(|p| p.key_encryption_key_file.is_none()),
+        };
+        let token = match needed {
+            true => open_token(settings).map_err(Unavailable::Other)?,
+            false => None,
+        };
         let Some(postgres) = &settings.keystore.postgres else {
+            let files = data_dir.keystore().map_err(Unavailable::Other)?;
             return Ok(Store {
-                keystore: Arc::new(data_dir.keystore().map_err(Unavailable::Other)?),
+                keystore: with_token(files, token.clone()),
+                token,
                 database: None,
                 proxy_records: None,
                 revocations: None,
             });
         };
-        let Some(kek_file) = &postgres.key_encryption_key_file else {
-            return Err(Unavailable::Other(anyhow!(
-                "keystore.postgres.keyEncryptionKeyFile: required until the key-encryption key in the token is implemented"
-            )));
-        };
         let db = Arc::new(connect(postgres)?);
-        let key = KeyEncryptionKey::read(kek_file)
-            .context("keystore.postgres.keyEncryptionKeyFile")
-            .map_err(Unavailable::Other)?;
+        let key = key_encryption_key(&db, postgres, token.as_ref())?;
         let keystore = PostgresKeystore::open(db.clone(), key)?;
         tracing::info!(url = %db.url(), replica = %settings.replica.name, "keystore in PostgreSQL");
         Ok(Store {
             proxy_records: Some(keystore.proxy_records()),
             revocations: Some(keystore.revocations()),
-            keystore: Arc::new(keystore),
+            keystore: with_token(keystore, token.clone()),
+            token,
             database: Some(db),
         })
     }
@@ -121,6 +140,62 @@ impl Store {
             revocations::create_if_missing(&data_dir.revocation_list())?;
         }
         daemon_keys::token_signing_key(&*self.keystore)
+    }
+}
+
+/// Whether [`Store::open`] opens the PKCS#11 token of `keystore.pkcs11`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Token {
+    /// Yes: CAs are loaded or made.
+    Open,
+    /// Only when the database's key-encryption key is in it: no CA key is used.
+    OnlyForTheDatabase,
+}
+
+/// Opens the token of `keystore.pkcs11`, if set: loads the module, finds the token, logs in. Every
+/// failure names the setting to fix; none shows the PIN.
+pub fn open_token(settings: &Settings) -> anyhow::Result<Option<Pkcs11Token>> {
+    let Some(pkcs11) = &settings.keystore.pkcs11 else {
+        return Ok(None);
+    };
+    let pin = read_pkcs11_pin(pkcs11)?;
+    let token = Pkcs11Token::open(&pkcs11.module, &pkcs11.token, pin)?;
+    tracing::info!(module = %pkcs11.module.display(), token = %pkcs11.token, "CA keys in the PKCS#11 token");
+    Ok(Some(token))
+}
+
+/// `keystore`, paired with the token when there is one.
+fn with_token<K: Keystore + 'static>(keystore: K, token: Option<Pkcs11Token>) -> Arc<dyn Keystore> {
+    match token {
+        Some(token) => Arc::new(WithToken::new(keystore, token)),
+        None => Arc::new(keystore),
+    }
+}
+
+/// The key that seals the database's secrets: from `keyEncryptionKeyFile`, or kept sealed by the
+/// token (with both set, the file's key is handed to the token once, to move the database to it).
+fn key_encryption_key(
+    db: &Database,
+    postgres: &PostgresSettings,
+    token: Option<&Pkcs11Token>,
+) -> Result<KeyEncryptionKey, Unavailable> {
+    let file = postgres.key_encryption_key_file.as_deref();
+    match (token, file) {
+        (None, Some(file)) => KeyEncryptionKey::read(file)
+            .context("keystore.postgres.keyEncryptionKeyFile")
+            .map_err(Unavailable::Other),
+        (Some(token), file) => {
+            let import = file
+                .map(meshca_db::read_key_encryption_key_file)
+                .transpose()
+                .context("keystore.postgres.keyEncryptionKeyFile")
+                .map_err(Unavailable::Other)?;
+            Ok(KeyEncryptionKey::from_token(db, token, import)?)
+        }
+        // The settings refuse postgres with neither.
+        (None, None) => Err(Unavailable::Other(anyhow!(
+            "keystore.postgres.keyEncryptionKeyFile: required unless keystore.pkcs11 is set"
+        ))),
     }
 }
 

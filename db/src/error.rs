@@ -51,6 +51,14 @@ pub enum DbError {
          every replica must use the key the database was first used with"
     )]
     WrongKey,
+    /// The PKCS#11 token that keeps the key-encryption key failed.
+    #[error("keystore.pkcs11: {0}")]
+    Token(#[source] meshca_hsm::HsmError),
+    /// The key file given to move a database to the token is not the key the token keeps.
+    #[error(
+        "keystore.postgres.keyEncryptionKeyFile is not the key-encryption key the PKCS#11 token keeps for          this database: remove the setting (the token's key is the database's), or restore the right file"
+    )]
+    TokenKeyDiffers,
     /// Sealing failed (the system's random source).
     #[error("cannot seal a secret: {0}")]
     Crypto(String),

@@ -38,26 +38,7 @@ impl KeyEncryptionKey {
     /// Reads the key from `path`: 32 bytes, or 64 hexadecimal digits (as `openssl rand -hex 32`
     /// writes them) with an optional trailing newline. The file must be readable by its owner only.
     pub fn read(path: &Path) -> Result<KeyEncryptionKey, DbError> {
-        let file_error = |message: String| DbError::File {
-            file: path.to_owned(),
-            message,
-        };
-        let file = meshca_files::open(path).map_err(|e| file_error(format!("cannot read: {e}")))?;
-        let mode = std::os::unix::fs::PermissionsExt::mode(&file.metadata().permissions()) & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(file_error(format!(
-                "has mode {mode:04o}, but the key-encryption key must be readable by its owner only: \
-                 check who read it, then `chmod 600` it"
-            )));
-        }
-        let bytes = file
-            .read_secret(
-                MAX_FILE,
-                "a key-encryption key is 32 bytes or 64 hex digits",
-            )
-            .map_err(|e| file_error(format!("cannot read: {e}")))?;
-        let key = parse(&bytes).map_err(file_error)?;
-        Ok(KeyEncryptionKey::from_bytes(&key))
+        Ok(KeyEncryptionKey::from_bytes(&*read_bytes(path)?))
     }
 
     /// A key from its 32 bytes.
@@ -167,6 +148,29 @@ fn aad(name: &str) -> Vec<u8> {
     let mut aad = AAD_PREFIX.to_vec();
     aad.extend_from_slice(name.as_bytes());
     aad
+}
+
+/// The key's 32 bytes from `path` (see [`KeyEncryptionKey::read`]).
+pub fn read_bytes(path: &Path) -> Result<Zeroizing<[u8; 32]>, DbError> {
+    let file_error = |message: String| DbError::File {
+        file: path.to_owned(),
+        message,
+    };
+    let file = meshca_files::open(path).map_err(|e| file_error(format!("cannot read: {e}")))?;
+    let mode = std::os::unix::fs::PermissionsExt::mode(&file.metadata().permissions()) & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(file_error(format!(
+            "has mode {mode:04o}, but the key-encryption key must be readable by its owner only: \
+             check who read it, then `chmod 600` it"
+        )));
+    }
+    let bytes = file
+        .read_secret(
+            MAX_FILE,
+            "a key-encryption key is 32 bytes or 64 hex digits",
+        )
+        .map_err(|e| file_error(format!("cannot read: {e}")))?;
+    parse(&bytes).map_err(file_error)
 }
 
 /// The key in a file's bytes: exactly 32 bytes, or 64 hex digits with an optional newline.

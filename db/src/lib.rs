@@ -22,11 +22,12 @@ mod record_sync;
 mod replicas;
 mod revocations;
 mod schema;
+mod token_kek;
 
 pub use database::{Database, DbOptions};
 pub use error::DbError;
 pub use integrity::refused_rows;
-pub use kek::KeyEncryptionKey;
+pub use kek::{read_bytes as read_key_encryption_key_file, KeyEncryptionKey};
 pub use keystore::PostgresKeystore;
 pub use proxies::{ProxyRecord, ProxyRecords};
 pub use record_sync::RecordSync;

@@ -121,6 +121,18 @@ impl Token {
             .clone()
     }
 
+    /// Asks the token whether it is still there (a cheap call); marks it down when it is not, so that a
+    /// token lost while nothing is signed shows at once. `true` when it answers.
+    pub fn check(&self) -> bool {
+        if self.answers() {
+            return true;
+        }
+        if self.status().up {
+            self.mark_down("the token no longer answers".into());
+        }
+        false
+    }
+
     /// When the token is down, tries to reach it again; `true` when it is up afterwards.
     pub fn recover(&self) -> bool {
         let mut context = self

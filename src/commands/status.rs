@@ -46,6 +46,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let database = document.get("database").cloned();
+    let token = document.get("keystore_token").cloned();
     let workloads = document.get("workload_registrations").cloned();
     let status: Status = serde_json::from_value(document)
         .context("the admin API's status document is not one this meshca understands")?;
@@ -64,6 +65,9 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(database) = database {
         print_database(&database);
+    }
+    if let Some(token) = token {
+        print_token(&token);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -108,6 +112,27 @@ fn print_workloads(registrations: &serde_json::Value) {
                 stream["gid"]
             );
         }
+    }
+}
+
+/// The PKCS#11 token holding the CA keys (`keystore.pkcs11`).
+fn print_token(token: &serde_json::Value) {
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or("-").to_owned();
+    println!();
+    if token["up"].as_bool() == Some(true) {
+        println!(
+            "PKCS#11 token {:?}: answers (module {})",
+            text(&token["label"]),
+            text(&token["module"])
+        );
+    } else {
+        println!(
+            "PKCS#11 token {:?}: DOES NOT ANSWER since {}: {}; no new certificate is signed until it does (module {})",
+            text(&token["label"]),
+            text(&token["since"]),
+            text(&token["reason"]),
+            text(&token["module"])
+        );
     }
 }
 

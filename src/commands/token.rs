@@ -9,7 +9,7 @@ use meshca_auth::{Claims, ProxyType};
 use crate::cli::{Output, ProxyKind, TokenArgs};
 use crate::InvalidInput;
 use meshca_daemon::revocations::{self, Revoked};
-use meshca_daemon::{daemon_keys, open_store};
+use meshca_daemon::{daemon_keys, open_store_without_ca_keys as open_store};
 
 fn invalid(msg: String) -> anyhow::Error {
     InvalidInput(msg).into()

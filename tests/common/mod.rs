@@ -188,6 +188,8 @@ pub struct Env {
     pub admin: SocketAddr,
     pub sds_tcp: SocketAddr,
     runs: AtomicUsize,
+    /// Variables every command gets (e.g. `SOFTHSM2_CONF` for a test token).
+    vars: Vec<(&'static str, std::ffi::OsString)>,
 }
 
 impl Env {
@@ -220,7 +222,17 @@ impl Env {
             admin,
             sds_tcp,
             runs: AtomicUsize::new(0),
+            vars: Vec::new(),
         }
+    }
+
+    /// The same environment, with `vars` set for every command it runs.
+    pub fn with_vars(
+        mut self,
+        vars: impl IntoIterator<Item = (&'static str, std::ffi::OsString)>,
+    ) -> Env {
+        self.vars.extend(vars);
+        self
     }
 
     /// The temp dir.
@@ -283,6 +295,7 @@ impl Env {
                 cmd.env_remove(k);
             }
         }
+        cmd.envs(self.vars.iter().map(|(k, v)| (k, v)));
         cmd
     }
 
