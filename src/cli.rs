@@ -470,6 +470,12 @@ pub struct DrillArgs {
     /// `failover`: how many replicas serve the proxies (the last one is killed).
     #[arg(long, default_value_t = 3)]
     pub replicas: usize,
+    /// Make the drill's CA keys in the PKCS#11 token of `keystore.pkcs11` in the settings (`--config`
+    /// or `MESHCA_KEYSTORE_PKCS11_*`), and destroy them afterwards.
+    #[arg(long)]
+    pub pkcs11: bool,
+    #[command(flatten)]
+    pub config: ConfigArg,
     #[arg(long, value_enum, default_value_t)]
     pub output: Output,
 }

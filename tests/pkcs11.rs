@@ -394,3 +394,42 @@ fn postgres_replicas_unseal_with_a_key_encryption_key_in_the_token() {
         "{log}"
     );
 }
+
+#[test]
+fn the_rotation_drill_makes_its_cas_in_the_token_and_removes_them_after() {
+    let token = TestToken::new();
+    let env = env_with_token(&token, "");
+    let run = env.cli(&[
+        "drill",
+        "ca-rotation",
+        "--pkcs11",
+        "--config",
+        env.cfg(),
+        "--proxies",
+        "8",
+        "--handshakes",
+        "800",
+        "--output",
+        "json",
+    ]);
+    assert_eq!(run.code(), Some(0), "{run}");
+    let report = run.json();
+    assert_eq!(report["ok"], true, "{run}");
+    assert_eq!(report["pkcs11"]["token"], "meshca", "{run}");
+    assert_eq!(
+        report["pkcs11"]["ca_keys_in_token"], 2,
+        "ca-1 and ca-2: {run}"
+    );
+    assert_eq!(report["pkcs11"]["ca_keys_in_files"], 0, "{run}");
+    // SoftHSM2 keeps one file per object beside the token's own: none is left.
+    let objects: Vec<String> = walk(&token.tokens_dir())
+        .iter()
+        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .filter(|n| n.ends_with(".object") && n != "token.object")
+        .collect();
+    assert!(objects.is_empty(), "keys left in the token: {objects:?}");
+
+    let run = Env::new().cli(&["drill", "ca-rotation", "--pkcs11"]);
+    assert_eq!(run.code(), Some(2), "{run}");
+    assert!(run.stderr.contains("keystore.pkcs11"), "{run}");
+}

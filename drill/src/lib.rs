@@ -29,6 +29,7 @@ pub mod rng;
 pub mod sandbox;
 pub mod scenario;
 pub mod tls;
+pub mod token;
 pub mod traffic;
 pub mod workload;
 

@@ -41,6 +41,8 @@ pub struct Options {
     pub handshakes: u64,
     /// Real Envoy sidecars from this binary instead of simulated proxies.
     pub envoy: Option<PathBuf>,
+    /// CA keys in this PKCS#11 token instead of the sandbox's keystore.
+    pub pkcs11: Option<meshca_config::Pkcs11Settings>,
 }
 
 impl Options {
@@ -72,7 +74,15 @@ pub async fn run(script: Script, options: Options) -> anyhow::Result<Report> {
         None => simulated(&script, &options, &daemon, &sandbox).await,
     };
     daemon.stop().await;
-    result
+    match &options.pkcs11 {
+        Some(pkcs11) => {
+            let settings = sandbox.settings_with_token(pkcs11);
+            let token =
+                tokio::task::spawn_blocking(move || crate::token::clean_up(&settings)).await??;
+            Ok(result?.with_token(token))
+        }
+        None => result,
+    }
 }
 
 /// A sandbox with the steady-state resources and an in-process daemon serving them.
@@ -83,8 +93,12 @@ async fn start_daemon(script: &Script, options: &Options) -> anyhow::Result<(San
     for (name, yaml) in &script.initial_files(options.proxies, uid) {
         sandbox.write_resource(name, yaml)?;
     }
+    let settings = match &options.pkcs11 {
+        Some(pkcs11) => sandbox.settings_with_token(pkcs11),
+        None => sandbox.settings(),
+    };
     let daemon = Daemon::start(
-        sandbox.settings(),
+        settings,
         DaemonOptions {
             gate: options.gate,
             watch_files: false,
@@ -692,6 +706,7 @@ mod tests {
             seed: 1,
             handshakes: 10_000,
             envoy: None,
+            pkcs11: None,
         };
         assert_eq!(options.phase_minimums(), [2000, 6000, 2000]);
         let tiny = Options {

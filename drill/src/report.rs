@@ -33,6 +33,9 @@ pub struct Report {
     /// The replicas of `failover`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failover: Option<FailoverReport>,
+    /// Where the CA keys were, with `--pkcs11`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pkcs11: Option<TokenReport>,
     /// No handshake failed, nothing was NACKed, and the scenario completed.
     pub ok: bool,
 }
@@ -47,6 +50,28 @@ pub struct FailoverReport {
     /// Streams re-opened on another replica after one failed (simulated proxies; Envoy does not say).
     /// Behind agents: the agents' own streams, one per agent.
     pub moved_streams: Option<u64>,
+}
+
+/// The CA keys of a drill with `--pkcs11`.
+#[derive(Clone, Debug, Serialize)]
+pub struct TokenReport {
+    /// The token's label.
+    pub token: String,
+    /// CAs the drill's daemon made whose key was in the token.
+    pub ca_keys_in_token: usize,
+    /// CAs whose key was in a file instead (0, or the drill failed).
+    pub ca_keys_in_files: usize,
+}
+
+impl Report {
+    /// Adds where the CA keys were; a CA key in a file fails the drill.
+    pub fn with_token(mut self, token: TokenReport) -> Report {
+        if token.ca_keys_in_files > 0 || token.ca_keys_in_token == 0 {
+            self.ok = false;
+        }
+        self.pkcs11 = Some(token);
+        self
+    }
 }
 
 /// One phase of a drill.
@@ -139,6 +164,7 @@ impl Report {
             nacks: outcome.nacks,
             error: outcome.error,
             failover: None,
+            pkcs11: None,
             ok,
         }
     }
@@ -185,6 +211,13 @@ impl Report {
                 }
                 None => out.push('\n'),
             }
+        }
+        if let Some(token) = &self.pkcs11 {
+            let _ = writeln!(
+                out,
+                "CA keys in the PKCS#11 token {:?}: {} ({} in files)",
+                token.token, token.ca_keys_in_token, token.ca_keys_in_files
+            );
         }
         for (i, phase) in self.phases.iter().enumerate() {
             let _ = write!(

@@ -52,6 +52,13 @@ impl Sandbox {
         settings
     }
 
+    /// [`Sandbox::settings`], with CA keys in the PKCS#11 token `pkcs11` names.
+    pub fn settings_with_token(&self, pkcs11: &meshca_config::Pkcs11Settings) -> Settings {
+        let mut settings = self.settings();
+        settings.keystore.pkcs11 = Some(pkcs11.clone());
+        settings
+    }
+
     /// Replaces a resource file whole (written beside the directory, then renamed in).
     pub fn write_resource(&self, name: &str, yaml: &str) -> anyhow::Result<()> {
         let staging = self.root.join(format!(".staging-{name}"));

@@ -183,6 +183,19 @@ impl Token {
     }
 }
 
+impl Token {
+    /// Destroys every object with the id `id` (a key pair meshca made, found by the id its `pkcs11:`
+    /// URI names).
+    pub fn destroy_keys(&self, id: &[u8]) -> Result<(), HsmError> {
+        self.run("destroying a key", |_, session| {
+            for object in session.find_objects(&[Attribute::Id(id.to_vec())])? {
+                session.destroy_object(object)?;
+            }
+            Ok(())
+        })
+    }
+}
+
 impl TokenKey {
     /// Signs `message` as an X.509 signature of the key's algorithm: ECDSA with SHA-256 (P-256) or
     /// SHA-384 (P-384), DER-encoded; RSA PKCS#1 v1.5 with SHA-256.
@@ -256,13 +269,7 @@ impl TokenKey {
 
     /// Destroys the key pair in the token (a key made for a CA that another replica made first).
     pub fn destroy(self) -> Result<(), HsmError> {
-        let id = self.id.clone();
-        self.token.run("destroying a key", |_, session| {
-            for object in session.find_objects(&[Attribute::Id(id.clone())])? {
-                session.destroy_object(object)?;
-            }
-            Ok(())
-        })
+        self.token.destroy_keys(&self.id)
     }
 
     /// Whether the token would hand out the private key's value: `false` for a sensitive,

@@ -88,6 +88,12 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
     }
     let agents = if args.agent { DRILL_AGENTS } else { 0 };
     if let Some(postgres) = &args.postgres {
+        if args.pkcs11 {
+            return Err(InvalidInput(
+                "--pkcs11 goes with the drills of one daemon, not with --postgres".into(),
+            )
+            .into());
+        }
         return failover(&args, postgres.clone(), agents).await;
     }
     let options = play::Options {
@@ -96,6 +102,7 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
         seed: args.seed,
         handshakes: args.handshakes,
         envoy: args.envoy.clone(),
+        pkcs11: pkcs11_settings(&args)?,
     };
     let script = Script::new(scenario(args.scenario), args.staged).behind_agents(agents);
     let report = play::run(script, options).await?;
@@ -122,6 +129,24 @@ async fn failover(args: &DrillArgs, postgres: String, agents: usize) -> anyhow::
     };
     let report = failover::run(options).await?;
     print_report(args, &report)
+}
+
+/// With `--pkcs11`, the token of the settings' `keystore.pkcs11`, which must be set.
+fn pkcs11_settings(args: &DrillArgs) -> anyhow::Result<Option<meshca_config::Pkcs11Settings>> {
+    if !args.pkcs11 {
+        return Ok(None);
+    }
+    let settings =
+        meshca_config::Settings::load(args.config.config.as_deref(), meshca_daemon::process_env())?;
+    match settings.keystore.pkcs11 {
+        Some(pkcs11) => Ok(Some(pkcs11)),
+        None => Err(InvalidInput(
+            "--pkcs11 needs keystore.pkcs11 in the settings: --config FILE, or MESHCA_KEYSTORE_PKCS11_MODULE, \
+             MESHCA_KEYSTORE_PKCS11_TOKEN and MESHCA_KEYSTORE_PKCS11_PIN (or _PIN_FILE)"
+                .into(),
+        )
+        .into()),
+    }
 }
 
 fn print_report(args: &DrillArgs, report: &Report) -> anyhow::Result<ExitCode> {
