@@ -430,6 +430,17 @@ pub struct BenchIssuanceArgs {
     /// Keys generated ahead for `--rsa-wave` (the daemon's `issuance.keysAhead` default)
     #[arg(long, default_value_t = meshca_config::DEFAULT_KEYS_AHEAD)]
     pub keys_ahead: usize,
+    /// Also measure issuance with the CA key in the PKCS#11 token of `keystore.pkcs11` in the settings
+    /// (`--config` or `MESHCA_KEYSTORE_PKCS11_*`): on one thread, and on `--threads` threads beside the
+    /// software key on as many. The CA key made for it is destroyed afterwards.
+    #[arg(long)]
+    pub pkcs11: bool,
+    /// Threads for `--pkcs11`'s parallel figures (default: the machine's cores, as the daemon's issuance
+    /// threads).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub config: ConfigArg,
 }
 
 #[derive(Debug, Args)]

@@ -80,6 +80,9 @@ pub fn issuance(args: BenchIssuanceArgs) -> anyhow::Result<ExitCode> {
         "daemon_per_sec": daemon.round(),
         "daemon_ratio": ratio(daemon),
     });
+    if args.pkcs11 {
+        line["pkcs11"] = token_issuance(&args, span, &ca, &req, now)?;
+    }
     if args.rsa_wave > 0 {
         let wave = rsa_wave(&ca, args.rsa_wave, args.keys_ahead, now)?;
         line["rsa_wave"] = serde_json::json!({
@@ -92,6 +95,85 @@ pub fn issuance(args: BenchIssuanceArgs) -> anyhow::Result<ExitCode> {
     }
     println!("{line}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Issuance with the CA key in the settings' PKCS#11 token: SVIDs per second on one thread, and on
+/// `--threads` threads (each signature in a session of its own) beside the software CA on as many.
+fn token_issuance(
+    args: &BenchIssuanceArgs,
+    span: Duration,
+    software: &CertificateAuthority,
+    req: &SvidRequest,
+    now: SystemTime,
+) -> anyhow::Result<serde_json::Value> {
+    let settings =
+        meshca_config::Settings::load(args.config.config.as_deref(), meshca_daemon::process_env())?;
+    let token = meshca_daemon::open_token(&settings)?.ok_or_else(|| {
+        InvalidInput(
+            "--pkcs11 needs keystore.pkcs11 in the settings: --config FILE, or MESHCA_KEYSTORE_PKCS11_MODULE, \
+             MESHCA_KEYSTORE_PKCS11_TOKEN and MESHCA_KEYSTORE_PKCS11_PIN (or _PIN_FILE)"
+                .into(),
+        )
+    })?;
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
+        .max(1);
+    let params = CaParams {
+        trust_domain: "bench.mesh.local".parse()?,
+        key_algorithm: KeyAlgorithm::EcdsaP256,
+        validity: Duration::from_secs(365 * 24 * 3600),
+        name: "bench".into(),
+    };
+    let ca = CertificateAuthority::generate_in_token(&params, now, &token)?;
+    let measured = (|| {
+        let one = rate(span, || {
+            std::hint::black_box(ca.issue(req, now)?);
+            Ok(())
+        })?;
+        let parallel = parallel_rate(&ca, req, now, threads, span)?;
+        let software_parallel = parallel_rate(software, req, now, threads, span)?;
+        anyhow::Ok((one, parallel, software_parallel))
+    })();
+    // The bench's key is not left in the token, whatever happened.
+    ca.discard()?;
+    let (one, parallel, software_parallel) = measured?;
+    Ok(serde_json::json!({
+        "token": token.label(),
+        "svid_per_sec": one.round(),
+        "threads": threads,
+        "svid_per_sec_parallel": parallel.round(),
+        "software_svid_per_sec_parallel": software_parallel.round(),
+    }))
+}
+
+/// SVIDs per second from `ca` on `threads` threads at once, summed.
+fn parallel_rate(
+    ca: &CertificateAuthority,
+    req: &SvidRequest,
+    now: SystemTime,
+    threads: usize,
+    span: Duration,
+) -> anyhow::Result<f64> {
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    rate(span, || {
+                        std::hint::black_box(ca.issue(req, now)?);
+                        Ok(())
+                    })
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join()
+                    .map_err(|_| anyhow::anyhow!("a bench thread panicked"))?
+            })
+            .sum()
+    })
 }
 
 fn round2(x: f64) -> f64 {
