@@ -18,22 +18,23 @@ struct Report {
 
 pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
     let mut errors = Vec::new();
+    let settings_error = |field: &str, message: String| UpdateError {
+        file: args
+            .config
+            .config
+            .as_ref()
+            .map_or("(environment)".into(), |p| p.display().to_string()),
+        resource: "settings".into(),
+        field: field.into(),
+        message,
+    };
     let settings = match meshca_config::Settings::load(
         args.config.config.as_deref(),
         meshca_daemon::process_env(),
     ) {
         Ok(s) => Some(s),
         Err(e) => {
-            errors.push(UpdateError {
-                file: args
-                    .config
-                    .config
-                    .as_ref()
-                    .map_or("(environment)".into(), |p| p.display().to_string()),
-                resource: "settings".into(),
-                field: String::new(),
-                message: e.to_string(),
-            });
+            errors.push(settings_error("", e.to_string()));
             None
         }
     };
@@ -48,16 +49,7 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
         let token = match meshca_daemon::open_token(settings) {
             Ok(token) => token,
             Err(e) => {
-                errors.push(UpdateError {
-                    file: args
-                        .config
-                        .config
-                        .as_ref()
-                        .map_or("(environment)".into(), |p| p.display().to_string()),
-                    resource: "settings".into(),
-                    field: "keystore.pkcs11".into(),
-                    message: format!("{e:#}"),
-                });
+                errors.push(settings_error("keystore.pkcs11", format!("{e:#}")));
                 None
             }
         };

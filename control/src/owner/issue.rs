@@ -335,7 +335,13 @@ impl Owner {
                         // The agent's next request is used instead.
                         self.agent_keys.drop_offer(&key, offered);
                     }
-                    failed.push(key);
+                    // A token that stopped answering is worth saying in the proxy's status; other
+                    // failures are in the log line above.
+                    let reason = match &e {
+                        IssueFailure::Issue(IssueError::Token(token)) => token.to_string(),
+                        _ => "issuance failed; see the daemon log".to_owned(),
+                    };
+                    failed.push((key, reason));
                 }
             }
         }
@@ -375,14 +381,13 @@ impl Owner {
             self.reasons.remove(&key);
             entries.push((key.clone(), ProxyEntry::Ready(issued.published.clone())));
         }
-        for key in failed
+        for (key, reason) in failed
             .into_iter()
-            .filter(|k| self.proxies.streams.is_connected(k))
+            .filter(|(k, _)| self.proxies.streams.is_connected(k))
         {
             let entry = match self.issued.get(&key) {
                 Some(issued) => ProxyEntry::Ready(issued.published.clone()),
                 None => {
-                    let reason = "issuance failed; see the daemon log".to_owned();
                     self.reasons.insert(key.clone(), reason.clone());
                     ProxyEntry::NoIdentity { reason }
                 }
