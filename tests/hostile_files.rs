@@ -654,6 +654,13 @@ fn a_fifo_named_by_a_setting_stops_the_start_naming_it() {
             ),
             "keystore.postgres.caFile",
         ),
+        (
+            format!(
+                "keystore: {{pkcs11: {{module: /usr/lib/softhsm/libsofthsm2.so, token: meshca, \
+                 pinFile: {fifo_path}}}}}\n"
+            ),
+            "keystore.pkcs11.pinFile",
+        ),
     ];
     for (n, (settings, setting)) in cases.iter().enumerate() {
         let config = env.root().join(format!("fifo-{n}.yaml"));
