@@ -43,6 +43,10 @@ pub struct AdminState {
     pub agents: meshca_agent::Agents,
     /// The PKCS#11 token holding the CA keys (`keystore.pkcs11`).
     pub token: Option<meshca_hsm::Token>,
+    /// The snapshots the owner publishes: the console's event streams follow them.
+    pub snapshots: tokio::sync::watch::Receiver<Arc<meshca_control::Snapshot>>,
+    /// The console's open event streams.
+    pub console: super::console::ConsoleStreams,
 }
 
 /// What the admin API reads to list the Workload API's registrations and the callers they match.
@@ -161,6 +165,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/api/replicas", get(replicas))
         .route("/api/workloads", get(workloads))
         .route("/api/agents", get(agents))
+        .merge(super::console::routes())
         .with_state(state)
 }
 

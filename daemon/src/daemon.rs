@@ -187,6 +187,8 @@ impl Daemon {
             owner_health: loop_health.clone(),
             database: heartbeat.is_some().then_some(database_rx),
             token: store.token.clone(),
+            snapshots: serving.sds.snapshots(),
+            console: Default::default(),
         };
         let status = owner_loop.status_handle();
         let tasks = Tasks {

@@ -8,6 +8,7 @@ mod admin;
 mod agent_api;
 pub mod atomic_file;
 pub mod children;
+mod console;
 mod daemon;
 pub mod daemon_keys;
 mod data_dir;

@@ -1,0 +1,158 @@
+//! The read-only web console on the admin listener: server-rendered pages of what `/api/status` says
+//! (meshes, their CAs, the rollout now in progress, who it waits for), a small script that keeps the
+//! page current through Server-Sent Events, and a stylesheet, all embedded in the binary.
+//!
+//! Every value from a resource or a proxy goes through maud's escaping; the pages carry a
+//! Content-Security-Policy that allows scripts and styles from this listener only (no inline script
+//! runs, whatever a value holds). Nothing here runs while no browser is connected: each event stream is
+//! a task of its own, bounded in number.
+
+mod overview;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use futures::Stream;
+use maud::{html, Markup, DOCTYPE};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::admin::AdminState;
+
+/// What the console's pages may load: this listener's script and stylesheet, nothing inline, nothing
+/// from elsewhere, and no framing.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+                   connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
+
+/// The most browsers following the console at once; one more gets 503.
+pub(crate) const MAX_EVENT_STREAMS: usize = 16;
+
+/// The least time between two updates sent to a browser: a burst of snapshots is one update.
+const COALESCE: Duration = Duration::from_millis(250);
+
+const SCRIPT: &str = include_str!("app.js");
+const STYLE: &str = include_str!("app.css");
+
+/// How many event streams are open (shared by every handler of one admin listener).
+#[derive(Clone, Debug)]
+pub struct ConsoleStreams(Arc<Semaphore>);
+
+impl Default for ConsoleStreams {
+    fn default() -> ConsoleStreams {
+        ConsoleStreams(Arc::new(Semaphore::new(MAX_EVENT_STREAMS)))
+    }
+}
+
+/// The console's routes, merged into the admin router.
+pub(crate) fn routes() -> Router<AdminState> {
+    Router::new()
+        .route("/", get(overview::page))
+        .route("/console/overview", get(overview::fragment))
+        .route(
+            "/console/app.js",
+            get(|| async { asset(SCRIPT, "text/javascript; charset=utf-8") }),
+        )
+        .route(
+            "/console/app.css",
+            get(|| async { asset(STYLE, "text/css; charset=utf-8") }),
+        )
+        .route("/console/events", get(events))
+}
+
+/// A whole page: the layout around `body`, with the console's headers.
+pub(crate) fn page(title: &str, body: Markup) -> Response {
+    let markup = html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { "meshca · " (title) }
+                link rel="stylesheet" href="/console/app.css";
+                script src="/console/app.js" defer {}
+            }
+            body {
+                header { a href="/" { "meshca" } " console" span #live { "connecting…" } }
+                main { (body) }
+            }
+        }
+    };
+    secured(markup.into_string(), "text/html; charset=utf-8")
+}
+
+/// A fragment the script swaps in place.
+pub(crate) fn fragment(markup: Markup) -> Response {
+    secured(markup.into_string(), "text/html; charset=utf-8")
+}
+
+fn asset(body: &'static str, content_type: &'static str) -> Response {
+    secured(body.to_owned(), content_type)
+}
+
+/// `body` with the console's security headers.
+fn secured(body: String, content_type: &'static str) -> Response {
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    response
+}
+
+/// Server-Sent Events: `update` with the snapshot generation whenever the owner publishes a new
+/// snapshot (at most one per [`COALESCE`]); the page then fetches what it shows again.
+async fn events(State(s): State<AdminState>) -> Response {
+    let Ok(permit) = s.console.0.clone().try_acquire_owned() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the console follows at most {MAX_EVENT_STREAMS} browsers at once\n"),
+        )
+            .into_response();
+    };
+    let mut response = Sse::new(updates(s.snapshots.clone(), permit))
+        .keep_alive(KeepAlive::default())
+        .into_response();
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+fn updates(
+    snapshots: tokio::sync::watch::Receiver<Arc<meshca_control::Snapshot>>,
+    permit: OwnedSemaphorePermit,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    // The permit lives as long as the stream: a browser that goes away frees its place.
+    futures::stream::unfold(
+        (snapshots, permit, true),
+        |(mut snapshots, permit, first)| async move {
+            if !first {
+                tokio::time::sleep(COALESCE).await;
+                snapshots.changed().await.ok()?;
+            }
+            let generation = snapshots.borrow_and_update().generation;
+            let event = Event::default()
+                .event("update")
+                .data(generation.to_string());
+            Some((Ok(event), (snapshots, permit, false)))
+        },
+    )
+}
