@@ -62,6 +62,9 @@ pub struct Metrics {
     database_up: Family<ReplicaLabels, Gauge>,
     replica_proxies: Family<ReplicaLabels, Gauge>,
     replica_heartbeat_age: Family<ReplicaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// Bumped when something the status shows changes without a new snapshot (a rejected update, a
+    /// rollout wait that starts or times out): the console's event streams follow it.
+    status_changes: tokio::sync::watch::Sender<u64>,
 }
 
 /// Labels of per-replica gauges.
@@ -290,7 +293,17 @@ impl Metrics {
             database_up,
             replica_proxies,
             replica_heartbeat_age,
+            status_changes: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// Follows changes of the status that come without a new snapshot.
+    pub fn status_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.status_changes.subscribe()
+    }
+
+    fn status_changed(&self) {
+        self.status_changes.send_modify(|n| *n += 1);
     }
 
     /// Issuance and reconciles: what was issued or failed and how long it took, rejected updates and revocation reloads.
@@ -554,6 +567,7 @@ impl Telemetry for Metrics {
 
     fn rejected_update(&self) {
         self.rejected_updates.inc();
+        self.status_changed();
     }
 
     fn gate_event(&self, mesh: &str, event: GateEvent) {
@@ -569,6 +583,7 @@ impl Telemetry for Metrics {
                 .get_or_create(&MeshLabels { mesh: mesh.into() })
                 .inc(),
         };
+        self.status_changed();
     }
 }
 

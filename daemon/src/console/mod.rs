@@ -118,7 +118,8 @@ fn secured(body: String, content_type: &'static str) -> Response {
 }
 
 /// Server-Sent Events: `update` with the snapshot generation whenever the owner publishes a new
-/// snapshot (at most one per [`COALESCE`]); the page then fetches what it shows again.
+/// snapshot or the status changes without one (a rejected update, a rollout wait), at most one per
+/// [`COALESCE`]; the page then fetches what it shows again.
 async fn events(State(s): State<AdminState>) -> Response {
     let Ok(permit) = s.console.0.clone().try_acquire_owned() else {
         return (
@@ -127,9 +128,13 @@ async fn events(State(s): State<AdminState>) -> Response {
         )
             .into_response();
     };
-    let mut response = Sse::new(updates(s.snapshots.clone(), permit))
-        .keep_alive(KeepAlive::default())
-        .into_response();
+    let mut response = Sse::new(updates(
+        s.snapshots.clone(),
+        s.metrics.status_changes(),
+        permit,
+    ))
+    .keep_alive(KeepAlive::default())
+    .into_response();
     response
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
@@ -138,21 +143,26 @@ async fn events(State(s): State<AdminState>) -> Response {
 
 fn updates(
     snapshots: tokio::sync::watch::Receiver<Arc<meshca_control::Snapshot>>,
+    status: tokio::sync::watch::Receiver<u64>,
     permit: OwnedSemaphorePermit,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     // The permit lives as long as the stream: a browser that goes away frees its place.
     futures::stream::unfold(
-        (snapshots, permit, true),
-        |(mut snapshots, permit, first)| async move {
+        (snapshots, status, permit, true),
+        |(mut snapshots, mut status, permit, first)| async move {
             if !first {
                 tokio::time::sleep(COALESCE).await;
-                snapshots.changed().await.ok()?;
+                tokio::select! {
+                    changed = snapshots.changed() => changed.ok()?,
+                    changed = status.changed() => changed.ok()?,
+                }
             }
+            status.borrow_and_update();
             let generation = snapshots.borrow_and_update().generation;
             let event = Event::default()
                 .event("update")
                 .data(generation.to_string());
-            Some((Ok(event), (snapshots, permit, false)))
+            Some((Ok(event), (snapshots, status, permit, false)))
         },
     )
 }
