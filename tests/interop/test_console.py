@@ -49,12 +49,27 @@ def test_a_payload_in_a_resource_shows_as_text_and_runs_nothing(daemon, browser)
     payload = "<img src=x onerror=\"window.pwned=1\"><script>window.pwned=2</script>"
     # An invalid Dataplane whose name is the payload: the update is rejected, and its error (which names
     # the resource) appears on the page, live.
-    (daemon.resources / "evil.yaml").write_text(
+    daemon.write_resource(
+        "evil.yaml",
         f"type: Dataplane\nmesh: default\nname: '{payload}'\nnetworking:\n  address: 10.0.0.9\n"
-        "  inbound: [{port: 1, tags: {kuma.io/service: x}}]\n"
+        "  inbound: [{port: 1, tags: {kuma.io/service: x}}]\n",
     )
     WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, "section.rejected"))
     rejected = browser.find_element(By.CSS_SELECTOR, "section.rejected").text
     assert "evil.yaml" in rejected
     assert browser.execute_script("return window.pwned === undefined")
     assert not browser.find_elements(By.CSS_SELECTOR, "section.rejected img, section.rejected script")
+
+
+def test_the_proxies_table_lists_a_proxy_and_filters(daemon, browser, tmp_path):
+    token = tmp_path / "web-1.token"
+    token.write_text(daemon.token("web-1", "default", "--tag", "kuma.io/service=web"))
+    daemon.cli("sds", "fetch", "--config", str(daemon.config), "--token-file", str(token), "default")
+    base = f"http://127.0.0.1:{daemon.admin_port}/proxies"
+    browser.get(base + "?mesh=default")
+    row = browser.find_element(By.CSS_SELECTOR, "tr[data-proxy='default/web-1']")
+    assert "spiffe://default/web" in row.text and "backend ca-1" in row.text
+    browser.get(base + "?mesh=other")
+    assert not browser.find_elements(By.CSS_SELECTOR, "tr[data-proxy='default/web-1']")
+    browser.get(base + "?expiring=60")
+    assert not browser.find_elements(By.CSS_SELECTOR, "tr[data-proxy='default/web-1']"), "valid 1 h"

@@ -8,6 +8,7 @@
 //! a task of its own, bounded in number.
 
 mod overview;
+mod proxies;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -54,6 +55,8 @@ pub(crate) fn routes() -> Router<AdminState> {
     Router::new()
         .route("/", get(overview::page))
         .route("/console/overview", get(overview::fragment))
+        .route("/proxies", get(proxies::page))
+        .route("/favicon.ico", get(|| async { StatusCode::NO_CONTENT }))
         .route(
             "/console/app.js",
             get(|| async { asset(SCRIPT, "text/javascript; charset=utf-8") }),
@@ -78,7 +81,11 @@ pub(crate) fn page(title: &str, body: Markup) -> Response {
                 script src="/console/app.js" defer {}
             }
             body {
-                header { a href="/" { "meshca" } " console" span #live { "connecting…" } }
+                header {
+                    a href="/" { "meshca" } " console"
+                    nav { a href="/" { "overview" } " " a href="/proxies" { "proxies" } }
+                    span #live { "connecting…" }
+                }
                 main { (body) }
             }
         }
