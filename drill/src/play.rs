@@ -105,6 +105,10 @@ async fn start_daemon(script: &Script, options: &Options) -> anyhow::Result<(San
         },
     )
     .await?;
+    eprintln!(
+        "drill: watch it in the console at http://{}/ (read-only, live; gone when the drill ends)",
+        daemon.admin_addr
+    );
     Ok((sandbox, daemon))
 }
 
