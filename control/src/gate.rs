@@ -20,7 +20,7 @@ use crate::timefmt::{rfc3339, seconds_until};
 use crate::trust::{BundleKey, CaId, CaTrust, MeshName, ServiceIds, ServiceKey, TrustKey};
 
 /// A step of a rollout that can wait on ACKs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum RolloutStep {
     /// A new CA's bundle must be ACKed by every stream that carries it before the CA issues.
@@ -112,6 +112,31 @@ pub enum GateEvent {
     TimedOut(RolloutStep),
     /// The configuration removed a CA that connected proxies still present.
     RemovedWhilePresented,
+}
+
+/// A rollout step that began or stopped waiting in a mesh, for a timeline of rollouts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepChange {
+    /// The mesh, or `(zone egress)`.
+    pub mesh: String,
+    /// The step.
+    pub step: RolloutStep,
+    /// The CA concerned (its subject).
+    pub ca: String,
+    /// Whether it began or ended.
+    pub phase: StepPhase,
+}
+
+/// Whether a step began or ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepPhase {
+    /// It began waiting, for this many proxies.
+    Began {
+        /// How many proxies it waited for when it began.
+        waiting: usize,
+    },
+    /// It no longer waits: everyone ACKed, or `rollout.ackTimeout` passed.
+    Ended,
 }
 
 /// The gate's memory between reconciles.
@@ -372,6 +397,11 @@ impl Gate {
                 .iter()
                 .filter(|(_, p)| !p.confirmed || (!p.acked && !alone))
                 .any(|(key, p)| over(p, &Selection::Service(key.service.clone())))
+    }
+
+    /// The trust and SAN waits as of the last reconcile (their counts as they were then).
+    pub fn current_waits(&self) -> impl Iterator<Item = &Wait> {
+        self.waits.iter().map(|w| &w.wait)
     }
 
     /// Metric events since the last call.

@@ -39,12 +39,12 @@ mod world;
 pub use egress::{EgressIssuer, EgressPlan, MeshChoice, NoEgressIdentity};
 pub use error::{CaLoadError, ClaimMismatch, IdentityLoadError, IssueFailure, UpdateError};
 pub use events::{StreamEvent, StreamId};
-pub use gate::{GateEvent, RolloutStep, Wait};
+pub use gate::{GateEvent, RolloutStep, StepChange, StepPhase, Wait};
 pub use lineage::{lineage, Lineage, Validity};
 pub use owner::status::{
     BackendRole, BackendStatus, CaStatus, Condition, DataplaneStatus, Detail, EgressStatus,
-    IdentityStatus, MeshStatus, MtlsStatus, ServiceStatus, ServiceTls, Status, TrustOrigin,
-    TrustStatus,
+    IdentityStatus, MeshStatus, MtlsStatus, ServiceStatus, ServiceTls, Status, StreamStatus,
+    TrustOrigin, TrustStatus,
 };
 pub use owner::{
     run_job, Completed, IssuedIdentity, Job, NoTelemetry, Owner, OwnerConfig, RecordLink, Rejected,

@@ -19,6 +19,8 @@ pub(crate) struct Stream {
     pub resources: Vec<ResourceName>,
     /// The newest snapshot generation whose content it ACKed.
     pub acked: Option<u64>,
+    /// The version of the response it ACKed last (for operators).
+    pub acked_version: Option<String>,
 }
 
 impl Stream {
@@ -75,6 +77,7 @@ impl StreamTable {
                 zone_egress,
                 resources: Vec::new(),
                 acked: None,
+                acked_version: None,
             },
         );
         first
@@ -104,11 +107,15 @@ impl StreamTable {
         true
     }
 
-    /// Records an ACK; false for a stream the table does not hold.
-    pub fn ack(&mut self, id: StreamId, generation: u64) -> bool {
+    /// Records an ACK of `version`, which carries snapshot `generation`; false for a stream the table
+    /// does not hold.
+    pub fn ack(&mut self, id: StreamId, generation: u64, version: String) -> bool {
         match self.by_id.get_mut(&id) {
             Some(stream) => {
-                stream.acked = Some(stream.acked.map_or(generation, |g| g.max(generation)));
+                if stream.acked.is_none_or(|g| generation >= g) {
+                    stream.acked = Some(generation);
+                    stream.acked_version = Some(version);
+                }
                 true
             }
             None => false,
@@ -256,9 +263,9 @@ mod tests {
         }
         // A second stream of p-000, ACKed: the proxy still waits through its first one.
         streams.connect(StreamId(500), ProxyKey::new("m", "p-000"), false);
-        streams.ack(StreamId(500), 1);
+        streams.ack(StreamId(500), 1, "v1".to_owned());
         for i in (1..100).step_by(2) {
-            streams.ack(StreamId(i), 1);
+            streams.ack(StreamId(i), 1, "v1".to_owned());
         }
         let waiting = streams.waiting_for(1, 3, |_| true);
         assert_eq!(waiting.count, 50);
@@ -308,8 +315,14 @@ mod tests {
         let web = ProxyKey::new("m", "web");
         streams.connect(StreamId(1), web.clone(), false);
         assert!(streams.subscribe(StreamId(1), vec![ResourceName::parse("default")]));
-        assert!(streams.ack(StreamId(1), 5));
-        assert!(streams.ack(StreamId(1), 3));
+        assert!(streams.ack(StreamId(1), 5, "v5".to_owned()));
+        assert!(streams.ack(StreamId(1), 3, "v3".to_owned()));
+        let acked = streams.of(&web).map(|s| s.acked_version.as_deref());
+        assert_eq!(
+            acked.collect::<Vec<_>>(),
+            [Some("v5")],
+            "an older ACK changes nothing"
+        );
         assert_eq!(streams.waiting_for(5, 20, |_| true).count, 0);
         let waiting = streams.waiting_for(6, 20, |_| true);
         assert_eq!(
@@ -324,10 +337,10 @@ mod tests {
         );
         assert!(streams.any_waiting(6, |_| true));
         assert!(!streams.any_waiting(6, |s| s.proxy.name.as_ref() == "nobody"));
-        streams.ack(StreamId(1), 6);
-        streams.ack(StreamId(2), 7);
+        streams.ack(StreamId(1), 6, "v6".to_owned());
+        streams.ack(StreamId(2), 7, "v7".to_owned());
         assert!(!streams.any_waiting(6, |_| true));
-        assert!(!streams.ack(StreamId(9), 1));
+        assert!(!streams.ack(StreamId(9), 1, "v1".to_owned()));
         assert!(!streams.subscribe(StreamId(9), Vec::new()));
     }
 }

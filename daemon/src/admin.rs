@@ -45,8 +45,8 @@ pub struct AdminState {
     pub token: Option<meshca_hsm::Token>,
     /// The snapshots the owner publishes: the console's event streams follow them.
     pub snapshots: tokio::sync::watch::Receiver<Arc<meshca_control::Snapshot>>,
-    /// The console's open event streams.
-    pub console: super::console::ConsoleStreams,
+    /// The console's open event streams and its last rendered overview.
+    pub console: super::console::Console,
 }
 
 /// What the admin API reads to list the Workload API's registrations and the callers they match.

@@ -19,6 +19,7 @@ mod metrics;
 mod reload;
 mod replica;
 pub mod revocations;
+pub(crate) mod rollouts;
 mod run;
 mod stalled_writes;
 mod store;

@@ -11,8 +11,10 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use crate::rollouts::Timeline;
+
 use meshca_control::{
-    seconds_until, GateEvent, Issuer, RolloutStep, Scope, Status, Telemetry, World,
+    seconds_until, GateEvent, Issuer, RolloutStep, Scope, Status, StepChange, Telemetry, World,
 };
 
 /// Labels of per-issuer metrics.
@@ -65,6 +67,8 @@ pub struct Metrics {
     /// Bumped when something the status shows changes without a new snapshot (a rejected update, a
     /// rollout wait that starts or times out): the console's event streams follow it.
     status_changes: tokio::sync::watch::Sender<u64>,
+    /// The last rollouts, for the console.
+    timeline: std::sync::Mutex<Timeline>,
 }
 
 /// Labels of per-replica gauges.
@@ -294,12 +298,25 @@ impl Metrics {
             replica_proxies,
             replica_heartbeat_age,
             status_changes: tokio::sync::watch::Sender::new(0),
+            timeline: std::sync::Mutex::default(),
         }
     }
 
     /// Follows changes of the status that come without a new snapshot.
     pub fn status_changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.status_changes.subscribe()
+    }
+
+    /// The last rollouts (held while the guard lives: read, and let go).
+    pub fn timeline(&self) -> std::sync::MutexGuard<'_, Timeline> {
+        self.timeline
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// How many times the status changed without a new snapshot.
+    pub fn status_version(&self) -> u64 {
+        *self.status_changes.borrow()
     }
 
     fn status_changed(&self) {
@@ -583,6 +600,12 @@ impl Telemetry for Metrics {
                 .get_or_create(&MeshLabels { mesh: mesh.into() })
                 .inc(),
         };
+        self.timeline().gate_event(mesh, event, SystemTime::now());
+        self.status_changed();
+    }
+
+    fn rollout_step(&self, change: &StepChange) {
+        self.timeline().step(change, SystemTime::now());
         self.status_changed();
     }
 }

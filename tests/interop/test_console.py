@@ -69,6 +69,11 @@ def test_the_proxies_table_lists_a_proxy_and_filters(daemon, browser, tmp_path):
     browser.get(base + "?mesh=default")
     row = browser.find_element(By.CSS_SELECTOR, "tr[data-proxy='default/web-1']")
     assert "spiffe://default/web" in row.text and "backend ca-1" in row.text
+    row.find_element(By.LINK_TEXT, "web-1").click()
+    WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, "section.proxy"))
+    page = browser.find_element(By.CSS_SELECTOR, "section.proxy").text
+    assert "Proxy web-1 in mesh default" in page and "spiffe://default/web" in page, page
+    assert browser.current_url.endswith("/proxies/default/web-1")
     browser.get(base + "?mesh=other")
     assert not browser.find_elements(By.CSS_SELECTOR, "tr[data-proxy='default/web-1']")
     browser.get(base + "?expiring=60")

@@ -32,7 +32,7 @@ use tokio::sync::watch;
 use crate::egress::{EgressPlan, NoEgressIdentity};
 use crate::error::{ClaimMismatch, UpdateError};
 use crate::events::StreamEvent;
-use crate::gate::{Gate, GateEvent};
+use crate::gate::{Gate, GateEvent, RolloutStep, StepChange};
 use crate::peers::{GateView, PeerView, PresentedCa};
 use crate::plan::{DataplaneInfo, Issuer};
 use crate::snapshot::{LeafKey, ProxyHashMap, ProxyIdentity, ProxyKey, Snapshot};
@@ -67,6 +67,8 @@ pub trait Telemetry: Send + Sync + std::fmt::Debug {
     fn rejected_update(&self) {}
     /// The rollout gate started waiting, timed out, or kept a removed CA.
     fn gate_event(&self, _mesh: &str, _event: GateEvent) {}
+    /// A rollout step began or stopped waiting (reported after the reconcile that saw it).
+    fn rollout_step(&self, _change: &StepChange) {}
     /// A reconcile looked at `proxies` proxies in `took`.
     fn reconciled(&self, _scope: Scope, _proxies: usize, _took: Duration) {}
 }
@@ -234,6 +236,8 @@ pub struct Owner {
     links: RecordLinks,
     /// Which proxies `meshca agent`s serve, and the keys they offered.
     agent_keys: AgentKeys,
+    /// The rollout steps that waited after the last reconcile: (mesh, step, CA subject).
+    steps_waiting: BTreeSet<(String, RolloutStep, String)>,
 }
 
 /// What is known of every dataplane: its description, or why its token was refused.
@@ -267,6 +271,7 @@ impl Owner {
             publisher: Publisher::new(snapshot_tx),
             links: RecordLinks::default(),
             agent_keys,
+            steps_waiting: BTreeSet::new(),
         }
     }
 
@@ -418,11 +423,13 @@ impl Owner {
                 self.proxies.streams.subscribe(stream, resources) && self.agenda.waiting_on_acks
             }
             StreamEvent::Acked {
-                stream, generation, ..
+                stream,
+                generation,
+                version,
             } => {
                 // A rollout waiting on ACKs may proceed.
                 self.stir(stream);
-                self.proxies.streams.ack(stream, generation) && self.agenda.waiting_on_acks
+                self.proxies.streams.ack(stream, generation, version) && self.agenda.waiting_on_acks
             }
             StreamEvent::Nacked {
                 stream, message, ..

@@ -12,7 +12,7 @@ use super::{Dataplanes, Issued, Owner, Scope};
 use crate::bundles;
 use crate::egress::{self, MeshChoice};
 use crate::error::ClaimMismatch;
-use crate::gate::{GateEvent, RolloutStep, Wait};
+use crate::gate::{GateEvent, RolloutStep, StepChange, StepPhase, Wait};
 use crate::peers::PresentedIds;
 use crate::plan::{self, DataplaneInfo, Decision, Desired, Origin};
 use crate::resource_name::Target;
@@ -1025,7 +1025,61 @@ impl Owner {
         for (mesh, event) in self.gate.take_events() {
             self.telemetry.gate_event(mesh.as_str(), event);
         }
+        self.report_step_changes();
         self.agenda.waiting_on_acks = self.gate.pending() || !self.replacing.is_empty();
+    }
+
+    /// Tells telemetry which rollout steps began and ended waiting since the last reconcile. Costs
+    /// the waits (a few per rollout), never the fleet.
+    fn report_step_changes(&mut self) {
+        if self.steps_waiting.is_empty()
+            && self.replacing.is_empty()
+            && self.gate.current_waits().next().is_none()
+        {
+            return;
+        }
+        let gate = self
+            .gate
+            .current_waits()
+            .map(|w| ((w.mesh.to_string(), w.step, w.ca.clone()), None));
+        let replacing = self.replacing.groups().map(|(mesh, ca, count)| {
+            let key = (mesh.to_string(), RolloutStep::IdentityAck, ca.to_owned());
+            (key, Some(count))
+        });
+        let now: BTreeMap<_, Option<usize>> = gate.chain(replacing).collect();
+        let began: Vec<_> = now
+            .iter()
+            .filter(|(key, _)| !self.steps_waiting.contains(*key))
+            .collect();
+        // A trust or SAN wait counts whom it waits for when asked: once per step that begins.
+        let counted = match began.iter().any(|(_, count)| count.is_none()) {
+            true => self.gate.waits_now(&self.proxies.streams),
+            false => Vec::new(),
+        };
+        let mut changes = Vec::new();
+        for ((mesh, step, ca), count) in began {
+            let waiting = count.unwrap_or_else(|| {
+                counted
+                    .iter()
+                    .find(|w| w.step == *step && w.ca == *ca && w.mesh.to_string() == *mesh)
+                    .map_or(0, |w| w.waiting_count)
+            });
+            changes.push((mesh, *step, ca, StepPhase::Began { waiting }));
+        }
+        for key in &self.steps_waiting {
+            if !now.contains_key(key) {
+                changes.push((&key.0, key.1, &key.2, StepPhase::Ended));
+            }
+        }
+        for (mesh, step, ca, phase) in changes {
+            self.telemetry.rollout_step(&StepChange {
+                mesh: mesh.clone(),
+                step,
+                ca: ca.clone(),
+                phase,
+            });
+        }
+        self.steps_waiting = now.into_keys().collect();
     }
 
     /// The earliest of: a rollout timeout, the ACK timeout of a replaced certificate, and the next

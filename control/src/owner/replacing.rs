@@ -94,6 +94,15 @@ impl Replacing {
         self.stirred.drain().collect()
     }
 
+    /// Per mesh and replaced CA subject, how many proxies keep a certificate from it.
+    pub fn groups(&self) -> impl Iterator<Item = (&MeshName, &str, usize)> {
+        self.groups.iter().flat_map(|(mesh, subjects)| {
+            subjects
+                .iter()
+                .map(move |(subject, count)| (mesh, subject.as_str(), *count))
+        })
+    }
+
     /// The meshes where an identity-ACK wait started since the last call, one entry per wait.
     pub fn take_started(&mut self) -> Vec<MeshName> {
         std::mem::take(&mut self.started)

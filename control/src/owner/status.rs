@@ -20,12 +20,15 @@ use crate::trust::{ServiceIds, ServiceKey};
 use crate::world::{BackendKind, IdentityProvider, LoadedCa, MeshIdentityState, MeshState, World};
 
 /// How much of the status to build.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Detail {
     /// Everything, with one entry per dataplane (the admin API, `meshca status`).
     Full,
     /// Everything but the per-dataplane list (metrics).
     Summary,
+    /// Everything but the per-dataplane list, which holds this dataplane only (if known), with its
+    /// streams (the console's page of one proxy).
+    Dataplane(ProxyKey),
 }
 
 /// The whole status document (`GET /api/status`).
@@ -278,6 +281,22 @@ pub struct DataplaneStatus {
     /// Its last rejection message.
     #[serde(default)]
     pub last_nack: Option<String>,
+    /// Its open streams, when one dataplane was asked for ([`Detail::Dataplane`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stream_details: Vec<StreamStatus>,
+}
+
+/// One open stream (or fetch) of a dataplane.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StreamStatus {
+    /// The resource names it subscribes to (none for a fetch).
+    pub resources: Vec<String>,
+    /// The newest snapshot generation whose content it ACKed.
+    pub acked_generation: Option<u64>,
+    /// The version of the response it ACKed last: one version for all its resources.
+    pub acked_version: Option<String>,
+    /// Whether its token is a zone egress token.
+    pub zone_egress: bool,
 }
 
 /// What [`build`] reads.
@@ -307,6 +326,16 @@ pub(crate) fn build(i: &Inputs<'_>, detail: Detail) -> Status {
             .map(|(key, info)| dataplane_status(i, key, info))
             .collect(),
         Detail::Summary => Vec::new(),
+        Detail::Dataplane(key) => i
+            .dataplanes
+            .get_key_value(&key)
+            .map(|(key, info)| {
+                let mut status = dataplane_status(i, key, info);
+                status.stream_details = stream_details(i.streams, key);
+                status
+            })
+            .into_iter()
+            .collect(),
     };
     // Served certificates: of connected proxies that are described and have no reason against them.
     let served = i.streams.proxies().filter(|key| {
@@ -552,5 +581,20 @@ fn dataplane_status(
         refused_token: record.and_then(|r| r.refused_token.clone()),
         nacks: record.map_or(0, |r| r.nacks),
         last_nack: record.and_then(|r| r.last_nack.clone()),
+        stream_details: Vec::new(),
     }
+}
+
+fn stream_details(streams: &StreamTable, key: &ProxyKey) -> Vec<StreamStatus> {
+    let mut details: Vec<StreamStatus> = streams
+        .of(key)
+        .map(|s| StreamStatus {
+            resources: s.resources.iter().map(|r| r.as_str().to_owned()).collect(),
+            acked_generation: s.acked,
+            acked_version: s.acked_version.clone(),
+            zone_egress: s.zone_egress,
+        })
+        .collect();
+    details.sort_by(|a, b| a.resources.cmp(&b.resources));
+    details
 }

@@ -9,10 +9,12 @@
 
 mod overview;
 mod proxies;
+mod proxy;
+mod rollouts;
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -40,13 +42,53 @@ const COALESCE: Duration = Duration::from_millis(250);
 const SCRIPT: &str = include_str!("app.js");
 const STYLE: &str = include_str!("app.css");
 
-/// How many event streams are open (shared by every handler of one admin listener).
-#[derive(Clone, Debug)]
-pub struct ConsoleStreams(Arc<Semaphore>);
+/// How long a rendered overview is served again to browsers asking for the same status: each update
+/// makes every open page ask at once, and one rendering serves them all.
+const OVERVIEW_REUSE: Duration = Duration::from_secs(1);
 
-impl Default for ConsoleStreams {
-    fn default() -> ConsoleStreams {
-        ConsoleStreams(Arc::new(Semaphore::new(MAX_EVENT_STREAMS)))
+/// The console's shared state (one per admin listener): how many event streams are open, and the
+/// last overview rendered.
+#[derive(Clone, Debug)]
+pub struct Console {
+    streams: Arc<Semaphore>,
+    overview: Arc<tokio::sync::Mutex<Option<Rendered>>>,
+}
+
+/// An overview rendered for a snapshot generation and status version.
+#[derive(Debug)]
+struct Rendered {
+    of: (u64, u64),
+    at: Instant,
+    html: Arc<str>,
+}
+
+impl Default for Console {
+    fn default() -> Console {
+        Console {
+            streams: Arc::new(Semaphore::new(MAX_EVENT_STREAMS)),
+            overview: Arc::default(),
+        }
+    }
+}
+
+impl Console {
+    /// The overview of the status now: rendered once for every browser asking within
+    /// [`OVERVIEW_REUSE`] while neither the snapshot nor the status changed.
+    async fn overview(&self, s: &AdminState) -> Arc<str> {
+        let mut last = self.overview.lock().await;
+        let of = (s.snapshots.borrow().generation, s.metrics.status_version());
+        if let Some(rendered) = last.as_ref() {
+            if rendered.of == of && rendered.at.elapsed() < OVERVIEW_REUSE {
+                return rendered.html.clone();
+            }
+        }
+        let html: Arc<str> = Arc::from(overview::build(s).await);
+        *last = Some(Rendered {
+            of,
+            at: Instant::now(),
+            html: html.clone(),
+        });
+        html
     }
 }
 
@@ -56,6 +98,8 @@ pub(crate) fn routes() -> Router<AdminState> {
         .route("/", get(overview::page))
         .route("/console/overview", get(overview::fragment))
         .route("/proxies", get(proxies::page))
+        .route("/proxies/{mesh}/{name}", get(proxy::page))
+        .route("/rollouts", get(rollouts::page))
         .route("/favicon.ico", get(|| async { StatusCode::NO_CONTENT }))
         .route(
             "/console/app.js",
@@ -66,6 +110,24 @@ pub(crate) fn routes() -> Router<AdminState> {
             get(|| async { asset(STYLE, "text/css; charset=utf-8") }),
         )
         .route("/console/events", get(events))
+}
+
+/// The address of a proxy's page, its name and mesh percent-encoded (a name is a path segment).
+pub(crate) fn proxy_href(mesh: &str, name: &str) -> String {
+    format!("/proxies/{}/{}", path_segment(mesh), path_segment(name))
+}
+
+/// `value` with every byte but unreserved ones (RFC 3986) percent-encoded.
+fn path_segment(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for byte in value.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
 }
 
 /// A whole page: the layout around `body`, with the console's headers.
@@ -83,7 +145,11 @@ pub(crate) fn page(title: &str, body: Markup) -> Response {
             body {
                 header {
                     a href="/" { "meshca" } " console"
-                    nav { a href="/" { "overview" } " " a href="/proxies" { "proxies" } }
+                    nav {
+                        a href="/" { "overview" } " "
+                        a href="/proxies" { "proxies" } " "
+                        a href="/rollouts" { "rollouts" }
+                    }
                     span #live { "connecting…" }
                 }
                 main { (body) }
@@ -128,7 +194,7 @@ fn secured(body: String, content_type: &'static str) -> Response {
 /// snapshot or the status changes without one (a rejected update, a rollout wait), at most one per
 /// [`COALESCE`]; the page then fetches what it shows again.
 async fn events(State(s): State<AdminState>) -> Response {
-    let Ok(permit) = s.console.0.clone().try_acquire_owned() else {
+    let Ok(permit) = s.console.streams.clone().try_acquire_owned() else {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("the console follows at most {MAX_EVENT_STREAMS} browsers at once\n"),

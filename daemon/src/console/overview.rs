@@ -1,40 +1,44 @@
 //! `/`: every mesh with its CAs and the rollout now in progress, the zone egress identity, the last
 //! rejected update, and the token and database when there are.
 
+use std::collections::BTreeSet;
+
 use axum::extract::State;
 use axum::response::Response;
-use maud::{html, Markup};
-use meshca_control::{CaStatus, Detail, MeshStatus, Status};
+use maud::{html, Markup, PreEscaped};
+use meshca_control::{CaStatus, Detail, MeshStatus, RolloutStep, Status, Wait};
 
 use super::super::admin::AdminState;
+use crate::rollouts::{Rollout, Timeline};
 
 /// The whole page.
 pub(super) async fn page(State(s): State<AdminState>) -> Response {
-    match s.status.get(Detail::Summary).await {
-        Ok(reply) => super::page(
-            "overview",
-            html! { div #overview { (render(&reply.status)) } },
-        ),
-        Err(e) => super::page(
-            "overview",
-            html! { p.error { "no status: " (e.to_string()) } },
-        ),
-    }
+    let overview = s.console.overview(&s).await;
+    super::page(
+        "overview",
+        html! { div #overview { (PreEscaped(&*overview)) } },
+    )
 }
 
 /// The part the script refreshes.
 pub(super) async fn fragment(State(s): State<AdminState>) -> Response {
+    let overview = s.console.overview(&s).await;
+    super::fragment(PreEscaped(overview.to_string()))
+}
+
+/// The overview now, rendered (the console shares it between the browsers that ask at once).
+pub(super) async fn build(s: &AdminState) -> String {
     match s.status.get(Detail::Summary).await {
-        Ok(reply) => super::fragment(render(&reply.status)),
-        Err(e) => super::fragment(html! { p.error { "no status: " (e.to_string()) } }),
+        Ok(reply) => render(&reply.status, &s.metrics.timeline()).into_string(),
+        Err(e) => html! { p.error { "no status: " (e.to_string()) } }.into_string(),
     }
 }
 
 /// The overview of `status`.
-pub(crate) fn render(status: &Status) -> Markup {
+pub(crate) fn render(status: &Status, timeline: &Timeline) -> Markup {
     html! {
         @for mesh in &status.meshes {
-            (mesh_section(mesh, status))
+            (mesh_section(mesh, status, timeline.latest(&mesh.name)))
         }
         @if status.meshes.is_empty() {
             p { "No mesh yet: add a Mesh resource." }
@@ -59,22 +63,30 @@ pub(crate) fn render(status: &Status) -> Markup {
     }
 }
 
-fn mesh_section(mesh: &MeshStatus, status: &Status) -> Markup {
-    let on_issuer: Vec<(&String, &usize)> = mesh.proxies_by_issuer.iter().collect();
-    let waits: Vec<_> = status
+fn mesh_section(mesh: &MeshStatus, status: &Status, rollout: Option<&Rollout>) -> Markup {
+    let waits: Vec<&Wait> = status
         .rollout
         .iter()
         .filter(|w| w.mesh.to_string() == mesh.name)
+        .collect();
+    let issuing = issuing(mesh);
+    let issuers: BTreeSet<&str> = issuing
+        .iter()
+        .map(String::as_str)
+        .chain(mesh.proxies_by_issuer.keys().map(String::as_str))
         .collect();
     html! {
         section.mesh data-mesh=(mesh.name) {
             h2 { "Mesh " (mesh.name) }
             p.proxies { (mesh.connected_proxies) " connected proxies" }
-            @if !on_issuer.is_empty() {
-                div.bars {
-                    @for (issuer, count) in &on_issuer {
-                        (bar(issuer, **count, mesh.connected_proxies))
-                    }
+            div.bars {
+                @for issuer in &issuers {
+                    (bar(
+                        issuer,
+                        mesh.proxies_by_issuer.get(*issuer).copied().unwrap_or(0),
+                        mesh.connected_proxies,
+                        issuing.iter().any(|i| i == issuer),
+                    ))
                 }
             }
             @if let Some(mtls) = &mesh.mtls {
@@ -101,20 +113,110 @@ fn mesh_section(mesh: &MeshStatus, status: &Status) -> Markup {
                     }
                 }
             }
-            @if waits.is_empty() {
-                p.rollout.idle { "No rollout waits." }
-            } @else {
-                div.rollout {
-                    h3 { "Rollout in progress" }
-                    @for w in &waits {
-                        p.wait data-timeout=(w.timeout_in_seconds) {
-                            b { (w.step.as_str()) } " for CA " (w.ca) " since " (w.since) ": waits for "
-                            (w.waiting_count) " proxies"
-                            @if !w.waiting_for.is_empty() { " (" (w.waiting_for.join(", ")) ")" }
-                            "; proceeds anyway in " span.countdown { (w.timeout_in_seconds) } " s"
+            (rollout_picture(&waits, rollout))
+        }
+    }
+}
+
+/// Who issues in `mesh` now, spelled as the proxies' issuers are: the enabled backend, and every
+/// MeshIdentity meshca holds a CA for.
+fn issuing(mesh: &MeshStatus) -> Vec<String> {
+    let backend = mesh
+        .mtls
+        .as_ref()
+        .and_then(|m| m.enabled_backend.as_ref())
+        .map(|name| format!("backend {name}"));
+    let identities = mesh
+        .mesh_identities
+        .iter()
+        .filter(|i| i.ca.is_some())
+        .map(|i| format!("MeshIdentity {}", i.name));
+    backend.into_iter().chain(identities).collect()
+}
+
+/// The steps of a rollout, in the order the gate takes them, with what each one guarantees.
+const STEPS: [(RolloutStep, &str, &str); 4] = [
+    (
+        RolloutStep::TrustBeforeIdentity,
+        "Trust before identity",
+        "every proxy trusts the new CA before any proxy presents a certificate from it",
+    ),
+    (
+        RolloutStep::SansBeforeIdentity,
+        "SANs before identity",
+        "every client accepts a new SPIFFE ID before a proxy presents it",
+    ),
+    (
+        RolloutStep::IdentityAck,
+        "Identity",
+        "proxies get certificates from the new CA; each one is waited for until it ACKs",
+    ),
+    (
+        RolloutStep::BreakLast,
+        "Break last",
+        "a removed CA stays trusted until no connected proxy presents it",
+    ),
+];
+
+/// Where a step stands in the mesh's rollout.
+fn step_state(step: RolloutStep, waits: &[&Wait], rollout: Option<&Rollout>) -> &'static str {
+    let in_progress = !waits.is_empty();
+    if waits.iter().any(|w| w.step == step) {
+        "waiting"
+    } else if rollout.is_some_and(|r| r.ended_step(step)) {
+        "done"
+    } else if in_progress {
+        let position = |s: RolloutStep| STEPS.iter().position(|(x, ..)| *x == s);
+        let latest_current = waits.iter().filter_map(|w| position(w.step)).max();
+        match (position(step), latest_current) {
+            (Some(p), Some(c)) if p > c => "to come",
+            _ => "not needed",
+        }
+    } else {
+        "not needed"
+    }
+}
+
+/// The mesh's rollout as steps (the waiting one marked), who each wait is for and its countdown, and
+/// when the last rollout began and ended.
+fn rollout_picture(waits: &[&Wait], rollout: Option<&Rollout>) -> Markup {
+    let when = rollout.map(|r| {
+        (
+            meshca_control::rfc3339(r.started),
+            r.ended.map(meshca_control::rfc3339),
+        )
+    });
+    html! {
+        div.rollout data-state=(if waits.is_empty() { "idle" } else { "in-progress" }) {
+            @match (&when, waits.is_empty()) {
+                (_, false) => h3 { "Rollout in progress"
+                    @if let Some((started, _)) = &when { " since " (started) } },
+                (Some((started, Some(ended))), true) => h3 { "Last rollout: " (started) " to " (ended) },
+                _ => p.idle { "No rollout waits." },
+            }
+            @if !waits.is_empty() || when.is_some() {
+                ol.steps {
+                    @for (step, title, guarantee) in STEPS {
+                        @let state = step_state(step, waits, rollout);
+                        li.step data-step=(step.as_str()) data-state=(state) {
+                            b { (title) } " — " (guarantee)
+                            " " span.state { (state) }
                         }
                     }
                 }
+            }
+            @for w in waits {
+                p.wait data-step=(w.step.as_str()) data-timeout=(w.timeout_in_seconds) {
+                    b { (w.step.as_str()) } " for " (w.ca) " since " (w.since) ": waits for "
+                    span.waiting-count { (w.waiting_count) } " proxies"
+                    @if !w.waiting_for.is_empty() {
+                        " (" span.waiting-for { (w.waiting_for.join(", ")) } ")"
+                    }
+                    "; proceeds anyway in " span.countdown { (w.timeout_in_seconds) } " s"
+                }
+            }
+            @if when.is_some() {
+                p { a href="/rollouts" { "timeline of the last rollouts" } }
             }
         }
     }
@@ -132,12 +234,15 @@ fn ca_cells(ca: Option<&CaStatus>) -> Markup {
     }
 }
 
-/// A bar of `count` proxies out of `total` on `issuer`.
-fn bar(issuer: &str, count: usize, total: usize) -> Markup {
+/// A bar of `count` proxies out of `total` on `issuer`; `issuing` marks who issues now.
+fn bar(issuer: &str, count: usize, total: usize, issuing: bool) -> Markup {
     let percent = (count * 100).checked_div(total).unwrap_or(0);
     html! {
-        div.bar {
-            span.label { (issuer) ": " span.count { (count) } " / " (total) }
+        div.bar.issuing[issuing] data-issuer=(issuer) {
+            span.label {
+                (issuer) ": " span.count { (count) } " / " span.total { (total) }
+                @if issuing { " (issuing)" } @else { " (replaced)" }
+            }
             progress max=(total) value=(count) { (percent) "%" }
         }
     }
@@ -149,7 +254,7 @@ mod tests {
 
     #[test]
     fn values_are_escaped() {
-        let markup = bar("<script>alert(1)</script>", 1, 2).into_string();
+        let markup = bar("<script>alert(1)</script>", 1, 2, true).into_string();
         assert!(!markup.contains("<script>"), "{markup}");
         assert!(markup.contains("&lt;script&gt;"), "{markup}");
     }

@@ -73,7 +73,8 @@ fn render(filter: &Filter, rows: &[&DataplaneStatus], total: usize) -> Markup {
             tbody {
                 @for dp in rows {
                     tr data-proxy=(format!("{}/{}", dp.mesh, dp.name)) {
-                        td { (dp.mesh) } td { (dp.name) }
+                        td { (dp.mesh) }
+                        td { a href=(super::proxy_href(&dp.mesh, &dp.name)) { (dp.name) } }
                         td { (dp.spiffe_id.as_deref().unwrap_or("—")) }
                         td { (dp.issuer.as_deref().unwrap_or("—")) }
                         td { (dp.not_after.as_deref().unwrap_or(dp.reason.as_deref().unwrap_or("—"))) }

@@ -194,7 +194,7 @@ impl Harness {
             dirty |= self.owner.on_event(StreamEvent::Acked {
                 stream,
                 generation,
-                version: String::new(),
+                version: format!("v{generation}"),
             });
         }
         dirty
@@ -1388,11 +1388,13 @@ fn an_unknown_name_carries_no_trust_and_is_no_identity() {
     assert!(h.status().rollout.is_empty());
 }
 
-/// Telemetry that keeps the gate's events and the scope of each reconcile.
+/// Telemetry that keeps the gate's events, the scope of each reconcile, and the rollout steps that
+/// began and ended.
 #[derive(Debug, Default)]
 struct Recorder(
     std::sync::Mutex<Vec<(String, GateEvent)>>,
     std::sync::Mutex<Vec<Scope>>,
+    std::sync::Mutex<Vec<crate::StepChange>>,
 );
 
 impl Telemetry for Recorder {
@@ -1405,6 +1407,10 @@ impl Telemetry for Recorder {
 
     fn reconciled(&self, scope: Scope, _proxies: usize, _took: Duration) {
         self.1.lock().expect("not poisoned").push(scope);
+    }
+
+    fn rollout_step(&self, change: &crate::StepChange) {
+        self.2.lock().expect("not poisoned").push(change.clone());
     }
 }
 
@@ -1463,6 +1469,40 @@ fn an_identity_ack_wait_names_who_has_not_acked_and_an_ack_settles_only_its_own_
 }
 
 #[test]
+fn the_status_of_one_dataplane_lists_its_streams_and_what_they_acked() {
+    let (mut h, _) = recorded_web_pair();
+    h.reconcile(t0());
+    let g = generation(&h);
+    h.ack(1, Some(g));
+    h.stream(2, &["default"], None);
+    let one = |name: &str| {
+        let key = ProxyKey::new("default", name);
+        h.owner.status(t0(), Detail::Dataplane(key)).dataplanes
+    };
+    let web1 = one("web-1");
+    assert_eq!(web1.len(), 1, "{web1:?}");
+    assert_eq!(web1[0].name, "web-1");
+    let streams = &web1[0].stream_details;
+    assert_eq!(streams.len(), 1, "{streams:?}");
+    assert_eq!(streams[0].resources, ["default", "system_trust_bundle"]);
+    assert_eq!(streams[0].acked_generation, Some(g));
+    assert_eq!(
+        streams[0].acked_version.as_deref(),
+        Some(format!("v{g}").as_str())
+    );
+    let web2 = one("web-2");
+    assert_eq!(web2[0].stream_details[0].acked_version, None, "{web2:?}");
+    assert!(one("nobody").is_empty());
+    assert!(
+        h.status()
+            .dataplanes
+            .iter()
+            .all(|d| d.stream_details.is_empty()),
+        "the full status lists no streams"
+    );
+}
+
+#[test]
 fn every_rollout_step_that_waits_is_counted_once() {
     let (mut h, recorder) = recorded_web_pair();
     let mut at = t0();
@@ -1494,6 +1534,38 @@ fn every_rollout_step_that_waits_is_counted_once() {
     ] {
         assert_eq!(waits_started(&recorder, step), 1, "{step} waited once");
     }
+    // The timeline's view of the same rollout: each step began once, waiting for both proxies, and
+    // ended once, in the order of the rollout; break last began only after trust before identity ended.
+    let changes = recorder.2.lock().expect("not poisoned").clone();
+    let position = |step: RolloutStep, began: bool| {
+        let found: Vec<usize> = (0..changes.len())
+            .filter(|&i| {
+                changes[i].step == step
+                    && changes[i].mesh == "default"
+                    && matches!(changes[i].phase, crate::StepPhase::Began { .. }) == began
+            })
+            .collect();
+        assert_eq!(found.len(), 1, "{step} began={began} once: {changes:?}");
+        found[0]
+    };
+    for step in [
+        RolloutStep::TrustBeforeIdentity,
+        RolloutStep::IdentityAck,
+        RolloutStep::BreakLast,
+    ] {
+        assert!(position(step, true) < position(step, false), "{changes:?}");
+    }
+    assert!(
+        position(RolloutStep::TrustBeforeIdentity, false) < position(RolloutStep::BreakLast, true),
+        "{changes:?}"
+    );
+    let trust_began = &changes[position(RolloutStep::TrustBeforeIdentity, true)];
+    assert_eq!(
+        trust_began.phase,
+        crate::StepPhase::Began { waiting: 2 },
+        "{changes:?}"
+    );
+    assert_eq!(changes.len(), 6, "nothing else began or ended: {changes:?}");
 }
 
 /// The status's waits on `step`.
