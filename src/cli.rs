@@ -404,6 +404,12 @@ pub struct BenchSdsArgs {
     /// default makes it the size Envoy 1.40 sends (about 61 KB); 0 sends a bare node.
     #[arg(long, default_value_t = 420)]
     pub node_extensions: usize,
+    /// Follow the daemon's web console with this many clients from before the streams open until the
+    /// rotation is measured, as browsers would: each holds the event stream (`/console/events`) and
+    /// fetches the overview fragment on every update. The report counts their updates and fetches; a
+    /// client refused (the console follows at most 16) or cut off fails the bench.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub console_clients: usize,
     #[command(flatten)]
     pub run: BenchRunArgs,
 }
