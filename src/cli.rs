@@ -491,6 +491,18 @@ pub struct DrillArgs {
     /// or `MESHCA_KEYSTORE_PKCS11_*`), and destroy them afterwards.
     #[arg(long)]
     pub pkcs11: bool,
+    /// Once the steady state is reached, wait for Enter (a line on standard input) before the change,
+    /// while the traffic runs: time to open the console the drill prints and watch the change live. A
+    /// closed standard input (EOF) does not wait. Not with the failover drill.
+    #[arg(long)]
+    pub pause: bool,
+    /// Make the first N simulated proxies withhold their ACKs from the first edit on (they read the
+    /// daemon's responses but neither apply nor answer them), to see what the rollout gate waits for:
+    /// it names them and waits up to `rollout.ackTimeout` (30 s by default), then goes on without
+    /// them. Their handshakes fail and the drill does not converge: that is what was asked for, and the
+    /// report says so. Fewer than --proxies; not with --envoy, --postgres or the workload drill.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub stuck: usize,
     #[command(flatten)]
     pub config: ConfigArg,
     #[arg(long, value_enum, default_value_t)]
