@@ -407,7 +407,8 @@ pub struct BenchSdsArgs {
     /// Follow the daemon's web console with this many clients from before the streams open until the
     /// rotation is measured, as browsers would: each holds the event stream (`/console/events`) and
     /// fetches the overview fragment on every update. The report counts their updates and fetches; a
-    /// client refused (the console follows at most 16) or cut off fails the bench.
+    /// client refused (the console follows at most 16) or cut off fails the bench. They run in this
+    /// process, beside the daemon.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub console_clients: usize,
     #[command(flatten)]

@@ -116,8 +116,14 @@ impl ConsoleClients {
         let stop = CancellationToken::new();
         let mut clients = Vec::with_capacity(count);
         for client in 0..count {
-            let events = get(client, addr, EVENTS, &mut connect(client, addr).await?).await?;
-            let fetcher = connect(client, addr).await?;
+            let events = get(
+                client,
+                addr,
+                EVENTS,
+                &mut connect(client, addr, EVENTS).await?,
+            )
+            .await?;
+            let fetcher = connect(client, addr, OVERVIEW).await?;
             let (report, progress) = watch::channel(Followed::default());
             let follower = Follower {
                 client,
@@ -199,10 +205,11 @@ fn ended_early(
     }
 }
 
-/// An HTTP/1.1 connection to the admin listener, driven by a task that ends with it.
+/// An HTTP/1.1 connection to the admin listener for `path`, driven by a task that ends with it.
 async fn connect(
     client: usize,
     addr: SocketAddr,
+    path: &'static str,
 ) -> Result<SendRequest<Empty<Bytes>>, ConsoleError> {
     let stream = TcpStream::connect(addr)
         .await
@@ -216,7 +223,7 @@ async fn connect(
         .map_err(|source| ConsoleError::Http {
             client,
             addr,
-            path: EVENTS,
+            path,
             source,
         })?;
     tokio::spawn(async move {
@@ -327,8 +334,26 @@ impl Follower {
         }
     }
 
-    /// Fetches the overview fragment and reads it whole.
+    /// Fetches the overview fragment and reads it whole, on the kept-alive connection or, when the
+    /// listener closed that one (it closes a connection idle for `limits.connectTimeout`, and updates
+    /// can be further apart), on a new one, as a browser does.
     async fn fetch_overview(&mut self) -> Result<(), ConsoleError> {
+        if !self.fetcher.is_closed() {
+            match self.fetch_once().await {
+                Err(ConsoleError::Http { .. }) => {
+                    tracing::debug!(
+                        "console client {}: the kept-alive connection failed; fetching on a new one",
+                        self.client
+                    );
+                }
+                done => return done,
+            }
+        }
+        self.fetcher = connect(self.client, self.addr, OVERVIEW).await?;
+        self.fetch_once().await
+    }
+
+    async fn fetch_once(&mut self) -> Result<(), ConsoleError> {
         let (client, addr) = (self.client, self.addr);
         let response = get(client, addr, OVERVIEW, &mut self.fetcher).await?;
         response
@@ -418,6 +443,50 @@ impl EventParser {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::harness::{mesh_yaml, reload};
+    use crate::sandbox::Sandbox;
+    use meshca_daemon::{Daemon, DaemonOptions};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fetch_connection_closed_as_idle_is_opened_again() {
+        let sandbox = Sandbox::new().expect("a sandbox");
+        sandbox
+            .write_resource("mesh.yaml", &mesh_yaml(false))
+            .expect("writable");
+        let mut settings = sandbox.settings();
+        let idle = Duration::from_millis(300);
+        settings.limits.connect_timeout = idle.into();
+        let options = DaemonOptions {
+            gate: true,
+            watch_files: false,
+        };
+        let daemon = Daemon::start(settings, options)
+            .await
+            .expect("the daemon starts");
+        let clients = ConsoleClients::start(daemon.admin_addr, 1)
+            .await
+            .expect("the console follows");
+        let mut progress = clients.progress(0).expect("client 0");
+        progress
+            .wait_for(|f| f.fetches >= 1)
+            .await
+            .expect("the first update is fetched");
+        // Not waiting for an event: letting the fetch connection sit idle past limits.connectTimeout,
+        // after which the listener closes it.
+        tokio::time::sleep(idle * 4).await;
+        sandbox
+            .write_resource("mesh.yaml", &mesh_yaml(true))
+            .expect("writable");
+        reload(&daemon, "the switch to ca-2")
+            .await
+            .expect("the switch applies");
+        let followed = clients
+            .finish(daemon.generation(), Duration::from_secs(10))
+            .await
+            .expect("the client fetched the new overview on a new connection");
+        assert!(followed[0].fetches >= 2, "{followed:?}");
+        daemon.stop().await;
+    }
 
     fn update(generation: &str) -> Event {
         Event {
