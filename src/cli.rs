@@ -404,6 +404,13 @@ pub struct BenchSdsArgs {
     /// default makes it the size Envoy 1.40 sends (about 61 KB); 0 sends a bare node.
     #[arg(long, default_value_t = 420)]
     pub node_extensions: usize,
+    /// Follow the daemon's web console with this many clients from before the streams open until the
+    /// rotation is measured, as browsers would: each holds the event stream (`/console/events`) and
+    /// fetches the overview fragment on every update. The report counts their updates and fetches; a
+    /// client refused (the console follows at most 16) or cut off fails the bench. They run in this
+    /// process, beside the daemon.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub console_clients: usize,
     #[command(flatten)]
     pub run: BenchRunArgs,
 }
@@ -485,6 +492,18 @@ pub struct DrillArgs {
     /// or `MESHCA_KEYSTORE_PKCS11_*`), and destroy them afterwards.
     #[arg(long)]
     pub pkcs11: bool,
+    /// Once the steady state is reached, wait for Enter (a line on standard input) before the change,
+    /// while the traffic runs: time to open the console the drill prints and watch the change live. A
+    /// closed standard input (EOF) does not wait. Not with the failover drill.
+    #[arg(long)]
+    pub pause: bool,
+    /// Make the first N simulated proxies withhold their ACKs from the first edit on (they read the
+    /// daemon's responses but neither apply nor answer them), to see what the rollout gate waits for:
+    /// it names them and waits up to `rollout.ackTimeout` (30 s by default), then goes on without
+    /// them. Their handshakes fail and the drill does not converge: that is what was asked for, and the
+    /// report says so. Fewer than --proxies; not with --envoy, --postgres or the workload drill.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub stuck: usize,
     #[command(flatten)]
     pub config: ConfigArg,
     #[arg(long, value_enum, default_value_t)]

@@ -211,6 +211,7 @@ async fn play(
         targets,
         mint: &mint,
         workload_sockets: agents.as_ref().map(Agents::sockets).unwrap_or_default(),
+        stuck: None,
     };
     let specs = script.members(options.proxies);
     let contexts: Vec<String> = script.contexts().into_keys().collect();
@@ -332,6 +333,7 @@ fn header(options: &Options, script: &Script) -> Header {
         envoy: options.envoy.is_some(),
         agents: script.agents,
         seed: options.seed,
+        stuck: 0,
     }
 }
 

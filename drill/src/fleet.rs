@@ -81,12 +81,25 @@ pub struct Reach<'a> {
     /// When not empty, the members are workloads on these Workload API sockets rather than proxies on
     /// SDS: member `i` on socket `i % n`.
     pub workload_sockets: Vec<std::path::PathBuf>,
+    /// The first `count` proxies (in member order) withhold their ACKs once `signal` holds `true` (see
+    /// [`ProxySpec::withhold`]); workloads ignore it.
+    pub stuck: Option<Stuck>,
+}
+
+/// Proxies told to withhold their ACKs from some moment on (the drill's `--stuck`).
+#[derive(Clone, Debug)]
+pub struct Stuck {
+    /// How many, from the first member.
+    pub count: usize,
+    /// Turns `true` when they stop ACKing.
+    pub signal: watch::Receiver<bool>,
 }
 
 impl std::fmt::Debug for Reach<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reach")
             .field("targets", &self.targets)
+            .field("stuck", &self.stuck)
             .finish_non_exhaustive()
     }
 }
@@ -179,6 +192,11 @@ impl Fleet {
                     } else {
                         contexts.to_vec()
                     },
+                    withhold: reach
+                        .stuck
+                        .as_ref()
+                        .filter(|stuck| index < stuck.count)
+                        .map(|stuck| stuck.signal.clone()),
                 },
                 state_tx,
                 counters.clone(),

@@ -22,6 +22,7 @@ pub mod bootstrap;
 pub mod envoy;
 pub mod failover;
 pub mod fleet;
+pub mod pause;
 pub mod play;
 pub mod proxy;
 pub mod report;

@@ -13,7 +13,8 @@ use rustls_pki_types::CertificateDer;
 
 use super::agents::Agents;
 use super::envoy::{EnvoyRing, RingMember, RingTraffic, Sidecar, Topology};
-use super::fleet::{Fleet, Member, Reach, States};
+use super::fleet::{Fleet, Member, Reach, States, Stuck};
+use super::pause;
 use super::proxy::ProxyTls;
 use super::report::{Header, Outcome, Report};
 use super::sandbox::Sandbox;
@@ -43,6 +44,12 @@ pub struct Options {
     pub envoy: Option<PathBuf>,
     /// CA keys in this PKCS#11 token instead of the sandbox's keystore.
     pub pkcs11: Option<meshca_config::Pkcs11Settings>,
+    /// Once the steady state is reached, wait for a line on standard input before the change (time to
+    /// open the console).
+    pub pause: bool,
+    /// How many simulated proxies (the first ones) withhold their ACKs from the first edit on; fewer
+    /// than `proxies`, and 0 with `envoy`.
+    pub stuck: usize,
 }
 
 impl Options {
@@ -61,13 +68,37 @@ impl Options {
             envoy: self.envoy.is_some(),
             agents: script.agents,
             seed: self.seed,
+            stuck: self.stuck,
         }
+    }
+
+    /// What an error about convergence adds when proxies are stuck on purpose.
+    fn stuck_note(&self) -> String {
+        if self.stuck == 0 {
+            return String::new();
+        }
+        format!(
+            " ({} proxies withhold their ACKs on purpose: --stuck)",
+            self.stuck
+        )
     }
 }
 
 /// Plays `script` and reports. An error means the drill could not even start (or reach its steady
 /// state); problems after that are in the report.
 pub async fn run(script: Script, options: Options) -> anyhow::Result<Report> {
+    if options.stuck > 0 && options.envoy.is_some() {
+        return Err(anyhow!(
+            "stuck proxies are simulated ones: they cannot be asked of Envoy sidecars"
+        ));
+    }
+    if options.stuck >= options.proxies {
+        return Err(anyhow!(
+            "{} stuck proxies out of {}: at least one proxy must still ACK",
+            options.stuck,
+            options.proxies
+        ));
+    }
     let (sandbox, daemon) = start_daemon(&script, &options).await?;
     let result = match options.envoy.clone() {
         Some(envoy) => with_envoy(&script, &options, &daemon, &sandbox, envoy).await,
@@ -144,14 +175,21 @@ async fn simulated(
             .ok_or_else(|| anyhow!("the drill daemon has no Workload API socket"))?],
         None => Vec::new(),
     };
+    // Flipped right before the first edit: from then on the stuck proxies withhold their ACKs.
+    let (withhold, signal) = tokio::sync::watch::channel(false);
     let reach = Reach {
         targets: vec![target],
         mint: &mint,
         workload_sockets,
+        stuck: (options.stuck > 0).then(|| Stuck {
+            count: options.stuck,
+            signal,
+        }),
     };
     let result = match Fleet::start(&reach, &specs, &contexts, options.seed) {
         Ok(mut fleet) => {
-            let result = play_simulated(script, options, daemon, sandbox, &mut fleet).await;
+            let result =
+                play_simulated(script, options, daemon, sandbox, &mut fleet, &withhold).await;
             fleet.stop().await;
             result
         }
@@ -176,6 +214,7 @@ async fn play_simulated(
     daemon: &Daemon,
     sandbox: &Sandbox,
     fleet: &mut Fleet,
+    withhold: &tokio::sync::watch::Sender<bool>,
 ) -> anyhow::Result<Report> {
     let members = fleet.members.clone();
     // Steady: every proxy presents its initial ID, and accepts every service's initial ID (proxies that
@@ -207,8 +246,23 @@ async fn play_simulated(
     let mut outcome = Outcome::default();
     let change = async {
         traffic.wait_handshakes(steady_min).await?;
+        if options.pause {
+            pause::for_enter(|| std::io::stdin().lock()).await;
+        }
         traffic.begin_phase(script.change_phase);
         let started = Instant::now();
+        if options.stuck > 0 {
+            let names: Vec<&str> = members[..options.stuck]
+                .iter()
+                .map(|m| m.name.as_str())
+                .collect();
+            eprintln!(
+                "drill: {} proxies ({}) now withhold their ACKs on purpose (--stuck): the daemon waits for them until rollout.ackTimeout, and the drill will not converge",
+                options.stuck,
+                names.join(", ")
+            );
+            withhold.send_replace(true);
+        }
         for edit in &script.edits {
             apply(daemon, sandbox, edit).await?;
             if let Some(wait) = &edit.wait {
@@ -219,7 +273,8 @@ async fn play_simulated(
                     .await?;
                 if !done {
                     return Err(anyhow!(
-                        "staged: within {CONVERGE_TIMEOUT:?} not every proxy reached {wait:?}"
+                        "staged: within {CONVERGE_TIMEOUT:?} not every proxy reached {wait:?}{}",
+                        options.stuck_note()
                     ));
                 }
                 tracing::info!(?wait, "drill: every proxy is there");
@@ -233,9 +288,10 @@ async fn play_simulated(
             .await?;
         if !converged {
             return Err(anyhow!(
-                "no convergence within {CONVERGE_TIMEOUT:?}: {}; the daemon counts proxies by issuer as {}",
+                "no convergence within {CONVERGE_TIMEOUT:?}: {}; the daemon counts proxies by issuer as {}{}",
                 progress(&members, &fleet.states(), &old_ca),
-                issuers(daemon).await
+                issuers(daemon).await,
+                options.stuck_note()
             ));
         }
         outcome.converge_seconds = Some(started.elapsed().as_secs_f64());
@@ -570,6 +626,9 @@ async fn play_envoy(
     let mut outcome = Outcome::default();
     let change = async {
         traffic.wait_requests(steady_min).await?;
+        if options.pause {
+            pause::for_enter(|| std::io::stdin().lock()).await;
+        }
         traffic.begin_phase(script.change_phase);
         let started = Instant::now();
         for edit in &script.edits {
@@ -699,6 +758,10 @@ where
 }
 
 #[cfg(test)]
+#[path = "stuck_tests.rs"]
+mod stuck_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -711,6 +774,8 @@ mod tests {
             handshakes: 10_000,
             envoy: None,
             pkcs11: None,
+            pause: false,
+            stuck: 0,
         };
         assert_eq!(options.phase_minimums(), [2000, 6000, 2000]);
         let tiny = Options {

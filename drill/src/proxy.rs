@@ -71,6 +71,9 @@ pub struct ProxySpec {
     pub trust: String,
     /// The validation contexts with SAN matchers it checks servers with.
     pub contexts: Vec<String>,
+    /// A stuck proxy (the drill's `--stuck`): once this holds `true` it keeps reading responses from its
+    /// stream but neither applies them nor answers them, so the daemon never gets its ACK.
+    pub withhold: Option<watch::Receiver<bool>>,
 }
 
 impl ProxySpec {
@@ -235,6 +238,7 @@ pub async fn run(
         rng: SplitMix64::new(spec.seed),
         held: Held::new(&spec),
         applied_version: String::new(),
+        withholding: false,
         spec,
         state,
         counters,
@@ -267,6 +271,8 @@ struct Running {
     rng: SplitMix64,
     held: Held,
     applied_version: String,
+    /// It has started withholding its ACKs (logged once).
+    withholding: bool,
     state: watch::Sender<Option<Arc<ProxyTls>>>,
     counters: Arc<Counters>,
 }
@@ -290,6 +296,13 @@ impl Running {
                 .await
                 .with_context(|| format!("{}: the SDS stream failed", spec.name))?
                 .ok_or_else(|| anyhow!("{}: the daemon ended the SDS stream", spec.name))?;
+            if spec.withhold.as_ref().is_some_and(|w| *w.borrow()) {
+                if !self.withholding {
+                    self.withholding = true;
+                    tracing::info!(proxy = %spec.name, version = %response.version_info, "drill proxy is stuck on purpose (--stuck): it ignores this response and every later one, and ACKs none");
+                }
+                continue;
+            }
             // The delay IS the behaviour under test: a proxy is never instant.
             let delay = self.rng.below(MAX_APPLY_DELAY_MS + 1);
             tokio::time::sleep(Duration::from_millis(delay)).await;

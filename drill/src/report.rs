@@ -22,6 +22,9 @@ pub struct Report {
     pub agents: usize,
     /// The seed of apply delays and handshake pairs.
     pub seed: u64,
+    /// How many proxies were told to withhold their ACKs from the first edit on (`--stuck`): their
+    /// failed handshakes, and a drill that does not converge, are what was asked for.
+    pub stuck: usize,
     /// Each phase, in order.
     pub phases: Vec<PhaseReport>,
     /// Seconds from the first edit until every proxy had applied the final state; `None` if it never did.
@@ -133,6 +136,8 @@ pub struct Header {
     pub agents: usize,
     /// The seed.
     pub seed: u64,
+    /// How many proxies withhold their ACKs on purpose.
+    pub stuck: usize,
 }
 
 /// How the scenario went, apart from the handshakes.
@@ -159,6 +164,7 @@ impl Report {
             envoy: header.envoy,
             agents: header.agents,
             seed: header.seed,
+            stuck: header.stuck,
             phases,
             converge_seconds: outcome.converge_seconds.map(round2),
             nacks: outcome.nacks,
@@ -195,6 +201,15 @@ impl Report {
             "drill {}: {} {kind}, gate {gate}, seed {}",
             self.scenario, self.proxies, self.seed
         );
+        if self.stuck > 0 {
+            let _ = writeln!(
+                out,
+                "{} of the proxies were told to withhold their ACKs from the first edit on (--stuck): \
+                 the daemon waits for them until rollout.ackTimeout, so their failed handshakes and a \
+                 drill that does not converge are expected, not a meshca bug",
+                self.stuck
+            );
+        }
         if let Some(failover) = &self.failover {
             let _ = write!(
                 out,
@@ -259,5 +274,42 @@ impl Report {
             let _ = writeln!(out, "FAILED: {failed} of {total} handshakes failed");
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(stuck: usize) -> Header {
+        Header {
+            scenario: "ca-rotation",
+            gate: true,
+            proxies: 5,
+            envoy: false,
+            agents: 0,
+            seed: 1,
+            stuck,
+        }
+    }
+
+    #[test]
+    fn stuck_proxies_are_named_in_the_text_and_the_json() {
+        let report = Report::new(header(2), Vec::new(), Outcome::default());
+        let text = report.human();
+        assert!(
+            text.contains("2 of the proxies were told to withhold their ACKs")
+                && text.contains("not a meshca bug"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&report).expect("a report serializes");
+        assert_eq!(json["stuck"], 2);
+
+        let plain = Report::new(header(0), Vec::new(), Outcome::default());
+        assert!(!plain.human().contains("withhold"));
+        assert_eq!(
+            serde_json::to_value(&plain).expect("a report serializes")["stuck"],
+            0
+        );
     }
 }

@@ -271,6 +271,7 @@ pub async fn sds(args: BenchSdsArgs) -> anyhow::Result<ExitCode> {
         proxies: args.proxies,
         identity_every: args.identity_every,
         node_extensions: args.node_extensions,
+        console_clients: args.console_clients,
         seconds: args.run.seconds,
         timeout: args.run.timeout,
         client: bench_client(args.run.client),

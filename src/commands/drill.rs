@@ -86,6 +86,7 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
         )
         .into());
     }
+    check_knobs(&args)?;
     let agents = if args.agent { DRILL_AGENTS } else { 0 };
     if let Some(postgres) = &args.postgres {
         if args.pkcs11 {
@@ -103,6 +104,8 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
         handshakes: args.handshakes,
         envoy: args.envoy.clone(),
         pkcs11: pkcs11_settings(&args)?,
+        pause: args.pause,
+        stuck: args.stuck,
     };
     let script = Script::new(scenario(args.scenario), args.staged).behind_agents(agents);
     let report = play::run(script, options).await?;
@@ -129,6 +132,38 @@ async fn failover(args: &DrillArgs, postgres: String, agents: usize) -> anyhow::
     };
     let report = failover::run(options).await?;
     print_report(args, &report)
+}
+
+/// `--pause` and `--stuck` go with the drills of one daemon; `--stuck` with its simulated proxies, and
+/// not all of them.
+fn check_knobs(args: &DrillArgs) -> Result<(), InvalidInput> {
+    if args.postgres.is_some() && (args.pause || args.stuck > 0) {
+        return Err(InvalidInput(
+            "--pause and --stuck go with the drills of one daemon, not with --postgres".into(),
+        ));
+    }
+    if args.stuck == 0 {
+        return Ok(());
+    }
+    if args.envoy.is_some() {
+        return Err(InvalidInput(
+            "--stuck goes with the simulated proxies, not with --envoy: an Envoy sidecar cannot be told to withhold its ACKs"
+                .into(),
+        ));
+    }
+    if args.scenario == DrillScenario::Workload {
+        return Err(InvalidInput(
+            "--stuck goes with the drills of proxies on SDS; the workload drill's members are workloads, which do not ACK"
+                .into(),
+        ));
+    }
+    if args.stuck >= args.proxies {
+        return Err(InvalidInput(format!(
+            "--stuck {} must be less than --proxies {}: at least one proxy must still ACK",
+            args.stuck, args.proxies
+        )));
+    }
+    Ok(())
 }
 
 /// With `--pkcs11`, the token of the settings' `keystore.pkcs11`, which must be set.

@@ -6,11 +6,13 @@
 //! ([`workload_stream`]) reading like a SPIFFE library), [`child`] (the fleet in its own process, so
 //! the daemon's memory is measured alone), [`harness`] (the daemon, the idle fleet and the rotation,
 //! as both benches run them) and [`sds`] and [`workload`] (each bench's setup and report). `meshca
-//! bench agents` ([`agents`]) runs the same with simulated `meshca agent`s ([`agent_stream`]).
+//! bench agents` ([`agents`]) runs the same with simulated `meshca agent`s ([`agent_stream`]). With
+//! `--console-clients`, `bench sds` also follows the daemon's web console with [`console`] clients.
 
 pub mod agent_stream;
 pub mod agents;
 pub mod child;
+pub mod console;
 pub mod fleet;
 pub mod harness;
 pub mod sds;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{anyhow, Context};
 use meshca_config::Settings;
 
+use super::console::{ConsoleClients, Followed};
 use super::fleet::{FleetPlan, StreamPlan, Streams};
 use super::harness::{self, mesh_yaml, reload, round, Clients, Idle, Rotation, RunOptions, MESH};
 use crate::sandbox::Sandbox;
@@ -30,6 +31,8 @@ pub struct Options {
     pub identity_every: usize,
     /// Extensions listed by the node of each first request.
     pub node_extensions: usize,
+    /// Console clients following the daemon's web console through the whole run.
+    pub console_clients: usize,
     /// How it runs.
     pub run: RunOptions,
 }
@@ -62,6 +65,7 @@ impl Options {
             proxies,
             identity_every: args.identity_every,
             node_extensions: args.node_extensions,
+            console_clients: args.console_clients,
             run,
         })
     }
@@ -80,6 +84,9 @@ pub struct SdsArgs {
     pub identity_every: usize,
     /// How many extensions the node of each stream's first request lists.
     pub node_extensions: usize,
+    /// How many console clients follow the daemon's web console through the run (see
+    /// [`super::console`]).
+    pub console_clients: usize,
     /// How long the streams stay idle before the memory is read, in seconds.
     pub seconds: f64,
     /// How long the setup, and then the rotation, may take, in seconds.
@@ -97,6 +104,7 @@ impl Default for SdsArgs {
             proxies: None,
             identity_every: 4,
             node_extensions: 420,
+            console_clients: 0,
             seconds: 2.0,
             timeout: 60.0,
             client: BenchClient::Process,
@@ -139,7 +147,13 @@ pub struct Outcome {
     pub rotation: Rotation,
     /// Snapshots the daemon published while the streams opened, and during the rotation.
     pub generations: (u64, u64),
+    /// What each console client followed.
+    pub console: Vec<Followed>,
 }
+
+/// How long the console clients may take, once the rotation is measured, to fetch the overview of the
+/// daemon's last snapshot (updates are sent at most every 250 ms).
+const CONSOLE_CATCH_UP: Duration = Duration::from_secs(10);
 
 /// One token per proxy; stream `i` belongs to proxy `p-<i % proxies>`.
 fn fleet_plan(daemon: &Daemon, target: String, options: &Options) -> anyhow::Result<FleetPlan> {
@@ -197,7 +211,23 @@ pub async fn measure(options: &Options) -> anyhow::Result<Outcome> {
     .await
 }
 
+/// Runs the bench with the console clients following the daemon from before the streams open until
+/// the rotation is measured.
 async fn play(
+    daemon: &Daemon,
+    sandbox: &Sandbox,
+    options: &Options,
+    clients: &mut Option<Clients>,
+) -> anyhow::Result<Outcome> {
+    let console = ConsoleClients::start(daemon.admin_addr, options.console_clients).await?;
+    let mut outcome = measured(daemon, sandbox, options, clients).await?;
+    outcome.console = console
+        .finish(daemon.generation(), CONSOLE_CATCH_UP)
+        .await?;
+    Ok(outcome)
+}
+
+async fn measured(
     daemon: &Daemon,
     sandbox: &Sandbox,
     options: &Options,
@@ -257,6 +287,7 @@ async fn play(
         events,
         rotation,
         generations,
+        console: Vec::new(),
     })
 }
 
@@ -363,6 +394,9 @@ fn report(options: &Options, outcome: &Outcome) -> serde_json::Value {
         "connect_loop_seconds": round(outcome.events.connect_loop.as_secs_f64(), 6),
         "ack_loop_seconds": round(outcome.events.ack_loop.as_secs_f64(), 6),
         "nacks": reach.nacks,
+        "console_clients": options.console_clients,
+        "console_updates": Followed::total(&outcome.console).updates,
+        "console_fetches": Followed::total(&outcome.console).fetches,
     });
     let measured = (&outcome.idle, &outcome.rotation, outcome.generations);
     harness::report(&options.run, "identity", measured, own)
@@ -432,6 +466,7 @@ mod tests {
             proxies: 150,
             identity_every: 4,
             node_extensions: 3,
+            console_clients: 0,
             run: RunOptions::in_process(200, 4),
         };
         let outcome = measure(&options).await.expect("the bench runs");
@@ -466,5 +501,51 @@ mod tests {
         assert_eq!(line["noop_reload_published"], false);
         assert_eq!(line["reached"], 200);
         assert_eq!(line["bench"], "sds");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn console_clients_follow_the_rotation() {
+        let options = Options {
+            proxies: 40,
+            identity_every: 4,
+            node_extensions: 0,
+            console_clients: 2,
+            run: RunOptions::in_process(40, 2),
+        };
+        let outcome = measure(&options).await.expect("the bench runs");
+        assert_eq!(outcome.rotation.reach.reached, 40);
+        let console = &outcome.console;
+        assert_eq!(console.len(), 2);
+        // `finish` checked that each fetched the overview of the daemon's last snapshot, after the
+        // rotation.
+        let last = outcome.generations.0 + outcome.generations.1;
+        for client in console {
+            assert!(client.updates >= 1 && client.fetches >= 1, "{console:?}");
+            assert!(client.generation >= last, "{console:?}");
+        }
+        let line = report(&options, &outcome);
+        let total = Followed::total(console);
+        assert_eq!(line["console_clients"], 2);
+        assert_eq!(line["console_updates"], total.updates);
+        assert_eq!(line["console_fetches"], total.fetches);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_console_client_refused_fails_the_bench() {
+        let options = Options {
+            proxies: 4,
+            identity_every: 0,
+            node_extensions: 0,
+            console_clients: 17,
+            run: RunOptions::in_process(4, 1),
+        };
+        let error = measure(&options)
+            .await
+            .expect_err("the console follows at most 16 browsers")
+            .to_string();
+        assert!(
+            error.contains("console client 16") && error.contains("503"),
+            "{error}"
+        );
     }
 }
