@@ -425,6 +425,7 @@ impl Gate {
         let mut waits = Vec::new();
         let mut timeouts = Vec::new();
         let mut started = Vec::new();
+        let mut trusted = Vec::new();
         let holding: HashMap<TrustKey, Vec<String>> = self
             .published
             .iter()
@@ -459,6 +460,7 @@ impl Gate {
                 }
                 p.confirmed = true;
                 confirmed = true;
+                trusted.push(mesh.clone());
                 continue;
             }
             if !p.waited {
@@ -479,6 +481,7 @@ impl Gate {
                 );
                 p.confirmed = true;
                 confirmed = true;
+                trusted.push(mesh.clone());
                 timeouts.push(mesh.clone());
             } else {
                 waits.push(Waiting {
@@ -503,6 +506,13 @@ impl Gate {
         }
         for mesh in timeouts {
             self.timed_out(&mesh, RolloutStep::TrustBeforeIdentity);
+        }
+        // Only now can the proxies of these bundles be moved off a removed CA: its break-last timeout
+        // starts again.
+        for (key, since) in &mut self.retained_since {
+            if trusted.contains(&key.bundle) && !self.given_up.contains(key) {
+                *since = now;
+            }
         }
         self.waits.extend(waits);
         confirmed
@@ -734,7 +744,8 @@ impl Gate {
     }
 
     /// Of the removed CAs still presented, those the bundles keep (break last) until `ackTimeout` after
-    /// their removal; each is a wait, logged and counted when it starts and when it times out.
+    /// their removal, or after a new CA of their bundle was confirmed ([`Gate::confirm`]) when that is
+    /// later; each is a wait, logged and counted when it starts and when it times out.
     fn retain(
         &mut self,
         retained: BTreeMap<TrustKey, Presenters>,
@@ -750,7 +761,7 @@ impl Gate {
                     trust_domain = %ca.trust_domain,
                     ca = %ca.subject,
                     proxies = named.len() + more,
-                    "a CA was removed from the configuration while proxies still present certificates from it; it stays trusted until they have ACKed replacements (at most rollout.ackTimeout)"
+                    "a CA was removed from the configuration while proxies still present certificates from it; it stays trusted until they have ACKed replacements (at most rollout.ackTimeout, counted again from when a new CA of the mesh is confirmed)"
                 );
                 self.events.push((ca.bundle.clone(), GateEvent::RemovedWhilePresented));
                 self.events.push((ca.bundle.clone(), GateEvent::WaitStarted(RolloutStep::BreakLast)));

@@ -3,6 +3,10 @@ selenium): what it shows, that it follows the daemon without a reload, and that 
 runs as script. Chromium missing fails these tests; they never skip."""
 
 import os
+import queue
+import re
+import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -11,6 +15,8 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
+
+from conftest import MESHCA
 
 CHROMIUM = os.environ.get("MESHCA_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("MESHCA_CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -78,3 +84,106 @@ def test_the_proxies_table_lists_a_proxy_and_filters(daemon, browser, tmp_path):
     assert not browser.find_elements(By.CSS_SELECTOR, "tr[data-proxy='default/web-1']")
     browser.get(base + "?expiring=60")
     assert not browser.find_elements(By.CSS_SELECTOR, "tr[data-proxy='default/web-1']"), "valid 1 h"
+
+
+class Drill:
+    """`meshca drill ca-rotation` in a child process, paused at its steady state until `go()`; its stderr
+    lines are read on a thread so that the pipe never fills."""
+
+    def __init__(self, *args):
+        self.proc = subprocess.Popen(
+            [MESHCA, "drill", "ca-rotation", "--pause", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines = queue.Queue()
+        self.seen = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stderr:
+            self.lines.put(line)
+
+    def wait_for(self, pattern, timeout=180):
+        """The first stderr line from now on that matches `pattern`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0 and self.proc.poll() is None, f"no line matching {pattern!r}: {self.seen[-30:]}"
+            try:
+                line = self.lines.get(timeout=min(left, 1))
+            except queue.Empty:
+                continue
+            self.seen.append(line)
+            found = re.search(pattern, line)
+            if found:
+                return found
+
+    def go(self):
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def count_on(browser, issuer):
+    """The count on `issuer`'s bar of mesh `default`, or None while it has no bar."""
+    bars = browser.find_elements(
+        By.CSS_SELECTOR, f"section.mesh[data-mesh='default'] .bar[data-issuer='{issuer}'] .count"
+    )
+    return int(bars[0].text) if bars else None
+
+
+def test_a_rotation_moves_the_bar_from_0_to_all_live_and_names_the_proxy_it_waits_for(browser):
+    """The drill's 12 simulated proxies rotate from ca-1 to ca-2 while the page stays open: one of them
+    withholds its ACKs, so the trust step waits for it (named, with its countdown) until rollout.ackTimeout;
+    then every proxy moves to ca-2. The page is never reloaded."""
+    proxies = 12
+    drill = Drill("--proxies", str(proxies), "--handshakes", "300", "--stuck", "1")
+    try:
+        url = drill.wait_for(r"watch it in the console at (http://\S+/)").group(1)
+        drill.wait_for(r"steady state reached; press Enter")
+        browser.get(url)
+        WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "live").text.startswith("live"))
+        browser.execute_script("window.notReloaded = true")
+        WebDriverWait(browser, 30).until(lambda d: count_on(d, "backend ca-1") == proxies)
+        assert count_on(browser, "backend ca-2") is None, "ca-2 is not configured yet"
+
+        drill.go()
+        stuck = drill.wait_for(r"\d+ proxies \(([^)]+)\) now withhold their ACKs").group(1)
+        # The trust step waits for the stuck proxy: named, counted down, and nobody is on ca-2 yet.
+        wait_css = "section.mesh[data-mesh='default'] .wait[data-step='trust-before-identity']"
+        WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, wait_css))
+        wait = browser.find_element(By.CSS_SELECTOR, wait_css)
+        assert f"default.{stuck}" in wait.find_element(By.CSS_SELECTOR, ".waiting-for").text, wait.text
+        step = browser.find_element(By.CSS_SELECTOR, "li.step[data-step='trust-before-identity']")
+        assert step.get_attribute("data-state") == "waiting", step.text
+        assert count_on(browser, "backend ca-2") == 0
+        countdown = wait.find_element(By.CSS_SELECTOR, ".countdown")
+        first = int(countdown.text)
+        WebDriverWait(browser, 10).until(lambda d: int(countdown.text) < first)
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(SCREENSHOTS / "rotation.png"))
+
+        # After rollout.ackTimeout (30 s) the rollout goes ahead without it: the bar fills to all.
+        seen = set()
+
+        def all_on_ca2(d):
+            count = count_on(d, "backend ca-2")
+            seen.add(count)
+            return count == proxies
+
+        WebDriverWait(browser, 120, poll_frequency=0.1).until(all_on_ca2)
+        assert 0 in seen and proxies in seen, seen
+        step = browser.find_element(By.CSS_SELECTOR, "li.step[data-step='trust-before-identity']")
+        assert step.get_attribute("data-state") == "done", step.text
+        assert browser.execute_script("return window.notReloaded === true"), "the page was reloaded"
+        browser.get(url + "rollouts")
+        timeline = browser.find_element(By.CSS_SELECTOR, "section.timeline[data-mesh='default']").text
+        assert "trust-before-identity began" in timeline and "went ahead after rollout.ackTimeout" in timeline
+    finally:
+        drill.stop()

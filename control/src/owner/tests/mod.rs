@@ -924,6 +924,36 @@ fn a_proxy_that_never_acks_holds_the_rollout_only_until_the_ack_timeout() {
     );
 }
 
+/// A proxy that never ACKs holds the new trust until the timeout; the CA removed in the same change
+/// stays trusted for a whole `ackTimeout` after that, while the other proxies move to the new CA:
+/// its clock does not run while nobody can be moved off it.
+#[test]
+fn a_removed_ca_is_kept_for_a_whole_ack_timeout_after_a_trust_wait_timed_out() {
+    let mut h = gated(true);
+    let ca1 = issuer_of(&h.ready("web-1"));
+    h.update(SWITCHED).expect("valid");
+    h.update(ONLY_CA2).expect("valid");
+    let start = t0() + Duration::from_secs(1);
+    let deadline = h.reconcile(start).expect("something is due");
+    h.ack(1, Some(generation(&h)));
+    h.reconcile(deadline);
+    let ca2 = ca_subject(&h, "ca-2");
+    assert_eq!(issuer_of(&h.ready("web-1")), ca2, "the trust wait timed out");
+    assert!(
+        bundle_subjects(&h).contains(&ca1),
+        "web-1 has not ACKed its ca-2 certificate yet: its peers must still trust ca-1"
+    );
+    h.ack(1, Some(generation(&h)));
+    let timeout = h.owner.gate.ack_timeout();
+    h.reconcile(deadline + timeout - Duration::from_secs(1));
+    assert!(
+        bundle_subjects(&h).contains(&ca1),
+        "web-2 never ACKs: ca-1 is kept until a whole ackTimeout after the trust was confirmed"
+    );
+    h.reconcile(deadline + timeout);
+    assert_eq!(bundle_subjects(&h), [ca2], "then it goes");
+}
+
 #[test]
 fn a_disconnected_proxy_blocks_nothing() {
     let mut h = gated(true);
