@@ -159,6 +159,11 @@ impl Timeline {
         }
     }
 
+    /// Whether a step of some rollout waits now.
+    pub fn in_progress(&self) -> bool {
+        self.rollouts.iter().any(|r| r.ended.is_none())
+    }
+
     /// The rollouts, newest first.
     pub fn newest_first(&self) -> impl Iterator<Item = &Rollout> {
         self.rollouts.iter().rev()
@@ -222,11 +227,13 @@ mod tests {
         let mut t = Timeline::default();
         t.step(&change("m", RolloutStep::TrustBeforeIdentity, BEGAN), at(0));
         assert_eq!(t.latest("m").map(|r| r.ended), Some(None), "in progress");
+        assert!(t.in_progress());
         t.step(
             &change("m", RolloutStep::TrustBeforeIdentity, StepPhase::Ended),
             at(2),
         );
         assert_eq!(t.latest("m").and_then(|r| r.ended), Some(at(2)));
+        assert!(!t.in_progress());
         t.step(&change("m", RolloutStep::IdentityAck, BEGAN), at(3));
         t.step(
             &change("m", RolloutStep::IdentityAck, StepPhase::Ended),

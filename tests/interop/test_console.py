@@ -130,12 +130,26 @@ class Drill:
         self.proc.wait()
 
 
+def text_of(browser, css):
+    """The text of the first element matching `css` now, or None (read in the page at once: the console
+    replaces its elements on every update, so a held element goes stale)."""
+    return browser.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.textContent : null", css
+    )
+
+
+def state_of(browser, step):
+    return browser.execute_script(
+        "const e = document.querySelector(`li.step[data-step='${arguments[0]}']`);"
+        "return e ? e.dataset.state : null",
+        step,
+    )
+
+
 def count_on(browser, issuer):
     """The count on `issuer`'s bar of mesh `default`, or None while it has no bar."""
-    bars = browser.find_elements(
-        By.CSS_SELECTOR, f"section.mesh[data-mesh='default'] .bar[data-issuer='{issuer}'] .count"
-    )
-    return int(bars[0].text) if bars else None
+    text = text_of(browser, f"section.mesh[data-mesh='default'] .bar[data-issuer='{issuer}'] .count")
+    return None if text is None else int(text)
 
 
 def test_a_rotation_moves_the_bar_from_0_to_all_live_and_names_the_proxy_it_waits_for(browser):
@@ -157,15 +171,15 @@ def test_a_rotation_moves_the_bar_from_0_to_all_live_and_names_the_proxy_it_wait
         stuck = drill.wait_for(r"\d+ proxies \(([^)]+)\) now withhold their ACKs").group(1)
         # The trust step waits for the stuck proxy: named, counted down, and nobody is on ca-2 yet.
         wait_css = "section.mesh[data-mesh='default'] .wait[data-step='trust-before-identity']"
-        WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, wait_css))
-        wait = browser.find_element(By.CSS_SELECTOR, wait_css)
-        assert f"default.{stuck}" in wait.find_element(By.CSS_SELECTOR, ".waiting-for").text, wait.text
-        step = browser.find_element(By.CSS_SELECTOR, "li.step[data-step='trust-before-identity']")
-        assert step.get_attribute("data-state") == "waiting", step.text
+        # The others ACK the new trust one by one; the page follows (no snapshot changes meanwhile).
+        WebDriverWait(browser, 25, poll_frequency=0.1).until(
+            lambda d: text_of(d, wait_css + " .waiting-for") == f"default.{stuck}"
+        )
+        assert text_of(browser, wait_css + " .waiting-count") == "1"
+        assert state_of(browser, "trust-before-identity") == "waiting"
         assert count_on(browser, "backend ca-2") == 0
-        countdown = wait.find_element(By.CSS_SELECTOR, ".countdown")
-        first = int(countdown.text)
-        WebDriverWait(browser, 10).until(lambda d: int(countdown.text) < first)
+        first = int(text_of(browser, wait_css + " .countdown"))
+        WebDriverWait(browser, 10).until(lambda d: int(text_of(d, wait_css + " .countdown")) < first)
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         browser.save_screenshot(str(SCREENSHOTS / "rotation.png"))
 
@@ -179,8 +193,7 @@ def test_a_rotation_moves_the_bar_from_0_to_all_live_and_names_the_proxy_it_wait
 
         WebDriverWait(browser, 120, poll_frequency=0.1).until(all_on_ca2)
         assert 0 in seen and proxies in seen, seen
-        step = browser.find_element(By.CSS_SELECTOR, "li.step[data-step='trust-before-identity']")
-        assert step.get_attribute("data-state") == "done", step.text
+        assert state_of(browser, "trust-before-identity") == "done"
         assert browser.execute_script("return window.notReloaded === true"), "the page was reloaded"
         browser.get(url + "rollouts")
         timeline = browser.find_element(By.CSS_SELECTOR, "section.timeline[data-mesh='default']").text

@@ -191,8 +191,9 @@ fn secured(body: String, content_type: &'static str) -> Response {
 }
 
 /// Server-Sent Events: `update` with the snapshot generation whenever the owner publishes a new
-/// snapshot or the status changes without one (a rejected update, a rollout wait), at most one per
-/// [`COALESCE`]; the page then fetches what it shows again.
+/// snapshot or the status changes without one (a rejected update, a rollout step), at most one per
+/// [`COALESCE`]; the page then fetches what it shows again. While a rollout is in progress, also once
+/// per [`ROLLOUT_TICK`]: ACKs move it on (fewer proxies waited for) without changing either.
 async fn events(State(s): State<AdminState>) -> Response {
     let Ok(permit) = s.console.streams.clone().try_acquire_owned() else {
         return (
@@ -201,41 +202,55 @@ async fn events(State(s): State<AdminState>) -> Response {
         )
             .into_response();
     };
-    let mut response = Sse::new(updates(
-        s.snapshots.clone(),
-        s.metrics.status_changes(),
-        permit,
-    ))
-    .keep_alive(KeepAlive::default())
-    .into_response();
+    let followed = Followed {
+        snapshots: s.snapshots.clone(),
+        status: s.metrics.status_changes(),
+        metrics: s.metrics.clone(),
+        _permit: permit,
+    };
+    let mut response = Sse::new(updates(followed))
+        .keep_alive(KeepAlive::default())
+        .into_response();
     response
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }
 
-fn updates(
+/// How often a browser is sent an update while a rollout is in progress and nothing else changes.
+const ROLLOUT_TICK: Duration = Duration::from_secs(1);
+
+/// What one event stream follows. The permit lives as long as the stream: a browser that goes away
+/// frees its place.
+struct Followed {
     snapshots: tokio::sync::watch::Receiver<Arc<meshca_control::Snapshot>>,
     status: tokio::sync::watch::Receiver<u64>,
-    permit: OwnedSemaphorePermit,
-) -> impl Stream<Item = Result<Event, Infallible>> {
-    // The permit lives as long as the stream: a browser that goes away frees its place.
-    futures::stream::unfold(
-        (snapshots, status, permit, true),
-        |(mut snapshots, mut status, permit, first)| async move {
-            if !first {
-                tokio::time::sleep(COALESCE).await;
-                tokio::select! {
-                    changed = snapshots.changed() => changed.ok()?,
-                    changed = status.changed() => changed.ok()?,
+    metrics: Arc<crate::metrics::Metrics>,
+    _permit: OwnedSemaphorePermit,
+}
+
+fn updates(followed: Followed) -> impl Stream<Item = Result<Event, Infallible>> {
+    futures::stream::unfold((followed, true), |(mut f, first)| async move {
+        if !first {
+            tokio::time::sleep(COALESCE).await;
+            let in_progress = f.metrics.timeline().in_progress();
+            let tick = async {
+                match in_progress {
+                    true => tokio::time::sleep(ROLLOUT_TICK).await,
+                    false => std::future::pending().await,
                 }
+            };
+            tokio::select! {
+                changed = f.snapshots.changed() => changed.ok()?,
+                changed = f.status.changed() => changed.ok()?,
+                () = tick => {}
             }
-            status.borrow_and_update();
-            let generation = snapshots.borrow_and_update().generation;
-            let event = Event::default()
-                .event("update")
-                .data(generation.to_string());
-            Some((Ok(event), (snapshots, status, permit, false)))
-        },
-    )
+        }
+        f.status.borrow_and_update();
+        let generation = f.snapshots.borrow_and_update().generation;
+        let event = Event::default()
+            .event("update")
+            .data(generation.to_string());
+        Some((Ok(event), (f, false)))
+    })
 }

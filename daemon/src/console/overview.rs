@@ -64,11 +64,12 @@ pub(crate) fn render(status: &Status, timeline: &Timeline) -> Markup {
 }
 
 fn mesh_section(mesh: &MeshStatus, status: &Status, rollout: Option<&Rollout>) -> Markup {
-    let waits: Vec<&Wait> = status
+    let mut waits: Vec<&Wait> = status
         .rollout
         .iter()
         .filter(|w| w.mesh.to_string() == mesh.name)
         .collect();
+    waits.sort_by_key(|w| position(w.step));
     let issuing = issuing(mesh);
     let issuers: BTreeSet<&str> = issuing
         .iter()
@@ -158,20 +159,24 @@ const STEPS: [(RolloutStep, &str, &str); 4] = [
     ),
 ];
 
-/// Where a step stands in the mesh's rollout.
+/// Where `step` comes in a rollout.
+fn position(step: RolloutStep) -> usize {
+    STEPS
+        .iter()
+        .position(|(s, ..)| *s == step)
+        .unwrap_or(STEPS.len())
+}
+
+/// Where a step stands in the mesh's rollout: waiting now, done, still to come (after the first step
+/// that waits), or not needed (skipped, or the rollout is over without it).
 fn step_state(step: RolloutStep, waits: &[&Wait], rollout: Option<&Rollout>) -> &'static str {
-    let in_progress = !waits.is_empty();
+    let first_waiting = waits.iter().map(|w| position(w.step)).min();
     if waits.iter().any(|w| w.step == step) {
         "waiting"
     } else if rollout.is_some_and(|r| r.ended_step(step)) {
         "done"
-    } else if in_progress {
-        let position = |s: RolloutStep| STEPS.iter().position(|(x, ..)| *x == s);
-        let latest_current = waits.iter().filter_map(|w| position(w.step)).max();
-        match (position(step), latest_current) {
-            (Some(p), Some(c)) if p > c => "to come",
-            _ => "not needed",
-        }
+    } else if first_waiting.is_some_and(|first| position(step) > first) {
+        "to come"
     } else {
         "not needed"
     }
@@ -208,7 +213,8 @@ fn rollout_picture(waits: &[&Wait], rollout: Option<&Rollout>) -> Markup {
             @for w in waits {
                 p.wait data-step=(w.step.as_str()) data-timeout=(w.timeout_in_seconds) {
                     b { (w.step.as_str()) } " for " (w.ca) " since " (w.since) ": waits for "
-                    span.waiting-count { (w.waiting_count) } " proxies"
+                    span.waiting-count { (w.waiting_count) }
+                    (if w.waiting_count == 1 { " proxy" } else { " proxies" })
                     @if !w.waiting_for.is_empty() {
                         " (" span.waiting-for { (w.waiting_for.join(", ")) } ")"
                     }
@@ -251,6 +257,35 @@ fn bar(issuer: &str, count: usize, total: usize, issuing: bool) -> Markup {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn wait(step: RolloutStep) -> Wait {
+        Wait {
+            mesh: meshca_control::BundleKey::mesh("m"),
+            step,
+            ca: "CN=ca-2".into(),
+            since: "2026-11-28T00:00:00Z".into(),
+            timeout_in_seconds: 30,
+            waiting_for: vec!["m.p-0".into()],
+            waiting_count: 1,
+        }
+    }
+
+    #[test]
+    fn steps_after_the_first_waiting_one_are_to_come_and_those_before_not_needed() {
+        let trust = wait(RolloutStep::TrustBeforeIdentity);
+        let break_last = wait(RolloutStep::BreakLast);
+        let waits = [&trust, &break_last];
+        let state = |step| step_state(step, &waits, None);
+        assert_eq!(state(RolloutStep::TrustBeforeIdentity), "waiting");
+        assert_eq!(state(RolloutStep::SansBeforeIdentity), "to come");
+        assert_eq!(state(RolloutStep::IdentityAck), "to come");
+        assert_eq!(state(RolloutStep::BreakLast), "waiting");
+        let identity = wait(RolloutStep::IdentityAck);
+        let state = |step| step_state(step, &[&identity], None);
+        assert_eq!(state(RolloutStep::TrustBeforeIdentity), "not needed");
+        assert_eq!(state(RolloutStep::BreakLast), "to come");
+        assert_eq!(step_state(RolloutStep::BreakLast, &[], None), "not needed");
+    }
 
     #[test]
     fn values_are_escaped() {

@@ -938,7 +938,11 @@ fn a_removed_ca_is_kept_for_a_whole_ack_timeout_after_a_trust_wait_timed_out() {
     h.ack(1, Some(generation(&h)));
     h.reconcile(deadline);
     let ca2 = ca_subject(&h, "ca-2");
-    assert_eq!(issuer_of(&h.ready("web-1")), ca2, "the trust wait timed out");
+    assert_eq!(
+        issuer_of(&h.ready("web-1")),
+        ca2,
+        "the trust wait timed out"
+    );
     assert!(
         bundle_subjects(&h).contains(&ca1),
         "web-1 has not ACKed its ca-2 certificate yet: its peers must still trust ca-1"
