@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{
-    connected_agents, dataplane, leaf_der, leaf_issuer, my_uid, next, settings, start, workloads,
-    write_resources, x509_stream, TestAgent, Traces, WorkloadKey, TIMEOUT,
+    admin_text, connected_agents, dataplane, leaf_der, leaf_issuer, my_uid, next, settings, start,
+    workloads, write_resources, x509_stream, TestAgent, Traces, WorkloadKey, TIMEOUT,
 };
 use meshca_agent::ServerAddr;
 use meshca_config::{KeystoreSettings, KeystoreType, PostgresSettings, ReplicaSettings, Settings};
@@ -124,6 +124,13 @@ async fn replicas_on_postgres_store_no_workload_key_serve_on_when_one_stops_and_
     assert_eq!(first.svids[0].spiffe_id, "spiffe://default/batch");
     let issuer = leaf_issuer(&first);
     assert_eq!(connected_agents(&replica_a).await, ["host-a"]);
+    // The console's overview shows where the state is: the database answers, and this replica.
+    let overview = admin_text(replica_a.admin_addr, "/console/overview").await;
+    assert!(
+        overview.contains("PostgreSQL database: <b>answers</b>")
+            && overview.contains("this replica is <b>replica-a</b>"),
+        "{overview}"
+    );
 
     // Replica a recorded the workload's certificate in the database, for the other replicas, and
     // nothing of its key: not in the database, not in either replica's data directory.

@@ -13,7 +13,6 @@ use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, Discovery
 use meshca_auth::Claims;
 use meshca_daemon::Daemon;
 use meshca_sds::SdsClient;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 const SECRET_TYPE_URL: &str =
@@ -21,21 +20,9 @@ const SECRET_TYPE_URL: &str =
 /// How long a response or a page may take to show what is awaited.
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// One HTTP/1.1 GET on the admin listener: the status code and the body.
+/// `GET path` on the admin listener: the status code and the body.
 async fn get(admin: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(admin)
-        .await
-        .expect("admin connects");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .expect("request sent");
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .await
-        .expect("response read");
+    let response = common::admin_response(admin, path).await;
     let code = response
         .get(9..12)
         .and_then(|c| c.parse().ok())

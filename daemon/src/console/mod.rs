@@ -205,6 +205,7 @@ async fn events(State(s): State<AdminState>) -> Response {
     let followed = Followed {
         snapshots: s.snapshots.clone(),
         status: s.metrics.status_changes(),
+        database: s.database.clone(),
         metrics: s.metrics.clone(),
         _permit: permit,
     };
@@ -225,6 +226,8 @@ const ROLLOUT_TICK: Duration = Duration::from_secs(1);
 struct Followed {
     snapshots: tokio::sync::watch::Receiver<Arc<meshca_control::Snapshot>>,
     status: tokio::sync::watch::Receiver<u64>,
+    /// The replicas' database, as the heartbeat hears it (`keystore.type: postgres` only).
+    database: Option<tokio::sync::watch::Receiver<Arc<crate::replica::DatabaseView>>>,
     metrics: Arc<crate::metrics::Metrics>,
     _permit: OwnedSemaphorePermit,
 }
@@ -240,13 +243,24 @@ fn updates(followed: Followed) -> impl Stream<Item = Result<Event, Infallible>> 
                     false => std::future::pending().await,
                 }
             };
+            let database = async {
+                match f.database.as_mut() {
+                    Some(database) => database.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 changed = f.snapshots.changed() => changed.ok()?,
                 changed = f.status.changed() => changed.ok()?,
+                // A heartbeat that stopped leaves the last view: followed no longer.
+                alive = database => if !alive { f.database = None },
                 () = tick => {}
             }
         }
         f.status.borrow_and_update();
+        if let Some(database) = f.database.as_mut() {
+            database.borrow_and_update();
+        }
         let generation = f.snapshots.borrow_and_update().generation;
         let event = Event::default()
             .event("update")

@@ -9,6 +9,7 @@ use maud::{html, Markup, PreEscaped};
 use meshca_control::{CaStatus, Detail, MeshStatus, RolloutStep, Status, Wait};
 
 use super::super::admin::AdminState;
+use crate::replica::DatabaseView;
 use crate::rollouts::{Rollout, Timeline};
 
 /// The whole page.
@@ -28,9 +29,65 @@ pub(super) async fn fragment(State(s): State<AdminState>) -> Response {
 
 /// The overview now, rendered (the console shares it between the browsers that ask at once).
 pub(super) async fn build(s: &AdminState) -> String {
-    match s.status.get(Detail::Summary).await {
-        Ok(reply) => render(&reply.status, &s.metrics.timeline()).into_string(),
-        Err(e) => html! { p.error { "no status: " (e.to_string()) } }.into_string(),
+    let status = match s.status.get(Detail::Summary).await {
+        Ok(reply) => render(&reply.status, &s.metrics.timeline()),
+        Err(e) => html! { p.error { "no status: " (e.to_string()) } },
+    };
+    let database = s.database.as_ref().map(|view| view.borrow().clone());
+    let token = s.token.as_ref().map(|t| (t.label().to_owned(), t.status()));
+    html! {
+        (status)
+        (state(database.as_deref(), token.as_ref()))
+    }
+    .into_string()
+}
+
+/// Where the state is kept: the database and its replicas, or files; and the PKCS#11 token.
+fn state(
+    database: Option<&DatabaseView>,
+    token: Option<&(String, meshca_hsm::TokenStatus)>,
+) -> Markup {
+    html! {
+        section.state {
+            h2 { "State and keys" }
+            @match database {
+                Some(db) => {
+                    p.database data-up=(db.up) {
+                        "PostgreSQL database: "
+                        @if db.up { b { "answers" } } @else {
+                            b.error { "DOES NOT ANSWER" } " (" (db.error.as_deref().unwrap_or("no answer")) ")"
+                        }
+                        "; this replica is " b { (db.replica) } "."
+                    }
+                    @if !db.up {
+                        ul { @for w in &db.waiting { li { "waits: " (w) } } }
+                    }
+                    table.replicas {
+                        thead { tr { th { "replica" } th { "live" } th { "last heartbeat" } th { "proxies" } th { "streams" } th { "started" } } }
+                        tbody {
+                            @for r in &db.replicas {
+                                tr {
+                                    td { (r.name) } td { (if r.live { "yes" } else { "gone" }) }
+                                    td { (format!("{:.1}", r.heartbeat_age_seconds)) " s ago" }
+                                    td { (r.proxies) } td { (r.streams) } td { (r.started_at) }
+                                }
+                            }
+                        }
+                    }
+                }
+                None => p.database { "Files in the data directory: one replica, no database." }
+            }
+            @if let Some((label, status)) = token {
+                p.token data-up=(status.up) {
+                    "CA keys in PKCS#11 token " b { (label) } ": "
+                    @if status.up { "answers" } @else {
+                        b.error { "DOES NOT ANSWER" }
+                        " (" (status.reason.as_deref().unwrap_or("no answer")) "): nothing new is signed until it returns"
+                    }
+                    " since " (meshca_control::rfc3339(status.since)) "."
+                }
+            }
+        }
     }
 }
 

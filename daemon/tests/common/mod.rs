@@ -355,6 +355,13 @@ impl WorkloadKey {
 /// The whole HTTP response (status line, headers, body) to `GET path` on the admin API, which must
 /// be 200.
 pub async fn admin_text(admin: SocketAddr, path: &str) -> String {
+    let response = admin_response(admin, path).await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{path}: {response}");
+    response
+}
+
+/// The whole HTTP response (status line, headers, body) to `GET path` on the admin API.
+pub async fn admin_response(admin: SocketAddr, path: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(admin)
         .await
@@ -369,7 +376,6 @@ pub async fn admin_text(admin: SocketAddr, path: &str) -> String {
         .read_to_string(&mut response)
         .await
         .expect("response read");
-    assert!(response.starts_with("HTTP/1.1 200"), "{path}: {response}");
     response
 }
 
