@@ -82,6 +82,10 @@ def test_the_proxies_table_lists_a_proxy_and_filters(daemon, browser, tmp_path):
     assert browser.current_url.endswith("/proxies/default/web-1")
     browser.get(base + "?mesh=other")
     assert not browser.find_elements(By.CSS_SELECTOR, "tr[data-proxy='default/web-1']")
+    browser.get(base + "?service=web")
+    assert browser.find_elements(By.CSS_SELECTOR, "tr[data-proxy='default/web-1']")
+    browser.get(base + "?service=api")
+    assert not browser.find_elements(By.CSS_SELECTOR, "tr[data-proxy='default/web-1']")
     browser.get(base + "?expiring=60")
     assert not browser.find_elements(By.CSS_SELECTOR, "tr[data-proxy='default/web-1']"), "valid 1 h"
 

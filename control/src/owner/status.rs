@@ -255,6 +255,9 @@ pub struct DataplaneStatus {
     pub name: String,
     /// Where it is described (`None` when its token contradicts its file).
     pub origin: Option<Origin>,
+    /// The `kuma.io/service` of its inbounds, without repeats, in order.
+    #[serde(default)]
+    pub services: Vec<String>,
     /// Whether a stream or fetch is open.
     pub connected: bool,
     /// How many.
@@ -569,6 +572,18 @@ fn dataplane_status(
         mesh: key.mesh.to_string(),
         name: key.name.to_string(),
         origin: info.as_ref().ok().map(|d| d.origin),
+        services: info.as_ref().map_or_else(
+            |_| Vec::new(),
+            |d| {
+                let mut services: Vec<String> = Vec::new();
+                for service in d.services() {
+                    if !services.iter().any(|s| s == service) {
+                        services.push(service.to_owned());
+                    }
+                }
+                services
+            },
+        ),
         connected: streams > 0,
         streams,
         spiffe_id: issued.map(|x| x.leaf.spiffe_id.to_string()),

@@ -41,6 +41,7 @@ fn render(dp: &DataplaneStatus, generation: u64) -> Markup {
             table.certificate {
                 tbody {
                     (row("connected", Some(if dp.connected { "yes" } else { "no" })))
+                    (row("services", Some(&dp.services.join(", "))))
                     (row("SPIFFE ID", dp.spiffe_id.as_deref()))
                     (row("issuer", dp.issuer.as_deref()))
                     (row("serial", dp.serial.as_deref()))

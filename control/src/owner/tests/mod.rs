@@ -1516,6 +1516,7 @@ fn the_status_of_one_dataplane_lists_its_streams_and_what_they_acked() {
     let web1 = one("web-1");
     assert_eq!(web1.len(), 1, "{web1:?}");
     assert_eq!(web1[0].name, "web-1");
+    assert_eq!(web1[0].services, ["web"]);
     let streams = &web1[0].stream_details;
     assert_eq!(streams.len(), 1, "{streams:?}");
     assert_eq!(streams[0].resources, ["default", "system_trust_bundle"]);
