@@ -1030,7 +1030,8 @@ impl Owner {
     }
 
     /// Tells telemetry which rollout steps began and ended waiting since the last reconcile. Costs
-    /// the waits (a few per rollout), never the fleet.
+    /// the waits (a few per rollout) per reconcile while a rollout is under way, nothing otherwise; and
+    /// once per trust or SAN step that begins, a count of the streams it waits for.
     fn report_step_changes(&mut self) {
         if self.steps_waiting.is_empty()
             && self.replacing.is_empty()

@@ -54,10 +54,11 @@ pub struct Console {
     overview: Arc<tokio::sync::Mutex<Option<Rendered>>>,
 }
 
-/// An overview rendered for a snapshot generation and status version.
+/// An overview rendered for a snapshot generation, status version and database view (its address:
+/// each heartbeat that changes it publishes a new one).
 #[derive(Debug)]
 struct Rendered {
-    of: (u64, u64),
+    of: (u64, u64, usize),
     at: Instant,
     html: Arc<str>,
 }
@@ -73,10 +74,18 @@ impl Default for Console {
 
 impl Console {
     /// The overview of the status now: rendered once for every browser asking within
-    /// [`OVERVIEW_REUSE`] while neither the snapshot nor the status changed.
+    /// [`OVERVIEW_REUSE`] while neither the snapshot, the status nor the database's view changed.
     async fn overview(&self, s: &AdminState) -> Arc<str> {
         let mut last = self.overview.lock().await;
-        let of = (s.snapshots.borrow().generation, s.metrics.status_version());
+        let database = s
+            .database
+            .as_ref()
+            .map_or(0, |view| Arc::as_ptr(&view.borrow()) as usize);
+        let of = (
+            s.snapshots.borrow().generation,
+            s.metrics.status_version(),
+            database,
+        );
         if let Some(rendered) = last.as_ref() {
             if rendered.of == of && rendered.at.elapsed() < OVERVIEW_REUSE {
                 return rendered.html.clone();

@@ -239,6 +239,20 @@ fn step_state(step: RolloutStep, waits: &[&Wait], rollout: Option<&Rollout>) -> 
     }
 }
 
+/// What a step waits for the proxies to ACK.
+fn acked_resource(step: RolloutStep) -> &'static str {
+    match step {
+        RolloutStep::TrustBeforeIdentity => {
+            "the mesh's trust (system_trust_bundle, and the meshservice: contexts that carry it)"
+        }
+        RolloutStep::SansBeforeIdentity => "the meshservice: context named above",
+        RolloutStep::IdentityAck => "their new identity certificate",
+        RolloutStep::BreakLast => {
+            "their new identity certificate (until then they present the old CA's)"
+        }
+    }
+}
+
 /// The mesh's rollout as steps (the waiting one marked), who each wait is for and its countdown, and
 /// when the last rollout began and ended.
 fn rollout_picture(waits: &[&Wait], rollout: Option<&Rollout>) -> Markup {
@@ -272,6 +286,7 @@ fn rollout_picture(waits: &[&Wait], rollout: Option<&Rollout>) -> Markup {
                     b { (w.step.as_str()) } " for " (w.ca) " since " (w.since) ": waits for "
                     span.waiting-count { (w.waiting_count) }
                     (if w.waiting_count == 1 { " proxy" } else { " proxies" })
+                    " to ACK " (acked_resource(w.step))
                     @if !w.waiting_for.is_empty() {
                         " (" span.waiting-for { (w.waiting_for.join(", ")) } ")"
                     }
