@@ -55,10 +55,12 @@ pub enum HsmError {
         /// The failure that marked it down.
         reason: String,
     },
-    /// No private key matches.
-    #[error("the PKCS#11 token {label:?} holds no private key{}{}", object.as_ref().map(|o| format!(" labelled {o:?}")).unwrap_or_default(),
+    /// No key matches.
+    #[error("the PKCS#11 token {label:?} holds no {what}{}{}", object.as_ref().map(|o| format!(" labelled {o:?}")).unwrap_or_default(),
             id.as_ref().map(|i| format!(" with id {i}")).unwrap_or_default())]
     KeyNotFound {
+        /// What was looked for: `private key` (a CA's) or `AES key` (the one that seals).
+        what: &'static str,
         /// The token's label.
         label: String,
         /// The key label looked for.

@@ -115,6 +115,7 @@ impl Token {
         public_key: &[u8],
     ) -> Result<TokenKey, HsmError> {
         let not_found = || HsmError::KeyNotFound {
+            what: "private key",
             label: self.label().to_owned(),
             object: selector.label.map(str::to_owned),
             id: selector.id.map(hex::encode),

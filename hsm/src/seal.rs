@@ -72,6 +72,7 @@ impl Token {
         match plaintext {
             Ok(Some(plaintext)) => Ok(plaintext),
             Ok(None) => Err(HsmError::KeyNotFound {
+                what: "AES key",
                 label: self.label().to_owned(),
                 object: Some(SEALING_KEY_LABEL.to_owned()),
                 id: Some(hex::encode(id)),

@@ -161,6 +161,10 @@ fn a_softhsm2_token_end_to_end() {
     other_key[2] ^= 1;
     let err = token.open_sealed(&other_key).expect_err("no such key");
     assert!(matches!(err, HsmError::KeyNotFound { .. }), "{err}");
+    assert!(
+        err.to_string().contains("holds no AES key labelled"),
+        "{err}"
+    );
 
     // Several threads sign at once, each in a session of its own.
     thread::scope(|s| {
