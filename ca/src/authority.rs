@@ -87,6 +87,15 @@ impl fmt::Debug for CaKey {
 /// The CA's signing key as rcgen uses it. A software key's PKCS#8 copy is wiped on drop.
 // One per CA: keeping the key pair inline saves an indirection on every signature.
 #[allow(clippy::large_enum_variant)]
+/// What the keystore keeps of a CA's key ([`CertificateAuthority::key_to_store`]).
+#[derive(Debug)]
+pub enum KeyToStore<'a> {
+    /// A software key, as PKCS#8 PEM (wiped when dropped).
+    Pem(Zeroizing<String>),
+    /// A key in a PKCS#11 token: the keystore keeps where it is.
+    Token(&'a TokenKey),
+}
+
 pub(crate) enum CaSigner {
     Software(KeyPair),
     Token(Arc<TokenKey>),
@@ -398,15 +407,28 @@ impl CertificateAuthority {
     /// The chain (signing certificate first, then the rest as given) and the key, as PEM, for the
     /// keystore. The key is `None` when it is in a token ([`CertificateAuthority::token_key`]).
     pub fn to_pem(&self) -> (String, Option<Zeroizing<String>>) {
+        let key = match self.key_to_store() {
+            KeyToStore::Pem(pem) => Some(pem),
+            KeyToStore::Token(_) => None,
+        };
+        (self.chain_pem(), key)
+    }
+
+    /// The chain, signing certificate first, then the rest as given, as PEM.
+    pub fn chain_pem(&self) -> String {
         let mut chain = pem_out::cert(&self.cert_der);
         for der in &self.above {
             pem_out::push_cert(&mut chain, der);
         }
-        let key = match &self.key {
-            CaKey::Software(key) => Some(key.to_pem()),
-            CaKey::Token(_) => None,
-        };
-        (chain, key)
+        chain
+    }
+
+    /// What the keystore keeps of the CA's key: the key itself (PEM), or where it is in the token.
+    pub fn key_to_store(&self) -> KeyToStore<'_> {
+        match &self.key {
+            CaKey::Software(key) => KeyToStore::Pem(key.to_pem()),
+            CaKey::Token(key) => KeyToStore::Token(key),
+        }
     }
 
     /// The CA's key when it is in a PKCS#11 token.

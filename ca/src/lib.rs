@@ -24,7 +24,7 @@ mod test_fixtures;
 mod verify;
 
 pub use anchor::{AnchorError, TrustAnchor};
-pub use authority::{CaError, CaParams, CertificateAuthority, FULL_CHECK_EVERY};
+pub use authority::{CaError, CaParams, CertificateAuthority, KeyToStore, FULL_CHECK_EVERY};
 pub use bench::{floor_once, FloorError};
 pub use csr::{csr_public_key, read_csr, CsrError, SignedRequest, MAX_CSR_BYTES};
 pub use inspect::{inspect_pem, CertInfo, InspectError};

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use meshca_ca::{CaParams, CertificateAuthority, ProvidedOptions};
+use meshca_ca::{CaParams, CertificateAuthority, KeyToStore, ProvidedOptions};
 use meshca_config::{Backend, Bundled, BundledCa, DataSource, MeshIdentity};
 use meshca_hsm::{KeySelector, Pkcs11Uri, Token};
 use meshca_identity::{KeyAlgorithm, TrustDomain};
@@ -281,15 +281,23 @@ fn load_or_generate(
         return Ok(loaded(ca));
     }
     // Missing, or half written by a creator still at work: decided under the keystore's lock.
-    let (chain, key) = ca.to_pem();
+    let chain = ca.chain_pem();
     let names = EntryNames::new(path);
-    let reference = ca
-        .token_key()
-        .map(|k| Pkcs11Uri::key(k.token().label(), k.label(), k.id()).to_string());
-    let key_entry = match (&key, &reference) {
-        (Some(pem), _) => NewEntry::secret(&names.key, pem.as_bytes()),
-        (None, Some(uri)) => NewEntry::public(&names.token_key, uri.as_bytes()),
-        (None, None) => unreachable!("a CA's key is in memory or in a token"),
+    // A software key is a secret entry; a key in the token is a public entry holding its URI.
+    let stored = ca.key_to_store();
+    let uri;
+    let (key_entry, key_is) = match &stored {
+        KeyToStore::Pem(pem) => (
+            NewEntry::secret(&names.key, pem.as_bytes()),
+            "in the keystore",
+        ),
+        KeyToStore::Token(k) => {
+            uri = Pkcs11Uri::key(k.token().label(), k.label(), k.id()).to_string();
+            (
+                NewEntry::public(&names.token_key, uri.as_bytes()),
+                uri.as_str(),
+            )
+        }
     };
     // All or nothing: a kill between the two writes is rolled back by the keystore (nothing used this CA
     // yet), so only a file removed by hand leaves half of it (HalfPersisted, never replaced silently).
@@ -298,7 +306,7 @@ fn load_or_generate(
         .create_if_absent(&[key_entry, NewEntry::public(&names.cert, chain.as_bytes())]);
     if let Ok(Creation::Created) = created {
         tracing::info!(ca = %params.name, trust_domain = %params.trust_domain, id = %ca.id(),
-            key = reference.as_deref().unwrap_or("in the keystore"), "generated a new CA");
+            key = key_is, "generated a new CA");
         return Ok(loaded(ca));
     }
     discard(ca);
