@@ -84,9 +84,6 @@ impl fmt::Debug for CaKey {
     }
 }
 
-/// The CA's signing key as rcgen uses it. A software key's PKCS#8 copy is wiped on drop.
-// One per CA: keeping the key pair inline saves an indirection on every signature.
-#[allow(clippy::large_enum_variant)]
 /// What the keystore keeps of a CA's key ([`CertificateAuthority::key_to_store`]).
 #[derive(Debug)]
 pub enum KeyToStore<'a> {
@@ -96,6 +93,9 @@ pub enum KeyToStore<'a> {
     Token(&'a TokenKey),
 }
 
+/// The CA's signing key as rcgen uses it. A software key's PKCS#8 copy is wiped on drop.
+// One per CA: keeping the key pair inline saves an indirection on every signature.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum CaSigner {
     Software(KeyPair),
     Token(Arc<TokenKey>),
