@@ -55,7 +55,7 @@ phase_wait() {
   for i in "${!_phase_jobs[@]}"; do
     if ! wait "${_phase_jobs[$i]}"; then
       failed=1
-      echo "--- FAILED (the end of ${_phase_logs[$i]}):" >&2
+      echo "--- FAILED: the phase whose output (${_phase_logs[$i]}) follows" >&2
     fi
     cat "${_phase_logs[$i]}"
   done
