@@ -68,10 +68,11 @@ def main():
         if not target_dir.is_dir():
             continue
         # cargo's layout: <profile>/ or <triple>/<profile>/, each with .fingerprint/, build/, deps/,
-        # examples/ and what cargo copied up beside them (<bin>, lib<name>.rlib, <name>.d).
+        # examples/, incremental/ (scripts/check builds incrementally) and what cargo copied up beside them
+        # (<bin>, lib<name>.rlib, <name>.d).
         profiles = [p for p in [*target_dir.glob("*"), *target_dir.glob("*/*")] if (p / ".fingerprint").is_dir()]
         for profile in profiles:
-            for kind, names in ((".fingerprint", packages), ("build", packages), ("deps", targets), ("examples", targets)):
+            for kind, names in ((".fingerprint", packages), ("build", packages), ("deps", targets), ("examples", targets), ("incremental", targets)):
                 if not (profile / kind).is_dir():
                     continue
                 for entry in (profile / kind).iterdir():
