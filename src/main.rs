@@ -33,19 +33,53 @@ fn exit_code(error: &anyhow::Error) -> ExitCode {
     ExitCode::from(if invalid { 2 } else { 1 })
 }
 
+/// Logs to stderr at `RUST_LOG` (default `info`); the HTTP libraries' own warnings, which any peer
+/// can cause, go through the daemon's per-minute budget ([`meshca_sds::library_logs`]).
 fn init_logging(format: LogFormat) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::Layer as _;
+
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Colour only for a person at a terminal: a log file or the journal gets plain text.
     let colour = std::io::stderr().is_terminal()
         && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let budget = LibraryBudget;
+    let layer = tracing_subscriber::fmt::layer()
         .with_ansi(colour)
         .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+    let layer = match format {
+        LogFormat::Text => layer.with_filter(budget).boxed(),
+        LogFormat::Json => layer.json().with_filter(budget).boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(layer)
+        .init();
+}
+
+/// Passes the HTTP libraries' warnings through [`meshca_sds::library_logs`], per event.
+struct LibraryBudget;
+
+impl<S> tracing_subscriber::layer::Filter<S> for LibraryBudget {
+    fn enabled(
+        &self,
+        metadata: &tracing::Metadata<'_>,
+        _: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        meshca_sds::library_logs::admit(metadata)
+    }
+
+    fn callsite_enabled(
+        &self,
+        metadata: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        if meshca_sds::library_logs::budgeted(metadata) {
+            tracing::subscriber::Interest::sometimes()
+        } else {
+            tracing::subscriber::Interest::always()
+        }
     }
 }
 

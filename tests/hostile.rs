@@ -566,3 +566,58 @@ async fn refused_requests_do_not_keep_a_connection_open() {
     assert!(answered > 0, "the refusals were answered first");
     let _ = tokio::time::timeout(common::TIMEOUT, &mut connection).await;
 }
+
+/// A connection that opens `streams` request streams and resets each before the server can accept
+/// it (HTTP/2 "rapid reset"), in one write; returns once the server has closed the connection.
+fn rapid_reset(socket: &std::path::Path, streams: u32) {
+    let mut stream = UnixStream::connect(socket).expect("connect");
+    stream.set_read_timeout(Some(TIMEOUT)).expect("a timeout");
+    let mut attack = PREFACE.to_vec();
+    attack.extend(frame(0x4, 0, 0, &[]));
+    // :method POST, :scheme http, :path /, :authority localhost (HPACK).
+    let mut headers = vec![0x83, 0x86, 0x84, 0x41, 9];
+    headers.extend_from_slice(b"localhost");
+    for n in 0..streams {
+        let id = 2 * n + 1;
+        attack.extend(frame(0x1, 0x4, id, &headers));
+        attack.extend(frame(0x3, 0, id, &8u32.to_be_bytes()));
+    }
+    // The server may close the connection before it read everything.
+    let _ = stream.write_all(&attack);
+    assert!(
+        closed_by_peer(&mut stream),
+        "a connection resetting {streams} streams was kept open"
+    );
+}
+
+/// HTTP/2 rapid reset makes the HTTP/2 library write a warning for each connection before it sends
+/// GOAWAY, before any token is read. Those warnings go through `limits.warningsPerMinute` (10) like
+/// the daemon's own, on the SDS and the Workload API sockets alike; the rest are counted.
+#[test]
+fn rapid_resets_cannot_flood_the_log() {
+    let env = mesh_env("");
+    let daemon = env.start();
+    let sockets = [env.data.join("sds.sock"), env.data.join("workload.sock")];
+    for round in 0..30 {
+        rapid_reset(&sockets[round % 2], 200);
+    }
+    let log = daemon.log();
+    let written = log.matches("reached limit").count();
+    assert!(
+        (1..=10).contains(&written),
+        "{written} warnings written for 30 connections:\n{log}"
+    );
+    let metrics = daemon.admin_get("/metrics").body;
+    let suppressed = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("meshca_library_log_lines_suppressed_total "))
+        .and_then(|n| n.trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no suppressed count in\n{metrics}"));
+    assert!(
+        written as u64 + suppressed >= 30,
+        "{written} written and {suppressed} counted for 30 connections:\n{log}"
+    );
+    // The daemon still serves.
+    let token = env.token("default", "web-1", &[]);
+    env.fetch_identity(&token);
+}

@@ -397,3 +397,67 @@ fn validate_of_a_missing_resources_directory_says_what_serve_would_do() {
     );
     assert!(!line.contains(": :"), "no empty resource or field: {line}");
 }
+
+/// What the operator wrote that meshca ignores is valid, and `validate` says so in its own report (the
+/// JSON's `warnings`, or `warning:` lines), never as log lines: an unknown `MESHCA_*` variable, and the
+/// identities of a MeshService of this zone, which meshca computes itself.
+#[test]
+fn validate_reports_what_it_ignores_as_warnings_of_its_own() {
+    let env = Env::new();
+    let service = "type: MeshService\nname: web\nmesh: default\nspec:\n  selector: {dataplaneTags: {kuma.io/service: web}}\n  ports: [{port: 80, targetPort: 8080}]\n  identities: [{type: SpiffeID, value: \"spiffe://stale.example/listed\"}]\n";
+    let dir = dir_with(
+        &env,
+        "with-ignored",
+        &[
+            ("mesh.yaml", MESH_BUILTIN),
+            ("dataplanes.yaml", common::DATAPLANE_WEB_1),
+            ("service.yaml", service),
+        ],
+    );
+    let args = ["validate", "--config", env.cfg(), &dir, "--output", "json"];
+    let mut cmd = env.command(&args);
+    cmd.env("MESHCA_NOT_A_SETTING", "1");
+    let run = env.cli_with(cmd, &args);
+    assert_eq!(run.code(), Some(0), "{run}");
+    let report = run.json();
+    assert_eq!(report["valid"], true, "{run}");
+    let warnings = report["warnings"].as_array().expect("a warnings list");
+    let fields: Vec<(&str, &str)> = warnings
+        .iter()
+        .map(|w| {
+            (
+                w["resource"].as_str().expect("a resource"),
+                w["field"].as_str().expect("a field"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            ("settings", "MESHCA_NOT_A_SETTING"),
+            ("MeshService/default/web", "spec.identities"),
+        ],
+        "{run}"
+    );
+    assert!(
+        warnings[1]["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("service.yaml")),
+        "{run}"
+    );
+    assert!(
+        run.stderr.trim().is_empty(),
+        "warnings are in the report, not log lines: {run}"
+    );
+    let mut cmd = env.command(&["validate", "--config", env.cfg(), &dir]);
+    cmd.env("MESHCA_NOT_A_SETTING", "1");
+    let human = env.cli_with(cmd, &["validate"]);
+    assert_eq!(human.code(), Some(0), "{human}");
+    assert!(
+        human.stderr.contains(
+            "warning: (environment): settings: MESHCA_NOT_A_SETTING: not a meshca setting"
+        ),
+        "{human}"
+    );
+    assert!(!human.stderr.contains(" WARN "), "no log line: {human}");
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use meshca_auth::{ProxyType, RevocationList, SigningKey, Verifier};
 use meshca_control::{ProxyEntry, ProxyKey, Snapshot, StreamEvent};
-use meshca_sds::{ClientTls, ConnPolicy, Listener, SdsLimits, SdsServer, ServerOptions};
+use meshca_sds::{ClientTls, Listener, SdsLimits, SdsServer, ServerOptions};
 use meshca_workload::jwt::JwksDocument;
 use meshca_workload::jwt_keys::KeySet;
 use meshca_workload::{JwtMinter, JwtSource, RemoteJwt, WorkloadApi};
@@ -141,12 +141,7 @@ impl Agent {
         let status = StatusHandle::default();
         status.update(|s| s.agent = name.clone());
         let mut tasks = Vec::new();
-        let policy = ConnPolicy::new(
-            "Workload API",
-            "limits.workloadConnections",
-            SdsLimits::default(),
-        )
-        .with_peer_probe(WorkloadApi::peer_probe());
+        let policy = api.conn_policy(SdsLimits::default());
         let closer = sds.clone();
         let stop = shutdown.clone();
         tasks.push(tokio::spawn(async move {

@@ -910,7 +910,11 @@ async fn a_revoked_token_ends_the_stream() {
     let list = RevocationList::parse(&format!("{}\n", claims.id)).expect("a list");
     h.revocations.send_replace(Arc::new(list));
     let status = agent.refused().await;
-    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert_eq!(
+        status.code(),
+        Code::Unauthenticated,
+        "as SDS ends a revoked proxy's stream: {status:?}"
+    );
     assert!(status.message().contains("revoked"), "{status:?}");
     // And it cannot come back.
     let status = h.sync(Some(&token), None).await.err().expect("refused");

@@ -20,7 +20,7 @@ const P256_HALF_ORDER: [u8; 32] = [
 const SCALAR_LEN: usize = 32;
 
 /// Whether a fixed-size ES256 signature (`r || s`, 64 bytes) has `s <= n/2`. Any other length is not low-S.
-pub(crate) fn is_low_s(signature: &[u8]) -> bool {
+pub fn is_low_s(signature: &[u8]) -> bool {
     match signature.get(SCALAR_LEN..) {
         // Equal-length big-endian byte strings compare like the numbers they spell.
         Some(s) if s.len() == SCALAR_LEN => s <= P256_HALF_ORDER.as_slice(),

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use meshca_config::{Resources, Selector};
+use meshca_config::{Resources, Selector, SelectorKind};
 
 use crate::snapshot::{ProxyHashMap, ProxyKey};
 
@@ -149,6 +149,23 @@ impl Registrations {
             .cloned()
             .collect()
     }
+
+    /// Whether a caller's selector of `kind` could decide whether a registration served by `agent`
+    /// matches it: some registration names a `kind` selector, and the caller has (by `has`) every
+    /// other selector it names. When none could, that selector need not be computed (a binary's
+    /// digest costs a read of the whole binary).
+    pub fn could_be_decided_by(
+        &self,
+        agent: Option<&str>,
+        kind: SelectorKind,
+        has: impl Fn(&Selector) -> bool,
+    ) -> bool {
+        self.list.iter().any(|r| {
+            r.agent.as_deref() == agent
+                && r.selectors.iter().any(|s| s.kind() == kind)
+                && r.selectors.iter().filter(|s| s.kind() != kind).all(&has)
+        })
+    }
 }
 
 #[cfg(test)]
@@ -188,5 +205,32 @@ mod tests {
         );
         let names: Vec<&str> = registrations.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(names, ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn a_digest_is_wanted_only_where_it_could_decide_a_match() {
+        let with = |name: &str, selectors: &[&str], agent: Option<&str>| Registration {
+            selectors: selectors
+                .iter()
+                .map(|s| s.parse().expect("a selector"))
+                .collect(),
+            ..registration(name, "dp", agent)
+        };
+        let digest = "unix:sha256:".to_owned() + &"ab".repeat(32);
+        let registrations = Registrations::new(vec![
+            with("a", &["unix:uid:1"], None),
+            with("b", &["unix:uid:2", &digest], None),
+            with("c", &["unix:uid:3", &digest], Some("host-1")),
+        ]);
+        let caller = |uid: &'static str| move |s: &Selector| s.to_string() == uid;
+        let sha = SelectorKind::Sha256;
+        assert!(registrations.could_be_decided_by(None, sha, caller("unix:uid:2")));
+        assert!(!registrations.could_be_decided_by(None, sha, caller("unix:uid:1")));
+        assert!(
+            !registrations.could_be_decided_by(None, sha, caller("unix:uid:3")),
+            "another agent's"
+        );
+        assert!(registrations.could_be_decided_by(Some("host-1"), sha, caller("unix:uid:3")));
+        assert!(!registrations.could_be_decided_by(None, SelectorKind::Path, caller("unix:uid:2")));
     }
 }

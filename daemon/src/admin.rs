@@ -47,6 +47,8 @@ pub struct AdminState {
     pub snapshots: tokio::sync::watch::Receiver<Arc<meshca_control::Snapshot>>,
     /// The console's open event streams and its last rendered overview.
     pub console: super::console::Console,
+    /// The `Host` names answered (`admin.allowedHosts`, besides addresses and `localhost`).
+    pub allowed_hosts: super::admin_hosts::AllowedHosts,
 }
 
 /// What the admin API reads to list the Workload API's registrations and the callers they match.
@@ -151,6 +153,7 @@ fn dataplane_view(dp: DataplaneStatus, all: &[StreamInfo]) -> DataplaneView {
 
 /// The router, separate from the listener so tests can call it directly.
 pub fn router(state: AdminState) -> Router {
+    let hosts = state.allowed_hosts.clone();
     Router::new()
         .route("/ready", get(ready))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -167,6 +170,10 @@ pub fn router(state: AdminState) -> Router {
         .route("/api/agents", get(agents))
         .merge(super::console::routes())
         .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(
+            hosts,
+            super::admin_hosts::check,
+        ))
 }
 
 async fn ready(State(s): State<AdminState>) -> Response {

@@ -13,7 +13,7 @@ pub(crate) fn options(settings: &Settings) -> AgentOptions {
         .with_jwt_limits(
             to_usize(limits.jwt_audiences_per_request),
             to_usize(limits.jwt_audience_bytes),
-            to_usize(limits.jwt_svid_cache_entries),
+            crate::workload_api::jwt_cache_limits(limits),
         )
         .with_warnings_per_minute(limits.warnings_per_minute)
 }

@@ -61,6 +61,70 @@ pub fn write_atomic_path(path: &Path, data: &[u8], mode: u32) -> crate::Result<(
     write_atomic(dir, name, data, mode)
 }
 
+/// How old a temporary file must be to be taken for one a killed writer left: a write takes
+/// milliseconds, so one this old is no other process's write in progress.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Removes from `dir` the temporary files of [`write_atomic`] that a writer killed between creating and
+/// renaming them left behind (`.<name>.<16 hex digits>.tmp`, last modified over a minute ago), each
+/// logged; returns how many. Nothing else is touched, and a file that cannot be removed is logged and
+/// left: a start never fails for it.
+pub fn remove_stale_temps(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let now = std::time::SystemTime::now();
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !is_temp_name(name) {
+            continue;
+        }
+        let Ok(metadata) = entry.metadata() else {
+            continue;
+        };
+        let old = metadata
+            .modified()
+            .ok()
+            .and_then(|modified| now.duration_since(modified).ok())
+            .is_some_and(|age| age >= STALE_AFTER);
+        if !metadata.is_file() || !old {
+            continue;
+        }
+        match std::fs::remove_file(entry.path()) {
+            Ok(()) => {
+                removed += 1;
+                tracing::info!(file = %entry.path().display(), "removed a temporary file an interrupted write left");
+            }
+            Err(error) => {
+                tracing::warn!(file = %entry.path().display(), %error, "cannot remove a temporary file an interrupted write left");
+            }
+        }
+    }
+    removed
+}
+
+/// Whether `name` is one [`write_atomic`] gives its temporary files: `.<name>.<16 hex digits>.tmp`.
+fn is_temp_name(name: &str) -> bool {
+    let Some(rest) = name
+        .strip_prefix('.')
+        .and_then(|rest| rest.strip_suffix(".tmp"))
+    else {
+        return false;
+    };
+    match rest.rsplit_once('.') {
+        Some((target, suffix)) => {
+            !target.is_empty()
+                && suffix.len() == 16
+                && suffix
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        }
+        None => false,
+    }
+}
+
 /// 16 random hex digits for a temporary file's name.
 fn random_suffix() -> anyhow::Result<String> {
     use ring::rand::SecureRandom;
@@ -69,4 +133,53 @@ fn random_suffix() -> anyhow::Result<String> {
         .fill(&mut bytes)
         .map_err(|_| anyhow!("the system's random source failed"))?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn age(path: &Path, seconds: u64) {
+        let when = std::time::SystemTime::now() - std::time::Duration::from_secs(seconds);
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .expect("opening")
+            .set_times(std::fs::FileTimes::new().set_modified(when))
+            .expect("setting its time");
+    }
+
+    #[test]
+    fn only_old_temporary_files_of_this_writer_are_removed() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let stale = dir.path().join(".revoked-tokens.0123456789abcdef.tmp");
+        let fresh = dir.path().join(".sds-ca.pem.fedcba9876543210.tmp");
+        let others = [
+            "revoked-tokens",
+            ".revoked-tokens.0123456789ABCDEF.tmp",
+            ".revoked-tokens.0123.tmp",
+            "x.0123456789abcdef.tmp",
+            "..0123456789abcdef.tmp",
+        ];
+        for path in [&stale, &fresh] {
+            std::fs::write(path, b"cut").expect("writing");
+        }
+        for other in others {
+            let path = dir.path().join(other);
+            std::fs::write(&path, b"keep").expect("writing");
+            age(&path, 3600);
+        }
+        age(&stale, 3600);
+        write_atomic(dir.path(), "target", b"whole", 0o600).expect("a write");
+        assert_eq!(remove_stale_temps(dir.path()), 1);
+        assert!(!stale.exists());
+        assert!(fresh.exists(), "a write that may be in progress is left");
+        for other in others {
+            assert!(dir.path().join(other).exists(), "{other}");
+        }
+        assert_eq!(
+            std::fs::read(dir.path().join("target")).expect("read"),
+            b"whole"
+        );
+    }
 }

@@ -21,7 +21,7 @@ use super::limits::ServeLimits;
 use super::reload::Reloader;
 use super::replica::{DatabaseView, GateSync, Heartbeat};
 use super::store::Store;
-use super::{admin, daemon_keys, metrics, revocations, watcher};
+use super::{admin, admin_hosts, daemon_keys, metrics, revocations, watcher};
 use super::{agent_api, workload_api};
 use crate::error::{Error, InvalidInput, Result};
 use meshca_db::RecordSync;
@@ -92,6 +92,9 @@ impl Daemon {
 
     /// [`Daemon::start`], step by step.
     async fn start_steps(settings: Settings, options: DaemonOptions) -> anyhow::Result<Daemon> {
+        // What a peer can make the HTTP libraries log goes through the same budget as the daemon's
+        // own warnings about peers.
+        meshca_sds::library_logs::set_warnings_per_minute(settings.limits.warnings_per_minute);
         let Opened {
             lock,
             store,
@@ -150,6 +153,7 @@ impl Daemon {
             serving.snapshot_tx,
         );
         let (replica_sync, peer_link) = replica_links(&settings, &store, database_tx);
+        let allowed_hosts = admin_hosts::AllowedHosts::new(&settings.admin.allowed_hosts);
         let mut owner_loop = OwnerLoop::new(
             owner,
             settings,
@@ -189,6 +193,7 @@ impl Daemon {
             token: store.token.clone(),
             snapshots: serving.sds.snapshots(),
             console: Default::default(),
+            allowed_hosts,
         };
         let status = owner_loop.status_handle();
         let tasks = Tasks {
@@ -332,6 +337,9 @@ impl Opened {
         // Before anything in the data directory is created or written: one daemon per directory.
         let data_dir = DataDir::open(&settings.data_dir)?;
         let lock = data_dir.lock_for_daemon()?;
+        // What a write killed before its rename left (the keystore cleans its own).
+        crate::atomic_file::remove_stale_temps(&settings.data_dir);
+        crate::atomic_file::remove_stale_temps(&settings.resources);
         let store = Store::open_waiting(settings, &data_dir).await?;
         let limits = ServeLimits::from_settings(settings);
         let world = load_initial_world(settings, store.keystore.as_ref())?;

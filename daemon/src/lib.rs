@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 mod admin;
+mod admin_hosts;
 mod agent_api;
 pub mod atomic_file;
 pub mod children;

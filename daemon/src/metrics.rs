@@ -149,6 +149,12 @@ impl Collector for SdsCollector {
                 "Log lines about SDS clients left out by the per-minute warning limit",
                 get(&m.log_lines_suppressed),
             ),
+            (
+                "meshca_library_log_lines_suppressed",
+                "Warnings of the HTTP libraries (h2, hyper, rustls) a peer can cause, left out by \
+                 limits.warningsPerMinute",
+                meshca_sds::library_logs::suppressed(),
+            ),
         ] {
             let counter = ConstCounter::new(value);
             counter.encode(encoder.encode_descriptor(

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use anyhow::{anyhow, Context};
 use meshca_config::Settings;
 use meshca_keystore::Keystore;
-use meshca_sds::{BoundListeners, ConnPolicy, Listener, SdsLimits};
+use meshca_sds::{BoundListeners, Listener, SdsLimits};
+use meshca_workload::jwt::CacheLimits;
 use meshca_workload::jwt_keys::JwtKeys;
 use meshca_workload::{WorkloadApi, WorkloadOptions};
 use tokio_util::sync::CancellationToken;
@@ -78,11 +79,12 @@ pub(crate) fn options(settings: &Settings, sds: &SdsLimits) -> (WorkloadOptions,
         ack_after: settings.workload_api.ack_after.as_std(),
         jwt_key_lifetime: settings.workload_api.jwt_key_lifetime.as_std(),
         streams_per_caller: to_usize(limits.workload_streams_per_caller),
+        connections_per_uid: to_usize(limits.workload_connections_per_uid),
         request_bytes: to_usize(limits.workload_request_bytes),
         warnings_per_minute: limits.warnings_per_minute,
         jwt_audiences_per_request: to_usize(limits.jwt_audiences_per_request),
         jwt_audience_bytes: to_usize(limits.jwt_audience_bytes),
-        jwt_svid_cache_entries: to_usize(limits.jwt_svid_cache_entries),
+        jwt_svid_cache: jwt_cache_limits(limits),
         ..WorkloadOptions::default()
     };
     let connections = SdsLimits {
@@ -92,6 +94,16 @@ pub(crate) fn options(settings: &Settings, sds: &SdsLimits) -> (WorkloadOptions,
         ..sds.clone()
     };
     (options, connections)
+}
+
+/// The JWT-SVID cache's limits from the settings.
+pub(crate) fn jwt_cache_limits(limits: &meshca_config::Limits) -> CacheLimits {
+    CacheLimits {
+        entries: to_usize(limits.jwt_svid_cache_entries),
+        bytes: usize::try_from(limits.jwt_svid_cache_bytes).unwrap_or(usize::MAX),
+        bytes_per_identity: usize::try_from(limits.jwt_svid_cache_bytes_per_identity)
+            .unwrap_or(usize::MAX),
+    }
 }
 
 fn to_usize(value: u32) -> usize {
@@ -105,8 +117,7 @@ pub(crate) async fn serve(
     limits: SdsLimits,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let policy = ConnPolicy::new("Workload API", "limits.workloadConnections", limits)
-        .with_peer_probe(WorkloadApi::peer_probe());
+    let policy = api.conn_policy(limits);
     // Its streams end with the SDS server's: they wait on the same snapshot dispatcher, which
     // closes every wait when SDS shuts down.
     bound

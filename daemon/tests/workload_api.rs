@@ -611,11 +611,15 @@ async fn a_registered_caller_gets_jwt_svids_its_bundles_verify_and_the_key_is_ke
     );
     let lots: Vec<String> = (0..5000).map(|i| format!("aud-{i}")).collect();
     let status = fetch_jwt(&mut grpc, lots).await.expect_err("far too many");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    // Over limits.workloadRequestBytes (64 KiB): refused before it is decoded, as documented.
+    let oversize: Vec<String> = (0..100)
+        .map(|i| format!("{i}-{}", "a".repeat(1000)))
+        .collect();
+    let status = fetch_jwt(&mut grpc, oversize).await.expect_err("too large");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
     assert!(
-        matches!(
-            status.code(),
-            Code::InvalidArgument | Code::ResourceExhausted
-        ),
+        status.message().contains("limits.workloadRequestBytes"),
         "{status:?}"
     );
     // A workload asking for a token for another identity than its own gets none.
@@ -660,6 +664,42 @@ async fn a_registered_caller_gets_jwt_svids_its_bundles_verify_and_the_key_is_ke
         .await
         .expect("a JWT-SVID");
     assert_eq!(jws_part(&response.svids[0].svid, 0)["kid"], kid.as_str());
+    fixture.daemon.stop().await;
+}
+
+/// Two registrations of one Dataplane (so one SPIFFE ID) with different `jwtSvid.expiry`: each gets
+/// tokens of its own lifetime, never the other's kept token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registrations_of_one_identity_with_different_expiries_get_their_own_tokens() {
+    let uid = format!("[{}]", my_uid_selector());
+    let registrations = format!(
+        "{}  jwtSvid:\n    expiry: 10m\n---\n{}  jwtSvid:\n    expiry: 2s\n",
+        registration("long", &uid, "long"),
+        registration("short", &uid, "short"),
+    );
+    let fixture = Fixture::start(&registrations).await;
+    let mut grpc = fixture.client().await;
+    for round in 0..2 {
+        let response = fetch_jwt(&mut grpc, audiences(&["same"]))
+            .await
+            .expect("JWT-SVIDs");
+        let lifetimes: Vec<(String, u64)> = response
+            .svids
+            .iter()
+            .map(|svid| {
+                let claims = jws_part(&svid.svid, 1);
+                let lifetime =
+                    claims["exp"].as_u64().expect("exp") - claims["iat"].as_u64().expect("iat");
+                (svid.hint.clone(), lifetime)
+            })
+            .collect();
+        assert_eq!(
+            lifetimes,
+            [("long".to_owned(), 600), ("short".to_owned(), 2)],
+            "round {round}"
+        );
+        assert_eq!(response.svids[0].spiffe_id, response.svids[1].spiffe_id);
+    }
     fixture.daemon.stop().await;
 }
 
@@ -1243,5 +1283,125 @@ async fn a_token_validates_after_its_key_was_rotated_and_not_after_the_key_retir
         .await
         .expect("a token of the new key validates");
     drop(grpc);
+    fixture.daemon.stop().await;
+}
+
+/// A child as uid and gid 65534 (nobody) that opens `connections` connections to the socket, sends
+/// each the HTTP/2 preface and a SETTINGS frame, and reports how many the server answered (accepted)
+/// and how many it closed at once; it keeps the answered ones open until its stdin closes.
+fn unregistered_holder(socket: &Path, connections: usize) -> (std::process::Child, String) {
+    use std::io::BufRead as _;
+    let script = "import socket, sys\n\
+         held, shed = [], 0\n\
+         for _ in range(int(sys.argv[2])):\n\
+         \x20   s = socket.socket(socket.AF_UNIX)\n\
+         \x20   s.connect(sys.argv[1])\n\
+         \x20   try:\n\
+         \x20       s.sendall(b'PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n' + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))\n\
+         \x20       answered = s.recv(9)\n\
+         \x20   except OSError:\n\
+         \x20       answered = b''\n\
+         \x20   if answered:\n\
+         \x20       held.append(s)\n\
+         \x20   else:\n\
+         \x20       shed += 1\n\
+         print(f'held {len(held)} shed {shed}', flush=True)\n\
+         sys.stdin.read()\n";
+    let mut child = std::process::Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .args(["/usr/bin/python3", "-c", script])
+        .arg(socket)
+        .arg(connections.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawning the unregistered caller");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("its stdout"))
+        .read_line(&mut line)
+        .expect("reading its report");
+    (child, line.trim().to_owned())
+}
+
+/// An unregistered user holding every connection it can (1,030 in the finding) takes at most its
+/// share (`limits.workloadConnectionsPerUid`); a registered caller of another uid is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_user_cannot_take_every_connection_from_a_registered_caller() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test runs a caller as another user: run it as root (CI does)"
+    );
+    let registrations = registration("batch", &format!("[{}]", my_uid_selector()), "main");
+    let fixture = Fixture::start_tuned(&registrations, |settings| {
+        settings.limits.workload_connections = 8;
+        settings.limits.workload_connections_per_uid = 4;
+        // The held connections must outlive the test, not close for want of a stream.
+        settings.limits.connect_timeout = meshca_config::Duration::from_secs(600);
+    })
+    .await;
+    // Let user 65534 reach the socket (mode 0666) through the test's private directory.
+    let dir = fixture.socket.parent().expect("the socket's directory");
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let (mut holder, report) =
+        tokio::task::block_in_place(|| unregistered_holder(&fixture.socket, 12));
+    assert_eq!(report, "held 4 shed 8", "one user's share of 8 is 4");
+    let mut grpc = fixture.client().await;
+    let mut svids = stream::<_, X509SvidResponse>(
+        &mut grpc,
+        paths::FETCH_X509_SVID,
+        with_header(X509SvidRequest {}),
+    )
+    .await
+    .expect("the registered caller's stream opens");
+    next(&mut svids)
+        .await
+        .expect("the registered caller is served");
+    drop(holder.stdin.take());
+    holder.wait().expect("reaping the holder");
+    fixture.daemon.stop().await;
+}
+
+/// A caller that matches no registration gets `PERMISSION_DENIED`, then its connection is closed
+/// rather than kept for the idle timeout (it would only hold a connection slot).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unregistered_callers_connection_closes_after_its_refusal() {
+    let fixture = Fixture::start_tuned(
+        &registration("other", "[unix:uid:4000000]", "x"),
+        |settings| {
+            settings.limits.workload_idle_timeout = meshca_config::Duration::from_secs(600);
+        },
+    )
+    .await;
+    let io = tokio::net::UnixStream::connect(&fixture.socket)
+        .await
+        .expect("connect");
+    let (client, connection) = h2::client::handshake(io).await.expect("HTTP/2");
+    let connection = tokio::spawn(connection);
+    let mut client = client.ready().await.expect("ready");
+    let request = http::Request::post(format!("http://localhost{}", paths::FETCH_X509_SVID))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("workload.spiffe.io", "true")
+        .body(())
+        .expect("a request");
+    let (response, mut body) = client.send_request(request, false).expect("sent");
+    // An empty X509SVIDRequest.
+    body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+        .expect("the message");
+    let response = response.await.expect("answered");
+    let status = response
+        .headers()
+        .get("grpc-status")
+        .expect("a trailers-only answer")
+        .to_str()
+        .expect("ASCII")
+        .to_owned();
+    assert_eq!(status, (Code::PermissionDenied as i32).to_string());
+    tokio::time::timeout(TIMEOUT, connection)
+        .await
+        .expect("the daemon closes the connection well before its idle timeout")
+        .expect("the connection task")
+        .ok();
     fixture.daemon.stop().await;
 }

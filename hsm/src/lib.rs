@@ -11,6 +11,7 @@
 mod der;
 mod error;
 mod key;
+mod module_file;
 mod seal;
 mod token;
 mod uri;

@@ -21,6 +21,7 @@ use cryptoki::types::AuthPin;
 use zeroize::Zeroizing;
 
 use crate::error::HsmError;
+use crate::module_file;
 
 /// A PKCS#11 token, logged in. Cloning shares it. `Debug` shows the module and the label, never the PIN.
 #[derive(Clone)]
@@ -276,12 +277,7 @@ impl Context {
             module: module.to_owned(),
             reason,
         };
-        if !module.is_file() {
-            return Err(module_error(
-                "no such file: install the HSM vendor's PKCS#11 library, or correct the path"
-                    .into(),
-            ));
-        }
+        module_file::check(module).map_err(module_error)?;
         let pkcs11 = Pkcs11::new(module).map_err(|e| module_error(e.to_string()))?;
         match pkcs11.initialize(CInitializeArgs::new(CInitializeFlags::OS_LOCKING_OK)) {
             Ok(()) | Err(CkError::Pkcs11(RvError::CryptokiAlreadyInitialized, _)) => {}

@@ -15,6 +15,7 @@ mod error;
 mod fetch;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod library_logs;
 mod listen;
 mod log_budget;
 mod log_text;

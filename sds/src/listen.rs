@@ -5,13 +5,14 @@
 //! TLS handshakes run in a task per connection, so a slow client cannot block accepts.
 
 use std::any::Any;
+use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, UnixListener, UnixStream};
@@ -280,6 +281,7 @@ impl BoundListeners {
             }
             let accepting = Accepting {
                 slots: Arc::new(Semaphore::new(limits.connections_per_listener)),
+                per_uid: Arc::default(),
                 shed_logged: LogBudget::new(limits.warnings_per_minute),
                 policy: policy.clone(),
             };
@@ -325,6 +327,8 @@ pub struct ConnPolicy {
     limits: SdsLimits,
     metrics: Arc<SdsMetrics>,
     peer_probe: Option<PeerProbe>,
+    /// Connections one uid may hold on a unix socket, and the setting that says so.
+    per_uid: Option<(usize, &'static str)>,
 }
 
 impl fmt::Debug for ConnPolicy {
@@ -333,6 +337,7 @@ impl fmt::Debug for ConnPolicy {
             .field("what", &self.what)
             .field("limits", &self.limits)
             .field("peer_probe", &self.peer_probe.is_some())
+            .field("per_uid", &self.per_uid)
             .finish_non_exhaustive()
     }
 }
@@ -347,7 +352,16 @@ impl ConnPolicy {
             limits,
             metrics: Arc::new(SdsMetrics::default()),
             peer_probe: None,
+            per_uid: None,
         }
+    }
+
+    /// The policy letting one uid (the peer's, on a unix socket) hold at most `limit` connections
+    /// of a listener, so that no user can take every slot from the others; `setting` names the
+    /// limit in log lines.
+    pub fn with_connections_per_uid(mut self, limit: usize, setting: &'static str) -> Self {
+        self.per_uid = Some((limit, setting));
+        self
     }
 
     /// The policy counting into `metrics`.
@@ -367,11 +381,69 @@ impl ConnPolicy {
 struct Accepting {
     /// One permit per open connection: [`SdsLimits::connections_per_listener`].
     slots: Arc<Semaphore>,
+    /// Open connections per peer uid, where the policy limits them.
+    per_uid: Arc<Mutex<HashMap<u32, usize>>>,
     shed_logged: LogBudget,
     policy: ConnPolicy,
 }
 
+/// One connection's place in its uid's share; given back when the connection closes.
+struct UidSlot {
+    uid: u32,
+    open: Arc<Mutex<HashMap<u32, usize>>>,
+}
+
+impl Drop for UidSlot {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = open.get_mut(&self.uid) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.uid);
+            }
+        }
+    }
+}
+
 impl Accepting {
+    /// A place in the share of the uid at the other end of a unix socket, where the policy limits
+    /// connections per uid: `Err` when that uid holds its share already (or cannot be told).
+    fn uid_slot(&self, io: &Io) -> Result<Option<UidSlot>, Option<u32>> {
+        let (Some((limit, _)), Io::Unix(stream)) = (self.policy.per_uid, io) else {
+            return Ok(None);
+        };
+        let uid = stream.get_ref().peer_cred().map_err(|_| None)?.uid();
+        let mut open = self.per_uid.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = open.entry(uid).or_default();
+        if *count >= limit {
+            return Err(Some(uid));
+        }
+        *count += 1;
+        Ok(Some(UidSlot {
+            uid,
+            open: self.per_uid.clone(),
+        }))
+    }
+
+    /// Closes a connection whose uid holds its share already, saying so at most a few times a minute.
+    fn shed_uid(&self, bound: &Bound, uid: Option<u32>) {
+        let policy = &self.policy;
+        SdsMetrics::incr(&policy.metrics.connections_shed);
+        let (limit, setting) = policy.per_uid.unwrap_or((0, ""));
+        match self.shed_logged.admit() {
+            Some(suppressed) => tracing::warn!(
+                listener = %bound.addr(),
+                ?uid,
+                limit,
+                suppressed,
+                "a user holds as many {} connections as one user may ({setting}): its new \
+                 connections are closed at once until some close",
+                policy.what,
+            ),
+            None => SdsMetrics::incr(&policy.metrics.log_lines_suppressed),
+        }
+    }
+
     fn connection(&self, io: Io, slot: tokio::sync::OwnedSemaphorePermit, at: Instant) -> Conn {
         let peer = match (&io, &self.policy.peer_probe) {
             (Io::Unix(stream), Some(probe)) => probe(stream.get_ref().as_fd()),
@@ -425,17 +497,29 @@ async fn accept_loop(
                 continue;
             }
         };
+        let uid_slot = match &accepted {
+            Accepted::Ready(io) => accepting.uid_slot(io),
+            Accepted::Handshake(..) => Ok(None),
+        };
+        let uid_slot = match uid_slot {
+            Ok(uid_slot) => uid_slot,
+            Err(uid) => {
+                drop(accepted);
+                accepting.shed_uid(&bound, uid);
+                continue;
+            }
+        };
         let Ok(slot) = accepting.slots.clone().try_acquire_owned() else {
             accepting.shed(&bound, accepted);
             continue;
         };
         match accepted {
             Accepted::Ready(io) => {
-                if tx
-                    .send(Ok(accepting.connection(io, slot, at)))
-                    .await
-                    .is_err()
-                {
+                let mut conn = accepting.connection(io, slot, at);
+                if let Some(uid_slot) = uid_slot {
+                    conn = conn.holding(Box::new(uid_slot));
+                }
+                if tx.send(Ok(conn)).await.is_err() {
                     return;
                 }
             }

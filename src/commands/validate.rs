@@ -14,6 +14,9 @@ struct Report {
     valid: bool,
     directories: Vec<PathBuf>,
     errors: Vec<UpdateError>,
+    /// What the operator's input says that meshca ignores (an unknown `MESHCA_*` variable, a field
+    /// meshca computes itself): valid, but worth a look. Reported here, never as log lines.
+    warnings: Vec<UpdateError>,
 }
 
 pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
@@ -28,11 +31,20 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
         field: field.into(),
         message,
     };
-    let settings = match meshca_config::Settings::load(
+    let mut warnings = Vec::new();
+    let settings = match meshca_config::Settings::load_reporting(
         args.config.config.as_deref(),
         meshca_daemon::process_env(),
     ) {
-        Ok(s) => Some(s),
+        Ok((s, settings_warnings)) => {
+            warnings.extend(settings_warnings.into_iter().map(|w| UpdateError {
+                file: "(environment)".into(),
+                resource: "settings".into(),
+                field: w.origin,
+                message: w.message,
+            }));
+            Some(s)
+        }
         Err(e) => {
             errors.push(settings_error("", e.to_string()));
             None
@@ -70,8 +82,9 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
                 previous: None,
                 now: SystemTime::now(),
             };
-            if let Err(mut errs) = check_world(resources, parse_errors, &src) {
-                errors.append(&mut errs);
+            match check_world(resources, parse_errors, &src) {
+                Ok(world) => warnings.extend(world.warnings),
+                Err(mut errs) => errors.append(&mut errs),
             }
         }
     }
@@ -81,10 +94,14 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
             valid,
             directories: dirs,
             errors,
+            warnings,
         })?,
         Output::Human => {
             for e in &errors {
                 eprintln!("{e}");
+            }
+            for w in &warnings {
+                eprintln!("warning: {w}");
             }
             if valid {
                 let names: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();

@@ -21,6 +21,7 @@ from conftest import MESHCA
 CHROMIUM = os.environ.get("MESHCA_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("MESHCA_CHROMEDRIVER", "/usr/bin/chromedriver")
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "target" / "console-screenshots"
+REBOUND = "rebound.attacker.example"
 
 
 @pytest.fixture
@@ -31,7 +32,14 @@ def browser():
     )
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ["--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,900"]:
+    for arg in [
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--window-size=1280,900",
+        # A name a DNS-rebinding page would use: its own, resolving to the admin listener's address.
+        f"--host-resolver-rules=MAP {REBOUND} 127.0.0.1",
+    ]:
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     yield driver
@@ -56,6 +64,23 @@ def test_the_overview_lists_the_mesh_and_its_ca_and_goes_live(daemon, browser):
         )
         assert overflow <= 0, f"{path} is {overflow}px wider than a phone's screen"
         browser.save_screenshot(str(SCREENSHOTS / f"phone{path.replace('/', '-')}.png"))
+
+
+def test_a_page_on_a_rebound_name_reads_nothing(daemon, browser):
+    """DNS rebinding: a page on the attacker's name, rebound to 127.0.0.1, fetches the admin API as a
+    same-origin page. The browser sends the attacker's name as Host, and the listener answers 421."""
+    browser.get(f"http://{REBOUND}:{daemon.admin_port}/")
+    assert "421 Misdirected Request" in browser.page_source
+    assert "Mesh default" not in browser.page_source
+    fetched = browser.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "fetch('/api/status').then(r => r.text().then(t => done([r.status, t])), e => done([0, String(e)]));"
+    )
+    assert fetched[0] == 421, fetched
+    assert "meshes" not in fetched[1] and "admin.allowedHosts" in fetched[1], fetched
+    # The same browser on the listener's address reads the console.
+    browser.get(f"http://127.0.0.1:{daemon.admin_port}/api/status")
+    assert "meshes" in browser.page_source
 
 
 def test_a_payload_in_a_resource_shows_as_text_and_runs_nothing(daemon, browser):

@@ -100,6 +100,9 @@ pub(crate) struct Follow<V: View> {
     selectors: Arc<crate::attest::Selectors>,
     /// Who the caller is, for logs.
     caller: String,
+    /// Whether the binary's digest was left out when the caller was admitted (no registration could
+    /// use it then).
+    digest_skipped: bool,
     links: Vec<Link>,
     /// The registrations `links` were matched from: matched again only when they change, since a
     /// caller's selectors never do (with 1,000 registrations, 10,000 streams matching each snapshot
@@ -127,6 +130,7 @@ impl<V: View> Follow<V> {
             shared,
             selectors: admitted.selectors,
             caller: admitted.caller,
+            digest_skipped: admitted.digest_skipped,
             links: Vec::new(),
             matched_from: None,
             sent: None,
@@ -254,11 +258,24 @@ impl<V: View> Follow<V> {
             return Ok(false);
         }
         let selectors = &self.selectors;
+        let agent = self.shared.options.agent.as_deref();
+        if self.digest_skipped
+            && snapshot.registrations.could_be_decided_by(
+                agent,
+                meshca_config::SelectorKind::Sha256,
+                |s| selectors.contains(s),
+            )
+        {
+            // Its digest was not computed, no registration wanting it when it was admitted: a
+            // registration that names one now is matched on a new stream.
+            return Err(Status::unavailable(
+                "a registration now names the caller's binary digest: open the stream again to be \
+                 attested for it",
+            ));
+        }
         let matched = snapshot
             .registrations
-            .matching(self.shared.options.agent.as_deref(), |s| {
-                selectors.contains(s)
-            });
+            .matching(agent, |s| selectors.contains(s));
         if matched.is_empty() {
             tracing::info!(caller = %self.caller, method = V::METHOD, "Workload API stream ended: the caller matches no registration any more");
             return Err(Status::permission_denied(

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use tonic::Status;
 
 use crate::follow::{connect, sleep_until_some};
-use crate::jwt::{self, check_audiences, mint, JwksDocument, JwtSvidCache};
+use crate::jwt::{self, check_audiences, mint, JwksDocument, JwtSvidCache, TokenShape};
 use crate::jwt_keys::{JwtKeys, JwtKeysError, KeySet};
 use crate::jwt_source::JwtSource;
 use crate::proto::{
@@ -47,7 +47,7 @@ async fn matched(shared: &Shared, admitted: &Admitted) -> Result<Vec<Arc<Registr
         .registrations
         .matching(shared.options.agent.as_deref(), |s| selectors.contains(s));
     if matched.is_empty() {
-        return Err(shared.no_registration(&admitted.caller));
+        return Err(shared.no_registration(admitted));
     }
     Ok(matched)
 }
@@ -299,21 +299,19 @@ pub async fn mint_jwt_svid(
         .signer(spiffe_id.trust_domain().as_str(), deadline)
         .await?;
     let now = unix_now();
-    let cached = cache.lock().unwrap_or_else(PoisonError::into_inner).get(
-        spiffe_id,
-        key.kid(),
-        audience,
-        now,
-    );
+    let lifetime = lifetime.as_secs().max(1);
+    let shape = TokenShape::new(spiffe_id, key.kid(), audience, lifetime);
+    let cached = cache
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&shape, now);
     if let Some(token) = cached {
         return Ok(token);
     }
-    let expires_at = now.saturating_add(lifetime.as_secs().max(1));
+    let expires_at = now.saturating_add(lifetime);
     let token = mint(&key, spiffe_id.as_str(), audience, now, expires_at)?;
     cache.lock().unwrap_or_else(PoisonError::into_inner).insert(
-        spiffe_id,
-        key.kid(),
-        audience,
+        shape,
         token.clone(),
         now,
         expires_at,

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::attest::AttestLimits;
+use crate::jwt::CacheLimits;
 
 /// The default of [`WorkloadOptions::ack_after`] (the setting `workloadApi.ackAfter`).
 pub const DEFAULT_ACK_AFTER: Duration = Duration::from_secs(1);
@@ -25,6 +26,8 @@ pub struct WorkloadOptions {
     pub jwt_key_lifetime: Duration,
     /// Concurrent streams of one caller (one process).
     pub streams_per_caller: usize,
+    /// Connections one uid may hold on one socket (`limits.workloadConnectionsPerUid`).
+    pub connections_per_uid: usize,
     /// The largest request message, in bytes.
     pub request_bytes: usize,
     /// Bounds on attesting a caller.
@@ -35,8 +38,9 @@ pub struct WorkloadOptions {
     pub jwt_audiences_per_request: usize,
     /// The longest audience, in bytes (`limits.jwtAudienceBytes`).
     pub jwt_audience_bytes: usize,
-    /// Signed JWT-SVIDs kept for reuse (`limits.jwtSvidCacheEntries`).
-    pub jwt_svid_cache_entries: usize,
+    /// Signed JWT-SVIDs kept for reuse (`limits.jwtSvidCacheEntries`, `limits.jwtSvidCacheBytes`,
+    /// `limits.jwtSvidCacheBytesPerIdentity`).
+    pub jwt_svid_cache: CacheLimits,
     /// Which registrations this socket serves: those naming this agent (`spec.agent`), or with
     /// `None` those naming no agent (the server's own socket).
     pub agent: Option<String>,
@@ -49,12 +53,13 @@ impl Default for WorkloadOptions {
             ack_after: DEFAULT_ACK_AFTER,
             jwt_key_lifetime: DEFAULT_JWT_KEY_LIFETIME,
             streams_per_caller: 64,
+            connections_per_uid: 256,
             request_bytes: 64 * 1024,
             attest: AttestLimits::default(),
             warnings_per_minute: 10,
             jwt_audiences_per_request: 32,
             jwt_audience_bytes: 1024,
-            jwt_svid_cache_entries: 4096,
+            jwt_svid_cache: CacheLimits::default(),
             agent: None,
         }
     }

@@ -47,7 +47,7 @@ async fn attest(shared: &Arc<Shared>, conn: Option<&ConnInfo>) -> Result<Atteste
         .registrations
         .matching(agent.as_deref(), |s| selectors.contains(s));
     let Some(default) = matched.first() else {
-        return Err(shared.no_registration(&admitted.caller));
+        return Err(shared.no_registration(&admitted));
     };
     let claims = claims_for(default)?;
     let listed = shared.callers.open(admitted.ids, METHOD);

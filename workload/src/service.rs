@@ -70,6 +70,18 @@ impl WorkloadApi {
         self.shared.callers.clone()
     }
 
+    /// How a Workload API socket treats its connections: `limits`, the caller's process learned on
+    /// each ([`WorkloadApi::peer_probe`]), and at most `connections_per_uid` connections of one user,
+    /// so that no user (registered or not) can take every connection slot from the others.
+    pub fn conn_policy(&self, limits: meshca_sds::SdsLimits) -> meshca_sds::ConnPolicy {
+        meshca_sds::ConnPolicy::new("Workload API", "limits.workloadConnections", limits)
+            .with_peer_probe(Self::peer_probe())
+            .with_connections_per_uid(
+                self.shared.options.connections_per_uid,
+                "limits.workloadConnectionsPerUid",
+            )
+    }
+
     /// The probe the listener runs on each accepted connection: the caller's process, as the kernel
     /// names it (see [`crate::attest::PeerProcess`]).
     pub fn peer_probe() -> meshca_sds::PeerProbe {
@@ -174,13 +186,15 @@ where
                 }
                 paths::FETCH_JWT_BUNDLES => {
                     let request_bytes = shared.options.request_bytes;
-                    Grpc::new(ProstCodec::<JwtBundlesResponse, JwtBundlesRequest>::default())
-                        .apply_max_message_size_config(
-                            Some(request_bytes),
-                            Some(MAX_RESPONSE_BYTES),
-                        )
-                        .server_streaming(JwtBundlesMethod { shared }, request)
-                        .await
+                    let response =
+                        Grpc::new(ProstCodec::<JwtBundlesResponse, JwtBundlesRequest>::default())
+                            .apply_max_message_size_config(
+                                Some(request_bytes),
+                                Some(MAX_RESPONSE_BYTES),
+                            )
+                            .server_streaming(JwtBundlesMethod { shared }, request)
+                            .await;
+                    oversize_is_exhausted(response, request_bytes)
                 }
                 _ => Status::unimplemented("no such method of the Workload API").into_http(),
             })
@@ -203,10 +217,36 @@ where
     Resp: prost::Message + Send + 'static,
 {
     let request_bytes = shared.options.request_bytes;
-    Grpc::new(ProstCodec::<Resp, Req>::default())
+    let response = Grpc::new(ProstCodec::<Resp, Req>::default())
         .apply_max_message_size_config(Some(request_bytes), Some(MAX_RESPONSE_BYTES))
         .unary(Unary { shared, handler }, request)
-        .await
+        .await;
+    oversize_is_exhausted(response, request_bytes)
+}
+
+/// The status tonic answers a request message over the size limit with, before any handler runs.
+const OVERSIZE_CODE: &str = "11";
+
+/// A request over `limits.workloadRequestBytes` is refused with `RESOURCE_EXHAUSTED`, naming the
+/// setting, as every other Workload API limit is (tonic's own answer is `OUT_OF_RANGE`). The
+/// methods here never answer `OUT_OF_RANGE` themselves, so a response that carries it in its headers
+/// (a trailers-only response: nothing was sent) is tonic's refusal of the message's length.
+fn oversize_is_exhausted(
+    response: http::Response<tonic::body::Body>,
+    request_bytes: usize,
+) -> http::Response<tonic::body::Body> {
+    let oversize = response
+        .headers()
+        .get("grpc-status")
+        .is_some_and(|code| code == OVERSIZE_CODE);
+    if !oversize {
+        return response;
+    }
+    Status::resource_exhausted(format!(
+        "the request message is larger than {request_bytes} bytes, the most the Workload API \
+         accepts (limits.workloadRequestBytes)"
+    ))
+    .into_http()
 }
 
 /// A unary method and what it runs.
@@ -246,10 +286,11 @@ async fn serve_stream<V: View + Answers>(
     request: http::Request<tonic::body::Body>,
 ) -> http::Response<tonic::body::Body> {
     let request_bytes = shared.options.request_bytes;
-    Grpc::new(ProstCodec::<V::Message, V::Request>::default())
+    let response = Grpc::new(ProstCodec::<V::Message, V::Request>::default())
         .apply_max_message_size_config(Some(request_bytes), Some(MAX_RESPONSE_BYTES))
         .server_streaming(Method::<V>::new(shared), request)
-        .await
+        .await;
+    oversize_is_exhausted(response, request_bytes)
 }
 
 /// A streaming method whose messages a [`View`] builds.
@@ -298,7 +339,7 @@ impl<V: View + Answers> ServerStreamingService<V::Request> for Method<V> {
                 .registrations
                 .matching(shared.options.agent.as_deref(), |s| selectors.contains(s));
             if matched.is_empty() {
-                return Err(shared.no_registration(&admitted.caller));
+                return Err(shared.no_registration(&admitted));
             }
             jwt_api::ensure_keys_of(&shared, &snapshot, &matched);
             let follow = Follow::<V>::new(shared.clone(), admitted);

@@ -8,7 +8,7 @@ use meshca_control::Snapshot;
 use meshca_sds::{ConnInfo, LogBudget, SdsServer};
 use tonic::Status;
 
-use crate::attest::{self, AttestError, PeerProcess, Selectors};
+use crate::attest::{self, AttestError, PeerProcess, SelectorKind, Selectors};
 use crate::callers::Callers;
 use crate::jwt::JwtSvidCache;
 use crate::jwt_source::JwtSource;
@@ -36,7 +36,7 @@ impl Shared {
         Shared {
             sds,
             jwt,
-            jwt_cache: Mutex::new(JwtSvidCache::new(options.jwt_svid_cache_entries)),
+            jwt_cache: Mutex::new(JwtSvidCache::new(options.jwt_svid_cache)),
             refusals_logged: LogBudget::new(options.warnings_per_minute),
             options,
             streams: Mutex::new(HashMap::new()),
@@ -79,11 +79,15 @@ impl Drop for CallerSlot {
 /// A caller that passed attestation, with its stream slot.
 pub(crate) struct Admitted {
     pub selectors: Arc<Selectors>,
+    /// Whether the binary's digest was left out, no registration wanting it when admitted.
+    pub digest_skipped: bool,
     pub caller: String,
     /// The caller's pid, uid and gid.
     pub ids: (u32, u32, u32),
     pub slot: CallerSlot,
     pub open: Option<meshca_sds::OpenStream>,
+    /// The connection the request came on.
+    pub conn: Option<ConnInfo>,
 }
 
 impl Shared {
@@ -99,21 +103,36 @@ impl Shared {
         })?;
         let slot = self.take_slot(peer.pid())?;
         let limits = self.options.attest;
+        // The binary's digest is computed only where a registration could use it.
+        let snapshot = self.published().await?;
+        let agent = self.options.agent.clone();
         let attested = {
             let peer = peer.clone();
-            tokio::task::spawn_blocking(move || attest::attest(&peer, &limits)).await
+            tokio::task::spawn_blocking(move || {
+                let wants_digest = |selectors: &Selectors| {
+                    snapshot.registrations.could_be_decided_by(
+                        agent.as_deref(),
+                        SelectorKind::Sha256,
+                        |s| selectors.contains(s),
+                    )
+                };
+                attest::attest_for(&peer, &limits, &wants_digest)
+            })
+            .await
         };
         let caller = match attested {
             Ok(Ok(caller)) => caller,
-            Ok(Err(error)) => return Err(self.refuse_attestation(&peer, error)),
+            Ok(Err(error)) => return Err(self.refuse_attestation(&peer, conn, error)),
             Err(_) => return Err(Status::unavailable("workload attestation failed")),
         };
         Ok(Admitted {
+            digest_skipped: caller.digest_skipped,
             caller: format!("pid {} uid {}", caller.pid, caller.uid),
             ids: (caller.pid, caller.uid, caller.gid),
             selectors: Arc::new(caller.selectors),
             slot,
             open: conn.map(ConnInfo::stream_opened),
+            conn: conn.cloned(),
         })
     }
 
@@ -134,14 +153,25 @@ impl Shared {
         })
     }
 
-    fn refuse_attestation(&self, peer: &PeerProcess, error: AttestError) -> Status {
+    fn refuse_attestation(
+        &self,
+        peer: &PeerProcess,
+        conn: Option<&ConnInfo>,
+        error: AttestError,
+    ) -> Status {
         if self.refusals_logged.admit().is_some() {
             tracing::warn!(pid = peer.pid(), %error, "refused a Workload API caller");
         }
         match error {
-            AttestError::CallerGone { .. } => Status::unauthenticated(
-                "could not verify that the caller is still the process that connected",
-            ),
+            AttestError::CallerGone { .. } => {
+                // Nothing on this connection will attest again: the caller must reconnect.
+                if let Some(conn) = conn {
+                    conn.close_when_idle();
+                }
+                Status::unauthenticated(
+                    "could not verify that the caller is still the process that connected",
+                )
+            }
             _ => Status::unavailable("workload attestation failed"),
         }
     }
@@ -170,8 +200,14 @@ impl Shared {
             })
     }
 
-    /// Refuses a caller that matches no registration (it may be registered later: clients retry).
-    pub(crate) fn no_registration(&self, caller: &str) -> Status {
+    /// Refuses a caller that matches no registration (it may be registered later: clients retry,
+    /// on a new connection). Its connection closes once its streams have ended, rather than holding
+    /// a connection slot for the idle timeout.
+    pub(crate) fn no_registration(&self, admitted: &Admitted) -> Status {
+        if let Some(conn) = &admitted.conn {
+            conn.close_when_idle();
+        }
+        let caller = &admitted.caller;
         if self.refusals_logged.admit().is_some() {
             tracing::info!(%caller, "a Workload API caller matches no WorkloadRegistration");
         }

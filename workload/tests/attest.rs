@@ -8,8 +8,8 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use meshca_workload::attest::{
-    attest, parse_selector, still_same, AttestError, AttestLimits, Caller, GoneReason, PeerProcess,
-    Selector,
+    attest, attest_for, parse_selector, still_same, AttestError, AttestLimits, Caller, GoneReason,
+    PeerProcess, Selector, Selectors,
 };
 
 /// The system's interpreter, readable by every user (a per-user install may not be).
@@ -34,13 +34,18 @@ fn listener() -> (UnixListener, String) {
     (listener, name)
 }
 
-/// A Python child that runs `script` (with `connect(name)` defined) through `prefix`.
-fn python(prefix: &[&str], script: &str, args: &[&str]) -> Child {
-    let program = format!(
+/// A Python program: `script`, with `connect(name)` defined.
+fn program(script: &str) -> String {
+    format!(
         "import socket, sys\n\
          def connect(name):\n    s = socket.socket(socket.AF_UNIX)\n    s.connect('\\0' + name)\n    return s\n\
          {script}"
-    );
+    )
+}
+
+/// A Python child that runs `script` (with `connect(name)` defined) through `prefix`.
+fn python(prefix: &[&str], script: &str, args: &[&str]) -> Child {
+    let program = program(script);
     let mut command = Command::new(prefix.first().copied().unwrap_or(PYTHON));
     command.args(prefix.iter().skip(1));
     if !prefix.is_empty() {
@@ -326,4 +331,230 @@ fn a_caller_reaped_before_its_connection_is_read_is_gone() {
             assert_gone(attest(&peer, &AttestLimits::default()));
         }
     }
+}
+
+fn has_kind(caller: &Caller, kind: &str) -> bool {
+    caller
+        .selectors
+        .iter()
+        .any(|s| s.to_string().starts_with(kind))
+}
+
+/// A user can build a mount namespace of their own (`unshare -Urm`), lay a tmpfs over a directory
+/// and run their own binary under a registered binary's path: the kernel then gives that path for
+/// the process, but the path names another file in the server's mount namespace, so it is no
+/// evidence: the caller gets neither `unix:path` nor `unix:sha256`.
+#[test]
+fn a_binary_path_that_names_another_file_here_is_no_evidence() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let registered = dir.path().join("app");
+    std::fs::write(&registered, b"#!/bin/sh\nexit 0\n").expect("writing the registered binary");
+    let python = std::fs::canonicalize(PYTHON).expect("the interpreter's real path");
+    let (listener, name) = listener();
+    let forge =
+        "mount -t tmpfs none \"$1\" && cp \"$2\" \"$1/app\" && exec \"$1/app\" -c \"$3\" \"$4\"";
+    let script = program("s = connect(sys.argv[1])\nsys.stdin.read()\n");
+    let mut child = Command::new("unshare")
+        .args(["-Urm", "sh", "-c", forge, "sh"])
+        .arg(dir.path())
+        .arg(&python)
+        .args([script.as_str(), name.as_str()])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("spawning unshare");
+    let (server, _) = listener.accept().expect("accepting the child");
+    let peer = PeerProcess::of(&server).expect("the peer");
+    // The kernel names the registered path for the caller's binary...
+    let shown = std::fs::read_link(format!("/proc/{}/exe", peer.pid())).expect("its exe link");
+    assert_eq!(
+        shown, registered,
+        "the caller did not run under the registered path"
+    );
+    // ...but here that path is another file.
+    let caller = attest(&peer, &AttestLimits::default()).expect("attesting the child");
+    assert!(
+        !caller
+            .selectors
+            .contains(&sel(&format!("unix:path:{}", registered.display()))),
+        "{:?}",
+        caller.selectors
+    );
+    assert!(!has_kind(&caller, "unix:path:"), "{:?}", caller.selectors);
+    assert!(!has_kind(&caller, "unix:sha256:"), "{:?}", caller.selectors);
+    assert!(has_kind(&caller, "unix:uid:"), "{:?}", caller.selectors);
+    drop(child.stdin.take());
+    child.wait().expect("reaping the child");
+}
+
+/// A mount namespace of its own is no reason to lose a selector: a caller in one that runs the same
+/// file as the server sees at that path keeps `unix:path` and `unix:sha256`.
+#[test]
+fn a_caller_in_its_own_mount_namespace_running_the_same_file_keeps_its_path() {
+    let (listener, name) = listener();
+    let mut child = connecting_child(&["unshare", "-Urm"], &name);
+    let (server, _) = listener.accept().expect("accepting the child");
+    let peer = PeerProcess::of(&server).expect("the peer");
+    let caller = attest(&peer, &AttestLimits::default()).expect("attesting the child");
+    let python = std::fs::canonicalize(PYTHON).expect("the interpreter's real path");
+    let wanted = [
+        sel(&format!("unix:path:{}", python.display())),
+        sel(&format!("unix:sha256:{}", sha256_hex(&python))),
+    ];
+    assert!(
+        caller.selectors.contains_all(&wanted),
+        "{:?}",
+        caller.selectors
+    );
+    drop(child.stdin.take());
+    child.wait().expect("reaping the child");
+}
+
+fn assert_gone_because(result: Result<impl std::fmt::Debug, AttestError>, expected: GoneReason) {
+    match result {
+        Err(AttestError::CallerGone { reason, .. }) => assert_eq!(reason, expected),
+        other => panic!("expected the caller to be gone ({expected}), got {other:?}"),
+    }
+}
+
+/// A Python child that connects, says `ready`, and on `go` runs the rest of its script, which says
+/// what it did; the connection is accepted and its peer captured while the child waits.
+struct Stepped {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    peer: PeerProcess,
+    _server: UnixStream,
+}
+
+impl Stepped {
+    fn start(then: &str) -> Stepped {
+        let (listener, name) = listener();
+        let script = format!(
+            "import ctypes, os\ns = connect(sys.argv[1])\nprint('ready', flush=True)\nos.read(0, 3)\n{then}"
+        );
+        let mut child = python(&[], &script, &[&name]);
+        let stdin = child.stdin.take().expect("the child's stdin");
+        let mut stdout = BufReader::new(child.stdout.take().expect("the child's stdout"));
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("reading the child");
+        assert_eq!(line.trim(), "ready");
+        let (server, _) = listener.accept().expect("accepting the child");
+        let peer = PeerProcess::of(&server).expect("the peer");
+        Stepped {
+            child,
+            stdin,
+            stdout,
+            peer,
+            _server: server,
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        std::io::Write::write_all(&mut self.stdin, bytes).expect("writing to the child");
+    }
+
+    fn expect(&mut self, word: &str) {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("reading the child");
+        assert_eq!(line.trim(), word);
+    }
+
+    fn finish(self) {
+        let Stepped {
+            mut child, stdin, ..
+        } = self;
+        drop(stdin);
+        child.wait().expect("reaping the child");
+    }
+}
+/// A process connects, forks a child that keeps the socket, then execs another binary (a registered
+/// one): the child is still the attacker's code, so the connection no longer attests as anything.
+#[test]
+fn a_caller_that_execs_after_connecting_must_reconnect() {
+    let mut caller = Stepped::start(
+        "if os.fork() == 0:\n\
+         \x20   ctypes.CDLL(None).prctl(1, 9)\n\
+         \x20   os.read(s.fileno(), 1)\n\
+         \x20   os._exit(0)\n\
+         print('forked', flush=True)\n\
+         os.execv('/bin/cat', ['cat'])\n",
+    );
+    attest(&caller.peer, &AttestLimits::default()).expect("attesting the child before it execs");
+    still_same(&caller.peer).expect("the same process");
+    caller.send(b"go\n");
+    caller.expect("forked");
+    // cat echoes: once it does, the exec is done.
+    caller.send(b"ping\n");
+    caller.expect("ping");
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{}/exe", caller.peer.pid())).expect("its exe link"),
+        std::fs::canonicalize("/bin/cat").expect("cat's real path"),
+    );
+    assert_gone_because(still_same(&caller.peer), GoneReason::BinaryChanged);
+    assert_gone_because(
+        attest(&caller.peer, &AttestLimits::default()),
+        GoneReason::BinaryChanged,
+    );
+    caller.finish();
+}
+
+/// A caller that moves to another mount namespace after connecting (where it could make any path
+/// name any file) must reconnect.
+#[test]
+fn a_caller_that_enters_another_mount_namespace_must_reconnect() {
+    // CLONE_NEWUSER | CLONE_NEWNS: allowed to any user where user namespaces are.
+    let mut caller = Stepped::start(
+        "libc = ctypes.CDLL(None, use_errno=True)\n\
+         assert libc.unshare(0x10020000) == 0, os.strerror(ctypes.get_errno())\n\
+         print('moved', flush=True)\n\
+         sys.stdin.read()\n",
+    );
+    attest(&caller.peer, &AttestLimits::default()).expect("attesting the child before it moves");
+    caller.send(b"go\n");
+    caller.expect("moved");
+    assert_gone_because(still_same(&caller.peer), GoneReason::MountNamespaceChanged);
+    assert_gone_because(
+        attest(&caller.peer, &AttestLimits::default()),
+        GoneReason::MountNamespaceChanged,
+    );
+    caller.finish();
+}
+
+/// A caller no registration could match by its digest costs no hashing: it is asked once, with the
+/// caller's other selectors, and the caller is marked as having no digest, so that a registration
+/// naming one later makes its stream reconnect.
+#[test]
+fn the_digest_is_computed_only_where_a_registration_could_use_it() {
+    let (server, _client) = UnixStream::pair().expect("a socket pair");
+    let peer = PeerProcess::of(&server).expect("the peer");
+    let asked = std::cell::Cell::new(0);
+    let never = |selectors: &Selectors| {
+        asked.set(asked.get() + 1);
+        assert!(
+            has_kind_in(selectors, "unix:uid:"),
+            "asked with the other selectors"
+        );
+        assert!(
+            has_kind_in(selectors, "unix:path:"),
+            "asked with the binary's path"
+        );
+        false
+    };
+    let skipped = attest_for(&peer, &AttestLimits::default(), &never).expect("attesting");
+    assert_eq!(asked.get(), 1);
+    assert!(skipped.digest_skipped);
+    assert!(
+        !has_kind(&skipped, "unix:sha256:"),
+        "{:?}",
+        skipped.selectors
+    );
+    assert!(has_kind(&skipped, "unix:path:"), "{:?}", skipped.selectors);
+    let wanted =
+        attest_for(&peer, &AttestLimits::default(), &|_: &Selectors| true).expect("attesting");
+    assert!(!wanted.digest_skipped);
+    assert!(has_kind(&wanted, "unix:sha256:"), "{:?}", wanted.selectors);
+}
+
+fn has_kind_in(selectors: &Selectors, kind: &str) -> bool {
+    selectors.iter().any(|s| s.to_string().starts_with(kind))
 }

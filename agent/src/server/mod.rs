@@ -23,7 +23,7 @@ use std::time::Duration;
 use meshca_auth::{Claims, ProxyType};
 use meshca_identity::KeyAlgorithm;
 use meshca_sds::{shown, ConnInfo, LogBudget, OpenStream, SdsServer};
-use meshca_workload::jwt::JwtSvidCache;
+use meshca_workload::jwt::{CacheLimits, JwtSvidCache};
 use meshca_workload::jwt_keys::JwtKeys;
 use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
 use tonic::server::NamedService;
@@ -51,8 +51,8 @@ pub struct AgentOptions {
     pub jwt_audiences_per_request: usize,
     /// The longest audience, in bytes (`limits.jwtAudienceBytes`).
     pub jwt_audience_bytes: usize,
-    /// Signed JWT-SVIDs kept for reuse (`limits.jwtSvidCacheEntries`).
-    pub jwt_svid_cache_entries: usize,
+    /// Signed JWT-SVIDs kept for reuse (`limits.jwtSvidCache*`).
+    pub jwt_svid_cache: CacheLimits,
     /// Warnings about one agent's requests logged per minute (`limits.warningsPerMinute`).
     pub warnings_per_minute: u32,
 }
@@ -65,7 +65,7 @@ impl Default for AgentOptions {
             message_bytes: 1024 * 1024,
             jwt_audiences_per_request: 32,
             jwt_audience_bytes: 1024,
-            jwt_svid_cache_entries: 4096,
+            jwt_svid_cache: CacheLimits::default(),
             warnings_per_minute: 10,
         }
     }
@@ -98,11 +98,11 @@ impl AgentOptions {
         mut self,
         audiences: usize,
         audience_bytes: usize,
-        cached: usize,
+        cached: CacheLimits,
     ) -> Self {
         self.jwt_audiences_per_request = audiences;
         self.jwt_audience_bytes = audience_bytes;
-        self.jwt_svid_cache_entries = cached;
+        self.jwt_svid_cache = cached;
         self
     }
 
@@ -136,7 +136,7 @@ impl AgentServer {
     pub fn new(sds: SdsServer, jwt_keys: JwtKeys, options: AgentOptions) -> Self {
         AgentServer {
             shared: Arc::new(Shared {
-                jwt_cache: Mutex::new(JwtSvidCache::new(options.jwt_svid_cache_entries)),
+                jwt_cache: Mutex::new(JwtSvidCache::new(options.jwt_svid_cache)),
                 refusals_logged: LogBudget::new(options.warnings_per_minute),
                 sds,
                 jwt_keys,

@@ -354,7 +354,8 @@ impl Sync {
             .contains(&self.agent.id);
         if revoked {
             tracing::info!(agent = %self.agent.name, token = %self.agent.id, "agent token revoked: its stream ends");
-            return Err(Status::permission_denied(format!(
+            // The status SDS ends a revoked proxy's stream with: the credential is no longer valid.
+            return Err(Status::unauthenticated(format!(
                 "token {} of agent {} has been revoked",
                 self.agent.id,
                 shown(&self.agent.name)

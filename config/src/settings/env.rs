@@ -7,7 +7,7 @@ use std::str::FromStr;
 use super::file::{fields, Layer};
 use super::limits::LimitError;
 use super::types::{PKCS11_PIN_ENV, POSTGRES_PASSWORD_ENV};
-use super::SettingsError;
+use super::{SettingsError, SettingsWarning};
 
 /// The prefix of every settings environment variable.
 pub const ENV_PREFIX: &str = "MESHCA_";
@@ -64,6 +64,7 @@ pub fn settings_env_vars() -> Vec<String> {
 pub(super) fn apply(
     layer: &mut Layer,
     env: impl IntoIterator<Item = (String, String)>,
+    warnings: &mut Vec<SettingsWarning>,
 ) -> Result<BTreeMap<&'static str, String>, SettingsError> {
     let known = variables();
     let mut set_by: BTreeMap<&'static str, String> = BTreeMap::new();
@@ -79,11 +80,13 @@ pub(super) fn apply(
         }
         let Some(&field) = known.get(&var) else {
             // Other tools share the prefix (a test harness's MESHCA_BIN, say): warn, do not refuse to start.
-            tracing::warn!(
-                variable = %var,
-                "ignoring {var}: not a meshca setting (the settings variables are {})",
-                settings_env_vars().join(", ")
-            );
+            warnings.push(SettingsWarning {
+                origin: var.clone(),
+                message: format!(
+                    "not a meshca setting, ignored (the settings variables are {})",
+                    settings_env_vars().join(", ")
+                ),
+            });
             continue;
         };
         if let Some(first) = set_by.get(field) {
@@ -224,6 +227,9 @@ fn set(layer: &mut Layer, field: &str, value: &str) -> Result<(), EnvValueError>
         }
         "sds.insecure" => layer.sds.get_or_insert_default().insecure = Some(parse_bool(value)?),
         "admin.listen" => layer.admin.get_or_insert_default().listen = Some(parse(value)?),
+        "admin.allowedHosts" => {
+            layer.admin.get_or_insert_default().allowed_hosts = Some(parse_list(value)?);
+        }
         "issuance.keyAlgorithm" => {
             layer.issuance.get_or_insert_default().key_algorithm = Some(parse(value)?);
         }

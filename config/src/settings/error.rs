@@ -44,3 +44,19 @@ pub enum SettingsError {
         field: String,
     },
 }
+
+/// Something the settings' sources say that meshca ignores (an unknown `MESHCA_*` variable): the
+/// daemon logs it, `meshca validate` lists it in its report. It never makes the settings invalid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettingsWarning {
+    /// Where it was said: the variable's name, or the file.
+    pub origin: String,
+    /// What is ignored and why.
+    pub message: String,
+}
+
+impl std::fmt::Display for SettingsWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.origin, self.message)
+    }
+}

@@ -77,6 +77,7 @@ pub(super) struct TlsLayer {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(super) struct AdminLayer {
     pub(super) listen: Option<SocketAddr>,
+    pub(super) allowed_hosts: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -136,7 +137,7 @@ pub(super) struct TokensLayer {
 }
 
 /// The settings fields outside `limits:`, as written in the file (dotted camelCase paths).
-const BASE_FIELDS: [&str; 35] = [
+const BASE_FIELDS: [&str; 36] = [
     "zone",
     "dataDir",
     "resources",
@@ -149,6 +150,7 @@ const BASE_FIELDS: [&str; 35] = [
     "workloadApi.ackAfter",
     "workloadApi.jwtKeyLifetime",
     "admin.listen",
+    "admin.allowedHosts",
     "issuance.keyAlgorithm",
     "issuance.renewAt",
     "issuance.workers",
@@ -207,6 +209,10 @@ impl Layer {
                 .as_ref()
                 .is_some_and(|w| w.jwt_key_lifetime.is_some()),
             "admin.listen" => self.admin.as_ref().is_some_and(|a| a.listen.is_some()),
+            "admin.allowedHosts" => self
+                .admin
+                .as_ref()
+                .is_some_and(|a| a.allowed_hosts.is_some()),
             "issuance.keyAlgorithm" => self
                 .issuance
                 .as_ref()

@@ -178,6 +178,10 @@ limits! {
     data_source_bytes: u64 = MIB, "dataSourceBytes";
     /// Open connections per Workload API socket; more are closed at once (default 1024).
     workload_connections: u32 = 1024, "workloadConnections";
+    /// Open connections one user (uid) may hold on a Workload API socket, so that no user takes every
+    /// slot from the others; more are closed at once (default 256, a quarter of the default
+    /// `workloadConnections`).
+    workload_connections_per_uid: u32 = 256, "workloadConnectionsPerUid";
     /// Concurrent Workload API streams of one caller (one process), over all its connections
     /// (default 64).
     workload_streams_per_caller: u32 = 64, "workloadStreamsPerCaller";
@@ -191,6 +195,10 @@ limits! {
     jwt_audience_bytes: u32 = 1024, "jwtAudienceBytes";
     /// Signed JWT-SVIDs kept for reuse until they near their expiry (default 4096).
     jwt_svid_cache_entries: u32 = 4096, "jwtSvidCacheEntries";
+    /// Bytes the kept JWT-SVIDs may take, tokens and their audiences counted (default 16 MiB).
+    jwt_svid_cache_bytes: u64 = 16 * MIB, "jwtSvidCacheBytes";
+    /// Bytes the kept JWT-SVIDs of one SPIFFE ID may take (default 1 MiB).
+    jwt_svid_cache_bytes_per_identity: u64 = MIB, "jwtSvidCacheBytesPerIdentity";
     /// `Sync` streams one agent (one agent token name) may hold open at once, over every SDS
     /// listener (default 4).
     agent_streams_per_agent: u32 = 4, "agentStreamsPerAgent";

@@ -13,7 +13,7 @@ pub use agent::{
     AgentSettings, ServerAddr, ServerAddrError, DEFAULT_AGENT_ADMIN, DEFAULT_AGENT_LISTEN,
 };
 pub use env::{settings_env_vars, ENV_PREFIX};
-pub use error::SettingsError;
+pub use error::{SettingsError, SettingsWarning};
 pub use limits::Limits;
 pub use listen::{ListenAddr, ListenAddrError};
 pub use types::{

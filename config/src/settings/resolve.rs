@@ -15,7 +15,7 @@ use super::types::{
     MAX_POSTGRES_CONNECTIONS,
 };
 use super::{
-    env, AgentSettings, ListenAddr, Settings, SettingsError, DEFAULT_AGENT_ADMIN,
+    env, AgentSettings, ListenAddr, Settings, SettingsError, SettingsWarning, DEFAULT_AGENT_ADMIN,
     DEFAULT_AGENT_LISTEN,
 };
 use crate::names::check_name;
@@ -50,6 +50,17 @@ impl Settings {
         Settings::load_with_overrides(path, env, Vec::new())
     }
 
+    /// [`Settings::load`], returning what it would log as warnings (an unknown `MESHCA_*`
+    /// variable) instead of logging them: for `meshca validate`'s report.
+    pub fn load_reporting(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<(Settings, Vec<SettingsWarning>), SettingsError> {
+        let mut warnings = Vec::new();
+        let settings = Settings::load_collecting(path, env, Vec::new(), &mut warnings)?;
+        Ok((settings, warnings))
+    }
+
     /// [`Settings::load`], then `overrides` on top of the environment: each is a field's dotted path
     /// (`agent.servers`), where it came from (a command-line flag, which errors name) and its text,
     /// read as the field's environment variable is.
@@ -57,6 +68,20 @@ impl Settings {
         path: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
         overrides: Vec<(String, String, String)>,
+    ) -> Result<Settings, SettingsError> {
+        let mut warnings = Vec::new();
+        let loaded = Settings::load_collecting(path, env, overrides, &mut warnings);
+        for warning in &warnings {
+            tracing::warn!("{warning}");
+        }
+        loaded
+    }
+
+    fn load_collecting(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        overrides: Vec<(String, String, String)>,
+        warnings: &mut Vec<SettingsWarning>,
     ) -> Result<Settings, SettingsError> {
         let mut origins: BTreeMap<&'static str, String> = BTreeMap::new();
         let mut layer = match path {
@@ -78,7 +103,7 @@ impl Settings {
             }
             None => Layer::default(),
         };
-        origins.extend(env::apply(&mut layer, env)?);
+        origins.extend(env::apply(&mut layer, env, warnings)?);
         origins.extend(env::apply_overrides(&mut layer, overrides)?);
         resolve(layer, &origins)
     }
@@ -172,11 +197,10 @@ fn resolve(
         &sds,
         origins,
     )?;
+    let admin_layer = layer.admin.unwrap_or_default();
     let admin = AdminSettings {
-        listen: layer
-            .admin
-            .and_then(|a| a.listen)
-            .unwrap_or(DEFAULT_ADMIN_LISTEN),
+        listen: admin_layer.listen.unwrap_or(DEFAULT_ADMIN_LISTEN),
+        allowed_hosts: allowed_hosts(admin_layer.allowed_hosts.unwrap_or_default(), origins)?,
     };
     let issuance = layer.issuance.unwrap_or_default();
     let renew_at = issuance.renew_at.unwrap_or(DEFAULT_RENEW_AT);
@@ -618,4 +642,34 @@ fn resolve_agent(
         listen,
         admin,
     })
+}
+
+/// `admin.allowedHosts`: DNS names (letters, digits, `-` and `.`, at most 253 bytes), lower-cased; a
+/// trailing dot is dropped, as `Host` headers are compared without it.
+fn allowed_hosts(names: Vec<String>, origins: &Origins<'_>) -> Result<Vec<String>, SettingsError> {
+    let mut allowed = Vec::with_capacity(names.len());
+    for (index, name) in names.into_iter().enumerate() {
+        let lower = name.to_ascii_lowercase();
+        let trimmed = lower.strip_suffix('.').unwrap_or(&lower);
+        let valid = !trimmed.is_empty()
+            && trimmed.len() <= 253
+            && trimmed.split('.').all(|label| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            });
+        if !valid {
+            return Err(origins.invalid(
+                "admin.allowedHosts",
+                format!(
+                    "entry {index} ({name:?}) is not a host name: letters, digits, '-' and '.', \
+                     without a port or scheme"
+                ),
+            ));
+        }
+        allowed.push(trimmed.to_owned());
+    }
+    Ok(allowed)
 }

@@ -152,6 +152,29 @@ fn renew_at_out_of_range_names_file_and_field() {
 }
 
 #[test]
+fn admin_allowed_hosts_are_host_names_from_the_file_or_the_environment() {
+    let (_dir, s) = load_yaml("admin:\n  allowedHosts: [CA-1.Example.com., meshca]\n", &[]);
+    assert_eq!(
+        s.expect("valid").admin.allowed_hosts,
+        ["ca-1.example.com", "meshca"]
+    );
+    let from_env = Settings::load(None, env(&[("MESHCA_ADMIN_ALLOWED_HOSTS", "a.example, b")]))
+        .expect("valid");
+    assert_eq!(from_env.admin.allowed_hosts, ["a.example", "b"]);
+    assert!(Settings::default().admin.allowed_hosts.is_empty());
+    for bad in ["http://x", "x:5681", "a b", "", "a..b", "-/"] {
+        let yaml = format!("admin:\n  allowedHosts: [ok, {bad:?}]\n");
+        let (dir, s) = load_yaml(&yaml, &[]);
+        let e = err_text(s);
+        let prefix = format!(
+            "{}: admin.allowedHosts: entry 1",
+            dir.path().join("settings.yaml").display()
+        );
+        assert!(e.starts_with(&prefix), "{bad}: {e}");
+    }
+}
+
+#[test]
 fn unknown_keys_are_errors_naming_the_key() {
     let (_dir, s) = load_yaml("issuance:\n  renewAfter: 0.5\n", &[]);
     let e = err_text(s);
@@ -287,6 +310,21 @@ fn unknown_env_var_is_ignored_not_applied() {
     )
     .expect("unknown MESHCA_* variables only warn");
     assert_eq!(s, Settings::default());
+    let (s, warnings) = Settings::load_reporting(
+        None,
+        env(&[("MESHCA_RENEW_AT", "0.5"), ("MESHCA_BIN", "/x")]),
+    )
+    .expect("valid");
+    assert_eq!(s, Settings::default());
+    let origins: Vec<&str> = warnings.iter().map(|w| w.origin.as_str()).collect();
+    assert_eq!(origins, ["MESHCA_BIN", "MESHCA_RENEW_AT"]);
+    assert!(
+        warnings[0]
+            .to_string()
+            .starts_with("MESHCA_BIN: not a meshca setting, ignored"),
+        "{}",
+        warnings[0]
+    );
 }
 
 #[test]

@@ -109,6 +109,10 @@ pub struct TlsFiles {
 pub struct AdminSettings {
     /// The admin HTTP address (default `127.0.0.1:5681`).
     pub listen: SocketAddr,
+    /// Host names the admin API and console answer to besides IP addresses, `localhost` and this
+    /// machine's host name, lower case (default none). A request naming another `Host` gets 421: a
+    /// web page whose own name was rebound to the listener's address reads nothing.
+    pub allowed_hosts: Vec<String>,
 }
 
 /// `issuance:` in the settings file.
@@ -376,6 +380,7 @@ impl Default for Settings {
             },
             admin: AdminSettings {
                 listen: DEFAULT_ADMIN_LISTEN,
+                allowed_hosts: Vec::new(),
             },
             issuance: IssuanceSettings {
                 key_algorithm: KeyAlgorithm::default(),

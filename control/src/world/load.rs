@@ -59,7 +59,7 @@ pub fn load_world(
 ) -> Result<World, Vec<UpdateError>> {
     let (resources, errors) =
         meshca_config::load_dir_lenient(&settings.resources, &settings.limits.load());
-    check_world(
+    let world = check_world(
         resources,
         errors,
         &CaSource {
@@ -69,7 +69,11 @@ pub fn load_world(
             previous,
             now,
         },
-    )
+    )?;
+    for warning in &world.warnings {
+        tracing::warn!("{warning}");
+    }
+    Ok(world)
 }
 
 /// Builds the world from `resources` unless `errors` (from parsing them) or the world's own checks
@@ -163,14 +167,18 @@ impl World {
             }
         }
 
+        let mut warnings = Vec::new();
         for service in &resources.mesh_services {
             let local = service.zone().is_none_or(|z| z == src.settings.zone);
             if local && service.dataplane_tags.is_some() && !service.identities.is_empty() {
-                tracing::warn!(
-                    file = %service.source.file.display(),
-                    resource = %format!("MeshService/{}/{}", service.mesh, service.name),
-                    "spec.identities of a MeshService of this zone is computed by meshca from the dataplanes it selects; the identities the file lists are ignored"
-                );
+                warnings.push(UpdateError {
+                    file: service.source.file.display().to_string(),
+                    resource: format!("MeshService/{}/{}", service.mesh, service.name),
+                    field: "spec.identities".into(),
+                    message: "computed by meshca from the dataplanes the MeshService selects, in \
+                              this zone: the identities the file lists are ignored"
+                        .into(),
+                });
             }
         }
 
@@ -178,6 +186,7 @@ impl World {
             Ok(World {
                 resources: Arc::new(resources),
                 meshes,
+                warnings,
             })
         } else {
             Err(errors)

@@ -16,6 +16,8 @@ use meshca_ca::{CertificateAuthority, IdentityTemplate, TrustAnchor};
 use meshca_config::Resources;
 use meshca_identity::TrustDomain;
 
+use crate::error::UpdateError;
+
 pub use load::{check_world, load_world, CaSource, LoadMode};
 pub use trust::record_path;
 
@@ -175,6 +177,9 @@ pub struct World {
     pub resources: Arc<Resources>,
     /// Meshes by name.
     pub meshes: BTreeMap<String, MeshState>,
+    /// What the resources say that meshca ignores, each naming its file, resource and field: logged
+    /// when the resources are loaded, listed by `meshca validate`. None makes the update invalid.
+    pub warnings: Vec<UpdateError>,
 }
 
 impl World {

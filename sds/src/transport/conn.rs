@@ -50,6 +50,9 @@ pub(crate) struct Conn {
     deadline: Pin<Box<Sleep>>,
     /// Released when tonic drops the connection.
     _slot: OwnedSemaphorePermit,
+    /// Any other share of a limit the connection holds until it closes (its uid's, on a unix socket
+    /// that limits connections per uid).
+    _held: Option<Box<dyn Any + Send + Sync>>,
 }
 
 impl Conn {
@@ -69,6 +72,7 @@ impl Conn {
                 state: Mutex::new(TrackerState {
                     streams: 0,
                     deadline: Some(first_deadline),
+                    refused: false,
                 }),
                 idle_timeout,
                 waker: AtomicWaker::new(),
@@ -76,7 +80,14 @@ impl Conn {
             deadline: Box::pin(tokio::time::sleep_until(first_deadline)),
             peer: None,
             _slot: slot,
+            _held: None,
         }
+    }
+
+    /// The connection, holding `held` until it closes.
+    pub(crate) fn holding(mut self, held: Box<dyn Any + Send + Sync>) -> Self {
+        self._held = Some(held);
+        self
     }
 
     /// The connection with what the listener learned about its peer.
@@ -103,7 +114,14 @@ struct TrackerState {
     streams: usize,
     /// When the connection closes unless a stream opens; `None` while a stream is open.
     deadline: Option<Instant>,
+    /// Whether a request on it was refused for who the caller is: it closes as soon as its streams
+    /// have ended (after [`REFUSED_GRACE`], for the refusal to reach the caller).
+    refused: bool,
 }
+
+/// How long a connection whose caller was refused stays open once its last stream ended: enough for
+/// the refusal to be written.
+const REFUSED_GRACE: Duration = Duration::from_secs(1);
 
 impl ConnTracker {
     /// Counts a stream as open until the returned guard is dropped.
@@ -118,6 +136,17 @@ impl ConnTracker {
 
     fn deadline(&self) -> Option<Instant> {
         self.lock().deadline
+    }
+
+    /// Closes the connection once no stream is open on it (see [`ConnInfo::close_when_idle`]).
+    fn refuse(&self) {
+        let mut state = self.lock();
+        state.refused = true;
+        if state.streams == 0 {
+            state.deadline = Some(Instant::now() + REFUSED_GRACE.min(self.idle_timeout));
+            drop(state);
+            self.waker.wake();
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, TrackerState> {
@@ -138,7 +167,12 @@ impl Drop for StreamGuard {
         let mut state = self.tracker.lock();
         state.streams = state.streams.saturating_sub(1);
         if state.streams == 0 {
-            state.deadline = Some(Instant::now() + self.tracker.idle_timeout);
+            let wait = if state.refused {
+                REFUSED_GRACE.min(self.tracker.idle_timeout)
+            } else {
+                self.tracker.idle_timeout
+            };
+            state.deadline = Some(Instant::now() + wait);
             drop(state);
             self.tracker.waker.wake();
         }
@@ -161,6 +195,13 @@ impl ConnInfo {
     /// if it learned a `T` (see [`crate::ConnPolicy::with_peer_probe`]).
     pub fn peer<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
         self.peer.clone()?.downcast::<T>().ok()
+    }
+
+    /// Closes this connection as soon as none of its streams is open (a moment after, so that the
+    /// answer in flight is written), rather than after the idle timeout: for a caller refused for
+    /// who it is, which would only hold a connection slot by staying.
+    pub fn close_when_idle(&self) {
+        self.tracker.refuse();
     }
 
     /// Counts a stream of this connection as open until the guard is dropped: the connection has no

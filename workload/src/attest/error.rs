@@ -25,7 +25,7 @@ pub enum AttestError {
     )]
     PeerNotVisible,
     /// The process that connected has exited, or its pid now names another process, or its
-    /// effective ids changed since it connected. The server answers `UNAUTHENTICATED`: the caller
+    /// effective ids, binary or mount namespace changed since it connected. The server answers `UNAUTHENTICATED`: the caller
     /// cannot be shown to still be the process that connected.
     #[error(
         "could not verify the caller is still the process that connected (pid {pid}): {reason}"
@@ -77,6 +77,10 @@ pub enum GoneReason {
         /// Now.
         now: u32,
     },
+    /// The process runs another binary than when its connection was accepted (it `exec`ed).
+    BinaryChanged,
+    /// The process lives in another mount namespace than when its connection was accepted.
+    MountNamespaceChanged,
 }
 
 impl fmt::Display for GoneReason {
@@ -91,6 +95,12 @@ impl fmt::Display for GoneReason {
             Self::GidChanged { connected, now } => write!(
                 f,
                 "its effective gid is {now}, but it connected as gid {connected}; it must reconnect"
+            ),
+            Self::BinaryChanged => f.write_str(
+                "it runs another binary than when it connected (it exec'ed); it must reconnect",
+            ),
+            Self::MountNamespaceChanged => f.write_str(
+                "it lives in another mount namespace than when it connected; it must reconnect",
             ),
         }
     }

@@ -9,8 +9,9 @@
 //!
 //! The selectors are SPIRE's names for the same facts (`unix:uid:1001`, `unix:path:/usr/bin/x`,
 //! `systemd:unit:billing.service`, ...), so a registration written for one reads the same in the
-//! other. They describe the process as it is when attested: a process that runs another binary
-//! after connecting is attested as that binary.
+//! other. A caller is held to what it was when its connection was accepted: a process that has
+//! since run another binary, or moved to another mount namespace, is no longer the caller (as one
+//! that changed its uid or gid), and must reconnect to be attested as what it now is.
 
 mod binary;
 mod error;
@@ -28,6 +29,8 @@ use nix::unistd::{Gid, Group, Uid, User};
 
 pub use error::{AttestError, GoneReason};
 pub use peer::{still_same, PeerProcess};
+
+use peer::FileId;
 pub use selector::{parse_selector, Selector, SelectorError, SelectorKind, Selectors};
 
 use binary::BinaryDigest;
@@ -39,6 +42,9 @@ pub struct AttestLimits {
     pub max_binary_bytes: u64,
     /// A binary not hashed within this time gets no `unix:sha256` selector (default 10 s).
     pub hash_timeout: Duration,
+    /// Bytes hashed for the callers of one uid in a minute (default 1 GiB); past it, the uid's
+    /// callers whose binary's digest is not kept get no `unix:sha256` selector until the minute ends.
+    pub hash_bytes_per_uid_minute: u64,
 }
 
 impl Default for AttestLimits {
@@ -46,6 +52,7 @@ impl Default for AttestLimits {
         Self {
             max_binary_bytes: 256 * 1024 * 1024,
             hash_timeout: Duration::from_secs(10),
+            hash_bytes_per_uid_minute: 1024 * 1024 * 1024,
         }
     }
 }
@@ -62,6 +69,9 @@ pub struct Caller {
     /// Everything attestation found: ids and names always; the binary's path and digest, and
     /// the systemd service, where there are any.
     pub selectors: Selectors,
+    /// Whether the binary's digest was left out because no registration could use it (see
+    /// [`attest_for`]): a registration that could is matched only after the caller reconnects.
+    pub digest_skipped: bool,
 }
 
 /// Attests the process that connected: reads its `/proc/<pid>` files, computes every selector,
@@ -76,6 +86,18 @@ pub struct Caller {
 /// fewer selectors and one warning per connection, not an error: with fewer selectors a caller
 /// matches fewer registrations, never more.
 pub fn attest(peer: &PeerProcess, limits: &AttestLimits) -> Result<Caller, AttestError> {
+    attest_for(peer, limits, &|_: &Selectors| true)
+}
+
+/// [`attest`], hashing the caller's binary only when `wants_digest` says a `unix:sha256` selector
+/// could decide a match given the caller's other selectors (a registration naming a digest whose
+/// other selectors the caller all has): a caller that no such registration could match costs no
+/// hashing, whatever binary it runs.
+pub fn attest_for(
+    peer: &PeerProcess,
+    limits: &AttestLimits,
+    wants_digest: &dyn Fn(&Selectors) -> bool,
+) -> Result<Caller, AttestError> {
     let pid = peer.pid();
     let status_path = proc::path(pid, "status");
     let status = read_live(peer, &status_path, proc::STATUS_MAX)?;
@@ -86,16 +108,25 @@ pub fn attest(peer: &PeerProcess, limits: &AttestLimits) -> Result<Caller, Attes
     })?;
     let mut selectors = Selectors::default();
     add_ids(&mut selectors, uid, gid, &groups);
-    add_binary(&mut selectors, peer, limits);
     let cgroup_path = proc::path(pid, "cgroup");
     let cgroup = read_live(peer, &cgroup_path, proc::CGROUP_MAX)?;
     selectors.insert(parse::cgroup_unit(&cgroup).and_then(selector::systemd_unit));
+    let binary = add_path(&mut selectors, peer);
+    let mut digest_skipped = false;
+    if let Some(binary) = binary {
+        if wants_digest(&selectors) {
+            add_digest(&mut selectors, peer, uid, &binary, limits);
+        } else {
+            digest_skipped = true;
+        }
+    }
     still_same(peer)?;
     Ok(Caller {
         pid,
         uid,
         gid,
         selectors,
+        digest_skipped,
     })
 }
 
@@ -147,28 +178,76 @@ fn group_name(gid: u32) -> Option<String> {
     }
 }
 
-/// `unix:path` and `unix:sha256`, of the binary the process runs.
-fn add_binary(selectors: &mut Selectors, peer: &PeerProcess, limits: &AttestLimits) {
+/// The binary a caller runs, as seen from this server: the path it was found at and its identity.
+struct SeenBinary {
+    path: String,
+    id: FileId,
+}
+
+/// `unix:path`, of the binary the process runs: only when the path the kernel gives for it names, in
+/// this server's own mount namespace, the very file the process runs (the same device and inode as
+/// `/proc/<pid>/exe`, pinned when the connection was accepted). The path is text from the caller's
+/// mount namespace, which any user can build (`unshare -Urm` and a tmpfs over `/usr/local/bin`), so
+/// it is evidence only where the server sees the same file there. Returns the binary, for its digest.
+fn add_path(selectors: &mut Selectors, peer: &PeerProcess) -> Option<SeenBinary> {
     let pid = peer.pid();
+    let Some(running) = peer.binary() else {
+        // Not visible when the connection was accepted: another user's process when the server is
+        // not root, a kernel thread, or a process already gone (the final check says so).
+        if peer.first_warning() {
+            tracing::warn!(pid, path = %proc::path(pid, "exe").display(),
+                "cannot see the Workload API caller's binary; it gets no unix:path or unix:sha256 selector");
+        }
+        return None;
+    };
     let exe = proc::path(pid, "exe");
     let target = match fs::read_link(&exe) {
         Ok(target) => target,
-        // The process is gone (the final check says so) or is a kernel thread.
-        Err(error) if error.kind() == io::ErrorKind::NotFound => return,
+        // The process is gone (the final check says so).
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return None,
         Err(error) => {
             if peer.first_warning() {
                 tracing::warn!(pid, %error, path = %exe.display(),
                     "cannot read the Workload API caller's binary; it gets no unix:path or unix:sha256 selector");
             }
-            return;
+            return None;
         }
     };
-    let text = target.to_str();
-    if text.is_some_and(|text| text.ends_with(" (deleted)")) {
-        return;
+    let text = target.to_str()?;
+    if text.ends_with(" (deleted)") {
+        return None;
     }
-    selectors.insert(text.and_then(selector::path));
-    let skipped = match binary::hash(&exe, limits) {
+    let here = fs::metadata(&target).map(|metadata| FileId::of(&metadata));
+    if here.as_ref().ok() != Some(&running) {
+        if peer.first_warning() {
+            let seen = match &here {
+                Ok(_) => "another file".to_owned(),
+                Err(error) => format!("nothing ({error})"),
+            };
+            tracing::warn!(pid, binary = %meshca_sds::shown(text), %seen,
+                "the Workload API caller's binary path names {seen} in this server's mount namespace \
+                 (the caller runs in a mount namespace of its own); it gets no unix:path or unix:sha256 selector");
+        }
+        return None;
+    }
+    selectors.insert(selector::path(text));
+    Some(SeenBinary {
+        path: text.to_owned(),
+        id: running,
+    })
+}
+
+/// `unix:sha256`, of the binary [`add_path`] found: hashed through `/proc/<pid>/exe` (the very file
+/// the process runs), within the size, time and per-uid limits.
+fn add_digest(
+    selectors: &mut Selectors,
+    peer: &PeerProcess,
+    uid: u32,
+    binary: &SeenBinary,
+    limits: &AttestLimits,
+) {
+    let exe = proc::path(peer.pid(), "exe");
+    let skipped = match binary::hash(&exe, binary.id, uid, limits) {
         Ok(BinaryDigest::Sha256(digest)) => {
             selectors.insert(selector::sha256(digest));
             return;
@@ -181,11 +260,17 @@ fn add_binary(selectors: &mut Selectors, peer: &PeerProcess, limits: &AttestLimi
             "hashing it took longer than {:?} ({read} bytes read)",
             limits.hash_timeout
         ),
+        Ok(BinaryDigest::OverBudget { size }) => format!(
+            "its {size} bytes are more than is left of uid {uid}'s hashing budget ({} bytes a minute)",
+            limits.hash_bytes_per_uid_minute
+        ),
+        // The process is gone or runs another binary now (the final check says so).
+        Ok(BinaryDigest::Changed) => return,
         Err(error) if error.kind() == io::ErrorKind::NotFound => return,
         Err(error) => format!("it could not be read: {error}"),
     };
     if peer.first_warning() {
-        tracing::warn!(pid, binary = %target.display(), reason = %skipped,
+        tracing::warn!(pid = peer.pid(), binary = %meshca_sds::shown(&binary.path), reason = %skipped,
             "the Workload API caller's binary gets no unix:sha256 selector");
     }
 }

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -35,7 +36,54 @@ struct Inner {
     uid: u32,
     gid: u32,
     hold: Hold,
+    /// What the process ran when the connection was accepted.
+    pinned: Pinned,
     warned: AtomicBool,
+}
+
+/// A file as the kernel names it: device and inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FileId {
+    pub(crate) dev: u64,
+    pub(crate) ino: u64,
+}
+
+impl FileId {
+    pub(crate) fn of(metadata: &std::fs::Metadata) -> FileId {
+        FileId {
+            dev: metadata.dev(),
+            ino: metadata.ino(),
+        }
+    }
+}
+
+/// The binary a process runs and the mount namespace it lives in, each as the file the kernel
+/// links from `/proc/<pid>/exe` and `/proc/<pid>/ns/mnt` (`None` where that link cannot be
+/// followed: another user's process when the server is not root, a kernel thread, a process gone).
+/// `exec` changes the first and `unshare`/`setns` the second; neither can be changed back to the
+/// same values by a process that once changed them except by running the very same file in the
+/// very same namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Pinned {
+    binary: Option<FileId>,
+    mount_namespace: Option<FileId>,
+}
+
+impl Pinned {
+    fn read(pid: u32) -> Pinned {
+        Pinned {
+            binary: linked_file(pid, "exe"),
+            mount_namespace: linked_file(pid, "ns/mnt"),
+        }
+    }
+}
+
+/// The file `/proc/<pid>/<link>` links to, followed by the kernel (whatever namespace the process
+/// is in, this names the very file).
+fn linked_file(pid: u32, link: &str) -> Option<FileId> {
+    std::fs::metadata(proc::path(pid, link))
+        .ok()
+        .map(|metadata| FileId::of(&metadata))
 }
 
 /// How the process is held on to.
@@ -130,6 +178,7 @@ impl PeerProcess {
             uid,
             gid,
             hold,
+            pinned: Pinned::read(pid),
             warned: AtomicBool::new(false),
         };
         Self {
@@ -152,6 +201,12 @@ impl PeerProcess {
         self.inner.gid
     }
 
+    /// The binary the process ran when its connection was accepted (device and inode), if the
+    /// server could see it.
+    pub(crate) fn binary(&self) -> Option<FileId> {
+        self.inner.pinned.binary
+    }
+
     /// True the first time it is asked: attestation warns once per connection, not per request.
     pub(crate) fn first_warning(&self) -> bool {
         !self.inner.warned.swap(true, Ordering::Relaxed)
@@ -165,7 +220,8 @@ impl fmt::Debug for PeerProcess {
         debug
             .field("pid", &inner.pid)
             .field("uid", &inner.uid)
-            .field("gid", &inner.gid);
+            .field("gid", &inner.gid)
+            .field("pinned", &inner.pinned);
         match &inner.hold {
             Hold::PeerPidfd(_) => debug.field("held_by", &"SO_PEERPIDFD"),
             Hold::Opened { pidfd, starttime } => debug
@@ -179,14 +235,18 @@ impl fmt::Debug for PeerProcess {
     }
 }
 
-/// Checks that the process that connected is still alive with the same pid and the same
-/// effective uid and gid. Blocking (it reads `/proc`); cheap enough to run before every request.
+/// Checks that the process that connected is still alive with the same pid, the same effective
+/// uid and gid, the same binary and the same mount namespace. Blocking (it reads `/proc`); cheap
+/// enough to run before every request.
 ///
 /// Fails with [`AttestError::CallerGone`] when the process has exited (even if not yet reaped),
 /// when its pid names another process (the fallback compares start times), or when its effective
 /// uid or gid is no longer the one it connected with: a process that changed its credentials must
 /// reconnect, so that a connection made by one user cannot be used after the process becomes
-/// another (a setuid program run with the socket inherited).
+/// another (a setuid program run with the socket inherited). Likewise when it runs another binary
+/// or lives in another mount namespace than when its connection was accepted: a process that
+/// connects, forks a child that keeps the socket and then `exec`s a registered binary must not lend
+/// that binary's identity to the child.
 pub fn still_same(peer: &PeerProcess) -> Result<(), AttestError> {
     let pid = peer.pid();
     match &peer.inner.hold {
@@ -206,7 +266,16 @@ pub fn still_same(peer: &PeerProcess) -> Result<(), AttestError> {
     }
     let path = proc::path(pid, "status");
     let status = read_or_gone(pid, &path, proc::STATUS_MAX)?;
-    effective_ids(peer, &status, &path).map(|_| ())
+    effective_ids(peer, &status, &path)?;
+    let now = Pinned::read(pid);
+    let pinned = &peer.inner.pinned;
+    if now.binary != pinned.binary {
+        return Err(gone(pid, GoneReason::BinaryChanged));
+    }
+    if now.mount_namespace != pinned.mount_namespace {
+        return Err(gone(pid, GoneReason::MountNamespaceChanged));
+    }
+    Ok(())
 }
 
 /// The effective uid and gid in a caller's `/proc/<pid>/status`, which must be those it connected

@@ -1,29 +1,77 @@
 //! Signed JWT-SVIDs kept for reuse, so that a workload asking again for the same token does not make
 //! the host sign again, in a bounded amount of memory.
+//!
+//! A workload chooses its audiences, so it chooses how large each kept token is: up to
+//! `limits.jwtAudiencesPerRequest` audiences of `limits.jwtAudienceBytes` each, written once in the
+//! token and once in its key. The cache is therefore bounded in bytes as well as in tokens, in all and
+//! per identity, so that one workload asking for many long distinct audiences evicts its own tokens
+//! first and can never grow the daemon past [`CacheLimits::bytes`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use meshca_identity::SpiffeId;
 
-/// What a cached token answers: one workload's token for a set of audiences, signed by one key.
-/// Audiences are sorted and deduplicated, so that the order a request lists them in does not matter.
+/// How much the cache may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheLimits {
+    /// Tokens kept at most (`limits.jwtSvidCacheEntries`); 0 keeps nothing.
+    pub entries: usize,
+    /// Bytes kept at most, as [`TokenShape::cost`] counts them (`limits.jwtSvidCacheBytes`).
+    pub bytes: usize,
+    /// Bytes the tokens of one SPIFFE ID may take (`limits.jwtSvidCacheBytesPerIdentity`).
+    pub bytes_per_identity: usize,
+}
+
+impl Default for CacheLimits {
+    fn default() -> Self {
+        CacheLimits {
+            entries: 4096,
+            bytes: 16 * 1024 * 1024,
+            bytes_per_identity: 1024 * 1024,
+        }
+    }
+}
+
+/// Everything that shapes a token, so that two requests answered by one kept token would have been
+/// signed identically (but for the time): the identity, the signing key, the audiences (sorted and
+/// deduplicated, so that the order a request lists them in does not matter) and the lifetime the
+/// registration asks for (`jwtSvid.expiry`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct CacheKey {
+pub struct TokenShape {
     spiffe_id: SpiffeId,
     kid: String,
     audiences: Vec<String>,
+    lifetime_secs: u64,
 }
 
-impl CacheKey {
-    fn new(spiffe_id: &SpiffeId, kid: &str, audiences: &[String]) -> CacheKey {
+/// What one kept token costs besides its text and its key's text: the entry, its place in both
+/// indexes and the allocations' headers, rounded up.
+const ENTRY_OVERHEAD: usize = 256;
+
+impl TokenShape {
+    /// The shape of a token for `spiffe_id`, signed by `kid`, for `audiences` (in any order,
+    /// duplicates ignored), living `lifetime_secs`.
+    pub fn new(spiffe_id: &SpiffeId, kid: &str, audiences: &[String], lifetime_secs: u64) -> Self {
         let mut audiences = audiences.to_vec();
         audiences.sort_unstable();
         audiences.dedup();
-        CacheKey {
+        TokenShape {
             spiffe_id: spiffe_id.clone(),
             kid: kid.to_owned(),
             audiences,
+            lifetime_secs,
         }
+    }
+
+    /// The bytes a token of `token_len` bytes of this shape takes in the cache.
+    fn cost(&self, token_len: usize) -> usize {
+        let audiences: usize = self
+            .audiences
+            .iter()
+            .map(|a| a.len() + std::mem::size_of::<String>())
+            .sum();
+        token_len + self.spiffe_id.as_str().len() + self.kid.len() + audiences + ENTRY_OVERHEAD
     }
 }
 
@@ -32,6 +80,8 @@ struct Entry {
     token: String,
     issued_at: u64,
     expires_at: u64,
+    /// What [`TokenShape::cost`] counted for it.
+    cost: usize,
     /// The entry's place in [`JwtSvidCache::recency`].
     last_used: u64,
 }
@@ -45,88 +95,139 @@ impl Entry {
     }
 }
 
-/// A least-recently-used cache of signed JWT-SVIDs holding at most `capacity` tokens
-/// (`limits.jwtSvidCacheEntries`). A token is handed out again only while more than half of its
-/// lifetime remains, so a workload always gets a token with room to use it.
+/// What one SPIFFE ID's tokens take.
+#[derive(Debug, Default)]
+struct IdentityUse {
+    bytes: usize,
+    /// Its entries' places in [`JwtSvidCache::recency`], oldest first.
+    recency: BTreeSet<u64>,
+}
+
+/// A least-recently-used cache of signed JWT-SVIDs, within [`CacheLimits`]. A token is handed out
+/// again only while more than half of its lifetime remains, so a workload always gets a token with
+/// room to use it. A token larger than an identity's share is not kept at all.
 #[derive(Debug)]
 pub struct JwtSvidCache {
-    capacity: usize,
-    entries: HashMap<CacheKey, Entry>,
+    limits: CacheLimits,
+    entries: HashMap<Arc<TokenShape>, Entry>,
     /// Use counter → key, oldest first: the front is the next to evict.
-    recency: BTreeMap<u64, CacheKey>,
+    recency: BTreeMap<u64, Arc<TokenShape>>,
+    identities: HashMap<SpiffeId, IdentityUse>,
+    bytes: usize,
     clock: u64,
 }
 
 impl JwtSvidCache {
-    /// An empty cache of at most `capacity` tokens; with 0 it keeps nothing.
-    pub fn new(capacity: usize) -> JwtSvidCache {
+    /// An empty cache within `limits`.
+    pub fn new(limits: CacheLimits) -> JwtSvidCache {
         JwtSvidCache {
-            capacity,
+            limits,
             entries: HashMap::new(),
             recency: BTreeMap::new(),
+            identities: HashMap::new(),
+            bytes: 0,
             clock: 0,
         }
     }
 
-    /// The token for `spiffe_id` signed by `kid` for `audiences` (in any order, duplicates ignored), if
-    /// one is cached and more than half its lifetime remains at `now`. A token past that is dropped.
-    pub fn get(
-        &mut self,
-        spiffe_id: &SpiffeId,
-        kid: &str,
-        audiences: &[String],
-        now: u64,
-    ) -> Option<String> {
-        let key = CacheKey::new(spiffe_id, kid, audiences);
-        let entry = self.entries.get_mut(&key)?;
+    /// The token of `shape`, if one is kept and more than half its lifetime remains at `now`. A token
+    /// past that is dropped.
+    pub fn get(&mut self, shape: &TokenShape, now: u64) -> Option<String> {
+        let entry = self.entries.get(shape)?;
         if !entry.is_fresh(now) {
             let last_used = entry.last_used;
-            self.entries.remove(&key);
-            self.recency.remove(&last_used);
+            self.remove(last_used);
             return None;
         }
-        self.clock += 1;
-        self.recency.remove(&entry.last_used);
-        entry.last_used = self.clock;
         let token = entry.token.clone();
-        self.recency.insert(self.clock, key);
+        self.touch(shape);
         Some(token)
     }
 
-    /// Keeps `token` (issued at `issued_at`, expiring at `expires_at`) for `spiffe_id`, `kid` and
-    /// `audiences`, replacing an earlier one for the same; when the cache is full, the least recently
-    /// used token is dropped.
-    pub fn insert(
-        &mut self,
-        spiffe_id: &SpiffeId,
-        kid: &str,
-        audiences: &[String],
-        token: String,
-        issued_at: u64,
-        expires_at: u64,
-    ) {
-        if self.capacity == 0 {
+    /// Keeps `token` (issued at `issued_at`, expiring at `expires_at`) for `shape`, replacing an
+    /// earlier one of the same shape; then drops the least recently used tokens of the same identity
+    /// while it takes more than its share, and the least recently used of all while the cache holds
+    /// more than its limits.
+    pub fn insert(&mut self, shape: TokenShape, token: String, issued_at: u64, expires_at: u64) {
+        if self.limits.entries == 0 {
             return;
         }
-        let key = CacheKey::new(spiffe_id, kid, audiences);
-        if let Some(old) = self.entries.remove(&key) {
-            self.recency.remove(&old.last_used);
-        } else if self.entries.len() >= self.capacity {
-            if let Some((_, oldest)) = self.recency.pop_first() {
-                self.entries.remove(&oldest);
-            }
+        let cost = shape.cost(token.len());
+        if let Some(old) = self.entries.get(&shape) {
+            let last_used = old.last_used;
+            self.remove(last_used);
         }
+        if cost > self.limits.bytes_per_identity.min(self.limits.bytes) {
+            return;
+        }
+        let identity = shape.spiffe_id.clone();
         self.clock += 1;
-        self.recency.insert(self.clock, key.clone());
+        let shape = Arc::new(shape);
+        self.recency.insert(self.clock, shape.clone());
+        let used = self.identities.entry(identity.clone()).or_default();
+        used.bytes += cost;
+        used.recency.insert(self.clock);
+        self.bytes += cost;
         self.entries.insert(
-            key,
+            shape,
             Entry {
                 token,
                 issued_at,
                 expires_at,
+                cost,
                 last_used: self.clock,
             },
         );
+        while let Some(used) = self.identities.get(&identity) {
+            if used.bytes <= self.limits.bytes_per_identity {
+                break;
+            }
+            match used.recency.first() {
+                Some(&oldest) => self.remove(oldest),
+                None => break,
+            }
+        }
+        while self.entries.len() > self.limits.entries || self.bytes > self.limits.bytes {
+            match self.recency.first_key_value() {
+                Some((&oldest, _)) => self.remove(oldest),
+                None => break,
+            }
+        }
+    }
+
+    /// Marks the entry of `shape` as just used.
+    fn touch(&mut self, shape: &TokenShape) {
+        let Some(entry) = self.entries.get_mut(shape) else {
+            return;
+        };
+        self.clock += 1;
+        let (before, now) = (entry.last_used, self.clock);
+        entry.last_used = now;
+        if let Some(key) = self.recency.remove(&before) {
+            self.recency.insert(now, key);
+        }
+        if let Some(used) = self.identities.get_mut(&shape.spiffe_id) {
+            used.recency.remove(&before);
+            used.recency.insert(now);
+        }
+    }
+
+    /// Drops the entry last used at `last_used`.
+    fn remove(&mut self, last_used: u64) {
+        let Some(shape) = self.recency.remove(&last_used) else {
+            return;
+        };
+        let Some(entry) = self.entries.remove(&shape) else {
+            return;
+        };
+        self.bytes -= entry.cost;
+        if let Some(used) = self.identities.get_mut(&shape.spiffe_id) {
+            used.bytes -= entry.cost;
+            used.recency.remove(&last_used);
+            if used.recency.is_empty() {
+                self.identities.remove(&shape.spiffe_id);
+            }
+        }
     }
 
     /// How many tokens are cached.
@@ -139,93 +240,17 @@ impl JwtSvidCache {
         self.entries.is_empty()
     }
 
-    /// The most tokens the cache holds.
-    pub fn capacity(&self) -> usize {
-        self.capacity
+    /// The bytes the cached tokens take, as the limits count them.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The cache's limits.
+    pub fn limits(&self) -> CacheLimits {
+        self.limits
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn id(path: &str) -> SpiffeId {
-        SpiffeId::parse(&format!("spiffe://example.org/{path}")).expect("valid id")
-    }
-
-    fn auds(items: &[&str]) -> Vec<String> {
-        items.iter().map(|s| (*s).to_owned()).collect()
-    }
-
-    #[test]
-    fn audiences_match_in_any_order_and_without_duplicates() {
-        let mut cache = JwtSvidCache::new(4);
-        cache.insert(&id("web"), "k1", &auds(&["b", "a"]), "t".into(), 100, 200);
-        assert_eq!(
-            cache.get(&id("web"), "k1", &auds(&["a", "b", "a"]), 100),
-            Some("t".to_owned())
-        );
-        assert_eq!(cache.get(&id("web"), "k1", &auds(&["a"]), 100), None);
-        assert_eq!(cache.get(&id("web"), "k2", &auds(&["a", "b"]), 100), None);
-        assert_eq!(cache.get(&id("db"), "k1", &auds(&["a", "b"]), 100), None);
-    }
-
-    #[test]
-    fn a_token_is_reused_only_while_more_than_half_its_lifetime_remains() {
-        let mut cache = JwtSvidCache::new(4);
-        let a = auds(&["a"]);
-        cache.insert(&id("web"), "k", &a, "t".into(), 100, 200);
-        assert!(
-            cache.get(&id("web"), "k", &a, 149).is_some(),
-            "51 of 100 s left"
-        );
-        assert!(
-            cache.get(&id("web"), "k", &a, 150).is_none(),
-            "exactly half left"
-        );
-        assert!(cache.is_empty(), "a stale token is dropped");
-        cache.insert(&id("web"), "k", &a, "t".into(), 100, 200);
-        assert!(cache.get(&id("web"), "k", &a, 500).is_none(), "expired");
-    }
-
-    #[test]
-    fn the_least_recently_used_token_is_evicted() {
-        let mut cache = JwtSvidCache::new(2);
-        let a = auds(&["a"]);
-        cache.insert(&id("one"), "k", &a, "1".into(), 0, 100);
-        cache.insert(&id("two"), "k", &a, "2".into(), 0, 100);
-        assert!(
-            cache.get(&id("one"), "k", &a, 0).is_some(),
-            "one is now the most recent"
-        );
-        cache.insert(&id("three"), "k", &a, "3".into(), 0, 100);
-        assert_eq!(cache.len(), 2);
-        assert!(
-            cache.get(&id("two"), "k", &a, 0).is_none(),
-            "two was evicted"
-        );
-        assert!(cache.get(&id("one"), "k", &a, 0).is_some());
-        assert!(cache.get(&id("three"), "k", &a, 0).is_some());
-    }
-
-    #[test]
-    fn replacing_a_token_does_not_evict_another() {
-        let mut cache = JwtSvidCache::new(2);
-        let a = auds(&["a"]);
-        cache.insert(&id("one"), "k", &a, "1".into(), 0, 100);
-        cache.insert(&id("two"), "k", &a, "2".into(), 0, 100);
-        cache.insert(&id("one"), "k", &a, "1b".into(), 0, 100);
-        assert_eq!(cache.len(), 2);
-        assert_eq!(cache.get(&id("one"), "k", &a, 0), Some("1b".to_owned()));
-        assert_eq!(cache.get(&id("two"), "k", &a, 0), Some("2".to_owned()));
-        assert_eq!(cache.recency.len(), cache.entries.len());
-    }
-
-    #[test]
-    fn capacity_zero_keeps_nothing() {
-        let mut cache = JwtSvidCache::new(0);
-        cache.insert(&id("one"), "k", &auds(&["a"]), "1".into(), 0, 100);
-        assert!(cache.is_empty());
-        assert_eq!(cache.capacity(), 0);
-    }
-}
+#[path = "cache_tests.rs"]
+mod tests;

@@ -92,6 +92,18 @@ pub enum JwtError {
         /// The `kid`, escaped and truncated.
         kid: String,
     },
+    /// The signature is in its high-`s` form under a key of meshca's, which signs only the low
+    /// form: the token was rewritten (an ECDSA signature `(r, s)` is as valid as `(r, n - s)`).
+    #[error(
+        "JWT-SVID signature under key {kid} of trust domain {trust_domain} is not in its canonical \
+         low-S form, the only one meshca signs: the token was rewritten"
+    )]
+    HighS {
+        /// The subject's trust domain.
+        trust_domain: String,
+        /// The `kid`, escaped and truncated.
+        kid: String,
+    },
     /// `aud` does not contain the audience the validator asked for.
     #[error("JWT-SVID audience does not contain {audience}")]
     AudienceMismatch {

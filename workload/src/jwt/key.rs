@@ -20,13 +20,34 @@ pub struct JwtPublicKey {
     kid: String,
     x: [u8; COORDINATE_LEN],
     y: [u8; COORDINATE_LEN],
+    /// Whether a signature with a high `s` is accepted: only for another issuer's key, since meshca
+    /// signs the low form alone, so a high one under its key is a token someone rewrote.
+    accepts_high_s: bool,
 }
 
 impl JwtPublicKey {
-    /// A key from its id and affine coordinates (big-endian). Whether the point lies on the curve is
-    /// checked by every signature verification, which fails for a point that does not.
+    /// A key from its id and affine coordinates (big-endian), of a meshca trust domain: only
+    /// low-S signatures verify with it. Whether the point lies on the curve is checked by every
+    /// signature verification, which fails for a point that does not.
     pub fn new(kid: String, x: [u8; COORDINATE_LEN], y: [u8; COORDINATE_LEN]) -> JwtPublicKey {
-        JwtPublicKey { kid, x, y }
+        JwtPublicKey {
+            kid,
+            x,
+            y,
+            accepts_high_s: false,
+        }
+    }
+
+    /// This key as another issuer's (a federated trust domain's): issuers that do not normalize
+    /// ECDSA signatures write a high `s` half the time, so both forms verify.
+    pub fn of_another_issuer(mut self) -> JwtPublicKey {
+        self.accepts_high_s = true;
+        self
+    }
+
+    /// Whether a signature with a high `s` verifies with this key.
+    pub fn accepts_high_s(&self) -> bool {
+        self.accepts_high_s
     }
 
     /// The key id (`kid`) tokens signed by this key carry in their header.
@@ -57,6 +78,7 @@ impl fmt::Debug for JwtPublicKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JwtPublicKey")
             .field("kid", &self.kid)
+            .field("accepts_high_s", &self.accepts_high_s)
             .finish_non_exhaustive()
     }
 }

@@ -15,7 +15,7 @@ mod mint;
 mod validate;
 
 pub use audience::check_audiences;
-pub use cache::JwtSvidCache;
+pub use cache::{CacheLimits, JwtSvidCache, TokenShape};
 pub use error::JwtError;
 pub use jwks::{JwksDocument, MAX_JWKS_BYTES};
 pub use key::{thumbprint, JwtPublicKey, JwtSigningKey};

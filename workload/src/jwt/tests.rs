@@ -282,17 +282,34 @@ fn tampering_breaks_the_signature() {
     assert!(matches!(err, JwtError::BadSignature { .. }), "{err:?}");
 }
 
-#[test]
-fn a_high_s_signature_of_another_issuer_is_accepted() {
-    // Other issuers do not normalize `s`; (r, n - s) is as valid a signature as (r, s).
-    let key = key();
-    let token = mint(&key, ID, &auds(&["db"]), NOW, NOW + 300).expect("mints");
+/// The token with its signature's `s` replaced by `n - s`: as valid a signature, another spelling.
+fn malleated(token: &str) -> String {
     let (input, signature) = token.rsplit_once('.').expect("three segments");
     let mut signature = URL_SAFE_NO_PAD.decode(signature).expect("base64url");
     let high = meshca_auth_order_minus(&signature[32..]);
     signature[32..].copy_from_slice(&high);
-    let token = format!("{input}.{}", URL_SAFE_NO_PAD.encode(&signature));
-    check(&key, &token).expect("high-S validates");
+    format!("{input}.{}", URL_SAFE_NO_PAD.encode(&signature))
+}
+
+#[test]
+fn a_high_s_signature_under_a_meshca_key_is_refused() {
+    let key = key();
+    let token = mint(&key, ID, &auds(&["db"]), NOW, NOW + 300).expect("mints");
+    check(&key, &token).expect("the low form validates");
+    let err = check(&key, &malleated(&token)).expect_err("the high form is a rewritten token");
+    assert!(matches!(err, JwtError::HighS { .. }), "{err:?}");
+    assert!(err.to_string().contains("low-S"), "{err}");
+}
+
+#[test]
+fn a_high_s_signature_of_another_issuer_is_accepted() {
+    // Other issuers do not normalize `s`; (r, n - s) is as valid a signature as (r, s).
+    let key = key();
+    let token = malleated(&mint(&key, ID, &auds(&["db"]), NOW, NOW + 300).expect("mints"));
+    let public = key.public().of_another_issuer();
+    let keys =
+        |td: &str, kid: &str| (td == "example.org" && kid == public.kid()).then(|| public.clone());
+    validate(&token, "db", &keys, NOW).expect("high-S of another issuer validates");
 }
 
 /// `n - s` for the P-256 order `n`, written out here so the test does not share the code it checks.

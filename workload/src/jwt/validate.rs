@@ -35,8 +35,10 @@ pub struct ValidatedJwt {
 /// with the key `kid` of the subject's trust domain (a token signed by another trust domain's key is
 /// refused); whose `aud` (a string or an array of strings) contains `audience`; whose `exp` is after
 /// `now` (no leeway: a token its issuer calls expired is expired); and whose `iat` and `nbf`, when
-/// present, are at most [`CLOCK_SKEW_SECS`] after `now`. Both signature forms (low and high `s`) are
-/// accepted, since other issuers do not normalize them. Never panics, whatever the input.
+/// present, are at most [`CLOCK_SKEW_SECS`] after `now`. A signature with a high `s` is refused for
+/// meshca's own keys, which sign only the low form (a high one is a token someone rewrote), and
+/// accepted for another issuer's ([`JwtPublicKey::of_another_issuer`]), which may not normalize.
+/// Never panics, whatever the input.
 pub fn validate(
     token: &str,
     audience: &str,
@@ -68,6 +70,12 @@ pub fn validate(
     let signature = decode(parts.signature, "signature")?;
     if signature.len() != SIGNATURE_LEN {
         return Err(bad_signature());
+    }
+    if !key.accepts_high_s() && !meshca_auth::low_s::is_low_s(&signature) {
+        return Err(JwtError::HighS {
+            trust_domain: trust_domain.to_owned(),
+            kid: quote(&kid),
+        });
     }
     UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, key.uncompressed())
         .verify(parts.signing_input.as_bytes(), &signature)
