@@ -59,6 +59,7 @@ fn agent_config(settings: &Settings) -> Result<AgentConfig, InvalidInput> {
     let to_usize = |v: u32| usize::try_from(v).unwrap_or(usize::MAX);
     let limits = &settings.limits;
     config.workload.streams_per_caller = to_usize(limits.workload_streams_per_caller);
+    config.workload.connections_per_uid = to_usize(limits.workload_connections_per_uid);
     config.workload.request_bytes = to_usize(limits.workload_request_bytes);
     config.workload.warnings_per_minute = limits.warnings_per_minute;
     Ok(config)

@@ -107,6 +107,11 @@ impl Options {
         };
         at_least(&mut limits.workload_streams_per_caller, self.run.streams);
         at_least(&mut limits.workload_connections, self.run.connections);
+        // Every stream comes from this one user.
+        at_least(
+            &mut limits.workload_connections_per_uid,
+            self.run.connections,
+        );
         settings.workload_api.ack_after = meshca_config::Duration(self.ack_after);
         settings
     }
@@ -188,6 +193,10 @@ async fn start_agent(
         config.workload.ack_after = options.ack_after;
         config.workload.streams_per_caller =
             config.workload.streams_per_caller.max(options.run.streams);
+        config.workload.connections_per_uid = config
+            .workload
+            .connections_per_uid
+            .max(options.run.connections);
     };
     Agents::start(sandbox.root(), 1, |_| vec![sds.clone()], &mint, &configure).await
 }
