@@ -37,8 +37,8 @@ pub struct AdminState {
     pub owner_health: Arc<LoopHealth>,
     /// The replicas' database, as the heartbeat last heard it (`keystore.type: postgres` only).
     pub database: Option<tokio::sync::watch::Receiver<Arc<DatabaseView>>>,
-    /// The Workload API's registrations and callers (`None` when it is off).
-    pub workloads: Option<WorkloadsView>,
+    /// The Workload API's registrations, the callers of this server's own socket and the JWT-SVID keys.
+    pub workloads: WorkloadsView,
     /// The agents connected over the agent protocol.
     pub agents: meshca_agent::Agents,
     /// The PKCS#11 token holding the CA keys (`keystore.pkcs11`).
@@ -56,8 +56,9 @@ pub struct AdminState {
 pub struct WorkloadsView {
     /// The snapshots SDS and the Workload API serve (their registrations and identities).
     pub snapshots: tokio::sync::watch::Receiver<Arc<meshca_control::Snapshot>>,
-    /// The open Workload API streams.
-    pub callers: meshca_workload::Callers,
+    /// The open streams on this server's own Workload API socket (`None` when `workloadApi.listen` is
+    /// empty: agents may still serve registrations).
+    pub callers: Option<meshca_workload::Callers>,
     /// The JWT-SVID signing keys, for `/api/status` (`jwt_keys`).
     pub jwt_keys: meshca_workload::jwt_keys::JwtKeys,
 }
@@ -76,13 +77,24 @@ struct RegistrationView {
     spiffe_id: Option<String>,
     /// Why its callers get no SVID, when they get none.
     no_identity: Option<String>,
+    /// Why no caller can reach it, when none can: a registration for this server while its own
+    /// socket is off.
+    not_served: Option<&'static str>,
     streams: Vec<meshca_workload::CallerStream>,
 }
+
+/// Why a registration without `agent` has no callers when this server's own socket is off.
+const OWN_SOCKET_OFF: &str =
+    "this server's own Workload API socket is off (workloadApi.listen is empty)";
 
 impl WorkloadsView {
     fn registrations(&self) -> Vec<RegistrationView> {
         let snapshot = self.snapshots.borrow().clone();
-        let streams = self.callers.list();
+        let streams = self
+            .callers
+            .as_ref()
+            .map(meshca_workload::Callers::list)
+            .unwrap_or_default();
         snapshot
             .registrations
             .iter()
@@ -107,6 +119,8 @@ impl WorkloadsView {
                     hint: r.hint.clone(),
                     spiffe_id,
                     no_identity,
+                    not_served: (r.agent.is_none() && self.callers.is_none())
+                        .then_some(OWN_SOCKET_OFF),
                     streams: streams
                         .iter()
                         .filter(|s| s.registrations.contains(&key))
@@ -288,16 +302,12 @@ async fn status(State(s): State<AdminState>) -> Response {
         .map(|d| dataplane_view(d, &all))
         .collect();
     let database = s.database.as_ref().map(|view| view.borrow().clone());
-    let workloads = s.workloads.as_ref().map(WorkloadsView::registrations);
-    let jwt_keys = s.workloads.as_ref().map(|w| w.jwt_keys.status());
+    let workloads = s.workloads.registrations();
+    let jwt_keys = s.workloads.jwt_keys.status();
     let document = serde_json::to_value(&status).and_then(|mut document| {
         document["dataplanes"] = serde_json::to_value(dataplanes)?;
-        if let Some(workloads) = workloads {
-            document["workload_registrations"] = serde_json::to_value(workloads)?;
-        }
-        if let Some(jwt_keys) = jwt_keys {
-            document["jwt_keys"] = serde_json::to_value(jwt_keys)?;
-        }
+        document["workload_registrations"] = serde_json::to_value(workloads)?;
+        document["jwt_keys"] = serde_json::to_value(jwt_keys)?;
         if let Some(database) = database {
             document["database"] = serde_json::to_value(&*database)?;
         }
@@ -374,17 +384,10 @@ async fn dataplane(
     }
 }
 
-/// The Workload API's registrations, each with the callers' streams it serves; 404 when the Workload
-/// API is off.
-async fn workloads(State(s): State<AdminState>) -> Response {
-    match &s.workloads {
-        Some(view) => Json(view.registrations()).into_response(),
-        None => (
-            StatusCode::NOT_FOUND,
-            "the Workload API is off (workloadApi.listen is empty)\n",
-        )
-            .into_response(),
-    }
+/// The Workload API's registrations, each with the callers' streams it serves (and, when this
+/// server's own socket is off, why its own registrations have none: agents may serve the others).
+async fn workloads(State(s): State<AdminState>) -> Json<Vec<RegistrationView>> {
+    Json(s.workloads.registrations())
 }
 
 async fn agents(State(s): State<AdminState>) -> Json<Vec<meshca_agent::server::AgentStatus>> {

@@ -168,23 +168,22 @@ impl Daemon {
         let loop_health = owner_loop.health();
         let ready = Arc::new(AtomicBool::new(false));
         let workload_api = listeners.workload.as_ref().map(|_| {
-            let api = meshca_workload::WorkloadApi::new(
+            meshca_workload::WorkloadApi::new(
                 serving.sds.clone(),
                 limits.workload.0.clone(),
                 jwt_keys.clone(),
-            );
-            (api, jwt_keys)
+            )
         });
         let admin_state = admin::AdminState {
             status: owner_loop.status_handle(),
             streams: serving.sds.registry(),
-            workloads: workload_api
-                .as_ref()
-                .map(|(api, jwt_keys)| admin::WorkloadsView {
-                    snapshots: serving.sds.snapshots(),
-                    callers: api.callers(),
-                    jwt_keys: jwt_keys.clone(),
-                }),
+            workloads: admin::WorkloadsView {
+                snapshots: serving.sds.snapshots(),
+                callers: workload_api
+                    .as_ref()
+                    .map(meshca_workload::WorkloadApi::callers),
+                jwt_keys,
+            },
             agents: agents.agents(),
             metrics: serving.metrics,
             ready: ready.clone(),
@@ -211,7 +210,7 @@ impl Daemon {
                 listeners.sds,
                 listeners
                     .workload
-                    .zip(workload_api.map(|(api, _jwt_keys)| api)),
+                    .zip(workload_api),
             ),
             listeners.admin,
             &reloader,

@@ -63,6 +63,19 @@ spec:
   dataplane: api-1
   selectors: ["unix:uid:1002"]
   agent: host-b
+---
+type: Dataplane
+mesh: default
+name: local-1
+labels:
+  kuma.io/workload: local
+---
+type: WorkloadRegistration
+mesh: default
+name: local
+spec:
+  dataplane: local-1
+  selectors: ["unix:uid:1003"]
 "#;
 
 /// One HTTP/1.1 GET; the whole response, status line first.
@@ -163,6 +176,35 @@ async fn an_agent_token_reaches_sync_on_the_sds_listener_and_receives_its_state(
     assert!(listed.starts_with("HTTP/1.1 200"), "{listed}");
     assert!(listed.contains("\"name\":\"host-a\""), "{listed}");
     assert!(listed.contains(&claims.id), "{listed}");
+
+    // `/api/workloads` lists every registration though this server's own socket is off; the one
+    // this server would serve itself says why no caller reaches it.
+    let workloads = get(daemon.admin_addr, "/api/workloads")
+        .await
+        .expect("the admin API answers");
+    assert!(workloads.starts_with("HTTP/1.1 200"), "{workloads}");
+    let body = workloads
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body)
+        .expect("a body");
+    let listed: serde_json::Value = serde_json::from_str(body).expect("JSON");
+    let by_name = |name: &str| {
+        listed
+            .as_array()
+            .and_then(|all| all.iter().find(|r| r["name"] == name))
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} is listed: {listed}"))
+    };
+    let local = by_name("local");
+    assert_eq!(local["streams"], serde_json::json!([]));
+    assert!(
+        local["not_served"]
+            .as_str()
+            .is_some_and(|reason| reason.contains("workloadApi.listen is empty")),
+        "{local}"
+    );
+    assert_eq!(by_name("batch")["not_served"], serde_json::Value::Null);
+    assert_eq!(by_name("batch")["agent"], "host-a");
 
     drop(tx);
     drop(states);

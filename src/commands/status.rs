@@ -103,6 +103,9 @@ fn print_workloads(registrations: &serde_json::Value) {
             text(&r["dataplane"]),
             selectors.join(", ")
         );
+        if let Some(reason) = r["not_served"].as_str() {
+            println!("    no caller reaches it: {reason}");
+        }
         for stream in r["streams"].as_array().into_iter().flatten() {
             println!(
                 "    {} by pid {} (uid {}, gid {})",
