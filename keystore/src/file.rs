@@ -24,7 +24,14 @@ use crate::store::{Creation, Keystore, NewEntry};
 /// A group of entries ([`Keystore::create_if_absent`]) is created under a journal, `<dir>/.#creating`, that
 /// names it while its files are written; a creation a kill interrupted is completed or rolled back on
 /// [`FileKeystore::open`] and before the next creation, so a crash never leaves half a CA (see the
-/// `journal` module).
+/// `journal` module). A keystore an earlier meshca wrote without the journal is checked once for a CA key
+/// a kill left without its certificate, which is set aside.
+/// Where keys found without their certificates in a keystore without [`JOURNALED`] are moved.
+const INTERRUPTED_DIR: &str = ".#interrupted";
+
+/// Marks a keystore opened by a meshca that creates groups under the journal.
+const JOURNALED: &str = ".#journaled";
+
 #[derive(Debug)]
 pub struct FileKeystore {
     root: PathBuf,
@@ -74,7 +81,58 @@ impl FileKeystore {
         let _lock = store.lock()?;
         store.remove_all_stale_temps(&store.root)?;
         journal::recover(&store.root)?;
+        store.adopt_unjournaled()?;
         Ok(store)
+    }
+
+    /// Sets aside what a creation killed by a meshca that kept no creation journal left, once per
+    /// keystore: [`JOURNALED`] marks a keystore this code has opened, after which half a group can only
+    /// be a file removed by hand ([`KeystoreError::PartlyPresent`], the operator's to judge).
+    ///
+    /// Such a meshca wrote a CA's key and then its certificate, so a kill between the two left a key
+    /// without a certificate, which nothing used: it is moved to `<dir>/.#interrupted/` (where nothing
+    /// reads it and the operator finds it), logged, and the CA is created anew. The caller holds the
+    /// writers' lock.
+    fn adopt_unjournaled(&self) -> Result<(), KeystoreError> {
+        let marker = self.root.join(JOURNALED);
+        if marker.exists() {
+            return Ok(());
+        }
+        let mut halves = Vec::new();
+        for name in self.list("")? {
+            let Some(dir) = name.strip_suffix("/key.pem") else {
+                continue;
+            };
+            let cert = self.root.join(dir).join("cert.pem");
+            if fs::symlink_metadata(&cert).is_err() {
+                halves.push(name);
+            }
+        }
+        if !halves.is_empty() {
+            let aside = self.root.join(INTERRUPTED_DIR);
+            fsops::ensure_dir(&aside)?;
+            let stamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            for name in &halves {
+                let from = self.root.join(name);
+                let to = aside.join(format!("{}.{stamp}", name.replace('/', "%")));
+                crate::crash::crash_point(format_args!("set aside {}", from.display()));
+                fs::rename(&from, &to).map_err(KeystoreError::io("set aside", &from))?;
+                fsops::sync_dir(&aside)?;
+                if let Some(parent) = from.parent() {
+                    fsops::sync_dir(parent)?;
+                }
+                tracing::warn!(
+                    key = %name,
+                    moved_to = %to.display(),
+                    "found a CA key without its certificate in a keystore an earlier meshca wrote without a \
+                     creation journal: a creation killed before its last write, which nothing used; set \
+                     aside, and the CA is created anew"
+                );
+            }
+        }
+        fsops::write_atomic(&self.root, JOURNALED, b"creation journal\n", PUBLIC_MODE)
     }
 
     /// The keystore directory.

@@ -555,3 +555,69 @@ fn debug_output_shows_no_content() {
         assert!(!debug.contains("TOP-SECRET"), "{debug}");
     }
 }
+
+/// A keystore an earlier meshca wrote without a creation journal, killed between a CA's key and its
+/// certificate: the key is set aside once (kept, never read), the CA can be created anew, and from then on
+/// half a pair is the operator's again.
+#[test]
+fn a_key_without_its_certificate_from_before_the_journal_is_set_aside_once() {
+    let tmp = temp_dir();
+    let root = tmp.path().join("keystore");
+    for dir in ["meshes/default/ca-1", "meshes/default/ca-2"] {
+        fs::create_dir_all(root.join(dir)).expect("mkdir");
+    }
+    fs::set_permissions(&root, fs::Permissions::from_mode(0o700)).expect("chmod");
+    let half = root.join("meshes/default/ca-1/key.pem");
+    fs::write(&half, KEY).expect("write");
+    fs::set_permissions(&half, fs::Permissions::from_mode(0o600)).expect("chmod");
+    let whole = root.join("meshes/default/ca-2");
+    fs::write(whole.join("key.pem"), b"whole key").expect("write");
+    fs::set_permissions(whole.join("key.pem"), fs::Permissions::from_mode(0o600)).expect("chmod");
+    fs::write(whole.join("cert.pem"), CERT).expect("write");
+
+    let store = open(&root);
+    assert!(!half.exists(), "the half-written key left its place");
+    let aside: Vec<_> = fs::read_dir(root.join(".#interrupted"))
+        .expect("the set-aside directory")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert!(
+        aside[0]
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("meshes%default%ca-1%key.pem.")),
+        "{aside:?}"
+    );
+    assert_eq!(fs::read(&aside[0]).expect("kept"), KEY, "nothing is lost");
+    assert_eq!(mode(&aside[0]), 0o600);
+    assert_eq!(mode(&root.join(".#interrupted")), 0o700);
+    assert!(
+        store.get_secret("meshes/default/ca-2/key.pem").expect("get").is_some(),
+        "a whole pair is untouched"
+    );
+    assert!(
+        !store.list("").expect("list").iter().any(|n| n.contains("interrupted")),
+        "what is set aside is no entry"
+    );
+    let pair = [
+        NewEntry::secret("meshes/default/ca-1/key.pem", b"new key"),
+        NewEntry::public("meshes/default/ca-1/cert.pem", b"new cert"),
+    ];
+    assert_eq!(
+        store.create_if_absent(&pair).expect("created anew"),
+        Creation::Created
+    );
+
+    // Opened once by this meshca, the keystore is journaled: half a pair now is a file removed by hand.
+    store.delete("meshes/default/ca-1/cert.pem").expect("delete");
+    let store = open(&root);
+    assert!(
+        store.get_secret("meshes/default/ca-1/key.pem").expect("get").is_some(),
+        "not set aside a second time"
+    );
+    assert!(matches!(
+        store.create_if_absent(&pair),
+        Err(KeystoreError::PartlyPresent { .. })
+    ));
+}
