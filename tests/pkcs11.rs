@@ -5,11 +5,13 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Command;
 
 use common::{pem_certs, walk, webpki_verify};
 use common::{wait_for, Env, DATAPLANE_WEB_1, MESH_BUILTIN};
+use meshca_keystore::CRASH_AT_ENV;
 use meshca_testhsm::TestToken;
 use meshca_testpg::TestPostgres;
 
@@ -432,4 +434,83 @@ fn the_rotation_drill_makes_its_cas_in_the_token_and_removes_them_after() {
     let run = Env::new().cli(&["drill", "ca-rotation", "--pkcs11"]);
     assert_eq!(run.code(), Some(2), "{run}");
     assert!(run.stderr.contains("keystore.pkcs11"), "{run}");
+}
+
+/// How many key pairs the keystore records in the token: one per `*.pkcs11` entry.
+fn recorded_pairs(env: &Env) -> usize {
+    walk(&env.keystore())
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "pkcs11"))
+        .count()
+}
+
+/// The number of the first crash point of a first start whose step contains `step`, found by a start
+/// (with a token of its own) that reaches every point without being killed.
+fn crash_point_of(step: &str) -> u64 {
+    let token = TestToken::new();
+    let env = env_with_token(&token, "");
+    env.write_resource("mesh.yaml", MESH_BUILTIN);
+    let daemon = env.start_with(|cmd| {
+        cmd.env(CRASH_AT_ENV, u32::MAX.to_string());
+    });
+    let log = daemon.log();
+    daemon.stop();
+    let prefix = format!("{CRASH_AT_ENV}: crash point ");
+    log.lines()
+        .filter_map(|line| line.strip_prefix(&prefix))
+        .find(|rest| rest.contains(step))
+        .and_then(|rest| rest.split(':').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no crash point \"{step}\" in a first start:\n{log}"))
+}
+
+#[test]
+fn a_kill_between_making_a_ca_key_in_the_token_and_recording_it_leaves_nothing_behind() {
+    for (step, recorded_before_the_kill) in [
+        ("record the key of CA", false),
+        ("label the key of CA", true),
+    ] {
+        let at = crash_point_of(step);
+        let token = TestToken::new();
+        let env = env_with_token(&token, "");
+        env.write_resource("mesh.yaml", MESH_BUILTIN);
+        env.write_resource("web-1.yaml", DATAPLANE_WEB_1);
+        let killed = env.try_start_with(|cmd| {
+            cmd.env(CRASH_AT_ENV, at.to_string());
+        });
+        let Err((status, log)) = killed else {
+            panic!("the start was not killed at crash point {at} ({step})");
+        };
+        assert_eq!(status.signal(), Some(9), "{step}: {status}\n{log}");
+        let left = recorded_pairs(&env);
+        let unrecorded = if recorded_before_the_kill { 0 } else { 2 };
+        assert_eq!(
+            token.object_count(),
+            2 * left + unrecorded,
+            "{step}: the kill leaves the CA's pair in the token, recorded or not, beside the others"
+        );
+        let ca_dir = env.keystore().join("ca/default/backend/ca-1");
+        let before = std::fs::read(ca_dir.join("cert.pem")).ok();
+        assert_eq!(before.is_some(), recorded_before_the_kill, "{step}");
+
+        let daemon = env.start();
+        let (chain, trusted) = web_1_secrets(&env);
+        webpki_verify(&chain, &trusted).expect("the restarted daemon signs in the token");
+        assert_eq!(
+            token.object_count(),
+            2 * recorded_pairs(&env),
+            "{step}: after the restart the token holds the recorded pairs and nothing else"
+        );
+        let log = daemon.log();
+        if let Some(before) = before {
+            assert_eq!(
+                std::fs::read(ca_dir.join("cert.pem")).expect("ca-1"),
+                before,
+                "{step}: the recorded CA is kept"
+            );
+            assert!(log.contains("labelled now"), "{step}: {log}");
+        } else {
+            assert!(log.contains("destroyed a key pair"), "{step}: {log}");
+        }
+        daemon.stop();
+    }
 }

@@ -195,8 +195,9 @@ impl CertificateAuthority {
     }
 
     /// Generates a CA as [`CertificateAuthority::generate`] does, its key made in `token`: sensitive and
-    /// never extractable, labelled with the CA's id once the certificate is signed. The key stays in the
-    /// token if this fails after making it; [`CertificateAuthority::discard`] removes the key of a CA
+    /// never extractable, labelled as pending until the keystore records it and
+    /// [`CertificateAuthority::record_token_key`] gives it the CA's id as its label (a start destroys a
+    /// pending key its maker left unrecorded). [`CertificateAuthority::discard`] removes the key of a CA
     /// that is not kept.
     pub fn generate_in_token(
         params: &CaParams,
@@ -204,31 +205,39 @@ impl CertificateAuthority {
         token: &Token,
     ) -> Result<Self, CaError> {
         let key = token
-            .generate_key(
-                params.key_algorithm,
-                &format!("meshca {} (new)", params.name),
-            )
+            .generate_pending_key(params.key_algorithm)
             .map_err(CaError::Token)?;
-        let signer = CaSigner::Token(Arc::new(key));
+        let key = Arc::new(key);
+        let signer = CaSigner::Token(Arc::clone(&key));
         let signed = self_signed(params, now, &signer);
-        let CaSigner::Token(key) = &signer else {
-            unreachable!("made as a token signer above")
-        };
-        let key = Arc::clone(key);
         drop(signer);
-        let der = signed.map_err(|e| match token.status().up {
-            true => e,
-            false => CaError::Token(HsmError::Unavailable {
-                label: token.label().to_owned(),
-                reason: token.status().reason.unwrap_or_default(),
-            }),
-        })?;
-        let mut key = Arc::try_unwrap(key).map_err(|_| {
-            CaError::Certificate("the token key is still in use after signing".into())
-        })?;
-        key.relabel(&certs::sha256_hex(&der))
-            .map_err(CaError::Token)?;
-        Self::assemble(vec![der], CaKey::Token(Arc::new(key))).map_err(CaError::Persisted)
+        let der = match signed {
+            Ok(der) => der,
+            Err(error) => {
+                let error = match token.status().up {
+                    true => error,
+                    false => CaError::Token(HsmError::Unavailable {
+                        label: token.label().to_owned(),
+                        reason: token.status().reason.unwrap_or_default(),
+                    }),
+                };
+                if let Ok(key) = Arc::try_unwrap(key) {
+                    let _ = key.destroy();
+                }
+                return Err(error);
+            }
+        };
+        Self::assemble(vec![der], CaKey::Token(key)).map_err(CaError::Persisted)
+    }
+
+    /// Labels the token key of a CA made by [`CertificateAuthority::generate_in_token`] with the CA's id,
+    /// once the keystore holds its record (whose `pkcs11:` URI names that label). Does nothing for a
+    /// software key.
+    pub fn record_token_key(&self) -> Result<(), HsmError> {
+        match &self.key {
+            CaKey::Software(_) => Ok(()),
+            CaKey::Token(key) => key.record_as(&self.id),
+        }
     }
 
     /// Reloads a CA meshca generated and persisted earlier ([`CertificateAuthority::to_pem`]): parses the

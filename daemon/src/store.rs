@@ -1,6 +1,7 @@
 //! Where the daemon keeps its keys and revoked tokens: files in the data directory (`keystore.type:
 //! file`), or the PostgreSQL database that replicas share (`keystore.type: postgres`).
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -102,8 +103,10 @@ impl Store {
         };
         let Some(postgres) = &settings.keystore.postgres else {
             let files = data_dir.keystore().map_err(Unavailable::Other)?;
+            let keystore = with_token(files, token.clone());
+            settle_token_keys(&*keystore);
             return Ok(Store {
-                keystore: with_token(files, token.clone()),
+                keystore,
                 token,
                 database: None,
                 proxy_records: None,
@@ -114,10 +117,14 @@ impl Store {
         let key = key_encryption_key(&db, postgres, token.as_ref())?;
         let keystore = PostgresKeystore::open(db.clone(), key)?;
         tracing::info!(url = %db.url(), replica = %settings.replica.name, "keystore in PostgreSQL");
+        let proxy_records = Some(keystore.proxy_records());
+        let revocations = Some(keystore.revocations());
+        let keystore = with_token(keystore, token.clone());
+        settle_token_keys(&*keystore);
         Ok(Store {
-            proxy_records: Some(keystore.proxy_records()),
-            revocations: Some(keystore.revocations()),
-            keystore: with_token(keystore, token.clone()),
+            proxy_records,
+            revocations,
+            keystore,
             token,
             database: Some(db),
         })
@@ -162,6 +169,49 @@ pub fn open_token(settings: &Settings) -> anyhow::Result<Option<Pkcs11Token>> {
     let token = Pkcs11Token::open(&pkcs11.module, &pkcs11.token, pin)?;
     tracing::info!(module = %pkcs11.module.display(), token = %pkcs11.token, "CA keys in the PKCS#11 token");
     Ok(Some(token))
+}
+
+/// Finishes or destroys the key pairs a kill left in the token between making them and recording them in
+/// the keystore (see [`Pkcs11Token::settle_pending_keys`]): a pair a `*.pkcs11` entry names is labelled as
+/// the entry says, one none names is destroyed once its maker is gone. A failure leaves them for the next
+/// start (nothing uses an unrecorded key) and is logged.
+fn settle_token_keys(keystore: &dyn Keystore) {
+    let Some(token) = keystore.token() else {
+        return;
+    };
+    let settled = recorded_token_keys(keystore)
+        .and_then(|recorded| Ok(token.settle_pending_keys(&recorded)?));
+    match settled {
+        Ok(settled) if settled != meshca_hsm::Settled::default() => {
+            tracing::info!(finished = settled.finished, destroyed = settled.destroyed,
+                in_progress = settled.in_progress, token = %token.label(),
+                "settled the key pairs in the PKCS#11 token that were made but not yet recorded");
+        }
+        Ok(_) => {}
+        Err(error) => tracing::warn!(token = %token.label(),
+            "could not look for key pairs a kill left unrecorded in the PKCS#11 token (they are never used; the next start looks again): {error:#}"),
+    }
+}
+
+/// The `CKA_ID` of every key the keystore records by a `pkcs11:` URI (its `*.pkcs11` entries), with the
+/// label the URI names.
+fn recorded_token_keys(keystore: &dyn Keystore) -> anyhow::Result<HashMap<Vec<u8>, String>> {
+    let mut recorded = HashMap::new();
+    for name in keystore.list("")? {
+        if !name.ends_with(".pkcs11") {
+            continue;
+        }
+        let Some(text) = keystore.get_public(&name)? else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&text);
+        let uri = meshca_hsm::Pkcs11Uri::parse(text.trim())
+            .with_context(|| format!("the keystore entry {name}"))?;
+        if let (Some(id), Some(label)) = (uri.id(), uri.object()) {
+            recorded.insert(id.to_vec(), label.to_owned());
+        }
+    }
+    Ok(recorded)
 }
 
 /// `keystore`, paired with the token when there is one.

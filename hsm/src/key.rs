@@ -2,6 +2,7 @@
 //! proven to match a certificate by a signature.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use cryptoki::error::Error as CkError;
@@ -16,6 +17,7 @@ use ring::{digest, signature};
 
 use crate::der;
 use crate::error::HsmError;
+use crate::pending::Maker;
 use crate::token::{Context, Token};
 
 /// How long a key's id (`CKA_ID`) is when meshca makes the key.
@@ -50,15 +52,17 @@ impl Token {
     /// Makes a key pair of `algorithm` in the token: the private key sensitive, never extractable,
     /// able to sign only; both objects labelled `label`, with a random id.
     pub fn generate_key(&self, algorithm: KeyAlgorithm, label: &str) -> Result<TokenKey, HsmError> {
-        let mut id = vec![0u8; ID_LEN];
-        SystemRandom::new()
-            .fill(&mut id)
-            .map_err(|_| HsmError::Random)?;
-        let common = [
-            Attribute::Token(true),
-            Attribute::Label(label.as_bytes().to_vec()),
-            Attribute::Id(id.clone()),
-        ];
+        self.make_key(algorithm, label)
+    }
+
+    /// Makes a key pair as [`Token::generate_key`] does, labelled as pending by this process (see the
+    /// `pending` module): until [`TokenKey::record_as`] labels it, a start finds it, and destroys it when
+    /// this process is gone and no record names its id.
+    pub fn generate_pending_key(&self, algorithm: KeyAlgorithm) -> Result<TokenKey, HsmError> {
+        self.make_key(algorithm, &Maker::this_process().label())
+    }
+
+    fn make_key(&self, algorithm: KeyAlgorithm, label: &str) -> Result<TokenKey, HsmError> {
         let (mechanism, mut public_template) = match der::curve_params(algorithm) {
             Some(curve) => (
                 Mechanism::EccKeyPairGen,
@@ -74,8 +78,7 @@ impl Token {
         };
         public_template.push(Attribute::Verify(true));
         public_template.push(Attribute::Private(false));
-        public_template.extend(common.iter().cloned());
-        let mut private_template = vec![
+        let private_template = vec![
             Attribute::Private(true),
             Attribute::Sensitive(true),
             Attribute::Extractable(false),
@@ -83,17 +86,44 @@ impl Token {
             Attribute::Decrypt(false),
             Attribute::Derive(false),
         ];
-        private_template.extend(common.iter().cloned());
-        let (generation, private, public_key) =
+        let mut base_id = vec![0u8; ID_LEN];
+        SystemRandom::new()
+            .fill(&mut base_id)
+            .map_err(|_| HsmError::Random)?;
+        let attempts = AtomicU8::new(0);
+        let (generation, id, private, public_key) =
             self.run("generating a key", |context, session| {
+                // Another id on each attempt: an attempt that failed half way (and is retried) can never
+                // give its objects to the key this one makes.
+                let mut id = base_id.clone();
+                id[0] ^= attempts.fetch_add(1, Ordering::Relaxed);
+                let common = [
+                    Attribute::Token(true),
+                    Attribute::Label(label.as_bytes().to_vec()),
+                    Attribute::Id(id.clone()),
+                ];
+                let mut public_template = public_template.clone();
+                public_template.extend(common.iter().cloned());
+                let mut private_template = private_template.clone();
+                private_template.extend(common.iter().cloned());
                 let (public, private) =
                     session.generate_key_pair(&mechanism, &public_template, &private_template)?;
-                let public_key = read_public_key(session, public, algorithm)?;
-                Ok((context.generation, private, public_key))
+                match read_public_key(session, public, algorithm) {
+                    Ok(public_key) => Ok((context.generation, id, private, public_key)),
+                    Err(error) => {
+                        // Not kept: a retry makes another pair.
+                        let _ = session.destroy_object(private);
+                        let _ = session.destroy_object(public);
+                        Err(error)
+                    }
+                }
             })?;
-        let public_key = public_key.ok_or(HsmError::PublicKey {
-            label: label.to_owned(),
-        })?;
+        let Some(public_key) = public_key else {
+            let _ = self.destroy_keys(&id);
+            return Err(HsmError::PublicKey {
+                label: label.to_owned(),
+            });
+        };
         Ok(TokenKey {
             token: self.clone(),
             algorithm,
@@ -121,9 +151,13 @@ impl Token {
             id: selector.id.map(hex::encode),
         };
         let template = selector_template(selector);
-        let (generation, found) = self.run("finding a key", |context, session| {
+        let (generation, mut found) = self.run("finding a key", |context, session| {
             Ok((context.generation, session.find_objects(&template)?))
         })?;
+        if let (true, Some(label), Some(id)) = (found.is_empty(), selector.label, selector.id) {
+            // Recorded under `label`, but its maker stopped before labelling it: it is still pending.
+            found = self.finish_pending(label, id)?;
+        }
         let handle = match found.as_slice() {
             [one] => *one,
             [] => return Err(not_found()),
@@ -185,6 +219,35 @@ impl Token {
 }
 
 impl Token {
+    /// The private key with the id `id` when it is still labelled as pending, labelled `label` now; none
+    /// otherwise.
+    fn finish_pending(&self, label: &str, id: &[u8]) -> Result<Vec<ObjectHandle>, HsmError> {
+        let pending = self.run("finding a key", |_, session| {
+            let found = session.find_objects(&[
+                Attribute::Class(ObjectClass::PRIVATE_KEY),
+                Attribute::Id(id.to_vec()),
+            ])?;
+            let [one] = found.as_slice() else {
+                return Ok(false);
+            };
+            let attributes = session.get_attributes(*one, &[AttributeType::Label])?;
+            Ok(attributes.iter().any(|a| {
+                matches!(a, Attribute::Label(l) if Maker::parse(&String::from_utf8_lossy(l)).is_some())
+            }))
+        })?;
+        if !pending {
+            return Ok(Vec::new());
+        }
+        self.label_objects(id, label)?;
+        tracing::info!(token = %self.label(), id = %hex::encode(id), label,
+            "a recorded key in the PKCS#11 token still had its pending label (its maker stopped before labelling it): labelled now");
+        let template = selector_template(KeySelector {
+            label: Some(label),
+            id: Some(id),
+        });
+        self.run("finding a key", |_, session| session.find_objects(&template))
+    }
+
     /// Destroys every object with the id `id` (a key pair meshca made, found by the id its `pkcs11:`
     /// URI names).
     pub fn destroy_keys(&self, id: &[u8]) -> Result<(), HsmError> {
@@ -256,16 +319,16 @@ impl TokenKey {
 
     /// Gives the key (and its public half) a new label, e.g. the id of the CA it became.
     pub fn relabel(&mut self, label: &str) -> Result<(), HsmError> {
-        let template = [Attribute::Label(label.as_bytes().to_vec())];
-        let id = self.id.clone();
-        self.token.run("relabelling a key", |_, session| {
-            for object in session.find_objects(&[Attribute::Id(id.clone())])? {
-                session.update_attributes(object, &template)?;
-            }
-            Ok(())
-        })?;
+        self.token.label_objects(&self.id, label)?;
         self.label = label.to_owned();
         Ok(())
+    }
+
+    /// Labels a pending key (made by [`Token::generate_pending_key`]) `label`, once the keystore records
+    /// it under that label: from now on no start takes it for a leftover. The key is used by its id, so
+    /// this value's own label is left as made.
+    pub fn record_as(&self, label: &str) -> Result<(), HsmError> {
+        self.token.label_objects(&self.id, label)
     }
 
     /// Destroys the key pair in the token (a key made for a CA that another replica made first).

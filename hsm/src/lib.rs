@@ -12,12 +12,14 @@ mod der;
 mod error;
 mod key;
 mod module_file;
+mod pending;
 mod seal;
 mod token;
 mod uri;
 
 pub use error::HsmError;
 pub use key::{KeySelector, TokenKey};
+pub use pending::{Settled, ABANDONED_AFTER};
 pub use seal::SEALING_KEY_LABEL;
 pub use token::{Token, TokenStatus};
 pub use uri::{ObjectType, Pkcs11Uri, UriError};

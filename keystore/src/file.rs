@@ -14,6 +14,12 @@ use crate::name::{split_prefix, validate_name, validate_prefix};
 use crate::secret::Secret;
 use crate::store::{Creation, Keystore, NewEntry};
 
+/// Where keys found without their certificates in a keystore without [`JOURNALED`] are moved.
+const INTERRUPTED_DIR: &str = ".#interrupted";
+
+/// Marks a keystore opened by a meshca that creates groups under the journal.
+const JOURNALED: &str = ".#journaled";
+
 /// A keystore in a directory: each entry is a file at its name's path.
 ///
 /// Directories are 0700, secrets 0600, public data 0644. Writes replace files atomically (temporary file,
@@ -26,12 +32,6 @@ use crate::store::{Creation, Keystore, NewEntry};
 /// [`FileKeystore::open`] and before the next creation, so a crash never leaves half a CA (see the
 /// `journal` module). A keystore an earlier meshca wrote without the journal is checked once for a CA key
 /// a kill left without its certificate, which is set aside.
-/// Where keys found without their certificates in a keystore without [`JOURNALED`] are moved.
-const INTERRUPTED_DIR: &str = ".#interrupted";
-
-/// Marks a keystore opened by a meshca that creates groups under the journal.
-const JOURNALED: &str = ".#journaled";
-
 #[derive(Debug)]
 pub struct FileKeystore {
     root: PathBuf,

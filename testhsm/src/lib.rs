@@ -123,6 +123,26 @@ impl TestToken {
         self.dir.path().join("tokens")
     }
 
+    /// How many objects (keys, each half of a pair counted) the token holds: SoftHSM2 keeps each in a
+    /// `<uuid>.object` file beside the token's own `token.object`.
+    pub fn object_count(&self) -> usize {
+        let mut count = 0;
+        for token in fs::read_dir(self.tokens_dir()).expect("the token directory") {
+            let token = token.expect("an entry").path();
+            if !token.is_dir() {
+                continue;
+            }
+            for object in fs::read_dir(&token).expect("a token's directory") {
+                let name = object.expect("an entry").file_name();
+                let name = name.to_string_lossy();
+                if name.ends_with(".object") && name != "token.object" {
+                    count += 1;
+                }
+            }
+        }
+        count
+    }
+
     /// The environment a child process needs to find this token: `SOFTHSM2_CONF`.
     pub fn env(&self) -> [(&'static str, OsString); 1] {
         [(CONF_ENV, self.conf().into_os_string())]

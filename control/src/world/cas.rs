@@ -280,6 +280,10 @@ fn load_or_generate(
     if src.mode == LoadMode::Check {
         return Ok(loaded(ca));
     }
+    if ca.token_key().is_some() {
+        // The key is in the token and no record names it yet: a kill here leaves a pending pair.
+        meshca_keystore::crash_point(format_args!("record the key of CA {} made in the PKCS#11 token", ca.id()));
+    }
     // Missing, or half written by a creator still at work: decided under the keystore's lock.
     let chain = ca.chain_pem();
     let names = EntryNames::new(path);
@@ -292,7 +296,8 @@ fn load_or_generate(
             "in the keystore",
         ),
         KeyToStore::Token(k) => {
-            uri = Pkcs11Uri::key(k.token().label(), k.label(), k.id()).to_string();
+            // Recorded under the CA's id, the label the key gets once the record is written.
+            uri = Pkcs11Uri::key(k.token().label(), ca.id(), k.id()).to_string();
             (
                 NewEntry::public(&names.token_key, uri.as_bytes()),
                 uri.as_str(),
@@ -307,6 +312,13 @@ fn load_or_generate(
     if let Ok(Creation::Created) = created {
         tracing::info!(ca = %params.name, trust_domain = %params.trust_domain, id = %ca.id(),
             key = key_is, "generated a new CA");
+        if ca.token_key().is_some() {
+            meshca_keystore::crash_point(format_args!("label the key of CA {} in the PKCS#11 token", ca.id()));
+        }
+        if let Err(error) = ca.record_token_key() {
+            // The record names the key by its id too: the next start labels it.
+            tracing::warn!(ca = %ca.id(), "the new CA's key in the PKCS#11 token keeps its pending label until the next start: {error}");
+        }
         return Ok(loaded(ca));
     }
     discard(ca);
