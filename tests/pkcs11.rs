@@ -85,6 +85,25 @@ fn a_builtin_ca_is_made_in_the_token_and_no_file_holds_its_key() {
         private_keys_of(env.root(), &ca_public_key).is_empty(),
         "a file holds the CA's key"
     );
+    // Nor the daemon's own keys: the token signing key and the SDS CA's key are in the token too, and no
+    // file under the data directory holds a private key of any kind.
+    let daemon_keys = env.keystore().join("daemon");
+    for (absent, present) in [
+        ("token-signing-key.p8", "token-signing-key.pkcs11"),
+        ("sds-ca/key.pem", "sds-ca/key.pkcs11"),
+    ] {
+        assert!(!daemon_keys.join(absent).exists(), "{absent} exists");
+        let uri = std::fs::read_to_string(daemon_keys.join(present)).expect(present);
+        assert!(uri.starts_with("pkcs11:token=meshca;"), "{present}: {uri}");
+    }
+    for file in walk(&env.data) {
+        let bytes = std::fs::read(&file).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains("PRIVATE KEY"),
+            "{} holds a private key",
+            file.display()
+        );
+    }
     // The scan does find a key when there is one: the leaf's, written by `meshca issue`.
     let out = env.root().join("issued");
     let web = env.token("default", "web-1", &[]);
@@ -295,6 +314,7 @@ fn a_token_lost_while_running_stops_signing_keeps_serving_and_recovers() {
     let daemon = env.start();
     let web_1 = env.token("default", "web-1", &[]);
     let served = env.fetch_identity(&web_1);
+    let web_2 = env.token("default", "web-2", &[]);
 
     token.remove();
     let body = wait_for("/ready to say the token is gone", || {
@@ -317,9 +337,21 @@ fn a_token_lost_while_running_stops_signing_keeps_serving_and_recovers() {
     assert!(daemon.log().contains("does not answer"), "logged");
     // What is issued keeps being served; a proxy that had nothing gets nothing until the token returns.
     assert_eq!(env.fetch_identity(&web_1), served);
-    let web_2 = env.token("default", "web-2", &[]);
     let refused = env.fetch(&web_2, &["default"]);
     assert_ne!(refused.code(), Some(0), "{refused}");
+    // The token signing key is in the token too: no token is minted while it is away, and the command
+    // says which setting's token it could not reach.
+    let mint = env.cli(&[
+        "token",
+        "--config",
+        env.cfg(),
+        "--mesh",
+        "default",
+        "--name",
+        "web-3",
+    ]);
+    assert_ne!(mint.code(), Some(0), "{mint}");
+    assert!(mint.stderr.contains("keystore.pkcs11"), "{mint}");
 
     token.restore();
     wait_for("/ready to say ready again", || {

@@ -1,7 +1,10 @@
 //! The daemon's token signing key.
 
 use std::fmt;
+use std::sync::Arc;
 
+use meshca_hsm::TokenKey;
+use meshca_identity::KeyAlgorithm;
 use ring::rand::SystemRandom;
 use ring::signature::{EcdsaKeyPair, KeyPair as _, ECDSA_P256_SHA256_FIXED_SIGNING};
 use zeroize::Zeroizing;
@@ -18,9 +21,19 @@ use crate::verify::{Verifier, MAX_TOKEN_LEN};
 /// `Debug` prints only the public key id. ring holds its own copy of the private scalar, which it does not
 /// promise to wipe: keep one `SigningKey` per process, not many short-lived ones.
 pub struct SigningKey {
-    pair: EcdsaKeyPair,
-    pkcs8: Zeroizing<Vec<u8>>,
-    rng: SystemRandom,
+    inner: Inner,
+    /// The uncompressed public point.
+    public_key: Vec<u8>,
+}
+
+enum Inner {
+    Software {
+        pair: EcdsaKeyPair,
+        pkcs8: Zeroizing<Vec<u8>>,
+        rng: SystemRandom,
+    },
+    /// In a PKCS#11 token (`keystore.pkcs11`): every signature is made there.
+    Token(Arc<TokenKey>),
 }
 
 impl SigningKey {
@@ -50,16 +63,49 @@ impl SigningKey {
                 ),
             },
         )?;
+        let public_key = pair.public_key().as_ref().to_vec();
         Ok(SigningKey {
-            pair,
-            pkcs8: Zeroizing::new(pkcs8.to_vec()),
-            rng,
+            inner: Inner::Software {
+                pair,
+                pkcs8: Zeroizing::new(pkcs8.to_vec()),
+                rng,
+            },
+            public_key,
         })
     }
 
-    /// The PKCS#8 (DER) document of this key, for persistence. Handle as a secret.
-    pub fn pkcs8(&self) -> &[u8] {
-        &self.pkcs8
+    /// A key in a PKCS#11 token, which must be ECDSA P-256.
+    pub fn from_token_key(key: TokenKey) -> Result<SigningKey, AuthError> {
+        if key.algorithm() != KeyAlgorithm::EcdsaP256 {
+            return Err(AuthError::Key {
+                reason: format!(
+                    "the key {:?} in the PKCS#11 token is {}, not ECDSA P-256",
+                    key.label(),
+                    key.algorithm()
+                ),
+            });
+        }
+        Ok(SigningKey {
+            public_key: key.public_key().to_vec(),
+            inner: Inner::Token(Arc::new(key)),
+        })
+    }
+
+    /// The PKCS#8 (DER) document of this key, for persistence (handle as a secret); `None` for a key in
+    /// a token, which never leaves it.
+    pub fn pkcs8(&self) -> Option<&[u8]> {
+        match &self.inner {
+            Inner::Software { pkcs8, .. } => Some(pkcs8),
+            Inner::Token(_) => None,
+        }
+    }
+
+    /// The key in the token, when it is in one.
+    pub fn token_key(&self) -> Option<&TokenKey> {
+        match &self.inner {
+            Inner::Software { .. } => None,
+            Inner::Token(key) => Some(key),
+        }
     }
 
     /// Signs `claims` into a compact JWT (`header.claims.signature`).
@@ -89,7 +135,7 @@ impl SigningKey {
 
     /// The verifier for tokens this key mints.
     pub fn verifier(&self) -> Verifier {
-        Verifier::from_validated_public_key(self.pair.public_key().as_ref())
+        Verifier::from_validated_public_key(&self.public_key)
     }
 
     /// Signs arbitrary header and payload bytes, always with a low-S signature. Crate-private: tests use it to
@@ -99,15 +145,21 @@ impl SigningKey {
         let failed = |reason: &str| AuthError::Key {
             reason: reason.to_owned(),
         };
-        let signature = self
-            .pair
-            .sign(&self.rng, signing_input.as_bytes())
-            .map_err(|_| failed("signing a token failed (system random source unavailable?)"))?;
-        // ring may return either of the two valid `s`; the verifier accepts only the low one.
+        let signature = match &self.inner {
+            Inner::Software { pair, rng, .. } => pair
+                .sign(rng, signing_input.as_bytes())
+                .map_err(|_| failed("signing a token failed (system random source unavailable?)"))?
+                .as_ref()
+                .to_vec(),
+            Inner::Token(key) => key.sign_raw(signing_input.as_bytes()).map_err(|e| {
+                failed(&format!("signing a token in the PKCS#11 token failed: {e}"))
+            })?,
+        };
+        // Either of the two valid `s` may come back; the verifier accepts only the low one.
         let mut fixed: [u8; 64] = signature
-            .as_ref()
+            .as_slice()
             .try_into()
-            .map_err(|_| failed("ring returned an ES256 signature that is not 64 bytes"))?;
+            .map_err(|_| failed("an ES256 signature that is not 64 bytes came back"))?;
         low_s::normalize(&mut fixed);
         Ok(format!("{signing_input}.{}", jwt::encode(&fixed)))
     }
@@ -118,7 +170,13 @@ impl fmt::Debug for SigningKey {
         f.debug_struct("SigningKey")
             .field("alg", &"ES256")
             .field("key_id", &self.verifier().key_id())
-            .field("private_key", &format_args!("[redacted]"))
+            .field(
+                "private_key",
+                &match &self.inner {
+                    Inner::Software { .. } => format_args!("[redacted]"),
+                    Inner::Token(_) => format_args!("[in the PKCS#11 token]"),
+                },
+            )
             .finish()
     }
 }

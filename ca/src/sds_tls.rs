@@ -4,10 +4,16 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, SystemTime};
 
+use std::sync::Arc;
+
+use meshca_hsm::{HsmError, KeySelector, Token, TokenKey};
+use meshca_identity::KeyAlgorithm;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
 use zeroize::Zeroizing;
+
+use crate::authority::CaSigner;
 
 /// How long the SDS CA is valid.
 const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
@@ -38,13 +44,33 @@ pub enum SdsTlsError {
     /// The server certificate could not be made.
     #[error("cannot issue the SDS server certificate: {0}")]
     ServerCertificate(rcgen::Error),
+    /// The PKCS#11 token failed to make, find or use the CA's key.
+    #[error("the SDS CA's key in the PKCS#11 token: {0}")]
+    Token(#[source] HsmError),
+    /// The persisted certificate does not read, or its key in the token is not its own.
+    #[error("the SDS CA's certificate: {0}")]
+    Certificate(String),
 }
 
-/// The daemon's SDS CA: its certificate (what clients trust) and its key.
-#[derive(Debug)]
+/// The daemon's SDS CA: its certificate (what clients trust) and its key, in memory or in a PKCS#11
+/// token.
 pub struct SdsCa {
     cert_pem: String,
-    key: KeyPair,
+    key: CaSigner,
+}
+
+impl std::fmt::Debug for SdsCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SdsCa")
+            .field("cert_pem", &self.cert_pem)
+            .field(
+                "key",
+                &self
+                    .token_key()
+                    .map_or("[redacted]", |_| "[in the PKCS#11 token]"),
+            )
+            .finish()
+    }
 }
 
 /// A server certificate of the SDS CA, with its key.
@@ -68,6 +94,28 @@ impl SdsCa {
     /// A new CA with a random name, valid for ten years from `now`.
     pub fn generate(now: SystemTime) -> Result<SdsCa, SdsTlsError> {
         let key = KeyPair::generate().map_err(SdsTlsError::CaKey)?;
+        Self::self_signed(now, CaSigner::Software(key))
+    }
+
+    /// A new CA as [`SdsCa::generate`] makes one, its key made in `token` (P-256, never extractable,
+    /// pending until the keystore records it: see [`TokenKey::record_as`]).
+    pub fn generate_in_token(now: SystemTime, token: &Token) -> Result<SdsCa, SdsTlsError> {
+        let key = token
+            .generate_pending_key(KeyAlgorithm::EcdsaP256)
+            .map_err(SdsTlsError::Token)?;
+        let key = Arc::new(key);
+        match Self::self_signed(now, CaSigner::Token(Arc::clone(&key))) {
+            Ok(ca) => Ok(ca),
+            Err(error) => {
+                if let Ok(key) = Arc::try_unwrap(key) {
+                    let _ = key.destroy();
+                }
+                Err(error)
+            }
+        }
+    }
+
+    fn self_signed(now: SystemTime, key: CaSigner) -> Result<SdsCa, SdsTlsError> {
         let mut params = CertificateParams::default();
         params.distinguished_name.push(
             DnType::CommonName,
@@ -93,7 +141,45 @@ impl SdsCa {
     /// The CA as persisted: its certificate and its key, both PEM.
     pub fn from_pem(cert_pem: String, key_pem: &str) -> Result<SdsCa, SdsTlsError> {
         let key = KeyPair::from_pem(key_pem).map_err(SdsTlsError::CaKeyUnreadable)?;
-        Ok(SdsCa { cert_pem, key })
+        Ok(SdsCa {
+            cert_pem,
+            key: CaSigner::Software(key),
+        })
+    }
+
+    /// The CA as persisted with its key in `token`: its certificate (PEM) and the key `selector` names,
+    /// proven to be the certificate's by a signature.
+    pub fn from_pem_in_token(
+        cert_pem: String,
+        token: &Token,
+        selector: KeySelector<'_>,
+    ) -> Result<SdsCa, SdsTlsError> {
+        let chain = crate::provided::read_chain(cert_pem.as_bytes())
+            .map_err(|e| SdsTlsError::Certificate(e.to_string()))?;
+        let key =
+            crate::authority::find_token_key(&chain, token, selector).map_err(|e| match e {
+                crate::CaError::Token(e) => SdsTlsError::Token(e),
+                other => SdsTlsError::Certificate(other.to_string()),
+            })?;
+        Ok(SdsCa {
+            cert_pem,
+            key: CaSigner::Token(Arc::new(key)),
+        })
+    }
+
+    /// The CA's key when it is in a PKCS#11 token.
+    pub fn token_key(&self) -> Option<&TokenKey> {
+        match &self.key {
+            CaSigner::Software(_) => None,
+            CaSigner::Token(key) => Some(key),
+        }
+    }
+
+    /// The CA's id: lowercase hex SHA-256 of its certificate's DER (a key in a token is labelled so).
+    pub fn id(&self) -> String {
+        ::pem::parse(&self.cert_pem)
+            .map(|block| crate::certs::sha256_hex(block.contents()))
+            .unwrap_or_default()
     }
 
     /// The CA's certificate, PEM.
@@ -101,9 +187,12 @@ impl SdsCa {
         &self.cert_pem
     }
 
-    /// The CA's key, PEM (a secret: persist it as one).
-    pub fn key_pem(&self) -> Zeroizing<String> {
-        Zeroizing::new(self.key.serialize_pem())
+    /// The CA's key, PEM (a secret: persist it as one); `None` when it is in a token.
+    pub fn key_pem(&self) -> Option<Zeroizing<String>> {
+        match &self.key {
+            CaSigner::Software(key) => Some(Zeroizing::new(key.serialize_pem())),
+            CaSigner::Token(_) => None,
+        }
     }
 
     /// A server certificate for `dns_names` and the loopback addresses, valid for a year from `now`
@@ -164,7 +253,8 @@ mod tests {
     fn a_server_certificate_names_the_host_and_loopback_and_chains_to_the_ca() {
         let now = SystemTime::now();
         let ca = SdsCa::generate(now).expect("a CA");
-        let again = SdsCa::from_pem(ca.cert_pem().to_owned(), &ca.key_pem()).expect("reloads");
+        let key_pem = ca.key_pem().expect("a software key");
+        let again = SdsCa::from_pem(ca.cert_pem().to_owned(), &key_pem).expect("reloads");
         assert_eq!(again.cert_pem(), ca.cert_pem());
         let ca_der = ::pem::parse(ca.cert_pem()).expect("PEM").into_contents();
         let names = ["localhost".to_owned(), "hôte".to_owned()];

@@ -206,12 +206,7 @@ impl Daemon {
             admin_state,
         }
         .spawn(
-            (
-                listeners.sds,
-                listeners
-                    .workload
-                    .zip(workload_api),
-            ),
+            (listeners.sds, listeners.workload.zip(workload_api)),
             listeners.admin,
             &reloader,
             &shutdown,

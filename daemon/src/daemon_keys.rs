@@ -7,12 +7,22 @@ use std::time::SystemTime;
 use anyhow::{anyhow, Context};
 use meshca_auth::SigningKey;
 use meshca_ca::SdsCa;
-use meshca_keystore::{Creation, Keystore, KeystoreError, NewEntry};
+use meshca_hsm::{KeySelector, Pkcs11Uri};
+use meshca_identity::KeyAlgorithm;
+use meshca_keystore::{record_token_key, Creation, Keystore, KeystoreError, NewEntry};
 
 /// Keystore name of the ES256 key that signs proxy tokens.
 const TOKEN_KEY: &str = "daemon/token-signing-key.p8";
+/// With `keystore.pkcs11`: the `pkcs11:` URI of the token signing key, made in the token...
+const TOKEN_KEY_URI: &str = "daemon/token-signing-key.pkcs11";
+/// ...and its public key (PEM), which the key found in the token is proven against.
+const TOKEN_KEY_PUBLIC: &str = "daemon/token-signing-key.pub.pem";
+/// The token signing key's label in the PKCS#11 token.
+const TOKEN_KEY_LABEL: &str = "meshca token signing key";
 const SDS_CA_CERT: &str = "daemon/sds-ca/cert.pem";
 const SDS_CA_KEY: &str = "daemon/sds-ca/key.pem";
+/// With `keystore.pkcs11`: the `pkcs11:` URI of the SDS CA's key, made in the token.
+const SDS_CA_KEY_URI: &str = "daemon/sds-ca/key.pkcs11";
 
 /// The file, beside the data directory's keystore, that clients (Envoy, `meshca sds fetch`) use to verify the
 /// SDS listener's certificate.
@@ -20,11 +30,47 @@ pub fn sds_ca_file(data_dir: &Path) -> PathBuf {
     data_dir.join("sds-ca.pem")
 }
 
-/// Loads the token signing key, generating and persisting it the first time. Of concurrent first callers
-/// (the daemon, `meshca token`), one creates the key and every other loads that one.
+/// Loads the token signing key, generating and persisting it the first time: in the PKCS#11 token when
+/// `keystore.pkcs11` is set (a key persisted before the token was configured stays where it is: tokens
+/// were minted with it). Of concurrent first callers (the daemon, `meshca token`), one creates the key
+/// and every other loads that one.
 pub(crate) fn token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<SigningKey> {
     if let Some(key) = load_token_signing_key(keystore)? {
         return Ok(key);
+    }
+    if let Some(token) = keystore.token() {
+        let key = token
+            .generate_pending_key(KeyAlgorithm::EcdsaP256)
+            .context("cannot make the token signing key in the PKCS#11 token")?;
+        let uri = Pkcs11Uri::key(token.label(), TOKEN_KEY_LABEL, key.id()).to_string();
+        let public = key
+            .public_key_pem()
+            .ok_or_else(|| anyhow!("the PKCS#11 token made no usable P-256 key"))?;
+        let recorded = record_token_key(
+            keystore,
+            &key,
+            TOKEN_KEY_LABEL,
+            &[
+                NewEntry::public(TOKEN_KEY_URI, uri.as_bytes()),
+                NewEntry::public(TOKEN_KEY_PUBLIC, public.as_bytes()),
+            ],
+        )
+        .map_err(|e| {
+            half_present(
+                e,
+                "the token signing key",
+                &[TOKEN_KEY_URI, TOKEN_KEY_PUBLIC],
+            )
+        })?;
+        return match recorded {
+            true => {
+                tracing::info!(key = %uri, "generated the token signing key in the PKCS#11 token");
+                Ok(SigningKey::from_token_key(key)?)
+            }
+            false => load_token_signing_key(keystore)?.ok_or_else(|| {
+                anyhow!("the token signing key ({TOKEN_KEY_URI}) was created by another process, then removed")
+            }),
+        };
     }
     let (key, pkcs8) = SigningKey::generate()
         .map_err(|e| anyhow!("cannot generate the token signing key: {e}"))?;
@@ -41,8 +87,29 @@ pub(crate) fn token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<Signi
     }
 }
 
+/// `error`, said of `what` when it is [`KeystoreError::PartlyPresent`]: a file of it was removed.
+fn half_present(error: KeystoreError, what: &str, entries: &[&str]) -> anyhow::Error {
+    match error {
+        KeystoreError::PartlyPresent { .. } => anyhow!(
+            "the keystore holds only part of {what} ({}), and no creation of it was interrupted: a file \
+             was removed or lost; restore it",
+            entries.join(", ")
+        ),
+        other => other.into(),
+    }
+}
+
 /// Whether the keystore holds a token signing key (tokens may have been minted with it).
 pub fn has_token_signing_key(keystore: &dyn Keystore) -> crate::Result<bool> {
+    let present = || -> Result<bool, KeystoreError> {
+        Ok(keystore.get_secret(TOKEN_KEY)?.is_some()
+            || keystore.get_public(TOKEN_KEY_URI)?.is_some())
+    };
+    present().map_err(|e| crate::Error::from_internal(e.into()))
+}
+
+/// Whether the keystore holds a token signing key of its own (persisted before `keystore.pkcs11` was set).
+pub fn has_software_token_signing_key(keystore: &dyn Keystore) -> crate::Result<bool> {
     keystore
         .get_secret(TOKEN_KEY)
         .map(|key| key.is_some())
@@ -50,15 +117,56 @@ pub fn has_token_signing_key(keystore: &dyn Keystore) -> crate::Result<bool> {
 }
 
 fn load_token_signing_key(keystore: &dyn Keystore) -> anyhow::Result<Option<SigningKey>> {
-    let Some(pkcs8) = keystore.get_secret(TOKEN_KEY)? else {
+    if let Some(pkcs8) = keystore.get_secret(TOKEN_KEY)? {
+        return SigningKey::from_pkcs8(pkcs8.expose()).map(Some).map_err(|e| {
+            anyhow!(
+                "the token signing key in the keystore ({TOKEN_KEY}) cannot be loaded: {e}; it is not replaced \
+                 automatically (that would invalidate every token)"
+            )
+        });
+    }
+    let Some(uri) = keystore.get_public(TOKEN_KEY_URI)? else {
         return Ok(None);
     };
-    SigningKey::from_pkcs8(pkcs8.expose()).map(Some).map_err(|e| {
-        anyhow!(
-            "the token signing key in the keystore ({TOKEN_KEY}) cannot be loaded: {e}; it is not replaced \
-             automatically (that would invalidate every token)"
+    let public = keystore.get_public(TOKEN_KEY_PUBLIC)?.ok_or_else(|| {
+        anyhow!("the keystore holds {TOKEN_KEY_URI} without {TOKEN_KEY_PUBLIC}: restore it")
+    })?;
+    let public = meshca_hsm::p256_public_key_from_pem(&public)
+        .ok_or_else(|| anyhow!("{TOKEN_KEY_PUBLIC} in the keystore is not a P-256 public key"))?;
+    let key = find_in_token(keystore, TOKEN_KEY_URI, &uri, &public)?;
+    Ok(Some(SigningKey::from_token_key(key)?))
+}
+
+/// The key the `pkcs11:` URI `uri` (the keystore entry `entry`) names in the keystore's token, proven
+/// to be the one whose public key is `public` (an uncompressed P-256 point).
+fn find_in_token(
+    keystore: &dyn Keystore,
+    entry: &str,
+    uri: &[u8],
+    public: &[u8],
+) -> anyhow::Result<meshca_hsm::TokenKey> {
+    let text = String::from_utf8_lossy(uri);
+    let uri = Pkcs11Uri::parse(text.trim())
+        .with_context(|| format!("{entry} in the keystore is not a pkcs11: URI"))?;
+    let token = keystore.token().ok_or_else(|| {
+        anyhow!("{entry} names a key in a PKCS#11 token ({uri}), and keystore.pkcs11 is not set: set it to that token")
+    })?;
+    if let Some(label) = uri.token().filter(|label| *label != token.label()) {
+        return Err(anyhow!(
+            "{entry} names a key in the PKCS#11 token {label:?}, and keystore.pkcs11.token is {:?}",
+            token.label()
+        ));
+    }
+    token
+        .find_key(
+            KeySelector {
+                label: uri.object(),
+                id: uri.id(),
+            },
+            KeyAlgorithm::EcdsaP256,
+            public,
         )
-    })
+        .with_context(|| format!("the key {entry} names"))
 }
 
 /// A certificate chain and key for the SDS TLS listener.
@@ -137,45 +245,91 @@ pub(crate) fn server_identity_generated(
     })
 }
 
-/// The SDS CA from the keystore, created the first time. Of concurrent creators, one persists its CA
-/// and every other loads that one.
+/// The SDS CA from the keystore, created the first time: its key in the PKCS#11 token when
+/// `keystore.pkcs11` is set (an SDS CA persisted before keeps its key file: clients trust it). Of
+/// concurrent creators, one persists its CA and every other loads that one.
 fn sds_ca(keystore: &dyn Keystore, now: SystemTime) -> anyhow::Result<SdsCa> {
     if let Some(ca) = load_sds_ca(keystore)? {
         return Ok(ca);
     }
-    let ca = SdsCa::generate(now)?;
-    let created = keystore.create_if_absent(&[
-        NewEntry::secret(SDS_CA_KEY, ca.key_pem().as_bytes()),
-        NewEntry::public(SDS_CA_CERT, ca.cert_pem().as_bytes()),
-    ]);
-    match created {
-        Ok(Creation::Created) => Ok(ca),
-        Ok(Creation::Existing) => load_sds_ca(keystore)?.ok_or_else(|| {
-            anyhow!("the SDS CA (daemon/sds-ca) was created by another process, then removed")
-        }),
-        Err(KeystoreError::PartlyPresent { .. }) => Err(anyhow!(
-            "the keystore holds only half of the SDS CA (daemon/sds-ca), and no creation of it was interrupted: a \
-             file was removed or lost; restore it, or remove both files to have a new one created"
-        )),
-        Err(e) => Err(e.into()),
-    }
+    let half = |e| half_present(e, "the SDS CA (daemon/sds-ca)", &[SDS_CA_CERT, "its key"]);
+    let created = match keystore.token() {
+        Some(token) => {
+            let ca = SdsCa::generate_in_token(now, token)?;
+            let id = ca.id();
+            let key = ca
+                .token_key()
+                .ok_or_else(|| anyhow!("the SDS CA made in the token has no key there"))?;
+            let uri = Pkcs11Uri::key(token.label(), &id, key.id()).to_string();
+            let recorded = record_token_key(
+                keystore,
+                key,
+                &id,
+                &[
+                    NewEntry::public(SDS_CA_KEY_URI, uri.as_bytes()),
+                    NewEntry::public(SDS_CA_CERT, ca.cert_pem().as_bytes()),
+                ],
+            )
+            .map_err(half)?;
+            if recorded {
+                tracing::info!(key = %uri, "generated the SDS CA, its key in the PKCS#11 token");
+                return Ok(ca);
+            }
+            Creation::Existing
+        }
+        None => {
+            let ca = SdsCa::generate(now)?;
+            let key_pem = ca
+                .key_pem()
+                .ok_or_else(|| anyhow!("a software SDS CA without its key"))?;
+            let created = keystore
+                .create_if_absent(&[
+                    NewEntry::secret(SDS_CA_KEY, key_pem.as_bytes()),
+                    NewEntry::public(SDS_CA_CERT, ca.cert_pem().as_bytes()),
+                ])
+                .map_err(half)?;
+            if created == Creation::Created {
+                return Ok(ca);
+            }
+            created
+        }
+    };
+    debug_assert_eq!(created, Creation::Existing);
+    load_sds_ca(keystore)?.ok_or_else(|| {
+        anyhow!("the SDS CA (daemon/sds-ca) was created by another process, then removed")
+    })
 }
 
 /// The persisted SDS CA; `None` when it is missing or only half of it is there (a creator may be between
 /// its two writes: [`sds_ca`] decides under the keystore's lock).
 fn load_sds_ca(keystore: &dyn Keystore) -> anyhow::Result<Option<SdsCa>> {
-    let (Some(cert), Some(key)) = (
-        keystore.get_public(SDS_CA_CERT)?,
-        keystore.get_secret(SDS_CA_KEY)?,
-    ) else {
+    let Some(cert) = keystore.get_public(SDS_CA_CERT)? else {
         return Ok(None);
     };
     let cert = String::from_utf8(cert)
         .map_err(|_| anyhow!("{SDS_CA_CERT} in the keystore is not text"))?;
-    let key_text = std::str::from_utf8(key.expose())
-        .map_err(|_| anyhow!("{SDS_CA_KEY} in the keystore is not text"))?;
-    let ca = SdsCa::from_pem(cert, key_text)
-        .map_err(|e| anyhow!("{SDS_CA_KEY} in the keystore cannot be loaded: {e}"))?;
+    if let Some(key) = keystore.get_secret(SDS_CA_KEY)? {
+        let key_text = std::str::from_utf8(key.expose())
+            .map_err(|_| anyhow!("{SDS_CA_KEY} in the keystore is not text"))?;
+        let ca = SdsCa::from_pem(cert, key_text)
+            .map_err(|e| anyhow!("{SDS_CA_KEY} in the keystore cannot be loaded: {e}"))?;
+        return Ok(Some(ca));
+    }
+    let Some(uri) = keystore.get_public(SDS_CA_KEY_URI)? else {
+        return Ok(None);
+    };
+    let text = String::from_utf8_lossy(&uri);
+    let uri = Pkcs11Uri::parse(text.trim())
+        .with_context(|| format!("{SDS_CA_KEY_URI} in the keystore is not a pkcs11: URI"))?;
+    let token = keystore.token().ok_or_else(|| {
+        anyhow!("{SDS_CA_KEY_URI} names a key in a PKCS#11 token ({uri}), and keystore.pkcs11 is not set: set it to that token")
+    })?;
+    let selector = KeySelector {
+        label: uri.object(),
+        id: uri.id(),
+    };
+    let ca = SdsCa::from_pem_in_token(cert, token, selector)
+        .with_context(|| format!("the SDS CA's key, which {SDS_CA_KEY_URI} names"))?;
     Ok(Some(ca))
 }
 

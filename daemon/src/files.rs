@@ -21,6 +21,21 @@ pub fn open_store_without_ca_keys(settings: &Settings) -> crate::Result<(DataDir
     open_store_with(settings, Token::OnlyForTheDatabase)
 }
 
+/// The store, for minting tokens (`meshca token`): with `keystore.pkcs11`, the token signing key is in
+/// the token (made there the first time), so the token is opened, unless the keystore holds a signing
+/// key persisted before the token was configured; then tokens can be minted while the HSM is away.
+pub fn open_store_to_mint(settings: &Settings) -> crate::Result<(DataDir, Store)> {
+    let (data_dir, store) = open_store_without_ca_keys(settings)?;
+    if settings.keystore.pkcs11.is_none()
+        || store.keystore.token().is_some()
+        || super::daemon_keys::has_software_token_signing_key(&*store.keystore)?
+    {
+        return Ok((data_dir, store));
+    }
+    drop(store);
+    open_store(settings)
+}
+
 fn open_store_with(settings: &Settings, token: Token) -> crate::Result<(DataDir, Store)> {
     let open = || {
         let data_dir = DataDir::open(&settings.data_dir)?;

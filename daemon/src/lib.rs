@@ -30,6 +30,6 @@ mod workload_api;
 
 pub use daemon::{Daemon, DaemonOptions};
 pub use error::{Cause, Error, Result};
-pub use files::{open_store, open_store_without_ca_keys};
+pub use files::{open_store, open_store_to_mint, open_store_without_ca_keys};
 pub use run::{load_settings, process_env, run};
 pub use store::{open_token, read_pkcs11_pin};

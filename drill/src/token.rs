@@ -1,6 +1,7 @@
-//! A drill with `--pkcs11`: its daemon makes every CA key in the operator's token. Afterwards the
-//! drill counts where the CA keys were (the sandbox keystore holds a `pkcs11:` URI for each key in the
-//! token, a key file otherwise) and destroys the keys it made, so that drills leave no key behind.
+//! A drill with `--pkcs11`: its daemon makes every CA key (and its own keys) in the operator's token.
+//! Afterwards the drill counts where the CA keys were (the sandbox keystore holds a `pkcs11:` URI for
+//! each key in the token, a key file otherwise) and destroys every key it made, so that drills leave no
+//! key behind.
 
 use std::path::Path;
 
@@ -19,12 +20,18 @@ pub fn clean_up(settings: &Settings) -> anyhow::Result<TokenReport> {
         ca_keys_in_token: 0,
         ca_keys_in_files: 0,
     };
-    let keystore = settings.data_dir.join("keystore").join("ca");
+    // Every key the sandbox keystore records in the token is the drill's: its CAs', and the daemon's own
+    // (the token signing key, the SDS CA's, JWT-SVID keys).
+    let keystore = settings.data_dir.join("keystore");
+    let cas = keystore.join("ca");
     for file in files_under(&keystore)? {
+        let is_ca = file.starts_with(&cas);
         match file.file_name().and_then(|n| n.to_str()) {
-            Some("key.pem") => report.ca_keys_in_files += 1,
-            Some("key.pkcs11") => {
-                report.ca_keys_in_token += 1;
+            Some("key.pem") if is_ca => report.ca_keys_in_files += 1,
+            Some(name) if name.ends_with(".pkcs11") => {
+                if is_ca {
+                    report.ca_keys_in_token += 1;
+                }
                 let text = std::fs::read_to_string(&file)
                     .with_context(|| format!("cannot read {}", file.display()))?;
                 let uri = Pkcs11Uri::parse(text.trim())

@@ -245,7 +245,9 @@ impl Token {
             label: Some(label),
             id: Some(id),
         });
-        self.run("finding a key", |_, session| session.find_objects(&template))
+        self.run("finding a key", |_, session| {
+            session.find_objects(&template)
+        })
     }
 
     /// Destroys every object with the id `id` (a key pair meshca made, found by the id its `pkcs11:`
@@ -264,6 +266,20 @@ impl TokenKey {
     /// Signs `message` as an X.509 signature of the key's algorithm: ECDSA with SHA-256 (P-256) or
     /// SHA-384 (P-384), DER-encoded; RSA PKCS#1 v1.5 with SHA-256.
     pub fn sign(&self, message: &[u8]) -> Result<Vec<u8>, HsmError> {
+        let raw = self.sign_raw(message)?;
+        match self.algorithm {
+            KeyAlgorithm::EcdsaP256 | KeyAlgorithm::EcdsaP384 => {
+                der::ecdsa_signature(&raw).ok_or(HsmError::BadSignature {
+                    label: self.label.clone(),
+                })
+            }
+            _ => Ok(raw),
+        }
+    }
+
+    /// Signs `message` as [`TokenKey::sign`] does, an ECDSA signature left as the token gives it: `r`
+    /// and `s` side by side, each the curve's size (what JWS's ES256 and ES384 carry).
+    pub fn sign_raw(&self, message: &[u8]) -> Result<Vec<u8>, HsmError> {
         let (mechanism, input) = match self.algorithm {
             KeyAlgorithm::EcdsaP256 => (
                 Mechanism::Ecdsa,
@@ -275,21 +291,13 @@ impl TokenKey {
             ),
             _ => (Mechanism::Sha256RsaPkcs, message.to_vec()),
         };
-        let raw = self.token.run("signing", |context, session| {
+        self.token.run("signing", |context, session| {
             let handle = self.handle(context, session)?;
             session.sign(&mechanism, handle, &input).inspect_err(|_| {
                 // The handle may be stale (the token was reset): find the key again next time.
                 *self.handle.lock().unwrap_or_else(PoisonError::into_inner) = None;
             })
-        })?;
-        match self.algorithm {
-            KeyAlgorithm::EcdsaP256 | KeyAlgorithm::EcdsaP384 => {
-                der::ecdsa_signature(&raw).ok_or(HsmError::BadSignature {
-                    label: self.label.clone(),
-                })
-            }
-            _ => Ok(raw),
-        }
+        })
     }
 
     /// The key's algorithm.
@@ -300,6 +308,16 @@ impl TokenKey {
     /// The public key, as a certificate's subjectPublicKey holds it.
     pub fn public_key(&self) -> &[u8] {
         &self.public_key
+    }
+
+    /// The public key of a P-256 key as PEM (`PUBLIC KEY`, a SubjectPublicKeyInfo), what the keystore
+    /// keeps beside the `pkcs11:` URI of a key that has no certificate; `None` for other algorithms.
+    pub fn public_key_pem(&self) -> Option<String> {
+        (self.algorithm == KeyAlgorithm::EcdsaP256 && self.public_key.len() == 65).then(|| {
+            let mut spki = P256_SPKI_PREFIX.to_vec();
+            spki.extend_from_slice(&self.public_key);
+            pem::encode(&pem::Pem::new("PUBLIC KEY", spki))
+        })
     }
 
     /// The token holding the key.
@@ -400,6 +418,24 @@ impl fmt::Debug for TokenKey {
             .field("algorithm", &self.algorithm)
             .finish()
     }
+}
+
+/// The DER of a P-256 SubjectPublicKeyInfo before its 65-byte uncompressed point: id-ecPublicKey,
+/// prime256v1, and the BIT STRING's header.
+const P256_SPKI_PREFIX: [u8; 26] = [
+    0x30, 0x59, 0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08, 0x2a,
+    0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07, 0x03, 0x42, 0x00,
+];
+
+/// The uncompressed point of a P-256 public key in PEM, as [`TokenKey::public_key_pem`] writes it;
+/// `None` for anything else.
+pub fn p256_public_key_from_pem(text: &[u8]) -> Option<Vec<u8>> {
+    let block = pem::parse(text).ok()?;
+    if block.tag() != "PUBLIC KEY" {
+        return None;
+    }
+    let point = block.contents().strip_prefix(&P256_SPKI_PREFIX[..])?;
+    (point.len() == 65 && point[0] == 0x04).then(|| point.to_vec())
 }
 
 /// The search template for the private key `selector` names.

@@ -18,7 +18,7 @@ mod token;
 mod uri;
 
 pub use error::HsmError;
-pub use key::{KeySelector, TokenKey};
+pub use key::{p256_public_key_from_pem, KeySelector, TokenKey};
 pub use pending::{Settled, ABANDONED_AFTER};
 pub use seal::SEALING_KEY_LABEL;
 pub use token::{Token, TokenStatus};

@@ -114,8 +114,8 @@ impl Token {
             let mut found: HashMap<Vec<u8>, String> = HashMap::new();
             for class in [ObjectClass::PRIVATE_KEY, ObjectClass::PUBLIC_KEY] {
                 for object in session.find_objects(&[Attribute::Class(class)])? {
-                    let attributes =
-                        session.get_attributes(object, &[AttributeType::Label, AttributeType::Id])?;
+                    let attributes = session
+                        .get_attributes(object, &[AttributeType::Label, AttributeType::Id])?;
                     let (mut label, mut id) = (None, None);
                     for attribute in attributes {
                         match attribute {

@@ -1,7 +1,7 @@
 //! A keystore paired with a PKCS#11 token (`keystore.pkcs11`): entries stay where they were, and new CA
 //! keys are made in the token.
 
-use meshca_hsm::Token;
+use meshca_hsm::{Token, TokenKey};
 
 use crate::error::KeystoreError;
 use crate::secret::Secret;
@@ -52,5 +52,36 @@ impl<K: Keystore> Keystore for WithToken<K> {
 
     fn token(&self) -> Option<&Token> {
         Some(&self.token)
+    }
+}
+
+/// Records `key`, made pending in the keystore's token ([`Token::generate_pending_key`]), by creating
+/// `entries` (which name it by a `pkcs11:` URI with the label `label`), then labels it `label`. `true`
+/// when this call recorded it; `false` when another process had already created the entries (its key is
+/// the one to load; this one is destroyed in the token, and must not be used). A kill at any step
+/// leaves what a start settles.
+pub fn record_token_key(
+    keystore: &dyn Keystore,
+    key: &TokenKey,
+    label: &str,
+    entries: &[NewEntry<'_>],
+) -> Result<bool, KeystoreError> {
+    crate::crash_point(format_args!(
+        "record the key {label} made in the PKCS#11 token"
+    ));
+    match keystore.create_if_absent(entries) {
+        Ok(Creation::Created) => {
+            crate::crash_point(format_args!("label the key {label} in the PKCS#11 token"));
+            if let Err(error) = key.record_as(label) {
+                tracing::warn!(key = label, "a new key in the PKCS#11 token keeps its pending label until the next start: {error}");
+            }
+            Ok(true)
+        }
+        outcome => {
+            if let Err(error) = key.token().destroy_keys(key.id()) {
+                tracing::warn!(key = label, "a key made in the PKCS#11 token and not used could not be destroyed; the next start does: {error}");
+            }
+            outcome.map(|_| false)
+        }
     }
 }

@@ -593,11 +593,18 @@ fn a_key_without_its_certificate_from_before_the_journal_is_set_aside_once() {
     assert_eq!(mode(&aside[0]), 0o600);
     assert_eq!(mode(&root.join(".#interrupted")), 0o700);
     assert!(
-        store.get_secret("meshes/default/ca-2/key.pem").expect("get").is_some(),
+        store
+            .get_secret("meshes/default/ca-2/key.pem")
+            .expect("get")
+            .is_some(),
         "a whole pair is untouched"
     );
     assert!(
-        !store.list("").expect("list").iter().any(|n| n.contains("interrupted")),
+        !store
+            .list("")
+            .expect("list")
+            .iter()
+            .any(|n| n.contains("interrupted")),
         "what is set aside is no entry"
     );
     let pair = [
@@ -610,10 +617,15 @@ fn a_key_without_its_certificate_from_before_the_journal_is_set_aside_once() {
     );
 
     // Opened once by this meshca, the keystore is journaled: half a pair now is a file removed by hand.
-    store.delete("meshes/default/ca-1/cert.pem").expect("delete");
+    store
+        .delete("meshes/default/ca-1/cert.pem")
+        .expect("delete");
     let store = open(&root);
     assert!(
-        store.get_secret("meshes/default/ca-1/key.pem").expect("get").is_some(),
+        store
+            .get_secret("meshes/default/ca-1/key.pem")
+            .expect("get")
+            .is_some(),
         "not set aside a second time"
     );
     assert!(matches!(

@@ -129,7 +129,7 @@ pub fn run(args: TokenArgs) -> anyhow::Result<ExitCode> {
     }
     .map_err(|e| invalid(format!("{e}")))?;
 
-    let (data_dir, store) = open_store(&settings)?;
+    let (data_dir, store) = meshca_daemon::open_store_to_mint(&settings)?;
     let key = store.token_signing_key(&data_dir)?;
     let token = key
         .mint(&claims)

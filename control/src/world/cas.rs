@@ -282,7 +282,10 @@ fn load_or_generate(
     }
     if ca.token_key().is_some() {
         // The key is in the token and no record names it yet: a kill here leaves a pending pair.
-        meshca_keystore::crash_point(format_args!("record the key of CA {} made in the PKCS#11 token", ca.id()));
+        meshca_keystore::crash_point(format_args!(
+            "record the key of CA {} made in the PKCS#11 token",
+            ca.id()
+        ));
     }
     // Missing, or half written by a creator still at work: decided under the keystore's lock.
     let chain = ca.chain_pem();
@@ -313,7 +316,10 @@ fn load_or_generate(
         tracing::info!(ca = %params.name, trust_domain = %params.trust_domain, id = %ca.id(),
             key = key_is, "generated a new CA");
         if ca.token_key().is_some() {
-            meshca_keystore::crash_point(format_args!("label the key of CA {} in the PKCS#11 token", ca.id()));
+            meshca_keystore::crash_point(format_args!(
+                "label the key of CA {} in the PKCS#11 token",
+                ca.id()
+            ));
         }
         if let Err(error) = ca.record_token_key() {
             // The record names the key by its id too: the next start labels it.
