@@ -546,3 +546,94 @@ fn a_kill_between_making_a_ca_key_in_the_token_and_recording_it_leaves_nothing_b
         daemon.stop();
     }
 }
+
+/// This test process's effective uid, as `/proc` says (the `meshca` it runs has the same).
+fn my_uid() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        .expect("an effective uid")
+        .to_owned()
+}
+
+/// `meshca workload fetch --socket SOCKET jwt --audience AUDIENCE --output json`.
+fn fetch_jwt(env: &Env, socket: &Path, audience: &str) -> common::Run {
+    let socket = format!("unix://{}", socket.display());
+    let args = [
+        "workload",
+        "fetch",
+        "--socket",
+        &socket,
+        "jwt",
+        "--audience",
+        audience,
+        "--output",
+        "json",
+    ];
+    env.cli_with(env.command(&args), &args)
+}
+
+#[test]
+fn jwt_svids_are_signed_in_the_token_and_wait_while_it_is_gone() {
+    let token = TestToken::new();
+    let env = env_with_token(&token, "");
+    let socket = env.root().join("w.sock");
+    let settings = std::fs::read_to_string(&env.config).expect("the settings file");
+    std::fs::write(
+        &env.config,
+        format!(
+            "{settings}workloadApi: {{listen: [\"unix://{}\"]}}\n",
+            socket.display()
+        ),
+    )
+    .expect("the settings file is writable");
+    env.write_resource(
+        "mesh.yaml",
+        "type: Mesh\nname: default\n---\ntype: MeshIdentity\nname: identity\nmesh: default\nspec:\n  selector:\n    dataplane:\n      matchLabels: {}\n  spiffeID:\n    trustDomain: example.org\n    path: \"/workload/{{ .Workload }}\"\n  provider:\n    type: Bundled\n    bundled:\n      meshTrustCreation: Enabled\n      autogenerate:\n        enabled: true\n---\ntype: Dataplane\nmesh: default\nname: batch-1\nlabels:\n  kuma.io/workload: batch\n",
+    );
+    env.write_resource(
+        "workloads.yaml",
+        &format!(
+            "type: WorkloadRegistration\nmesh: default\nname: batch\nspec:\n  dataplane: batch-1\n  selectors: [\"unix:uid:{}\"]\n",
+            my_uid()
+        ),
+    );
+    let _daemon = env.start();
+
+    let run = fetch_jwt(&env, &socket, "a").ok();
+    let jwt = run.json()["svids"][0]["token"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a token: {run}"))
+        .to_owned();
+    // The key is in the token: the keystore keeps its URI and public key, no private key.
+    let keys = env.keystore().join("jwt-svid/example.org");
+    assert!(!keys.join("1").exists(), "a software JWT key was written");
+    let uri = std::fs::read_to_string(keys.join("1.pkcs11")).expect("the key's URI");
+    assert!(uri.starts_with("pkcs11:token=meshca;"), "{uri}");
+    let public =
+        ::pem::parse(std::fs::read(keys.join("1.pub.pem")).expect("the public key")).expect("PEM");
+    // The token's ES256 signature verifies with that key (ring, on the raw r||s of JWS).
+    let (signed, signature) = jwt.rsplit_once('.').expect("a compact JWS");
+    use base64::Engine as _;
+    let signature = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(signature)
+        .expect("base64url");
+    let point = &public.contents()[public.contents().len() - 65..];
+    ring::signature::UnparsedPublicKey::new(&ring::signature::ECDSA_P256_SHA256_FIXED, point)
+        .verify(signed.as_bytes(), &signature)
+        .expect("signed by the key in the token");
+
+    // While the token is gone, no new token is signed: the caller is told, and nothing else is used.
+    token.remove();
+    let refused = fetch_jwt(&env, &socket, "b");
+    assert_ne!(refused.code(), Some(0), "{refused}");
+    assert!(refused.stderr.contains("PKCS#11"), "{refused}");
+    token.restore();
+    let again = wait_for("a JWT-SVID once the token is back", || {
+        let run = fetch_jwt(&env, &socket, "c");
+        (run.code() == Some(0)).then_some(run)
+    });
+    assert!(again.json()["svids"][0]["token"].is_string(), "{again}");
+}

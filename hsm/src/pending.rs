@@ -158,6 +158,13 @@ impl Token {
         Ok(settled)
     }
 
+    /// Labels the key pair with the id `id` as pending by this process again, before its record is
+    /// deleted and it is destroyed: a kill in between leaves a pair that a start finishes (the record
+    /// still names it) or destroys (it does not).
+    pub fn mark_pending(&self, id: &[u8]) -> Result<(), HsmError> {
+        self.label_objects(id, &Maker::this_process().label())
+    }
+
     /// Labels every object whose `CKA_ID` is `id` with `label`.
     pub(crate) fn label_objects(&self, id: &[u8], label: &str) -> Result<(), HsmError> {
         let template = [Attribute::Label(label.as_bytes().to_vec())];

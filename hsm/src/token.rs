@@ -38,6 +38,9 @@ pub(crate) struct Inner {
     status: Mutex<TokenStatus>,
     /// Counts the contexts opened, so that object handles found in an earlier one are not reused.
     generations: AtomicU64,
+    /// Why the token refused the PIN when it was reached again, if it did: from then on this process
+    /// never logs in again, since a token locks its user PIN after a few wrong attempts.
+    login_refused: Mutex<Option<String>>,
 }
 
 /// An initialised module and the slot holding the token.
@@ -98,6 +101,7 @@ impl Token {
                 reason: None,
             }),
             generations: AtomicU64::new(1),
+            login_refused: Mutex::new(None),
         });
         open.push((module.to_owned(), Arc::downgrade(&inner)));
         Ok(Token { inner })
@@ -135,6 +139,10 @@ impl Token {
     }
 
     /// When the token is down, tries to reach it again; `true` when it is up afterwards.
+    ///
+    /// A token that answers but refuses the PIN (or has locked it) is not tried again by this process:
+    /// each try would be one more wrong attempt, and an HSM locks its user PIN after a few. The status
+    /// says so until meshca is restarted with the right PIN.
     pub fn recover(&self) -> bool {
         let mut context = self
             .inner
@@ -143,6 +151,15 @@ impl Token {
             .unwrap_or_else(PoisonError::into_inner);
         if context.is_some() {
             return true;
+        }
+        if self
+            .inner
+            .login_refused
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+        {
+            return false;
         }
         let generation = self.inner.generations.fetch_add(1, Ordering::Relaxed) + 1;
         match Context::open(
@@ -159,12 +176,32 @@ impl Token {
                 true
             }
             Err(error) => {
+                let refused = matches!(
+                    error,
+                    HsmError::WrongPin { .. } | HsmError::PinLocked { .. }
+                );
+                let reason = match refused {
+                    true => {
+                        let reason = format!(
+                            "{error}; the PIN is not tried again (a token locks its PIN after a few wrong \
+                             attempts): restart meshca once the PIN is right"
+                        );
+                        tracing::error!(token = %self.inner.label, "the PKCS#11 token answers again but refuses the PIN: {reason}");
+                        *self
+                            .inner
+                            .login_refused
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner) = Some(reason.clone());
+                        reason
+                    }
+                    false => error.to_string(),
+                };
                 let mut status = self
                     .inner
                     .status
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner);
-                status.reason = Some(error.to_string());
+                status.reason = Some(reason);
                 false
             }
         }

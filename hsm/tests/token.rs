@@ -42,6 +42,13 @@ fn a_softhsm2_token_end_to_end() {
     assert!(matches!(err, HsmError::WrongPin { .. }), "{err}");
     assert!(!err.to_string().contains("9999"), "{err}");
     assert!(err.to_string().contains("pinFile"), "{err}");
+    // SoftHSM2 counts no wrong attempts: twenty in a row, and the right PIN still opens it (a real HSM
+    // would lock the PIN; `HsmError::PinLocked` is what meshca then says, and the daemon never retries
+    // a refused PIN on its own: below).
+    for _ in 0..20 {
+        let err = Token::open(module, "meshca", pin("0000")).expect_err("wrong PIN");
+        assert!(matches!(err, HsmError::WrongPin { .. }), "{err}");
+    }
 
     let token = Token::open(module, "meshca", pin("1234")).expect("opens");
     assert!(token.status().up);
@@ -198,6 +205,24 @@ fn a_softhsm2_token_end_to_end() {
     assert!(token.status().up);
     let signed = key.sign(b"again").expect("signs after the token returned");
     verify(KeyAlgorithm::EcdsaP256, key.public_key(), b"again", &signed);
+
+    // The token goes away and another token with the same label and another PIN takes its place: the
+    // PIN is refused once, said in the status, and never tried again, not even once the right token is
+    // back (every try would count against a real HSM's PIN).
+    std::fs::rename(&tokens, &away).expect("moves the tokens away");
+    assert!(!token.check(), "gone");
+    std::fs::create_dir(&tokens).expect("a tokens directory for the impostor");
+    init_token_in(dir.path(), "4321");
+    assert!(!token.recover(), "the PIN is refused");
+    let reason = token.status().reason.expect("a reason");
+    assert!(
+        reason.contains("not tried again") && reason.contains("pinFile"),
+        "{reason}"
+    );
+    std::fs::remove_dir_all(&tokens).expect("removes the impostor");
+    std::fs::rename(&away, &tokens).expect("moves the tokens back");
+    assert!(!token.recover(), "no second login");
+    assert_eq!(token.status().reason.as_deref(), Some(reason.as_str()));
 }
 
 fn pin(p: &str) -> Zeroizing<String> {
@@ -228,6 +253,16 @@ fn init_token(dir: &Path) -> PathBuf {
         ),
     )
     .expect("writes the configuration");
+    init_token_in(dir, "1234");
+    // The only test of this binary: nothing else reads the environment yet.
+    std::env::set_var("SOFTHSM2_CONF", &conf);
+    tokens
+}
+
+/// `softhsm2-util --init-token` of a token labelled `meshca` with user PIN `user_pin` in `dir`'s tokens
+/// directory.
+fn init_token_in(dir: &Path, user_pin: &str) {
+    let conf = dir.join("softhsm2.conf");
     let status = Command::new("softhsm2-util")
         .args([
             "--init-token",
@@ -235,7 +270,7 @@ fn init_token(dir: &Path) -> PathBuf {
             "--label",
             "meshca",
             "--pin",
-            "1234",
+            user_pin,
             "--so-pin",
             "5678",
         ])
@@ -245,7 +280,4 @@ fn init_token(dir: &Path) -> PathBuf {
             "softhsm2-util runs: SoftHSM2 must be installed (Debian: apt-get install softhsm2)",
         );
     assert!(status.success(), "softhsm2-util --init-token failed");
-    // The only test of this binary: nothing else reads the environment yet.
-    std::env::set_var("SOFTHSM2_CONF", &conf);
-    tokens
 }

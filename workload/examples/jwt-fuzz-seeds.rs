@@ -27,7 +27,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(_) => {
             let key = JwtSigningKey::generate()?;
             std::fs::create_dir_all(fuzz.join("seeds"))?;
-            std::fs::write(&key_path, &**key.pkcs8())?;
+            let pkcs8 = key.pkcs8().ok_or("a generated key is a software key")?;
+            std::fs::write(&key_path, pkcs8.as_slice())?;
             key
         }
     };

@@ -45,7 +45,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use meshca_config::MAX_JWT_SVID_EXPIRY;
-use meshca_keystore::{Creation, Keystore, KeystoreError, NewEntry};
+use meshca_hsm::{KeySelector, Pkcs11Uri};
+use meshca_identity::KeyAlgorithm;
+use meshca_keystore::{record_token_key, Creation, Keystore, KeystoreError, NewEntry};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -57,6 +59,12 @@ use crate::options::WorkloadOptions;
 const PREFIX: &str = "jwt-svid/";
 /// The suffix of a key's record: `jwt-svid/<trust domain>/<number>.json`.
 const RECORD_SUFFIX: &str = ".json";
+/// With `keystore.pkcs11`, a key is made in the token, and the keystore keeps its `pkcs11:` URI,
+/// `jwt-svid/<trust domain>/<number>.pkcs11`...
+const TOKEN_SUFFIX: &str = ".pkcs11";
+/// ...and its public key, `jwt-svid/<trust domain>/<number>.pub.pem`, which the key found in the token
+/// is proven against.
+const PUBLIC_SUFFIX: &str = ".pub.pem";
 
 /// How long before a key's lifetime ends, on top of `ackAfter`, its successor is created. The
 /// successor signs `ackAfter` after it was published, so without a margin it would take over exactly
@@ -288,6 +296,66 @@ fn record_name(key_name: &str) -> String {
     format!("{key_name}{RECORD_SUFFIX}")
 }
 
+/// The label of key `name` in the PKCS#11 token.
+fn token_label(name: &str) -> String {
+    format!("meshca {name}")
+}
+
+fn key_error(name: &str, reason: String) -> JwtKeysError {
+    JwtKeysError::Key {
+        name: name.to_owned(),
+        source: JwtError::Key { reason },
+    }
+}
+
+/// Key `name` in the keystore's token, if the keystore records one (`<name>.pkcs11` and
+/// `<name>.pub.pem`; a record still being written by another process counts as none yet).
+fn read_token_key(
+    keystore: &dyn Keystore,
+    name: &str,
+) -> Result<Option<JwtSigningKey>, JwtKeysError> {
+    let uri_entry = format!("{name}{TOKEN_SUFFIX}");
+    let Some(uri) = keystore
+        .get_public(&uri_entry)
+        .map_err(keystore_error(&uri_entry))?
+    else {
+        return Ok(None);
+    };
+    let public_entry = format!("{name}{PUBLIC_SUFFIX}");
+    let Some(public) = keystore
+        .get_public(&public_entry)
+        .map_err(keystore_error(&public_entry))?
+    else {
+        return Ok(None);
+    };
+    let public = meshca_hsm::p256_public_key_from_pem(&public)
+        .ok_or_else(|| key_error(&public_entry, "not a P-256 public key".into()))?;
+    let uri = Pkcs11Uri::parse(String::from_utf8_lossy(&uri).trim())
+        .map_err(|e| key_error(&uri_entry, format!("not a pkcs11: URI: {e}")))?;
+    let token = keystore.token().ok_or_else(|| {
+        key_error(
+            &uri_entry,
+            format!("names a key in a PKCS#11 token ({uri}), and keystore.pkcs11 is not set"),
+        )
+    })?;
+    let key = token
+        .find_key(
+            KeySelector {
+                label: uri.object(),
+                id: uri.id(),
+            },
+            KeyAlgorithm::EcdsaP256,
+            &public,
+        )
+        .map_err(|e| key_error(&uri_entry, e.to_string()))?;
+    JwtSigningKey::from_token_key(key)
+        .map(Some)
+        .map_err(|source| JwtKeysError::Key {
+            name: uri_entry,
+            source,
+        })
+}
+
 fn parse(name: &str, pkcs8: &[u8]) -> Result<JwtSigningKey, JwtKeysError> {
     JwtSigningKey::from_pkcs8(pkcs8).map_err(|source| JwtKeysError::Key {
         name: name.to_owned(),
@@ -360,10 +428,13 @@ fn keystore_error(name: &str) -> impl FnOnce(KeystoreError) -> JwtKeysError + '_
 /// The key `name`, if stored, with its creation time; a key without a record gets one saying `now`
 /// (the first replica to write it decides).
 fn read_key(keystore: &dyn Keystore, name: &str, now: u64) -> Result<Option<Stored>, JwtKeysError> {
-    let Some(secret) = keystore.get_secret(name).map_err(keystore_error(name))? else {
-        return Ok(None);
+    let key = match keystore.get_secret(name).map_err(keystore_error(name))? {
+        Some(secret) => parse(name, secret.expose())?,
+        None => match read_token_key(keystore, name)? {
+            Some(key) => key,
+            None => return Ok(None),
+        },
     };
-    let key = parse(name, secret.expose())?;
     let record = record_name(name);
     let created = match keystore
         .get_public(&record)
@@ -405,6 +476,7 @@ fn read_stored(
     let names = keystore.list(prefix).map_err(keystore_error(prefix))?;
     let mut keys: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
     let mut records: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
+    let mut publics: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
     for name in &names {
         let Some((td, last)) = name
             .strip_prefix(PREFIX)
@@ -417,6 +489,17 @@ fn read_stored(
             .and_then(|n| n.parse::<u64>().ok())
         {
             records.entry(td.to_owned()).or_default().insert(number);
+        } else if let Some(number) = last
+            .strip_suffix(TOKEN_SUFFIX)
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            keys.entry(td.to_owned()).or_default().insert(number);
+        } else if let Some(number) = last
+            .strip_suffix(PUBLIC_SUFFIX)
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            // Read with its key; left alone, like a record, unless a retirement was cut short.
+            publics.entry(td.to_owned()).or_default().insert(number);
         } else if let Ok(number) = last.parse::<u64>() {
             keys.entry(td.to_owned()).or_default().insert(number);
         } else {
@@ -446,6 +529,17 @@ fn read_stored(
             }
         }
     }
+    for (td, numbers) in publics {
+        let newest = keys.get(&td).and_then(|k| k.last().copied()).unwrap_or(0);
+        for number in numbers {
+            let has_key = keys.get(&td).is_some_and(|k| k.contains(&number));
+            if !has_key && number < newest {
+                let public = format!("{}{PUBLIC_SUFFIX}", key_name(&td, number)?);
+                keystore.delete(&public).map_err(keystore_error(&public))?;
+                tracing::info!(entry = %public, "deleted the public key of a retired JWT signing key");
+            }
+        }
+    }
     stored.retain(|_, domain| !domain.is_empty());
     Ok(stored)
 }
@@ -460,15 +554,57 @@ fn create_or_adopt(
     if let Some(stored) = read_key(keystore, name, now)? {
         return Ok((stored, false));
     }
+    if let Some(token) = keystore.token() {
+        let made = token
+            .generate_pending_key(KeyAlgorithm::EcdsaP256)
+            .map_err(|e| key_error(name, format!("making it in the PKCS#11 token: {e}")))?;
+        let label = token_label(name);
+        let uri = Pkcs11Uri::key(token.label(), &label, made.id()).to_string();
+        let public = made
+            .public_key_pem()
+            .ok_or_else(|| key_error(name, "the PKCS#11 token made no usable P-256 key".into()))?;
+        let (uri_entry, public_entry) = (
+            format!("{name}{TOKEN_SUFFIX}"),
+            format!("{name}{PUBLIC_SUFFIX}"),
+        );
+        let record = record_name(name);
+        let bytes = record_bytes(now);
+        let recorded = record_token_key(
+            keystore,
+            &made,
+            &label,
+            &[
+                NewEntry::public(&uri_entry, uri.as_bytes()),
+                NewEntry::public(&public_entry, public.as_bytes()),
+                NewEntry::public(&record, &bytes),
+            ],
+        )
+        .map_err(keystore_error(name))?;
+        if recorded {
+            let key = JwtSigningKey::from_token_key(made).map_err(|source| JwtKeysError::Key {
+                name: name.to_owned(),
+                source,
+            })?;
+            return Ok((Stored { key, created: now }, true));
+        }
+        return read_key(keystore, name, now)?
+            .map(|stored| (stored, false))
+            .ok_or_else(|| JwtKeysError::Vanished {
+                name: name.to_owned(),
+            });
+    }
     let key = JwtSigningKey::generate().map_err(|source| JwtKeysError::Key {
         name: name.to_owned(),
         source,
     })?;
+    let pkcs8 = key
+        .pkcs8()
+        .ok_or_else(|| key_error(name, "a new software key without its PKCS#8".into()))?;
     let record = record_name(name);
     let bytes = record_bytes(now);
     match keystore
         .create_if_absent(&[
-            NewEntry::secret(name, key.pkcs8()),
+            NewEntry::secret(name, pkcs8),
             NewEntry::public(&record, &bytes),
         ])
         .map_err(keystore_error(name))?
@@ -482,9 +618,35 @@ fn create_or_adopt(
     }
 }
 
-/// Deletes key `name` and then its record; what is already gone is fine.
+/// Deletes key `name` and then its record; what is already gone is fine. A key in the token is labelled
+/// pending again first and destroyed once no entry names it, so a kill at any step leaves what a start
+/// settles (see `meshca_hsm`'s pending keys).
 fn delete_key(keystore: &dyn Keystore, name: &str) -> Result<(), JwtKeysError> {
+    let uri_entry = format!("{name}{TOKEN_SUFFIX}");
+    let in_token = match keystore
+        .get_public(&uri_entry)
+        .map_err(keystore_error(&uri_entry))?
+    {
+        Some(uri) => Pkcs11Uri::parse(String::from_utf8_lossy(&uri).trim())
+            .ok()
+            .and_then(|uri| uri.id().map(<[u8]>::to_vec))
+            .zip(keystore.token()),
+        None => None,
+    };
+    if let Some((id, token)) = &in_token {
+        token
+            .mark_pending(id)
+            .map_err(|e| key_error(name, format!("retiring it in the PKCS#11 token: {e}")))?;
+    }
     keystore.delete(name).map_err(keystore_error(name))?;
+    for entry in [uri_entry, format!("{name}{PUBLIC_SUFFIX}")] {
+        keystore.delete(&entry).map_err(keystore_error(&entry))?;
+    }
+    if let Some((id, token)) = &in_token {
+        if let Err(error) = token.destroy_keys(id) {
+            tracing::warn!(key = %name, "a retired JWT signing key could not be destroyed in the PKCS#11 token; the next start does: {error}");
+        }
+    }
     let record = record_name(name);
     keystore.delete(&record).map_err(keystore_error(&record))
 }
@@ -1320,7 +1482,7 @@ mod tests {
         // A key from before rotation: no record. It gets one saying "now", once.
         let legacy = JwtSigningKey::generate().expect("a key");
         keystore
-            .put_secret("jwt-svid/example.org/1", legacy.pkcs8())
+            .put_secret("jwt-svid/example.org/1", legacy.pkcs8().expect("software"))
             .expect("writes");
         let keys = load(&keystore, &options, &clock).await;
         assert_eq!(bundle(&keys), [legacy.kid().to_owned()]);
@@ -1333,7 +1495,7 @@ mod tests {
         let newer = JwtSigningKey::generate().expect("a key");
         keystore
             .create_if_absent(&[
-                NewEntry::secret("jwt-svid/example.org/2", newer.pkcs8()),
+                NewEntry::secret("jwt-svid/example.org/2", newer.pkcs8().expect("software")),
                 NewEntry::public("jwt-svid/example.org/2.json", &record_bytes(clock())),
             ])
             .expect("writes");
@@ -1351,7 +1513,7 @@ mod tests {
         let keystore = memory();
         let key = JwtSigningKey::generate().expect("a key");
         keystore
-            .put_secret("jwt-svid/example.org/1", key.pkcs8())
+            .put_secret("jwt-svid/example.org/1", key.pkcs8().expect("software"))
             .expect("writes");
         keystore
             .put_public("jwt-svid/example.org/1.json", b"{\"created\": 1}")

@@ -1,9 +1,12 @@
 //! JWT-SVID keys: the private ES256 key a trust domain signs with, and the public key a bundle carries.
 
 use std::fmt;
+use std::sync::Arc;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
+use meshca_hsm::TokenKey;
+use meshca_identity::KeyAlgorithm;
 use ring::digest;
 use ring::rand::SystemRandom;
 use ring::signature::{EcdsaKeyPair, KeyPair as _, ECDSA_P256_SHA256_FIXED_SIGNING};
@@ -100,10 +103,18 @@ pub fn thumbprint(x: &[u8; COORDINATE_LEN], y: &[u8; COORDINATE_LEN]) -> String 
 /// The PKCS#8 document is kept in zeroize-on-drop memory so the caller can persist it; `Debug` prints
 /// only the `kid`. ring holds its own copy of the private scalar, which it does not promise to wipe.
 pub struct JwtSigningKey {
-    pair: EcdsaKeyPair,
-    pkcs8: Zeroizing<Vec<u8>>,
+    inner: Inner,
     public: JwtPublicKey,
-    rng: SystemRandom,
+}
+
+enum Inner {
+    Software {
+        pair: EcdsaKeyPair,
+        pkcs8: Zeroizing<Vec<u8>>,
+        rng: SystemRandom,
+    },
+    /// In a PKCS#11 token (`keystore.pkcs11`): every signature is made there.
+    Token(Arc<TokenKey>),
 }
 
 impl JwtSigningKey {
@@ -128,34 +139,50 @@ impl JwtSigningKey {
                     "the stored key is not a PKCS#8 ECDSA P-256 private key ({rejected})"
                 ),
             })?;
-        let point = pair.public_key().as_ref();
-        let (x, y) = match point {
-            [0x04, rest @ ..] if rest.len() == 2 * COORDINATE_LEN => rest.split_at(COORDINATE_LEN),
-            _ => {
-                return Err(JwtError::Key {
-                    reason: "ring returned a P-256 public key that is not an uncompressed point"
-                        .to_owned(),
-                })
-            }
-        };
-        let coordinate = |half: &[u8]| -> [u8; COORDINATE_LEN] {
-            let mut out = [0; COORDINATE_LEN];
-            out.copy_from_slice(half);
-            out
-        };
-        let (x, y) = (coordinate(x), coordinate(y));
-        let public = JwtPublicKey::new(thumbprint(&x, &y), x, y);
+        let public = public_of(pair.public_key().as_ref())?;
         Ok(JwtSigningKey {
-            pair,
-            pkcs8: Zeroizing::new(pkcs8.to_vec()),
+            inner: Inner::Software {
+                pair,
+                pkcs8: Zeroizing::new(pkcs8.to_vec()),
+                rng,
+            },
             public,
-            rng,
         })
     }
 
-    /// The PKCS#8 (DER) document of this key, for persistence. Handle as a secret.
-    pub fn pkcs8(&self) -> &Zeroizing<Vec<u8>> {
-        &self.pkcs8
+    /// A key in a PKCS#11 token, which must be ECDSA P-256.
+    pub fn from_token_key(key: TokenKey) -> Result<JwtSigningKey, JwtError> {
+        if key.algorithm() != KeyAlgorithm::EcdsaP256 {
+            return Err(JwtError::Key {
+                reason: format!(
+                    "the key {:?} in the PKCS#11 token is {}, not ECDSA P-256",
+                    key.label(),
+                    key.algorithm()
+                ),
+            });
+        }
+        let public = public_of(key.public_key())?;
+        Ok(JwtSigningKey {
+            inner: Inner::Token(Arc::new(key)),
+            public,
+        })
+    }
+
+    /// The PKCS#8 (DER) document of this key, for persistence (handle as a secret); `None` for a key in
+    /// a token, which never leaves it.
+    pub fn pkcs8(&self) -> Option<&Zeroizing<Vec<u8>>> {
+        match &self.inner {
+            Inner::Software { pkcs8, .. } => Some(pkcs8),
+            Inner::Token(_) => None,
+        }
+    }
+
+    /// The key in the token, when it is in one.
+    pub fn token_key(&self) -> Option<&TokenKey> {
+        match &self.inner {
+            Inner::Software { .. } => None,
+            Inner::Token(key) => Some(key),
+        }
     }
 
     /// The key id: the RFC 7638 thumbprint of the public key.
@@ -174,17 +201,42 @@ impl JwtSigningKey {
         let failed = |reason: &str| JwtError::Key {
             reason: reason.to_owned(),
         };
-        let signature = self
-            .pair
-            .sign(&self.rng, signing_input)
-            .map_err(|_| failed("signing failed (system random source unavailable?)"))?;
+        let signature = match &self.inner {
+            Inner::Software { pair, rng, .. } => pair
+                .sign(rng, signing_input)
+                .map_err(|_| failed("signing failed (system random source unavailable?)"))?
+                .as_ref()
+                .to_vec(),
+            Inner::Token(key) => key
+                .sign_raw(signing_input)
+                .map_err(|e| failed(&format!("signing in the PKCS#11 token failed: {e}")))?,
+        };
         let mut fixed: [u8; 64] = signature
-            .as_ref()
+            .as_slice()
             .try_into()
-            .map_err(|_| failed("ring returned an ES256 signature that is not 64 bytes"))?;
+            .map_err(|_| failed("an ES256 signature that is not 64 bytes came back"))?;
         meshca_auth::low_s::normalize(&mut fixed);
         Ok(fixed)
     }
+}
+
+/// The JWK of a P-256 public key given as its uncompressed point.
+fn public_of(point: &[u8]) -> Result<JwtPublicKey, JwtError> {
+    let (x, y) = match point {
+        [0x04, rest @ ..] if rest.len() == 2 * COORDINATE_LEN => rest.split_at(COORDINATE_LEN),
+        _ => {
+            return Err(JwtError::Key {
+                reason: "a P-256 public key that is not an uncompressed point".to_owned(),
+            })
+        }
+    };
+    let coordinate = |half: &[u8]| -> [u8; COORDINATE_LEN] {
+        let mut out = [0; COORDINATE_LEN];
+        out.copy_from_slice(half);
+        out
+    };
+    let (x, y) = (coordinate(x), coordinate(y));
+    Ok(JwtPublicKey::new(thumbprint(&x, &y), x, y))
 }
 
 impl fmt::Debug for JwtSigningKey {
@@ -192,7 +244,13 @@ impl fmt::Debug for JwtSigningKey {
         f.debug_struct("JwtSigningKey")
             .field("alg", &"ES256")
             .field("kid", &self.kid())
-            .field("private_key", &format_args!("[redacted]"))
+            .field(
+                "private_key",
+                &match &self.inner {
+                    Inner::Software { .. } => format_args!("[redacted]"),
+                    Inner::Token(_) => format_args!("[in the PKCS#11 token]"),
+                },
+            )
             .finish()
     }
 }
@@ -222,7 +280,7 @@ mod tests {
     #[test]
     fn pkcs8_round_trips_with_the_same_kid() {
         let key = JwtSigningKey::generate().expect("generate");
-        let again = JwtSigningKey::from_pkcs8(key.pkcs8()).expect("reload");
+        let again = JwtSigningKey::from_pkcs8(key.pkcs8().expect("software")).expect("reload");
         assert_eq!(key.public(), again.public());
         assert_eq!(key.kid(), thumbprint(key.public().x(), key.public().y()));
         assert_eq!(key.kid().len(), 43, "base64url of 32 bytes, unpadded");
@@ -240,7 +298,12 @@ mod tests {
         let text = format!("{key:?}");
         assert!(text.contains(key.kid()), "{text}");
         assert!(text.contains("[redacted]"), "{text}");
-        let pkcs8_hex: String = key.pkcs8().iter().map(|b| format!("{b:02x}")).collect();
+        let pkcs8_hex: String = key
+            .pkcs8()
+            .expect("software")
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         assert!(!text.contains(&pkcs8_hex[..16]));
         assert!(!text.contains(&URL_SAFE_NO_PAD.encode(key.public().x())));
     }
