@@ -629,7 +629,10 @@ fn jwt_svids_are_signed_in_the_token_and_wait_while_it_is_gone() {
     token.remove();
     let refused = fetch_jwt(&env, &socket, "b");
     assert_ne!(refused.code(), Some(0), "{refused}");
-    assert!(refused.stderr.contains("PKCS#11"), "{refused}");
+    assert!(
+        refused.stderr.contains("PKCS#11") && refused.stderr.contains("UNAVAILABLE"),
+        "{refused}"
+    );
     token.restore();
     let again = wait_for("a JWT-SVID once the token is back", || {
         let run = fetch_jwt(&env, &socket, "c");

@@ -247,10 +247,7 @@ pub(crate) async fn fetch_jwt_svid(
             deadline,
         )
         .await
-        .map_err(|error| match error {
-            MintError::Key(error) => key_failure(&error),
-            MintError::Token(error) => Status::invalid_argument(error.to_string()),
-        })?;
+        .map_err(|error| error.status())?;
         let hint = unique_hint(registration, &mut hints);
         response.svids.push(JwtSvid {
             spiffe_id: identity.spiffe_id.clone(),
@@ -280,6 +277,22 @@ pub enum MintError {
     /// The token could not be made (the audiences make it too long, ...).
     #[error(transparent)]
     Token(#[from] jwt::JwtError),
+}
+
+impl MintError {
+    /// What the caller is answered: `UNAVAILABLE` when a key could not be had or could not sign (a
+    /// PKCS#11 token away: another try may work, logged), `INVALID_ARGUMENT` for a token that cannot be
+    /// made from the request.
+    pub fn status(&self) -> Status {
+        match self {
+            MintError::Key(error) => key_failure(error),
+            MintError::Token(error @ jwt::JwtError::Key { .. }) => {
+                tracing::warn!(%error, "a JWT signing key could not sign");
+                Status::unavailable(error.to_string())
+            }
+            MintError::Token(error) => Status::invalid_argument(error.to_string()),
+        }
+    }
 }
 
 /// A JWT-SVID naming `spiffe_id` for `audience`, valid for `lifetime` (at least a second), signed by the

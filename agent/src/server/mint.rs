@@ -8,7 +8,7 @@ use meshca_control::ProxyEntry;
 use meshca_identity::SpiffeId;
 use meshca_sds::shown;
 use meshca_workload::jwt::check_audiences;
-use meshca_workload::{mint_jwt_svid, MintError};
+use meshca_workload::mint_jwt_svid;
 use tokio::time::Instant;
 use tonic::codegen::{http, BoxFuture};
 use tonic::server::{Grpc, UnaryService};
@@ -123,12 +123,5 @@ async fn mint(shared: &Shared, agent: &Claims, request: JwtSvidRequest) -> Resul
         deadline,
     )
     .await
-    .map_err(|error| match error {
-        MintError::Key(error) => {
-            tracing::warn!(%error, agent = %agent.name, "a JWT signing key is not available");
-            Status::unavailable(format!("JWT signing key not available: {error}"))
-        }
-        MintError::Token(error) => Status::invalid_argument(error.to_string()),
-        other => Status::internal(other.to_string()),
-    })
+    .map_err(|error| error.status())
 }
