@@ -1,4 +1,5 @@
-//! What the agent tells its operator: `/ready` and `/api/status` on its admin listener (loopback).
+//! What the agent tells its operator: `/ready` and `/api/status` on its admin listener (loopback, and
+//! only to requests naming an address, `localhost` or this host: see [`meshca_sds::allowed_hosts`]).
 //! Never a key, a token or a certificate's content.
 
 use std::net::SocketAddr;
@@ -10,6 +11,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use meshca_sds::allowed_hosts::{self, AllowedHosts};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -122,15 +124,30 @@ pub(crate) async fn serve(
     status: StatusHandle,
     shutdown: CancellationToken,
 ) {
+    let hosts = AllowedHosts::new(&[]);
     let app = Router::new()
         .route("/ready", get(ready))
         .route("/api/status", get(api_status))
-        .with_state(status);
+        .with_state(status)
+        .layer(axum::middleware::from_fn_with_state(hosts, check_host));
     if let Err(error) = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
     {
         tracing::error!(%error, "the agent's admin listener failed");
+    }
+}
+
+/// Answers only requests for the listener's address, `localhost` or this host's name: a web page that
+/// rebinds its own name to the loopback address reads nothing (421).
+async fn check_host(
+    State(hosts): State<AllowedHosts>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match allowed_hosts::refusal(&hosts, request.headers(), request.uri(), "") {
+        None => next.run(request).await,
+        Some(body) => (StatusCode::MISDIRECTED_REQUEST, body).into_response(),
     }
 }
 

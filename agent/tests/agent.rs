@@ -313,12 +313,17 @@ fn now_secs() -> u64 {
 
 /// A one-shot HTTP/1.0 GET: the status code and the body.
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    http_get_as(addr, &addr.to_string(), path).await
+}
+
+/// A GET whose `Host` header is `host`.
+async fn http_get_as(addr: std::net::SocketAddr, host: &str, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = within("the admin listener", tokio::net::TcpStream::connect(addr))
         .await
         .expect("connect");
     stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
         .await
         .expect("write");
     let mut raw = Vec::new();
@@ -432,6 +437,22 @@ async fn the_agent_serves_what_its_servers_certify_over_its_own_keys() {
     assert_eq!(code, 200, "{body}");
     let json: serde_json::Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(json["lastVersionAcknowledged"], 2, "{json}");
+    // A page that rebound its own name to the loopback address reads nothing.
+    let port = admin.port();
+    let (code, body) = http_get_as(
+        admin,
+        &format!("rebind.attacker.example:{port}"),
+        "/api/status",
+    )
+    .await;
+    assert_eq!(code, 421, "{body}");
+    assert!(!body.contains(SPIFFE_ID), "{body}");
+    assert_eq!(
+        http_get_as(admin, &format!("localhost:{port}"), "/api/status")
+            .await
+            .0,
+        200
+    );
     assert_eq!(json["registrations"][0]["spiffeId"], SPIFFE_ID, "{json}");
     assert_eq!(json["registrations"][0]["openStreams"], 1, "{json}");
     assert_eq!(

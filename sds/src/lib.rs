@@ -7,6 +7,7 @@
 //! [`SdsClient`] speaks the same protocol from the other side.
 #![forbid(unsafe_code)]
 
+pub mod allowed_hosts;
 mod authn;
 mod client;
 mod delta;
