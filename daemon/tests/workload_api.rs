@@ -1057,6 +1057,34 @@ mod sds {
             .into_inner();
         assert!(contents(&fetched)[0].1.contains(SPIFFE_ID));
 
+        // A registration that names a binary digest and could match this caller: its digest was not
+        // computed when it was attested (nothing wanted it), so the stream ends with UNAVAILABLE and
+        // the reconnecting Envoy is attested again, digest included.
+        let digest = format!("unix:sha256:{}", "0".repeat(64));
+        fixture
+            .set_registrations(&format!(
+                "{}---\n{}",
+                registration("batch", &format!("[{mine}]"), "main"),
+                registration("batch-digest", &format!("[{mine}, {digest}]"), "digest"),
+            ))
+            .await;
+        loop {
+            match next(&mut responses).await {
+                Ok(_) => continue,
+                Err(status) => {
+                    assert_eq!(status.code(), Code::Unavailable, "{status}");
+                    assert!(status.message().contains("digest"), "{status}");
+                    break;
+                }
+            }
+        }
+        drop(requests);
+        let (requests, mut responses) = open(&mut grpc, request("envoy-on-a-vm", &names))
+            .await
+            .expect("the stream opens again");
+        let again = next(&mut responses).await.expect("served again");
+        assert!(contents(&again)[0].1.contains(SPIFFE_ID));
+
         // Its registration removed, the stream ends with PERMISSION_DENIED and no new one opens.
         fixture
             .set_registrations(&registration("other", "[unix:uid:4000000]", "x"))
@@ -1075,6 +1103,7 @@ mod sds {
             Err(status) => Err(status),
         };
         assert_eq!(code_of(refused), Code::PermissionDenied);
+        drop(requests);
         fixture.daemon.stop().await;
     }
 

@@ -6,7 +6,8 @@
 //! it matches), through the daemon's SDS server: so `default` and that identity's SPIFFE ID are its
 //! certificate, `ROOTCA` the trust of its mesh and `ALL` every trust domain meshca knows, and its ACKs
 //! count for the rollout gate as any proxy's do. Its streams end with `PERMISSION_DENIED` once no
-//! registration of the caller names that Dataplane any more. SDS requests carry no
+//! registration of the caller names that Dataplane any more, and with `UNAVAILABLE` (to be attested
+//! again) once a registration names a binary digest the caller, attested without one, may match. SDS requests carry no
 //! `workload.spiffe.io` header (Envoy sends none), so none is asked for.
 
 use std::sync::Arc;
@@ -54,7 +55,23 @@ async fn attest(shared: &Arc<Shared>, conn: Option<&ConnInfo>) -> Result<Atteste
     listed.serves(&matched[..1]);
     let proxy = default.proxy.clone();
     let caller = admitted.caller.clone();
+    let digest_skipped = admitted.digest_skipped;
     let check: AttestedCheck = Arc::new(move |snapshot: &Snapshot| {
+        if digest_skipped
+            && snapshot.registrations.could_be_decided_by(
+                agent.as_deref(),
+                meshca_config::SelectorKind::Sha256,
+                |s| selectors.contains(s),
+            )
+        {
+            // Its digest was not computed, no registration wanting it when it was attested: a
+            // registration that names one now may choose another Dataplane for it.
+            tracing::info!(%caller, "SDS stream on the Workload API socket ended: a registration now names binary digests the caller may match");
+            return Err(Status::unavailable(
+                "a registration now names the caller's binary digest: open the stream again to be \
+                 attested for it",
+            ));
+        }
         let still_named = snapshot
             .registrations
             .matching(agent.as_deref(), |s| selectors.contains(s))
