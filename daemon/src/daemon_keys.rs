@@ -9,7 +9,9 @@ use meshca_auth::SigningKey;
 use meshca_ca::SdsCa;
 use meshca_hsm::{KeySelector, Pkcs11Uri};
 use meshca_identity::KeyAlgorithm;
-use meshca_keystore::{record_token_key, Creation, Keystore, KeystoreError, NewEntry};
+use meshca_keystore::{
+    record_token_key, recorded_key, Creation, Keystore, KeystoreError, NewEntry,
+};
 
 /// Keystore name of the ES256 key that signs proxy tokens.
 const TOKEN_KEY: &str = "daemon/token-signing-key.p8";
@@ -145,18 +147,7 @@ fn find_in_token(
     uri: &[u8],
     public: &[u8],
 ) -> anyhow::Result<meshca_hsm::TokenKey> {
-    let text = String::from_utf8_lossy(uri);
-    let uri = Pkcs11Uri::parse(text.trim())
-        .with_context(|| format!("{entry} in the keystore is not a pkcs11: URI"))?;
-    let token = keystore.token().ok_or_else(|| {
-        anyhow!("{entry} names a key in a PKCS#11 token ({uri}), and keystore.pkcs11 is not set: set it to that token")
-    })?;
-    if let Some(label) = uri.token().filter(|label| *label != token.label()) {
-        return Err(anyhow!(
-            "{entry} names a key in the PKCS#11 token {label:?}, and keystore.pkcs11.token is {:?}",
-            token.label()
-        ));
-    }
+    let (token, uri) = recorded_key(keystore, entry, uri)?;
     token
         .find_key(
             KeySelector {
@@ -318,12 +309,7 @@ fn load_sds_ca(keystore: &dyn Keystore) -> anyhow::Result<Option<SdsCa>> {
     let Some(uri) = keystore.get_public(SDS_CA_KEY_URI)? else {
         return Ok(None);
     };
-    let text = String::from_utf8_lossy(&uri);
-    let uri = Pkcs11Uri::parse(text.trim())
-        .with_context(|| format!("{SDS_CA_KEY_URI} in the keystore is not a pkcs11: URI"))?;
-    let token = keystore.token().ok_or_else(|| {
-        anyhow!("{SDS_CA_KEY_URI} names a key in a PKCS#11 token ({uri}), and keystore.pkcs11 is not set: set it to that token")
-    })?;
+    let (token, uri) = recorded_key(keystore, SDS_CA_KEY_URI, &uri)?;
     let selector = KeySelector {
         label: uri.object(),
         id: uri.id(),

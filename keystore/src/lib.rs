@@ -26,4 +26,4 @@ pub use memory::MemoryKeystore;
 pub use name::{validate_name, validate_prefix};
 pub use secret::Secret;
 pub use store::{Creation, Keystore, NewEntry};
-pub use with_token::{record_token_key, WithToken};
+pub use with_token::{record_token_key, recorded_key, RecordedKeyError, WithToken};

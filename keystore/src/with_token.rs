@@ -1,7 +1,7 @@
 //! A keystore paired with a PKCS#11 token (`keystore.pkcs11`): entries stay where they were, and new CA
 //! keys are made in the token.
 
-use meshca_hsm::{Token, TokenKey};
+use meshca_hsm::{Pkcs11Uri, Token, TokenKey};
 
 use crate::error::KeystoreError;
 use crate::secret::Secret;
@@ -84,4 +84,63 @@ pub fn record_token_key(
             outcome.map(|_| false)
         }
     }
+}
+
+/// Why the key a keystore entry records by its `pkcs11:` URI cannot be looked for.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecordedKeyError {
+    /// The entry holds no `pkcs11:` URI.
+    #[error("{entry} in the keystore is not a pkcs11: URI: {reason}")]
+    NotAUri {
+        /// The keystore entry.
+        entry: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No token is configured.
+    #[error("{entry} names a key in a PKCS#11 token ({uri}), and keystore.pkcs11 is not set: set it to that token")]
+    NoToken {
+        /// The keystore entry.
+        entry: String,
+        /// The URI it holds.
+        uri: String,
+    },
+    /// The URI names another token than the configured one.
+    #[error("{entry} names a key in another PKCS#11 token ({uri}) than keystore.pkcs11.token {configured:?}")]
+    OtherToken {
+        /// The keystore entry.
+        entry: String,
+        /// The URI it holds.
+        uri: String,
+        /// The configured token's label.
+        configured: String,
+    },
+}
+
+/// The keystore's token and the `pkcs11:` URI the entry `entry` (holding `data`) records, which must
+/// name that token (or none).
+pub fn recorded_key<'a>(
+    keystore: &'a dyn Keystore,
+    entry: &str,
+    data: &[u8],
+) -> Result<(&'a Token, Pkcs11Uri), RecordedKeyError> {
+    let uri = Pkcs11Uri::parse(String::from_utf8_lossy(data).trim()).map_err(|e| {
+        RecordedKeyError::NotAUri {
+            entry: entry.to_owned(),
+            reason: e.to_string(),
+        }
+    })?;
+    let token = keystore.token().ok_or_else(|| RecordedKeyError::NoToken {
+        entry: entry.to_owned(),
+        uri: uri.to_string(),
+    })?;
+    if uri.token().is_some_and(|label| label != token.label()) {
+        return Err(RecordedKeyError::OtherToken {
+            entry: entry.to_owned(),
+            uri: uri.to_string(),
+            configured: token.label().to_owned(),
+        });
+    }
+    Ok((token, uri))
 }

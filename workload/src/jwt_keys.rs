@@ -330,14 +330,8 @@ fn read_token_key(
     };
     let public = meshca_hsm::p256_public_key_from_pem(&public)
         .ok_or_else(|| key_error(&public_entry, "not a P-256 public key".into()))?;
-    let uri = Pkcs11Uri::parse(String::from_utf8_lossy(&uri).trim())
-        .map_err(|e| key_error(&uri_entry, format!("not a pkcs11: URI: {e}")))?;
-    let token = keystore.token().ok_or_else(|| {
-        key_error(
-            &uri_entry,
-            format!("names a key in a PKCS#11 token ({uri}), and keystore.pkcs11 is not set"),
-        )
-    })?;
+    let (token, uri) = meshca_keystore::recorded_key(keystore, &uri_entry, &uri)
+        .map_err(|e| key_error(&uri_entry, e.to_string()))?;
     let key = token
         .find_key(
             KeySelector {
