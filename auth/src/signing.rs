@@ -26,6 +26,8 @@ pub struct SigningKey {
     public_key: Vec<u8>,
 }
 
+// A handful per process: keeping the key pair inline saves an indirection on every signature.
+#[allow(clippy::large_enum_variant)]
 enum Inner {
     Software {
         pair: EcdsaKeyPair,

@@ -107,6 +107,8 @@ pub struct JwtSigningKey {
     public: JwtPublicKey,
 }
 
+// A handful per process: keeping the key pair inline saves an indirection on every signature.
+#[allow(clippy::large_enum_variant)]
 enum Inner {
     Software {
         pair: EcdsaKeyPair,
