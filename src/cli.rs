@@ -1,4 +1,4 @@
-//! The command line (the README's CLI reference).
+//! The command line (docs/cli.md lists it for operators).
 
 use std::path::PathBuf;
 

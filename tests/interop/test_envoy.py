@@ -268,7 +268,7 @@ def test_an_envoy_whose_token_is_refused_gets_no_certificate(daemon, tmp_path):
         envoy.wait_live(timeout=90)
         assert envoy.cert_chain_sans() == set()
         assert "default" not in envoy.active_secret_names()
-        # Envoy's own account, as the README tells operators to read it.
+        # Envoy's own account, as docs/envoy.md tells operators to read it.
         stats = envoy.stats()
         assert stats["sds.default.init_fetch_timeout"] == 1, stats
         assert stats["sds.default.update_failure"] > 0, stats
