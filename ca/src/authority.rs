@@ -16,8 +16,8 @@ use zeroize::{Zeroize, Zeroizing};
 
 use crate::certs::{self, KeyKind};
 use crate::key::{KeyError, PrivateKey};
+use crate::material::ProvidedCaError;
 use crate::pem_out;
-use crate::provided::ProvidedCaError;
 use crate::verify::{verify_structure, verify_with, IssuerFacts, VerifyError};
 use meshca_identity::{SpiffeId, TrustDomain};
 
@@ -244,7 +244,7 @@ impl CertificateAuthority {
     /// chain and the key and checks they match. No other policy is applied.
     pub fn from_persisted(cert_chain_pem: &[u8], key_pem: &[u8]) -> Result<Self, CaError> {
         let load = || {
-            let chain = crate::provided::read_chain(cert_chain_pem)?;
+            let chain = crate::material::read_chain(cert_chain_pem)?;
             let key = PrivateKey::from_pem(key_pem).map_err(ProvidedCaError::UnreadableKey)?;
             Self::assemble(chain, CaKey::Software(key))
         };
@@ -258,7 +258,7 @@ impl CertificateAuthority {
         token: &Token,
         selector: KeySelector<'_>,
     ) -> Result<Self, CaError> {
-        let chain = crate::provided::read_chain(cert_chain_pem).map_err(CaError::Persisted)?;
+        let chain = crate::material::read_chain(cert_chain_pem).map_err(CaError::Persisted)?;
         let key = find_token_key(&chain, token, selector)?;
         Self::assemble(chain, CaKey::Token(Arc::new(key))).map_err(CaError::Persisted)
     }

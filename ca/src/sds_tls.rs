@@ -154,7 +154,7 @@ impl SdsCa {
         token: &Token,
         selector: KeySelector<'_>,
     ) -> Result<SdsCa, SdsTlsError> {
-        let chain = crate::provided::read_chain(cert_pem.as_bytes())
+        let chain = crate::material::read_chain(cert_pem.as_bytes())
             .map_err(|e| SdsTlsError::Certificate(e.to_string()))?;
         let key =
             crate::authority::find_token_key(&chain, token, selector).map_err(|e| match e {

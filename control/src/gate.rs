@@ -942,3 +942,6 @@ impl Gate {
 fn remaining(deadline: SystemTime, now: SystemTime) -> i64 {
     seconds_until(deadline, now).max(0)
 }
+
+#[cfg(test)]
+mod tests;

@@ -24,6 +24,7 @@ mod owner_loop;
 mod peers;
 mod plan;
 mod pool;
+mod proxy_key;
 mod replica_views;
 mod resource_name;
 mod snapshot;

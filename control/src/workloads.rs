@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use meshca_config::{Resources, Selector, SelectorKind};
 
-use crate::snapshot::{ProxyHashMap, ProxyKey};
+use crate::proxy_key::{ProxyHashMap, ProxyKey};
 
 /// One registration, resolved against its Dataplane.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,4 +1,7 @@
-//! The admin HTTP listener (docs/operations.md): readiness, health, metrics and the JSON API.
+//! The admin HTTP listener (docs/operations.md): readiness, health, metrics, the JSON API, and the web console
+//! (`console`, a child of this module: it reads the same `AdminState`).
+
+mod console;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,7 +49,7 @@ pub struct AdminState {
     /// The snapshots the owner publishes: the console's event streams follow them.
     pub snapshots: tokio::sync::watch::Receiver<Arc<meshca_control::Snapshot>>,
     /// The console's open event streams and its last rendered overview.
-    pub console: super::console::Console,
+    pub console: console::Console,
     /// The `Host` names answered (`admin.allowedHosts`, besides addresses and `localhost`).
     pub allowed_hosts: super::admin_hosts::AllowedHosts,
 }
@@ -182,7 +185,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/api/replicas", get(replicas))
         .route("/api/workloads", get(workloads))
         .route("/api/agents", get(agents))
-        .merge(super::console::routes())
+        .merge(console::routes())
         .with_state(state)
         .layer(axum::middleware::from_fn_with_state(
             hosts,

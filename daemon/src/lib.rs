@@ -9,7 +9,6 @@ mod admin_hosts;
 mod agent_api;
 pub mod atomic_file;
 pub mod children;
-mod console;
 mod daemon;
 pub mod daemon_keys;
 mod data_dir;

@@ -6,14 +6,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use rustls::{ClientConfig, RootCertStore};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 use tokio_postgres_rustls::MakeRustlsConnect;
 use zeroize::Zeroizing;
 
-use crate::error::DbError;
+use crate::error::{pool_error, DbError};
 use crate::schema;
 
 /// How to reach the database.
@@ -206,17 +206,6 @@ impl Drop for Database {
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }
-    }
-}
-
-/// A pool error while doing `action`.
-pub(crate) fn pool_error(action: &'static str) -> impl FnOnce(PoolError) -> DbError {
-    move |e| match e {
-        PoolError::Backend(e) => DbError::database(action)(e),
-        other => DbError::Database {
-            action: action.into(),
-            detail: other.to_string(),
-        },
     }
 }
 

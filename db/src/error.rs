@@ -115,3 +115,16 @@ fn describe(e: &tokio_postgres::Error) -> String {
         None => e.to_string(),
     }
 }
+
+/// A pool error while doing `action`.
+pub(crate) fn pool_error(
+    action: &'static str,
+) -> impl FnOnce(deadpool_postgres::PoolError) -> DbError {
+    move |e| match e {
+        deadpool_postgres::PoolError::Backend(e) => DbError::database(action)(e),
+        other => DbError::Database {
+            action: action.into(),
+            detail: other.to_string(),
+        },
+    }
+}

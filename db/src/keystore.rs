@@ -7,7 +7,8 @@ use meshca_keystore::{
     validate_name, validate_prefix, Creation, Keystore, KeystoreError, NewEntry, Secret,
 };
 
-use crate::database::{locked_transaction, pool_error, Database};
+use crate::database::{locked_transaction, Database};
+use crate::error::pool_error;
 use crate::error::DbError;
 use crate::integrity::{self, entry_tag, next_version, Versions};
 use crate::kek::KeyEncryptionKey;

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use zeroize::Zeroizing;
 
-use crate::database::{pool_error, Database};
+use crate::database::Database;
+use crate::error::pool_error;
 use crate::error::DbError;
 use crate::integrity;
 use crate::kek::{KeyEncryptionKey, RowTag};

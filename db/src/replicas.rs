@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::database::{pool_error, Database};
+use crate::database::Database;
+use crate::error::pool_error;
 use crate::error::DbError;
 
 /// The most replicas listed.

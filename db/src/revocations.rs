@@ -11,7 +11,8 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use crate::database::{locked_transaction, pool_error, Database};
+use crate::database::{locked_transaction, Database};
+use crate::error::pool_error;
 use crate::error::DbError;
 use crate::integrity::{self, Refusal};
 use crate::kek::{KeyEncryptionKey, RowTag};

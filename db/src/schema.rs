@@ -3,7 +3,7 @@
 
 use deadpool_postgres::Client;
 
-use crate::database::pool_error;
+use crate::error::pool_error;
 use crate::error::DbError;
 
 /// The advisory lock held while the schema is checked and migrated ("meshca" and 1).

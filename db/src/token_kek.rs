@@ -7,7 +7,8 @@ use meshca_hsm::Token;
 use ring::rand::{SecureRandom, SystemRandom};
 use zeroize::Zeroizing;
 
-use crate::database::{locked_transaction, pool_error, Database};
+use crate::database::{locked_transaction, Database};
+use crate::error::pool_error;
 use crate::error::DbError;
 use crate::kek::KeyEncryptionKey;
 

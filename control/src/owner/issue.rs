@@ -18,8 +18,7 @@ use crate::snapshot::{
 use crate::standalone::{issue_verified, issue_verified_for_key};
 use crate::trust::{BundleKey, CaId, CaTrust};
 
-/// How long a proxy whose issuance failed waits before it is tried again.
-pub(super) const ISSUE_RETRY: Duration = Duration::from_secs(10);
+use super::ISSUE_RETRY;
 
 /// One certificate to issue, for one proxy.
 #[derive(Debug)]

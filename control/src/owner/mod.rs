@@ -53,6 +53,9 @@ use reconciled::Reconciled;
 use replacing::Replacing;
 use status::{Detail, Status};
 
+/// How long a proxy whose issuance failed waits before it is tried again.
+const ISSUE_RETRY: Duration = Duration::from_secs(10);
+
 /// How many proxies a replica names per CA its proxies present (its view says how many there are).
 const NAMED_PRESENTERS: usize = 20;
 

@@ -7,7 +7,7 @@ use std::time::{Instant, SystemTime};
 
 use meshca_config::SERVICE_TAG;
 
-use super::issue::ISSUE_RETRY;
+use super::ISSUE_RETRY;
 use super::{Dataplanes, Issued, Owner, Scope};
 use crate::bundles;
 use crate::egress::{self, MeshChoice};

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use meshca_daemon::Error;
 
-use super::agent_stream::AgentPlan;
+use super::fleet::agent_stream::AgentPlan;
 use super::fleet::{FleetPlan, Streams};
 use super::harness::{self, mesh_yaml, BenchClient, RunOptions, MESH};
 use crate::sandbox::Sandbox;

@@ -1,6 +1,6 @@
 //! The client side of `bench sds` and `bench workload`: many streams multiplexed over a few HTTP/2
 //! connections. An SDS stream (`StreamSecrets`) ACKs every response at once, as Envoy does; a Workload
-//! API stream (`FetchX509SVID`, [`super::workload_stream`]) only listens. Each notes when it first holds
+//! API stream (`FetchX509SVID`, [`workload_stream`]) only listens. Each notes when it first holds
 //! what it asked for and, once a rotation is armed, when it first receives a bundle with a CA outside
 //! the steady-state one (and, if it asks for its identity, a certificate from such a CA).
 //!
@@ -9,6 +9,9 @@
 //! measure, and tonic's request channel and decode buffer per stream made the client spend a third
 //! more CPU than the daemon's own work needs of it. Every response is still read whole, decoded,
 //! checked and, on SDS, ACKed (or NACKed) on its stream.
+
+pub mod agent_stream;
+mod workload_stream;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -69,17 +72,17 @@ pub enum Streams {
         /// The streams.
         streams: Vec<StreamPlan>,
     },
-    /// Workload API `FetchX509SVID` streams of one process (see [`super::workload_stream`]): every
+    /// Workload API `FetchX509SVID` streams of one process (see [`workload_stream`]): every
     /// stream receives an SVID, so every one is an identity stream.
     Workload {
         /// How many.
         count: usize,
     },
-    /// Agents' `Sync` streams (see [`super::agent_stream`]), one per agent: each receives the
+    /// Agents' `Sync` streams (see [`agent_stream`]), one per agent: each receives the
     /// certificates of the agent's registrations, so every one is an identity stream.
     Agents {
         /// The agents.
-        agents: Vec<super::agent_stream::AgentPlan>,
+        agents: Vec<agent_stream::AgentPlan>,
     },
 }
 
@@ -335,18 +338,16 @@ impl StreamFleet {
             Streams::Workload { count } => {
                 for index in 0..count {
                     let (connection, progress) = (connection(index), progress.clone());
-                    let run = async move {
-                        super::workload_stream::run(index, connection, &progress).await
-                    };
+                    let run =
+                        async move { workload_stream::run(index, connection, &progress).await };
                     spawn(&mut tasks, index, run.boxed());
                 }
             }
             Streams::Agents { agents } => {
                 for (index, agent) in agents.into_iter().enumerate() {
                     let (connection, progress) = (connection(index), progress.clone());
-                    let run = async move {
-                        super::agent_stream::run(index, connection, agent, &progress).await
-                    };
+                    let run =
+                        async move { agent_stream::run(index, connection, agent, &progress).await };
                     spawn(&mut tasks, index, run.boxed());
                 }
             }

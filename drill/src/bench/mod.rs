@@ -3,13 +3,12 @@
 //!
 //! The pieces: [`fleet`] (many streams multiplexed over a few HTTP/2 connections, timing when a
 //! rotation reaches each: `StreamSecrets` streams ACKing like Envoy, or `FetchX509SVID` streams
-//! ([`workload_stream`]) reading like a SPIFFE library), [`child`] (the fleet in its own process, so
+//! ([`fleet::workload_stream`]) reading like a SPIFFE library), [`child`] (the fleet in its own process, so
 //! the daemon's memory is measured alone), [`harness`] (the daemon, the idle fleet and the rotation,
 //! as both benches run them) and [`sds`] and [`workload`] (each bench's setup and report). `meshca
-//! bench agents` ([`agents`]) runs the same with simulated `meshca agent`s ([`agent_stream`]). With
+//! bench agents` ([`agents`]) runs the same with simulated `meshca agent`s ([`fleet::agent_stream`]). With
 //! `--console-clients`, `bench sds` also follows the daemon's web console with [`console`] clients.
 
-pub mod agent_stream;
 pub mod agents;
 pub mod child;
 pub mod console;
@@ -17,7 +16,6 @@ pub mod fleet;
 pub mod harness;
 pub mod sds;
 pub mod workload;
-mod workload_stream;
 
 use anyhow::{anyhow, Context};
 

@@ -33,6 +33,17 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 pub(crate) use frames::{HeaderFixup, Overflow, MAX_FRAME_SIZE};
 
+// The HTTP/2 wire format the rewriter reads (RFC 9113): the client preface's length, a frame header's
+// length, the frame types and flags of a header block. Both the frame reader and the HPACK rewriter use
+// them.
+const PREFACE_LEN: usize = 24;
+const FRAME_HEADER_LEN: usize = 9;
+const HEADERS: u8 = 0x1;
+const CONTINUATION: u8 = 0x9;
+const END_HEADERS: u8 = 0x4;
+const PADDED: u8 = 0x8;
+const PRIORITY: u8 = 0x20;
+
 /// The most bytes read from the socket at once.
 const READ_CHUNK: usize = 16 * 1024;
 
@@ -140,9 +151,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for UnixPathHeaderFix<S> {
 
 #[cfg(test)]
 mod tests {
-    use super::frames::{
-        CONTINUATION, END_HEADERS, FRAME_HEADER_LEN, HEADERS, MAX_BLOCK_FRAMES, PREFACE_LEN,
-    };
+    use super::frames::MAX_BLOCK_FRAMES;
     use super::*;
     use proptest::prelude::*;
 

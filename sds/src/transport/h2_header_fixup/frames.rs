@@ -8,13 +8,7 @@ use std::fmt;
 
 use super::hpack::fix_header_frames;
 
-pub(super) const PREFACE_LEN: usize = 24;
-pub(super) const FRAME_HEADER_LEN: usize = 9;
-pub(super) const HEADERS: u8 = 0x1;
-pub(super) const CONTINUATION: u8 = 0x9;
-pub(super) const END_HEADERS: u8 = 0x4;
-pub(super) const PADDED: u8 = 0x8;
-pub(super) const PRIORITY: u8 = 0x20;
+use super::{CONTINUATION, END_HEADERS, FRAME_HEADER_LEN, HEADERS, PREFACE_LEN};
 
 /// The largest frame payload a client may send: the HTTP/2 default, which the server keeps.
 /// A larger frame is not held back; the rewriter passes everything through from there on and

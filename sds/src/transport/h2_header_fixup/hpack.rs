@@ -1,7 +1,7 @@
 //! The HPACK side of the rewriter: finds literal `:authority` values in a header block and overwrites
 //! invalid ones in place, with a valid value of the same length.
 
-use super::frames::{FRAME_HEADER_LEN, HEADERS, PADDED, PRIORITY};
+use super::{FRAME_HEADER_LEN, HEADERS, PADDED, PRIORITY};
 
 /// Fixes the header block carried by one HEADERS frame and its CONTINUATION frames.
 pub(super) fn fix_header_frames(frames: &mut [u8]) {
@@ -161,7 +161,7 @@ fn string(block: &[u8], at: usize) -> Option<(bool, std::ops::Range<usize>)> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::frames::{CONTINUATION, END_HEADERS};
+    use super::super::{CONTINUATION, END_HEADERS};
     use super::*;
 
     /// The header block grpcio 1.85 sent on a unix socket (captured).

@@ -7,7 +7,7 @@ use maud::{html, Markup};
 use meshca_control::{DataplaneStatus, Detail};
 use serde::Deserialize;
 
-use super::super::admin::AdminState;
+use super::super::AdminState;
 
 /// The filters of the table, all optional.
 #[derive(Debug, Default, Deserialize)]

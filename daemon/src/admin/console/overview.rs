@@ -8,7 +8,7 @@ use axum::response::Response;
 use maud::{html, Markup, PreEscaped};
 use meshca_control::{CaStatus, Detail, MeshStatus, RolloutStep, Status, Wait};
 
-use super::super::admin::AdminState;
+use super::super::AdminState;
 use crate::replica::DatabaseView;
 use crate::rollouts::{Rollout, Timeline};
 

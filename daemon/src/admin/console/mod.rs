@@ -26,7 +26,7 @@ use futures::Stream;
 use maud::{html, Markup, DOCTYPE};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::admin::AdminState;
+use super::AdminState;
 
 /// What the console's pages may load: this listener's script and stylesheet, nothing inline, nothing
 /// from elsewhere, and no framing.

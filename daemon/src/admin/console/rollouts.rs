@@ -6,7 +6,7 @@ use axum::response::Response;
 use maud::{html, Markup};
 use meshca_control::rfc3339;
 
-use super::super::admin::AdminState;
+use super::super::AdminState;
 use crate::rollouts::{Rollout, Timeline, What, MAX_ROLLOUTS};
 
 /// The whole page.

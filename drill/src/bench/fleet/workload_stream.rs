@@ -1,5 +1,5 @@
 //! One stream of `bench workload`: a Workload API `FetchX509SVID` stream, read the way a SPIFFE library
-//! reads it (every message decoded whole), over a connection of the fleet (see [`super::fleet`]). A
+//! reads it (every message decoded whole), over a connection of the fleet (see [`super`]). A
 //! Workload API client sends nothing after its request: the stream only listens.
 //!
 //! A stream is reached by a rotation when a message's bundle (the default SVID's trust domain) holds
@@ -11,7 +11,7 @@ use meshca_workload::proto::{X509SvidRequest, X509SvidResponse};
 use rustls_pki_types::CertificateDer;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use super::fleet::{grpc_frame, issuer_of, note, GrpcCall, Progress, Seen};
+use super::{grpc_frame, issuer_of, note, GrpcCall, Progress, Seen};
 
 /// The URI of `FetchX509SVID`.
 const FETCH_X509_SVID: &str = "http://localhost/SpiffeWorkloadAPI/FetchX509SVID";

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use maud::{html, Markup};
 use meshca_control::{DataplaneStatus, Detail, ProxyKey};
 
-use super::super::admin::AdminState;
+use super::super::AdminState;
 
 /// The page of one proxy; 404 when no dataplane has that name.
 pub(super) async fn page(

@@ -1,5 +1,5 @@
 //! One simulated agent of `bench agents`: the `Sync` stream of a `meshca agent` (see
-//! docs/agent-protocol.md), over a connection of the fleet (see [`super::fleet`]). Like the real agent it
+//! docs/agent-protocol.md), over a connection of the fleet (see [`super`]). Like the real agent it
 //! says Hello, asks for a certificate over a key of its own for every registration the server wants a key
 //! for (one key ahead: again after each certificate over its last key), and acknowledges each state; it
 //! has no Workload API stream open, so, as the real agent then does, it acknowledges at once. Keys are
@@ -18,8 +18,8 @@ use meshca_agent::proto::{
 use meshca_agent::KEY_REQUESTS_PER_MESSAGE;
 use rustls_pki_types::CertificateDer;
 
-use super::fleet::{grpc_frame, issuer_of, note, GrpcCall, Progress, Seen};
-use super::harness::MESH;
+use super::super::harness::MESH;
+use super::{grpc_frame, issuer_of, note, GrpcCall, Progress, Seen};
 
 /// An agent of the fleet: its token, which names it.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]

@@ -1,0 +1,384 @@
+//! The gate on its own, driven step by step: what a new CA waits for before it issues, what a removed CA
+//! waits for before it leaves the bundles, what a new SPIFFE ID waits for before a proxy presents it, and
+//! how `rollout.ackTimeout` bounds each.
+
+use std::time::{Duration, SystemTime};
+
+use meshca_ca::{CaParams, CertificateAuthority};
+use meshca_identity::{KeyAlgorithm, TrustDomain};
+
+use super::*;
+use crate::events::StreamId;
+use crate::resource_name::ResourceName;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn td() -> TrustDomain {
+    TrustDomain::parse("default").expect("a trust domain")
+}
+
+fn mesh() -> BundleKey {
+    BundleKey::mesh("default")
+}
+
+fn ca(name: &str, now: SystemTime) -> CertificateAuthority {
+    CertificateAuthority::generate(
+        &CaParams {
+            trust_domain: td(),
+            key_algorithm: KeyAlgorithm::EcdsaP256,
+            validity: Duration::from_secs(3600),
+            name: name.into(),
+        },
+        now,
+    )
+    .expect("a CA")
+}
+
+fn trust(ca: &CertificateAuthority) -> CaTrust {
+    CaTrust::of_ca(mesh(), &td(), ca)
+}
+
+fn proxy(name: &str) -> ProxyKey {
+    ProxyKey::new("default", name)
+}
+
+/// A stream of proxy `name` of mesh `default`, subscribed to `resources`.
+fn open(streams: &mut StreamTable, id: u64, name: &str, resources: &[&str]) {
+    streams.connect(StreamId(id), proxy(name), false);
+    streams.subscribe(
+        StreamId(id),
+        resources.iter().map(|r| ResourceName::parse(*r)).collect(),
+    );
+}
+
+fn ack(streams: &mut StreamTable, id: u64, generation: u64) {
+    streams.ack(StreamId(id), generation, format!("v{generation}"));
+}
+
+/// The CAs the plan's bundle of mesh `default` carries, by subject.
+fn carried(plan: &BTreeMap<BundleKey, Vec<CaTrust>>) -> Vec<String> {
+    let mut subjects: Vec<String> = plan
+        .get(&mesh())
+        .into_iter()
+        .flatten()
+        .map(|ca| ca.subject.clone())
+        .collect();
+    subjects.sort();
+    subjects
+}
+
+/// A gate that published `old` at generation 1, every stream of `streams` having ACKed it.
+fn with_first_ca(
+    old: &CertificateAuthority,
+    streams: &mut StreamTable,
+    ids: &[u64],
+    now: SystemTime,
+) -> Gate {
+    let mut gate = Gate::new(true, TIMEOUT);
+    gate.begin();
+    gate.plan_trust(vec![trust(old)], &[], 1, now);
+    for id in ids {
+        ack(streams, *id, 1);
+    }
+    assert!(
+        !gate.confirm(streams, now),
+        "a new mesh's first CA needs no ACK"
+    );
+    assert!(gate.may_issue(&mesh(), &td(), old));
+    gate
+}
+
+#[test]
+fn a_mesh_new_to_the_bundles_issues_from_its_first_ca_at_once() {
+    let now = SystemTime::now();
+    let first = ca("default/ca-1", now);
+    let mut gate = Gate::new(true, TIMEOUT);
+    let plan = gate.plan_trust(vec![trust(&first)], &[], 1, now);
+    assert_eq!(carried(&plan), [first.subject().to_owned()]);
+    assert!(gate.may_issue(&mesh(), &td(), &first));
+    assert!(!gate.pending());
+    assert!(gate.holding_meshes().is_empty());
+}
+
+#[test]
+fn a_new_ca_issues_only_once_every_stream_carrying_the_trust_acked_it() {
+    let now = SystemTime::now();
+    let (old, new) = (ca("default/ca-1", now), ca("default/ca-2", now));
+    let mut streams = StreamTable::default();
+    open(
+        &mut streams,
+        1,
+        "web-1",
+        &["default", "system_trust_bundle"],
+    );
+    open(&mut streams, 2, "web-2", &["system_trust_bundle"]);
+    // A stream that carries no trust of the mesh is not waited for.
+    open(&mut streams, 3, "web-3", &["default"]);
+    let mut gate = with_first_ca(&old, &mut streams, &[1, 2, 3], now);
+
+    let plan = gate.plan_trust(vec![trust(&old), trust(&new)], &[], 2, now);
+    assert_eq!(
+        carried(&plan).len(),
+        2,
+        "trust first: both CAs in the bundle"
+    );
+    assert!(!gate.confirm(&streams, now));
+    assert!(!gate.may_issue(&mesh(), &td(), &new), "not before the ACKs");
+    assert!(
+        gate.may_issue(&mesh(), &td(), &old),
+        "the old CA keeps issuing"
+    );
+    assert!(gate.pending());
+    assert_eq!(gate.next_deadline(), Some(now + TIMEOUT));
+    assert!(gate.holding_meshes().contains("default"));
+    let waits = gate.waits_now(&streams);
+    assert_eq!(waits.len(), 1, "{waits:?}");
+    assert_eq!(waits[0].step, RolloutStep::TrustBeforeIdentity);
+    assert_eq!(waits[0].waiting_for, ["default.web-1", "default.web-2"]);
+    assert_eq!(waits[0].timeout_in_seconds, 30);
+    assert_eq!(
+        gate.take_events(),
+        [(
+            mesh(),
+            GateEvent::WaitStarted(RolloutStep::TrustBeforeIdentity)
+        )]
+    );
+
+    // One of two ACKs: still waiting, for the other one only.
+    ack(&mut streams, 1, 2);
+    assert!(!gate.confirm(&streams, now + Duration::from_secs(1)));
+    assert_eq!(gate.waits_now(&streams)[0].waiting_for, ["default.web-2"]);
+    assert!(!gate.may_issue(&mesh(), &td(), &new));
+
+    ack(&mut streams, 2, 2);
+    assert!(gate.confirm(&streams, now + Duration::from_secs(2)));
+    assert!(gate.may_issue(&mesh(), &td(), &new));
+    assert!(gate.waits_now(&streams).is_empty());
+    assert!(!gate.pending());
+    assert!(gate.holding_meshes().is_empty());
+    assert!(gate.take_events().is_empty(), "no timeout");
+}
+
+#[test]
+fn a_proxy_that_never_acks_holds_a_new_ca_back_for_the_ack_timeout_only() {
+    let now = SystemTime::now();
+    let (old, new) = (ca("default/ca-1", now), ca("default/ca-2", now));
+    let mut streams = StreamTable::default();
+    open(&mut streams, 1, "stuck", &["system_trust_bundle"]);
+    let mut gate = with_first_ca(&old, &mut streams, &[1], now);
+    gate.plan_trust(vec![trust(&old), trust(&new)], &[], 2, now);
+    assert!(!gate.confirm(&streams, now + TIMEOUT - Duration::from_secs(1)));
+    assert!(!gate.may_issue(&mesh(), &td(), &new));
+    assert_eq!(gate.waits_now(&streams)[0].timeout_in_seconds, 1);
+
+    assert!(gate.confirm(&streams, now + TIMEOUT));
+    assert!(gate.may_issue(&mesh(), &td(), &new));
+    let events = gate.take_events();
+    assert!(
+        events.contains(&(
+            mesh(),
+            GateEvent::TimedOut(RolloutStep::TrustBeforeIdentity)
+        )),
+        "{events:?}"
+    );
+    assert!(gate.waits_now(&streams).is_empty());
+}
+
+#[test]
+fn a_disconnected_proxy_holds_nothing_back() {
+    let now = SystemTime::now();
+    let (old, new) = (ca("default/ca-1", now), ca("default/ca-2", now));
+    let mut streams = StreamTable::default();
+    open(&mut streams, 1, "gone", &["system_trust_bundle"]);
+    let mut gate = with_first_ca(&old, &mut streams, &[1], now);
+    gate.plan_trust(vec![trust(&old), trust(&new)], &[], 2, now);
+    assert!(!gate.confirm(&streams, now));
+    assert_eq!(streams.disconnect(StreamId(1)), Some(proxy("gone")));
+    assert!(gate.confirm(&streams, now));
+    assert!(gate.may_issue(&mesh(), &td(), &new));
+}
+
+#[test]
+fn a_removed_ca_stays_in_the_bundles_while_a_connected_proxy_presents_it() {
+    let now = SystemTime::now();
+    let (old, new) = (ca("default/ca-1", now), ca("default/ca-2", now));
+    let mut streams = StreamTable::default();
+    open(
+        &mut streams,
+        1,
+        "web-1",
+        &["default", "system_trust_bundle"],
+    );
+    let mut gate = with_first_ca(&old, &mut streams, &[1], now);
+    gate.plan_trust(vec![trust(&old), trust(&new)], &[], 2, now);
+    ack(&mut streams, 1, 2);
+    assert!(gate.confirm(&streams, now));
+    gate.take_events();
+
+    // The configuration drops the old CA while web-1 still presents a certificate from it.
+    let old_trust = trust(&old);
+    let web_1 = proxy("web-1");
+    let presented = [(&old_trust, vec![&web_1])];
+    gate.begin();
+    let plan = gate.plan_trust(vec![trust(&new)], &presented, 3, now);
+    assert_eq!(carried(&plan).len(), 2, "break last: the old CA is kept");
+    let waits = gate.waits_now(&streams);
+    assert_eq!(waits.len(), 1, "{waits:?}");
+    assert_eq!(waits[0].step, RolloutStep::BreakLast);
+    assert_eq!(waits[0].ca, old.subject());
+    assert_eq!(waits[0].waiting_for, ["default.web-1"]);
+    let events = gate.take_events();
+    assert!(
+        events.contains(&(mesh(), GateEvent::RemovedWhilePresented))
+            && events.contains(&(mesh(), GateEvent::WaitStarted(RolloutStep::BreakLast))),
+        "{events:?}"
+    );
+    assert!(gate.pending());
+    assert_eq!(gate.next_deadline(), Some(now + TIMEOUT));
+
+    // Once nobody presents it, it leaves.
+    gate.begin();
+    let plan = gate.plan_trust(vec![trust(&new)], &[], 4, now + Duration::from_secs(1));
+    assert_eq!(carried(&plan), [new.subject().to_owned()]);
+    assert!(gate.waits_now(&streams).is_empty());
+    assert!(!gate.pending());
+}
+
+#[test]
+fn a_removed_ca_leaves_after_the_ack_timeout_even_if_still_presented() {
+    let now = SystemTime::now();
+    let (old, new) = (ca("default/ca-1", now), ca("default/ca-2", now));
+    let mut streams = StreamTable::default();
+    open(&mut streams, 1, "stuck", &["system_trust_bundle"]);
+    let mut gate = with_first_ca(&old, &mut streams, &[1], now);
+    gate.plan_trust(vec![trust(&old), trust(&new)], &[], 2, now);
+    ack(&mut streams, 1, 2);
+    assert!(gate.confirm(&streams, now));
+    let old_trust = trust(&old);
+    let stuck = proxy("stuck");
+    let presented = [(&old_trust, vec![&stuck])];
+    gate.begin();
+    gate.plan_trust(vec![trust(&new)], &presented, 3, now);
+    gate.take_events();
+
+    gate.begin();
+    let plan = gate.plan_trust(vec![trust(&new)], &presented, 4, now + TIMEOUT);
+    assert_eq!(carried(&plan), [new.subject().to_owned()], "given up");
+    assert!(gate
+        .take_events()
+        .contains(&(mesh(), GateEvent::TimedOut(RolloutStep::BreakLast))));
+    assert!(!gate.pending(), "a CA given up is not waited on again");
+    gate.begin();
+    let plan = gate.plan_trust(vec![trust(&new)], &presented, 5, now + TIMEOUT * 2);
+    assert_eq!(carried(&plan), [new.subject().to_owned()]);
+    assert!(gate.take_events().is_empty(), "and not reported again");
+}
+
+#[test]
+fn a_new_ca_confirmed_restarts_the_break_last_clock_of_its_mesh() {
+    let now = SystemTime::now();
+    let (old, new) = (ca("default/ca-1", now), ca("default/ca-2", now));
+    let mut streams = StreamTable::default();
+    open(&mut streams, 1, "web-1", &["system_trust_bundle"]);
+    let mut gate = with_first_ca(&old, &mut streams, &[1], now);
+    // One edit: the new CA in, the old one out while web-1 presents it.
+    let old_trust = trust(&old);
+    let web_1 = proxy("web-1");
+    let presented = [(&old_trust, vec![&web_1])];
+    gate.begin();
+    let plan = gate.plan_trust(vec![trust(&new)], &presented, 2, now);
+    assert_eq!(carried(&plan).len(), 2);
+    // The new CA is confirmed late (20 s): the old one's proxies only then can move to it, so its
+    // break-last timeout counts from there.
+    ack(&mut streams, 1, 2);
+    let confirmed_at = now + Duration::from_secs(20);
+    assert!(gate.confirm(&streams, confirmed_at));
+    gate.begin();
+    let plan = gate.plan_trust(vec![trust(&new)], &presented, 3, now + TIMEOUT);
+    assert_eq!(carried(&plan).len(), 2, "kept past the first timeout");
+    assert_eq!(gate.next_deadline(), Some(confirmed_at + TIMEOUT));
+}
+
+#[test]
+fn a_disabled_gate_issues_and_removes_at_once() {
+    let now = SystemTime::now();
+    let (old, new) = (ca("default/ca-1", now), ca("default/ca-2", now));
+    let mut streams = StreamTable::default();
+    open(&mut streams, 1, "web-1", &["system_trust_bundle"]);
+    let mut gate = Gate::new(false, TIMEOUT);
+    gate.plan_trust(vec![trust(&old)], &[], 1, now);
+    gate.plan_trust(vec![trust(&old), trust(&new)], &[], 2, now);
+    assert!(gate.may_issue(&mesh(), &td(), &new), "no ACK waited for");
+    let old_trust = trust(&old);
+    let web_1 = proxy("web-1");
+    let plan = gate.plan_trust(vec![trust(&new)], &[(&old_trust, vec![&web_1])], 3, now);
+    assert_eq!(carried(&plan), [new.subject().to_owned()], "no break last");
+    assert!(!gate.pending());
+    assert!(gate.waits_now(&streams).is_empty());
+}
+
+#[test]
+fn a_new_spiffe_id_is_presented_once_its_service_context_acked_it() {
+    let now = SystemTime::now();
+    let mut streams = StreamTable::default();
+    // A client validating the server with the service's context, and another stream that does not.
+    open(&mut streams, 1, "client", &["meshservice:api"]);
+    open(&mut streams, 2, "other", &["system_trust_bundle"]);
+    let mut gate = Gate::new(true, TIMEOUT);
+    let api = ServiceKey::new("default", "api");
+    let old_id = "spiffe://default/api";
+    let new_id = "spiffe://default.zone/workload/api";
+    let mut ids = ServiceIds::default();
+    ids.insert(api.clone(), [old_id.to_owned()].into_iter().collect());
+    gate.plan_sans(&ids, 1, now);
+    ack(&mut streams, 1, 1);
+    ack(&mut streams, 2, 1);
+    gate.confirm(&streams, now);
+    assert!(gate.may_present(&api, old_id));
+
+    ids.insert(
+        api.clone(),
+        [old_id.to_owned(), new_id.to_owned()].into_iter().collect(),
+    );
+    gate.plan_sans(&ids, 2, now);
+    assert!(!gate.confirm(&streams, now));
+    assert!(!gate.may_present(&api, new_id), "SANs before identity");
+    assert!(gate.may_present(&api, old_id));
+    assert!(gate.holding_meshes().contains("default"));
+    let waits = gate.waits_now(&streams);
+    assert_eq!(waits.len(), 1, "{waits:?}");
+    assert_eq!(waits[0].step, RolloutStep::SansBeforeIdentity);
+    assert_eq!(waits[0].waiting_for, ["default.client"]);
+
+    ack(&mut streams, 1, 2);
+    assert!(gate.confirm(&streams, now + Duration::from_secs(1)));
+    assert!(gate.may_present(&api, new_id));
+    assert!(!gate.pending());
+
+    // An ID that leaves the context is forgotten; one never planned is not held back.
+    ids.insert(api.clone(), [new_id.to_owned()].into_iter().collect());
+    gate.plan_sans(&ids, 3, now);
+    assert!(gate.may_present(&api, "spiffe://default/never-planned"));
+}
+
+#[test]
+fn a_new_spiffe_id_waits_for_the_ack_timeout_at_most() {
+    let now = SystemTime::now();
+    let mut streams = StreamTable::default();
+    open(&mut streams, 1, "stuck", &["meshservice:api"]);
+    let mut gate = Gate::new(true, TIMEOUT);
+    let api = ServiceKey::new("default", "api");
+    let mut ids = ServiceIds::default();
+    ids.insert(
+        api.clone(),
+        ["spiffe://default/api".to_owned()].into_iter().collect(),
+    );
+    gate.plan_sans(&ids, 1, now);
+    assert!(!gate.confirm(&streams, now + TIMEOUT - Duration::from_secs(1)));
+    assert!(!gate.may_present(&api, "spiffe://default/api"));
+    assert!(gate.confirm(&streams, now + TIMEOUT));
+    assert!(gate.may_present(&api, "spiffe://default/api"));
+    assert!(gate
+        .take_events()
+        .contains(&(mesh(), GateEvent::TimedOut(RolloutStep::SansBeforeIdentity))));
+}
