@@ -182,7 +182,8 @@ pub struct JwtKeyStatus {
 }
 
 /// Unix milliseconds now; tests put their own clock in.
-type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+#[doc(hidden)]
+pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
 
 fn system_clock() -> Clock {
     Arc::new(|| {
@@ -671,7 +672,10 @@ impl JwtKeys {
         JwtKeys::load_with_clock(keystore, options, system_clock()).await
     }
 
-    async fn load_with_clock(
+    /// [`JwtKeys::load`] with the time taken from `clock`: for tests that move time on (with tokio's
+    /// paused clock) through a rotation.
+    #[doc(hidden)]
+    pub async fn load_with_clock(
         keystore: Arc<dyn Keystore>,
         options: &WorkloadOptions,
         clock: Clock,
@@ -854,7 +858,8 @@ impl JwtKeys {
     /// One round of the rotation: successors created, keys put into service logged, keys retired.
     /// Returns when the next round is due. A failure of one trust domain does not stop the others';
     /// the first is returned.
-    async fn tick(&self) -> Result<Instant, JwtKeysError> {
+    #[doc(hidden)]
+    pub async fn tick(&self) -> Result<Instant, JwtKeysError> {
         let _writing = self.inner.writing.lock().await;
         let trust_domains: Vec<String> = self.lock_held().keys().cloned().collect();
         let mut first_error = None;
