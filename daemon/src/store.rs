@@ -98,7 +98,7 @@ impl Store {
                 .is_some_and(|p| p.key_encryption_key_file.is_none()),
         };
         let token = match needed {
-            true => open_token(settings).map_err(Unavailable::Other)?,
+            true => open_settings_token(settings).map_err(Unavailable::Other)?,
             false => None,
         };
         let Some(postgres) = &settings.keystore.postgres else {
@@ -161,11 +161,16 @@ pub(crate) enum Token {
 
 /// Opens the token of `keystore.pkcs11`, if set: loads the module, finds the token, logs in. Every
 /// failure names the setting to fix; none shows the PIN.
-pub fn open_token(settings: &Settings) -> anyhow::Result<Option<Pkcs11Token>> {
+pub fn open_token(settings: &Settings) -> crate::Result<Option<Pkcs11Token>> {
+    open_settings_token(settings).map_err(crate::Error::from_internal)
+}
+
+/// [`open_token`], inside the library.
+pub(crate) fn open_settings_token(settings: &Settings) -> anyhow::Result<Option<Pkcs11Token>> {
     let Some(pkcs11) = &settings.keystore.pkcs11 else {
         return Ok(None);
     };
-    let pin = read_pkcs11_pin(pkcs11)?;
+    let pin = pkcs11_pin(pkcs11, std::env::var_os(PKCS11_PIN_ENV))?;
     let token = Pkcs11Token::open(&pkcs11.module, &pkcs11.token, pin)?;
     tracing::info!(module = %pkcs11.module.display(), token = %pkcs11.token, "CA keys in the PKCS#11 token");
     Ok(Some(token))
@@ -322,8 +327,8 @@ fn read_password(file: &Path) -> anyhow::Result<Zeroizing<String>> {
 /// The token's user PIN: the content of `keystore.pkcs11.pinFile` when set, else
 /// `MESHCA_KEYSTORE_PKCS11_PIN` from this process's environment. Errors name the file or the
 /// variable, never the PIN.
-pub fn read_pkcs11_pin(settings: &Pkcs11Settings) -> anyhow::Result<Zeroizing<String>> {
-    pkcs11_pin(settings, std::env::var_os(PKCS11_PIN_ENV))
+pub fn read_pkcs11_pin(settings: &Pkcs11Settings) -> crate::Result<Zeroizing<String>> {
+    pkcs11_pin(settings, std::env::var_os(PKCS11_PIN_ENV)).map_err(crate::Error::from_internal)
 }
 
 /// [`read_pkcs11_pin`] with the variable's value given (`None`: unset).
