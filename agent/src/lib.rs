@@ -1,5 +1,6 @@
-//! `meshca agent` and its protocol: the SPIFFE Workload API on every host of a fleet, with identities
-//! from remote meshca servers and keys that never leave the host.
+//! `meshca agent`: the SPIFFE Workload API on every host of a fleet, with identities from remote meshca
+//! servers and keys that never leave the host. The protocol and its server side are the
+//! `meshca-agent-server` crate.
 //!
 //! The agent makes each workload's key on its own host, keeps it in memory, and sends the servers only
 //! certificate signing requests; the servers push it the registrations that name it, the certificates
@@ -17,19 +18,16 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 pub mod config;
-#[doc(hidden)]
-pub mod fuzzing;
 mod gate;
 pub mod keys;
 pub mod local;
-pub mod proto;
 mod run;
-pub mod server;
 pub mod status;
 
 pub use config::{AgentConfig, ServerAddr, ServerAddrError, DEFAULT_ADMIN, DEFAULT_LISTEN};
-pub use run::{read_token, Agent, KEY_REQUESTS_PER_MESSAGE};
-pub use server::{AgentOptions, AgentServer, Agents, RegistrationStatus};
+/// The protocol, from the crate that serves its server side.
+pub use meshca_agent_server::proto;
+pub use run::{read_token, Agent};
 pub use status::{AgentStatus, StatusHandle};
 
 /// Why the agent cannot start.

@@ -27,13 +27,10 @@ use crate::gate::LocalStreams;
 use crate::local::Local;
 use crate::proto::{
     agent_message, paths, Ack, AgentMessage, AgentState, Hello, JwtSvidRequest, JwtSvidResponse,
-    KeyRequest, KeyRequests, PROTOCOL_VERSION,
+    KeyRequest, KeyRequests, KEY_REQUESTS_PER_MESSAGE, PROTOCOL_VERSION,
 };
 use crate::status::{self, RegistrationWithStreams, StatusHandle};
 use crate::AgentError;
-
-/// Key requests per message.
-pub const KEY_REQUESTS_PER_MESSAGE: usize = 64;
 
 /// The largest state accepted from a server.
 const MAX_STATE_BYTES: usize = 256 * 1024 * 1024;

@@ -43,7 +43,7 @@ pub struct AdminState {
     /// The Workload API's registrations, the callers of this server's own socket and the JWT-SVID keys.
     pub workloads: WorkloadsView,
     /// The agents connected over the agent protocol.
-    pub agents: meshca_agent::Agents,
+    pub agents: meshca_agent_server::Agents,
     /// The PKCS#11 token holding the CA keys (`keystore.pkcs11`).
     pub token: Option<meshca_hsm::Token>,
     /// The snapshots the owner publishes: the console's event streams follow them.
@@ -393,7 +393,7 @@ async fn workloads(State(s): State<AdminState>) -> Json<Vec<RegistrationView>> {
     Json(s.workloads.registrations())
 }
 
-async fn agents(State(s): State<AdminState>) -> Json<Vec<meshca_agent::server::AgentStatus>> {
+async fn agents(State(s): State<AdminState>) -> Json<Vec<meshca_agent_server::AgentStatus>> {
     Json(s.agents.list())
 }
 

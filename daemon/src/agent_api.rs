@@ -1,7 +1,7 @@
 //! The agent protocol of `meshca serve`: served beside SDS on its listeners, tuned by the `limits:`
 //! settings, listed by `/api/agents`.
 
-use meshca_agent::AgentOptions;
+use meshca_agent_server::AgentOptions;
 use meshca_config::Settings;
 
 /// The agent protocol's options from the settings: agents make keys of the daemon's leaf key algorithm.

@@ -110,7 +110,7 @@ impl Daemon {
         // Agents' workloads get JWT-SVIDs through the agent protocol, which the SDS listeners always
         // serve: the keys are loaded whether or not this host's own Workload API socket is on.
         let jwt_keys = workload_api::jwt_keys(store.keystore.clone(), &limits.workload.0).await?;
-        let agents = meshca_agent::AgentServer::new(
+        let agents = meshca_agent_server::AgentServer::new(
             serving.sds.clone(),
             jwt_keys.clone(),
             agent_api::options(&settings),
@@ -504,7 +504,7 @@ struct Tasks {
     owner_loop: OwnerLoop,
     sds: SdsServer,
     /// The agent protocol, served beside SDS on its listeners.
-    agents: meshca_agent::AgentServer,
+    agents: meshca_agent_server::AgentServer,
     heartbeat: Option<Heartbeat>,
     replica_sync: Option<(GateSync, RecordSync)>,
     poll_revocations: bool,
@@ -650,7 +650,7 @@ fn server_tls(
 async fn serve_sds(
     bound: BoundListeners,
     sds: SdsServer,
-    agents: meshca_agent::AgentServer,
+    agents: meshca_agent_server::AgentServer,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     bound

@@ -4,7 +4,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use meshca_agent::proto::{agent_message, paths, AgentMessage, AgentState, Hello};
+use meshca_agent_server::proto::{agent_message, paths, AgentMessage, AgentState, Hello};
 use meshca_config::{ListenAddr, Settings};
 use meshca_daemon::{Daemon, DaemonOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

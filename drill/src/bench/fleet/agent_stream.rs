@@ -12,10 +12,10 @@ use std::collections::HashMap;
 
 use anyhow::{anyhow, Context};
 use bytes::Bytes;
-use meshca_agent::proto::{
+use meshca_agent_server::proto::{
     agent_message, Ack, AgentMessage, AgentState, Hello, KeyRequest, KeyRequests, PROTOCOL_VERSION,
 };
-use meshca_agent::KEY_REQUESTS_PER_MESSAGE;
+use meshca_agent_server::KEY_REQUESTS_PER_MESSAGE;
 use rustls_pki_types::CertificateDer;
 
 use super::super::harness::MESH;
@@ -159,7 +159,7 @@ mod tests {
 
     #[test]
     fn the_uri_is_the_protocols_path() {
-        let path = meshca_agent::proto::paths::SYNC;
+        let path = meshca_agent_server::proto::paths::SYNC;
         assert_eq!(SYNC_URI, format!("http://localhost{path}"));
     }
 }

@@ -1,14 +1,14 @@
 //! Writes the seeds of the `agent_messages` fuzz target (docs/fuzzing.md) into
 //! `<dir>/corpus/agent_messages/`: real message sequences of an agent's `Sync` stream in the layout
-//! `meshca_agent::fuzzing::agent_messages` reads, with certificate signing requests made here.
+//! `meshca_agent_server::fuzzing::agent_messages` reads, with certificate signing requests made here.
 //!
 //!   cargo run -p meshca-agent --example agent-fuzz-seeds -- agent/fuzz
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use meshca_agent::fuzzing::{input, options, Record, MESH};
-use meshca_agent::proto::{
+use meshca_agent_server::fuzzing::{input, options, Record, MESH};
+use meshca_agent_server::proto::{
     agent_message, Ack, AgentMessage, Hello, KeyRequest, KeyRequests, OpenStreams, PROTOCOL_VERSION,
 };
 use meshca_identity::KeyAlgorithm;

@@ -6,6 +6,10 @@
 
 use std::collections::HashMap;
 
+/// The most key requests one `KeyRequests` message may carry: the agent sends no more, the server takes
+/// no more.
+pub const KEY_REQUESTS_PER_MESSAGE: usize = 64;
+
 /// The protocol version this build speaks ([`Hello::protocol`]).
 pub const PROTOCOL_VERSION: u32 = 1;
 

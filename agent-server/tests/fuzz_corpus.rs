@@ -11,7 +11,8 @@ fn the_committed_corpus_keeps_every_invariant() {
     for entry in std::fs::read_dir(&dir).expect("the target's corpus") {
         let path = entry.expect("a corpus entry").path();
         let input = std::fs::read(&path).expect("a corpus file");
-        let outcome = std::panic::catch_unwind(|| meshca_agent::fuzzing::agent_messages(&input));
+        let outcome =
+            std::panic::catch_unwind(|| meshca_agent_server::fuzzing::agent_messages(&input));
         assert!(outcome.is_ok(), "{} fails", path.display());
         inputs += 1;
     }

@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use meshca_agent::proto::{
+use meshca_agent_server::proto::{
     agent_message, paths, Ack, AgentMessage, AgentState, Hello, JwtSvidRequest, JwtSvidResponse,
     KeyRequest, KeyRequests, OpenStreams,
 };
-use meshca_agent::{AgentOptions, AgentServer};
+use meshca_agent_server::{AgentOptions, AgentServer};
 use meshca_auth::{Claims, ProxyType, RevocationList, SigningKey, CLOCK_SKEW_LEEWAY_SECS};
 use meshca_control::{
     Changed, LeafKey, MeshView, ProxyEntry, ProxyIdentity, ProxyKey, Registration, Registrations,
@@ -567,7 +567,7 @@ async fn the_first_state_holds_the_agents_registrations_only() {
     assert_eq!(identity.certificate_chain, der_of(&h.world.web1.chain_pem));
     assert_eq!(
         identity.key_id,
-        meshca_agent::proto::key_id(rcgen::PublicKeyData::der_bytes(&h.world.agent_key))
+        meshca_agent_server::proto::key_id(rcgen::PublicKeyData::der_bytes(&h.world.agent_key))
     );
 
     let web2 = &state.registrations[2];
@@ -806,7 +806,7 @@ async fn a_good_key_request_is_offered_to_the_owner_for_its_registrations_stream
     let web = &state.registrations[1];
     assert_eq!(
         web.identity.as_ref().map(|i| i.key_id.clone()),
-        Some(meshca_agent::proto::key_id(
+        Some(meshca_agent_server::proto::key_id(
             rcgen::PublicKeyData::der_bytes(&next_key)
         ))
     );

@@ -1,8 +1,8 @@
 //! The fuzz entry point on inputs written by hand: what each invariant allows and refuses.
 
 use super::*;
+use crate::keys::tests::csr;
 use crate::proto::{Ack, Hello, KeyRequest};
-use crate::server::keys::tests::csr;
 use rcgen::KeyPair;
 
 const WEB: &str = "spiffe://default.zone/web-1";

@@ -1,5 +1,6 @@
-//! The server side of the agent protocol: the `meshca.agent.v1.Agent` gRPC service a meshca daemon
-//! serves on its SDS listeners, beside SDS.
+//! The server side of the agent protocol, and the protocol itself ([`proto`], one place for the process
+//! and the server): the `meshca.agent.v1.Agent` gRPC service a meshca daemon serves on its SDS listeners,
+//! beside SDS. The agent process is the `meshca-agent` crate; the daemon links only this one.
 //!
 //! Each agent authenticates with its token (of type `agent`, checked as SDS checks tokens: same key,
 //! revocation list and expiry). Its `Sync` stream speaks to the owner for every registration that names
@@ -8,8 +9,14 @@
 //! behind the agent as it does for Envoys. The agent's key requests are checked here ([`keys`]) and
 //! handed to the owner as `KeyOffered`; the server never sees a private key.
 
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+#[doc(hidden)]
+pub mod fuzzing;
 pub(crate) mod keys;
 mod mint;
+pub mod proto;
 pub(crate) mod sent;
 mod state;
 mod status;
@@ -33,8 +40,7 @@ use crate::proto::paths;
 
 pub use status::{AgentStatus, Agents, RegistrationStatus};
 
-/// The most key requests one `KeyRequests` message may carry.
-pub const KEY_REQUESTS_PER_MESSAGE: usize = 64;
+pub use proto::KEY_REQUESTS_PER_MESSAGE;
 
 /// Tunables and bounds of the agent protocol's server side (the daemon takes them from its settings).
 #[derive(Debug, Clone)]

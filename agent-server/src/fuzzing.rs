@@ -25,10 +25,10 @@ use x509_parser::oid_registry::{
 use x509_parser::prelude::FromDer;
 use x509_parser::public_key::PublicKey as ParsedKey;
 
+use crate::keys;
 use crate::proto::{agent_message, AgentMessage, KeyRequests, PROTOCOL_VERSION};
-use crate::server::keys;
-use crate::server::sent::{Acked, NeverSent, SentStates, KEPT};
-use crate::server::{AgentOptions, KEY_REQUESTS_PER_MESSAGE};
+use crate::sent::{Acked, NeverSent, SentStates, KEPT};
+use crate::{AgentOptions, KEY_REQUESTS_PER_MESSAGE};
 
 /// The agent whose stream the input speaks on.
 pub const AGENT: &str = "host-a";
