@@ -327,22 +327,7 @@ impl Owner {
     /// The CAs connected proxies present certificates from (current, and replaced but not ACKed),
     /// each with the first proxies by name.
     fn presented_cas(&self) -> Vec<PresentedCa> {
-        let mut grouped: HashMap<TrustKey, (&CaTrust, Vec<&ProxyKey>)> = HashMap::new();
-        for (key, issued) in &self.issued {
-            if !self.proxies.streams.is_connected(key) {
-                continue;
-            }
-            let cas = std::iter::once(&issued.ca_trust)
-                .chain(issued.previous.iter().map(|p| &p.ca_trust));
-            for ca in cas {
-                grouped
-                    .entry(ca.key())
-                    .or_insert((ca, Vec::new()))
-                    .1
-                    .push(key);
-            }
-        }
-        let mut out: Vec<PresentedCa> = grouped
+        let mut out: Vec<PresentedCa> = presenters(&self.issued, &self.proxies.streams)
             .into_values()
             .map(|(ca, mut proxies)| {
                 proxies.sort_unstable();
@@ -545,4 +530,30 @@ impl Owner {
         }
         dataplanes
     }
+}
+
+/// Who presents which CA, grouped by CA: each proxy connected to `streams` under the CA of its
+/// certificate in `issued` and of every certificate it had before and has not ACKed the replacement of
+/// (a proxy may be listed twice under one CA). The gate and the peers look at each CA once, however
+/// many proxies.
+fn presenters<'a>(
+    issued: &'a ProxyHashMap<Issued>,
+    streams: &crate::streams::StreamTable,
+) -> HashMap<TrustKey, (&'a CaTrust, Vec<&'a ProxyKey>)> {
+    let mut grouped: HashMap<TrustKey, (&CaTrust, Vec<&ProxyKey>)> = HashMap::new();
+    for (key, issued) in issued {
+        if !streams.is_connected(key) {
+            continue;
+        }
+        let cas =
+            std::iter::once(&issued.ca_trust).chain(issued.previous.iter().map(|p| &p.ca_trust));
+        for ca in cas {
+            grouped
+                .entry(ca.key())
+                .or_insert((ca, Vec::new()))
+                .1
+                .push(key);
+        }
+    }
+    grouped
 }

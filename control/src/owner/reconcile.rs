@@ -1,7 +1,7 @@
 //! One reconcile: bring every connected proxy's certificate up to date, in the order the rollout gate
 //! allows, and publish what changed.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -18,7 +18,7 @@ use crate::plan::{self, DataplaneInfo, Decision, Desired, Origin};
 use crate::resource_name::Target;
 use crate::snapshot::{Changed, ClaimRule, KeyHasher, LeafKey, ProxyEntry, ProxyKey, ProxyMap};
 use crate::timefmt::{rfc3339, seconds_until};
-use crate::trust::{BundleKey, CaTrust, ServiceIds, ServiceKey, TrustKey, EGRESS_SERVICE};
+use crate::trust::{BundleKey, CaTrust, ServiceIds, ServiceKey, EGRESS_SERVICE};
 use crate::world::MeshState;
 
 /// How one connected proxy is served this reconcile.
@@ -319,22 +319,7 @@ impl Owner {
         generation: u64,
         now: SystemTime,
     ) -> BTreeMap<BundleKey, Vec<CaTrust>> {
-        // Who presents which CA, grouped by CA: the gate looks at each CA once, however many proxies.
-        let mut grouped: HashMap<TrustKey, (&CaTrust, Vec<&ProxyKey>)> = HashMap::new();
-        for (key, issued) in &self.issued {
-            if !self.proxies.streams.is_connected(key) {
-                continue;
-            }
-            let cas = std::iter::once(&issued.ca_trust)
-                .chain(issued.previous.iter().map(|p| &p.ca_trust));
-            for ca in cas {
-                grouped
-                    .entry(ca.key())
-                    .or_insert((ca, Vec::new()))
-                    .1
-                    .push(key);
-            }
-        }
+        let mut grouped = super::presenters(&self.issued, &self.proxies.streams);
         // A connected proxy this replica has issued nothing to yet may present a certificate from
         // any CA its mesh still trusts (it moved here from another replica, or from before a
         // restart): those kept only because proxies may present them stay for it too.
