@@ -1,10 +1,15 @@
-//! The agent protocol's messages (`proto/meshca/agent/v1/agent.proto`), transcribed into prost types.
-//!
-//! They are written by hand, with the derives prost-build would write, so that building meshca needs
-//! no protobuf compiler; the proto file is the documentation and the contract, and the tests below
-//! pin the field numbers to it.
+//! The agent protocol (`proto/meshca/agent/v1/agent.proto`, the documentation and the contract): its
+//! messages, generated from the proto by prost-build (`proto/meshca.agent.v1.rs`, checked in and kept
+//! current by `scripts/protos`; `.ci/run` fails when it is not what the proto makes), its method paths,
+//! and its limits.
 
-use std::collections::HashMap;
+/// The messages, as prost-build writes them (documented in the proto).
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+mod generated {
+    include!("proto/meshca.agent.v1.rs");
+}
+
+pub use generated::*;
 
 /// The most key requests one `KeyRequests` message may carry: the agent sends no more, the server takes
 /// no more.
@@ -23,199 +28,6 @@ pub mod paths {
     pub const MINT_JWT_SVID: &str = "/meshca.agent.v1.Agent/MintJwtSvid";
 }
 
-/// What the agent sends on `Sync`.
-#[derive(Clone, PartialEq, ::prost::Message)]
-pub struct AgentMessage {
-    /// The message.
-    #[prost(oneof = "agent_message::Message", tags = "1, 2, 3")]
-    pub message: Option<agent_message::Message>,
-}
-
-/// The kinds of [`AgentMessage`].
-pub mod agent_message {
-    /// One message of the agent.
-    #[derive(Clone, PartialEq, ::prost::Oneof)]
-    pub enum Message {
-        /// The first message of a stream.
-        #[prost(message, tag = "1")]
-        Hello(super::Hello),
-        /// Keys for the certificates to come.
-        #[prost(message, tag = "2")]
-        Keys(super::KeyRequests),
-        /// A state every Workload API stream on the agent's host was sent.
-        #[prost(message, tag = "3")]
-        Ack(super::Ack),
-    }
-}
-
-/// The first message of a `Sync` stream.
-#[derive(Clone, PartialEq, ::prost::Message)]
-pub struct Hello {
-    /// The protocol version the agent speaks ([`PROTOCOL_VERSION`]).
-    #[prost(uint32, tag = "1")]
-    pub protocol: u32,
-    /// The agent's meshca version, for the server's logs and status.
-    #[prost(string, tag = "2")]
-    pub agent_version: String,
-}
-
-/// Keys the agent made, for the certificates to come.
-#[derive(Clone, PartialEq, ::prost::Message)]
-pub struct KeyRequests {
-    /// One request per registration at most.
-    #[prost(message, repeated, tag = "1")]
-    pub requests: Vec<KeyRequest>,
-}
-
-/// A key for one registration's next certificate.
-#[derive(Clone, PartialEq, ::prost::Message)]
-pub struct KeyRequest {
-    /// The registration's mesh.
-    #[prost(string, tag = "1")]
-    pub mesh: String,
-    /// The registration's name.
-    #[prost(string, tag = "2")]
-    pub registration: String,
-    /// A PKCS#10 request (DER) signed with the new key.
-    #[prost(bytes = "vec", tag = "3")]
-    pub csr: Vec<u8>,
-    /// The agent holds no key for the registration's current certificate: certify this one now.
-    #[prost(bool, tag = "4")]
-    pub replace_now: bool,
-}
-
-/// The agent sent state `version` to every Workload API stream open on its host.
-#[derive(Clone, PartialEq, ::prost::Message)]
-pub struct Ack {
-    /// The [`AgentState::version`] acknowledged.
-    #[prost(uint64, tag = "1")]
-    pub version: u64,
-    /// The open Workload API streams per registration, for the server's status.
-    #[prost(message, repeated, tag = "2")]
-    pub streams: Vec<OpenStreams>,
-}
-
-/// How many Workload API streams of one registration are open on the agent's host.
-#[derive(Clone, PartialEq, ::prost::Message)]
-pub struct OpenStreams {
-    /// The registration's mesh.
-    #[prost(string, tag = "1")]
-    pub mesh: String,
-    /// The registration's name.
-    #[prost(string, tag = "2")]
-    pub registration: String,
-    /// The open streams.
-    #[prost(uint32, tag = "3")]
-    pub streams: u32,
-}
-
-/// Everything the agent serves, whole.
-#[derive(Clone, PartialEq, ::prost::Message)]
-pub struct AgentState {
-    /// Grows with every state one stream sends.
-    #[prost(uint64, tag = "1")]
-    pub version: u64,
-    /// The registrations that name this agent, by name, then mesh.
-    #[prost(message, repeated, tag = "2")]
-    pub registrations: Vec<Registration>,
-    /// The trust of every mesh and trust domain, by trust domain.
-    #[prost(map = "string, message", tag = "3")]
-    pub all: HashMap<String, X509Bundle>,
-    /// Each registration's mesh's own trust, by mesh.
-    #[prost(map = "string, message", tag = "4")]
-    pub meshes: HashMap<String, MeshTrust>,
-    /// JWK Set documents (JSON) by trust domain.
-    #[prost(map = "string, bytes", tag = "5")]
-    pub jwt_bundles: HashMap<String, Vec<u8>>,
-}
-
-/// One registration that names the agent.
-#[derive(Clone, PartialEq, ::prost::Message)]
-pub struct Registration {
-    /// Its mesh.
-    #[prost(string, tag = "1")]
-    pub mesh: String,
-    /// Its name.
-    #[prost(string, tag = "2")]
-    pub name: String,
-    /// The Dataplane whose identity its callers get.
-    #[prost(string, tag = "3")]
-    pub dataplane: String,
-    /// The selectors a caller must all have, as the resource spells them.
-    #[prost(string, repeated, tag = "4")]
-    pub selectors: Vec<String>,
-    /// The hint sent with its SVIDs; empty for none.
-    #[prost(string, tag = "5")]
-    pub hint: String,
-    /// How long its JWT-SVIDs live, in seconds.
-    #[prost(uint64, tag = "6")]
-    pub jwt_svid_seconds: u64,
-    /// The algorithm of the keys to request (`ecdsa-p256`, ...).
-    #[prost(string, tag = "7")]
-    pub key_algorithm: String,
-    /// The identity to serve; absent while there is none.
-    #[prost(message, optional, tag = "8")]
-    pub identity: Option<Identity>,
-    /// Why there is no identity, when there will be none until something changes.
-    #[prost(string, tag = "9")]
-    pub no_identity: String,
-    /// The server holds no key of the agent for the next certificate.
-    #[prost(bool, tag = "10")]
-    pub wants_key: bool,
-}
-
-/// A certificate to serve, and which key it certifies.
-#[derive(Clone, PartialEq, ::prost::Message)]
-pub struct Identity {
-    /// The SPIFFE ID in the certificate.
-    #[prost(string, tag = "1")]
-    pub spiffe_id: String,
-    /// Leaf first, then intermediates (DER).
-    #[prost(bytes = "vec", repeated, tag = "2")]
-    pub certificate_chain: Vec<Vec<u8>>,
-    /// SHA-256 of the certified key's subjectPublicKey bits ([`key_id`]).
-    #[prost(bytes = "vec", tag = "3")]
-    pub key_id: Vec<u8>,
-}
-
-/// One mesh's trust, by trust domain.
-#[derive(Clone, PartialEq, ::prost::Message)]
-pub struct MeshTrust {
-    /// Trust domain → its CAs.
-    #[prost(map = "string, message", tag = "1")]
-    pub by_trust_domain: HashMap<String, X509Bundle>,
-}
-
-/// The CAs of one trust domain.
-#[derive(Clone, PartialEq, ::prost::Message)]
-pub struct X509Bundle {
-    /// CA certificates (DER).
-    #[prost(bytes = "vec", repeated, tag = "1")]
-    pub authorities: Vec<Vec<u8>>,
-}
-
-/// A JWT-SVID for one of the agent's registrations.
-#[derive(Clone, PartialEq, ::prost::Message)]
-pub struct JwtSvidRequest {
-    /// The registration's mesh.
-    #[prost(string, tag = "1")]
-    pub mesh: String,
-    /// The registration's name.
-    #[prost(string, tag = "2")]
-    pub registration: String,
-    /// The audiences the workload asked for.
-    #[prost(string, repeated, tag = "3")]
-    pub audience: Vec<String>,
-}
-
-/// The JWT-SVID.
-#[derive(Clone, PartialEq, ::prost::Message)]
-pub struct JwtSvidResponse {
-    /// The compact JWS.
-    #[prost(string, tag = "1")]
-    pub token: String,
-}
-
 /// Which key a certificate certifies, as [`Identity::key_id`] names it: SHA-256 of the key's
 /// subjectPublicKey bits (what [`meshca_ca::PublicKey::raw`] holds).
 pub fn key_id(subject_public_key: &[u8]) -> Vec<u8> {
@@ -226,6 +38,8 @@ pub fn key_id(subject_public_key: &[u8]) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
     use prost::Message;
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MANIFESTS = [ROOT / "Cargo.toml", ROOT / "fuzz" / "Cargo.toml"]
+MANIFESTS = [ROOT / "Cargo.toml", ROOT / "fuzz" / "Cargo.toml", ROOT / "tools" / "protogen" / "Cargo.toml"]
 
 
 def own_names():
