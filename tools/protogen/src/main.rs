@@ -14,17 +14,33 @@ use std::process::ExitCode;
 struct Generated {
     include: &'static str,
     protos: &'static [&'static str],
-    /// The protobuf package, whose file prost-build writes (`<package>.rs`).
+    /// The protobuf package, whose file prost-build writes (`<package>.rs`; `_` for none).
     package: &'static str,
+    /// Protobuf packages another crate already has Rust for: (protobuf path, Rust path).
+    extern_paths: &'static [(&'static str, &'static str)],
     out: &'static str,
 }
 
-const GENERATED: &[Generated] = &[Generated {
-    include: "agent-server/proto",
-    protos: &["meshca/agent/v1/agent.proto"],
-    package: "meshca.agent.v1",
-    out: "agent-server/src/proto/meshca.agent.v1.rs",
-}];
+const GENERATED: &[Generated] = &[
+    Generated {
+        include: "agent-server/proto",
+        protos: &["meshca/agent/v1/agent.proto"],
+        package: "meshca.agent.v1",
+        extern_paths: &[],
+        out: "agent-server/src/proto/meshca.agent.v1.rs",
+    },
+    Generated {
+        include: "workload/proto",
+        protos: &["workload.proto"],
+        package: "_",
+        // `google.protobuf.Struct` (a validated token's claims): Envoy's types already carry it.
+        extern_paths: &[(
+            ".google.protobuf.Struct",
+            "::envoy_types::pb::google::protobuf::Struct",
+        )],
+        out: "workload/src/proto/workload.rs",
+    },
+];
 
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
@@ -80,8 +96,12 @@ fn generate(root: &Path, generated: &Generated) -> Result<String, String> {
     let descriptors = protox::compile(&protos, [&include]).map_err(|e| e.to_string())?;
     let out_dir = std::env::temp_dir().join(format!("meshca-protogen-{}", std::process::id()));
     std::fs::create_dir_all(&out_dir).map_err(|e| e.to_string())?;
-    let written = prost_build::Config::new()
-        .out_dir(&out_dir)
+    let mut config = prost_build::Config::new();
+    config.out_dir(&out_dir);
+    for (proto, rust) in generated.extern_paths {
+        config.extern_path(*proto, *rust);
+    }
+    let written = config
         .compile_fds(descriptors)
         .map_err(|e| e.to_string())
         .and_then(|()| {
