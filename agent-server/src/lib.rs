@@ -29,11 +29,11 @@ use std::time::Duration;
 
 use meshca_auth::{Claims, ProxyType};
 use meshca_identity::KeyAlgorithm;
+use meshca_sds::grpc_service::{Grpc, GrpcMethods};
 use meshca_sds::{shown, ConnInfo, LogBudget, OpenStream, SdsServer};
 use meshca_workload::jwt::{CacheLimits, JwtSvidCache};
 use meshca_workload::jwt_keys::JwtKeys;
-use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
-use tonic::server::NamedService;
+use tonic::codegen::{http, BoxFuture};
 use tonic::Status;
 
 use crate::proto::paths;
@@ -120,7 +120,7 @@ impl AgentOptions {
 }
 
 /// The agent protocol's server: a tonic service (`meshca.agent.v1.Agent`) to add beside SDS on the SDS
-/// listeners (`Routes::new(sds.into_service()).add_service(agent)`). Cheap to clone; every clone serves
+/// listeners (`Routes::new(sds.into_service()).add_service(agent.into_service())`). Cheap to clone; every clone serves
 /// the same agents.
 #[derive(Clone)]
 pub struct AgentServer {
@@ -219,27 +219,22 @@ impl Shared {
     }
 }
 
-impl NamedService for AgentServer {
-    const NAME: &'static str = paths::SERVICE;
+impl AgentServer {
+    /// The service tonic's router mounts beside SDS.
+    pub fn into_service(self) -> Grpc<AgentServer> {
+        Grpc(self)
+    }
 }
 
-impl<B> Service<http::Request<B>> for AgentServer
-where
-    B: Body<Data = tonic::codegen::Bytes> + Send + 'static,
-    B::Error: Into<StdError> + Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Self::Response, Infallible>;
+impl GrpcMethods for AgentServer {
+    const NAME: &'static str = paths::SERVICE;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+    fn answer(
+        &self,
+        request: http::Request<tonic::body::Body>,
+    ) -> BoxFuture<http::Response<tonic::body::Body>, Infallible> {
         let shared = self.shared.clone();
         Box::pin(async move {
-            let request = request.map(tonic::body::Body::new);
             Ok(match request.uri().path() {
                 paths::SYNC => sync::serve(shared, request).await,
                 paths::MINT_JWT_SVID => mint::serve(shared, request).await,

@@ -252,8 +252,8 @@ impl Harness {
             .await
             .expect("bind");
         let shutdown = CancellationToken::new();
-        let routes =
-            tonic::service::Routes::new(sds.clone().into_service()).add_service(agent.clone());
+        let routes = tonic::service::Routes::new(sds.clone().into_service())
+            .add_service(agent.clone().into_service());
         let policy = ConnPolicy::new("SDS", "limits.sdsConnections", sds.limits().clone());
         let closer = sds.clone();
         tokio::spawn(bound.serve_service(

@@ -654,7 +654,11 @@ async fn serve_sds(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     bound
-        .serve_beside(sds, |routes| routes.add_service(agents), shutdown)
+        .serve_beside(
+            sds,
+            |routes| routes.add_service(agents.into_service()),
+            shutdown,
+        )
         .await
         .map_err(|e| anyhow!("SDS server failed: {e}"))
 }

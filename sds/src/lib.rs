@@ -16,6 +16,7 @@ mod error;
 mod fetch;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod grpc_service;
 pub mod library_logs;
 mod listen;
 mod log_budget;

@@ -7,13 +7,14 @@ use meshca_auth::{Claims, RevocationList, Verifier};
 
 use crate::authn::{AttestedCheck, Principal};
 use tokio::sync::{mpsc, watch};
-use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
+use tonic::codegen::{http, BoxFuture, Service};
 use tonic::server::NamedService;
 use tonic::Status;
 
 use meshca_control::{ProxyKey, Snapshot, StreamEvent, StreamId};
 
 use crate::delta::Delta;
+use crate::grpc_service::{Grpc, GrpcMethods};
 use crate::log_text::shown;
 use crate::metrics::SdsMetrics;
 use crate::options::{SdsLimits, ServerOptions};
@@ -159,7 +160,7 @@ impl SdsServer {
            + Send
            + Sync
            + 'static {
-        GrpcService { server: self }
+        Grpc(self)
     }
 }
 
@@ -196,15 +197,18 @@ impl SnapshotWaiter {
     }
 }
 
-/// Routes the three SDS methods to [`SdsServer`], all framed by [`crate::transport::grpc`]: every request's
-/// token is checked on its headers, before any of its body is read.
-#[derive(Clone)]
-struct GrpcService {
-    server: SdsServer,
-}
-
-impl NamedService for GrpcService {
+/// SDS's service name: its three methods are routed to [`SdsServer`], all framed by
+/// [`crate::transport::grpc`]: every request's token is checked on its headers, before any of its body is
+/// read.
+impl GrpcMethods for SdsServer {
     const NAME: &'static str = "envoy.service.secret.v3.SecretDiscoveryService";
+
+    fn answer(
+        &self,
+        request: http::Request<tonic::body::Body>,
+    ) -> BoxFuture<http::Response<tonic::body::Body>, Infallible> {
+        self.serve_as(request, None)
+    }
 }
 
 const STREAM_SECRETS: &str = "/envoy.service.secret.v3.SecretDiscoveryService/StreamSecrets";
@@ -214,25 +218,6 @@ const FETCH_SECRETS: &str = "/envoy.service.secret.v3.SecretDiscoveryService/Fet
 /// Whether a request path is one of the SDS methods.
 pub fn is_sds_method(path: &str) -> bool {
     matches!(path, STREAM_SECRETS | DELTA_SECRETS | FETCH_SECRETS)
-}
-
-impl<B> Service<http::Request<B>> for GrpcService
-where
-    B: Body<Data = tonic::codegen::Bytes> + Send + 'static,
-    B::Error: Into<StdError> + Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Self::Response, Infallible>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        self.server
-            .serve_as(request.map(tonic::body::Body::new), None)
-    }
 }
 
 impl SdsServer {

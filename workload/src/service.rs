@@ -5,9 +5,10 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use futures::stream::BoxStream;
+use meshca_sds::grpc_service::{self, GrpcMethods};
 use meshca_sds::{ConnInfo, SdsServer};
-use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
-use tonic::server::{Grpc, NamedService, ServerStreamingService, UnaryService};
+use tonic::codegen::{http, BoxFuture};
+use tonic::server::{Grpc, ServerStreamingService, UnaryService};
 use tonic::Status;
 use tonic_prost::ProstCodec;
 
@@ -99,7 +100,8 @@ impl WorkloadApi {
     /// Every gRPC service of the Workload API socket: the Workload API itself, and SDS for Envoys set up
     /// for a SPIRE agent's socket (see [`crate::sds_api`]).
     pub fn routes(&self) -> tonic::service::Routes {
-        tonic::service::Routes::new(self.clone()).add_service(WorkloadSds(self.clone()))
+        tonic::service::Routes::new(grpc_service::Grpc(self.clone()))
+            .add_service(grpc_service::Grpc(WorkloadSds(self.clone())))
     }
 }
 
@@ -108,25 +110,14 @@ impl WorkloadApi {
 #[derive(Clone)]
 struct WorkloadSds(WorkloadApi);
 
-impl NamedService for WorkloadSds {
-    const NAME: &'static str = "envoy.service.secret.v3.SecretDiscoveryService";
-}
+impl GrpcMethods for WorkloadSds {
+    const NAME: &'static str = <SdsServer as GrpcMethods>::NAME;
 
-impl<B> Service<http::Request<B>> for WorkloadSds
-where
-    B: Body<Data = tonic::codegen::Bytes> + Send + 'static,
-    B::Error: Into<StdError> + Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Self::Response, Infallible>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        self.0.call(request)
+    fn answer(
+        &self,
+        request: http::Request<tonic::body::Body>,
+    ) -> BoxFuture<http::Response<tonic::body::Body>, Infallible> {
+        self.0.answer(request)
     }
 }
 
@@ -136,27 +127,15 @@ fn has_security_header(headers: &http::HeaderMap) -> bool {
     matches!((values.next(), values.next()), (Some(v), None) if v == "true")
 }
 
-impl NamedService for WorkloadApi {
+impl GrpcMethods for WorkloadApi {
     const NAME: &'static str = "SpiffeWorkloadAPI";
-}
 
-impl<B> Service<http::Request<B>> for WorkloadApi
-where
-    B: Body<Data = tonic::codegen::Bytes> + Send + 'static,
-    B::Error: Into<StdError> + Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Self::Response, Infallible>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+    fn answer(
+        &self,
+        request: http::Request<tonic::body::Body>,
+    ) -> BoxFuture<http::Response<tonic::body::Body>, Infallible> {
         let shared = self.shared.clone();
         Box::pin(async move {
-            let request = request.map(tonic::body::Body::new);
             // Envoy sends no security header: SDS is authenticated by the caller's process alone.
             if meshca_sds::is_sds_method(request.uri().path()) {
                 return Ok(sds_api::serve(shared, request).await);
