@@ -29,13 +29,25 @@ mod tests {
         if !task.exists() {
             return;
         }
-        let names: Vec<String> = std::fs::read_dir(task)
-            .expect("/proc/self/task lists the threads")
-            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-            .collect();
+        let names = || -> Vec<String> {
+            std::fs::read_dir(task)
+                .expect("/proc/self/task lists the threads")
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .collect()
+        };
+        // jemalloc starts the thread on its own schedule: wait for it to appear (it did within
+        // milliseconds on every run; the bound only keeps a broken build from hanging the test).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut seen = names();
+        while !seen.iter().any(|n| n.trim() == "jemalloc_bg_thd")
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            seen = names();
+        }
         assert!(
-            names.iter().any(|n| n.trim() == "jemalloc_bg_thd"),
-            "no jemalloc background thread among {names:?}"
+            seen.iter().any(|n| n.trim() == "jemalloc_bg_thd"),
+            "no jemalloc background thread among {seen:?}"
         );
     }
 }

@@ -8,6 +8,7 @@
 
 mod claims;
 mod error;
+mod es256;
 mod jwt;
 mod label;
 pub mod low_s;
@@ -17,6 +18,7 @@ mod verify;
 
 pub use claims::{Claims, Labels, ProxyType, ISSUER};
 pub use error::{quote, AuthError};
+pub use es256::Es256Key;
 pub use jwt::{split_compact, JwsParts};
 pub use label::parse_label;
 pub use revocation::RevocationList;

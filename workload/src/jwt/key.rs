@@ -1,15 +1,12 @@
 //! JWT-SVID keys: the private ES256 key a trust domain signs with, and the public key a bundle carries.
 
 use std::fmt;
-use std::sync::Arc;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
+use meshca_auth::Es256Key;
 use meshca_hsm::TokenKey;
-use meshca_identity::KeyAlgorithm;
 use ring::digest;
-use ring::rand::SystemRandom;
-use ring::signature::{EcdsaKeyPair, KeyPair as _, ECDSA_P256_SHA256_FIXED_SIGNING};
 use zeroize::Zeroizing;
 
 use super::JwtError;
@@ -103,88 +100,44 @@ pub fn thumbprint(x: &[u8; COORDINATE_LEN], y: &[u8; COORDINATE_LEN]) -> String 
 /// The PKCS#8 document is kept in zeroize-on-drop memory so the caller can persist it; `Debug` prints
 /// only the `kid`. ring holds its own copy of the private scalar, which it does not promise to wipe.
 pub struct JwtSigningKey {
-    inner: Inner,
+    key: Es256Key,
     public: JwtPublicKey,
-}
-
-// A handful per process: keeping the key pair inline saves an indirection on every signature.
-#[allow(clippy::large_enum_variant)]
-enum Inner {
-    Software {
-        pair: EcdsaKeyPair,
-        pkcs8: Zeroizing<Vec<u8>>,
-        rng: SystemRandom,
-    },
-    /// In a PKCS#11 token (`keystore.pkcs11`): every signature is made there.
-    Token(Arc<TokenKey>),
 }
 
 impl JwtSigningKey {
     /// Generates a new key.
     pub fn generate() -> Result<JwtSigningKey, JwtError> {
-        let rng = SystemRandom::new();
-        let document = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng)
-            .map_err(|_| JwtError::Key {
-                reason: "generating a P-256 key failed (system random source unavailable?)"
-                    .to_owned(),
-            })?;
-        JwtSigningKey::from_pkcs8(document.as_ref())
+        JwtSigningKey::of(Es256Key::generate().map_err(|reason| JwtError::Key { reason })?)
     }
 
     /// Loads a key from a PKCS#8 (DER) document holding an ECDSA P-256 private key, as
     /// [`JwtSigningKey::pkcs8`] returns it.
     pub fn from_pkcs8(pkcs8: &[u8]) -> Result<JwtSigningKey, JwtError> {
-        let rng = SystemRandom::new();
-        let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8, &rng)
-            .map_err(|rejected| JwtError::Key {
-                reason: format!(
-                    "the stored key is not a PKCS#8 ECDSA P-256 private key ({rejected})"
-                ),
-            })?;
-        let public = public_of(pair.public_key().as_ref())?;
-        Ok(JwtSigningKey {
-            inner: Inner::Software {
-                pair,
-                pkcs8: Zeroizing::new(pkcs8.to_vec()),
-                rng,
-            },
-            public,
-        })
+        let key = Es256Key::from_pkcs8(pkcs8).map_err(|rejected| JwtError::Key {
+            reason: format!("the stored key is not a PKCS#8 ECDSA P-256 private key ({rejected})"),
+        })?;
+        JwtSigningKey::of(key)
     }
 
     /// A key in a PKCS#11 token, which must be ECDSA P-256.
     pub fn from_token_key(key: TokenKey) -> Result<JwtSigningKey, JwtError> {
-        if key.algorithm() != KeyAlgorithm::EcdsaP256 {
-            return Err(JwtError::Key {
-                reason: format!(
-                    "the key {:?} in the PKCS#11 token is {}, not ECDSA P-256",
-                    key.label(),
-                    key.algorithm()
-                ),
-            });
-        }
+        JwtSigningKey::of(Es256Key::from_token_key(key).map_err(|reason| JwtError::Key { reason })?)
+    }
+
+    fn of(key: Es256Key) -> Result<JwtSigningKey, JwtError> {
         let public = public_of(key.public_key())?;
-        Ok(JwtSigningKey {
-            inner: Inner::Token(Arc::new(key)),
-            public,
-        })
+        Ok(JwtSigningKey { key, public })
     }
 
     /// The PKCS#8 (DER) document of this key, for persistence (handle as a secret); `None` for a key in
     /// a token, which never leaves it.
     pub fn pkcs8(&self) -> Option<&Zeroizing<Vec<u8>>> {
-        match &self.inner {
-            Inner::Software { pkcs8, .. } => Some(pkcs8),
-            Inner::Token(_) => None,
-        }
+        self.key.pkcs8()
     }
 
     /// The key in the token, when it is in one.
     pub fn token_key(&self) -> Option<&TokenKey> {
-        match &self.inner {
-            Inner::Software { .. } => None,
-            Inner::Token(key) => Some(key),
-        }
+        self.key.token_key()
     }
 
     /// The key id: the RFC 7638 thumbprint of the public key.
@@ -200,25 +153,9 @@ impl JwtSigningKey {
     /// Signs `signing_input` (`header.payload`), returning the fixed-size signature (`r || s`) in its
     /// canonical low-S form.
     pub(crate) fn sign(&self, signing_input: &[u8]) -> Result<[u8; 64], JwtError> {
-        let failed = |reason: &str| JwtError::Key {
-            reason: reason.to_owned(),
-        };
-        let signature = match &self.inner {
-            Inner::Software { pair, rng, .. } => pair
-                .sign(rng, signing_input)
-                .map_err(|_| failed("signing failed (system random source unavailable?)"))?
-                .as_ref()
-                .to_vec(),
-            Inner::Token(key) => key
-                .sign_raw(signing_input)
-                .map_err(|e| failed(&format!("signing in the PKCS#11 token failed: {e}")))?,
-        };
-        let mut fixed: [u8; 64] = signature
-            .as_slice()
-            .try_into()
-            .map_err(|_| failed("an ES256 signature that is not 64 bytes came back"))?;
-        meshca_auth::low_s::normalize(&mut fixed);
-        Ok(fixed)
+        self.key
+            .sign(signing_input)
+            .map_err(|reason| JwtError::Key { reason })
     }
 }
 
@@ -246,13 +183,7 @@ impl fmt::Debug for JwtSigningKey {
         f.debug_struct("JwtSigningKey")
             .field("alg", &"ES256")
             .field("kid", &self.kid())
-            .field(
-                "private_key",
-                &match &self.inner {
-                    Inner::Software { .. } => format_args!("[redacted]"),
-                    Inner::Token(_) => format_args!("[in the PKCS#11 token]"),
-                },
-            )
+            .field("private_key", &self.key)
             .finish()
     }
 }
