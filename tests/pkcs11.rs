@@ -9,8 +9,8 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Command;
 
+use common::{my_uid, wait_for, Env, DATAPLANE_WEB_1, MESH_BUILTIN};
 use common::{pem_certs, walk, webpki_verify};
-use common::{wait_for, Env, DATAPLANE_WEB_1, MESH_BUILTIN};
 use meshca_keystore::CRASH_AT_ENV;
 use meshca_testhsm::TestToken;
 use meshca_testpg::TestPostgres;
@@ -545,17 +545,6 @@ fn a_kill_between_making_a_ca_key_in_the_token_and_recording_it_leaves_nothing_b
         }
         daemon.stop();
     }
-}
-
-/// This test process's effective uid, as `/proc` says (the `meshca` it runs has the same).
-fn my_uid() -> String {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|ids| ids.split_whitespace().nth(1))
-        .expect("an effective uid")
-        .to_owned()
 }
 
 /// `meshca workload fetch --socket SOCKET jwt --audience AUDIENCE --output json`.

@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{mode, pem_certs, uri_sans, webpki_verify, Env, Run};
+use common::{mode, my_uid, pem_certs, uri_sans, webpki_verify, Env, Run};
 
 /// A mesh whose MeshIdentity makes its own CA, a second mesh (another trust domain, which the first
 /// trusts through `ALL`), and the Dataplane a registration names.
@@ -60,17 +60,6 @@ labels:
 
 const SPIFFE_ID: &str = "spiffe://default.default.mesh.local/workload/batch";
 const TRUST_DOMAIN: &str = "default.default.mesh.local";
-
-/// This test process's effective uid, as `/proc` says (the `meshca` it runs has the same).
-fn my_uid() -> String {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|ids| ids.split_whitespace().nth(1))
-        .expect("an effective uid")
-        .to_owned()
-}
 
 fn registration(uid: &str) -> String {
     format!(

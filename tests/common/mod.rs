@@ -485,3 +485,14 @@ impl Env {
         }
     }
 }
+
+/// This test process's effective uid, as `/proc` says (the `meshca` it runs has the same).
+pub fn my_uid() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        .expect("an effective uid")
+        .to_owned()
+}
