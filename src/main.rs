@@ -34,7 +34,7 @@ fn exit_code(error: &anyhow::Error) -> ExitCode {
 }
 
 /// Logs to stderr at `RUST_LOG` (default `info`); the HTTP libraries' own warnings, which any peer
-/// can cause, go through the daemon's per-minute budget ([`meshca_sds::library_logs`]).
+/// can cause, go through the daemon's per-minute budget ([`meshca_serve::library_logs`]).
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
@@ -59,7 +59,7 @@ fn init_logging(format: LogFormat) {
         .init();
 }
 
-/// Passes the HTTP libraries' warnings through [`meshca_sds::library_logs`], per event.
+/// Passes the HTTP libraries' warnings through [`meshca_serve::library_logs`], per event.
 struct LibraryBudget;
 
 impl<S> tracing_subscriber::layer::Filter<S> for LibraryBudget {
@@ -68,14 +68,14 @@ impl<S> tracing_subscriber::layer::Filter<S> for LibraryBudget {
         metadata: &tracing::Metadata<'_>,
         _: &tracing_subscriber::layer::Context<'_, S>,
     ) -> bool {
-        meshca_sds::library_logs::admit(metadata)
+        meshca_serve::library_logs::admit(metadata)
     }
 
     fn callsite_enabled(
         &self,
         metadata: &'static tracing::Metadata<'static>,
     ) -> tracing::subscriber::Interest {
-        if meshca_sds::library_logs::budgeted(metadata) {
+        if meshca_serve::library_logs::budgeted(metadata) {
             tracing::subscriber::Interest::sometimes()
         } else {
             tracing::subscriber::Interest::always()

@@ -27,8 +27,8 @@ use x509_parser::public_key::PublicKey as ParsedKey;
 
 use crate::keys;
 use crate::proto::{agent_message, AgentMessage, KeyRequests, PROTOCOL_VERSION};
-use crate::sent::{Acked, NeverSent, SentStates, KEPT};
 use crate::{AgentOptions, KEY_REQUESTS_PER_MESSAGE};
+use meshca_serve::ledger::{Acked, Ledger, NeverSent, KEPT};
 
 /// The agent whose stream the input speaks on.
 pub const AGENT: &str = "host-a";
@@ -237,7 +237,7 @@ impl World {
 struct Stream {
     world: &'static World,
     greeted: bool,
-    sent: SentStates,
+    sent: Ledger,
     /// The snapshot generation the next state is built from.
     generation: u64,
     /// Every version sent on the stream, with the generation it was built from and its streams.
@@ -253,7 +253,7 @@ impl Stream {
         Stream {
             world,
             greeted: false,
-            sent: SentStates::default(),
+            sent: Ledger::default(),
             generation: world.snapshot.generation,
             versions: BTreeMap::new(),
             acked: None,

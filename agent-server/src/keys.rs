@@ -35,7 +35,7 @@ impl fmt::Display for Refusal {
             Refusal::SpiffeId { asked, has: None } => write!(
                 f,
                 "the request names SPIFFE ID {} while the registration has no identity yet",
-                meshca_sds::shown(asked)
+                meshca_serve::shown(asked)
             ),
             Refusal::SpiffeId {
                 asked,
@@ -43,7 +43,7 @@ impl fmt::Display for Refusal {
             } => write!(
                 f,
                 "the request names SPIFFE ID {}, but the registration's identity is {has}",
-                meshca_sds::shown(asked)
+                meshca_serve::shown(asked)
             ),
         }
     }

@@ -17,7 +17,6 @@ pub mod fuzzing;
 pub(crate) mod keys;
 mod mint;
 pub mod proto;
-pub(crate) mod sent;
 mod state;
 mod status;
 mod sync;
@@ -29,8 +28,8 @@ use std::time::Duration;
 
 use meshca_auth::{Claims, ProxyType};
 use meshca_identity::KeyAlgorithm;
-use meshca_sds::grpc_service::{Grpc, GrpcMethods};
-use meshca_sds::{shown, ConnInfo, LogBudget, OpenStream, SdsServer};
+use meshca_serve::grpc_service::{Grpc, GrpcMethods};
+use meshca_serve::{shown, ConnInfo, Hub, LogBudget, OpenStream};
 use meshca_workload::jwt::{CacheLimits, JwtSvidCache};
 use meshca_workload::jwt_keys::JwtKeys;
 use tonic::codegen::{http, BoxFuture};
@@ -137,14 +136,14 @@ impl std::fmt::Debug for AgentServer {
 }
 
 impl AgentServer {
-    /// A server that serves agents what `sds` serves (its snapshots, tokens and revocations), reports
-    /// their streams to the owner through it, and signs JWT-SVIDs with `jwt_keys`.
-    pub fn new(sds: SdsServer, jwt_keys: JwtKeys, options: AgentOptions) -> Self {
+    /// A server that serves agents `hub`'s snapshots (with its tokens and revocations), reports their
+    /// streams to the owner through it, and signs JWT-SVIDs with `jwt_keys`.
+    pub fn new(hub: Hub, jwt_keys: JwtKeys, options: AgentOptions) -> Self {
         AgentServer {
             shared: Arc::new(Shared {
                 jwt_cache: Mutex::new(JwtSvidCache::new(options.jwt_svid_cache)),
                 refusals_logged: LogBudget::new(options.warnings_per_minute),
-                sds,
+                hub,
                 jwt_keys,
                 options,
                 agents: Agents::default(),
@@ -167,7 +166,8 @@ impl AgentServer {
 
 /// What every request of one server shares.
 pub(crate) struct Shared {
-    pub(crate) sds: SdsServer,
+    /// The hub the agents' streams stand on.
+    pub(crate) hub: Hub,
     pub(crate) jwt_keys: JwtKeys,
     pub(crate) options: AgentOptions,
     pub(crate) agents: Agents,
@@ -192,7 +192,7 @@ impl Shared {
         &self,
         request: &http::Request<tonic::body::Body>,
     ) -> Result<Admitted, Status> {
-        let claims = self.sds.verify_bearer(request.headers())?;
+        let claims = self.hub.verify_bearer(request.headers())?;
         if claims.proxy_type != ProxyType::Agent {
             let status = Status::permission_denied(format!(
                 "token {} is not an agent token (it is {}'s): the agent protocol takes tokens made with \
@@ -215,7 +215,7 @@ impl Shared {
 
     /// How long an agent has to send its Hello, and a JWT-SVID request waits for a signing key.
     pub(crate) fn first_message_wait(&self) -> Duration {
-        self.sds.first_request_wait()
+        self.hub.first_request_wait()
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use meshca_auth::Claims;
 use meshca_control::ProxyEntry;
 use meshca_identity::SpiffeId;
-use meshca_sds::shown;
+use meshca_serve::shown;
 use meshca_workload::jwt::check_audiences;
 use meshca_workload::mint_jwt_svid;
 use tokio::time::Instant;
@@ -63,7 +63,7 @@ impl UnaryService<JwtSvidRequest> for Mint {
 
 async fn mint(shared: &Shared, agent: &Claims, request: JwtSvidRequest) -> Result<String, Status> {
     let deadline = Instant::now() + shared.first_message_wait();
-    let snapshot = shared.sds.snapshots().borrow().clone();
+    let snapshot = shared.hub.snapshots().borrow().clone();
     let named = || {
         format!(
             "registration {}/{}",

@@ -18,10 +18,8 @@ use futures::stream::{self, BoxStream, StreamExt};
 use futures::FutureExt;
 use meshca_auth::{Claims, RevocationList};
 use meshca_ca::PublicKey;
-use meshca_control::{
-    parse_names, rfc3339, ProxyHashSet, Registration, Snapshot, StreamEvent, StreamId,
-};
-use meshca_sds::{shown, LogBudget, OpenStream};
+use meshca_control::{parse_names, rfc3339, ProxyHashSet, Registration, Snapshot};
+use meshca_serve::{shown, HubStream, LogBudget, OpenStream};
 use meshca_workload::jwt_keys::KeySet;
 use tokio::sync::watch;
 use tonic::codegen::{http, BoxFuture};
@@ -29,13 +27,13 @@ use tonic::server::{Grpc, StreamingService};
 use tonic::{Status, Streaming};
 use tonic_prost::ProstCodec;
 
-use super::sent::{Acked, NeverSent, SentStates};
 use super::state::{self, Fingerprint, Source};
 use super::status::{AgentStatus, Listed, RegistrationStatus};
 use super::{keys, Admitted, Shared, KEY_REQUESTS_PER_MESSAGE};
 use crate::proto::{
     self, agent_message, Ack, AgentMessage, AgentState, KeyRequests, PROTOCOL_VERSION,
 };
+use meshca_serve::ledger::{Acked, Ledger, NeverSent};
 
 /// The most messages that arrived already a stream handles before it builds the next state.
 const MESSAGES_PER_WAKE: usize = 64;
@@ -112,7 +110,8 @@ impl StreamingService<AgentMessage> for Method {
 /// A registration the stream speaks for, as the owner knows the stream.
 struct Link {
     registration: Arc<Registration>,
-    id: StreamId,
+    /// The stream of the registration's Dataplane, as the owner knows it.
+    stream: HubStream,
     /// The last key the agent offered for it, and the owner was told of.
     offered: Option<Arc<PublicKey>>,
     /// Its Workload API streams on the agent's host, as of the last acknowledgement.
@@ -147,7 +146,7 @@ struct Sync {
     /// What the content last sent was built from.
     fingerprint: Option<Fingerprint>,
     /// The states sent, for the agent's acknowledgements.
-    sent: SentStates,
+    sent: Ledger,
     listed: Listed,
     warnings: LogBudget,
     done: bool,
@@ -173,14 +172,14 @@ impl Sync {
         listed: Listed,
         inbound: Streaming<AgentMessage>,
     ) -> Sync {
-        let revocations = shared.sds.revocations();
-        let expiry = Box::pin(tokio::time::sleep_until(meshca_sds::token_deadline(
+        let revocations = shared.hub.revocations();
+        let expiry = Box::pin(tokio::time::sleep_until(meshca_serve::token_deadline(
             admitted.claims.expires_at,
         )));
         Sync {
-            snapshots: shared.sds.snapshots(),
+            snapshots: shared.hub.snapshots(),
             jwt: shared.jwt_keys.subscribe(),
-            closed: Box::pin(shared.sds.closed()),
+            closed: Box::pin(shared.hub.closed()),
             warnings: LogBudget::new(shared.options.warnings_per_minute),
             revocations,
             expiry,
@@ -198,7 +197,7 @@ impl Sync {
             seen: None,
             force: false,
             fingerprint: None,
-            sent: SentStates::default(),
+            sent: Ledger::default(),
             listed,
             done: false,
             shared,
@@ -447,7 +446,7 @@ impl Sync {
         let mut state = fingerprint.state(registrations);
         let version = self.sent.send(
             snapshot.generation,
-            self.links.iter().map(|l| l.id).collect(),
+            self.links.iter().map(|l| l.stream.id()).collect(),
         );
         state.version = version;
         self.fingerprint = Some(fingerprint);
@@ -486,11 +485,8 @@ impl Sync {
             if mine.iter().any(|m| ***m == *link.registration) {
                 kept.push(link);
             } else {
-                tracing::debug!(agent = %self.agent.name, mesh = %link.registration.proxy.mesh, registration = %link.registration.name, stream = %link.id, "a registration no longer names the agent");
-                self.shared
-                    .sds
-                    .report(StreamEvent::Disconnected { stream: link.id })
-                    .await;
+                tracing::debug!(agent = %self.agent.name, mesh = %link.registration.proxy.mesh, registration = %link.registration.name, stream = %link.stream.id(), "a registration no longer names the agent");
+                link.stream.close().await;
             }
         }
         let mut added = false;
@@ -524,22 +520,17 @@ impl Sync {
                 return None;
             }
         };
-        let id = self.shared.sds.next_stream_id();
-        let sds = &self.shared.sds;
-        sds.report(StreamEvent::Connected {
-            stream: id,
-            claims: Arc::new(claims),
-        })
-        .await;
-        sds.report(StreamEvent::Subscribed {
-            stream: id,
-            resources: parse_names(RESOURCES.iter().map(|s| (*s).to_owned()).collect()),
-        })
-        .await;
+        let stream = self.shared.hub.connect(Arc::new(claims)).await;
+        stream
+            .subscribe(parse_names(
+                RESOURCES.iter().map(|s| (*s).to_owned()).collect(),
+            ))
+            .await;
+        let id = stream.id();
         tracing::debug!(agent = %self.agent.name, mesh = %registration.proxy.mesh, registration = %registration.name, stream = %id, "agent serves a registration");
         Some(Link {
             registration: registration.clone(),
-            id,
+            stream,
             offered: None,
             workload_streams: 0,
             built: None,
@@ -595,15 +586,10 @@ impl Sync {
         for link in self
             .links
             .iter()
-            .filter(|l| acked.streams.binary_search(&l.id).is_ok())
+            .filter(|l| acked.streams.binary_search(&l.stream.id()).is_ok())
         {
-            self.shared
-                .sds
-                .report(StreamEvent::Acked {
-                    stream: link.id,
-                    generation: acked.generation,
-                    version: acked.version.to_string(),
-                })
+            link.stream
+                .acknowledged(acked.generation, acked.version.to_string())
                 .await;
         }
     }
@@ -648,16 +634,8 @@ impl Sync {
                 Ok(key) => {
                     let key = Arc::new(key);
                     link.offered = Some(key.clone());
-                    let stream = link.id;
-                    tracing::debug!(agent = %self.agent.name, mesh = %request.mesh, registration = %request.registration, stream = %stream, replace_now = request.replace_now, "agent offered a key");
-                    self.shared
-                        .sds
-                        .report(StreamEvent::KeyOffered {
-                            stream,
-                            key,
-                            replace_now: request.replace_now,
-                        })
-                        .await;
+                    tracing::debug!(agent = %self.agent.name, mesh = %request.mesh, registration = %request.registration, stream = %link.stream.id(), replace_now = request.replace_now, "agent offered a key");
+                    link.stream.offer_key(key, request.replace_now).await;
                     self.force = true;
                 }
                 Err(refusal) => {
@@ -694,14 +672,4 @@ async fn watch_changed<T>(watch: &mut watch::Receiver<T>, live: bool) -> bool {
         return std::future::pending().await;
     }
     watch.changed().await.is_ok()
-}
-
-impl Drop for Sync {
-    fn drop(&mut self) {
-        for link in &self.links {
-            self.shared
-                .sds
-                .report_from_drop(StreamEvent::Disconnected { stream: link.id });
-        }
-    }
 }

@@ -16,7 +16,8 @@ use meshca_control::{
     SecretPem, Snapshot, StreamEvent, StreamId, TrustBundle,
 };
 use meshca_identity::KeyAlgorithm;
-use meshca_sds::{bind, connect_channel, ConnPolicy, Listener, SdsServer, ServerOptions};
+use meshca_sds::SdsServer;
+use meshca_serve::{bind, connect_channel, ConnPolicy, HubOptions, Listener};
 use meshca_workload::jwt_keys::JwtKeys;
 use meshca_workload::WorkloadOptions;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
@@ -229,14 +230,14 @@ impl Harness {
         let (snapshots, snapshot_rx) =
             watch::channel(Arc::new(world.snapshot(1, World::registrations())));
         let (revocations, revocation_rx) = watch::channel(Arc::new(RevocationList::new()));
-        let (event_tx, events) = mpsc::channel(meshca_sds::EVENT_BUFFER);
+        let (event_tx, events) = mpsc::channel(meshca_serve::EVENT_BUFFER);
         let (signing, _pkcs8) = SigningKey::generate().expect("a token key");
         let sds = SdsServer::new(
             snapshot_rx,
             signing.verifier(),
             revocation_rx,
             event_tx,
-            ServerOptions::default().with_identity_wait(Duration::from_secs(5)),
+            HubOptions::default().with_identity_wait(Duration::from_secs(5)),
         );
         let jwt_keys = JwtKeys::load(
             Arc::new(meshca_keystore::MemoryKeystore::new()),
@@ -247,7 +248,7 @@ impl Harness {
         )
         .await
         .expect("JWT keys");
-        let agent = AgentServer::new(sds.clone(), jwt_keys.clone(), options);
+        let agent = AgentServer::new(sds.hub().clone(), jwt_keys.clone(), options);
         let bound = bind(vec![Listener::Unix(socket.clone())])
             .await
             .expect("bind");

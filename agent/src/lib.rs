@@ -27,7 +27,7 @@ pub mod status;
 pub use config::{AgentConfig, ServerAddr, ServerAddrError, DEFAULT_ADMIN, DEFAULT_LISTEN};
 /// The protocol, from the crate that serves its server side.
 pub use meshca_agent_server::proto;
-pub use run::{read_token, Agent};
+pub use run::{read_token, Agent, LocalSds};
 pub use status::{AgentStatus, StatusHandle};
 
 /// Why the agent cannot start.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use meshca_auth::{ProxyType, RevocationList, SigningKey, Verifier};
 use meshca_control::{ProxyEntry, ProxyKey, Snapshot, StreamEvent};
-use meshca_sds::{ClientTls, Listener, SdsLimits, SdsServer, ServerOptions};
+use meshca_serve::{AttestedRoutes, ClientTls, Hub, HubOptions, Listener, StreamLimits};
 use meshca_workload::jwt::JwksDocument;
 use meshca_workload::jwt_keys::KeySet;
 use meshca_workload::{JwtMinter, JwtSource, RemoteJwt, WorkloadApi};
@@ -34,6 +34,10 @@ use crate::AgentError;
 
 /// The largest state accepted from a server.
 const MAX_STATE_BYTES: usize = 256 * 1024 * 1024;
+
+/// What serves SDS on the agent's Workload API socket, for Envoys set up for a SPIRE agent's socket:
+/// given the agent's hub, the routes to add (`meshca_sds::SdsServer::attested_routes_on`).
+pub type LocalSds = fn(Hub) -> AttestedRoutes;
 
 /// A running agent.
 #[derive(Debug)]
@@ -73,6 +77,7 @@ impl Agent {
     /// operator's to fix), then serves until `shutdown` fires.
     pub async fn start(
         config: AgentConfig,
+        local_sds: LocalSds,
         shutdown: CancellationToken,
     ) -> Result<Agent, AgentError> {
         if config.servers.is_empty() {
@@ -88,18 +93,18 @@ impl Agent {
             }
         }
         let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(Snapshot::empty()));
-        let (events_tx, events_rx) = mpsc::channel(meshca_sds::EVENT_BUFFER);
+        let (events_tx, events_rx) = mpsc::channel(meshca_serve::EVENT_BUFFER);
         let (revocations_tx, revocations_rx) = watch::channel(Arc::new(RevocationList::new()));
         // No token is ever accepted on the agent's socket: the verifier's key is thrown away.
         let verifier = SigningKey::generate()
             .map(|(key, _)| key.verifier())
             .map_err(|e| AgentError::Internal(format!("cannot make a token verifier: {e}")))?;
-        let sds = SdsServer::new(
+        let hub = Hub::new(
             snapshot_rx,
             verifier,
             revocations_rx,
             events_tx,
-            ServerOptions::default().with_identity_wait(config.workload.identity_wait),
+            HubOptions::default().with_identity_wait(config.workload.identity_wait),
         );
         let mut options = config.workload.clone();
         options.agent = Some(name.clone());
@@ -107,7 +112,7 @@ impl Agent {
         let (server_tx, server_rx) = watch::channel(None);
         let minter = Arc::new(Minter { server: server_rx });
         let api = WorkloadApi::with_jwt_source(
-            sds.clone(),
+            hub.clone(),
             options,
             Some(JwtSource::Remote(RemoteJwt {
                 keys: jwt_keys_rx,
@@ -123,7 +128,7 @@ impl Agent {
                 })?;
             }
         }
-        let bound = meshca_sds::bind(vec![Listener::UnixForAnyUser(config.listen.clone())])
+        let bound = meshca_serve::bind(vec![Listener::UnixForAnyUser(config.listen.clone())])
             .await
             .map_err(|e| AgentError::Listen {
                 path: config.listen.clone(),
@@ -138,12 +143,13 @@ impl Agent {
         let status = StatusHandle::default();
         status.update(|s| s.agent = name.clone());
         let mut tasks = Vec::new();
-        let policy = api.conn_policy(SdsLimits::default());
-        let closer = sds.clone();
+        let policy = api.conn_policy(StreamLimits::default());
+        let routes = api.routes(Some(local_sds(hub.clone())));
+        let closer = hub.clone();
         let stop = shutdown.clone();
         tasks.push(tokio::spawn(async move {
             if let Err(error) = bound
-                .serve_service(api.routes(), policy, move || closer.close_streams(), stop)
+                .serve_service(routes, policy, move || closer.close_streams(), stop)
                 .await
             {
                 tracing::error!(%error, "the agent's Workload API server failed");
@@ -167,7 +173,7 @@ impl Agent {
             status: status.clone(),
             jwt_keys: jwt_keys_tx,
             server: server_tx,
-            _sds: sds,
+            _hub: hub,
             _revocations: revocations_tx,
         };
         tasks.push(tokio::spawn(core.run(shutdown)));
@@ -241,7 +247,7 @@ struct Core {
     /// The server connected now, for `FetchJWTSVID`.
     server: watch::Sender<Option<Connected>>,
     /// Held so that the local server's channels stay open.
-    _sds: SdsServer,
+    _hub: Hub,
     _revocations: watch::Sender<Arc<RevocationList>>,
 }
 
@@ -603,7 +609,7 @@ async fn connect(
             None => (addr.clone(), None),
         },
     };
-    meshca_sds::connect_channel(&target, tls)
+    meshca_serve::connect_channel(&target, tls)
         .await
         .map_err(|e| e.to_string())
 }

@@ -1,5 +1,5 @@
 //! What the agent tells its operator: `/ready` and `/api/status` on its admin listener (loopback, and
-//! only to requests naming an address, `localhost` or this host: see [`meshca_sds::allowed_hosts`]).
+//! only to requests naming an address, `localhost` or this host: see [`meshca_serve::allowed_hosts`]).
 //! Never a key, a token or a certificate's content.
 
 use std::net::SocketAddr;
@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use meshca_sds::allowed_hosts::{self, AllowedHosts};
+use meshca_serve::allowed_hosts::{self, AllowedHosts};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 

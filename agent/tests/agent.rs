@@ -366,9 +366,13 @@ async fn the_agent_serves_what_its_servers_certify_over_its_own_keys() {
     config.workload.ack_after = Duration::from_millis(50);
     config.backoff = (Duration::from_millis(20), Duration::from_millis(200));
     let shutdown = CancellationToken::new();
-    let agent = meshca_agent::Agent::start(config, shutdown.clone())
-        .await
-        .expect("the agent starts");
+    let agent = meshca_agent::Agent::start(
+        config,
+        meshca_sds::SdsServer::attested_routes_on,
+        shutdown.clone(),
+    )
+    .await
+    .expect("the agent starts");
     assert_eq!(agent.name(), "host-1");
     let mut status = agent.status().subscribe();
     let ca = ca();

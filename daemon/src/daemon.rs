@@ -11,7 +11,8 @@ use meshca_control::{
     ReloadOutcome, Snapshot, StatusHandle, StreamEvent, World,
 };
 use meshca_keystore::Keystore;
-use meshca_sds::{BoundListeners, Listener, SdsServer, ServerOptions};
+use meshca_sds::SdsServer;
+use meshca_serve::{BoundListeners, HubOptions, Listener};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -54,11 +55,11 @@ impl Default for DaemonOptions {
 /// A running daemon: its listeners, its status, and the handles to reload and stop it.
 pub struct Daemon {
     /// Where SDS listens (real ports when 0 was asked).
-    pub sds_addrs: Vec<meshca_sds::BoundAddr>,
+    pub sds_addrs: Vec<meshca_serve::BoundAddr>,
     /// Where the admin API listens.
     pub admin_addr: std::net::SocketAddr,
     /// Where the Workload API listens (empty when it is off).
-    pub workload_addrs: Vec<meshca_sds::BoundAddr>,
+    pub workload_addrs: Vec<meshca_serve::BoundAddr>,
     /// Asks the owner for its status.
     pub status: StatusHandle,
     snapshots: watch::Receiver<Arc<Snapshot>>,
@@ -94,7 +95,7 @@ impl Daemon {
     async fn start_steps(settings: Settings, options: DaemonOptions) -> anyhow::Result<Daemon> {
         // What a peer can make the HTTP libraries log goes through the same budget as the daemon's
         // own warnings about peers.
-        meshca_sds::library_logs::set_warnings_per_minute(settings.limits.warnings_per_minute);
+        meshca_serve::library_logs::set_warnings_per_minute(settings.limits.warnings_per_minute);
         let Opened {
             lock,
             store,
@@ -111,7 +112,7 @@ impl Daemon {
         // serve: the keys are loaded whether or not this host's own Workload API socket is on.
         let jwt_keys = workload_api::jwt_keys(store.keystore.clone(), &limits.workload.0).await?;
         let agents = meshca_agent_server::AgentServer::new(
-            serving.sds.clone(),
+            serving.sds.hub().clone(),
             jwt_keys.clone(),
             agent_api::options(&settings),
         );
@@ -169,7 +170,7 @@ impl Daemon {
         let ready = Arc::new(AtomicBool::new(false));
         let workload_api = listeners.workload.as_ref().map(|_| {
             meshca_workload::WorkloadApi::new(
-                serving.sds.clone(),
+                serving.sds.hub().clone(),
                 limits.workload.0.clone(),
                 jwt_keys.clone(),
             )
@@ -178,7 +179,7 @@ impl Daemon {
             status: owner_loop.status_handle(),
             streams: serving.sds.registry(),
             workloads: admin::WorkloadsView {
-                snapshots: serving.sds.snapshots(),
+                snapshots: serving.sds.hub().snapshots(),
                 callers: workload_api
                     .as_ref()
                     .map(meshca_workload::WorkloadApi::callers),
@@ -190,7 +191,7 @@ impl Daemon {
             owner_health: loop_health.clone(),
             database: heartbeat.is_some().then_some(database_rx),
             token: store.token.clone(),
-            snapshots: serving.sds.snapshots(),
+            snapshots: serving.sds.hub().snapshots(),
             console: Default::default(),
             allowed_hosts,
         };
@@ -245,7 +246,7 @@ impl Daemon {
     /// The unix socket SDS listens on, as a client target (`unix:///path`), if any.
     pub fn unix_target(&self) -> Option<String> {
         self.sds_addrs.iter().find_map(|a| match a {
-            meshca_sds::BoundAddr::Unix(p) => Some(format!("unix://{}", p.display())),
+            meshca_serve::BoundAddr::Unix(p) => Some(format!("unix://{}", p.display())),
             _ => None,
         })
     }
@@ -378,13 +379,13 @@ impl Serving {
     ) -> Serving {
         let (revocations_tx, revocations_rx) = watch::channel(Arc::new(revocations));
         let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(Snapshot::empty()));
-        let (events_tx, events_rx) = mpsc::channel::<StreamEvent>(meshca_sds::EVENT_BUFFER);
+        let (events_tx, events_rx) = mpsc::channel::<StreamEvent>(meshca_serve::EVENT_BUFFER);
         let sds = SdsServer::new(
             snapshot_rx.clone(),
             signing_key.verifier(),
             revocations_rx,
             events_tx,
-            ServerOptions::default().with_limits(limits.sds.clone()),
+            HubOptions::default().with_limits(limits.sds.clone()),
         );
         let metrics = Arc::new(metrics::Metrics::new(sds.metrics(), token));
         Serving {
@@ -401,9 +402,9 @@ impl Serving {
 /// The SDS listeners, the Workload API's and the admin API's, bound.
 struct Listeners {
     sds: BoundListeners,
-    sds_addrs: Vec<meshca_sds::BoundAddr>,
+    sds_addrs: Vec<meshca_serve::BoundAddr>,
     workload: Option<BoundListeners>,
-    workload_addrs: Vec<meshca_sds::BoundAddr>,
+    workload_addrs: Vec<meshca_serve::BoundAddr>,
     admin: tokio::net::TcpListener,
     admin_addr: std::net::SocketAddr,
 }
@@ -537,6 +538,7 @@ impl Tasks {
             tasks.spawn(workload_api::serve(
                 bound,
                 api,
+                self.sds.clone(),
                 limits.workload.1,
                 shutdown.clone(),
             ));
@@ -597,7 +599,7 @@ fn load_initial_world(settings: &Settings, keystore: &dyn Keystore) -> anyhow::R
 
 /// Binds every SDS listener of the settings.
 async fn bind_sds(settings: &Settings, keystore: &dyn Keystore) -> anyhow::Result<BoundListeners> {
-    let bound = meshca_sds::bind(sds_listeners(settings, keystore)?)
+    let bound = meshca_serve::bind(sds_listeners(settings, keystore)?)
         .await
         .context("cannot start the SDS listeners (sds.listen)")?;
     for addr in bound.local_addrs() {
@@ -653,12 +655,10 @@ async fn serve_sds(
     agents: meshca_agent_server::AgentServer,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let hub = sds.hub().clone();
+    let routes = sds.routes().add_service(agents.into_service());
     bound
-        .serve_beside(
-            sds,
-            |routes| routes.add_service(agents.into_service()),
-            shutdown,
-        )
+        .serve_hub(&hub, routes, shutdown)
         .await
         .map_err(|e| anyhow!("SDS server failed: {e}"))
 }

@@ -2,7 +2,7 @@
 //! open-file limit the daemon runs under.
 
 use meshca_config::Settings;
-use meshca_sds::SdsLimits;
+use meshca_serve::StreamLimits;
 
 use super::admin::AdminLimits;
 
@@ -13,10 +13,10 @@ const RESERVED_DESCRIPTORS: u64 = 256;
 /// What the SDS server and the admin API enforce.
 #[derive(Clone, Debug)]
 pub(crate) struct ServeLimits {
-    pub(crate) sds: SdsLimits,
+    pub(crate) sds: StreamLimits,
     pub(crate) admin: AdminLimits,
     /// The Workload API's options and connection limits.
-    pub(crate) workload: (meshca_workload::WorkloadOptions, SdsLimits),
+    pub(crate) workload: (meshca_workload::WorkloadOptions, StreamLimits),
 }
 
 impl ServeLimits {
@@ -26,7 +26,7 @@ impl ServeLimits {
     /// newest connections.
     pub(crate) fn from_settings(settings: &Settings) -> ServeLimits {
         let limits = &settings.limits;
-        let mut sds = SdsLimits {
+        let mut sds = StreamLimits {
             connections_per_listener: to_usize(limits.sds_connections),
             connect_timeout: limits.connect_timeout(),
             idle_timeout: limits.idle_timeout(),
@@ -75,7 +75,7 @@ impl ServeLimits {
 fn fit_connections(
     open_files: u64,
     listeners: usize,
-    sds: &SdsLimits,
+    sds: &StreamLimits,
     admin: &AdminLimits,
 ) -> usize {
     let for_clients = open_files
@@ -126,7 +126,7 @@ mod tests {
 
     #[test]
     fn connection_limits_fit_the_descriptors_the_process_has() {
-        let sds = SdsLimits::default();
+        let sds = StreamLimits::default();
         // 1024 descriptors, two listeners: (1024 - 256 - 64) / 2.
         assert_eq!(fit_connections(1024, 2, &sds, &admin()), 352);
         assert_eq!(

@@ -100,12 +100,12 @@ pub struct StepLabels {
 
 /// Reads the SDS server's counters at scrape time.
 #[derive(Debug)]
-struct SdsCollector(Arc<meshca_sds::SdsMetrics>);
+struct SdsCollector(Arc<meshca_serve::StreamMetrics>);
 
 impl Collector for SdsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let m = &self.0;
-        let get = meshca_sds::SdsMetrics::get;
+        let get = meshca_serve::StreamMetrics::get;
         let gauge = ConstGauge::new(get(&m.streams_open) as i64);
         gauge.encode(encoder.encode_descriptor(
             "meshca_sds_streams",
@@ -153,7 +153,7 @@ impl Collector for SdsCollector {
                 "meshca_library_log_lines_suppressed",
                 "Warnings of the HTTP libraries (h2, hyper, rustls) a peer can cause, left out by \
                  limits.warningsPerMinute",
-                meshca_sds::library_logs::suppressed(),
+                meshca_serve::library_logs::suppressed(),
             ),
         ] {
             let counter = ConstCounter::new(value);
@@ -255,7 +255,7 @@ fn register<M: prometheus_client::registry::Metric + Clone>(
 
 impl Metrics {
     /// Registers every metric; SDS counters are read from `sds` at scrape time.
-    pub fn new(sds: Arc<meshca_sds::SdsMetrics>, token: Option<meshca_hsm::Token>) -> Metrics {
+    pub fn new(sds: Arc<meshca_serve::StreamMetrics>, token: Option<meshca_hsm::Token>) -> Metrics {
         let mut registry = Registry::default();
         let (
             issued,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, Context};
 use meshca_config::Settings;
 use meshca_keystore::Keystore;
-use meshca_sds::{BoundListeners, Listener, SdsLimits};
+use meshca_serve::{BoundListeners, Listener, StreamLimits};
 use meshca_workload::jwt::CacheLimits;
 use meshca_workload::jwt_keys::JwtKeys;
 use meshca_workload::{WorkloadApi, WorkloadOptions};
@@ -24,7 +24,7 @@ pub(crate) async fn bind(settings: &Settings) -> anyhow::Result<Option<BoundList
         .iter()
         .map(|path| Listener::UnixForAnyUser(path.clone()))
         .collect();
-    let bound = meshca_sds::bind(listeners)
+    let bound = meshca_serve::bind(listeners)
         .await
         .context("cannot start the Workload API (workloadApi.listen)")?;
     for addr in bound.local_addrs() {
@@ -73,7 +73,7 @@ pub(crate) async fn jwt_keys(
 }
 
 /// The Workload API's options and connection limits from the settings.
-pub(crate) fn options(settings: &Settings, sds: &SdsLimits) -> (WorkloadOptions, SdsLimits) {
+pub(crate) fn options(settings: &Settings, sds: &StreamLimits) -> (WorkloadOptions, StreamLimits) {
     let limits = &settings.limits;
     let options = WorkloadOptions {
         ack_after: settings.workload_api.ack_after.as_std(),
@@ -87,7 +87,7 @@ pub(crate) fn options(settings: &Settings, sds: &SdsLimits) -> (WorkloadOptions,
         jwt_svid_cache: jwt_cache_limits(limits),
         ..WorkloadOptions::default()
     };
-    let connections = SdsLimits {
+    let connections = StreamLimits {
         connections_per_listener: to_usize(limits.workload_connections),
         idle_timeout: limits.workload_idle_timeout(),
         request_bytes: to_usize(limits.workload_request_bytes),
@@ -110,18 +110,25 @@ fn to_usize(value: u32) -> usize {
     usize::try_from(value).unwrap_or(usize::MAX)
 }
 
-/// Serves `api` on `bound` until `shutdown` fires.
+/// Serves `api`, and `sds` to Envoys set up for a SPIRE agent's socket, on `bound` until `shutdown`
+/// fires.
 pub(crate) async fn serve(
     bound: BoundListeners,
     api: WorkloadApi,
-    limits: SdsLimits,
+    sds: meshca_sds::SdsServer,
+    limits: StreamLimits,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let policy = api.conn_policy(limits);
-    // Its streams end with the SDS server's: they wait on the same snapshot dispatcher, which
-    // closes every wait when SDS shuts down.
+    // Its streams end with the SDS listeners': they stand on the same hub, whose snapshot dispatcher
+    // closes every wait when the hub's streams are closed.
     bound
-        .serve_service(api.routes(), policy, || {}, shutdown)
+        .serve_service(
+            api.routes(Some(sds.attested_routes())),
+            policy,
+            || {},
+            shutdown,
+        )
         .await
         .map_err(|e| anyhow!("Workload API server failed: {e}"))
 }

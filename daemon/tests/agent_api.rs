@@ -121,7 +121,7 @@ async fn an_agent_token_reaches_sync_on_the_sds_listener_and_receives_its_state(
         meshca_auth::Claims::new_agent("host-a", Duration::from_secs(3600), now).expect("claims");
     let token = daemon.mint_token(&claims).expect("a token");
     let target = daemon.unix_target().expect("a unix SDS listener");
-    let channel = meshca_sds::connect_channel(&target, None)
+    let channel = meshca_serve::connect_channel(&target, None)
         .await
         .expect("connected");
 

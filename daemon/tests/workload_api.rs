@@ -150,7 +150,7 @@ impl Fixture {
 }
 
 async fn client(socket: &Path) -> tonic::client::Grpc<Channel> {
-    let channel = meshca_sds::connect_channel(&format!("unix://{}", socket.display()), None)
+    let channel = meshca_serve::connect_channel(&format!("unix://{}", socket.display()), None)
         .await
         .expect("connects");
     tonic::client::Grpc::new(channel)
@@ -823,7 +823,7 @@ async fn connections_past_the_limit_are_closed_and_the_others_keep_their_streams
     // A second connection is closed as soon as it is accepted: its HTTP/2 handshake fails, or, if
     // the client counted it done first, its first call does.
     let target = format!("unix://{}", fixture.socket.display());
-    if let Ok(channel) = meshca_sds::connect_channel(&target, None).await {
+    if let Ok(channel) = meshca_serve::connect_channel(&target, None).await {
         let mut refused = tonic::client::Grpc::new(channel);
         let status = stream::<_, X509SvidResponse>(
             &mut refused,

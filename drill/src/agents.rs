@@ -59,9 +59,13 @@ impl Agents {
             config.backoff = (Duration::from_millis(50), Duration::from_millis(500));
             configure(&mut config);
             tracing::info!(agent = %name, socket = %config.listen.display(), "drill: starting an agent");
-            let agent = Agent::start(config, shutdown.child_token())
-                .await
-                .map_err(|e| anyhow!("agent {name} did not start: {e}"))?;
+            let agent = Agent::start(
+                config,
+                meshca_sds::SdsServer::attested_routes_on,
+                shutdown.child_token(),
+            )
+            .await
+            .map_err(|e| anyhow!("agent {name} did not start: {e}"))?;
             agents.push(agent);
         }
         Ok(Agents {

@@ -201,9 +201,9 @@ async fn simulated(
     result
 }
 
-pub(super) fn unix_path(addr: &meshca_sds::BoundAddr) -> Option<std::path::PathBuf> {
+pub(super) fn unix_path(addr: &meshca_serve::BoundAddr) -> Option<std::path::PathBuf> {
     match addr {
-        meshca_sds::BoundAddr::Unix(path) => Some(path.clone()),
+        meshca_serve::BoundAddr::Unix(path) => Some(path.clone()),
         _ => None,
     }
 }

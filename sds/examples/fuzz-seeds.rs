@@ -1,9 +1,10 @@
-//! Writes the seeds of the SDS fuzz targets (docs/fuzzing.md) into `<fuzz dir>/corpus/<target>/`:
+//! Writes the seeds of the transport's and SDS's fuzz targets (docs/fuzzing.md) into
+//! `<workspace>/{serve,sds}/fuzz/corpus/<target>/`:
 //! the header block grpcio 1.85 sent on the unix socket (captured), whole and split over
 //! CONTINUATION frames, and a first request shaped like Envoy's (its node with the extension list),
 //! framed for gRPC and bare, as a SotW and a delta request.
 //!
-//! `cargo run -p meshca-sds --example fuzz-seeds -- sds/fuzz`
+//! `cargo run -p meshca-sds --example fuzz-seeds -- .`
 
 use std::path::{Path, PathBuf};
 
@@ -18,11 +19,12 @@ const GRPCIO_BLOCK: &str = "40053a70617468042f612f62400a3a617574686f726974791874
 const SECRET: &str = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let fuzz = PathBuf::from(
+    let workspace = PathBuf::from(
         std::env::args()
             .nth(1)
-            .ok_or("usage: fuzz-seeds <fuzz dir>")?,
+            .ok_or("usage: fuzz-seeds <workspace dir>")?,
     );
+    let (serve, fuzz) = (workspace.join("serve/fuzz"), workspace.join("sds/fuzz"));
     let block: Vec<u8> = (0..GRPCIO_BLOCK.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&GRPCIO_BLOCK[i..i + 2], 16))
@@ -44,13 +46,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     .concat();
     // Limit byte 0 (16 KiB), then read sizes.
     write(
-        &fuzz,
+        &serve,
         "header_fixup",
         "grpcio",
         &[&[0, 0, 3, 40][..], &whole].concat(),
     )?;
     write(
-        &fuzz,
+        &serve,
         "header_fixup",
         "grpcio-continuation",
         &[&[0, 1, 255, 7][..], &split].concat(),

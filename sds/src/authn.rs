@@ -1,15 +1,14 @@
 //! Authenticating proxies: the bearer token, the node id, the node's preferences; or a caller another
 //! service authenticated (the Workload API socket, by the caller's process).
 
-use crate::log_text::shown;
-use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use meshca_serve::shown;
 
 use envoy_types::pb::google::protobuf::value::Kind;
-use meshca_auth::{Claims, ProxyType, RevocationList, Verifier};
+use meshca_auth::{Claims, ProxyType};
+use meshca_serve::AttestedCheck;
 use tonic::Status;
 
-use meshca_control::{ProxyKey, Snapshot};
+use meshca_control::ProxyKey;
 
 use crate::names::ProxyContext;
 use crate::secret::Form;
@@ -17,10 +16,6 @@ use crate::transport::wire::Node;
 
 /// The node metadata key that asks for plain `trusted_ca` validation contexts.
 pub const DISABLE_SPIFFE_VALIDATION_KEY: &str = "disable_spiffe_cert_validation";
-
-/// Whether a caller that was authenticated without a token may still be served from a snapshot: run
-/// on every snapshot its stream wakes for; the error ends the stream.
-pub type AttestedCheck = Arc<dyn Fn(&Snapshot) -> Result<(), Status> + Send + Sync>;
 
 /// Who a stream or fetch speaks for, and how that was established.
 pub(crate) struct Principal {
@@ -39,60 +34,6 @@ impl Principal {
             attested: None,
         }
     }
-}
-
-/// Checks the `authorization: Bearer <token>` header of an SDS request: a verified, unrevoked token of
-/// a proxy. A bad token is `UNAUTHENTICATED`; an agent's token is `PERMISSION_DENIED`.
-pub(crate) fn authenticate(
-    headers: &http::HeaderMap,
-    verifier: &Verifier,
-    revoked: &RevocationList,
-    now: SystemTime,
-) -> Result<Claims, Status> {
-    let claims = verify_bearer(headers, verifier, revoked, now)?;
-    if claims.proxy_type == ProxyType::Agent {
-        return Err(Status::permission_denied(format!(
-            "token {} is an agent's ({}): it is for `meshca agent`, and grants no proxy's secrets",
-            claims.id,
-            shown(&claims.name)
-        )));
-    }
-    Ok(claims)
-}
-
-/// Checks the `authorization: Bearer <token>` header: a token this server's key signed, not expired
-/// (with the verifier's clock-skew leeway) and not revoked, of any type. Any failure is
-/// `UNAUTHENTICATED`.
-pub(crate) fn verify_bearer(
-    headers: &http::HeaderMap,
-    verifier: &Verifier,
-    revoked: &RevocationList,
-    now: SystemTime,
-) -> Result<Claims, Status> {
-    let header = headers.get("authorization").ok_or_else(|| {
-        Status::unauthenticated(
-            "missing `authorization: Bearer <token>` metadata: configure the proxy's SDS \
-             initial_metadata with a token from `meshca token`",
-        )
-    })?;
-    let value = header
-        .to_str()
-        .map_err(|_| Status::unauthenticated("the authorization metadata is not ASCII"))?;
-    let token = value
-        .strip_prefix("Bearer ")
-        .or_else(|| value.strip_prefix("bearer "))
-        .map(str::trim)
-        .filter(|token| !token.is_empty())
-        .ok_or_else(|| {
-            Status::unauthenticated("the authorization metadata must be `Bearer <token>`")
-        })?;
-    let now_unix = now
-        .duration_since(UNIX_EPOCH)
-        .map(|elapsed| elapsed.as_secs())
-        .unwrap_or(0);
-    verifier
-        .verify_with(token, now_unix, revoked)
-        .map_err(|error| Status::unauthenticated(format!("token refused: {error}")))
 }
 
 /// The proxy a set of verified claims speaks for.

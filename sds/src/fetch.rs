@@ -8,13 +8,13 @@ use meshca_control::parse_names;
 use tonic::Status;
 
 use crate::authn::{self, Principal};
-use crate::log_text::shown;
-use crate::metrics::SdsMetrics;
 use crate::names::{self, Lookup};
 use crate::secret::{self, SECRET_TYPE_URL};
 use crate::session::{Session, Usable};
 use crate::shared::Shared;
 use crate::transport::wire::DiscoveryRequest;
+use meshca_serve::shown;
+use meshca_serve::StreamMetrics;
 
 /// Serves one fetch for a proxy whose token was verified (or that was attested).
 pub(crate) async fn fetch(
@@ -79,12 +79,12 @@ pub(crate) async fn fetch(
                 session.key()
             )))
         })?;
-    SdsMetrics::incr(&shared.metrics.responses_pushed);
+    StreamMetrics::incr(&shared.metrics().responses_pushed);
     Ok(DiscoveryResponse {
         version_info: version,
         resources,
         type_url: SECRET_TYPE_URL.to_owned(),
-        nonce: format!("fetch-{}", session.id),
+        nonce: format!("fetch-{}", session.id()),
         ..Default::default()
     })
 }

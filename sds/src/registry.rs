@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use meshca_control::{ProxyHashMap, ProxyKey, StreamId};
 
-use crate::log_budget::LogBudget;
+use meshca_serve::LogBudget;
 
 /// Which SDS protocol a stream speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]

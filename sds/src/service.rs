@@ -3,34 +3,30 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use meshca_auth::{Claims, RevocationList, Verifier};
-
-use crate::authn::{AttestedCheck, Principal};
+use meshca_auth::{RevocationList, Verifier};
+use meshca_serve::grpc_service::{Grpc, GrpcMethods};
+use meshca_serve::{
+    shown, Attest, Attested, AttestedRoutes, BoundListeners, ConnInfo, Hub, HubOptions, OpenStream,
+    ServeError, StreamLimits, StreamMetrics,
+};
 use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
 use tonic::codegen::{http, BoxFuture, Service};
 use tonic::server::NamedService;
 use tonic::Status;
 
-use meshca_control::{ProxyKey, Snapshot, StreamEvent, StreamId};
+use meshca_control::{Snapshot, StreamEvent};
 
+use crate::authn::Principal;
 use crate::delta::Delta;
-use crate::grpc_service::{Grpc, GrpcMethods};
-use crate::log_text::shown;
-use crate::metrics::SdsMetrics;
-use crate::options::{SdsLimits, ServerOptions};
 use crate::registry::StreamRegistry;
 use crate::shared::Shared;
 use crate::sotw::Sotw;
 use crate::stream::Protocol;
-use crate::transport::conn::ConnInfo;
 use crate::transport::grpc;
 use crate::transport::outbox::OutboxStream;
 use crate::transport::wire::DiscoveryRequest;
-use crate::{authn, fetch, session, stream};
-
-/// A good capacity for the event channel handed to [`SdsServer::new`]: enough for a burst of
-/// connections and ACKs while the owner reconciles; when it is full, streams wait to report.
-pub const EVENT_BUFFER: usize = 4096;
+use crate::{fetch, session, stream};
 
 /// The SDS server. Cheap to clone; every clone serves the same streams.
 #[derive(Clone)]
@@ -41,36 +37,40 @@ pub struct SdsServer {
 impl std::fmt::Debug for SdsServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SdsServer")
-            .field("options", &self.shared.options)
+            .field("hub", &self.shared.hub)
             .field("streams", &self.shared.registry.len())
             .finish()
     }
 }
 
 impl SdsServer {
-    /// A server that serves `snapshots`, authenticates with `verifier` and the current
-    /// `revocations`, and reports stream events on `events` (bounded: see [`EVENT_BUFFER`]).
+    /// A server on a hub of its own (see [`Hub::new`]): it serves `snapshots`, authenticates with
+    /// `verifier` and the current `revocations`, and reports stream events on `events`.
     pub fn new(
         snapshots: watch::Receiver<Arc<Snapshot>>,
         verifier: Verifier,
         revocations: watch::Receiver<Arc<RevocationList>>,
         events: mpsc::Sender<StreamEvent>,
-        options: ServerOptions,
+        options: HubOptions,
     ) -> Self {
+        Self::on(Hub::new(snapshots, verifier, revocations, events, options))
+    }
+
+    /// A server whose streams are `hub`'s.
+    pub fn on(hub: Hub) -> Self {
         Self {
-            shared: Arc::new(Shared::new(
-                snapshots,
-                verifier,
-                revocations,
-                events,
-                options,
-            )),
+            shared: Arc::new(Shared::new(hub)),
         }
     }
 
+    /// The hub the server's streams stand on.
+    pub fn hub(&self) -> &Hub {
+        &self.shared.hub
+    }
+
     /// The limits the server enforces.
-    pub fn limits(&self) -> &SdsLimits {
-        &self.shared.options.limits
+    pub fn limits(&self) -> &StreamLimits {
+        self.shared.limits()
     }
 
     /// The open streams, for the admin API.
@@ -78,71 +78,30 @@ impl SdsServer {
         self.shared.registry.clone()
     }
 
-    /// The server's counters.
-    pub fn metrics(&self) -> Arc<SdsMetrics> {
-        self.shared.metrics.clone()
+    /// The server's counters (its hub's).
+    pub fn metrics(&self) -> Arc<StreamMetrics> {
+        self.shared.hub.metrics().clone()
     }
 
-    /// Ends every open stream with `UNAVAILABLE` (so a graceful HTTP/2 shutdown can
-    /// complete) and refuses new ones. [`crate::BoundListeners::serve`] calls it when its
-    /// shutdown token fires.
+    /// Ends every open stream of the hub with `UNAVAILABLE` and refuses new ones.
     pub fn close_streams(&self) {
-        self.shared.shutdown.cancel();
+        self.shared.hub.close_streams();
     }
 
-    /// A new stream id, unique among this server's streams and those of any service that reports its
-    /// streams through [`SdsServer::report`].
-    pub fn next_stream_id(&self) -> StreamId {
-        self.shared.next_stream_id()
+    /// The routes of a gRPC server with SDS on them; other services of the hub's listeners (the agent
+    /// protocol) are added beside it.
+    pub fn routes(self) -> tonic::service::Routes {
+        tonic::service::Routes::new(self.into_service())
     }
 
-    /// Verifies the `authorization: Bearer <token>` header of a request of another service on this
-    /// server's listeners (the agent protocol) exactly as SDS verifies its streams' tokens: signed by
-    /// this server's key, not expired, not revoked. Unlike SDS it accepts a token of any type; the
-    /// caller checks the type. Every failure is `UNAUTHENTICATED`, counted and logged as SDS's are.
-    pub fn verify_bearer(&self, headers: &http::HeaderMap) -> Result<Claims, Status> {
-        self.shared.verify_bearer(headers)
-    }
-
-    /// The revoked tokens, as the server's streams read them: a stream whose token appears in a new
-    /// list ends.
-    pub fn revocations(&self) -> watch::Receiver<Arc<RevocationList>> {
-        self.shared.revocations.clone()
-    }
-
-    /// How long a stream waits for its first request (and for its proxy's identity) before it fails.
-    pub fn first_request_wait(&self) -> std::time::Duration {
-        self.shared.options.identity_wait
-    }
-
-    /// Resolves once [`SdsServer::close_streams`] was called: streams of other services on the same
-    /// listeners end then too, so that a graceful shutdown can complete.
-    pub fn closed(&self) -> impl std::future::Future<Output = ()> + Send + Sync + 'static {
-        self.shared.shutdown.clone().cancelled_owned()
-    }
-
-    /// The snapshots this server serves.
-    pub fn snapshots(&self) -> watch::Receiver<Arc<Snapshot>> {
-        self.shared.snapshots.clone()
-    }
-
-    /// A wait for the snapshots that concern `proxy`, rung by the dispatcher that wakes this server's
-    /// streams. Subscribe before reading the snapshot.
-    pub fn snapshot_waiter(&self, proxy: &ProxyKey) -> SnapshotWaiter {
-        SnapshotWaiter(self.shared.waiter(proxy))
-    }
-
-    /// Reports a stream event to the owner, as this server's streams do: another service whose streams
-    /// must count for the rollout gate (the Workload API) reports through here. Waits while the
-    /// owner's channel is full.
-    pub async fn report(&self, event: StreamEvent) {
-        self.shared.emit(event).await;
-    }
-
-    /// [`SdsServer::report`] where nothing can wait (a `Drop`): sent at once when there is room, else
-    /// by a task that waits for room; never dropped while the owner listens.
-    pub fn report_from_drop(&self, event: StreamEvent) {
-        self.shared.emit_from_drop(event);
+    /// Serves SDS alone on `bound` until `shutdown` fires (see [`BoundListeners::serve_hub`]).
+    pub async fn serve(
+        self,
+        bound: BoundListeners,
+        shutdown: CancellationToken,
+    ) -> Result<(), ServeError> {
+        let hub = self.shared.hub.clone();
+        bound.serve_hub(&hub, self.routes(), shutdown).await
     }
 
     /// The tonic service, for embedding in another tonic server. It answers what the generated
@@ -162,38 +121,57 @@ impl SdsServer {
            + 'static {
         Grpc(self)
     }
+
+    /// SDS for the callers `attest` knows without a token (the Workload API socket's, by their process):
+    /// each request is served as the caller `attest` says it is, without a token, its node ids
+    /// unchecked; everything else (names, limits, ACKs, the rollout gate) is as for a proxy with a token.
+    pub fn attested_by(self, attest: Arc<dyn Attest>) -> Grpc<AttestedSds> {
+        Grpc(AttestedSds { sds: self, attest })
+    }
+
+    /// This server's SDS, added to the routes of a socket whose callers another service attests (see
+    /// [`SdsServer::attested_by`]).
+    pub fn attested_routes(self) -> AttestedRoutes {
+        Box::new(move |routes, attest| routes.add_service(self.attested_by(attest)))
+    }
+
+    /// [`SdsServer::attested_routes`] of a new server on `hub`: for a socket whose SDS streams are listed
+    /// nowhere else (a `meshca agent`'s).
+    pub fn attested_routes_on(hub: Hub) -> AttestedRoutes {
+        SdsServer::on(hub).attested_routes()
+    }
 }
 
-/// A caller another service authenticated instead of by a token: the Workload API socket, which knows
-/// its callers by their process. Its requests carry no token and their node ids are not checked; the
-/// rest is as for a proxy with a token.
-pub struct Attested {
-    /// What the caller is served as: the proxy, its labels, and the expiry that ends its streams.
-    pub claims: Claims,
-    /// Asked of each snapshot the caller is served from; an error ends its stream (its registration
-    /// went away).
-    pub check: AttestedCheck,
-    /// Kept for as long as the stream or fetch runs (e.g. the caller's place in a limit).
-    pub hold: Box<dyn std::any::Any + Send + Sync>,
+/// SDS on a socket whose callers another service attests (see [`SdsServer::attested_by`]).
+#[derive(Clone)]
+pub struct AttestedSds {
+    sds: SdsServer,
+    attest: Arc<dyn Attest>,
 }
 
-impl std::fmt::Debug for Attested {
+impl std::fmt::Debug for AttestedSds {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Attested")
-            .field("proxy", &authn::proxy_key(&self.claims))
+        f.debug_struct("AttestedSds")
+            .field("sds", &self.sds)
             .finish_non_exhaustive()
     }
 }
 
-/// One stream's wait for the snapshots that concern its proxy (see [`SdsServer::snapshot_waiter`]).
-#[derive(Debug)]
-pub struct SnapshotWaiter(crate::wake::Waiter);
+impl GrpcMethods for AttestedSds {
+    const NAME: &'static str = <SdsServer as GrpcMethods>::NAME;
 
-impl SnapshotWaiter {
-    /// Resolves when a snapshot may concern the proxy (since the last time this resolved); false once
-    /// no snapshot will come any more (the server is shutting down). Cancel-safe.
-    pub async fn changed(&mut self) -> bool {
-        self.0.changed().await
+    fn answer(
+        &self,
+        request: http::Request<tonic::body::Body>,
+    ) -> BoxFuture<http::Response<tonic::body::Body>, Infallible> {
+        let (sds, attest) = (self.sds.clone(), self.attest.clone());
+        Box::pin(async move {
+            let conn = request.extensions().get::<ConnInfo>().cloned();
+            match attest.attest(conn).await {
+                Ok(attested) => sds.serve_as(request, Some(attested)).await,
+                Err(status) => Ok(status.into_http()),
+            }
+        })
     }
 }
 
@@ -215,23 +193,7 @@ const STREAM_SECRETS: &str = "/envoy.service.secret.v3.SecretDiscoveryService/St
 const DELTA_SECRETS: &str = "/envoy.service.secret.v3.SecretDiscoveryService/DeltaSecrets";
 const FETCH_SECRETS: &str = "/envoy.service.secret.v3.SecretDiscoveryService/FetchSecrets";
 
-/// Whether a request path is one of the SDS methods.
-pub fn is_sds_method(path: &str) -> bool {
-    matches!(path, STREAM_SECRETS | DELTA_SECRETS | FETCH_SECRETS)
-}
-
 impl SdsServer {
-    /// Serves an SDS request of a caller that `attested` speaks for: no token is read and the node ids
-    /// of its requests are not checked; everything else (names, limits, ACKs, the rollout gate) is as
-    /// for a proxy with a token. A path that is no SDS method answers `UNIMPLEMENTED`.
-    pub fn serve_attested(
-        &self,
-        request: http::Request<tonic::body::Body>,
-        attested: Attested,
-    ) -> BoxFuture<http::Response<tonic::body::Body>, Infallible> {
-        self.serve_as(request, Some(attested))
-    }
-
     /// Routes an SDS request: authenticated by its token, or by `attested`.
     fn serve_as(
         &self,
@@ -272,7 +234,7 @@ impl SdsServer {
         let start = Box::new(stream::Start {
             shared: self.shared.clone(),
             principal,
-            inbound: grpc::Requests::new(body, self.shared.options.limits.request_bytes),
+            inbound: grpc::Requests::new(body, self.shared.limits().request_bytes),
         });
         grpc::response::<P::Response>(Box::pin(OutboxStream::new(|outbox| async move {
             stream::run::<P>(start, outbox).await;
@@ -343,7 +305,7 @@ impl SdsServer {
         };
         let shared = self.shared.clone();
         Box::pin(async move {
-            let limit = shared.options.limits.request_bytes;
+            let limit = shared.limits().request_bytes;
             let mut inbound = grpc::Requests::<DiscoveryRequest>::new(body, limit);
             let answer = match session::first_request(&shared, inbound.message()).await {
                 Ok(Some(request)) => {
@@ -373,26 +335,20 @@ impl SdsServer {
 struct Admitted {
     principal: Principal,
     /// The request counted as a stream open on its connection.
-    open: Option<crate::transport::conn::StreamGuard>,
+    open: Option<OpenStream>,
     /// What the attesting service asked to keep while the request runs.
     hold: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 /// Counts an authenticated request as a stream open on its connection (which keeps the connection
-/// from being closed as idle) until the guard drops. Requests that did not come through
-/// [`crate::bind`]'s listeners (a server embedded elsewhere) have no connection to count on.
-fn opened_on_connection(
-    extensions: &http::Extensions,
-) -> Option<crate::transport::conn::StreamGuard> {
-    extensions
-        .get::<ConnInfo>()
-        .map(|info| info.tracker.stream_opened())
+/// from being closed as idle) until the guard drops. Requests that did not come through the hub's
+/// listeners (a server embedded elsewhere) have no connection to count on.
+fn opened_on_connection(extensions: &http::Extensions) -> Option<OpenStream> {
+    extensions.get::<ConnInfo>().map(ConnInfo::stream_opened)
 }
 
 #[cfg(test)]
 mod tests {
-    use meshca_control::StreamId;
-
     use super::*;
 
     fn request_with_encoding(encoding: Option<&str>) -> http::Request<tonic::body::Body> {
@@ -431,42 +387,9 @@ mod tests {
             signing.verifier(),
             revocation_rx,
             events,
-            ServerOptions::default(),
+            HubOptions::default(),
         );
         (server, event_rx)
-    }
-
-    #[tokio::test]
-    async fn a_full_event_channel_delays_events_but_never_drops_them() {
-        let (server, mut events) = server_with_events(1);
-        let shared = &server.shared;
-        shared
-            .emit(StreamEvent::Disconnected {
-                stream: StreamId(1),
-            })
-            .await;
-        // The channel is full: a stream would wait here; a Drop hands the event to a task.
-        shared.emit_from_drop(StreamEvent::Disconnected {
-            stream: StreamId(2),
-        });
-        let mut waiting = Box::pin(shared.emit(StreamEvent::Disconnected {
-            stream: StreamId(3),
-        }));
-        assert!(
-            futures::poll!(waiting.as_mut()).is_pending(),
-            "a sender waits while the owner is behind"
-        );
-        let receive = async {
-            let mut seen = Vec::new();
-            for _ in 0..3 {
-                let event = events.recv().await.expect("every event arrives");
-                seen.push(event.stream().0);
-            }
-            seen
-        };
-        let ((), mut seen) = tokio::join!(waiting, receive);
-        seen.sort();
-        assert_eq!(seen, [1, 2, 3]);
     }
 
     #[tokio::test]

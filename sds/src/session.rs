@@ -4,31 +4,32 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
-use meshca_auth::{Claims, RevocationList, CLOCK_SKEW_LEEWAY_SECS};
-use meshca_control::{ClaimRule, ProxyEntry, ProxyKey, Snapshot, StreamEvent, StreamId};
+use meshca_auth::{Claims, RevocationList};
+use meshca_control::{ClaimRule, ProxyEntry, ProxyKey, ResourceName, Snapshot, StreamId};
+use meshca_serve::{
+    token_deadline, AttestedCheck, HubStream, LogBudget, SnapshotWaiter, StreamMetrics,
+};
 use tokio::sync::watch;
 use tonic::Status;
 
-use crate::authn::{AttestedCheck, Principal};
-use crate::log_budget::LogBudget;
-use crate::metrics::SdsMetrics;
+use crate::authn::Principal;
 use crate::names::ProxyContext;
 use crate::registry::{NewStream, Progress, SharedProgress, StreamKind, TooManyStreams};
 use crate::shared::Shared;
-use crate::wake::Waiter;
 
 /// One authenticated proxy conversation. Dropping a registered session unregisters the
-/// stream and reports `Disconnected`.
+/// stream; dropping its [`HubStream`] reports `Disconnected`.
 pub(crate) struct Session {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) id: StreamId,
+    /// The stream, as the owner knows it.
+    pub(crate) stream: HubStream,
     pub(crate) claims: Arc<Claims>,
     pub(crate) ctx: ProxyContext,
     snapshots: watch::Receiver<Arc<Snapshot>>,
     /// Woken by the snapshots that concern this proxy.
-    waiter: Waiter,
+    waiter: SnapshotWaiter,
     /// The tokens revoked; checked whenever the stream wakes (a new list rings every stream).
     revocations: watch::Receiver<Arc<RevocationList>>,
     /// When the token stops being valid (its expiry plus the clock-skew leeway): the session ends then.
@@ -69,11 +70,16 @@ impl Session {
     ) -> Result<Self, Status> {
         let Principal { claims, attested } = principal;
         if attested.is_none() {
-            served_here(&shared.snapshots.borrow(), &ctx)
+            served_here(&shared.hub.snapshots().borrow(), &ctx)
                 .map_err(|status| shared.auth_failure(status))?;
         }
-        let id = shared.next_stream_id();
-        let limits = &shared.options.limits;
+        let limits = &shared.limits();
+        let claims = Arc::new(claims);
+        // The waiter first: a snapshot published after it is read below wakes it.
+        let waiter = shared.hub.snapshot_waiter(&ctx.key);
+        let snapshots = shared.hub.snapshots();
+        let new_stream = shared.hub.new_stream();
+        let id = new_stream.id();
         let (warnings, progress) = match kind {
             Some(kind) => {
                 let opened = NewStream {
@@ -90,7 +96,7 @@ impl Session {
                 match registered {
                     Ok((warnings, progress)) => (warnings, Some(progress)),
                     Err(TooManyStreams(open)) => {
-                        SdsMetrics::incr(&shared.metrics.over_limit);
+                        StreamMetrics::incr(&shared.metrics().over_limit);
                         return Err(Status::resource_exhausted(format!(
                             "proxy {} already has {open} open SDS streams, the most one proxy may \
                              have (limits.streamsPerProxy)",
@@ -102,26 +108,17 @@ impl Session {
             None => (Arc::new(LogBudget::new(limits.warnings_per_minute)), None),
         };
         if kind.is_some() {
-            SdsMetrics::incr(&shared.metrics.streams_open);
+            StreamMetrics::incr(&shared.metrics().streams_open);
         }
-        let claims = Arc::new(claims);
         let expires = token_deadline(claims.expires_at);
         let expiry = Box::pin(tokio::time::sleep_until(expires));
-        let mut revocations = shared.revocations.clone();
+        let mut revocations = shared.hub.revocations();
         revocations.mark_changed();
-        // The waiter first: a snapshot published after it is read below wakes it.
-        let waiter = shared.waiter(&ctx.key);
-        let snapshots = shared.snapshots.clone();
-        shared
-            .emit(StreamEvent::Connected {
-                stream: id,
-                claims: claims.clone(),
-            })
-            .await;
+        let stream = new_stream.connect(claims.clone()).await;
         tracing::debug!(stream = %id, proxy = %ctx.key, "proxy connected");
         Ok(Self {
             shared,
-            id,
+            stream,
             claims,
             ctx,
             snapshots,
@@ -141,7 +138,7 @@ impl Session {
     pub(crate) fn may_warn(&self) -> Option<u64> {
         let admitted = self.warnings.admit();
         if admitted.is_none() {
-            SdsMetrics::incr(&self.shared.metrics.log_lines_suppressed);
+            StreamMetrics::incr(&self.shared.metrics().log_lines_suppressed);
         }
         admitted
     }
@@ -155,15 +152,21 @@ impl Session {
         self.attested.is_some()
     }
 
-    pub(crate) async fn emit(&self, event: StreamEvent) {
-        self.shared.emit(event).await;
+    /// The stream's id.
+    pub(crate) fn id(&self) -> StreamId {
+        self.stream.id()
+    }
+
+    /// Records the stream's new subscription with the owner.
+    pub(crate) async fn subscribed(&self, resources: Vec<ResourceName>) {
+        self.stream.subscribe(resources).await;
     }
 
     /// Waits until the snapshot has this proxy Ready or NoIdentity, and returns that
     /// snapshot. Refused → `PERMISSION_DENIED`; still waiting after the identity wait →
     /// `UNAVAILABLE`.
     pub(crate) async fn wait_for_identity(&mut self) -> Result<Usable, Status> {
-        let wait = self.shared.options.identity_wait;
+        let wait = self.shared.options().identity_wait;
         let current = self.snapshots.borrow_and_update().clone();
         if let Some(usable) = self.usable(current)? {
             return Ok(usable);
@@ -292,12 +295,12 @@ impl Session {
         if self.progress.is_none() {
             return Ok(());
         }
-        let most = self.shared.options.limits.names_per_proxy;
+        let most = self.shared.limits().names_per_proxy;
         self.shared
             .registry
-            .subscribe(self.id, resources, most)
+            .subscribe(self.id(), resources, most)
             .map_err(|total| {
-                SdsMetrics::incr(&self.shared.metrics.over_limit);
+                StreamMetrics::incr(&self.shared.metrics().over_limit);
                 Status::resource_exhausted(format!(
                     "proxy {} would subscribe to {total} resource names over its streams; at most \
                      {most} are served (limits.namesPerProxy)",
@@ -317,14 +320,12 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         if self.progress.is_some() {
-            self.shared.registry.remove(self.id);
-            SdsMetrics::decr(&self.shared.metrics.streams_open);
+            self.shared.registry.remove(self.id());
+            StreamMetrics::decr(&self.shared.metrics().streams_open);
         }
-        // Every session reported `Connected`, fetches included: the owner must hear that it ended, or a
-        // fetching proxy would count as connected (and be renewed) forever.
-        self.shared
-            .emit_from_drop(StreamEvent::Disconnected { stream: self.id });
-        tracing::debug!(stream = %self.id, proxy = %self.ctx.key, "proxy disconnected");
+        // Every session reported `Connected`, fetches included: its stream, dropped with it, tells the
+        // owner that it ended, or a fetching proxy would count as connected (and be renewed) forever.
+        tracing::debug!(stream = %self.id(), proxy = %self.ctx.key, "proxy disconnected");
     }
 }
 
@@ -343,28 +344,13 @@ fn served_here(snapshot: &Snapshot, ctx: &ProxyContext) -> Result<(), Status> {
     }
 }
 
-/// The moment a token expiring at `expires_at` (Unix seconds) stops being accepted, with the same
-/// clock-skew leeway the verifier allows: an open stream of that token ends then.
-pub fn token_deadline(expires_at: u64) -> tokio::time::Instant {
-    /// Far enough that a token valid longer is treated as never expiring on an open stream.
-    const FAR: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
-    let deadline = UNIX_EPOCH
-        .checked_add(Duration::from_secs(
-            expires_at.saturating_add(CLOCK_SKEW_LEEWAY_SECS),
-        ))
-        .map_or(FAR, |t| {
-            t.duration_since(SystemTime::now()).unwrap_or_default()
-        });
-    tokio::time::Instant::now() + deadline.min(FAR)
-}
-
 /// Awaits the first request of a stream, bounded by the identity wait. `None` when the
 /// proxy closed the stream first; the status when its request could not be read.
 pub(crate) async fn first_request<T, F>(shared: &Shared, next: F) -> Result<Option<T>, Status>
 where
     F: Future<Output = Result<Option<T>, Status>>,
 {
-    let wait = shared.options.identity_wait;
+    let wait = shared.options().identity_wait;
     tokio::select! {
         received = next => match received {
             Ok(request) => Ok(request),
@@ -378,6 +364,6 @@ where
         () = tokio::time::sleep(wait) => Err(Status::deadline_exceeded(format!(
             "no discovery request within {wait:?} of opening the stream"
         ))),
-        () = shared.shutdown.cancelled() => Err(Status::unavailable("the SDS server is shutting down")),
+        () = shared.hub.closed() => Err(Status::unavailable("the SDS server is shutting down")),
     }
 }

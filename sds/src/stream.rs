@@ -9,14 +9,13 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::authn::Principal;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
-use meshca_control::{ProxyEntry, ResourceName, Snapshot, StreamEvent};
+use meshca_control::{ProxyEntry, ResourceName, Snapshot};
+use meshca_serve::ledger::Ledger;
+use meshca_serve::{bounded, shown, StreamMetrics};
 use tonic::Status;
 
-use crate::authn;
-use crate::log_text::{bounded, shown};
-use crate::metrics::SdsMetrics;
+use crate::authn::{self, Principal};
 use crate::names::{self, Lookup, Resolved};
 use crate::registry::StreamKind;
 use crate::secret::{self, KeylessIdentity};
@@ -230,8 +229,8 @@ struct Sent {
     version: String,
     /// The resources it carried or removed.
     resources: Vec<String>,
-    /// The newest snapshot generation whose content equals this response.
-    generation: u64,
+    /// Its version in the stream's ledger.
+    ledger_version: u64,
     /// When it was sent, for the ACK-lag metric.
     sent_at: Instant,
 }
@@ -244,7 +243,8 @@ struct Driver<'o, P: Protocol> {
     /// The proxy's entry in `snapshot`.
     entry: ProxyEntry,
     last_sent: Option<Sent>,
-    acked: bool,
+    /// What the proxy was sent and has acknowledged, for the owner.
+    ledger: Ledger,
     nonce_seq: u64,
     logged_unknown: HashSet<String>,
 }
@@ -258,7 +258,7 @@ impl<'o, P: Protocol> Driver<'o, P> {
             snapshot: usable.snapshot,
             entry: usable.entry,
             last_sent: None,
-            acked: false,
+            ledger: Ledger::default(),
             nonce_seq: 0,
             logged_unknown: HashSet::new(),
         }
@@ -298,12 +298,7 @@ impl<'o, P: Protocol> Driver<'o, P> {
                 self.session
                     .subscribe(listed)
                     .map_err(|status| self.over_limit(status))?;
-                self.session
-                    .emit(StreamEvent::Subscribed {
-                        stream: self.session.id,
-                        resources,
-                    })
-                    .await;
+                self.session.subscribed(resources).await;
                 true
             }
             None => false,
@@ -346,9 +341,9 @@ impl<'o, P: Protocol> Driver<'o, P> {
     /// Handles the ACK or NACK of the last response.
     async fn on_reply(&mut self, reply: Reply) {
         let Some(sent) = &self.last_sent else { return };
-        let metrics = &self.session.shared.metrics;
+        let metrics = self.session.shared.metrics();
         if let Some(message) = reply.error {
-            SdsMetrics::incr(&metrics.nacks);
+            StreamMetrics::incr(&metrics.nacks);
             // Logged, kept for the admin API and told the owner bounded, whatever the proxy sent.
             let message = bounded(&message);
             if let Some(suppressed) = self.session.may_warn() {
@@ -361,24 +356,25 @@ impl<'o, P: Protocol> Driver<'o, P> {
                     "proxy rejected secrets (NACK); it keeps its previous ones"
                 );
             }
-            self.acked = false;
             let last = message.clone();
             self.session.update_info(|info| {
                 info.nacks += 1;
                 info.last_nack = Some(last);
             });
-            let event = StreamEvent::Nacked {
-                stream: self.session.id,
-                generation: sent.generation,
-                version: sent.version.clone(),
-                message,
-            };
-            self.session.emit(event).await;
+            if let Some(generation) = self.ledger.reject(sent.ledger_version) {
+                self.session
+                    .stream
+                    .rejected(generation, sent.version.clone(), message)
+                    .await;
+            }
         } else if reply.version.as_ref().is_none_or(|v| *v == sent.version) {
-            SdsMetrics::incr(&metrics.acks);
+            StreamMetrics::incr(&metrics.acks);
             metrics.ack_lag.observe(sent.sent_at.elapsed());
-            self.acked = true;
-            self.record_ack().await;
+            // Only the last response can be ACKed (a reply to an older nonce is ignored), so the ledger
+            // knows it; a second ACK of it tells nothing new.
+            if let Ok(Some(acked)) = self.ledger.ack(sent.ledger_version) {
+                self.record_ack(acked.generation).await;
+            }
         } else {
             tracing::debug!(
                 proxy = %self.session.key(),
@@ -388,19 +384,18 @@ impl<'o, P: Protocol> Driver<'o, P> {
         }
     }
 
-    async fn record_ack(&self) {
+    /// Reports that the proxy holds the last response, which stands for snapshot `generation`.
+    async fn record_ack(&self, generation: u64) {
         let Some(sent) = &self.last_sent else { return };
-        let (version, generation) = (sent.version.clone(), sent.generation);
+        let version = sent.version.clone();
         self.session.update_info(|info| {
             info.last_acked_version = Some(version);
             info.acked_generation = Some(generation);
         });
-        let event = StreamEvent::Acked {
-            stream: self.session.id,
-            generation: sent.generation,
-            version: sent.version.clone(),
-        };
-        self.session.emit(event).await;
+        self.session
+            .stream
+            .acknowledged(generation, sent.version.clone())
+            .await;
     }
 
     async fn on_snapshot(&mut self, usable: Usable) -> Result<(), Status> {
@@ -415,7 +410,7 @@ impl<'o, P: Protocol> Driver<'o, P> {
         let built = {
             let (snapshot, entry) = (&self.snapshot, &self.entry);
             let (session, logged_unknown) = (&self.session, &mut self.logged_unknown);
-            let most_names = session.shared.options.limits.names_per_stream;
+            let most_names = session.shared.limits().names_per_stream;
             let mut resolve = |name: &ResourceName| match names::resolve(
                 snapshot,
                 Some(entry),
@@ -459,14 +454,9 @@ impl<'o, P: Protocol> Driver<'o, P> {
                 resources,
             } => self.send(response, version, resources).await,
             Build::Unchanged => {
-                let generation = self.snapshot.generation;
-                if let Some(sent) = self.last_sent.as_mut() {
-                    if sent.generation != generation {
-                        sent.generation = generation;
-                        if self.acked {
-                            self.record_ack().await;
-                        }
-                    }
+                // The last response stands for this generation too; ACKed again if it was ACKed.
+                if let Some(acked) = self.ledger.unchanged(self.snapshot.generation) {
+                    self.record_ack(acked.generation).await;
                 }
                 Ok(())
             }
@@ -492,10 +482,10 @@ impl<'o, P: Protocol> Driver<'o, P> {
         // A request handled in the same instant as the expiry must not get secrets either.
         self.session.check_expiry()?;
         self.nonce_seq += 1;
-        let nonce = format!("{}-{}", self.session.id, self.nonce_seq);
+        let nonce = format!("{}-{}", self.session.id(), self.nonce_seq);
         P::set_nonce(&mut response, nonce.clone());
         self.outbox.send(Ok(response)).await;
-        SdsMetrics::incr(&self.session.shared.metrics.responses_pushed);
+        StreamMetrics::incr(&self.session.shared.metrics().responses_pushed);
         tracing::debug!(proxy = %self.session.key(), %version, ?resources, "pushed secrets");
         let sent_version = version.clone();
         self.session
@@ -504,10 +494,11 @@ impl<'o, P: Protocol> Driver<'o, P> {
             nonce,
             version,
             resources,
-            generation: self.snapshot.generation,
+            ledger_version: self
+                .ledger
+                .send(self.snapshot.generation, vec![self.session.id()]),
             sent_at: Instant::now(),
         });
-        self.acked = false;
         Ok(())
     }
 }

@@ -13,7 +13,8 @@ use meshca_control::{
     Changed, LeafKey, ProxyEntry, ProxyIdentity, ProxyKey, Registration, Registrations, Snapshot,
     StreamEvent,
 };
-use meshca_sds::{ServerOptions, SECRET_TYPE_URL};
+use meshca_sds::SECRET_TYPE_URL;
+use meshca_serve::HubOptions;
 use tonic::Code;
 
 const REFUSAL: &str =
@@ -71,7 +72,7 @@ async fn connected_until_web2(harness: &mut Harness) -> Vec<ProxyKey> {
 #[tokio::test]
 async fn a_token_for_an_agent_served_dataplane_is_refused_on_streams_and_fetches() {
     let world = World::new();
-    let mut harness = Harness::start_with(ServerOptions::default(), agent_served(&world, 1)).await;
+    let mut harness = Harness::start_with(HubOptions::default(), agent_served(&world, 1)).await;
     let (token, _) = harness.token_for("default", "web-1");
 
     let refused = match Sotw::open(
@@ -126,7 +127,7 @@ async fn a_token_for_an_agent_served_dataplane_is_refused_on_streams_and_fetches
 async fn an_open_stream_is_refused_once_its_dataplane_is_served_by_an_agent() {
     let world = World::new();
     let first = world.snapshot(1);
-    let harness = Harness::start_with(ServerOptions::default(), first.clone()).await;
+    let harness = Harness::start_with(HubOptions::default(), first.clone()).await;
     let (token, _) = harness.token_for("default", "web-1");
     let mut stream = Sotw::open(
         harness.unix_channel().await,
@@ -165,7 +166,7 @@ async fn an_identity_whose_key_an_agent_holds_is_never_sent_without_it() {
     snapshot
         .proxies
         .insert(web1(), ProxyEntry::Ready(keyless(&world)));
-    let harness = Harness::start_with(ServerOptions::default(), snapshot).await;
+    let harness = Harness::start_with(HubOptions::default(), snapshot).await;
     let (token, _) = harness.token_for("default", "web-1");
     let expected = "proxy default.web-1 is refused: the identity spiffe://default.zone/workload/web-1 is certified over a key that a meshca agent holds on its host: SDS has no private key to serve with it";
 

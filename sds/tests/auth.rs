@@ -9,7 +9,8 @@ use common::*;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use envoy_types::pb::envoy::service::secret::v3::secret_discovery_service_client::SecretDiscoveryServiceClient;
 use meshca_auth::{Claims, ProxyType, RevocationList, SigningKey};
-use meshca_sds::{SdsMetrics, SECRET_TYPE_URL};
+use meshca_sds::SECRET_TYPE_URL;
+use meshca_serve::StreamMetrics;
 use tonic::{Code, Status};
 
 /// Opens a stream and returns the status that ends it; fails if any response arrives.
@@ -68,7 +69,10 @@ async fn missing_or_garbage_tokens_are_unauthenticated() {
             "{token:?}: {status:?}"
         );
     }
-    assert_eq!(SdsMetrics::get(&harness.server.metrics().auth_failures), 8);
+    assert_eq!(
+        StreamMetrics::get(&harness.server.metrics().auth_failures),
+        8
+    );
 }
 
 #[tokio::test]
@@ -232,7 +236,7 @@ async fn a_token_contradicting_the_proxy_claim_rule_gets_nothing() {
             services: vec!["web".to_owned()],
         }),
     );
-    let harness = Harness::start_with(meshca_sds::ServerOptions::default(), snapshot).await;
+    let harness = Harness::start_with(meshca_serve::HubOptions::default(), snapshot).await;
     let labels = BTreeMap::from([("app".to_owned(), "db".to_owned())]);
     let claims = Claims::new_dataplane(
         "default",
@@ -270,7 +274,7 @@ async fn an_open_stream_is_closed_when_its_claim_rule_changes_to_contradict_its_
     let world = World::new();
     let mut first = world.snapshot(1);
     first.claim_rules.insert(web1(), rule("web"));
-    let harness = Harness::start_with(meshca_sds::ServerOptions::default(), first.clone()).await;
+    let harness = Harness::start_with(meshca_serve::HubOptions::default(), first.clone()).await;
     let claims = Claims::new_dataplane(
         "default",
         "web-1",

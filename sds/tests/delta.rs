@@ -10,7 +10,8 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use meshca_control::{ProxyEntry, StreamEvent};
-use meshca_sds::{ServerOptions, StreamKind, SECRET_TYPE_URL};
+use meshca_sds::{StreamKind, SECRET_TYPE_URL};
+use meshca_serve::HubOptions;
 
 fn subscribe(node_id: Option<&str>, add: &[&str], remove: &[&str]) -> DeltaDiscoveryRequest {
     DeltaDiscoveryRequest {
@@ -50,7 +51,7 @@ fn versions(response: &DeltaDiscoveryResponse) -> BTreeMap<String, String> {
 #[tokio::test]
 async fn subscribe_unsubscribe_update_and_remove() {
     let world = World::new();
-    let mut harness = Harness::start_with(ServerOptions::default(), world.snapshot(1)).await;
+    let mut harness = Harness::start_with(HubOptions::default(), world.snapshot(1)).await;
     let (token, _) = harness.token_for("default", "web-1");
     let mut stream = Delta::open(
         harness.tls_channel().await,
@@ -136,7 +137,7 @@ async fn initial_resource_versions_skip_what_the_proxy_holds() {
 #[tokio::test]
 async fn nack_and_stale_nonce() {
     let world = World::new();
-    let mut harness = Harness::start_with(ServerOptions::default(), world.snapshot(1)).await;
+    let mut harness = Harness::start_with(HubOptions::default(), world.snapshot(1)).await;
     let (token, _) = harness.token_for("default", "web-1");
     let mut stream = Delta::open(
         harness.unix_channel().await,

@@ -9,7 +9,8 @@ use std::time::Duration;
 use common::*;
 use envoy_types::pb::envoy::config::core::v3::Extension;
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
-use meshca_sds::{SdsLimits, ServerOptions, SECRET_TYPE_URL};
+use meshca_sds::SECRET_TYPE_URL;
+use meshca_serve::{HubOptions, StreamLimits};
 use rustls_pki_types::pem::PemObject;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -17,8 +18,8 @@ use tonic::Code;
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-async fn harness_with(limits: SdsLimits) -> Harness {
-    let options = ServerOptions::default().with_limits(limits);
+async fn harness_with(limits: StreamLimits) -> Harness {
+    let options = HubOptions::default().with_limits(limits);
     Harness::start_with(options, World::new().snapshot(1)).await
 }
 
@@ -88,9 +89,9 @@ async fn a_header_block_past_the_header_list_limit_closes_the_unix_connection() 
 #[tokio::test]
 async fn a_flood_of_empty_continuation_frames_closes_the_unix_connection() {
     // The connect timeout would close the connection anyway: only the flood may close it here.
-    let harness = harness_with(SdsLimits {
+    let harness = harness_with(StreamLimits {
         connect_timeout: Duration::from_secs(600),
-        ..SdsLimits::default()
+        ..StreamLimits::default()
     })
     .await;
     let mut stream = UnixStream::connect(socket_path(&harness))
@@ -122,9 +123,9 @@ async fn a_flood_of_empty_continuation_frames_closes_the_unix_connection() {
 
 #[tokio::test]
 async fn silent_connections_are_closed_after_the_connect_timeout() {
-    let harness = harness_with(SdsLimits {
+    let harness = harness_with(StreamLimits {
         connect_timeout: Duration::from_millis(500),
-        ..SdsLimits::default()
+        ..StreamLimits::default()
     })
     .await;
     // A unix connection that sends nothing.
@@ -168,9 +169,9 @@ async fn tls_connect(harness: &Harness) -> tokio_rustls::client::TlsStream<tokio
 
 #[tokio::test]
 async fn a_listener_at_its_connection_limit_sheds_new_connections_and_the_others_serve() {
-    let harness = harness_with(SdsLimits {
+    let harness = harness_with(StreamLimits {
         connections_per_listener: 2,
-        ..SdsLimits::default()
+        ..StreamLimits::default()
     })
     .await;
     let held = [
@@ -207,9 +208,9 @@ async fn a_listener_at_its_connection_limit_sheds_new_connections_and_the_others
 
 #[tokio::test]
 async fn one_proxy_cannot_open_more_streams_than_its_limit() {
-    let mut harness = harness_with(SdsLimits {
+    let mut harness = harness_with(StreamLimits {
         streams_per_proxy: 2,
-        ..SdsLimits::default()
+        ..StreamLimits::default()
     })
     .await;
     let (token, _) = harness.token_for("default", "web-1");
@@ -265,9 +266,9 @@ async fn open(harness: &Harness, token: &str) -> Result<Sotw, tonic::Status> {
 
 #[tokio::test]
 async fn a_stream_cannot_subscribe_to_more_names_than_its_limit() {
-    let harness = harness_with(SdsLimits {
+    let harness = harness_with(StreamLimits {
         names_per_stream: 3,
-        ..SdsLimits::default()
+        ..StreamLimits::default()
     })
     .await;
     let (token, _) = harness.token_for("default", "web-1");
@@ -310,7 +311,7 @@ async fn a_stream_cannot_subscribe_to_more_names_than_its_limit() {
 async fn a_first_request_larger_than_the_flow_control_windows_is_read_whole() {
     // Envoy's node lists its extensions; this one is larger than a stream's window and a connection's,
     // so it arrives only as the server reads it.
-    let harness = harness_with(SdsLimits::default()).await;
+    let harness = harness_with(StreamLimits::default()).await;
     let (token, _) = harness.token_for("default", "web-1");
     let mut first = first_request("default.web-1", &["default"]);
     first.node.as_mut().expect("a node").extensions = (0..6000)
@@ -329,9 +330,9 @@ async fn a_first_request_larger_than_the_flow_control_windows_is_read_whole() {
 
 #[tokio::test]
 async fn a_request_larger_than_the_limit_is_refused_unread() {
-    let harness = harness_with(SdsLimits {
+    let harness = harness_with(StreamLimits {
         request_bytes: 4096,
-        ..SdsLimits::default()
+        ..StreamLimits::default()
     })
     .await;
     let (token, _) = harness.token_for("default", "web-1");
@@ -350,9 +351,9 @@ async fn a_request_larger_than_the_limit_is_refused_unread() {
 
 #[tokio::test]
 async fn a_proxy_cannot_subscribe_to_more_names_than_its_limit_over_its_streams() {
-    let harness = harness_with(SdsLimits {
+    let harness = harness_with(StreamLimits {
         names_per_proxy: 4,
-        ..SdsLimits::default()
+        ..StreamLimits::default()
     })
     .await;
     let (token, _) = harness.token_for("default", "web-1");

@@ -10,10 +10,8 @@ use common::*;
 use futures::StreamExt;
 use meshca_auth::{RevocationList, SigningKey};
 use meshca_control::{ProxyEntry, StreamEvent};
-use meshca_sds::{
-    bind, BoundAddr, ClientError, ClientTls, ListenError, Listener, SdsClient, SdsServer,
-    ServerOptions,
-};
+use meshca_sds::{ClientError, SdsClient, SdsServer};
+use meshca_serve::{bind, BoundAddr, ClientTls, ConnectError, HubOptions, ListenError, Listener};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -84,14 +82,14 @@ async fn insecure_loopback_serves_and_shutdown_drains() {
     let world = World::new();
     let (_snapshots_tx, snapshots) = watch::channel(Arc::new(world.snapshot(1)));
     let (_revocations_tx, revocations) = watch::channel(Arc::new(RevocationList::new()));
-    let (events, _events_rx) = mpsc::channel(meshca_sds::EVENT_BUFFER);
+    let (events, _events_rx) = mpsc::channel(meshca_serve::EVENT_BUFFER);
     let (signing, _) = SigningKey::generate().expect("key");
     let server = SdsServer::new(
         snapshots,
         signing.verifier(),
         revocations,
         events,
-        ServerOptions::default(),
+        HubOptions::default(),
     );
     let dir = tempfile::tempdir().expect("temp dir");
     let socket = dir.path().join("sds.sock");
@@ -105,7 +103,7 @@ async fn insecure_loopback_serves_and_shutdown_drains() {
         panic!("loopback")
     };
     let shutdown = CancellationToken::new();
-    let serving = tokio::spawn(bound.serve(server, shutdown.clone()));
+    let serving = tokio::spawn(server.serve(bound, shutdown.clone()));
 
     let claims = meshca_auth::Claims::new_dataplane(
         "default",
@@ -127,7 +125,7 @@ async fn insecure_loopback_serves_and_shutdown_drains() {
     assert_eq!(secrets[0].name, "default");
 
     let mut stream = Sotw::open(
-        meshca_sds::connect_channel(&format!("unix://{}", socket.display()), None)
+        meshca_serve::connect_channel(&format!("unix://{}", socket.display()), None)
             .await
             .expect("unix"),
         Some(&token),
@@ -172,7 +170,10 @@ async fn client_over_tls_checks_the_server_certificate() {
     let error = SdsClient::connect(&target, Some(wrong), token.clone())
         .await
         .expect_err("untrusted server");
-    assert!(matches!(error, ClientError::Connect { .. }), "{error}");
+    assert!(
+        matches!(error, ClientError::Channel(ConnectError::Connect { .. })),
+        "{error}"
+    );
 
     // Plaintext to the TLS port does not get through.
     let error = async {
@@ -187,7 +188,7 @@ async fn client_over_tls_checks_the_server_certificate() {
         assert!(
             matches!(
                 SdsClient::connect(bad, None, "t".into()).await,
-                Err(ClientError::InvalidTarget { .. })
+                Err(ClientError::Channel(ConnectError::InvalidTarget { .. }))
             ),
             "{bad}"
         );
@@ -197,7 +198,7 @@ async fn client_over_tls_checks_the_server_certificate() {
 #[tokio::test]
 async fn client_stream_acks_like_envoy() {
     let world = World::new();
-    let mut harness = Harness::start_with(ServerOptions::default(), world.snapshot(1)).await;
+    let mut harness = Harness::start_with(HubOptions::default(), world.snapshot(1)).await;
     let (token, _) = harness.token_for("default", "web-1");
     let mut client = SdsClient::connect(&harness.unix_target, None, token)
         .await

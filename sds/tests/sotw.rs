@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use common::*;
 use meshca_control::{ProxyEntry, StreamEvent};
-use meshca_sds::{SdsMetrics, ServerOptions, StreamKind};
+use meshca_sds::StreamKind;
+use meshca_serve::{HubOptions, StreamMetrics};
 use tonic::Code;
 
 async fn open_web1(harness: &Harness, resources: &[&str]) -> Sotw {
@@ -50,7 +51,7 @@ fn subscribed(event: StreamEvent) -> Option<Vec<String>> {
 #[tokio::test]
 async fn version_changes_iff_content_changes_and_pushes_follow_acks() {
     let world = World::new();
-    let mut harness = Harness::start_with(ServerOptions::default(), world.snapshot(1)).await;
+    let mut harness = Harness::start_with(HubOptions::default(), world.snapshot(1)).await;
     let asked = names(&["default", "ROOTCA"]);
     let mut stream = open_web1(&harness, &["default", "ROOTCA"]).await;
     let first = stream.expect_response().await;
@@ -98,9 +99,9 @@ async fn version_changes_iff_content_changes_and_pushes_follow_acks() {
         Some(second.version_info.as_str())
     );
     assert_eq!(info[0].acked_generation, Some(3));
-    assert_eq!(SdsMetrics::get(&harness.server.metrics().acks), 2);
+    assert_eq!(StreamMetrics::get(&harness.server.metrics().acks), 2);
     assert_eq!(
-        SdsMetrics::get(&harness.server.metrics().responses_pushed),
+        StreamMetrics::get(&harness.server.metrics().responses_pushed),
         2
     );
 }
@@ -144,7 +145,7 @@ async fn nack_is_recorded_and_nothing_is_resent() {
         (1, Some("bad key"))
     );
     assert_eq!(info.last_acked_version, None);
-    assert_eq!(SdsMetrics::get(&harness.server.metrics().nacks), 1);
+    assert_eq!(StreamMetrics::get(&harness.server.metrics().nacks), 1);
 
     // The next response is the one for a new subscription, not a re-send of the NACKed one.
     stream
@@ -174,7 +175,7 @@ fn meshca_sds_request(
 #[tokio::test]
 async fn stale_nonce_is_ignored() {
     let world = World::new();
-    let mut harness = Harness::start_with(ServerOptions::default(), world.snapshot(1)).await;
+    let mut harness = Harness::start_with(HubOptions::default(), world.snapshot(1)).await;
     let asked = names(&["default", "ROOTCA"]);
     let mut stream = open_web1(&harness, &["default", "ROOTCA"]).await;
     let first = stream.expect_response().await;
@@ -214,7 +215,7 @@ async fn stale_nonce_is_ignored() {
     let third = stream.expect_response().await;
     assert_eq!(third.resources.len(), 3);
     assert_eq!(
-        SdsMetrics::get(&harness.server.metrics().responses_pushed),
+        StreamMetrics::get(&harness.server.metrics().responses_pushed),
         3
     );
 }
@@ -224,7 +225,7 @@ async fn pending_then_ready_wakes_the_waiting_stream() {
     let world = World::new();
     let mut snapshot = world.snapshot(1);
     snapshot.proxies.remove(&web1());
-    let mut harness = Harness::start_with(ServerOptions::default(), snapshot).await;
+    let mut harness = Harness::start_with(HubOptions::default(), snapshot).await;
     let mut stream = open_web1(&harness, &["default"]).await;
     let claims = harness
         .event(|event| match event {
@@ -248,7 +249,7 @@ async fn identity_that_never_comes_is_unavailable() {
     let world = World::new();
     let mut snapshot = world.snapshot(1);
     snapshot.proxies.insert(web1(), ProxyEntry::Pending);
-    let options = ServerOptions::default().with_identity_wait(Duration::from_millis(200));
+    let options = HubOptions::default().with_identity_wait(Duration::from_millis(200));
     let harness = Harness::start_with(options, snapshot).await;
     let mut stream = open_web1(&harness, &["default"]).await;
     let status = stream.recv().await.expect_err("no identity");
@@ -266,7 +267,7 @@ async fn refused_proxy_is_permission_denied_at_connect_and_mid_stream() {
             reason: "labels contradict Dataplane web-1".into(),
         },
     );
-    let harness = Harness::start_with(ServerOptions::default(), snapshot).await;
+    let harness = Harness::start_with(HubOptions::default(), snapshot).await;
     let mut stream = open_web1(&harness, &["default"]).await;
     let status = stream.recv().await.expect_err("refused");
     assert_eq!(status.code(), Code::PermissionDenied);
@@ -292,7 +293,10 @@ async fn disconnect_is_reported_and_unregistered() {
     let mut harness = Harness::start().await;
     let mut stream = open_web1(&harness, &["default"]).await;
     stream.expect_response().await;
-    assert_eq!(SdsMetrics::get(&harness.server.metrics().streams_open), 1);
+    assert_eq!(
+        StreamMetrics::get(&harness.server.metrics().streams_open),
+        1
+    );
     let stream_id = harness.server.registry().list()[0].id;
     drop(stream);
     let id = harness
@@ -303,7 +307,10 @@ async fn disconnect_is_reported_and_unregistered() {
         .await;
     assert_eq!(id, stream_id);
     assert!(harness.server.registry().is_empty());
-    assert_eq!(SdsMetrics::get(&harness.server.metrics().streams_open), 0);
+    assert_eq!(
+        StreamMetrics::get(&harness.server.metrics().streams_open),
+        0
+    );
 }
 
 #[tokio::test]
@@ -311,7 +318,7 @@ async fn nothing_available_sends_nothing_until_it_is() {
     let world = World::new();
     let mut snapshot = world.snapshot(1);
     snapshot.egress = None;
-    let mut harness = Harness::start_with(ServerOptions::default(), snapshot).await;
+    let mut harness = Harness::start_with(HubOptions::default(), snapshot).await;
     let mut stream = open_web1(&harness, &["system_trust_bundle_egress", "no-such-name"]).await;
     harness
         .event(|event| matches!(event, StreamEvent::Connected { .. }).then_some(()))
@@ -334,7 +341,7 @@ async fn nothing_available_sends_nothing_until_it_is() {
 #[tokio::test]
 async fn a_snapshot_that_changes_one_proxy_wakes_only_its_streams() {
     let world = World::new();
-    let mut harness = Harness::start_with(ServerOptions::default(), world.snapshot(1)).await;
+    let mut harness = Harness::start_with(HubOptions::default(), world.snapshot(1)).await;
     let asked = names(&["default"]);
     let mut stream1 = open_web1(&harness, &["default"]).await;
     let mut stream2 = open_proxy(&harness, "web-2", &["default"]).await;

@@ -75,7 +75,13 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     .map_err(|e| InvalidInput(e.to_string()))?;
     let config = agent_config(&settings)?;
     let shutdown = CancellationToken::new();
-    let agent = Agent::start(config, shutdown.clone()).await.map_err(|e| {
+    let agent = Agent::start(
+        config,
+        meshca_sds::SdsServer::attested_routes_on,
+        shutdown.clone(),
+    )
+    .await
+    .map_err(|e| {
         if e.is_invalid_input() {
             anyhow::Error::new(InvalidInput(e.to_string()))
         } else {

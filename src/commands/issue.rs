@@ -204,7 +204,7 @@ pub async fn connect(
             .rsplit_once(':')
             .map_or(server, |(h, _)| h)
             .trim_matches(['[', ']']);
-        Some(meshca_sds::ClientTls {
+        Some(meshca_serve::ClientTls {
             ca_pem,
             server_name: host.to_owned(),
         })

@@ -258,12 +258,12 @@ pub struct WorkloadClient {
 impl WorkloadClient {
     /// Connects to the socket at `socket` (an absolute path, see [`parse_endpoint`]).
     pub async fn connect(socket: &Path) -> Result<WorkloadClient, FetchError> {
-        let channel = meshca_sds::connect_channel(&format!("unix://{}", socket.display()), None)
+        let channel = meshca_serve::connect_channel(&format!("unix://{}", socket.display()), None)
             .await
             .map_err(|e| FetchError::Connect {
                 socket: socket.to_owned(),
                 reason: match e {
-                    meshca_sds::ClientError::Connect { reason, .. } => without_repeats(&reason),
+                    meshca_serve::ConnectError::Connect { reason, .. } => without_repeats(&reason),
                     other => other.to_string(),
                 },
             })?;
@@ -464,7 +464,7 @@ impl WorkloadClient {
     }
 
     fn status(&self, method: &'static str, status: Status) -> FetchError {
-        let message = meshca_sds::shown(status.message());
+        let message = meshca_serve::shown(status.message());
         if status.code() == Code::PermissionDenied {
             return FetchError::NoIdentity {
                 socket: self.socket.clone(),

@@ -16,8 +16,9 @@ use std::time::SystemTime;
 use futures::future::select_all;
 use futures::stream::{self, BoxStream, StreamExt};
 use meshca_auth::Claims;
-use meshca_control::{parse_names, Registration, Snapshot, StreamEvent, StreamId};
-use meshca_sds::{OpenStream, SnapshotWaiter};
+use meshca_control::{parse_names, Registration, Snapshot};
+use meshca_serve::ledger::{Acked, Ledger};
+use meshca_serve::{HubStream, OpenStream, SnapshotWaiter};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tonic::Status;
@@ -71,10 +72,10 @@ impl View for Bundles {
     }
 }
 
-/// A generation the caller was sent, counted as ACKed once `due`.
+/// A message the caller was sent (its version in the ledger), counted as ACKed once `due`.
 #[derive(Debug, Clone, Copy)]
 struct PendingAck {
-    generation: u64,
+    version: u64,
     due: Instant,
 }
 
@@ -89,7 +90,8 @@ enum Woken {
 /// A registration this stream speaks for, as the owner knows the stream.
 struct Link {
     registration: Arc<Registration>,
-    id: StreamId,
+    /// The stream of the registration's Dataplane, as the owner knows it.
+    stream: HubStream,
     waiter: SnapshotWaiter,
 }
 
@@ -109,9 +111,11 @@ pub(crate) struct Follow<V: View> {
     /// anew took most of an agent's setup).
     matched_from: Option<Arc<meshca_control::Registrations>>,
     snapshots: watch::Receiver<Arc<Snapshot>>,
-    /// What the last message was built from, and the snapshot generation it stands for.
-    sent: Option<(Fingerprint, u64)>,
-    /// Generations sent whose ACK is not due yet, oldest first (see [`WorkloadOptions::ack_after`]).
+    /// What the last message was built from.
+    sent: Option<Fingerprint>,
+    /// The messages sent and what they stand for, for the owner.
+    ledger: Ledger,
+    /// Messages sent whose ACK is not due yet, oldest first (see [`WorkloadOptions::ack_after`]).
     acks: VecDeque<PendingAck>,
     done: bool,
     opened_at: Instant,
@@ -125,7 +129,7 @@ pub(crate) struct Follow<V: View> {
 impl<V: View> Follow<V> {
     pub(crate) fn new(shared: Arc<Shared>, admitted: Admitted) -> Self {
         Follow {
-            snapshots: shared.sds.snapshots(),
+            snapshots: shared.hub.snapshots(),
             listed: shared.callers.open(admitted.ids, V::METHOD),
             shared,
             selectors: admitted.selectors,
@@ -134,6 +138,7 @@ impl<V: View> Follow<V> {
             links: Vec::new(),
             matched_from: None,
             sent: None,
+            ledger: Ledger::default(),
             acks: VecDeque::new(),
             done: false,
             opened_at: Instant::now(),
@@ -176,29 +181,21 @@ impl<V: View> Follow<V> {
             let (built, fingerprint) = V::build(&snapshot, &registrations);
             match built {
                 Built::Ready(message) => {
-                    let unchanged = self.sent.as_ref().is_some_and(|(f, _)| *f == fingerprint);
-                    if !unchanged {
-                        self.sent = Some((fingerprint, snapshot.generation));
-                        tracing::debug!(caller = %self.caller, stream = ?self.links.first().map(|l| l.id), generation = snapshot.generation, "Workload API message sent");
+                    if self.sent.as_ref() != Some(&fingerprint) {
+                        self.sent = Some(fingerprint);
+                        let streams = self.links.iter().map(|l| l.stream.id()).collect();
+                        let version = self.ledger.send(snapshot.generation, streams);
+                        tracing::debug!(caller = %self.caller, stream = ?self.links.first().map(|l| l.stream.id()), generation = snapshot.generation, "Workload API message sent");
                         self.acks.push_back(PendingAck {
-                            generation: snapshot.generation,
+                            version,
                             due: Instant::now() + self.shared.options.ack_after,
                         });
                         return Ok(message);
                     }
                     // The caller holds this content already: it now stands for this generation
-                    // too, as soon as it has had the time to apply it.
-                    if let Some((_, generation)) = &mut self.sent {
-                        if *generation != snapshot.generation {
-                            *generation = snapshot.generation;
-                            match self.acks.back().map(|a| a.due) {
-                                Some(due) => self.acks.push_back(PendingAck {
-                                    generation: snapshot.generation,
-                                    due,
-                                }),
-                                None => self.ack_all(snapshot.generation).await,
-                            }
-                        }
+                    // too, as soon as it has had the time to apply it (at once if it had).
+                    if let Some(acked) = self.ledger.unchanged(snapshot.generation) {
+                        self.report(acked).await;
                     }
                 }
                 Built::Waiting => {}
@@ -215,7 +212,10 @@ impl<V: View> Follow<V> {
             }
             while let Woken::AckDue = self.wait().await? {
                 if let Some(ack) = self.acks.pop_front() {
-                    self.ack_all(ack.generation).await;
+                    // Superseded (`None`) when a newer message's ACK came first; never unknown.
+                    if let Ok(Some(acked)) = self.ledger.ack(ack.version) {
+                        self.report(acked).await;
+                    }
                 }
             }
         }
@@ -297,10 +297,7 @@ impl<V: View> Follow<V> {
             if matched.iter().any(|m| **m == *link.registration) {
                 kept.push(link);
             } else {
-                self.shared
-                    .sds
-                    .report(StreamEvent::Disconnected { stream: link.id })
-                    .await;
+                link.stream.close().await;
             }
         }
         for registration in matched {
@@ -325,60 +322,53 @@ impl<V: View> Follow<V> {
         // sent before did not carry the new registrations' trust, so its pending ACKs cannot speak for
         // them: they are dropped, and the next message's ACK speaks for every registration.
         self.acks.clear();
-        self.sent = self.sent.take().map(|(_, g)| (Fingerprint::default(), g));
+        self.ledger = Ledger::default();
+        self.sent = self.sent.take().map(|_| Fingerprint::default());
         Ok(added)
     }
 
     /// Tells the owner a stream of `registration`'s Dataplane is open and what it subscribes to.
     async fn connect(&self, registration: Arc<Registration>) -> Result<Link, Status> {
-        let (id, waiter) = connect(&self.shared, &registration).await?;
-        self.shared
-            .sds
-            .report(StreamEvent::Subscribed {
-                stream: id,
-                resources: parse_names(V::RESOURCES.iter().map(|s| (*s).to_owned()).collect()),
-            })
+        let (stream, waiter) = connect(&self.shared, &registration).await?;
+        stream
+            .subscribe(parse_names(
+                V::RESOURCES.iter().map(|s| (*s).to_owned()).collect(),
+            ))
             .await;
         Ok(Link {
             registration,
-            id,
+            stream,
             waiter,
         })
     }
 
-    async fn ack_all(&self, generation: u64) {
-        tracing::debug!(caller = %self.caller, stream = ?self.links.first().map(|l| l.id), generation, "Workload API message counts as applied");
-        for link in &self.links {
-            self.shared
-                .sds
-                .report(StreamEvent::Acked {
-                    stream: link.id,
-                    generation,
-                    version: generation.to_string(),
-                })
+    /// Reports `acked` for those of its registrations' streams the message spoke for and the stream
+    /// still does.
+    async fn report(&self, acked: Acked) {
+        tracing::debug!(caller = %self.caller, stream = ?self.links.first().map(|l| l.stream.id()), generation = acked.generation, "Workload API message counts as applied");
+        for link in self
+            .links
+            .iter()
+            .filter(|l| acked.streams.binary_search(&l.stream.id()).is_ok())
+        {
+            link.stream
+                .acknowledged(acked.generation, acked.version.to_string())
                 .await;
         }
     }
 }
 
 /// Tells the owner a stream of `registration`'s Dataplane is open (the owner issues identities to
-/// connected proxies only): its id, and a wait for the snapshots that concern it (subscribed first, so
-/// that none published after this returns goes unheard). Report `Disconnected` when done.
+/// connected proxies only): its handle, and a wait for the snapshots that concern it (subscribed first,
+/// so that none published after this returns goes unheard). Dropping the handle reports its end.
 pub(crate) async fn connect(
     shared: &Shared,
     registration: &Registration,
-) -> Result<(StreamId, SnapshotWaiter), Status> {
+) -> Result<(HubStream, SnapshotWaiter), Status> {
     let claims = claims_for(registration)?;
-    let id = shared.sds.next_stream_id();
-    let waiter = shared.sds.snapshot_waiter(&registration.proxy);
-    shared
-        .sds
-        .report(StreamEvent::Connected {
-            stream: id,
-            claims: Arc::new(claims),
-        })
-        .await;
-    Ok((id, waiter))
+    let waiter = shared.hub.snapshot_waiter(&registration.proxy);
+    let stream = shared.hub.connect(Arc::new(claims)).await;
+    Ok((stream, waiter))
 }
 
 /// What a caller is served as for `registration`: its Dataplane, with the Dataplane's labels. The claims
@@ -402,15 +392,5 @@ pub(crate) async fn sleep_until_some(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
-    }
-}
-
-impl<V: View> Drop for Follow<V> {
-    fn drop(&mut self) {
-        for link in &self.links {
-            self.shared
-                .sds
-                .report_from_drop(StreamEvent::Disconnected { stream: link.id });
-        }
     }
 }

@@ -11,9 +11,9 @@ use std::time::{Duration, SystemTime};
 
 use futures::future::select_all;
 use futures::stream::{self, BoxStream, StreamExt};
-use meshca_control::{ProxyEntry, ProxyIdentity, Registration, Snapshot, StreamEvent, StreamId};
+use meshca_control::{ProxyEntry, ProxyIdentity, Registration, Snapshot};
 use meshca_identity::SpiffeId;
-use meshca_sds::{ConnInfo, SnapshotWaiter};
+use meshca_serve::{ConnInfo, HubStream, SnapshotWaiter};
 use prost::Message;
 use serde_json::{Map, Value as Json};
 use tokio::sync::watch;
@@ -52,23 +52,6 @@ async fn matched(shared: &Shared, admitted: &Admitted) -> Result<Vec<Arc<Registr
     Ok(matched)
 }
 
-/// The owner's view of a caller's registrations while it is being served: connected, so that they are
-/// issued their identities; disconnected when dropped.
-struct Connected {
-    shared: Arc<Shared>,
-    ids: Vec<StreamId>,
-}
-
-impl Drop for Connected {
-    fn drop(&mut self) {
-        for id in &self.ids {
-            self.shared
-                .sds
-                .report_from_drop(StreamEvent::Disconnected { stream: *id });
-        }
-    }
-}
-
 /// The identities of `registrations` once none is pending any more (waiting no later than
 /// `deadline`): the ready ones, in order, and why the others have none. Makes sure every trust domain
 /// of a ready identity has a JWT key.
@@ -77,18 +60,17 @@ async fn identities(
     registrations: &[Arc<Registration>],
     deadline: Instant,
 ) -> Result<Identities, Status> {
-    let mut connected = Connected {
-        shared: shared.clone(),
-        ids: Vec::with_capacity(registrations.len()),
-    };
+    // The owner's view of the caller's registrations while it is being served: connected, so that
+    // they are issued their identities; disconnected when dropped.
+    let mut connected: Vec<HubStream> = Vec::with_capacity(registrations.len());
     let mut waiters: Vec<SnapshotWaiter> = Vec::with_capacity(registrations.len());
     for registration in registrations {
-        let (id, waiter) = connect(shared, registration).await?;
-        connected.ids.push(id);
+        let (stream, waiter) = connect(shared, registration).await?;
+        connected.push(stream);
         waiters.push(waiter);
     }
     let (ready, skipped) = loop {
-        let snapshot = shared.sds.snapshots().borrow().clone();
+        let snapshot = shared.hub.snapshots().borrow().clone();
         if let Some(found) = settled(&snapshot, registrations) {
             break found;
         }
@@ -428,10 +410,10 @@ pub(crate) async fn fetch_jwt_bundles(
         opened + shared.options.identity_wait,
     )
     .await?;
-    let shutdown = shared.sds.snapshot_waiter(&registrations[0].proxy);
+    let shutdown = shared.hub.snapshot_waiter(&registrations[0].proxy);
     let follow = BundlesFollow {
         keys: shared.jwt()?.subscribe(),
-        snapshots: shared.sds.snapshots(),
+        snapshots: shared.hub.snapshots(),
         agent: shared.options.agent.clone(),
         admitted,
         shutdown,

@@ -3,7 +3,8 @@
 //!
 //! The caller is authenticated as every Workload API caller is, by its process: no token, and the node
 //! id Envoy sends names nothing. It is served as the Dataplane of its default registration (the first
-//! it matches), through the daemon's SDS server: so `default` and that identity's SPIFFE ID are its
+//! it matches), by the SDS server the socket's owner mounts beside the Workload API
+//! ([`meshca_serve::AttestedRoutes`]; this module only attests): so `default` and that identity's SPIFFE ID are its
 //! certificate, `ROOTCA` the trust of its mesh and `ALL` every trust domain meshca knows, and its ACKs
 //! count for the rollout gate as any proxy's do. Its streams end with `PERMISSION_DENIED` once no
 //! registration of the caller names that Dataplane any more, and with `UNAVAILABLE` (to be attested
@@ -12,9 +13,9 @@
 
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use meshca_control::Snapshot;
-use meshca_sds::{Attested, AttestedCheck, ConnInfo};
-use tonic::codegen::http;
+use meshca_serve::{Attest, Attested, AttestedCheck, ConnInfo};
 use tonic::Status;
 
 use crate::follow::claims_for;
@@ -23,18 +24,13 @@ use crate::shared::Shared;
 /// The method the admin API lists SDS streams of Workload API callers under.
 const METHOD: &str = "SDS";
 
-/// Answers an SDS request of a Workload API caller.
-pub(crate) async fn serve(
-    shared: Arc<Shared>,
-    request: http::Request<tonic::body::Body>,
-) -> http::Response<tonic::body::Body> {
-    let conn = request.extensions().get::<ConnInfo>().cloned();
-    match attest(&shared, conn.as_ref()).await {
-        Ok(attested) => match shared.sds.serve_attested(request, attested).await {
-            Ok(response) => response,
-            Err(never) => match never {},
-        },
-        Err(status) => status.into_http(),
+/// The Workload API's attestation, for the SDS server on its socket.
+pub(crate) struct SdsCallers(pub(crate) Arc<Shared>);
+
+impl Attest for SdsCallers {
+    fn attest(&self, conn: Option<ConnInfo>) -> BoxFuture<'static, Result<Attested, Status>> {
+        let shared = self.0.clone();
+        Box::pin(async move { attest(&shared, conn.as_ref()).await })
     }
 }
 

@@ -5,8 +5,8 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use futures::stream::BoxStream;
-use meshca_sds::grpc_service::{self, GrpcMethods};
-use meshca_sds::{ConnInfo, SdsServer};
+use meshca_serve::grpc_service::{self, GrpcMethods};
+use meshca_serve::{AttestedRoutes, ConnInfo, ConnPolicy, Hub, PeerProbe, StreamLimits};
 use tonic::codegen::{http, BoxFuture};
 use tonic::server::{Grpc, ServerStreamingService, UnaryService};
 use tonic::Status;
@@ -15,23 +15,24 @@ use tonic_prost::ProstCodec;
 use crate::attest::PeerProcess;
 use crate::callers::Callers;
 use crate::follow::{Bundles, Follow, Svids, View};
+use crate::jwt_api;
 use crate::jwt_keys::JwtKeys;
 use crate::jwt_source::JwtSource;
 use crate::options::WorkloadOptions;
 use crate::proto::{
     paths, JwtBundlesRequest, JwtBundlesResponse, X509BundlesRequest, X509SvidRequest,
 };
+use crate::sds_api::SdsCallers;
 use crate::shared::Shared;
 use crate::x509::MAX_RESPONSE_BYTES;
-use crate::{jwt_api, sds_api};
 
 /// The metadata every Workload API request must carry, with the value `true`: it proves the request
 /// comes from a client that meant to call the Workload API (a browser or a confused proxy cannot set
 /// it), so a request without it is refused before anything else happens.
 pub const SECURITY_HEADER: &str = "workload.spiffe.io";
 
-/// The Workload API server. It rides on the daemon's SDS server, whose snapshots it serves and
-/// through which its streams report to the owner, so the rollout gate counts them.
+/// The Workload API server. Its streams stand on the daemon's stream hub, whose snapshots they serve and
+/// through which they report to the owner, so the rollout gate counts them.
 #[derive(Clone)]
 pub struct WorkloadApi {
     shared: Arc<Shared>,
@@ -46,23 +47,19 @@ impl std::fmt::Debug for WorkloadApi {
 }
 
 impl WorkloadApi {
-    /// A server that serves what `sds` serves, to the callers of the Workload API socket, signing
-    /// JWT-SVIDs with `jwt_keys`.
-    pub fn new(sds: SdsServer, options: WorkloadOptions, jwt_keys: JwtKeys) -> Self {
+    /// A server of `hub`'s snapshots to the callers of the Workload API socket, signing JWT-SVIDs with
+    /// `jwt_keys`.
+    pub fn new(hub: Hub, options: WorkloadOptions, jwt_keys: JwtKeys) -> Self {
         WorkloadApi {
-            shared: Arc::new(Shared::new(sds, options, Some(JwtSource::Local(jwt_keys)))),
+            shared: Arc::new(Shared::new(hub, options, Some(JwtSource::Local(jwt_keys)))),
         }
     }
 
-    /// A server that serves what `sds` serves, with JWT-SVIDs from `jwt` (`None`: X.509-SVIDs and
-    /// bundles only, and the JWT methods answer `UNAVAILABLE`).
-    pub fn with_jwt_source(
-        sds: SdsServer,
-        options: WorkloadOptions,
-        jwt: Option<JwtSource>,
-    ) -> Self {
+    /// A server of `hub`'s snapshots, with JWT-SVIDs from `jwt` (`None`: X.509-SVIDs and bundles only,
+    /// and the JWT methods answer `UNAVAILABLE`).
+    pub fn with_jwt_source(hub: Hub, options: WorkloadOptions, jwt: Option<JwtSource>) -> Self {
         WorkloadApi {
-            shared: Arc::new(Shared::new(sds, options, jwt)),
+            shared: Arc::new(Shared::new(hub, options, jwt)),
         }
     }
 
@@ -74,8 +71,8 @@ impl WorkloadApi {
     /// How a Workload API socket treats its connections: `limits`, the caller's process learned on
     /// each ([`WorkloadApi::peer_probe`]), and at most `connections_per_uid` connections of one user,
     /// so that no user (registered or not) can take every connection slot from the others.
-    pub fn conn_policy(&self, limits: meshca_sds::SdsLimits) -> meshca_sds::ConnPolicy {
-        meshca_sds::ConnPolicy::new("Workload API", "limits.workloadConnections", limits)
+    pub fn conn_policy(&self, limits: StreamLimits) -> ConnPolicy {
+        ConnPolicy::new("Workload API", "limits.workloadConnections", limits)
             .with_peer_probe(Self::peer_probe())
             .with_connections_per_uid(
                 self.shared.options.connections_per_uid,
@@ -85,7 +82,7 @@ impl WorkloadApi {
 
     /// The probe the listener runs on each accepted connection: the caller's process, as the kernel
     /// names it (see [`crate::attest::PeerProcess`]).
-    pub fn peer_probe() -> meshca_sds::PeerProbe {
+    pub fn peer_probe() -> PeerProbe {
         Arc::new(|socket| match PeerProcess::of(socket) {
             Ok(peer) => Some(Arc::new(peer) as Arc<dyn std::any::Any + Send + Sync>),
             Err(error) => {
@@ -97,27 +94,15 @@ impl WorkloadApi {
 }
 
 impl WorkloadApi {
-    /// Every gRPC service of the Workload API socket: the Workload API itself, and SDS for Envoys set up
-    /// for a SPIRE agent's socket (see [`crate::sds_api`]).
-    pub fn routes(&self) -> tonic::service::Routes {
-        tonic::service::Routes::new(grpc_service::Grpc(self.clone()))
-            .add_service(grpc_service::Grpc(WorkloadSds(self.clone())))
-    }
-}
-
-/// The SDS methods of the Workload API socket: the same server, under SDS's service name (gRPC routes
-/// by it).
-#[derive(Clone)]
-struct WorkloadSds(WorkloadApi);
-
-impl GrpcMethods for WorkloadSds {
-    const NAME: &'static str = <SdsServer as GrpcMethods>::NAME;
-
-    fn answer(
-        &self,
-        request: http::Request<tonic::body::Body>,
-    ) -> BoxFuture<http::Response<tonic::body::Body>, Infallible> {
-        self.0.answer(request)
+    /// Every gRPC service of the Workload API socket: the Workload API itself and, when `sds` is given,
+    /// SDS for Envoys set up for a SPIRE agent's socket, its callers attested as the Workload API's are
+    /// (see [`crate::sds_api`]).
+    pub fn routes(&self, sds: Option<AttestedRoutes>) -> tonic::service::Routes {
+        let routes = tonic::service::Routes::new(grpc_service::Grpc(self.clone()));
+        match sds {
+            Some(sds) => sds(routes, Arc::new(SdsCallers(self.shared.clone()))),
+            None => routes,
+        }
     }
 }
 
@@ -136,10 +121,6 @@ impl GrpcMethods for WorkloadApi {
     ) -> BoxFuture<http::Response<tonic::body::Body>, Infallible> {
         let shared = self.shared.clone();
         Box::pin(async move {
-            // Envoy sends no security header: SDS is authenticated by the caller's process alone.
-            if meshca_sds::is_sds_method(request.uri().path()) {
-                return Ok(sds_api::serve(shared, request).await);
-            }
             if !has_security_header(request.headers()) {
                 return Ok(
                     Status::invalid_argument("security header missing from request").into_http(),

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use meshca_control::Snapshot;
-use meshca_sds::{ConnInfo, LogBudget, SdsServer};
+use meshca_serve::{ConnInfo, Hub, LogBudget};
 use tonic::Status;
 
 use crate::attest::{self, AttestError, PeerProcess, SelectorKind, Selectors};
@@ -16,7 +16,8 @@ use crate::options::WorkloadOptions;
 
 /// What every request of one server shares.
 pub(crate) struct Shared {
-    pub(crate) sds: SdsServer,
+    /// The hub the streams stand on: snapshots, and the owner they report to.
+    pub(crate) hub: Hub,
     pub(crate) options: WorkloadOptions,
     /// Open streams per caller process.
     streams: Mutex<HashMap<u32, usize>>,
@@ -30,11 +31,11 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// The state of a server that serves what `sds` serves, with JWT-SVIDs from `jwt` (none:
-    /// the JWT methods answer `UNAVAILABLE`).
-    pub(crate) fn new(sds: SdsServer, options: WorkloadOptions, jwt: Option<JwtSource>) -> Shared {
+    /// The state of a server whose streams are `hub`'s, with JWT-SVIDs from `jwt` (none: the JWT
+    /// methods answer `UNAVAILABLE`).
+    pub(crate) fn new(hub: Hub, options: WorkloadOptions, jwt: Option<JwtSource>) -> Shared {
         Shared {
-            sds,
+            hub,
             jwt,
             jwt_cache: Mutex::new(JwtSvidCache::new(options.jwt_svid_cache)),
             refusals_logged: LogBudget::new(options.warnings_per_minute),
@@ -85,7 +86,7 @@ pub(crate) struct Admitted {
     /// The caller's pid, uid and gid.
     pub ids: (u32, u32, u32),
     pub slot: CallerSlot,
-    pub open: Option<meshca_sds::OpenStream>,
+    pub open: Option<meshca_serve::OpenStream>,
     /// The connection the request came on.
     pub conn: Option<ConnInfo>,
 }
@@ -179,7 +180,7 @@ impl Shared {
     /// The snapshot to match callers against: the newest one, once the owner has published its first
     /// (a caller right after the start waits for it, then `UNAVAILABLE`, which clients retry).
     pub(crate) async fn published(&self) -> Result<Arc<Snapshot>, Status> {
-        let mut snapshots = self.sds.snapshots();
+        let mut snapshots = self.hub.snapshots();
         let first = async {
             loop {
                 let snapshot = snapshots.borrow_and_update().clone();

@@ -154,9 +154,13 @@ impl TestAgent {
         config.workload.ack_after = ACK_AFTER;
         config.backoff = (Duration::from_millis(20), retry);
         let shutdown = CancellationToken::new();
-        let agent = Agent::start(config, shutdown.clone())
-            .await
-            .expect("the agent starts");
+        let agent = Agent::start(
+            config,
+            meshca_sds::SdsServer::attested_routes_on,
+            shutdown.clone(),
+        )
+        .await
+        .expect("the agent starts");
         TestAgent {
             agent,
             socket,
@@ -183,7 +187,7 @@ pub async fn reload(daemon: &Daemon) {
 /// A `FetchX509SVID` stream on the Workload API socket `socket`.
 pub async fn x509_stream(socket: &Path) -> Streaming<X509SvidResponse> {
     let channel: Channel =
-        meshca_sds::connect_channel(&format!("unix://{}", socket.display()), None)
+        meshca_serve::connect_channel(&format!("unix://{}", socket.display()), None)
             .await
             .expect("connects to the agent's socket");
     let mut grpc = tonic::client::Grpc::new(channel);

@@ -20,10 +20,8 @@ use meshca_control::{
     LeafKey, MeshServiceTrust, MeshView, ProxyEntry, ProxyIdentity, ProxyKey, SecretPem, Snapshot,
     StreamEvent, TrustBundle,
 };
-use meshca_sds::{
-    bind, connect_channel, decode_secrets, BoundAddr, ClientTls, Listener, SdsServer,
-    ServerOptions, SECRET_TYPE_URL,
-};
+use meshca_sds::{decode_secrets, SdsServer, SECRET_TYPE_URL};
+use meshca_serve::{bind, connect_channel, BoundAddr, ClientTls, HubOptions, Listener};
 use prost::Message;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair, SanType,
@@ -210,7 +208,7 @@ pub struct Harness {
     pub server_ca_pem: String,
     pub server: SdsServer,
     pub shutdown: CancellationToken,
-    pub serve_task: tokio::task::JoinHandle<Result<(), meshca_sds::ServeError>>,
+    pub serve_task: tokio::task::JoinHandle<Result<(), meshca_serve::ServeError>>,
     pub dir: tempfile::TempDir,
 }
 
@@ -253,15 +251,15 @@ pub fn server_tls() -> (Arc<rustls::ServerConfig>, String) {
 
 impl Harness {
     pub async fn start() -> Self {
-        Self::start_with(ServerOptions::default(), World::new().snapshot(1)).await
+        Self::start_with(HubOptions::default(), World::new().snapshot(1)).await
     }
 
-    pub async fn start_with(options: ServerOptions, snapshot: Snapshot) -> Self {
+    pub async fn start_with(options: HubOptions, snapshot: Snapshot) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let socket = dir.path().join("sds.sock");
         let (snapshots, snapshot_rx) = watch::channel(Arc::new(snapshot));
         let (revocations, revocation_rx) = watch::channel(Arc::new(RevocationList::new()));
-        let (event_tx, events) = mpsc::channel(meshca_sds::EVENT_BUFFER);
+        let (event_tx, events) = mpsc::channel(meshca_serve::EVENT_BUFFER);
         let (signing, _pkcs8) = SigningKey::generate().expect("token key");
         let server = SdsServer::new(
             snapshot_rx,
@@ -286,7 +284,7 @@ impl Harness {
         };
         assert_ne!(tls_addr.port(), 0);
         let shutdown = CancellationToken::new();
-        let serve_task = tokio::spawn(bound.serve(server.clone(), shutdown.clone()));
+        let serve_task = tokio::spawn(server.clone().serve(bound, shutdown.clone()));
         Self {
             snapshots,
             revocations,

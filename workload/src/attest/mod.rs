@@ -224,7 +224,7 @@ fn add_path(selectors: &mut Selectors, peer: &PeerProcess) -> Option<SeenBinary>
                 Ok(_) => "another file".to_owned(),
                 Err(error) => format!("nothing ({error})"),
             };
-            tracing::warn!(pid, binary = %meshca_sds::shown(text), %seen,
+            tracing::warn!(pid, binary = %meshca_serve::shown(text), %seen,
                 "the Workload API caller's binary path names {seen} in this server's mount namespace \
                  (the caller runs in a mount namespace of its own); it gets no unix:path or unix:sha256 selector");
         }
@@ -270,7 +270,7 @@ fn add_digest(
         Err(error) => format!("it could not be read: {error}"),
     };
     if peer.first_warning() {
-        tracing::warn!(pid = peer.pid(), binary = %meshca_sds::shown(&binary.path), reason = %skipped,
+        tracing::warn!(pid = peer.pid(), binary = %meshca_serve::shown(&binary.path), reason = %skipped,
             "the Workload API caller's binary gets no unix:sha256 selector");
     }
 }

@@ -31,11 +31,11 @@ use tokio::time::{Instant, Sleep};
 use tokio_rustls::server::TlsStream;
 use tonic::transport::server::Connected;
 
-use crate::transport::h2_header_fixup::UnixPathHeaderFix;
+use crate::h2_header_fixup::UnixPathHeaderFix;
 
 /// The transport under a connection.
 pub(crate) enum Io {
-    /// Unix socket clients may be grpc-core ones: see [`crate::transport::h2_header_fixup`].
+    /// Unix socket clients may be grpc-core ones: see [`crate::h2_header_fixup`].
     Unix(UnixPathHeaderFix<UnixStream>),
     Plain(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),

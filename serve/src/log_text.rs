@@ -13,7 +13,7 @@ pub fn shown(text: &str) -> String {
 
 /// `text` escaped (no raw control character: `\n`, `\u{1b}`...), at most [`ECHO_CHARS`] characters
 /// of it, followed by how many bytes were left out.
-pub(crate) fn bounded(text: &str) -> String {
+pub fn bounded(text: &str) -> String {
     let mut out = String::with_capacity(text.len().min(ECHO_CHARS) + 24);
     let mut taken = 0;
     for (n, c) in text.chars().enumerate() {

@@ -1,28 +1,28 @@
-//! What the embedder tunes: the server's options and the limits on what a client can make it hold.
+//! What the embedder tunes: the hub's options and the limits on what a client can make it hold.
 
 use std::time::Duration;
 
-/// Tunables of the SDS server.
+/// Tunables of the hub and its streams.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
-pub struct ServerOptions {
+pub struct HubOptions {
     /// How long a stream or fetch waits for the proxy's identity to become ready (or for
     /// the first request of a stream) before failing with `UNAVAILABLE`.
     pub identity_wait: Duration,
     /// What one client can make the server hold or wait for.
-    pub limits: SdsLimits,
+    pub limits: StreamLimits,
 }
 
-impl Default for ServerOptions {
+impl Default for HubOptions {
     fn default() -> Self {
         Self {
             identity_wait: Duration::from_secs(15),
-            limits: SdsLimits::default(),
+            limits: StreamLimits::default(),
         }
     }
 }
 
-impl ServerOptions {
+impl HubOptions {
     /// Options with a different identity wait.
     pub fn with_identity_wait(mut self, identity_wait: Duration) -> Self {
         self.identity_wait = identity_wait;
@@ -30,7 +30,7 @@ impl ServerOptions {
     }
 
     /// Options with different limits.
-    pub fn with_limits(mut self, limits: SdsLimits) -> Self {
+    pub fn with_limits(mut self, limits: StreamLimits) -> Self {
         self.limits = limits;
         self
     }
@@ -39,7 +39,7 @@ impl ServerOptions {
 /// Bounds on what a client can make the SDS server hold or wait for (the daemon takes them from
 /// the `limits:` settings; the defaults here are the same).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SdsLimits {
+pub struct StreamLimits {
     /// Open connections per listener; more are closed as soon as they are accepted.
     pub connections_per_listener: usize,
     /// Time a new connection has to finish its TLS handshake and open its first authenticated
@@ -63,9 +63,9 @@ pub struct SdsLimits {
     pub warnings_per_minute: u32,
 }
 
-impl Default for SdsLimits {
+impl Default for StreamLimits {
     fn default() -> Self {
-        SdsLimits {
+        StreamLimits {
             connections_per_listener: 16_384,
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),

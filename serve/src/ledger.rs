@@ -1,23 +1,31 @@
-//! The states one `Sync` stream sent, and what the agent's acknowledgements of them mean for the
-//! rollout gate (pure: the stream reports what this returns).
+//! What one peer stream was sent and what its acknowledgements mean for the rollout gate: the ACK
+//! bookkeeping every protocol shares (pure: the stream reports what this returns through its
+//! [`crate::HubStream`]s).
 //!
-//! A state is numbered with the snapshot generation it was built from, and stands for every newer
-//! generation whose content for the agent is the same (as an SDS response does): an acknowledged state
-//! whose content a new snapshot leaves unchanged means the agent's workloads hold the new generation
-//! too.
+//! A message (an SDS response, a Workload API message, an agent's state) is numbered with a version and
+//! the snapshot generation it was built from, and stands for every newer generation whose content for
+//! the peer is the same: an acknowledged message whose content a new snapshot leaves unchanged means the
+//! peer holds the new generation too, and is acknowledged again for it. A message carries the hub
+//! streams it speaks for (an agent's or a Workload API caller's stream speaks for several registrations'
+//! Dataplanes; an SDS stream for its one proxy). Acknowledging a message supersedes those sent before it.
+//!
+//! When a message counts as acknowledged is each protocol's ACK policy: when the peer says so (SDS's
+//! ACK of the response's nonce); once the workload had `workloadApi.ackAfter` to put it in use (the
+//! Workload API, whose clients send nothing back); when every local stream on the agent's host was sent
+//! it (the agent protocol's `Ack`).
 
 use std::collections::VecDeque;
 
 use meshca_control::StreamId;
 
-/// How many sent states not yet acknowledged are kept: an agent far behind still acknowledges the older
+/// How many sent messages not yet acknowledged are kept: a peer far behind still acknowledges the older
 /// ones without error, and the newest ones with their streams.
-pub(crate) const KEPT: usize = 64;
+pub const KEPT: usize = 64;
 
 /// ACKs to report: every one of `streams` (those the stream still speaks for) holds `generation`,
-/// through state `version`.
+/// through message `version`.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) struct Acked {
+pub struct Acked {
     pub streams: Vec<StreamId>,
     pub generation: u64,
     pub version: u64,
@@ -25,9 +33,9 @@ pub(crate) struct Acked {
 
 /// An acknowledgement of a version the stream never sent.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) struct NeverSent(pub u64);
+pub struct NeverSent(pub u64);
 
-/// One state sent.
+/// One message sent.
 #[derive(Debug)]
 struct Sent {
     version: u64,
@@ -38,19 +46,19 @@ struct Sent {
     acked: bool,
 }
 
-/// The states a stream sent and the agent has not superseded by acknowledging a newer one.
+/// The messages a stream sent that its peer has not superseded by acknowledging a newer one.
 #[derive(Debug, Default)]
-pub(crate) struct SentStates {
+pub struct Ledger {
     sent: VecDeque<Sent>,
     /// The newest version sent that `sent` no longer holds.
     forgotten: Option<u64>,
 }
 
-impl SentStates {
-    /// Records a state built from `generation` that carries `streams`, and returns its version: the
+impl Ledger {
+    /// Records a message built from `generation` that carries `streams`, and returns its version: the
     /// generation, or one more than the last version when one generation is sent twice (a key offered,
     /// a JWT key added), so that versions grow.
-    pub(crate) fn send(&mut self, generation: u64, mut streams: Vec<StreamId>) -> u64 {
+    pub fn send(&mut self, generation: u64, mut streams: Vec<StreamId>) -> u64 {
         let version = match self.sent.back() {
             Some(last) if last.version >= generation => last.version + 1,
             _ => match self.forgotten {
@@ -74,8 +82,8 @@ impl SentStates {
     }
 
     /// The content last sent equals generation `generation`'s: it stands for it too. ACKs to report
-    /// when the agent had acknowledged it.
-    pub(crate) fn unchanged(&mut self, generation: u64) -> Option<Acked> {
+    /// when the peer had acknowledged it.
+    pub fn unchanged(&mut self, generation: u64) -> Option<Acked> {
         let last = self.sent.back_mut()?;
         if last.stands_for >= generation {
             return None;
@@ -88,16 +96,16 @@ impl SentStates {
         })
     }
 
-    /// The agent acknowledged `version`: ACKs to report, none when a newer acknowledgement superseded
+    /// The peer acknowledged `version`: ACKs to report, none when a newer acknowledgement superseded
     /// it already (or it was acknowledged before).
-    pub(crate) fn ack(&mut self, version: u64) -> Result<Option<Acked>, NeverSent> {
+    pub fn ack(&mut self, version: u64) -> Result<Option<Acked>, NeverSent> {
         let Some(at) = self.sent.iter().position(|s| s.version == version) else {
             return match self.forgotten {
                 Some(forgotten) if version <= forgotten => Ok(None),
                 _ => Err(NeverSent(version)),
             };
         };
-        // The states sent before it are superseded by it.
+        // The messages sent before it are superseded by it.
         let older: Vec<u64> = self.sent.drain(..at).map(|s| s.version).collect();
         for version in older {
             self.forget(version);
@@ -116,8 +124,17 @@ impl SentStates {
         }))
     }
 
-    /// How many sent states are kept: at most [`KEPT`].
-    pub(crate) fn kept(&self) -> usize {
+    /// The peer refused `version`, and keeps what it held: it is not acknowledged (a message whose
+    /// content a new snapshot leaves unchanged is not acknowledged again for it). The newest generation
+    /// it stands for; `None` when it is no longer kept.
+    pub fn reject(&mut self, version: u64) -> Option<u64> {
+        let sent = self.sent.iter_mut().find(|s| s.version == version)?;
+        sent.acked = false;
+        Some(sent.stands_for)
+    }
+
+    /// How many sent messages are kept: at most [`KEPT`].
+    pub fn kept(&self) -> usize {
         self.sent.len()
     }
 
@@ -136,7 +153,7 @@ mod tests {
 
     #[test]
     fn versions_are_generations_and_grow_when_one_is_sent_twice() {
-        let mut sent = SentStates::default();
+        let mut sent = Ledger::default();
         assert_eq!(sent.send(3, ids(&[1])), 3);
         assert_eq!(sent.send(3, ids(&[1])), 4);
         assert_eq!(sent.send(4, ids(&[1])), 5);
@@ -145,7 +162,7 @@ mod tests {
 
     #[test]
     fn an_ack_reports_the_newest_generation_the_state_stands_for() {
-        let mut sent = SentStates::default();
+        let mut sent = Ledger::default();
         let v = sent.send(1, ids(&[2, 1]));
         assert_eq!(sent.unchanged(2), None, "not acknowledged yet");
         assert_eq!(
@@ -171,7 +188,7 @@ mod tests {
 
     #[test]
     fn a_newer_ack_supersedes_older_states_and_unknown_versions_are_refused() {
-        let mut sent = SentStates::default();
+        let mut sent = Ledger::default();
         let first = sent.send(1, ids(&[1]));
         let second = sent.send(2, ids(&[1, 3]));
         assert_eq!(
@@ -184,7 +201,7 @@ mod tests {
 
     #[test]
     fn only_so_many_unacknowledged_states_are_kept() {
-        let mut sent = SentStates::default();
+        let mut sent = Ledger::default();
         for generation in 1..=(KEPT as u64 + 5) {
             sent.send(generation, ids(&[1]));
         }
@@ -316,12 +333,12 @@ mod tests {
         proptest! {
             #![proptest_config(ProptestConfig::with_cases(128))]
 
-            /// `SentStates` does what the model, which remembers every state, says; versions grow,
+            /// `Ledger` does what the model, which remembers every state, says; versions grow,
             /// what is reported acknowledged never goes back, a version never sent is refused
             /// unless older than one forgotten, and no more than `KEPT` states are kept.
             #[test]
             fn sent_states_follow_the_model(ops in proptest::collection::vec(op(), 1..300)) {
-                let mut sent = SentStates::default();
+                let mut sent = Ledger::default();
                 let mut model = Model::default();
                 let mut generation = 1;
                 let mut reported: Option<(u64, u64)> = None;

@@ -22,13 +22,13 @@ use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::conn::{Conn, Io};
 use crate::error::{ListenError, ServeError};
+use crate::h2_header_fixup::{UnixPathHeaderFix, MAX_FRAME_SIZE};
+use crate::hub::Hub;
 use crate::log_budget::LogBudget;
-use crate::metrics::SdsMetrics;
-use crate::options::SdsLimits;
-use crate::service::SdsServer;
-use crate::transport::conn::{Conn, Io};
-use crate::transport::h2_header_fixup::{UnixPathHeaderFix, MAX_FRAME_SIZE};
+use crate::metrics::StreamMetrics;
+use crate::options::StreamLimits;
 
 /// HTTP/2 PING interval, so that dead peers are noticed and their streams closed.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
@@ -226,38 +226,23 @@ impl BoundListeners {
         self.bound.iter().map(Bound::addr).collect()
     }
 
-    /// Serves `server` on every listener until `shutdown` fires; then closes open streams
-    /// with `UNAVAILABLE`, waits for connections to finish, and removes the unix socket
-    /// files. HTTP/2 keepalive pings close connections to dead peers; the server's
-    /// [`SdsLimits`] bound connections per listener, streams per connection, and how long a
-    /// connection may stay open without a stream.
-    pub async fn serve(
+    /// Serves the gRPC services `routes` (SDS, and the agent protocol beside it), whose streams are
+    /// `hub`'s, on every listener until `shutdown` fires; then closes the hub's open streams with
+    /// `UNAVAILABLE`, waits for connections to finish, and removes the unix socket files. HTTP/2
+    /// keepalive pings close connections to dead peers; the hub's [`StreamLimits`] bound connections
+    /// per listener, streams per connection, and how long a connection may stay open without a stream,
+    /// and its counters count what the listeners shed.
+    pub async fn serve_hub(
         self,
-        server: SdsServer,
+        hub: &Hub,
+        routes: tonic::service::Routes,
         shutdown: CancellationToken,
     ) -> Result<(), ServeError> {
-        self.serve_beside(server, |routes| routes, shutdown).await
-    }
-
-    /// [`BoundListeners::serve`], with the gRPC services `beside` adds to SDS's routes (the agent
-    /// protocol): their requests share SDS's listeners, connection limits and counters. Their streams
-    /// must end when [`SdsServer::closed`] resolves.
-    pub async fn serve_beside(
-        self,
-        server: SdsServer,
-        beside: impl FnOnce(tonic::service::Routes) -> tonic::service::Routes,
-        shutdown: CancellationToken,
-    ) -> Result<(), ServeError> {
-        let policy = ConnPolicy::new("SDS", "limits.sdsConnections", server.limits().clone())
-            .with_metrics(server.metrics());
-        let closer = server.clone();
-        self.serve_service(
-            beside(tonic::service::Routes::new(server.into_service())),
-            policy,
-            move || closer.close_streams(),
-            shutdown,
-        )
-        .await
+        let policy = ConnPolicy::new("SDS", "limits.sdsConnections", hub.limits().clone())
+            .with_metrics(hub.metrics().clone());
+        let closer = hub.clone();
+        self.serve_service(routes, policy, move || closer.close_streams(), shutdown)
+            .await
     }
 
     /// Serves any gRPC services (`routes`) on every listener, with the connection handling SDS has (limits,
@@ -324,8 +309,8 @@ pub type PeerProbe =
 pub struct ConnPolicy {
     what: &'static str,
     connections_setting: &'static str,
-    limits: SdsLimits,
-    metrics: Arc<SdsMetrics>,
+    limits: StreamLimits,
+    metrics: Arc<StreamMetrics>,
     peer_probe: Option<PeerProbe>,
     /// Connections one uid may hold on a unix socket, and the setting that says so.
     per_uid: Option<(usize, &'static str)>,
@@ -345,12 +330,16 @@ impl fmt::Debug for ConnPolicy {
 impl ConnPolicy {
     /// A policy for the service called `what` in logs, whose connection limit is the setting
     /// `connections_setting`, with `limits` and counters of its own.
-    pub fn new(what: &'static str, connections_setting: &'static str, limits: SdsLimits) -> Self {
+    pub fn new(
+        what: &'static str,
+        connections_setting: &'static str,
+        limits: StreamLimits,
+    ) -> Self {
         ConnPolicy {
             what,
             connections_setting,
             limits,
-            metrics: Arc::new(SdsMetrics::default()),
+            metrics: Arc::new(StreamMetrics::default()),
             peer_probe: None,
             per_uid: None,
         }
@@ -365,7 +354,7 @@ impl ConnPolicy {
     }
 
     /// The policy counting into `metrics`.
-    pub fn with_metrics(mut self, metrics: Arc<SdsMetrics>) -> Self {
+    pub fn with_metrics(mut self, metrics: Arc<StreamMetrics>) -> Self {
         self.metrics = metrics;
         self
     }
@@ -379,7 +368,7 @@ impl ConnPolicy {
 
 /// What one listener's accept loop needs besides the socket.
 struct Accepting {
-    /// One permit per open connection: [`SdsLimits::connections_per_listener`].
+    /// One permit per open connection: [`StreamLimits::connections_per_listener`].
     slots: Arc<Semaphore>,
     /// Open connections per peer uid, where the policy limits them.
     per_uid: Arc<Mutex<HashMap<u32, usize>>>,
@@ -428,7 +417,7 @@ impl Accepting {
     /// Closes a connection whose uid holds its share already, saying so at most a few times a minute.
     fn shed_uid(&self, bound: &Bound, uid: Option<u32>) {
         let policy = &self.policy;
-        SdsMetrics::incr(&policy.metrics.connections_shed);
+        StreamMetrics::incr(&policy.metrics.connections_shed);
         let (limit, setting) = policy.per_uid.unwrap_or((0, ""));
         match self.shed_logged.admit() {
             Some(suppressed) => tracing::warn!(
@@ -440,7 +429,7 @@ impl Accepting {
                  connections are closed at once until some close",
                 policy.what,
             ),
-            None => SdsMetrics::incr(&policy.metrics.log_lines_suppressed),
+            None => StreamMetrics::incr(&policy.metrics.log_lines_suppressed),
         }
     }
 
@@ -457,7 +446,7 @@ impl Accepting {
     fn shed(&self, bound: &Bound, accepted: Accepted) {
         drop(accepted);
         let policy = &self.policy;
-        SdsMetrics::incr(&policy.metrics.connections_shed);
+        StreamMetrics::incr(&policy.metrics.connections_shed);
         match self.shed_logged.admit() {
             Some(suppressed) => tracing::warn!(
                 listener = %bound.addr(),
@@ -467,7 +456,7 @@ impl Accepting {
                 policy.what,
                 policy.connections_setting,
             ),
-            None => SdsMetrics::incr(&policy.metrics.log_lines_suppressed),
+            None => StreamMetrics::incr(&policy.metrics.log_lines_suppressed),
         }
     }
 }

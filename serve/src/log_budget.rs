@@ -39,7 +39,7 @@ impl LogBudget {
 
     /// When the current window ends, if anything was logged or suppressed in it; `None` for a
     /// budget that is untouched (or whose window is over).
-    pub(crate) fn window_end(&self) -> Option<Instant> {
+    pub fn window_end(&self) -> Option<Instant> {
         let state = self
             .state
             .lock()

@@ -23,7 +23,7 @@ use meshca_control::{KeyHasher, ProxyHashMap, ProxyKey, Snapshot};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::registry::lock;
+use crate::lock_unpoisoned as lock;
 
 /// How many locks the per-proxy table is split over, so that streams opening together rarely wait.
 const SHARDS: usize = 16;

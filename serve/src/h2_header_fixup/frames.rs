@@ -244,7 +244,7 @@ pub(super) mod tests {
     const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
     /// A frame header announcing `len` bytes, and `payload` (which may be shorter or longer).
-    pub(in crate::transport::h2_header_fixup) fn frame(
+    pub(in crate::h2_header_fixup) fn frame(
         len: usize,
         kind: u8,
         flags: u8,

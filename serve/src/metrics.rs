@@ -1,4 +1,4 @@
-//! Counters the daemon exports as metrics.
+//! Counters the daemon exports as metrics (as `meshca_sds_*`: SDS was their first protocol).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -17,7 +17,8 @@ pub struct AckLag {
 }
 
 impl AckLag {
-    pub(crate) fn observe(&self, lag: Duration) {
+    /// Counts one ACK that came `lag` after its response.
+    pub fn observe(&self, lag: Duration) {
         let secs = lag.as_secs_f64();
         let i = ACK_LAG_BOUNDS
             .iter()
@@ -44,10 +45,11 @@ impl AckLag {
     }
 }
 
-/// SDS counters, shared by all streams. Read them with [`SdsMetrics::get`] or load the
+/// The counters of the hub's listeners and streams (SDS's own, and the refusals and limits of every
+/// protocol on them), shared by all streams. Read them with [`StreamMetrics::get`] or load the
 /// atomics directly.
 #[derive(Debug, Default)]
-pub struct SdsMetrics {
+pub struct StreamMetrics {
     /// Streams currently open (StreamSecrets and DeltaSecrets).
     pub streams_open: AtomicU64,
     /// Responses sent on streams and fetches.
@@ -69,17 +71,19 @@ pub struct SdsMetrics {
     pub ack_lag: AckLag,
 }
 
-impl SdsMetrics {
+impl StreamMetrics {
     /// Reads one counter.
     pub fn get(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn incr(counter: &AtomicU64) {
+    /// Adds one to `counter`.
+    pub fn incr(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn decr(counter: &AtomicU64) {
+    /// Takes one from `counter`.
+    pub fn decr(counter: &AtomicU64) {
         counter.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -1,4 +1,0 @@
-//! `meshca_sds::fuzzing::header_fixup`: its input layout and the invariants it checks are documented there.
-#![no_main]
-
-libfuzzer_sys::fuzz_target!(|data: &[u8]| meshca_sds::fuzzing::header_fixup(data));
