@@ -1,11 +1,9 @@
 //! `MESHCA_<PATH>` environment overrides.
 
 use std::collections::BTreeMap;
-use std::fmt::Display;
-use std::str::FromStr;
 
+use super::env_value::EnvValueError;
 use super::file::{fields, Layer};
-use super::limits::LimitError;
 use super::types::{PKCS11_PIN_ENV, POSTGRES_PASSWORD_ENV};
 use super::{SettingsError, SettingsWarning};
 
@@ -96,11 +94,13 @@ pub(super) fn apply(
                 field: field.to_owned(),
             });
         }
-        set(layer, field, &value).map_err(|e| SettingsError::Invalid {
-            origin: var.clone(),
-            field: field.to_owned(),
-            message: e.to_string(),
-        })?;
+        layer
+            .set(field, &value)
+            .map_err(|e| SettingsError::Invalid {
+                origin: var.clone(),
+                field: field.to_owned(),
+                message: e.to_string(),
+            })?;
         set_by.insert(field, var);
     }
     Ok(set_by)
@@ -119,198 +119,19 @@ pub(super) fn apply_overrides(
             return Err(SettingsError::Invalid {
                 origin,
                 field,
-                message: "not a settings field".to_owned(),
+                message: EnvValueError::NotASetting.to_string(),
             });
         };
-        set(layer, known, &value).map_err(|e| SettingsError::Invalid {
-            origin: origin.clone(),
-            field: known.to_owned(),
-            message: e.to_string(),
-        })?;
+        layer
+            .set(known, &value)
+            .map_err(|e| SettingsError::Invalid {
+                origin: origin.clone(),
+                field: known.to_owned(),
+                message: e.to_string(),
+            })?;
         set_by.insert(known, origin);
     }
     Ok(set_by)
-}
-
-/// Why an environment variable's text is not a value of its field; the caller names the variable
-/// and the field.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-enum EnvValueError {
-    /// The variable is set to the empty string.
-    #[error("must not be empty; unset the variable to use the default")]
-    Empty,
-    /// The field's own parser refused the text (a listen address, a duration, a key algorithm).
-    #[error("{0}")]
-    Parse(String),
-    /// A switch that is not `true`, `false`, `1` or `0`.
-    #[error("expected true or false, got {0:?}")]
-    NotBool(String),
-    /// A number was expected.
-    #[error("expected a number, got {0:?}")]
-    NotNumber(String),
-    /// A whole number was expected.
-    #[error("expected a whole number, got {0:?}")]
-    NotWholeNumber(String),
-    /// A limit's value.
-    #[error(transparent)]
-    Limit(#[from] LimitError),
-}
-
-fn parse<T: FromStr>(value: &str) -> Result<T, EnvValueError>
-where
-    T::Err: Display,
-{
-    value
-        .parse()
-        .map_err(|e: T::Err| EnvValueError::Parse(e.to_string()))
-}
-
-fn non_empty(value: &str) -> Result<String, EnvValueError> {
-    if value.is_empty() {
-        Err(EnvValueError::Empty)
-    } else {
-        Ok(value.to_owned())
-    }
-}
-
-fn parse_bool(value: &str) -> Result<bool, EnvValueError> {
-    match value.to_ascii_lowercase().as_str() {
-        "true" | "1" => Ok(true),
-        "false" | "0" => Ok(false),
-        _ => Err(EnvValueError::NotBool(value.to_owned())),
-    }
-}
-
-/// A number of `T`, or the error `refused` makes of the text.
-fn parse_number<T: FromStr>(
-    value: &str,
-    refused: fn(String) -> EnvValueError,
-) -> Result<T, EnvValueError> {
-    value.parse().map_err(|_| refused(value.to_owned()))
-}
-
-fn parse_list<T: FromStr>(value: &str) -> Result<Vec<T>, EnvValueError>
-where
-    T::Err: Display,
-{
-    value
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(parse)
-        .collect()
-}
-
-/// Sets one field of `layer` from the text of an environment variable.
-fn set(layer: &mut Layer, field: &str, value: &str) -> Result<(), EnvValueError> {
-    if field == "workloadApi.listen" {
-        // The one list an empty value is meaningful for: it turns the Workload API off.
-        layer.workload_api.get_or_insert_default().listen = Some(parse_list(value)?);
-        return Ok(());
-    }
-    let value = non_empty(value)?;
-    let value = value.as_str();
-    match field {
-        "zone" => layer.zone = Some(value.to_owned()),
-        "dataDir" => layer.data_dir = Some(value.into()),
-        "resources" => layer.resources = Some(value.into()),
-        "defaults.mesh" => layer.defaults.get_or_insert_default().mesh = Some(value.to_owned()),
-        "sds.listen" => layer.sds.get_or_insert_default().listen = Some(parse_list(value)?),
-        "sds.tls.certFile" => {
-            let sds = layer.sds.get_or_insert_default();
-            sds.tls.get_or_insert_default().cert_file = Some(value.into());
-        }
-        "sds.tls.keyFile" => {
-            let sds = layer.sds.get_or_insert_default();
-            sds.tls.get_or_insert_default().key_file = Some(value.into());
-        }
-        "sds.insecure" => layer.sds.get_or_insert_default().insecure = Some(parse_bool(value)?),
-        "admin.listen" => layer.admin.get_or_insert_default().listen = Some(parse(value)?),
-        "admin.allowedHosts" => {
-            layer.admin.get_or_insert_default().allowed_hosts = Some(parse_list(value)?);
-        }
-        "issuance.keyAlgorithm" => {
-            layer.issuance.get_or_insert_default().key_algorithm = Some(parse(value)?);
-        }
-        "issuance.renewAt" => {
-            let renew_at = parse_number::<f64>(value, EnvValueError::NotNumber)?;
-            layer.issuance.get_or_insert_default().renew_at = Some(renew_at);
-        }
-        "issuance.workers" => {
-            let workers = parse_number::<usize>(value, EnvValueError::NotWholeNumber)?;
-            layer.issuance.get_or_insert_default().workers = Some(workers);
-        }
-        "issuance.keysAhead" => {
-            let keys = parse_number::<usize>(value, EnvValueError::NotWholeNumber)?;
-            layer.issuance.get_or_insert_default().keys_ahead = Some(keys);
-        }
-        "workloadApi.ackAfter" => {
-            layer.workload_api.get_or_insert_default().ack_after = Some(parse(value)?)
-        }
-        "workloadApi.jwtKeyLifetime" => {
-            layer.workload_api.get_or_insert_default().jwt_key_lifetime = Some(parse(value)?)
-        }
-        "rollout.ackTimeout" => {
-            layer.rollout.get_or_insert_default().ack_timeout = Some(parse(value)?)
-        }
-        "keystore.type" => layer.keystore.get_or_insert_default().kind = Some(parse(value)?),
-        postgres if postgres.starts_with("keystore.postgres.") => {
-            let layer = layer
-                .keystore
-                .get_or_insert_default()
-                .postgres
-                .get_or_insert_default();
-            match postgres {
-                "keystore.postgres.url" => layer.url = Some(value.to_owned()),
-                "keystore.postgres.passwordFile" => layer.password_file = Some(value.into()),
-                "keystore.postgres.keyEncryptionKeyFile" => {
-                    layer.key_encryption_key_file = Some(value.into())
-                }
-                "keystore.postgres.caFile" => layer.ca_file = Some(value.into()),
-                "keystore.postgres.timeout" => layer.timeout = Some(parse(value)?),
-                "keystore.postgres.maxConnections" => {
-                    layer.max_connections =
-                        Some(parse_number(value, EnvValueError::NotWholeNumber)?)
-                }
-                other => {
-                    unreachable!("FIELDS and set() list the same fields; {other} is missing here")
-                }
-            }
-        }
-        pkcs11 if pkcs11.starts_with("keystore.pkcs11.") => {
-            let layer = layer
-                .keystore
-                .get_or_insert_default()
-                .pkcs11
-                .get_or_insert_default();
-            match pkcs11 {
-                "keystore.pkcs11.module" => layer.module = Some(value.into()),
-                "keystore.pkcs11.token" => layer.token = Some(value.to_owned()),
-                "keystore.pkcs11.pinFile" => layer.pin_file = Some(value.into()),
-                other => {
-                    unreachable!("FIELDS and set() list the same fields; {other} is missing here")
-                }
-            }
-        }
-        "replica.name" => layer.replica.get_or_insert_default().name = Some(value.to_owned()),
-        "replica.leaseTimeout" => {
-            layer.replica.get_or_insert_default().lease_timeout = Some(parse(value)?)
-        }
-        "tokens.maxValidFor" => {
-            layer.tokens.get_or_insert_default().max_valid_for = Some(parse(value)?)
-        }
-        limit if limit.starts_with("limits.") => {
-            layer.limits.get_or_insert_default().set(limit, value)?;
-        }
-        "agent.servers" => layer.agent.get_or_insert_default().servers = Some(parse_list(value)?),
-        "agent.tokenFile" => layer.agent.get_or_insert_default().token_file = Some(value.into()),
-        "agent.sdsCa" => layer.agent.get_or_insert_default().sds_ca = Some(value.into()),
-        "agent.listen" => layer.agent.get_or_insert_default().listen = Some(parse(value)?),
-        "agent.admin" => layer.agent.get_or_insert_default().admin = Some(parse(value)?),
-        other => unreachable!("FIELDS and set() list the same fields; {other} is missing here"),
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -356,8 +177,14 @@ mod tests {
                 limit if limit.starts_with("limits.") => "3",
                 _ => "x",
             };
-            assert_eq!(set(&mut layer, field, value), Ok(()), "{field}");
-            assert!(layer.is_set(field), "{field}");
+            assert_eq!(layer.set(field, value), Ok(()), "{field}");
+            for other in fields() {
+                assert_eq!(
+                    layer.is_set(other),
+                    other == field,
+                    "{field} set, {other} asked"
+                );
+            }
         }
     }
 }

@@ -1,286 +1,217 @@
-//! The settings file format: every field optional, unknown keys rejected.
+//! Every daemon setting, declared once: the settings file's layer structs (every field optional,
+//! unknown keys rejected), the list of settings paths, and how each is set from its environment
+//! variable all come from the table at the end of this file.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::LazyLock;
 
 use serde::Deserialize;
 
+use super::env_value::{non_empty, parse_list, read, EnvValueError};
 use super::limits::{LimitsLayer, LIMIT_FIELDS};
 use super::{KeystoreType, ListenAddr, ServerAddr};
 use crate::Duration;
 use meshca_identity::KeyAlgorithm;
 
-/// One layer of settings (the file, then the environment on top). `None` means "not set here".
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(super) struct Layer {
-    pub(super) zone: Option<String>,
-    pub(super) data_dir: Option<PathBuf>,
-    pub(super) resources: Option<PathBuf>,
-    pub(super) defaults: Option<DefaultsLayer>,
-    pub(super) sds: Option<SdsLayer>,
-    pub(super) workload_api: Option<WorkloadApiLayer>,
-    pub(super) admin: Option<AdminLayer>,
-    pub(super) issuance: Option<IssuanceLayer>,
-    pub(super) rollout: Option<RolloutLayer>,
-    pub(super) keystore: Option<KeystoreLayer>,
-    pub(super) tokens: Option<TokensLayer>,
-    pub(super) replica: Option<ReplicaLayer>,
-    pub(super) limits: Option<LimitsLayer>,
-    pub(super) agent: Option<AgentLayer>,
+/// Declares the settings: one row per setting, nested in sections as in the settings file.
+///
+/// A row is `"fileKey" rust_field: Type`, which becomes `rust_field: Option<Type>` of its
+/// section's layer struct, read from the file under `fileKey`. Its path is the keys down to it,
+/// joined by `.` (`sds.tls.certFile`); [`fields`] lists the paths in table order, and the
+/// environment variables are named after them (`super::env`). After the type, a row may have:
+/// - nothing: a setting, whose variable's text must not be empty and is read by the type's
+///   [`FromEnv`](super::env_value::FromEnv) (see [`read`]);
+/// - `with reader`: a setting whose variable's text is read by `reader` instead;
+/// - `{ rows }`: a section, whose layer struct `Type` is declared by these rows;
+/// - `{ .. }`: a section declared by a table of its own (`limits`), which lists its paths (they
+///   come after this table's), says which are set and reads their (non-empty) text.
+///
+/// Each layer struct gets `is_set(path)` and `set(path, text)` for the settings under it.
+/// Doc comments on a row go to its field (and, for a section, its struct).
+macro_rules! settings {
+    // The table: the top-level layer, whose paths have no prefix.
+    ($(#[doc = $doc:literal])* $name:ident { $($rows:tt)* }) => {
+        settings!(@section [$(#[doc = $doc])*] $name [] { $($rows)* });
+    };
+
+    // One section: its layer struct, then the structs of the sections in it. `$prefix` is the
+    // section's path and a ".", as literals for `concat!` (`["sds" "." "tls" "."]`).
+    (@section [$($attr:tt)*] $name:ident $prefix:tt { $(
+        $(#[doc = $doc:literal])*
+        $key:literal $field:ident: $ty:ident $(<$arg:ty>)? $({ $($rows:tt)* })? $(with $read:path)?
+    ),* $(,)? }) => {
+        $($attr)*
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub(super) struct $name {
+            $( $(#[doc = $doc])* #[serde(rename = $key)] pub(super) $field: Option<$ty $(<$arg>)?>, )*
+        }
+
+        impl $name {
+            /// Adds the path of every setting under this section to `paths`, in table order.
+            fn paths(paths: &mut Vec<&'static str>) {
+                $( settings!(@paths paths, $ty, $prefix $key $({ $($rows)* })?); )*
+            }
+
+            /// Whether the setting at `path` (one of [`fields`]) is set in this layer.
+            pub(super) fn is_set(&self, path: &str) -> bool {
+                $( settings!(@is_set self.$field, path, $prefix $key $({ $($rows)* })?); )*
+                false
+            }
+
+            /// Sets the setting at `path` (one of [`fields`]) from an environment variable's text.
+            pub(super) fn set(&mut self, path: &str, text: &str) -> Result<(), EnvValueError> {
+                $( settings!(
+                    @set self.$field, path, text, $prefix $key $({ $($rows)* })? $(with $read)?
+                ); )*
+                Err(EnvValueError::NotASetting)
+            }
+        }
+
+        $( settings!(@subsection [$(#[doc = $doc])*] $ty, $prefix $key $({ $($rows)* })?); )*
+    };
+
+    // A row's paths: a setting's own; a section's, from its struct; none for a section with a
+    // table of its own (`fields` adds them after all of these).
+    (@paths $paths:ident, $ty:ident, [$($prefix:literal)*] $key:literal) => {
+        $paths.push(concat!($($prefix,)* $key));
+    };
+    (@paths $paths:ident, $ty:ident, $prefix:tt $key:literal { .. }) => {};
+    (@paths $paths:ident, $ty:ident, $prefix:tt $key:literal { $($rows:tt)* }) => {
+        $ty::paths($paths);
+    };
+
+    // Whether a row is set: a setting when it has a value; in a section, the section says.
+    (@is_set $slot:expr, $path:ident, [$($prefix:literal)*] $key:literal) => {
+        if $path == concat!($($prefix,)* $key) {
+            return $slot.is_some();
+        }
+    };
+    (@is_set $slot:expr, $path:ident, [$($prefix:literal)*] $key:literal { $($rows:tt)* }) => {
+        if $path.starts_with(concat!($($prefix,)* $key, ".")) {
+            return $slot.as_ref().is_some_and(|section| section.is_set($path));
+        }
+    };
+
+    // Setting a row from a variable's text: a setting reads it (with `read` unless the row names
+    // a reader); a section sets its own setting, the section created if need be.
+    (@set $slot:expr, $path:ident, $text:ident, $prefix:tt $key:literal) => {
+        settings!(@set $slot, $path, $text, $prefix $key with read);
+    };
+    (@set $slot:expr, $path:ident, $text:ident, [$($prefix:literal)*] $key:literal with $read:path) => {
+        if $path == concat!($($prefix,)* $key) {
+            $slot = Some($read($text)?);
+            return Ok(());
+        }
+    };
+    (@set $slot:expr, $path:ident, $text:ident, [$($prefix:literal)*] $key:literal { .. }) => {
+        if $path.starts_with(concat!($($prefix,)* $key, ".")) {
+            let text = non_empty($text)?;
+            return $slot.get_or_insert_default().set($path, text).map_err(EnvValueError::from);
+        }
+    };
+    (@set $slot:expr, $path:ident, $text:ident, [$($prefix:literal)*] $key:literal { $($rows:tt)* }) => {
+        if $path.starts_with(concat!($($prefix,)* $key, ".")) {
+            return $slot.get_or_insert_default().set($path, $text);
+        }
+    };
+
+    // The struct of a section declared by this table; nothing for a setting or another table's.
+    (@subsection [$($attr:tt)*] $ty:ident, $prefix:tt $key:literal) => {};
+    (@subsection [$($attr:tt)*] $ty:ident, $prefix:tt $key:literal { .. }) => {};
+    (@subsection [$($attr:tt)*] $ty:ident, [$($prefix:literal)*] $key:literal { $($rows:tt)* }) => {
+        settings!(@section [
+            #[doc = concat!("`", $($prefix,)* $key, ":` in one layer of settings; `None` means \"not set here\".")]
+            $($attr)*
+        ] $ty [$($prefix)* $key "."] { $($rows)* });
+    };
 }
 
-/// `agent:`. The listen address is read like `sds.listen`'s, so that a TCP one is refused with a
-/// reason.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(super) struct AgentLayer {
-    pub(super) servers: Option<Vec<ServerAddr>>,
-    pub(super) token_file: Option<PathBuf>,
-    pub(super) sds_ca: Option<PathBuf>,
-    pub(super) listen: Option<ListenAddr>,
-    pub(super) admin: Option<SocketAddr>,
+settings! {
+    /// One layer of settings (the file, then the environment on top). `None` means "not set here".
+    Layer {
+        "zone" zone: String,
+        "dataDir" data_dir: PathBuf,
+        "resources" resources: PathBuf,
+        "defaults" defaults: DefaultsLayer {
+            "mesh" mesh: String,
+        },
+        "sds" sds: SdsLayer {
+            "listen" listen: Vec<ListenAddr>,
+            "tls" tls: TlsLayer {
+                "certFile" cert_file: PathBuf,
+                "keyFile" key_file: PathBuf,
+            },
+            "insecure" insecure: bool,
+        },
+        /// Addresses are read like `sds.listen`'s, so that a TCP one is refused with a reason
+        /// rather than as a malformed address.
+        "workloadApi" workload_api: WorkloadApiLayer {
+            // The one list an empty variable is meaningful for: it turns the Workload API off.
+            "listen" listen: Vec<ListenAddr> with parse_list,
+            "ackAfter" ack_after: Duration,
+            "jwtKeyLifetime" jwt_key_lifetime: Duration,
+        },
+        "admin" admin: AdminLayer {
+            "listen" listen: SocketAddr,
+            "allowedHosts" allowed_hosts: Vec<String>,
+        },
+        "issuance" issuance: IssuanceLayer {
+            "keyAlgorithm" key_algorithm: KeyAlgorithm,
+            "renewAt" renew_at: f64,
+            "workers" workers: usize,
+            "keysAhead" keys_ahead: usize,
+        },
+        "rollout" rollout: RolloutLayer {
+            "ackTimeout" ack_timeout: Duration,
+        },
+        "keystore" keystore: KeystoreLayer {
+            "type" kind: KeystoreType,
+            "postgres" postgres: PostgresLayer {
+                "url" url: String,
+                "passwordFile" password_file: PathBuf,
+                "keyEncryptionKeyFile" key_encryption_key_file: PathBuf,
+                "caFile" ca_file: PathBuf,
+                "timeout" timeout: Duration,
+                "maxConnections" max_connections: usize,
+            },
+            "pkcs11" pkcs11: Pkcs11Layer {
+                "module" module: PathBuf,
+                "token" token: String,
+                "pinFile" pin_file: PathBuf,
+            },
+        },
+        "tokens" tokens: TokensLayer {
+            "maxValidFor" max_valid_for: Duration,
+        },
+        "replica" replica: ReplicaLayer {
+            "name" name: String,
+            "leaseTimeout" lease_timeout: Duration,
+        },
+        "limits" limits: LimitsLayer { .. },
+        /// The listen address is read like `sds.listen`'s, so that a TCP one is refused with a
+        /// reason.
+        "agent" agent: AgentLayer {
+            "servers" servers: Vec<ServerAddr>,
+            "tokenFile" token_file: PathBuf,
+            "sdsCa" sds_ca: PathBuf,
+            "listen" listen: ListenAddr,
+            "admin" admin: SocketAddr,
+        },
+    }
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(super) struct DefaultsLayer {
-    pub(super) mesh: Option<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(super) struct SdsLayer {
-    pub(super) listen: Option<Vec<ListenAddr>>,
-    pub(super) tls: Option<TlsLayer>,
-    pub(super) insecure: Option<bool>,
-}
-
-/// `workloadApi:`. Addresses are read like `sds.listen`'s, so that a TCP one is refused with a
-/// reason rather than as a malformed address.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(super) struct WorkloadApiLayer {
-    pub(super) listen: Option<Vec<ListenAddr>>,
-    pub(super) ack_after: Option<Duration>,
-    pub(super) jwt_key_lifetime: Option<Duration>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(super) struct TlsLayer {
-    pub(super) cert_file: Option<PathBuf>,
-    pub(super) key_file: Option<PathBuf>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(super) struct AdminLayer {
-    pub(super) listen: Option<SocketAddr>,
-    pub(super) allowed_hosts: Option<Vec<String>>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(super) struct IssuanceLayer {
-    pub(super) key_algorithm: Option<KeyAlgorithm>,
-    pub(super) renew_at: Option<f64>,
-    pub(super) workers: Option<usize>,
-    pub(super) keys_ahead: Option<usize>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(super) struct RolloutLayer {
-    pub(super) ack_timeout: Option<Duration>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(super) struct KeystoreLayer {
-    #[serde(rename = "type")]
-    pub(super) kind: Option<KeystoreType>,
-    pub(super) postgres: Option<PostgresLayer>,
-    pub(super) pkcs11: Option<Pkcs11Layer>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(super) struct Pkcs11Layer {
-    pub(super) module: Option<PathBuf>,
-    pub(super) token: Option<String>,
-    pub(super) pin_file: Option<PathBuf>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(super) struct PostgresLayer {
-    pub(super) url: Option<String>,
-    pub(super) password_file: Option<PathBuf>,
-    pub(super) key_encryption_key_file: Option<PathBuf>,
-    pub(super) ca_file: Option<PathBuf>,
-    pub(super) timeout: Option<Duration>,
-    pub(super) max_connections: Option<usize>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(super) struct ReplicaLayer {
-    pub(super) name: Option<String>,
-    pub(super) lease_timeout: Option<Duration>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(super) struct TokensLayer {
-    pub(super) max_valid_for: Option<Duration>,
-}
-
-/// The settings fields outside `limits:`, as written in the file (dotted camelCase paths).
-const BASE_FIELDS: [&str; 36] = [
-    "zone",
-    "dataDir",
-    "resources",
-    "defaults.mesh",
-    "sds.listen",
-    "sds.tls.certFile",
-    "sds.tls.keyFile",
-    "sds.insecure",
-    "workloadApi.listen",
-    "workloadApi.ackAfter",
-    "workloadApi.jwtKeyLifetime",
-    "admin.listen",
-    "admin.allowedHosts",
-    "issuance.keyAlgorithm",
-    "issuance.renewAt",
-    "issuance.workers",
-    "issuance.keysAhead",
-    "rollout.ackTimeout",
-    "keystore.type",
-    "keystore.postgres.url",
-    "keystore.postgres.passwordFile",
-    "keystore.postgres.keyEncryptionKeyFile",
-    "keystore.postgres.caFile",
-    "keystore.postgres.timeout",
-    "keystore.postgres.maxConnections",
-    "keystore.pkcs11.module",
-    "keystore.pkcs11.token",
-    "keystore.pkcs11.pinFile",
-    "tokens.maxValidFor",
-    "replica.name",
-    "replica.leaseTimeout",
-    "agent.servers",
-    "agent.tokenFile",
-    "agent.sdsCa",
-    "agent.listen",
-    "agent.admin",
-];
+/// The paths of [`fields`]: the table's, then the limits' (from their own table).
+static FIELDS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
+    let mut paths = Vec::new();
+    Layer::paths(&mut paths);
+    paths.extend_from_slice(LIMIT_FIELDS);
+    paths
+});
 
 /// Every settings field as written in the file (its dotted camelCase path). The environment
 /// variable names are derived from these.
 pub(super) fn fields() -> impl Iterator<Item = &'static str> {
-    BASE_FIELDS.into_iter().chain(LIMIT_FIELDS.iter().copied())
-}
-
-impl Layer {
-    /// Whether `field` (one of [`fields`]) is set in this layer.
-    pub(super) fn is_set(&self, field: &str) -> bool {
-        let sds = self.sds.as_ref();
-        let tls = sds.and_then(|s| s.tls.as_ref());
-        match field {
-            "zone" => self.zone.is_some(),
-            "dataDir" => self.data_dir.is_some(),
-            "resources" => self.resources.is_some(),
-            "defaults.mesh" => self.defaults.as_ref().is_some_and(|d| d.mesh.is_some()),
-            "sds.listen" => sds.is_some_and(|s| s.listen.is_some()),
-            "sds.tls.certFile" => tls.is_some_and(|t| t.cert_file.is_some()),
-            "sds.tls.keyFile" => tls.is_some_and(|t| t.key_file.is_some()),
-            "sds.insecure" => sds.is_some_and(|s| s.insecure.is_some()),
-            "workloadApi.listen" => self
-                .workload_api
-                .as_ref()
-                .is_some_and(|w| w.listen.is_some()),
-            "workloadApi.ackAfter" => self
-                .workload_api
-                .as_ref()
-                .is_some_and(|w| w.ack_after.is_some()),
-            "workloadApi.jwtKeyLifetime" => self
-                .workload_api
-                .as_ref()
-                .is_some_and(|w| w.jwt_key_lifetime.is_some()),
-            "admin.listen" => self.admin.as_ref().is_some_and(|a| a.listen.is_some()),
-            "admin.allowedHosts" => self
-                .admin
-                .as_ref()
-                .is_some_and(|a| a.allowed_hosts.is_some()),
-            "issuance.keyAlgorithm" => self
-                .issuance
-                .as_ref()
-                .is_some_and(|i| i.key_algorithm.is_some()),
-            "issuance.renewAt" => self.issuance.as_ref().is_some_and(|i| i.renew_at.is_some()),
-            "issuance.workers" => self.issuance.as_ref().is_some_and(|i| i.workers.is_some()),
-            "issuance.keysAhead" => self
-                .issuance
-                .as_ref()
-                .is_some_and(|i| i.keys_ahead.is_some()),
-            "rollout.ackTimeout" => self
-                .rollout
-                .as_ref()
-                .is_some_and(|r| r.ack_timeout.is_some()),
-            "keystore.type" => self.keystore.as_ref().is_some_and(|k| k.kind.is_some()),
-            postgres if postgres.starts_with("keystore.postgres.") => self
-                .keystore
-                .as_ref()
-                .and_then(|k| k.postgres.as_ref())
-                .is_some_and(|p| p.is_set(postgres)),
-            pkcs11 if pkcs11.starts_with("keystore.pkcs11.") => self
-                .keystore
-                .as_ref()
-                .and_then(|k| k.pkcs11.as_ref())
-                .is_some_and(|p| match pkcs11 {
-                    "keystore.pkcs11.module" => p.module.is_some(),
-                    "keystore.pkcs11.token" => p.token.is_some(),
-                    "keystore.pkcs11.pinFile" => p.pin_file.is_some(),
-                    _ => false,
-                }),
-            "replica.name" => self.replica.as_ref().is_some_and(|r| r.name.is_some()),
-            "replica.leaseTimeout" => self
-                .replica
-                .as_ref()
-                .is_some_and(|r| r.lease_timeout.is_some()),
-            "tokens.maxValidFor" => self
-                .tokens
-                .as_ref()
-                .is_some_and(|t| t.max_valid_for.is_some()),
-            limit if limit.starts_with("limits.") => {
-                self.limits.as_ref().is_some_and(|l| l.is_set(limit))
-            }
-            agent if agent.starts_with("agent.") => {
-                self.agent.as_ref().is_some_and(|a| match agent {
-                    "agent.servers" => a.servers.is_some(),
-                    "agent.tokenFile" => a.token_file.is_some(),
-                    "agent.sdsCa" => a.sds_ca.is_some(),
-                    "agent.listen" => a.listen.is_some(),
-                    "agent.admin" => a.admin.is_some(),
-                    _ => false,
-                })
-            }
-            _ => false,
-        }
-    }
-}
-
-impl PostgresLayer {
-    /// Whether `field` (a `keystore.postgres.*` field) is set.
-    fn is_set(&self, field: &str) -> bool {
-        match field {
-            "keystore.postgres.url" => self.url.is_some(),
-            "keystore.postgres.passwordFile" => self.password_file.is_some(),
-            "keystore.postgres.keyEncryptionKeyFile" => self.key_encryption_key_file.is_some(),
-            "keystore.postgres.caFile" => self.ca_file.is_some(),
-            "keystore.postgres.timeout" => self.timeout.is_some(),
-            "keystore.postgres.maxConnections" => self.max_connections.is_some(),
-            _ => false,
-        }
-    }
+    FIELDS.iter().copied()
 }

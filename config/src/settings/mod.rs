@@ -2,6 +2,7 @@
 
 mod agent;
 mod env;
+mod env_value;
 mod error;
 mod file;
 mod limits;

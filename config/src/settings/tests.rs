@@ -1082,3 +1082,60 @@ fn a_postgres_keystore_with_a_token_needs_no_key_encryption_key_file() {
         "{e}"
     );
 }
+
+/// Every settings path is a key of the settings file: a value of the wrong kind there is refused as
+/// that field's, not as an unknown key.
+#[test]
+fn every_field_is_a_key_of_the_settings_file() {
+    for field in super::file::fields() {
+        let mut yaml = String::new();
+        for (depth, key) in field.split('.').enumerate() {
+            yaml.push_str(&format!("{}{key}:\n", "  ".repeat(depth)));
+        }
+        yaml.insert_str(yaml.len() - 1, " {}");
+        match super::resolve::parse_file(Path::new("s.yaml"), &yaml) {
+            Err(SettingsError::Invalid {
+                field: refused,
+                message,
+                ..
+            }) => {
+                assert_eq!(refused, field, "{message}");
+                assert!(
+                    message.starts_with("invalid type: map"),
+                    "{field}: {message}"
+                );
+            }
+            other => panic!("{field}: {other:?}"),
+        }
+    }
+}
+
+/// docs/operations.md's settings table lists every setting and its variable, and nothing else.
+#[test]
+fn the_operations_guide_lists_every_setting_and_its_variable() {
+    let guide = include_str!("../../../docs/operations.md");
+    let rows = guide
+        .lines()
+        .skip_while(|line| !line.starts_with("| setting | variable |"))
+        .skip(2)
+        .take_while(|line| line.starts_with('|'));
+    let ticked = |column: &str| -> Vec<String> {
+        column
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect()
+    };
+    let mut settings = std::collections::BTreeSet::new();
+    let mut variables = std::collections::BTreeSet::new();
+    for row in rows {
+        let columns: Vec<&str> = row.split('|').collect();
+        settings.extend(ticked(columns[1]));
+        variables.extend(ticked(columns[2]));
+    }
+    let fields: std::collections::BTreeSet<String> =
+        super::file::fields().map(str::to_owned).collect();
+    assert_eq!(settings, fields);
+    assert_eq!(variables, settings_env_vars().into_iter().collect());
+}
