@@ -166,7 +166,7 @@ pub struct BootstrapArgs {
     pub admin_port: u16,
     /// `PORT:APP_PORT`: an mTLS listener on PORT forwarding to the local app on APP_PORT (repeatable).
     #[arg(long, value_name = "PORT:APP_PORT")]
-    pub inbound: Vec<meshca_drill::bootstrap::Inbound>,
+    pub inbound: Vec<meshca_sds::bootstrap::Inbound>,
     /// `LOCAL_PORT=HOST:PORT[@SPIFFE_ID|@meshservice:NAME]`: a loopback listener whose cluster originates
     /// mTLS to HOST:PORT, accepting only SPIFFE_ID, or the identities of MeshService NAME through its
     /// `meshservice:NAME` validation context, when given (repeatable).
@@ -174,7 +174,7 @@ pub struct BootstrapArgs {
         long,
         value_name = "LOCAL_PORT=HOST:PORT[@SPIFFE_ID|@meshservice:NAME]"
     )]
-    pub outbound: Vec<meshca_drill::bootstrap::Outbound>,
+    pub outbound: Vec<meshca_sds::bootstrap::Outbound>,
     /// Open a new upstream connection (a new mTLS handshake) for every outbound request, as the drills
     /// do to see every certificate change at once.
     #[arg(long)]

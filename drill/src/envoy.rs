@@ -25,7 +25,7 @@ use tokio::task::JoinSet;
 
 use super::rng::SplitMix64;
 use super::traffic::{current_phase, record, PhaseTally, Phases, Recorder};
-use crate::bootstrap::{Bootstrap, Inbound, Outbound, Peer, SdsTarget};
+use meshca_sds::bootstrap::{Bootstrap, Inbound, Outbound, Peer, SdsTarget};
 
 /// How long one request through a pair may take before it counts as failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);

@@ -18,7 +18,6 @@
 
 pub mod agents;
 pub mod bench;
-pub mod bootstrap;
 pub mod envoy;
 pub mod failover;
 pub mod fleet;

@@ -3,10 +3,12 @@
 //! One owner publishes an immutable snapshot through the stream hub (`meshca-serve`); the
 //! [`SdsServer`] authenticates each proxy with its token, serves it exactly the secrets it asks for
 //! from the current snapshot, pushes what changes, and reports ACKs and NACKs to the owner through the
-//! hub. [`SdsClient`] speaks the same protocol from the other side.
+//! hub. [`SdsClient`] speaks the same protocol from the other side, and [`bootstrap`] writes the Envoy
+//! bootstrap that connects a sidecar to it.
 #![forbid(unsafe_code)]
 
 mod authn;
+pub mod bootstrap;
 mod client;
 mod delta;
 mod describe;

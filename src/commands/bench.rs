@@ -6,9 +6,9 @@ use std::time::{Duration, Instant, SystemTime};
 use meshca_ca::{CaParams, CertificateAuthority, SvidRequest};
 use meshca_identity::KeyAlgorithm;
 
-use crate::cli::{
-    BenchAgentsArgs, BenchClient, BenchIssuanceArgs, BenchSdsArgs, BenchWorkloadArgs,
-};
+use crate::cli::BenchIssuanceArgs;
+#[cfg(feature = "drills")]
+use crate::cli::{BenchAgentsArgs, BenchClient, BenchSdsArgs, BenchWorkloadArgs};
 use crate::InvalidInput;
 
 /// Calls `f` repeatedly for `span` on this thread; returns calls per second.
@@ -226,6 +226,7 @@ fn rsa_wave(
 }
 
 /// The library's name for where a bench runs its clients.
+#[cfg(feature = "drills")]
 fn bench_client(client: BenchClient) -> meshca_drill::bench::harness::BenchClient {
     use meshca_drill::bench::harness::BenchClient as Library;
     match client {
@@ -235,6 +236,7 @@ fn bench_client(client: BenchClient) -> meshca_drill::bench::harness::BenchClien
 }
 
 /// `meshca bench workload`: the library's bench with the command line's options.
+#[cfg(feature = "drills")]
 pub async fn workload(args: BenchWorkloadArgs) -> anyhow::Result<ExitCode> {
     use meshca_drill::bench::workload;
     workload::run(workload::WorkloadArgs {
@@ -250,6 +252,7 @@ pub async fn workload(args: BenchWorkloadArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// `meshca bench agents`: the library's bench with the command line's options.
+#[cfg(feature = "drills")]
 pub async fn agents(args: BenchAgentsArgs) -> anyhow::Result<ExitCode> {
     use meshca_drill::bench::agents;
     agents::run(agents::AgentsArgs {
@@ -263,6 +266,7 @@ pub async fn agents(args: BenchAgentsArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// `meshca bench sds`: the library's bench with the command line's options.
+#[cfg(feature = "drills")]
 pub async fn sds(args: BenchSdsArgs) -> anyhow::Result<ExitCode> {
     use meshca_drill::bench::sds;
     sds::run(sds::SdsArgs {

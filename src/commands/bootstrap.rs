@@ -9,10 +9,10 @@ use meshca_config::ListenAddr;
 
 use crate::cli::BootstrapArgs;
 use crate::InvalidInput;
-use meshca_drill::bootstrap::{Bootstrap, SdsTarget};
+use meshca_sds::bootstrap::{Bootstrap, SdsTarget};
 
 pub fn run(args: BootstrapArgs) -> anyhow::Result<ExitCode> {
-    meshca_drill::bootstrap::check_ports(args.admin_port, &args.inbound, &args.outbound)
+    meshca_sds::bootstrap::check_ports(args.admin_port, &args.inbound, &args.outbound)
         .map_err(|clash| InvalidInput(clash.to_string()))?;
     let settings = super::load_settings(args.config.config.as_deref())?;
     let token = super::issue::read_token(&args.token_file)?;

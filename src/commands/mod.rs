@@ -3,6 +3,7 @@
 mod agent;
 mod bench;
 mod bootstrap;
+#[cfg(feature = "drills")]
 mod drill;
 mod inspect;
 mod issue;
@@ -34,13 +35,25 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Inspect(args) => inspect::run(args),
         Command::Status(args) => status::run(args).await,
         Command::Bench(crate::cli::BenchCommand::Issuance(args)) => bench::issuance(args),
+        #[cfg(feature = "drills")]
         Command::Bench(crate::cli::BenchCommand::Sds(args)) => bench::sds(args).await,
+        #[cfg(feature = "drills")]
         Command::Bench(crate::cli::BenchCommand::Workload(args)) => bench::workload(args).await,
+        #[cfg(feature = "drills")]
         Command::Bench(crate::cli::BenchCommand::Agents(args)) => bench::agents(args).await,
+        #[cfg(feature = "drills")]
         Command::Bench(crate::cli::BenchCommand::SdsClient) => {
             meshca_drill::bench::child::serve().await
         }
+        #[cfg(feature = "drills")]
         Command::Drill(args) => drill::run(args).await,
+        #[cfg(not(feature = "drills"))]
+        Command::Bench(_) | Command::Drill(_) => Err(crate::InvalidInput(
+            "this meshca was built without drills and benches (the `drills` cargo feature, off in \
+             packaged builds); run them from a build of the source (`cargo run --release -- drill ...`)"
+                .to_owned(),
+        )
+        .into()),
         Command::Bootstrap(args) => bootstrap::run(args),
         Command::Workload(crate::cli::WorkloadCommand::Fetch(args)) => {
             workload_fetch::run(args).await
