@@ -493,11 +493,21 @@ pub struct AdminLimits {
     pub warnings_per_minute: u32,
 }
 
+/// Why the admin listener could not be bound.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen for the admin API on {addr} (admin.listen): {error}")]
+pub(crate) struct AdminListenError {
+    /// `admin.listen`.
+    addr: SocketAddr,
+    /// Why.
+    error: std::io::Error,
+}
+
 /// Binds the admin listener, naming the address on failure.
-pub async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-        anyhow::anyhow!("cannot listen for the admin API on {addr} (admin.listen): {e}")
-    })
+pub(crate) async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, AdminListenError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|error| AdminListenError { addr, error })
 }
 
 /// The replicas of the database and whether it answers; 404 for a daemon on files.

@@ -2,20 +2,63 @@
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, Context};
 use meshca_keystore::crash_point;
+
+/// Why a file could not be replaced; the target is untouched.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AtomicFileError {
+    /// No random name for the temporary file.
+    #[error("the system's random source failed")]
+    RandomSource,
+    /// The temporary file could not be created.
+    #[error("cannot create {path}")]
+    Create {
+        /// The temporary file.
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The temporary file could not be written, synced or renamed over the target.
+    #[error("cannot replace {path}")]
+    Replace {
+        /// The target.
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The directory could not be synced after the rename.
+    #[error("cannot sync {path}")]
+    SyncDir {
+        /// The directory.
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The path given names no file in a directory.
+    #[error("{path} is not a file path")]
+    NotAFilePath {
+        /// The path given.
+        path: PathBuf,
+    },
+}
 
 /// Writes `data` to `dir/name` atomically: a temporary file with a random name, created exclusively
 /// (never an existing file, never through a symlink) with `mode` from the start, written, synced, then
 /// renamed over the target, and the directory synced. A reader sees the old or the new file, never a mix;
 /// on failure the target is untouched and the temporary file removed.
 pub fn write_atomic(dir: &Path, name: &str, data: &[u8], mode: u32) -> crate::Result<()> {
-    replace(dir, name, data, mode).map_err(crate::Error::from_internal)
+    Ok(replace(dir, name, data, mode)?)
 }
 
-fn replace(dir: &Path, name: &str, data: &[u8], mode: u32) -> anyhow::Result<()> {
+/// [`write_atomic`], inside the library.
+pub(crate) fn replace(
+    dir: &Path,
+    name: &str,
+    data: &[u8],
+    mode: u32,
+) -> Result<(), AtomicFileError> {
     let target = dir.join(name);
     let tmp = dir.join(format!(".{name}.{}.tmp", random_suffix()?));
     crash_point(format_args!("create {}", tmp.display()));
@@ -24,7 +67,10 @@ fn replace(dir: &Path, name: &str, data: &[u8], mode: u32) -> anyhow::Result<()>
         .create_new(true)
         .mode(mode)
         .open(&tmp)
-        .with_context(|| format!("cannot create {}", tmp.display()))?;
+        .map_err(|source| AtomicFileError::Create {
+            path: tmp.clone(),
+            source,
+        })?;
     crash_point(format_args!("write {}", tmp.display()));
     let written = f.write_all(data).and_then(|_| f.sync_all()).and_then(|_| {
         crash_point(format_args!(
@@ -34,31 +80,40 @@ fn replace(dir: &Path, name: &str, data: &[u8], mode: u32) -> anyhow::Result<()>
         ));
         std::fs::rename(&tmp, &target)
     });
-    if let Err(e) = written {
+    if let Err(source) = written {
         // Nothing half-written is left behind.
         let _ = std::fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("cannot replace {}", target.display()));
+        return Err(AtomicFileError::Replace {
+            path: target,
+            source,
+        });
     }
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
-        .with_context(|| format!("cannot sync {}", dir.display()))?;
-    Ok(())
+        .map_err(|source| AtomicFileError::SyncDir {
+            path: dir.to_owned(),
+            source,
+        })
 }
 
 /// Writes `data` to `path` atomically (see [`write_atomic`]).
 pub fn write_atomic_path(path: &Path, data: &[u8], mode: u32) -> crate::Result<()> {
+    Ok(replace_path(path, data, mode)?)
+}
+
+/// [`write_atomic_path`], inside the library.
+pub(crate) fn replace_path(path: &Path, data: &[u8], mode: u32) -> Result<(), AtomicFileError> {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
-        return Err(crate::Error::from_internal(anyhow!(
-            "{} is not a file path",
-            path.display()
-        )));
+        return Err(AtomicFileError::NotAFilePath {
+            path: path.to_owned(),
+        });
     };
     let dir = if dir.as_os_str().is_empty() {
         Path::new(".")
     } else {
         dir
     };
-    write_atomic(dir, name, data, mode)
+    replace(dir, name, data, mode)
 }
 
 /// How old a temporary file must be to be taken for one a killed writer left: a write takes
@@ -126,13 +181,19 @@ fn is_temp_name(name: &str) -> bool {
 }
 
 /// 16 random hex digits for a temporary file's name.
-fn random_suffix() -> anyhow::Result<String> {
+fn random_suffix() -> Result<String, AtomicFileError> {
     use ring::rand::SecureRandom;
     let mut bytes = [0u8; 8];
     ring::rand::SystemRandom::new()
         .fill(&mut bytes)
-        .map_err(|_| anyhow!("the system's random source failed"))?;
+        .map_err(|_| AtomicFileError::RandomSource)?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+impl From<AtomicFileError> for crate::Error {
+    fn from(error: AtomicFileError) -> crate::Error {
+        crate::Error::failed(error)
+    }
 }
 
 #[cfg(test)]

@@ -4,29 +4,92 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use anyhow::{anyhow, Context};
+use meshca_auth::AuthError;
 use meshca_config::{ListenAddr, Settings};
 use meshca_control::{
     load_world, GateView, LoopHealth, Owner, OwnerConfig, OwnerLoop, PeerLink, RecordLink,
-    ReloadOutcome, Snapshot, StatusHandle, StreamEvent, World,
+    ReloadOutcome, Snapshot, StatusHandle, StreamEvent, UpdateError, World,
 };
 use meshca_keystore::Keystore;
 use meshca_sds::SdsServer;
-use meshca_serve::{BoundListeners, HubOptions, Listener};
+use meshca_serve::{BoundListeners, HubOptions, ListenError, Listener};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::data_dir::{DaemonLock, DataDir};
-use super::files::ensure_resources;
+use super::admin::AdminListenError;
+use super::daemon_keys::TlsIdentityError;
+use super::data_dir::{DaemonLock, DataDir, DataDirError};
+use super::files::{ensure_resources, ResourcesError};
 use super::limits::ServeLimits;
 use super::reload::Reloader;
 use super::replica::{DatabaseView, GateSync, Heartbeat};
-use super::store::Store;
+use super::revocations::RevocationsError;
+use super::store::{Store, StoreError};
+use super::watcher::WatchError;
+use super::workload_api::WorkloadApiError;
 use super::{admin, admin_hosts, daemon_keys, metrics, revocations, watcher};
 use super::{agent_api, workload_api};
-use crate::error::{Error, InvalidInput, Result};
+use crate::error::{Result, TaskError};
 use meshca_db::RecordSync;
 use meshca_db::Replicas;
+
+/// Why the daemon did not start; nothing was started then.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StartError {
+    /// The data directory could not be opened or locked.
+    #[error(transparent)]
+    DataDir(#[from] DataDirError),
+    /// The store, or the token signing key in it, could not be opened.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The resources directory could not be made ready.
+    #[error(transparent)]
+    Resources(#[from] ResourcesError),
+    /// The resources are invalid: every problem, one a line. Input the operator must fix.
+    #[error("the resources are invalid; nothing was started:\n  {}", lines(.0))]
+    InvalidResources(Vec<UpdateError>),
+    /// The token revocation list could not be read (fail closed).
+    #[error("refusing to start")]
+    Revocations(#[source] RevocationsError),
+    /// The SDS listeners could not be bound.
+    #[error("cannot start the SDS listeners (sds.listen)")]
+    SdsListeners(#[source] ListenError),
+    /// The SDS TCP listeners have no TLS identity.
+    #[error(transparent)]
+    SdsTls(#[from] TlsIdentityError),
+    /// The Workload API could not be started.
+    #[error(transparent)]
+    WorkloadApi(#[from] WorkloadApiError),
+    /// The admin listener could not be bound.
+    #[error(transparent)]
+    AdminListener(#[from] AdminListenError),
+    /// The admin listener's address could not be read.
+    #[error(transparent)]
+    AdminAddress(std::io::Error),
+    /// The resources directory or the revocation list cannot be watched.
+    #[error(transparent)]
+    Watch(#[from] WatchError),
+}
+
+/// The problems of [`StartError::InvalidResources`], one a line.
+fn lines(errors: &[UpdateError]) -> String {
+    let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    lines.join("\n  ")
+}
+
+/// Why the running daemon could not do what was asked of it.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DaemonError {
+    /// A proxy token could not be signed.
+    #[error("cannot sign a token: {0}")]
+    Sign(AuthError),
+    /// The daemon stopped before a resources reload asked for was applied.
+    #[error("the daemon stopped before applying the update")]
+    StoppedBeforeUpdate,
+    /// The daemon stopped before a new `defaults.mesh` was applied.
+    #[error("the daemon stopped before applying defaults.mesh")]
+    StoppedBeforeDefaultMesh,
+}
 
 /// How long shutdown waits for streams and tasks to finish.
 const GRACE: Duration = Duration::from_secs(10);
@@ -67,7 +130,7 @@ pub struct Daemon {
     signing_key: meshca_auth::SigningKey,
     reloader: Reloader,
     shutdown: CancellationToken,
-    tasks: tokio::task::JoinSet<anyhow::Result<()>>,
+    tasks: tokio::task::JoinSet<Result<(), TaskError>>,
     _watcher: Option<notify::RecommendedWatcher>,
     /// Held until the daemon is dropped (after [`Daemon::stop`] drained it).
     _lock: DaemonLock,
@@ -84,15 +147,13 @@ impl std::fmt::Debug for Daemon {
 
 impl Daemon {
     /// Loads everything, binds every listener and starts serving. Invalid settings or resources are
-    /// an [`Error::InvalidInput`]; nothing is started then.
+    /// an [`crate::Error::InvalidInput`]; nothing is started then.
     pub async fn start(settings: Settings, options: DaemonOptions) -> Result<Daemon> {
-        Daemon::start_steps(settings, options)
-            .await
-            .map_err(Error::from_internal)
+        Ok(Daemon::start_steps(settings, options).await?)
     }
 
     /// [`Daemon::start`], step by step.
-    async fn start_steps(settings: Settings, options: DaemonOptions) -> anyhow::Result<Daemon> {
+    async fn start_steps(settings: Settings, options: DaemonOptions) -> Result<Daemon, StartError> {
         // What a peer can make the HTTP libraries log goes through the same budget as the daemon's
         // own warnings about peers.
         meshca_serve::library_logs::set_warnings_per_minute(settings.limits.warnings_per_minute);
@@ -253,24 +314,26 @@ impl Daemon {
 
     /// Mints a proxy token with the daemon's key.
     pub fn mint_token(&self, claims: &meshca_auth::Claims) -> Result<String> {
-        self.signing_key
-            .mint(claims)
-            .map_err(|e| Error::from_internal(anyhow!("cannot sign a token: {e}")))
+        Ok(self.signing_key.mint(claims).map_err(DaemonError::Sign)?)
     }
 
     /// Reloads the resources directory now and waits for the outcome.
     pub async fn reload_resources(&self) -> Result<ReloadOutcome> {
-        self.reloader.resources().await.ok_or_else(|| {
-            Error::from_internal(anyhow!("the daemon stopped before applying the update"))
-        })
+        Ok(self
+            .reloader
+            .resources()
+            .await
+            .ok_or(DaemonError::StoppedBeforeUpdate)?)
     }
 
     /// Serves `mesh` as `defaults.mesh` (the mesh whose identity the zone egress uses) from now on, as
     /// SIGHUP does after the settings file changed, and waits until the reload it comes with is served.
     pub async fn set_default_mesh(&self, mesh: Option<String>) -> Result<ReloadOutcome> {
-        self.reloader.default_mesh(mesh).await.ok_or_else(|| {
-            Error::from_internal(anyhow!("the daemon stopped before applying defaults.mesh"))
-        })
+        Ok(self
+            .reloader
+            .default_mesh(mesh)
+            .await
+            .ok_or(DaemonError::StoppedBeforeDefaultMesh)?)
     }
 
     /// What reloads resources and revocations (SIGHUP and the file watcher use it).
@@ -280,17 +343,17 @@ impl Daemon {
 
     /// Waits until a daemon task fails (or ends, which is a failure too) or `shutdown` is cancelled.
     pub async fn wait(&mut self) -> Result<()> {
-        self.wait_for_tasks().await.map_err(Error::from_internal)
+        Ok(self.wait_for_tasks().await?)
     }
 
-    async fn wait_for_tasks(&mut self) -> anyhow::Result<()> {
+    async fn wait_for_tasks(&mut self) -> Result<(), TaskError> {
         tokio::select! {
             _ = self.shutdown.cancelled() => Ok(()),
             done = self.tasks.join_next() => match done {
                 None => Ok(()),
-                Some(Ok(Ok(()))) => Err(anyhow!("a daemon task ended unexpectedly")),
+                Some(Ok(Ok(()))) => Err(TaskError::Ended),
                 Some(Ok(Err(e))) => Err(e),
-                Some(Err(e)) => Err(anyhow!("a daemon task panicked: {e}")),
+                Some(Err(e)) => Err(TaskError::Panicked(e)),
             },
         }
     }
@@ -328,7 +391,7 @@ struct Opened {
 }
 
 impl Opened {
-    async fn open(settings: &Settings) -> anyhow::Result<Opened> {
+    async fn open(settings: &Settings) -> Result<Opened, StartError> {
         // Before anything in the data directory is created or written: one daemon per directory.
         let data_dir = DataDir::open(&settings.data_dir)?;
         let lock = data_dir.lock_for_daemon()?;
@@ -347,7 +410,7 @@ impl Opened {
         let revocations = revocations_source
             .read()
             .await
-            .context("refusing to start")?;
+            .map_err(StartError::Revocations)?;
         Ok(Opened {
             lock,
             store,
@@ -410,7 +473,7 @@ struct Listeners {
 }
 
 impl Listeners {
-    async fn bind(settings: &Settings, keystore: &dyn Keystore) -> anyhow::Result<Listeners> {
+    async fn bind(settings: &Settings, keystore: &dyn Keystore) -> Result<Listeners, StartError> {
         let sds = bind_sds(settings, keystore).await?;
         let sds_addrs = sds.local_addrs();
         let workload = workload_api::bind(settings).await?;
@@ -419,7 +482,7 @@ impl Listeners {
             .map(BoundListeners::local_addrs)
             .unwrap_or_default();
         let admin = admin::bind(settings.admin.listen).await?;
-        let admin_addr = admin.local_addr()?;
+        let admin_addr = admin.local_addr().map_err(StartError::AdminAddress)?;
         tracing::info!(addr = %admin_addr, "admin API listening");
         if !admin_addr.ip().is_loopback() {
             tracing::warn!(
@@ -527,7 +590,7 @@ impl Tasks {
         reloader: &Reloader,
         shutdown: &CancellationToken,
         limits: ServeLimits,
-    ) -> tokio::task::JoinSet<anyhow::Result<()>> {
+    ) -> tokio::task::JoinSet<Result<(), TaskError>> {
         let mut tasks = tokio::task::JoinSet::new();
         let owner_loop = self.owner_loop;
         tasks.spawn(async move {
@@ -550,20 +613,32 @@ impl Tasks {
             shutdown.clone(),
         ));
         if self.poll_revocations {
-            tasks.spawn(reloader.clone().poll_revocations(shutdown.clone()));
+            let poll = reloader.clone().poll_revocations(shutdown.clone());
+            tasks.spawn(async move {
+                poll.await;
+                Ok(())
+            });
         }
         if let Some(heartbeat) = self.heartbeat {
-            tasks.spawn(heartbeat.run(shutdown.clone()));
+            let shutdown = shutdown.clone();
+            tasks.spawn(async move {
+                heartbeat.run(shutdown).await;
+                Ok(())
+            });
         }
         if let Some(token) = self.token {
-            tasks.spawn(super::token_health::watch(
-                token,
-                reloader.clone(),
-                shutdown.clone(),
-            ));
+            let watch = super::token_health::watch(token, reloader.clone(), shutdown.clone());
+            tasks.spawn(async move {
+                watch.await;
+                Ok(())
+            });
         }
         if let Some((gate_sync, record_sync)) = self.replica_sync {
-            tasks.spawn(gate_sync.run(shutdown.clone()));
+            let gate_shutdown = shutdown.clone();
+            tasks.spawn(async move {
+                gate_sync.run(gate_shutdown).await;
+                Ok(())
+            });
             let shutdown = shutdown.clone();
             tasks.spawn(async move {
                 record_sync.run(shutdown).await;
@@ -582,15 +657,10 @@ impl Tasks {
 
 /// The first world: the resources directory (seeded when empty) with every CA loaded. Invalid
 /// resources stop the start with every error listed.
-fn load_initial_world(settings: &Settings, keystore: &dyn Keystore) -> anyhow::Result<World> {
+fn load_initial_world(settings: &Settings, keystore: &dyn Keystore) -> Result<World, StartError> {
     ensure_resources(&settings.resources)?;
-    let world = load_world(settings, keystore, None, SystemTime::now()).map_err(|errors| {
-        let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
-        anyhow::Error::new(InvalidInput(format!(
-            "the resources are invalid; nothing was started:\n  {}",
-            lines.join("\n  ")
-        )))
-    })?;
+    let world = load_world(settings, keystore, None, SystemTime::now())
+        .map_err(StartError::InvalidResources)?;
     for (mesh, role, ca) in world.authorities() {
         tracing::info!(mesh, ca = %role, id = %ca.ca.id(), "CA loaded");
     }
@@ -598,10 +668,13 @@ fn load_initial_world(settings: &Settings, keystore: &dyn Keystore) -> anyhow::R
 }
 
 /// Binds every SDS listener of the settings.
-async fn bind_sds(settings: &Settings, keystore: &dyn Keystore) -> anyhow::Result<BoundListeners> {
+async fn bind_sds(
+    settings: &Settings,
+    keystore: &dyn Keystore,
+) -> Result<BoundListeners, StartError> {
     let bound = meshca_serve::bind(sds_listeners(settings, keystore)?)
         .await
-        .context("cannot start the SDS listeners (sds.listen)")?;
+        .map_err(StartError::SdsListeners)?;
     for addr in bound.local_addrs() {
         tracing::info!(%addr, "SDS listening");
     }
@@ -609,7 +682,10 @@ async fn bind_sds(settings: &Settings, keystore: &dyn Keystore) -> anyhow::Resul
 }
 
 /// The SDS listeners of the settings; TCP ones get TLS from `sds.tls` or the daemon's own SDS CA.
-fn sds_listeners(settings: &Settings, keystore: &dyn Keystore) -> anyhow::Result<Vec<Listener>> {
+fn sds_listeners(
+    settings: &Settings,
+    keystore: &dyn Keystore,
+) -> Result<Vec<Listener>, TlsIdentityError> {
     let mut listeners = Vec::new();
     let mut tls: Option<Arc<rustls::ServerConfig>> = None;
     for addr in &settings.sds.listen {
@@ -637,7 +713,7 @@ fn sds_listeners(settings: &Settings, keystore: &dyn Keystore) -> anyhow::Result
 fn server_tls(
     settings: &Settings,
     keystore: &dyn Keystore,
-) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+) -> Result<Arc<rustls::ServerConfig>, TlsIdentityError> {
     let identity = match &settings.sds.tls {
         Some(files) => daemon_keys::server_identity_from_files(&files.cert_file, &files.key_file)?,
         None => {
@@ -654,13 +730,13 @@ async fn serve_sds(
     sds: SdsServer,
     agents: meshca_agent_server::AgentServer,
     shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), TaskError> {
     let hub = sds.hub().clone();
     let routes = sds.routes().add_service(agents.into_service());
     bound
         .serve_hub(&hub, routes, shutdown)
         .await
-        .map_err(|e| anyhow!("SDS server failed: {e}"))
+        .map_err(TaskError::Sds)
 }
 
 async fn serve_admin(
@@ -668,8 +744,23 @@ async fn serve_admin(
     state: admin::AdminState,
     limits: admin::AdminLimits,
     shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), TaskError> {
     admin::serve(listener, state, limits, shutdown)
         .await
-        .map_err(|e| anyhow!("admin API failed: {e}"))
+        .map_err(TaskError::Admin)
+}
+
+/// A start refused for invalid resources is input; any other failed start is not.
+impl From<StartError> for crate::Error {
+    fn from(error: StartError) -> crate::Error {
+        match error {
+            StartError::InvalidResources(_) => crate::Error::input(error),
+            _ => crate::Error::failed(error),
+        }
+    }
+}
+impl From<DaemonError> for crate::Error {
+    fn from(error: DaemonError) -> crate::Error {
+        crate::Error::failed(error)
+    }
 }

@@ -1,13 +1,37 @@
 //! The daemon's files: the store (the data directory's keystore, or the database), and the resources
 //! directory (seeded with defaults when empty).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use meshca_config::Settings;
 
+use super::atomic_file::{replace_path, AtomicFileError};
 use super::data_dir::DataDir;
-use super::store::{Store, Token};
+use super::store::{Store, StoreError, Token};
+
+/// Why the resources directory could not be made ready.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ResourcesError {
+    /// The directory could not be created.
+    #[error("resources: cannot create {path}")]
+    Create {
+        /// The directory.
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The directory could not be listed.
+    #[error("resources: cannot read {path}")]
+    Read {
+        /// The directory.
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The default resources could not be written into it.
+    #[error(transparent)]
+    WriteDefaults(#[from] AtomicFileError),
+}
 
 /// The store the settings name (see [`Store::open`]), for commands that run beside the daemon and load
 /// CAs (`meshca issue --mesh`): with `keystore.pkcs11`, the token is opened.
@@ -37,21 +61,23 @@ pub fn open_store_to_mint(settings: &Settings) -> crate::Result<(DataDir, Store)
 }
 
 fn open_store_with(settings: &Settings, token: Token) -> crate::Result<(DataDir, Store)> {
-    let open = || {
-        let data_dir = DataDir::open(&settings.data_dir)?;
-        let store = Store::open(settings, &data_dir, token)?;
-        Ok((data_dir, store))
-    };
-    open().map_err(crate::Error::from_internal)
+    let data_dir = DataDir::open(&settings.data_dir).map_err(StoreError::from)?;
+    let store = Store::open(settings, &data_dir, token)?;
+    Ok((data_dir, store))
 }
 
 /// Creates the resources directory with the default Mesh and MeshIdentity when it holds no resource
 /// file.
-pub fn ensure_resources(dir: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("resources: cannot create {}", dir.display()))?;
+pub(crate) fn ensure_resources(dir: &Path) -> Result<(), ResourcesError> {
+    std::fs::create_dir_all(dir).map_err(|source| ResourcesError::Create {
+        path: dir.to_owned(),
+        source,
+    })?;
     let has_yaml = std::fs::read_dir(dir)
-        .with_context(|| format!("resources: cannot read {}", dir.display()))?
+        .map_err(|source| ResourcesError::Read {
+            path: dir.to_owned(),
+            source,
+        })?
         .filter_map(Result::ok)
         .any(|e| {
             e.path()
@@ -62,7 +88,7 @@ pub fn ensure_resources(dir: &Path) -> anyhow::Result<()> {
         let path = dir.join("default.yaml");
         // Atomically: a kill mid-write must not leave a cut file, which the next start would take as
         // the operator's resources.
-        crate::atomic_file::write_atomic_path(
+        replace_path(
             &path,
             meshca_config::default_resources_yaml().as_bytes(),
             0o644,

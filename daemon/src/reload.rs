@@ -8,7 +8,8 @@ use meshca_control::{Reload, ReloadOutcome};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::metrics::Metrics;
-use super::revocations;
+use super::revocations::{self, RevocationsError};
+use crate::error::Chain;
 
 /// What changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,7 +127,8 @@ impl Reloader {
         tokio::spawn(async move {
             if let Err(e) = reloader.revocations_now().await {
                 tracing::error!(
-                    "revocation list not reloaded, the previous one stays in force: {e:#}"
+                    "revocation list not reloaded, the previous one stays in force: {}",
+                    Chain(&e)
                 );
             }
         });
@@ -134,7 +136,7 @@ impl Reloader {
 
     /// Re-reads the revocation list and publishes it when it changed. On failure the previous list
     /// stays in force and the failure is counted; the caller logs it.
-    pub(crate) async fn revocations_now(&self) -> anyhow::Result<()> {
+    pub(crate) async fn revocations_now(&self) -> Result<(), RevocationsError> {
         let list = self.revocations_source.read().await.inspect_err(|_| {
             self.metrics.revocation_reload_failed();
         })?;
@@ -150,14 +152,11 @@ impl Reloader {
 
     /// Reads the database's revoked tokens every [`revocations::DATABASE_POLL`] until `shutdown`. A
     /// failure is logged when it starts and when it ends, not once per read.
-    pub(crate) async fn poll_revocations(
-        self,
-        shutdown: tokio_util::sync::CancellationToken,
-    ) -> anyhow::Result<()> {
+    pub(crate) async fn poll_revocations(self, shutdown: tokio_util::sync::CancellationToken) {
         let mut failing = false;
         loop {
             tokio::select! {
-                _ = shutdown.cancelled() => return Ok(()),
+                _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(revocations::DATABASE_POLL) => {}
             }
             match self.revocations_now().await {
@@ -169,7 +168,8 @@ impl Reloader {
                 Err(e) if !failing => {
                     failing = true;
                     tracing::error!(
-                        "cannot read the revoked tokens; the list read last stays in force until the database answers: {e:#}"
+                        "cannot read the revoked tokens; the list read last stays in force until the database answers: {}",
+                        Chain(&e)
                     );
                 }
                 Err(_) => {}

@@ -75,7 +75,7 @@ pub struct Heartbeat {
 
 impl Heartbeat {
     /// Runs until `shutdown`.
-    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+    pub async fn run(self, shutdown: CancellationToken) {
         let started = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
@@ -84,7 +84,7 @@ impl Heartbeat {
         loop {
             self.beat(started).await;
             tokio::select! {
-                _ = shutdown.cancelled() => return Ok(()),
+                _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(every) => {}
             }
         }
@@ -182,7 +182,7 @@ pub struct GateSync {
 
 impl GateSync {
     /// Runs until `shutdown`.
-    pub async fn run(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
+    pub async fn run(mut self, shutdown: CancellationToken) {
         // Versions read so far, and what each said.
         let mut known: LiveViews = BTreeMap::new();
         // Replicas whose lease expired: since when, and their last view.
@@ -192,10 +192,10 @@ impl GateSync {
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                () = shutdown.cancelled() => return Ok(()),
+                () = shutdown.cancelled() => return,
                 changed = self.view.changed() => {
                     if changed.is_err() {
-                        return Ok(());
+                        return;
                     }
                     unwritten = true;
                 }

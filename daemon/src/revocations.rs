@@ -7,11 +7,10 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use anyhow::{anyhow, Context};
-use meshca_auth::RevocationList;
-use meshca_db::TokenRevocations;
+use meshca_auth::{AuthError, RevocationList};
+use meshca_db::{DbError, TokenRevocations};
 
-use crate::atomic_file::write_atomic_path;
+use crate::atomic_file::{replace_path, AtomicFileError};
 
 /// Mode of the list: the daemon's user writes it, anyone who can reach the data directory may read it.
 const LIST_MODE: u32 = 0o644;
@@ -25,6 +24,92 @@ const LOCK_NAME: &str = "revoked-tokens.lock";
 /// The largest list read: two million revoked tokens, each with the note `--revoke` writes.
 const MAX_LIST_BYTES: u64 = 128 * 1024 * 1024;
 
+/// Why the token revocation list could not be read, created or added to.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RevocationsError {
+    /// The list is missing, but a token signing key exists: tokens revoked in it would be accepted
+    /// again.
+    #[error(
+        "the token revocation list {path} is missing, but this data directory has a token signing key: every \
+         token revoked in it would be accepted again. Restore it from a backup; or, to start with no revoked \
+         tokens on purpose, create it empty (`touch {path}`)"
+    )]
+    Missing {
+        /// The list.
+        path: PathBuf,
+    },
+    /// The list could not be read.
+    #[error("cannot read the token revocation list {path}: {error}")]
+    Read {
+        /// The list.
+        path: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// The list does not parse.
+    #[error("the token revocation list {path} is invalid: {error}")]
+    Invalid {
+        /// The list.
+        path: PathBuf,
+        /// What is wrong, and on which line.
+        error: AuthError,
+    },
+    /// The list could not be read to add an id to it.
+    #[error("cannot read the token revocation list {path}")]
+    ReadToRevoke {
+        /// The list.
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The list does not parse, so no id was added to it.
+    #[error(
+        "the token revocation list {path} is invalid, so nothing was revoked: {error}; fix that line first"
+    )]
+    InvalidToRevoke {
+        /// The list.
+        path: PathBuf,
+        /// What is wrong, and on which line.
+        error: AuthError,
+    },
+    /// The task reading the list failed.
+    #[error("reading the token revocation list failed: {0}")]
+    ReadTask(tokio::task::JoinError),
+    /// The database's revoked tokens could not be read.
+    #[error("{0}")]
+    Database(DbError),
+    /// The database holds something that is not a token id.
+    #[error("the database's revoked tokens (table meshca_revoked_tokens) are invalid: {0}")]
+    InvalidInDatabase(AuthError),
+    /// The writers' lock file could not be opened.
+    #[error("cannot open {path}")]
+    OpenLock {
+        /// The lock file.
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The writers' lock could not be taken.
+    #[error("cannot lock {path}")]
+    Lock {
+        /// The lock file.
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Whether the list exists could not be found out.
+    #[error("cannot inspect {path}")]
+    Inspect {
+        /// The list.
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The list could not be written.
+    #[error(transparent)]
+    Write(#[from] AtomicFileError),
+}
+
 /// What [`revoke`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Revoked {
@@ -36,31 +121,31 @@ pub enum Revoked {
 
 /// Reads and parses the list. Missing, unreadable and invalid are all errors naming the file: the caller
 /// keeps what it had (a running daemon) or stops (a starting one).
-pub(crate) fn read(path: &Path) -> anyhow::Result<RevocationList> {
-    let text = read_text(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => anyhow!("{}", missing_message(path)),
-        _ => anyhow!(
-            "cannot read the token revocation list {}: {e}",
-            path.display()
-        ),
+pub(crate) fn read(path: &Path) -> Result<RevocationList, RevocationsError> {
+    let text = read_text(path).map_err(|error| match error.kind() {
+        std::io::ErrorKind::NotFound => RevocationsError::Missing {
+            path: path.to_owned(),
+        },
+        _ => RevocationsError::Read {
+            path: path.to_owned(),
+            error,
+        },
     })?;
-    RevocationList::parse(&text).map_err(|e| {
-        anyhow!(
-            "the token revocation list {} is invalid: {e}",
-            path.display()
-        )
+    RevocationList::parse(&text).map_err(|error| RevocationsError::Invalid {
+        path: path.to_owned(),
+        error,
     })
 }
 
 /// Creates the list, empty with its explanatory header, unless it exists. Called whenever the token
 /// signing key is about to be created, so that a data directory with a key always has a list and a
 /// missing list is a loss, never a fresh start.
-pub(crate) fn create_if_missing(path: &Path) -> anyhow::Result<()> {
+pub(crate) fn create_if_missing(path: &Path) -> Result<(), RevocationsError> {
     let _lock = lock(path)?;
     if path_exists(path)? {
         return Ok(());
     }
-    write_atomic_path(path, RevocationList::EMPTY_FILE.as_bytes(), LIST_MODE)?;
+    replace_path(path, RevocationList::EMPTY_FILE.as_bytes(), LIST_MODE)?;
     tracing::info!(file = %path.display(), "created the empty token revocation list");
     Ok(())
 }
@@ -71,10 +156,11 @@ pub(crate) fn create_if_missing(path: &Path) -> anyhow::Result<()> {
 /// A missing list is created when `key_exists` is false (no token was ever minted here); otherwise it is
 /// an error, since writing a list with only this id would un-revoke every token of the lost one.
 pub fn revoke(path: &Path, id: &str, key_exists: bool) -> crate::Result<Revoked> {
-    add(path, id, key_exists).map_err(crate::Error::from_internal)
+    Ok(add(path, id, key_exists)?)
 }
 
-fn add(path: &Path, id: &str, key_exists: bool) -> anyhow::Result<Revoked> {
+/// [`revoke`], inside the library.
+fn add(path: &Path, id: &str, key_exists: bool) -> Result<Revoked, RevocationsError> {
     let _lock = lock(path)?;
     let text = match read_text(path) {
         Ok(text) => text,
@@ -82,25 +168,28 @@ fn add(path: &Path, id: &str, key_exists: bool) -> anyhow::Result<Revoked> {
             RevocationList::EMPTY_FILE.to_owned()
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(anyhow!("{}", missing_message(path)))
+            return Err(RevocationsError::Missing {
+                path: path.to_owned(),
+            })
         }
-        Err(e) => {
-            return Err(e).with_context(|| {
-                format!("cannot read the token revocation list {}", path.display())
+        Err(source) => {
+            return Err(RevocationsError::ReadToRevoke {
+                path: path.to_owned(),
+                source,
             })
         }
     };
     let note = format!("revoked {}", meshca_control::rfc3339(SystemTime::now()));
-    let updated = RevocationList::add_to_file(&text, id, &note).map_err(|e| {
-        anyhow!(
-            "the token revocation list {} is invalid, so nothing was revoked: {e}; fix that line first",
-            path.display()
-        )
+    let updated = RevocationList::add_to_file(&text, id, &note).map_err(|error| {
+        RevocationsError::InvalidToRevoke {
+            path: path.to_owned(),
+            error,
+        }
     })?;
     match updated {
         None => Ok(Revoked::Already),
         Some(text) => {
-            write_atomic_path(path, text.as_bytes(), LIST_MODE)?;
+            replace_path(path, text.as_bytes(), LIST_MODE)?;
             Ok(Revoked::Added)
         }
     }
@@ -121,17 +210,20 @@ pub const DATABASE_POLL: std::time::Duration = std::time::Duration::from_secs(1)
 
 impl Source {
     /// Reads the list. Every failure is an error: the caller keeps what it had, or does not start.
-    pub(crate) async fn read(&self) -> anyhow::Result<RevocationList> {
+    pub(crate) async fn read(&self) -> Result<RevocationList, RevocationsError> {
         match self {
             // Off the runtime's threads: a file read can take as long as the disk does.
             Source::File(path) => {
                 let path = path.clone();
                 tokio::task::spawn_blocking(move || read(&path))
                     .await
-                    .map_err(|e| anyhow!("reading the token revocation list failed: {e}"))?
+                    .map_err(RevocationsError::ReadTask)?
             }
             Source::Database(revocations) => {
-                let ids = revocations.ids().await.map_err(|e| anyhow!("{e}"))?;
+                let ids = revocations
+                    .ids()
+                    .await
+                    .map_err(RevocationsError::Database)?;
                 from_ids(&ids)
             }
         }
@@ -140,10 +232,8 @@ impl Source {
 
 /// The list of the database's ids; an id that is not one (a row written by hand) refuses the whole
 /// list, naming it.
-fn from_ids(ids: &[String]) -> anyhow::Result<RevocationList> {
-    RevocationList::parse(&ids.join("\n")).map_err(|e| {
-        anyhow!("the database's revoked tokens (table meshca_revoked_tokens) are invalid: {e}")
-    })
+fn from_ids(ids: &[String]) -> Result<RevocationList, RevocationsError> {
+    RevocationList::parse(&ids.join("\n")).map_err(RevocationsError::InvalidInDatabase)
 }
 
 /// The list's text: a regular file (a FIFO or a device put in its place is refused without blocking)
@@ -152,18 +242,8 @@ fn read_text(path: &Path) -> std::io::Result<String> {
     meshca_files::read_text(path, MAX_LIST_BYTES, "the largest token revocation list")
 }
 
-/// Why a missing list is an error, and how to recover on purpose.
-fn missing_message(path: &Path) -> String {
-    format!(
-        "the token revocation list {path} is missing, but this data directory has a token signing key: every \
-         token revoked in it would be accepted again. Restore it from a backup; or, to start with no revoked \
-         tokens on purpose, create it empty (`touch {path}`)",
-        path = path.display()
-    )
-}
-
 /// Takes the writers' lock of the list at `path` (waiting for it); released when the file is dropped.
-fn lock(path: &Path) -> anyhow::Result<File> {
+fn lock(path: &Path) -> Result<File, RevocationsError> {
     let lock_path = lock_path(path);
     let file = OpenOptions::new()
         .read(true)
@@ -172,9 +252,14 @@ fn lock(path: &Path) -> anyhow::Result<File> {
         .truncate(false)
         .mode(0o600)
         .open(&lock_path)
-        .with_context(|| format!("cannot open {}", lock_path.display()))?;
-    file.lock()
-        .with_context(|| format!("cannot lock {}", lock_path.display()))?;
+        .map_err(|source| RevocationsError::OpenLock {
+            path: lock_path.clone(),
+            source,
+        })?;
+    file.lock().map_err(|source| RevocationsError::Lock {
+        path: lock_path,
+        source,
+    })?;
     Ok(file)
 }
 
@@ -182,9 +267,18 @@ fn lock_path(path: &Path) -> PathBuf {
     path.with_file_name(LOCK_NAME)
 }
 
-fn path_exists(path: &Path) -> anyhow::Result<bool> {
+fn path_exists(path: &Path) -> Result<bool, RevocationsError> {
     path.try_exists()
-        .with_context(|| format!("cannot inspect {}", path.display()))
+        .map_err(|source| RevocationsError::Inspect {
+            path: path.to_owned(),
+            source,
+        })
+}
+
+impl From<RevocationsError> for crate::Error {
+    fn from(error: RevocationsError) -> crate::Error {
+        crate::Error::failed(error)
+    }
 }
 
 #[cfg(test)]

@@ -2,11 +2,21 @@
 //! stop it, SIGHUP reloads), and the settings it starts from.
 
 use crate::reload::Change;
-use crate::{Daemon, DaemonOptions, Error, Result};
+use crate::{Daemon, DaemonOptions, Result};
 
 use std::path::{Path, PathBuf};
 
-use meshca_config::Settings;
+use meshca_config::{Settings, SettingsError};
+
+/// Settings that do not load (the file, or the environment): input the operator must fix.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct InvalidSettings(SettingsError);
+
+/// A handler for the process's signals could not be installed.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub(crate) struct SignalError(std::io::Error);
 
 /// Runs the daemon (with `settings`, read from `config` and the environment) until SIGTERM/SIGINT.
 pub async fn run(settings: Settings, config: Option<PathBuf>) -> Result<()> {
@@ -24,7 +34,7 @@ async fn wait_for_signals(
     config: Option<PathBuf>,
 ) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let handler = |kind| signal(kind).map_err(|e| Error::from_internal(e.into()));
+    let handler = |kind| signal(kind).map_err(SignalError);
     let mut term = handler(SignalKind::terminate())?;
     let mut int = handler(SignalKind::interrupt())?;
     let mut hup = handler(SignalKind::hangup())?;
@@ -71,12 +81,24 @@ fn reread_default_mesh(config: Option<&Path>, current: &mut Settings) -> Option<
 }
 
 /// Settings from embedded defaults, the file and `MESHCA_*` variables; invalid settings are an
-/// [`Error::InvalidInput`].
+/// [`crate::Error::InvalidInput`].
 pub fn load_settings(path: Option<&Path>) -> Result<Settings> {
-    Settings::load(path, process_env()).map_err(|e| Error::invalid_input(e.to_string()))
+    Ok(Settings::load(path, process_env()).map_err(InvalidSettings)?)
 }
 
 /// The process environment, skipping variables that are not UTF-8 (never meshca's own).
 pub fn process_env() -> impl Iterator<Item = (String, String)> {
     std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+}
+
+/// Settings that do not load: input.
+impl From<InvalidSettings> for crate::Error {
+    fn from(error: InvalidSettings) -> crate::Error {
+        crate::Error::input(error)
+    }
+}
+impl From<SignalError> for crate::Error {
+    fn from(error: SignalError) -> crate::Error {
+        crate::Error::failed(error)
+    }
 }

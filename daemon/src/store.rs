@@ -4,11 +4,10 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, Context};
 use meshca_auth::SigningKey;
 use meshca_config::{
     Pkcs11Settings, PostgresSettings, Settings, MAX_PKCS11_PIN_FILE, PKCS11_PIN_ENV,
@@ -18,12 +17,148 @@ use meshca_db::{
     Database, DbError, DbOptions, KeyEncryptionKey, PostgresKeystore, ProxyRecords,
     TokenRevocations,
 };
-use meshca_hsm::Token as Pkcs11Token;
-use meshca_keystore::{Keystore, WithToken};
+use meshca_hsm::{HsmError, Token as Pkcs11Token, UriError};
+use meshca_keystore::{Keystore, KeystoreError, WithToken};
 use zeroize::Zeroizing;
 
-use super::data_dir::DataDir;
-use super::{daemon_keys, revocations};
+use super::daemon_keys::{self, KeyError};
+use super::data_dir::{DataDir, DataDirError};
+use super::revocations::{self, RevocationsError};
+use crate::error::Chain;
+
+/// Why the store could not be opened, or its token signing key had.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StoreError {
+    /// The data directory, or the keystore in it, could not be opened.
+    #[error(transparent)]
+    DataDir(#[from] DataDirError),
+    /// No PIN for the PKCS#11 token.
+    #[error(transparent)]
+    Pin(#[from] PinError),
+    /// The PKCS#11 token could not be opened.
+    #[error(transparent)]
+    Token(#[from] HsmError),
+    /// The database did not connect, or its keystore did not open. Said without its sources: only
+    /// this error is retried, while the database does not answer.
+    #[error("{0}")]
+    Database(DbError),
+    /// The key-encryption key file could not be read.
+    #[error("keystore.postgres.keyEncryptionKeyFile")]
+    KeyEncryptionKeyFile(#[source] DbError),
+    /// Neither a key-encryption key file nor a token to seal the database's secrets.
+    #[error("keystore.postgres.keyEncryptionKeyFile: required unless keystore.pkcs11 is set")]
+    NoKeyEncryptionKey,
+    /// The database's password file could not be opened or read.
+    #[error("keystore.postgres.passwordFile: {path}")]
+    PasswordFile {
+        /// The file.
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Others than its owner can read the database's password file.
+    #[error(
+        "keystore.postgres.passwordFile: {path} has mode {mode:04o}, but a password file must be readable by \
+         its owner only: `chmod 600` it"
+    )]
+    PasswordFileExposed {
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// The database's password file is not text.
+    #[error("keystore.postgres.passwordFile: {path} is not UTF-8 text")]
+    PasswordFileNotText {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The task opening the store failed.
+    #[error(transparent)]
+    OpenTask(tokio::task::JoinError),
+    /// Whether the keystore holds a token signing key could not be found out.
+    #[error(transparent)]
+    Keystore(#[from] KeystoreError),
+    /// The token revocation list could not be created.
+    #[error(transparent)]
+    Revocations(#[from] RevocationsError),
+    /// The token signing key could not be loaded or made.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+}
+
+/// Why there is no PIN for the PKCS#11 token; it never says the PIN.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PinError {
+    /// Neither a PIN file nor the variable.
+    #[error(
+        "keystore.pkcs11: no PIN for token {token:?}: set keystore.pkcs11.pinFile (a file readable by \
+         its owner only) or {PKCS11_PIN_ENV}"
+    )]
+    NotGiven {
+        /// The token's label.
+        token: String,
+    },
+    /// The variable is not text.
+    #[error("{PKCS11_PIN_ENV} is not UTF-8 text")]
+    VariableNotText,
+    /// The variable is set, but empty.
+    #[error(
+        "{PKCS11_PIN_ENV} is empty: set it to the token's user PIN, or unset it and set \
+         keystore.pkcs11.pinFile"
+    )]
+    VariableEmpty,
+    /// The PIN file could not be opened or read.
+    #[error("keystore.pkcs11.pinFile: {path}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Others than its owner can read the PIN file.
+    #[error(
+        "keystore.pkcs11.pinFile: {path} has mode {mode:04o}, but a PIN file must be readable by its \
+         owner only: `chmod 600` it"
+    )]
+    FileExposed {
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// The PIN file is not text.
+    #[error("keystore.pkcs11.pinFile: {path} is not UTF-8 text")]
+    FileNotText {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The PIN file holds no PIN.
+    #[error("keystore.pkcs11.pinFile: {path} is empty: it must hold the token's user PIN")]
+    FileEmpty {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+/// Why the key pairs a kill left in the PKCS#11 token could not be settled.
+#[derive(Debug, thiserror::Error)]
+enum SettleError {
+    /// The keystore's entries could not be listed or read.
+    #[error(transparent)]
+    Keystore(#[from] KeystoreError),
+    /// An entry does not hold a `pkcs11:` URI.
+    #[error("the keystore entry {name}")]
+    Entry {
+        /// The entry.
+        name: String,
+        #[source]
+        source: UriError,
+    },
+    /// The token could not look for, finish or destroy the key pairs.
+    #[error(transparent)]
+    Token(#[from] HsmError),
+}
 
 /// The largest password file read.
 const MAX_PASSWORD_FILE: u64 = 4096;
@@ -51,44 +186,7 @@ impl Store {
         settings: &Settings,
         data_dir: &DataDir,
         token: Token,
-    ) -> anyhow::Result<Store> {
-        Store::open_or_unavailable(settings, data_dir, token).map_err(Unavailable::into_error)
-    }
-
-    /// [`Store::open`] for the daemon: while the database does not answer, tries again with a growing
-    /// pause (logged each time), so that a replica started before its database comes up when the
-    /// database does. Anything else wrong stops the start at once.
-    pub(crate) async fn open_waiting(
-        settings: &Settings,
-        data_dir: &DataDir,
-    ) -> anyhow::Result<Store> {
-        let mut pause = RETRY_FIRST;
-        loop {
-            let (settings, data_dir) = (settings.clone(), data_dir.clone());
-            let opened = tokio::task::spawn_blocking(move || {
-                Store::open_or_unavailable(&settings, &data_dir, Token::Open)
-            })
-            .await?;
-            match opened {
-                Ok(store) => return Ok(store),
-                Err(Unavailable::Database(e)) if e.is_unavailable() => {
-                    tracing::warn!(
-                        retry_in_seconds = pause.as_secs(),
-                        "not ready: the database does not answer, and this replica needs it to load its CAs: {e}"
-                    );
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(RETRY_MAX);
-                }
-                Err(other) => return Err(other.into_error()),
-            }
-        }
-    }
-
-    fn open_or_unavailable(
-        settings: &Settings,
-        data_dir: &DataDir,
-        token: Token,
-    ) -> Result<Store, Unavailable> {
+    ) -> Result<Store, StoreError> {
         let needed = match token {
             Token::Open => true,
             Token::OnlyForTheDatabase => settings
@@ -98,11 +196,11 @@ impl Store {
                 .is_some_and(|p| p.key_encryption_key_file.is_none()),
         };
         let token = match needed {
-            true => open_settings_token(settings).map_err(Unavailable::Other)?,
+            true => open_settings_token(settings)?,
             false => None,
         };
         let Some(postgres) = &settings.keystore.postgres else {
-            let files = data_dir.keystore().map_err(Unavailable::Other)?;
+            let files = data_dir.keystore()?;
             let keystore = with_token(files, token.clone());
             settle_token_keys(&*keystore);
             return Ok(Store {
@@ -115,7 +213,7 @@ impl Store {
         };
         let db = Arc::new(connect(postgres)?);
         let key = key_encryption_key(&db, postgres, token.as_ref())?;
-        let keystore = PostgresKeystore::open(db.clone(), key)?;
+        let keystore = PostgresKeystore::open(db.clone(), key).map_err(StoreError::Database)?;
         tracing::info!(url = %db.url(), replica = %settings.replica.name, "keystore in PostgreSQL");
         let proxy_records = Some(keystore.proxy_records());
         let revocations = Some(keystore.revocations());
@@ -130,6 +228,35 @@ impl Store {
         })
     }
 
+    /// [`Store::open`] for the daemon: while the database does not answer, tries again with a growing
+    /// pause (logged each time), so that a replica started before its database comes up when the
+    /// database does. Anything else wrong stops the start at once.
+    pub(crate) async fn open_waiting(
+        settings: &Settings,
+        data_dir: &DataDir,
+    ) -> Result<Store, StoreError> {
+        let mut pause = RETRY_FIRST;
+        loop {
+            let (settings, data_dir) = (settings.clone(), data_dir.clone());
+            let opened =
+                tokio::task::spawn_blocking(move || Store::open(&settings, &data_dir, Token::Open))
+                    .await
+                    .map_err(StoreError::OpenTask)?;
+            match opened {
+                Ok(store) => return Ok(store),
+                Err(StoreError::Database(e)) if e.is_unavailable() => {
+                    tracing::warn!(
+                        retry_in_seconds = pause.as_secs(),
+                        "not ready: the database does not answer, and this replica needs it to load its CAs: {e}"
+                    );
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RETRY_MAX);
+                }
+                Err(other) => return Err(other),
+            }
+        }
+    }
+
     /// The database's revoked tokens, with `keystore.type: postgres`.
     pub fn revocations(&self) -> Option<TokenRevocations> {
         self.revocations.clone()
@@ -138,15 +265,15 @@ impl Store {
     /// The token signing key, created the first time. With files, the revocation list is created
     /// first, so that a data directory with a key always has one; a database always has its table.
     pub fn token_signing_key(&self, data_dir: &DataDir) -> crate::Result<SigningKey> {
-        self.signing_key(data_dir)
-            .map_err(crate::Error::from_internal)
+        Ok(self.signing_key(data_dir)?)
     }
 
-    pub(crate) fn signing_key(&self, data_dir: &DataDir) -> anyhow::Result<SigningKey> {
-        if self.database.is_none() && !daemon_keys::has_token_signing_key(&*self.keystore)? {
+    /// [`Store::token_signing_key`], inside the library.
+    pub(crate) fn signing_key(&self, data_dir: &DataDir) -> Result<SigningKey, StoreError> {
+        if self.database.is_none() && !daemon_keys::holds_token_signing_key(&*self.keystore)? {
             revocations::create_if_missing(&data_dir.revocation_list())?;
         }
-        daemon_keys::token_signing_key(&*self.keystore)
+        Ok(daemon_keys::token_signing_key(&*self.keystore)?)
     }
 }
 
@@ -162,11 +289,11 @@ pub(crate) enum Token {
 /// Opens the token of `keystore.pkcs11`, if set: loads the module, finds the token, logs in. Every
 /// failure names the setting to fix; none shows the PIN.
 pub fn open_token(settings: &Settings) -> crate::Result<Option<Pkcs11Token>> {
-    open_settings_token(settings).map_err(crate::Error::from_internal)
+    Ok(open_settings_token(settings)?)
 }
 
 /// [`open_token`], inside the library.
-pub(crate) fn open_settings_token(settings: &Settings) -> anyhow::Result<Option<Pkcs11Token>> {
+pub(crate) fn open_settings_token(settings: &Settings) -> Result<Option<Pkcs11Token>, StoreError> {
     let Some(pkcs11) = &settings.keystore.pkcs11 else {
         return Ok(None);
     };
@@ -194,13 +321,14 @@ fn settle_token_keys(keystore: &dyn Keystore) {
         }
         Ok(_) => {}
         Err(error) => tracing::warn!(token = %token.label(),
-            "could not look for key pairs a kill left unrecorded in the PKCS#11 token (they are never used; the next start looks again): {error:#}"),
+            "could not look for key pairs a kill left unrecorded in the PKCS#11 token (they are never used; the next start looks again): {}",
+            Chain(&error)),
     }
 }
 
 /// The `CKA_ID` of every key the keystore records by a `pkcs11:` URI (its `*.pkcs11` entries), with the
 /// label the URI names.
-fn recorded_token_keys(keystore: &dyn Keystore) -> anyhow::Result<HashMap<Vec<u8>, String>> {
+fn recorded_token_keys(keystore: &dyn Keystore) -> Result<HashMap<Vec<u8>, String>, SettleError> {
     let mut recorded = HashMap::new();
     for name in keystore.list("")? {
         if !name.ends_with(".pkcs11") {
@@ -210,8 +338,10 @@ fn recorded_token_keys(keystore: &dyn Keystore) -> anyhow::Result<HashMap<Vec<u8
             continue;
         };
         let text = String::from_utf8_lossy(&text);
-        let uri = meshca_hsm::Pkcs11Uri::parse(text.trim())
-            .with_context(|| format!("the keystore entry {name}"))?;
+        let uri = match meshca_hsm::Pkcs11Uri::parse(text.trim()) {
+            Ok(uri) => uri,
+            Err(source) => return Err(SettleError::Entry { name, source }),
+        };
         if let (Some(id), Some(label)) = (uri.id(), uri.object()) {
             recorded.insert(id.to_vec(), label.to_owned());
         }
@@ -233,45 +363,21 @@ fn key_encryption_key(
     db: &Database,
     postgres: &PostgresSettings,
     token: Option<&Pkcs11Token>,
-) -> Result<KeyEncryptionKey, Unavailable> {
+) -> Result<KeyEncryptionKey, StoreError> {
     let file = postgres.key_encryption_key_file.as_deref();
     match (token, file) {
-        (None, Some(file)) => KeyEncryptionKey::read(file)
-            .context("keystore.postgres.keyEncryptionKeyFile")
-            .map_err(Unavailable::Other),
+        (None, Some(file)) => {
+            KeyEncryptionKey::read(file).map_err(StoreError::KeyEncryptionKeyFile)
+        }
         (Some(token), file) => {
             let import = file
                 .map(meshca_db::read_key_encryption_key_file)
                 .transpose()
-                .context("keystore.postgres.keyEncryptionKeyFile")
-                .map_err(Unavailable::Other)?;
-            Ok(KeyEncryptionKey::from_token(db, token, import)?)
+                .map_err(StoreError::KeyEncryptionKeyFile)?;
+            KeyEncryptionKey::from_token(db, token, import).map_err(StoreError::Database)
         }
         // The settings refuse postgres with neither.
-        (None, None) => Err(Unavailable::Other(anyhow!(
-            "keystore.postgres.keyEncryptionKeyFile: required unless keystore.pkcs11 is set"
-        ))),
-    }
-}
-
-/// Why the store did not open: the database (which may answer later), or anything else.
-enum Unavailable {
-    Database(DbError),
-    Other(anyhow::Error),
-}
-
-impl Unavailable {
-    fn into_error(self) -> anyhow::Error {
-        match self {
-            Unavailable::Database(e) => anyhow!("{e}"),
-            Unavailable::Other(e) => e,
-        }
-    }
-}
-
-impl From<DbError> for Unavailable {
-    fn from(e: DbError) -> Unavailable {
-        Unavailable::Database(e)
+        (None, None) => Err(StoreError::NoKeyEncryptionKey),
     }
 }
 
@@ -281,9 +387,9 @@ const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// Connects to the database of `keystore.postgres`.
-fn connect(settings: &PostgresSettings) -> Result<Database, Unavailable> {
+fn connect(settings: &PostgresSettings) -> Result<Database, StoreError> {
     let password = match &settings.password_file {
-        Some(file) => Some(read_password(file).map_err(Unavailable::Other)?),
+        Some(file) => Some(read_password(file)?),
         None => std::env::var(POSTGRES_PASSWORD_ENV)
             .ok()
             .map(Zeroizing::new),
@@ -295,29 +401,28 @@ fn connect(settings: &PostgresSettings) -> Result<Database, Unavailable> {
         timeout: settings.timeout.as_std(),
         max_connections: settings.max_connections,
     };
-    Ok(Database::connect(&options)?)
+    Database::connect(&options).map_err(StoreError::Database)
 }
 
 /// The password in `file` (a trailing newline is not part of it); the file must be private.
-fn read_password(file: &Path) -> anyhow::Result<Zeroizing<String>> {
-    let context = || format!("keystore.postgres.passwordFile: {}", file.display());
-    let opened = meshca_files::open(file).with_context(context)?;
+fn read_password(file: &Path) -> Result<Zeroizing<String>, StoreError> {
+    let unreadable = |source| StoreError::PasswordFile {
+        path: file.to_owned(),
+        source,
+    };
+    let opened = meshca_files::open(file).map_err(unreadable)?;
     let mode = opened.metadata().permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
-        return Err(anyhow!(
-            "keystore.postgres.passwordFile: {} has mode {mode:04o}, but a password file must be readable by \
-             its owner only: `chmod 600` it",
-            file.display()
-        ));
+        return Err(StoreError::PasswordFileExposed {
+            path: file.to_owned(),
+            mode,
+        });
     }
     let bytes = opened
         .read_secret(MAX_PASSWORD_FILE, "the largest password file")
-        .with_context(context)?;
-    let text = std::str::from_utf8(&bytes).map_err(|_| {
-        anyhow!(
-            "keystore.postgres.passwordFile: {} is not UTF-8 text",
-            file.display()
-        )
+        .map_err(unreadable)?;
+    let text = std::str::from_utf8(&bytes).map_err(|_| StoreError::PasswordFileNotText {
+        path: file.to_owned(),
     })?;
     let password = text.strip_suffix('\n').unwrap_or(text);
     let password = password.strip_suffix('\r').unwrap_or(password);
@@ -328,63 +433,60 @@ fn read_password(file: &Path) -> anyhow::Result<Zeroizing<String>> {
 /// `MESHCA_KEYSTORE_PKCS11_PIN` from this process's environment. Errors name the file or the
 /// variable, never the PIN.
 pub fn read_pkcs11_pin(settings: &Pkcs11Settings) -> crate::Result<Zeroizing<String>> {
-    pkcs11_pin(settings, std::env::var_os(PKCS11_PIN_ENV)).map_err(crate::Error::from_internal)
+    Ok(pkcs11_pin(settings, std::env::var_os(PKCS11_PIN_ENV))?)
 }
 
 /// [`read_pkcs11_pin`] with the variable's value given (`None`: unset).
 fn pkcs11_pin(
     settings: &Pkcs11Settings,
     from_env: Option<OsString>,
-) -> anyhow::Result<Zeroizing<String>> {
+) -> Result<Zeroizing<String>, PinError> {
     let Some(file) = &settings.pin_file else {
         let Some(value) = from_env else {
-            return Err(anyhow!(
-                "keystore.pkcs11: no PIN for token {:?}: set keystore.pkcs11.pinFile (a file readable by \
-                 its owner only) or {PKCS11_PIN_ENV}",
-                settings.token
-            ));
+            return Err(PinError::NotGiven {
+                token: settings.token.clone(),
+            });
         };
-        let pin = Zeroizing::new(
-            value
-                .into_string()
-                .map_err(|_| anyhow!("{PKCS11_PIN_ENV} is not UTF-8 text"))?,
-        );
+        let pin = Zeroizing::new(value.into_string().map_err(|_| PinError::VariableNotText)?);
         if pin.is_empty() {
-            return Err(anyhow!(
-                "{PKCS11_PIN_ENV} is empty: set it to the token's user PIN, or unset it and set \
-                 keystore.pkcs11.pinFile"
-            ));
+            return Err(PinError::VariableEmpty);
         }
         return Ok(pin);
     };
-    let context = || format!("keystore.pkcs11.pinFile: {}", file.display());
-    let opened = meshca_files::open(file).with_context(context)?;
+    let unreadable = |source| PinError::File {
+        path: file.clone(),
+        source,
+    };
+    let opened = meshca_files::open(file).map_err(unreadable)?;
     let mode = opened.metadata().permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
-        return Err(anyhow!(
-            "keystore.pkcs11.pinFile: {} has mode {mode:04o}, but a PIN file must be readable by its \
-             owner only: `chmod 600` it",
-            file.display()
-        ));
+        return Err(PinError::FileExposed {
+            path: file.clone(),
+            mode,
+        });
     }
     let bytes = opened
         .read_secret(MAX_PKCS11_PIN_FILE, "the largest PIN file")
-        .with_context(context)?;
-    let text = std::str::from_utf8(&bytes).map_err(|_| {
-        anyhow!(
-            "keystore.pkcs11.pinFile: {} is not UTF-8 text",
-            file.display()
-        )
-    })?;
+        .map_err(unreadable)?;
+    let text =
+        std::str::from_utf8(&bytes).map_err(|_| PinError::FileNotText { path: file.clone() })?;
     let pin = text.strip_suffix('\n').unwrap_or(text);
     let pin = pin.strip_suffix('\r').unwrap_or(pin);
     if pin.is_empty() {
-        return Err(anyhow!(
-            "keystore.pkcs11.pinFile: {} is empty: it must hold the token's user PIN",
-            file.display()
-        ));
+        return Err(PinError::FileEmpty { path: file.clone() });
     }
     Ok(Zeroizing::new(pin.to_owned()))
+}
+
+impl From<StoreError> for crate::Error {
+    fn from(error: StoreError) -> crate::Error {
+        crate::Error::failed(error)
+    }
+}
+impl From<PinError> for crate::Error {
+    fn from(error: PinError) -> crate::Error {
+        crate::Error::failed(error)
+    }
 }
 
 #[cfg(test)]
@@ -412,7 +514,7 @@ mod tests {
     fn error(settings: &Pkcs11Settings, env: Option<&str>) -> String {
         match pkcs11_pin(settings, env.map(OsString::from)) {
             Ok(_) => panic!("expected an error for {settings:?}"),
-            Err(e) => format!("{e:#}"),
+            Err(e) => Chain(&e).to_string(),
         }
     }
 

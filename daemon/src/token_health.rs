@@ -15,14 +15,10 @@ use super::reload::{Change, Reloader};
 pub(crate) const CHECK_EVERY: Duration = Duration::from_secs(2);
 
 /// Runs until `shutdown`.
-pub(crate) async fn watch(
-    token: Token,
-    reloader: Reloader,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+pub(crate) async fn watch(token: Token, reloader: Reloader, shutdown: CancellationToken) {
     loop {
         tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
+            () = shutdown.cancelled() => return,
             () = tokio::time::sleep(CHECK_EVERY) => {}
         }
         let was_up = token.status().up;
@@ -35,7 +31,7 @@ pub(crate) async fn watch(
         .await
         .unwrap_or(false);
         if up && !was_up && !reloader.apply(Change::Resources).await {
-            return Ok(());
+            return;
         }
     }
 }

@@ -3,21 +3,44 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::Context;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
 use super::reload::{Change, Reloader};
 
+/// Why the resources directory or the token revocation list cannot be watched.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WatchError {
+    /// The watcher could not be made.
+    #[error("cannot start watching files")]
+    Start(#[source] notify::Error),
+    /// The resources directory cannot be watched.
+    #[error("resources: cannot watch {path}")]
+    Resources {
+        /// The directory.
+        path: PathBuf,
+        #[source]
+        source: notify::Error,
+    },
+    /// The directory of the token revocation list cannot be watched.
+    #[error("cannot watch {path}")]
+    Revocations {
+        /// The directory.
+        path: PathBuf,
+        #[source]
+        source: notify::Error,
+    },
+}
+
 /// Editors write a file in several steps; changes closer together than this are applied as one.
 const SETTLE: Duration = Duration::from_millis(150);
 
 /// Starts watching; the returned watcher must be kept alive.
-pub fn watch(
+pub(crate) fn watch(
     resources: &Path,
     revocations: Option<&Path>,
     reloader: Reloader,
-) -> anyhow::Result<notify::RecommendedWatcher> {
+) -> Result<notify::RecommendedWatcher, WatchError> {
     let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<Change>();
     let resources_dir: PathBuf = resources.to_path_buf();
     let revocations_file: Option<PathBuf> = revocations.map(Path::to_path_buf);
@@ -38,14 +61,20 @@ pub fn watch(
             let _ = raw_tx.send(change);
         }
     })
-    .context("cannot start watching files")?;
+    .map_err(WatchError::Start)?;
     watcher
         .watch(&resources_dir, RecursiveMode::NonRecursive)
-        .with_context(|| format!("resources: cannot watch {}", resources_dir.display()))?;
+        .map_err(|source| WatchError::Resources {
+            path: resources_dir.clone(),
+            source,
+        })?;
     if let Some(dir) = revocations_file.as_deref().and_then(Path::parent) {
         watcher
             .watch(dir, RecursiveMode::NonRecursive)
-            .with_context(|| format!("cannot watch {}", dir.display()))?;
+            .map_err(|source| WatchError::Revocations {
+                path: dir.to_owned(),
+                source,
+            })?;
     }
     tokio::spawn(async move {
         while let Some(mut change) = raw_rx.recv().await {

@@ -4,17 +4,29 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{anyhow, Context};
 use meshca_config::Settings;
 use meshca_keystore::Keystore;
-use meshca_serve::{BoundListeners, Listener, StreamLimits};
+use meshca_serve::{BoundListeners, ListenError, Listener, StreamLimits};
 use meshca_workload::jwt::CacheLimits;
-use meshca_workload::jwt_keys::JwtKeys;
+use meshca_workload::jwt_keys::{JwtKeys, JwtKeysError};
 use meshca_workload::{WorkloadApi, WorkloadOptions};
 use tokio_util::sync::CancellationToken;
 
+use crate::error::TaskError;
+
+/// Why the Workload API could not be started.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WorkloadApiError {
+    /// Its sockets could not be bound.
+    #[error("cannot start the Workload API (workloadApi.listen)")]
+    Bind(#[source] ListenError),
+    /// The JWT-SVID signing keys could not be loaded or made.
+    #[error("cannot load the JWT-SVID signing keys")]
+    JwtKeys(#[source] JwtKeysError),
+}
+
 /// Binds the sockets of `workloadApi.listen`; `None` when the list is empty (the API is off).
-pub(crate) async fn bind(settings: &Settings) -> anyhow::Result<Option<BoundListeners>> {
+pub(crate) async fn bind(settings: &Settings) -> Result<Option<BoundListeners>, WorkloadApiError> {
     let paths = &settings.workload_api.listen;
     if paths.is_empty() {
         tracing::info!("the Workload API is off (workloadApi.listen is empty)");
@@ -26,7 +38,7 @@ pub(crate) async fn bind(settings: &Settings) -> anyhow::Result<Option<BoundList
         .collect();
     let bound = meshca_serve::bind(listeners)
         .await
-        .context("cannot start the Workload API (workloadApi.listen)")?;
+        .map_err(WorkloadApiError::Bind)?;
     for addr in bound.local_addrs() {
         tracing::info!(%addr, "Workload API listening");
     }
@@ -64,10 +76,10 @@ fn warn_if_unreachable(socket: &Path) {
 pub(crate) async fn jwt_keys(
     keystore: Arc<dyn Keystore>,
     options: &WorkloadOptions,
-) -> anyhow::Result<JwtKeys> {
+) -> Result<JwtKeys, WorkloadApiError> {
     let keys = JwtKeys::load(keystore, options)
         .await
-        .context("cannot load the JWT-SVID signing keys")?;
+        .map_err(WorkloadApiError::JwtKeys)?;
     keys.spawn_rotation();
     Ok(keys)
 }
@@ -118,7 +130,7 @@ pub(crate) async fn serve(
     sds: meshca_sds::SdsServer,
     limits: StreamLimits,
     shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), TaskError> {
     let policy = api.conn_policy(limits);
     // Its streams end with the SDS listeners': they stand on the same hub, whose snapshot dispatcher
     // closes every wait when the hub's streams are closed.
@@ -130,5 +142,5 @@ pub(crate) async fn serve(
             shutdown,
         )
         .await
-        .map_err(|e| anyhow!("Workload API server failed: {e}"))
+        .map_err(TaskError::WorkloadApi)
 }
