@@ -583,15 +583,8 @@ impl Sync {
 
     /// Reports `acked` for those of its streams the stream still speaks for.
     async fn report_acked(&self, acked: Acked) {
-        for link in self
-            .links
-            .iter()
-            .filter(|l| acked.streams.binary_search(&l.stream.id()).is_ok())
-        {
-            link.stream
-                .acknowledged(acked.generation, acked.version.to_string())
-                .await;
-        }
+        let open: Vec<&HubStream> = self.links.iter().map(|l| &l.stream).collect();
+        acked.report(&open).await;
     }
 
     /// `KeyRequests`: each accepted key is offered to the owner for its registration's next

@@ -18,6 +18,8 @@ use std::collections::VecDeque;
 
 use meshca_control::StreamId;
 
+use crate::hub::HubStream;
+
 /// How many sent messages not yet acknowledged are kept: a peer far behind still acknowledges the older
 /// ones without error, and the newest ones with their streams.
 pub const KEPT: usize = 64;
@@ -26,9 +28,27 @@ pub const KEPT: usize = 64;
 /// through message `version`.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Acked {
+    /// The hub streams the message spoke for, sorted.
     pub streams: Vec<StreamId>,
+    /// The newest snapshot generation the message stands for.
     pub generation: u64,
+    /// The message's version.
     pub version: u64,
+}
+
+impl Acked {
+    /// Reports the acknowledgement for those of `open` (the peer stream's hub streams now) that the
+    /// message spoke for: a stream opened since was not sent it, and one closed since is gone.
+    pub async fn report(&self, open: &[&HubStream]) {
+        for stream in open
+            .iter()
+            .filter(|s| self.streams.binary_search(&s.id()).is_ok())
+        {
+            stream
+                .acknowledged(self.generation, self.version.to_string())
+                .await;
+        }
+    }
 }
 
 /// An acknowledgement of a version the stream never sent.

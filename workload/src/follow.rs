@@ -346,15 +346,8 @@ impl<V: View> Follow<V> {
     /// still does.
     async fn report(&self, acked: Acked) {
         tracing::debug!(caller = %self.caller, stream = ?self.links.first().map(|l| l.stream.id()), generation = acked.generation, "Workload API message counts as applied");
-        for link in self
-            .links
-            .iter()
-            .filter(|l| acked.streams.binary_search(&l.stream.id()).is_ok())
-        {
-            link.stream
-                .acknowledged(acked.generation, acked.version.to_string())
-                .await;
-        }
+        let open: Vec<&HubStream> = self.links.iter().map(|l| &l.stream).collect();
+        acked.report(&open).await;
     }
 }
 
