@@ -17,7 +17,7 @@ use meshca_control::{
 };
 use meshca_identity::KeyAlgorithm;
 use meshca_sds::SdsServer;
-use meshca_serve::{bind, connect_channel, ConnPolicy, HubOptions, Listener};
+use meshca_serve::{bind, connect_channel, ConnPolicy, Hub, HubOptions, Listener};
 use meshca_workload::jwt_keys::JwtKeys;
 use meshca_workload::WorkloadOptions;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
@@ -232,13 +232,13 @@ impl Harness {
         let (revocations, revocation_rx) = watch::channel(Arc::new(RevocationList::new()));
         let (event_tx, events) = mpsc::channel(meshca_serve::EVENT_BUFFER);
         let (signing, _pkcs8) = SigningKey::generate().expect("a token key");
-        let sds = SdsServer::new(
+        let sds = SdsServer::on(Hub::new(
             snapshot_rx,
             signing.verifier(),
             revocation_rx,
             event_tx,
             HubOptions::default().with_identity_wait(Duration::from_secs(5)),
-        );
+        ));
         let jwt_keys = JwtKeys::load(
             Arc::new(meshca_keystore::MemoryKeystore::new()),
             &WorkloadOptions {

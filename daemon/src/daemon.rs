@@ -12,7 +12,7 @@ use meshca_control::{
 };
 use meshca_keystore::Keystore;
 use meshca_sds::SdsServer;
-use meshca_serve::{BoundListeners, HubOptions, ListenError, Listener};
+use meshca_serve::{BoundListeners, Hub, HubOptions, ListenError, Listener};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -443,13 +443,13 @@ impl Serving {
         let (revocations_tx, revocations_rx) = watch::channel(Arc::new(revocations));
         let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(Snapshot::empty()));
         let (events_tx, events_rx) = mpsc::channel::<StreamEvent>(meshca_serve::EVENT_BUFFER);
-        let sds = SdsServer::new(
+        let sds = SdsServer::on(Hub::new(
             snapshot_rx.clone(),
             signing_key.verifier(),
             revocations_rx,
             events_tx,
             HubOptions::default().with_limits(limits.sds.clone()),
-        );
+        ));
         let metrics = Arc::new(metrics::Metrics::new(sds.metrics(), token));
         Serving {
             sds,

@@ -7,7 +7,6 @@
 //! decides which errors are input the operator must fix.
 
 use std::error::Error as StdError;
-use std::fmt;
 
 use meshca_serve::ServeError;
 
@@ -59,22 +58,6 @@ struct InvalidInput(String);
 impl From<TaskError> for Error {
     fn from(error: TaskError) -> Error {
         Error::failed(error)
-    }
-}
-
-/// Displays an error with its sources, `what failed: why: why`, as `meshca` prints an error that stops
-/// it: for logs that say the whole of an error.
-pub(crate) struct Chain<'a>(pub &'a (dyn StdError + 'static));
-
-impl fmt::Display for Chain<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut source = self.0.source();
-        while let Some(cause) = source {
-            write!(f, ": {cause}")?;
-            source = cause.source();
-        }
-        Ok(())
     }
 }
 

@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use meshca_auth::RevocationList;
 use meshca_control::{Reload, ReloadOutcome};
+use meshca_serve::ErrorChain;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::metrics::Metrics;
 use super::revocations::{self, RevocationsError};
-use crate::error::Chain;
 
 /// What changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,7 +128,7 @@ impl Reloader {
             if let Err(e) = reloader.revocations_now().await {
                 tracing::error!(
                     "revocation list not reloaded, the previous one stays in force: {}",
-                    Chain(&e)
+                    ErrorChain(&e)
                 );
             }
         });
@@ -169,7 +169,7 @@ impl Reloader {
                     failing = true;
                     tracing::error!(
                         "cannot read the revoked tokens; the list read last stays in force until the database answers: {}",
-                        Chain(&e)
+                        ErrorChain(&e)
                     );
                 }
                 Err(_) => {}

@@ -19,12 +19,12 @@ use meshca_db::{
 };
 use meshca_hsm::{HsmError, Token as Pkcs11Token, UriError};
 use meshca_keystore::{Keystore, KeystoreError, WithToken};
+use meshca_serve::ErrorChain;
 use zeroize::Zeroizing;
 
 use super::daemon_keys::{self, KeyError};
 use super::data_dir::{DataDir, DataDirError};
 use super::revocations::{self, RevocationsError};
-use crate::error::Chain;
 
 /// Why the store could not be opened, or its token signing key had.
 #[derive(Debug, thiserror::Error)]
@@ -322,7 +322,7 @@ fn settle_token_keys(keystore: &dyn Keystore) {
         Ok(_) => {}
         Err(error) => tracing::warn!(token = %token.label(),
             "could not look for key pairs a kill left unrecorded in the PKCS#11 token (they are never used; the next start looks again): {}",
-            Chain(&error)),
+            ErrorChain(&error)),
     }
 }
 
@@ -514,7 +514,7 @@ mod tests {
     fn error(settings: &Pkcs11Settings, env: Option<&str>) -> String {
         match pkcs11_pin(settings, env.map(OsString::from)) {
             Ok(_) => panic!("expected an error for {settings:?}"),
-            Err(e) => Chain(&e).to_string(),
+            Err(e) => ErrorChain(&e).to_string(),
         }
     }
 

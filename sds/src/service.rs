@@ -3,19 +3,15 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use meshca_auth::{RevocationList, Verifier};
 use meshca_serve::grpc_service::{Grpc, GrpcMethods};
 use meshca_serve::{
-    shown, Attest, Attested, AttestedRoutes, BoundListeners, ConnInfo, Hub, HubOptions, OpenStream,
-    ServeError, StreamLimits, StreamMetrics,
+    shown, Attest, Attested, AttestedRoutes, BoundListeners, ConnInfo, Hub, OpenStream, ServeError,
+    StreamLimits, StreamMetrics,
 };
-use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tonic::codegen::{http, BoxFuture, Service};
 use tonic::server::NamedService;
 use tonic::Status;
-
-use meshca_control::{Snapshot, StreamEvent};
 
 use crate::authn::Principal;
 use crate::delta::Delta;
@@ -44,18 +40,6 @@ impl std::fmt::Debug for SdsServer {
 }
 
 impl SdsServer {
-    /// A server on a hub of its own (see [`Hub::new`]): it serves `snapshots`, authenticates with
-    /// `verifier` and the current `revocations`, and reports stream events on `events`.
-    pub fn new(
-        snapshots: watch::Receiver<Arc<Snapshot>>,
-        verifier: Verifier,
-        revocations: watch::Receiver<Arc<RevocationList>>,
-        events: mpsc::Sender<StreamEvent>,
-        options: HubOptions,
-    ) -> Self {
-        Self::on(Hub::new(snapshots, verifier, revocations, events, options))
-    }
-
     /// A server whose streams are `hub`'s.
     pub fn on(hub: Hub) -> Self {
         Self {
@@ -349,6 +333,11 @@ fn opened_on_connection(extensions: &http::Extensions) -> Option<OpenStream> {
 
 #[cfg(test)]
 mod tests {
+    use meshca_auth::RevocationList;
+    use meshca_control::{Snapshot, StreamEvent};
+    use meshca_serve::HubOptions;
+    use tokio::sync::{mpsc, watch};
+
     use super::*;
 
     fn request_with_encoding(encoding: Option<&str>) -> http::Request<tonic::body::Body> {
@@ -382,13 +371,13 @@ mod tests {
         let (_snapshots, snapshot_rx) = watch::channel(Arc::new(Snapshot::empty()));
         let (_revocations, revocation_rx) = watch::channel(Arc::new(RevocationList::new()));
         let (events, event_rx) = mpsc::channel(capacity);
-        let server = SdsServer::new(
+        let server = SdsServer::on(Hub::new(
             snapshot_rx,
             signing.verifier(),
             revocation_rx,
             events,
             HubOptions::default(),
-        );
+        ));
         (server, event_rx)
     }
 

@@ -11,7 +11,9 @@ use futures::StreamExt;
 use meshca_auth::{RevocationList, SigningKey};
 use meshca_control::{ProxyEntry, StreamEvent};
 use meshca_sds::{ClientError, SdsClient, SdsServer};
-use meshca_serve::{bind, BoundAddr, ClientTls, ConnectError, HubOptions, ListenError, Listener};
+use meshca_serve::{
+    bind, BoundAddr, ClientTls, ConnectError, Hub, HubOptions, ListenError, Listener,
+};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -84,13 +86,13 @@ async fn insecure_loopback_serves_and_shutdown_drains() {
     let (_revocations_tx, revocations) = watch::channel(Arc::new(RevocationList::new()));
     let (events, _events_rx) = mpsc::channel(meshca_serve::EVENT_BUFFER);
     let (signing, _) = SigningKey::generate().expect("key");
-    let server = SdsServer::new(
+    let server = SdsServer::on(Hub::new(
         snapshots,
         signing.verifier(),
         revocations,
         events,
         HubOptions::default(),
-    );
+    ));
     let dir = tempfile::tempdir().expect("temp dir");
     let socket = dir.path().join("sds.sock");
     let bound = bind(vec![

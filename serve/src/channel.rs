@@ -11,7 +11,7 @@ use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::net::{TcpStream, UnixStream};
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use crate::error::ConnectError;
+use crate::error::{ConnectError, ErrorChain};
 
 /// TLS settings of a client connecting over TCP.
 #[derive(Clone, Debug)]
@@ -91,7 +91,7 @@ pub async fn connect_channel(
 ) -> Result<Channel, ConnectError> {
     let connect_error = |error: tonic::transport::Error| ConnectError::Connect {
         target: target.to_owned(),
-        reason: error_chain(&error),
+        reason: ErrorChain(&error).to_string(),
     };
     match parse_target(target)? {
         Target::Unix(path) => {
@@ -144,15 +144,4 @@ pub async fn connect_channel(
             }
         }
     }
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

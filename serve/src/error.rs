@@ -90,3 +90,20 @@ pub enum ConnectError {
         reason: String,
     },
 }
+
+/// Displays an error with its sources, `what failed: why: why`: for messages and logs that say the
+/// whole of an error.
+#[derive(Debug)]
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
+}

@@ -21,7 +21,7 @@ use meshca_control::{
     StreamEvent, TrustBundle,
 };
 use meshca_sds::{decode_secrets, SdsServer, SECRET_TYPE_URL};
-use meshca_serve::{bind, connect_channel, BoundAddr, ClientTls, HubOptions, Listener};
+use meshca_serve::{bind, connect_channel, BoundAddr, ClientTls, Hub, HubOptions, Listener};
 use prost::Message;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair, SanType,
@@ -261,13 +261,13 @@ impl Harness {
         let (revocations, revocation_rx) = watch::channel(Arc::new(RevocationList::new()));
         let (event_tx, events) = mpsc::channel(meshca_serve::EVENT_BUFFER);
         let (signing, _pkcs8) = SigningKey::generate().expect("token key");
-        let server = SdsServer::new(
+        let server = SdsServer::on(Hub::new(
             snapshot_rx,
             signing.verifier(),
             revocation_rx,
             event_tx,
             options,
-        );
+        ));
         let (tls, server_ca_pem) = server_tls();
         let bound = bind(vec![
             Listener::Unix(socket.clone()),
