@@ -434,13 +434,13 @@ impl Core {
         if *jwt_keys != **self.jwt_keys.borrow() {
             self.jwt_keys.send_replace(jwt_keys);
         }
-        if let Some(snapshot) = self.local.build(&state) {
-            self.snapshot_tx.send_replace(snapshot);
-        }
+        let snapshot = self.local.build(&state);
         let generation = self.local.published().generation;
         self.streams.served(version, generation);
         let registrations = self.local.status();
         let counts = self.streams.counts(self.local.registrations());
+        // The status says what is served before a local stream can see it, so that whoever reads
+        // it after their workload got an SVID finds that SVID there.
         self.status.update(|s| {
             s.last_version_received = Some(version);
             s.serving = generation > 0;
@@ -453,6 +453,9 @@ impl Core {
                 })
                 .collect();
         });
+        if let Some(snapshot) = snapshot {
+            self.snapshot_tx.send_replace(snapshot);
+        }
         for message in key_messages(requests) {
             tx.send(message)
                 .map_err(|_| "the stream closed while sending key requests".to_owned())?;
