@@ -86,6 +86,8 @@ struct Published {
     waited: bool,
     /// The CA's subject, for operators.
     subject: String,
+    /// How many reads of the peers had completed when it was published.
+    peer_reads: u64,
 }
 
 /// A removed CA that proxies still present: the first of them by name, and how many more on peers.
@@ -94,6 +96,8 @@ struct Presenters {
     ca: CaTrust,
     named: BTreeSet<String>,
     more: usize,
+    /// Replicas not read since its removal may have proxies presenting it too.
+    unread: bool,
 }
 
 /// A CA the bundles carry, and where its rollout stands.
@@ -149,6 +153,9 @@ pub struct Gate {
     /// When each SPIFFE ID entered its `meshservice:` context.
     sans: HashMap<SanKey, Published>,
     retained_since: HashMap<TrustKey, SystemTime>,
+    /// Published CAs the configuration no longer publishes: when they left it, and after how many
+    /// reads of the peers (on replicas, a removed CA stays until the peers were read since).
+    removed_at: HashMap<TrustKey, (SystemTime, u64)>,
     /// Meshes whose bundles a previous snapshot published: a CA new to an unpublished mesh needs no ACKs
     /// (no proxy can hold a bundle without it).
     known_meshes: HashSet<BundleKey>,
@@ -158,9 +165,37 @@ pub struct Gate {
     events: Vec<(BundleKey, GateEvent)>,
     /// The other live replicas on the same database, as their last views say.
     peers: Vec<PeerView>,
+    /// Whether the peers' views are read, and how often they were.
+    reads: PeerReads,
 }
 
 const NAMED_WAITERS: usize = 20;
+
+/// How many reads of the replicas table must complete after an entry is published before the gate
+/// may count on its list of peers for it: the first may have been under way already, and miss a
+/// replica that joined just before; the second began after the entry was published.
+const READS_AFTER_PUBLISHING: u64 = 2;
+
+/// Who holds an entry back while the replicas that exist are not known yet (see [`PeerReads`]).
+const UNREAD_PEERS: &str = "the replicas on the database (not read since this step began)";
+
+/// The reads of the other replicas' views. A replica learns of another only by reading the
+/// database: one that joined since the last read holds proxies this replica's gate does not count.
+/// So, on replicas, an entry is confirmed only with a list of peers read after it was published.
+#[derive(Clone, Copy, Debug, Default)]
+struct PeerReads {
+    /// Whether this replica has peers at all (it is one of the replicas of a database).
+    expected: bool,
+    /// Reads completed so far.
+    done: u64,
+}
+
+impl PeerReads {
+    /// Whether the peers of an entry published after `at` reads are still unknown.
+    fn unknown_since(self, at: u64) -> bool {
+        self.expected && self.done < at + READS_AFTER_PUBLISHING
+    }
+}
 
 /// A SPIFFE ID in a `meshservice:` context, as the gate orders it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -234,21 +269,42 @@ impl Gate {
             published: BTreeMap::new(),
             sans: HashMap::new(),
             retained_since: HashMap::new(),
+            removed_at: HashMap::new(),
             known_meshes: HashSet::new(),
             given_up: HashSet::new(),
             waits: Vec::new(),
             events: Vec::new(),
             peers: Vec::new(),
+            reads: PeerReads::default(),
         }
     }
 
-    /// Takes in the other live replicas' views; whether they differ from the last ones (then every
-    /// wait must be looked at again).
-    pub fn set_peers(&mut self, peers: Vec<PeerView>) -> bool {
-        if peers == self.peers {
-            return false;
+    /// This replica is one of several on a database: from now on an entry is confirmed only once
+    /// the peers were read after it was published (see [`Gate::set_peers`]).
+    pub fn expect_peers(&mut self) {
+        self.reads.expected = true;
+    }
+
+    /// Takes in the other live replicas' views, as one read of the database found them; whether
+    /// every wait must be looked at again: they differ from the last ones, or an entry waited for
+    /// this read to know its peers.
+    pub fn set_peers(&mut self, peers: &[PeerView]) -> bool {
+        let reads = self.reads;
+        let waited = self
+            .published
+            .values()
+            .map(|p| &p.state)
+            .chain(self.sans.values())
+            .any(|p| !p.confirmed && reads.unknown_since(p.peer_reads))
+            || self
+                .removed_at
+                .values()
+                .any(|(_, at)| reads.unknown_since(*at));
+        self.reads.done += 1;
+        if peers == self.peers.as_slice() {
+            return waited;
         }
-        self.peers = peers;
+        self.peers = peers.to_vec();
         true
     }
 
@@ -422,6 +478,7 @@ impl Gate {
         });
         let mut confirmed = self.confirm_sans(streams, now);
         let timeout = self.ack_timeout;
+        let reads = self.reads;
         let mut waits = Vec::new();
         let mut timeouts = Vec::new();
         let mut started = Vec::new();
@@ -448,8 +505,9 @@ impl Gate {
                 // Confirmed by its timeout: counted on only for what the peers are told.
                 continue;
             }
-            let peers = holding.get(key).cloned().unwrap_or_default();
-            if !local_waits && peers.is_empty() {
+            let mut peers = holding.get(key).cloned().unwrap_or_default();
+            let unknown = reads.unknown_since(p.peer_reads);
+            if !local_waits && peers.is_empty() && !unknown {
                 if p.waited {
                     tracing::info!(
                         mesh = %mesh,
@@ -463,9 +521,14 @@ impl Gate {
                 trusted.push(mesh.clone());
                 continue;
             }
-            if !p.waited {
+            // Waiting only to know the peers is no rollout wait to report (it ends with the next
+            // reads of the database), but a wait all the same.
+            if !p.waited && (local_waits || !peers.is_empty()) {
                 p.waited = true;
                 started.push(mesh.clone());
+            }
+            if unknown {
+                peers.push(UNREAD_PEERS.to_owned());
             }
             if now >= p.since + timeout {
                 let local = streams
@@ -527,6 +590,7 @@ impl Gate {
         let mut waits = Vec::new();
         let mut events = Vec::new();
         let peers = &self.peers;
+        let reads = self.reads;
         for (key, p) in self
             .sans
             .iter_mut()
@@ -540,22 +604,26 @@ impl Gate {
             if p.confirmed {
                 continue;
             }
-            let holding: Vec<String> = peers
+            let mut holding: Vec<String> = peers
                 .iter()
                 .filter(|peer| peer.holds_san(mesh.as_str(), service, id))
                 .map(PeerView::label)
                 .collect();
-            if !local_waits && holding.is_empty() {
+            let unknown = reads.unknown_since(p.peer_reads);
+            if !local_waits && holding.is_empty() && !unknown {
                 p.confirmed = true;
                 confirmed = true;
                 continue;
             }
-            if !p.waited {
+            if !p.waited && (local_waits || !holding.is_empty()) {
                 p.waited = true;
                 events.push((
                     mesh.clone(),
                     GateEvent::WaitStarted(RolloutStep::SansBeforeIdentity),
                 ));
+            }
+            if unknown {
+                holding.push(UNREAD_PEERS.to_owned());
             }
             if now >= p.since + timeout {
                 let local = streams
@@ -605,7 +673,7 @@ impl Gate {
                 .get(&key.service)
                 .is_some_and(|ids| ids.contains(&key.spiffe_id))
         });
-        let enabled = self.enabled;
+        let (enabled, peer_reads) = (self.enabled, self.reads.done);
         for (service, ids) in service_ids {
             for id in ids {
                 self.sans
@@ -620,6 +688,7 @@ impl Gate {
                         acked: !enabled,
                         waited: false,
                         subject: id.clone(),
+                        peer_reads,
                     });
             }
         }
@@ -653,7 +722,8 @@ impl Gate {
         now: SystemTime,
     ) -> BTreeMap<BundleKey, Vec<CaTrust>> {
         let retained = if self.enabled {
-            self.still_presented(&desired, presented)
+            self.note_removed(&desired, now);
+            self.still_presented(&desired, presented, now)
         } else {
             BTreeMap::new()
         };
@@ -671,12 +741,26 @@ impl Gate {
         out
     }
 
+    /// Remembers when each published CA that `desired` no longer carries left the configuration.
+    fn note_removed(&mut self, desired: &[CaTrust], now: SystemTime) {
+        let desired_keys: HashSet<TrustKey> = desired.iter().map(CaTrust::key).collect();
+        let published = &self.published;
+        self.removed_at
+            .retain(|key, _| published.contains_key(key) && !desired_keys.contains(key));
+        let at = (now, self.reads.done);
+        for key in published.keys().filter(|k| !desired_keys.contains(*k)) {
+            self.removed_at.entry(key.clone()).or_insert(at);
+        }
+    }
+
     /// Break last: per published CA that `desired` no longer carries, who still presents it (this
-    /// replica's proxies in `presented`, and the peers').
+    /// replica's proxies in `presented`, and the peers', including replicas not read since its
+    /// removal, for at most `ackTimeout`).
     fn still_presented(
         &self,
         desired: &[CaTrust],
         presented: &[(&CaTrust, Vec<&ProxyKey>)],
+        now: SystemTime,
     ) -> BTreeMap<TrustKey, Presenters> {
         // (bundle, trust domain, anchor PEM) the configuration publishes.
         let mut anchors: HashSet<(&BundleKey, &str, &str)> = HashSet::new();
@@ -698,19 +782,28 @@ impl Gate {
         let mut retain = |key: &TrustKey,
                           p: &PublishedCa,
                           named: &mut dyn Iterator<Item = String>,
-                          more: usize| {
+                          more: usize,
+                          unread: bool| {
             let held = retained.entry(key.clone()).or_insert_with(|| Presenters {
                 ca: p.ca.clone(),
                 named: BTreeSet::new(),
                 more: 0,
+                unread: false,
             });
             held.named.extend(named);
             held.more += more;
+            held.unread |= unread;
         };
         for (ca, proxies) in presented {
             for (key, p) in self.published_for(&ca.bundle, &ca.trust_domain) {
                 if removed(key, p) && p.ca.covers(ca.ca_id.as_str(), &ca.pems) {
-                    retain(key, p, &mut proxies.iter().map(ToString::to_string), 0);
+                    retain(
+                        key,
+                        p,
+                        &mut proxies.iter().map(ToString::to_string),
+                        0,
+                        false,
+                    );
                 }
             }
         }
@@ -718,7 +811,7 @@ impl Gate {
             let Some(view) = &peer.view else {
                 // What it presents is unknown: every removed CA may be.
                 for (key, p) in self.published.iter().filter(|(k, p)| removed(k, p)) {
-                    retain(key, p, &mut std::iter::once(peer.label()), 0);
+                    retain(key, p, &mut std::iter::once(peer.label()), 0, false);
                 }
                 continue;
             };
@@ -735,9 +828,17 @@ impl Gate {
                             .iter()
                             .map(|name| format!("{name} on replica {}", peer.replica));
                         let more = ca.proxies.saturating_sub(ca.named.len());
-                        retain(key, p, &mut named, more);
+                        retain(key, p, &mut named, more, false);
                     }
                 }
+            }
+        }
+        for (key, p) in self.published.iter().filter(|(k, p)| removed(k, p)) {
+            let unread = self.removed_at.get(key).is_some_and(|(since, reads)| {
+                self.reads.unknown_since(*reads) && now < *since + self.ack_timeout
+            });
+            if unread {
+                retain(key, p, &mut std::iter::empty(), 0, true);
             }
         }
         retained
@@ -754,7 +855,34 @@ impl Gate {
         self.retained_since.retain(|k, _| retained.contains_key(k));
         self.given_up.retain(|k| retained.contains_key(k));
         let mut kept = Vec::new();
-        for (key, Presenters { ca, named, more }) in retained {
+        for (key, presenters) in retained {
+            let Presenters {
+                ca,
+                mut named,
+                more,
+                unread,
+            } = presenters;
+            // Kept only until the peers are known: no proxy is known to present it, so this is no
+            // rollout wait to warn of (the next reads of the database end it), but a wait all the same.
+            if named.is_empty() && more == 0 && !self.retained_since.contains_key(&key) {
+                debug_assert!(unread);
+                let since = self.removed_at.get(&key).map_or(now, |(since, _)| *since);
+                self.waits.push(Waiting {
+                    wait: Wait {
+                        mesh: ca.bundle.clone(),
+                        step: RolloutStep::BreakLast,
+                        ca: ca.subject.clone(),
+                        since: rfc3339(since),
+                        timeout_in_seconds: remaining(since + self.ack_timeout, now),
+                        waiting_count: 1,
+                        waiting_for: vec![UNREAD_PEERS.to_owned()],
+                    },
+                    recount: None,
+                    peers: Vec::new(),
+                });
+                kept.push(ca);
+                continue;
+            }
             let since = *self.retained_since.entry(key.clone()).or_insert_with(|| {
                 tracing::warn!(
                     mesh = %ca.bundle,
@@ -785,6 +913,9 @@ impl Gate {
                 self.given_up.insert(key);
                 continue;
             }
+            if unread {
+                named.insert(UNREAD_PEERS.to_owned());
+            }
             self.waits.push(Waiting {
                 wait: Wait {
                     mesh: ca.bundle.clone(),
@@ -814,6 +945,7 @@ impl Gate {
         let published_now: HashSet<TrustKey> = out.values().flatten().map(CaTrust::key).collect();
         self.published.retain(|k, _| published_now.contains(k));
         let enabled = self.enabled;
+        let reads = self.reads;
         for ca in out.values().flatten() {
             let fresh_mesh = !self.known_meshes.contains(&ca.bundle);
             self.published
@@ -824,11 +956,13 @@ impl Gate {
                         since_generation: generation,
                         since: now,
                         // No stream of this replica holds a bundle of a mesh new to it; peers
-                        // that publish the mesh's trust may.
-                        confirmed: !enabled || (fresh_mesh && self.peers.is_empty()),
+                        // that publish the mesh's trust may, and so may replicas it has not read.
+                        confirmed: !enabled
+                            || (fresh_mesh && self.peers.is_empty() && !reads.expected),
                         acked: !enabled || fresh_mesh,
                         waited: false,
                         subject: ca.subject.clone(),
+                        peer_reads: reads.done,
                     },
                 });
         }

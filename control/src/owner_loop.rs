@@ -280,6 +280,7 @@ impl OwnerLoop {
     /// Gates rollouts over the replicas of `link` too (replicas on one database).
     pub fn with_peers(mut self, link: PeerLink) -> OwnerLoop {
         self.owner.record_through(link.records);
+        self.owner.expect_peers();
         self.peering = Some(Peering {
             peers: link.peers,
             view: link.view,
@@ -312,6 +313,8 @@ impl OwnerLoop {
                 .peering
                 .as_ref()
                 .and_then(|p| p.stale.then_some(p.next_view));
+            // A read of the peers that changed nothing changes nothing this replica tells them.
+            let mut quiet = false;
             let dirty = tokio::select! {
                 () = self.shutdown.cancelled() => return,
                 event = self.events.recv() => {
@@ -343,7 +346,11 @@ impl OwnerLoop {
                     true
                 }
                 event = from_peers(&mut self.peering) => match event {
-                    FromPeers::Views => self.take_peers(),
+                    FromPeers::Views => {
+                        let dirty = self.take_peers();
+                        quiet = !dirty;
+                        dirty
+                    }
                     FromPeers::Found(key, held) => {
                         self.health.begin();
                         self.owner.adopt(key, held, SystemTime::now())
@@ -364,7 +371,9 @@ impl OwnerLoop {
             if dirty {
                 next_due = self.reconcile();
             }
-            self.publish_view();
+            if !quiet {
+                self.publish_view();
+            }
             self.health
                 .backlog
                 .store(self.owner.backlog() as u64, Ordering::Release);
@@ -378,8 +387,8 @@ impl OwnerLoop {
         let Some(peering) = &mut self.peering else {
             return false;
         };
-        let peers = peering.peers.borrow_and_update().clone();
-        self.owner.set_peers(peers)
+        let peers = peering.peers.borrow_and_update();
+        self.owner.set_peers(&peers)
     }
 
     /// Builds this replica's view for its peers after a turn, at most once per [`VIEW_EVERY`] (a

@@ -282,12 +282,12 @@ impl GateSync {
                 gone: peer.gone,
             })
             .collect();
-        self.peers.send_if_modified(|current| {
-            if *current == peers {
-                return false;
+        // Every read is told, changed or not: the gate counts on its list of peers for a rollout
+        // step only once the database was read after the step began.
+        self.peers.send_modify(|current| {
+            if *current != peers {
+                *current = peers;
             }
-            *current = peers;
-            true
         });
         self.database.send_if_modified(|view| {
             if view.rollout_peers == counted {

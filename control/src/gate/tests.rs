@@ -382,3 +382,182 @@ fn a_new_spiffe_id_waits_for_the_ack_timeout_at_most() {
         .take_events()
         .contains(&(mesh(), GateEvent::TimedOut(RolloutStep::SansBeforeIdentity))));
 }
+
+/// A replica that has not read the replicas table since a CA was published may not know a replica
+/// that joined meanwhile, whose proxies hold bundles without it: the CA issues only once the
+/// second read after publishing (the first began after it) found nobody holding it back.
+#[test]
+fn on_replicas_a_new_ca_issues_only_after_the_peers_were_read_since_it_was_published() {
+    let now = SystemTime::now();
+    let (old, new) = (ca("default/ca-1", now), ca("default/ca-2", now));
+    let mut streams = StreamTable::default();
+    let mut gate = Gate::new(true, TIMEOUT);
+    gate.expect_peers();
+    gate.plan_trust(vec![trust(&old)], &[], 1, now);
+    // Even a mesh new to this replica waits: a replica it has not read may serve its proxies.
+    assert!(!gate.confirm(&streams, now));
+    assert!(!gate.may_issue(&mesh(), &td(), &old));
+    assert!(gate.set_peers(&[]), "the wait needs this read");
+    assert!(!gate.confirm(&streams, now));
+    assert!(gate.set_peers(&[]));
+    assert!(gate.confirm(&streams, now));
+    assert!(gate.may_issue(&mesh(), &td(), &old));
+    assert!(
+        gate.take_events().is_empty(),
+        "knowing the peers is no rollout wait: {:?}",
+        gate.events
+    );
+    assert!(!gate.set_peers(&[]), "nothing waits for a read");
+
+    // A new CA: no stream of this replica carries the mesh's trust and no peer is known, yet it
+    // waits for two reads of the database, and says so.
+    gate.plan_trust(vec![trust(&old), trust(&new)], &[], 2, now);
+    assert!(!gate.confirm(&streams, now));
+    assert!(!gate.may_issue(&mesh(), &td(), &new));
+    let waits = gate.waits_now(&streams);
+    assert_eq!(waits.len(), 1, "{waits:?}");
+    assert_eq!(waits[0].step, RolloutStep::TrustBeforeIdentity);
+    assert_eq!(waits[0].waiting_for, [UNREAD_PEERS]);
+    assert!(gate.set_peers(&[]));
+    assert!(!gate.confirm(&streams, now));
+    // The second read found a replica that joined: its proxies have not ACKed the new CA.
+    let joined = |acked: &[&CertificateAuthority]| {
+        let mut view = crate::peers::GateView::default();
+        let entries = acked.iter().map(|ca| TrustEntry {
+            trust_domain: "default".into(),
+            ca: ca.id().to_string(),
+        });
+        view.trust_acked.insert("default".into(), entries.collect());
+        PeerView {
+            replica: "joined".into(),
+            view: Some(view),
+            gone: false,
+        }
+    };
+    assert!(gate.set_peers(&[joined(&[&old])]));
+    assert!(!gate.confirm(&streams, now), "the joined replica holds it");
+    assert!(!gate.may_issue(&mesh(), &td(), &new));
+    let waits = gate.waits_now(&streams);
+    assert_eq!(waits[0].waiting_for, [joined(&[]).label()]);
+
+    // A local stream that connects now is served the new trust first: it holds nothing back.
+    open(&mut streams, 1, "web-1", &["system_trust_bundle"]);
+    assert!(gate.set_peers(&[joined(&[&old, &new])]));
+    assert!(gate.confirm(&streams, now));
+    assert!(gate.may_issue(&mesh(), &td(), &new));
+}
+
+#[test]
+fn a_new_spiffe_id_on_replicas_waits_for_the_peers_to_be_read_too() {
+    let now = SystemTime::now();
+    let streams = StreamTable::default();
+    let mut gate = Gate::new(true, TIMEOUT);
+    gate.expect_peers();
+    let api = ServiceKey::new("default", "api");
+    let id = "spiffe://default/api";
+    let mut ids = ServiceIds::default();
+    ids.insert(api.clone(), [id.to_owned()].into_iter().collect());
+    gate.plan_sans(&ids, 1, now);
+    assert!(!gate.confirm(&streams, now));
+    assert!(!gate.may_present(&api, id));
+    assert_eq!(gate.waits_now(&streams)[0].waiting_for, [UNREAD_PEERS]);
+    gate.set_peers(&[]);
+    gate.set_peers(&[]);
+    assert!(gate.confirm(&streams, now));
+    assert!(gate.may_present(&api, id));
+}
+
+/// Alone (no database), nothing waits for reads of peers that cannot exist.
+#[test]
+fn alone_nothing_waits_for_peers_to_be_read() {
+    let now = SystemTime::now();
+    let (old, new) = (ca("default/ca-1", now), ca("default/ca-2", now));
+    let streams = StreamTable::default();
+    let mut gate = Gate::new(true, TIMEOUT);
+    gate.plan_trust(vec![trust(&old)], &[], 1, now);
+    assert!(gate.may_issue(&mesh(), &td(), &old));
+    gate.plan_trust(vec![trust(&old), trust(&new)], &[], 2, now);
+    assert!(gate.confirm(&streams, now));
+    assert!(gate.may_issue(&mesh(), &td(), &new));
+}
+
+/// Break last on replicas: a removed CA that no known proxy presents stays in the bundles until the
+/// peers were read since its removal (a replica that joined may serve proxies presenting it), with
+/// no warning of proxies presenting it; then it leaves, unless the read found one.
+#[test]
+fn on_replicas_a_removed_ca_leaves_only_after_the_peers_were_read_since() {
+    let now = SystemTime::now();
+    let (old, new) = (ca("default/ca-1", now), ca("default/ca-2", now));
+    let streams = StreamTable::default();
+    let mut gate = Gate::new(true, TIMEOUT);
+    gate.expect_peers();
+    gate.plan_trust(vec![trust(&old), trust(&new)], &[], 1, now);
+    gate.set_peers(&[]);
+    gate.set_peers(&[]);
+    assert!(gate.confirm(&streams, now));
+    gate.take_events();
+
+    gate.begin();
+    let plan = gate.plan_trust(vec![trust(&new)], &[], 2, now);
+    assert_eq!(
+        carried(&plan),
+        [old.subject().to_owned(), new.subject().to_owned()]
+    );
+    assert!(
+        gate.take_events().is_empty(),
+        "nobody is known to present it"
+    );
+    let waits: Vec<_> = gate.current_waits().cloned().collect();
+    assert_eq!(waits.len(), 1, "{waits:?}");
+    assert_eq!(waits[0].step, RolloutStep::BreakLast);
+    assert_eq!(waits[0].waiting_for, [UNREAD_PEERS]);
+    assert!(gate.set_peers(&[]), "the removal waits for this read");
+    assert!(gate.set_peers(&[]));
+    gate.begin();
+    let plan = gate.plan_trust(vec![trust(&new)], &[], 3, now);
+    assert_eq!(carried(&plan), [new.subject().to_owned()]);
+    assert!(gate.current_waits().next().is_none());
+    assert!(!gate.set_peers(&[]), "nothing waits for a read");
+}
+
+/// The reads that end the wait may find a replica whose proxies present the removed CA: it stays.
+#[test]
+fn a_removed_ca_a_replica_read_since_finds_presented_stays() {
+    let now = SystemTime::now();
+    let (old, new) = (ca("default/ca-1", now), ca("default/ca-2", now));
+    let streams = StreamTable::default();
+    let mut gate = Gate::new(true, TIMEOUT);
+    gate.expect_peers();
+    gate.plan_trust(vec![trust(&old), trust(&new)], &[], 1, now);
+    gate.set_peers(&[]);
+    gate.set_peers(&[]);
+    gate.confirm(&streams, now);
+    gate.plan_trust(vec![trust(&new)], &[], 2, now);
+    let mut view = crate::peers::GateView::default();
+    view.presented.push(crate::peers::PresentedCa {
+        mesh: "default".into(),
+        trust_domain: "default".into(),
+        ca: old.id().to_string(),
+        anchors: Vec::new(),
+        proxies: 1,
+        named: vec!["web-9".into()],
+    });
+    let joined = PeerView {
+        replica: "joined".into(),
+        view: Some(view),
+        gone: false,
+    };
+    gate.set_peers(std::slice::from_ref(&joined));
+    gate.set_peers(std::slice::from_ref(&joined));
+    gate.begin();
+    let plan = gate.plan_trust(vec![trust(&new)], &[], 3, now);
+    assert_eq!(
+        carried(&plan),
+        [old.subject().to_owned(), new.subject().to_owned()]
+    );
+    assert!(gate
+        .take_events()
+        .contains(&(mesh(), GateEvent::RemovedWhilePresented)));
+    let waits: Vec<_> = gate.current_waits().cloned().collect();
+    assert_eq!(waits[0].waiting_for, ["web-9 on replica joined"]);
+}

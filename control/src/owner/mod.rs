@@ -303,9 +303,16 @@ impl Owner {
         )
     }
 
-    /// Takes in what the other live replicas on the database report (their rollouts); whether it
-    /// changed anything, when a reconcile must look at every wait again.
-    pub fn set_peers(&mut self, peers: Vec<PeerView>) -> bool {
+    /// This replica is one of several on a database: its rollouts count the other replicas, as
+    /// read after each step began (see [`Owner::set_peers`]).
+    pub fn expect_peers(&mut self) {
+        self.gate.expect_peers();
+    }
+
+    /// Takes in what one read of the database found the other live replicas report (their
+    /// rollouts); whether a reconcile must look at every wait again (it changed anything, or a wait
+    /// waited for a read).
+    pub fn set_peers(&mut self, peers: &[PeerView]) -> bool {
         if !self.gate.set_peers(peers) {
             return false;
         }

@@ -50,9 +50,7 @@ fn a_peer_whose_streams_have_not_acked_the_new_trust_holds_issuing_from_it_back(
     let mut h = gated(true);
     let ca1 = issuer_of(&h.ready("web-1"));
     let (e1, e2) = (trust_entry(&h, "ca-1"), trust_entry(&h, "ca-2"));
-    assert!(h
-        .owner
-        .set_peers(vec![peer_acking(std::slice::from_ref(&e1))]));
+    assert!(h.owner.set_peers(&[peer_acking(std::slice::from_ref(&e1))]));
     h.reconcile(t0());
     switched_and_acked_here(&mut h);
 
@@ -70,10 +68,8 @@ fn a_peer_whose_streams_have_not_acked_the_new_trust_holds_issuing_from_it_back(
     );
 
     // A view that says the same again changes nothing.
-    assert!(!h
-        .owner
-        .set_peers(vec![peer_acking(std::slice::from_ref(&e1))]));
-    assert!(h.owner.set_peers(vec![peer_acking(&[e1, e2])]));
+    assert!(!h.owner.set_peers(&[peer_acking(std::slice::from_ref(&e1))]));
+    assert!(h.owner.set_peers(&[peer_acking(&[e1, e2])]));
     h.reconcile(t0() + Duration::from_secs(3));
     assert_eq!(issuer_of(&h.ready("web-1")), ca_subject(&h, "ca-2"));
     assert!(waits_on(&h.status(), RolloutStep::TrustBeforeIdentity).is_empty());
@@ -83,7 +79,7 @@ fn a_peer_whose_streams_have_not_acked_the_new_trust_holds_issuing_from_it_back(
 fn what_a_replica_reports_as_acked_waits_for_its_own_last_stream() {
     let mut h = gated(true);
     let e2 = trust_entry(&h, "ca-2");
-    assert!(h.owner.set_peers(vec![peer_acking(&[])]));
+    assert!(h.owner.set_peers(&[peer_acking(&[])]));
     h.update(SWITCHED).expect("valid");
     h.reconcile(t0() + Duration::from_secs(1));
     let g = generation(&h);
@@ -108,7 +104,7 @@ fn a_peer_that_does_not_publish_the_mesh_holds_nothing_back() {
     let mut h = gated(true);
     let mut view = GateView::default();
     view.trust_acked.insert("other".into(), BTreeSet::new());
-    h.owner.set_peers(vec![PeerView {
+    h.owner.set_peers(&[PeerView {
         replica: "b".into(),
         view: Some(view),
         gone: false,
@@ -126,7 +122,7 @@ fn a_peer_whose_view_cannot_be_read_holds_every_step_until_the_timeout() {
         view: None,
         gone: false,
     };
-    h.owner.set_peers(vec![unreadable]);
+    h.owner.set_peers(&[unreadable]);
     switched_and_acked_here(&mut h);
     assert_eq!(issuer_of(&h.ready("web-1")), ca1);
     let status = h.status();
@@ -146,7 +142,7 @@ fn a_peer_whose_view_cannot_be_read_holds_every_step_until_the_timeout() {
 /// ACKed a ca-2 certificate; `peers` as given throughout.
 fn rotated_with_peers(peers: Vec<PeerView>) -> Harness {
     let mut h = gated(true);
-    h.owner.set_peers(peers);
+    h.owner.set_peers(&peers);
     switched_and_acked_here(&mut h);
     assert_eq!(issuer_of(&h.ready("web-1")), ca_subject(&h, "ca-2"));
     let g = generation(&h);
@@ -190,7 +186,7 @@ fn a_removed_ca_stays_trusted_while_a_peers_proxy_presents_it() {
             gone: false,
         }
     };
-    h.owner.set_peers(vec![peer(&e1, ca1_anchors)]);
+    h.owner.set_peers(&[peer(&e1, ca1_anchors)]);
     switched_and_acked_here(&mut h);
     let g = generation(&h);
     h.ack(1, Some(g));
@@ -210,7 +206,7 @@ fn a_removed_ca_stays_trusted_while_a_peers_proxy_presents_it() {
     assert_eq!(waits[0].waiting_count, 3, "three on b, one named");
 
     // b's proxies have ACKed their ca-2 certificates.
-    assert!(h.owner.set_peers(vec![peer(&e2, Vec::new())]));
+    assert!(h.owner.set_peers(&[peer(&e2, Vec::new())]));
     h.reconcile(t0() + Duration::from_secs(4));
     assert_eq!(bundle_subjects(&h), [ca_subject(&h, "ca-2")]);
 }
@@ -261,10 +257,8 @@ fn a_new_spiffe_id_waits_for_a_peer_whose_subscribers_have_not_acked_it() {
         }
     };
     let mut h = Harness::new(&resources("/a/{{ .Workload }}"));
-    h.owner.set_peers(vec![peer(&[
-        "spiffe://default/a/web-1",
-        "spiffe://default/web",
-    ])]);
+    h.owner
+        .set_peers(&[peer(&["spiffe://default/a/web-1", "spiffe://default/web"])]);
     h.connect("web-1", &[], &[("kuma.io/service", "web")]);
     h.reconcile(t0());
     h.ack(1, Some(generation(&h)));
@@ -286,7 +280,7 @@ fn a_new_spiffe_id_waits_for_a_peer_whose_subscribers_have_not_acked_it() {
     let view = h.owner.gate_view();
     assert!(view.sans_acked["default"]["web"].contains("spiffe://default/b/web-1"));
 
-    assert!(h.owner.set_peers(vec![peer(&["spiffe://default/b/web-1"])]));
+    assert!(h.owner.set_peers(&[peer(&["spiffe://default/b/web-1"])]));
     h.reconcile(t0() + Duration::from_secs(3));
     assert_eq!(h.ready("web-1").spiffe_id, "spiffe://default/b/web-1");
 }
@@ -309,7 +303,7 @@ fn an_id_a_peers_proxy_presents_stays_in_the_service_context() {
             "web".into(),
             BTreeSet::from(["spiffe://default/old/api-7".to_owned()]),
         );
-    assert!(h.owner.set_peers(vec![PeerView {
+    assert!(h.owner.set_peers(&[PeerView {
         replica: "b".into(),
         view: Some(view),
         gone: false,
@@ -350,7 +344,7 @@ fn a_proxy_that_moves_here_from_a_gone_replica_keeps_the_ca_it_may_present() {
         proxies: 1,
         named: vec!["default.web-9".into()],
     });
-    h.owner.set_peers(vec![PeerView {
+    h.owner.set_peers(&[PeerView {
         replica: "b".into(),
         view: Some(view),
         gone: false,
@@ -371,7 +365,7 @@ fn a_proxy_that_moves_here_from_a_gone_replica_keeps_the_ca_it_may_present() {
     // b is gone; web-9 reconnects here and is issued a ca-2 certificate.
     let web_9 = h.connect("web-9", &[], &[("kuma.io/service", "web")]);
     h.stream(web_9.0, &["default", "system_trust_bundle"], None);
-    assert!(h.owner.set_peers(Vec::new()));
+    assert!(h.owner.set_peers(&[]));
     h.reconcile(t0() + Duration::from_secs(4));
     assert_eq!(issuer_of(&h.ready("web-9")), ca_subject(&h, "ca-2"));
     assert!(
