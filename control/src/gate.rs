@@ -867,19 +867,9 @@ impl Gate {
             if named.is_empty() && more == 0 && !self.retained_since.contains_key(&key) {
                 debug_assert!(unread);
                 let since = self.removed_at.get(&key).map_or(now, |(since, _)| *since);
-                self.waits.push(Waiting {
-                    wait: Wait {
-                        mesh: ca.bundle.clone(),
-                        step: RolloutStep::BreakLast,
-                        ca: ca.subject.clone(),
-                        since: rfc3339(since),
-                        timeout_in_seconds: remaining(since + self.ack_timeout, now),
-                        waiting_count: 1,
-                        waiting_for: vec![UNREAD_PEERS.to_owned()],
-                    },
-                    recount: None,
-                    peers: Vec::new(),
-                });
+                named.insert(UNREAD_PEERS.to_owned());
+                let wait = self.break_last_wait(&ca, since, now, named, 0);
+                self.waits.push(wait);
                 kept.push(ca);
                 continue;
             }
@@ -916,22 +906,36 @@ impl Gate {
             if unread {
                 named.insert(UNREAD_PEERS.to_owned());
             }
-            self.waits.push(Waiting {
-                wait: Wait {
-                    mesh: ca.bundle.clone(),
-                    step: RolloutStep::BreakLast,
-                    ca: ca.subject.clone(),
-                    since: rfc3339(since),
-                    timeout_in_seconds: remaining(since + self.ack_timeout, now),
-                    waiting_count: named.len() + more,
-                    waiting_for: named.into_iter().take(NAMED_WAITERS).collect(),
-                },
-                recount: None,
-                peers: Vec::new(),
-            });
+            let wait = self.break_last_wait(&ca, since, now, named, more);
+            self.waits.push(wait);
             kept.push(ca);
         }
         kept
+    }
+
+    /// The break-last wait of a removed CA kept since `since` for the proxies (and replicas) in
+    /// `named` and `more` others.
+    fn break_last_wait(
+        &self,
+        ca: &CaTrust,
+        since: SystemTime,
+        now: SystemTime,
+        named: BTreeSet<String>,
+        more: usize,
+    ) -> Waiting {
+        Waiting {
+            wait: Wait {
+                mesh: ca.bundle.clone(),
+                step: RolloutStep::BreakLast,
+                ca: ca.subject.clone(),
+                since: rfc3339(since),
+                timeout_in_seconds: remaining(since + self.ack_timeout, now),
+                waiting_count: named.len() + more,
+                waiting_for: named.into_iter().take(NAMED_WAITERS).collect(),
+            },
+            recount: None,
+            peers: Vec::new(),
+        }
     }
 
     /// Remembers what the bundles of snapshot `generation` carry: entries new to them start

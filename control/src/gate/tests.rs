@@ -481,6 +481,19 @@ fn alone_nothing_waits_for_peers_to_be_read() {
     assert!(gate.may_issue(&mesh(), &td(), &new));
 }
 
+/// A replica's gate that published `cas` at generation 1, confirmed after two reads of its (no)
+/// peers.
+fn replica_publishing(cas: &[&CertificateAuthority], now: SystemTime) -> Gate {
+    let mut gate = Gate::new(true, TIMEOUT);
+    gate.expect_peers();
+    gate.plan_trust(cas.iter().map(|ca| trust(ca)).collect(), &[], 1, now);
+    gate.set_peers(&[]);
+    gate.set_peers(&[]);
+    assert!(gate.confirm(&StreamTable::default(), now));
+    gate.take_events();
+    gate
+}
+
 /// Break last on replicas: a removed CA that no known proxy presents stays in the bundles until the
 /// peers were read since its removal (a replica that joined may serve proxies presenting it), with
 /// no warning of proxies presenting it; then it leaves, unless the read found one.
@@ -488,14 +501,7 @@ fn alone_nothing_waits_for_peers_to_be_read() {
 fn on_replicas_a_removed_ca_leaves_only_after_the_peers_were_read_since() {
     let now = SystemTime::now();
     let (old, new) = (ca("default/ca-1", now), ca("default/ca-2", now));
-    let streams = StreamTable::default();
-    let mut gate = Gate::new(true, TIMEOUT);
-    gate.expect_peers();
-    gate.plan_trust(vec![trust(&old), trust(&new)], &[], 1, now);
-    gate.set_peers(&[]);
-    gate.set_peers(&[]);
-    assert!(gate.confirm(&streams, now));
-    gate.take_events();
+    let mut gate = replica_publishing(&[&old, &new], now);
 
     gate.begin();
     let plan = gate.plan_trust(vec![trust(&new)], &[], 2, now);
@@ -525,13 +531,7 @@ fn on_replicas_a_removed_ca_leaves_only_after_the_peers_were_read_since() {
 fn a_removed_ca_a_replica_read_since_finds_presented_stays() {
     let now = SystemTime::now();
     let (old, new) = (ca("default/ca-1", now), ca("default/ca-2", now));
-    let streams = StreamTable::default();
-    let mut gate = Gate::new(true, TIMEOUT);
-    gate.expect_peers();
-    gate.plan_trust(vec![trust(&old), trust(&new)], &[], 1, now);
-    gate.set_peers(&[]);
-    gate.set_peers(&[]);
-    gate.confirm(&streams, now);
+    let mut gate = replica_publishing(&[&old, &new], now);
     gate.plan_trust(vec![trust(&new)], &[], 2, now);
     let mut view = crate::peers::GateView::default();
     view.presented.push(crate::peers::PresentedCa {

@@ -296,7 +296,7 @@ impl Owner {
             let Some(listed) = self.last.service_ids.get(&service_key) else {
                 return false;
             };
-            let given = self.given_ids(mesh, dp, selector);
+            let given = self.identities().given_ids(mesh, dp, selector);
             // What it gives must be listed already; what it presents must be listed, and stay listed
             // without it (it gives that too), since it may be leaving.
             if !given.is_subset(listed) || !presented.iter().all(|id| given.contains(*id)) {

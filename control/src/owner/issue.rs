@@ -7,6 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 use meshca_ca::{IssueError, SignedLeaf, Svid};
 use tokio::sync::mpsc;
 
+use super::served::Served;
 use super::{Issued, IssuedIdentity, Leaf, Owner, Previous};
 use crate::error::IssueFailure;
 use crate::keys_ahead::KeysAhead;
@@ -408,12 +409,12 @@ impl Owner {
             return false;
         };
         match self.plan_proxy(key, info, now) {
-            super::reconcile::Served::Decided {
+            Served::Decided {
                 desired: wanted,
                 gated,
                 ..
             } => !gated && same_certificate(&wanted, desired),
-            super::reconcile::Served::Entry(_) | super::reconcile::Served::WaitsForKey(_) => false,
+            Served::Entry(_) | Served::WaitsForKey(_) => false,
         }
     }
 
@@ -571,6 +572,23 @@ impl Owner {
                 issued_at: now,
             },
         );
+    }
+}
+
+impl Owner {
+    /// One INFO line per mesh and issuer when a wave of issuance is over (how many, and how long the
+    /// wave took from its first job to its last result); the line per certificate is DEBUG.
+    pub(super) fn log_wave(&mut self, took: std::time::Duration) {
+        for ((mesh, issuer), count) in std::mem::take(&mut self.wave) {
+            tracing::info!(
+                mesh = %mesh,
+                issuer = %issuer,
+                certificates = count,
+                millis = took.as_millis() as u64,
+                "issued {count} certificate{}",
+                if count == 1 { "" } else { "s" }
+            );
+        }
     }
 }
 

@@ -9,6 +9,7 @@
 mod adopt;
 mod agenda;
 mod agent_keys;
+mod identities;
 mod incremental;
 mod issue;
 mod links;
@@ -17,11 +18,13 @@ mod publisher;
 mod reconcile;
 mod reconciled;
 mod replacing;
+mod served;
 pub(crate) mod status;
 #[cfg(test)]
 mod tests;
+mod trusted;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -33,12 +36,12 @@ use crate::egress::{EgressPlan, NoEgressIdentity};
 use crate::error::{ClaimMismatch, UpdateError};
 use crate::events::StreamEvent;
 use crate::gate::{Gate, GateEvent, RolloutStep, StepChange};
-use crate::peers::{GateView, PeerView, PresentedCa};
+use crate::peers::{GateView, PeerView};
 use crate::plan::{DataplaneInfo, Issuer};
 use crate::snapshot::{LeafKey, ProxyHashMap, ProxyIdentity, ProxyKey, Snapshot};
 
 use crate::timefmt::rfc3339;
-use crate::trust::{CaId, CaTrust, TrustKey};
+use crate::trust::{CaId, CaTrust};
 use crate::world::World;
 pub use adopt::{IssuedIdentity, RecordLink};
 use agenda::Agenda;
@@ -55,9 +58,6 @@ use status::{Detail, Status};
 
 /// How long a proxy whose issuance failed waits before it is tried again.
 const ISSUE_RETRY: Duration = Duration::from_secs(10);
-
-/// How many proxies a replica names per CA its proxies present (its view says how many there are).
-const NAMED_PRESENTERS: usize = 20;
 
 /// Where the owner reports what is worth a metric. The binary exports them to Prometheus; every method
 /// does nothing by default.
@@ -326,37 +326,13 @@ impl Owner {
         GateView {
             trust_acked: self.gate.trust_acked(),
             sans_acked: self.gate.sans_acked(),
-            presented: self.presented_cas(),
+            presented: trusted::Presenting {
+                issued: &self.issued,
+                streams: &self.proxies.streams,
+            }
+            .presented_cas(),
             presented_ids: self.last.presented_ids.clone(),
         }
-    }
-
-    /// The CAs connected proxies present certificates from (current, and replaced but not ACKed),
-    /// each with the first proxies by name.
-    fn presented_cas(&self) -> Vec<PresentedCa> {
-        let mut out: Vec<PresentedCa> = presenters(&self.issued, &self.proxies.streams)
-            .into_values()
-            .map(|(ca, mut proxies)| {
-                proxies.sort_unstable();
-                proxies.dedup();
-                PresentedCa {
-                    mesh: ca.bundle.to_string(),
-                    trust_domain: ca.trust_domain.to_string(),
-                    ca: ca.ca_id.to_string(),
-                    anchors: ca.pems.to_vec(),
-                    proxies: proxies.len(),
-                    named: proxies
-                        .iter()
-                        .take(NAMED_PRESENTERS)
-                        .map(ToString::to_string)
-                        .collect(),
-                }
-            })
-            .collect();
-        out.sort_by(|a, b| {
-            (&a.mesh, &a.trust_domain, &a.ca).cmp(&(&b.mesh, &b.trust_domain, &b.ca))
-        });
-        out
     }
 
     /// The time of the last reconcile.
@@ -537,30 +513,4 @@ impl Owner {
         }
         dataplanes
     }
-}
-
-/// Who presents which CA, grouped by CA: each proxy connected to `streams` under the CA of its
-/// certificate in `issued` and of every certificate it had before and has not ACKed the replacement of
-/// (a proxy may be listed twice under one CA). The gate and the peers look at each CA once, however
-/// many proxies.
-fn presenters<'a>(
-    issued: &'a ProxyHashMap<Issued>,
-    streams: &crate::streams::StreamTable,
-) -> HashMap<TrustKey, (&'a CaTrust, Vec<&'a ProxyKey>)> {
-    let mut grouped: HashMap<TrustKey, (&CaTrust, Vec<&ProxyKey>)> = HashMap::new();
-    for (key, issued) in issued {
-        if !streams.is_connected(key) {
-            continue;
-        }
-        let cas =
-            std::iter::once(&issued.ca_trust).chain(issued.previous.iter().map(|p| &p.ca_trust));
-        for ca in cas {
-            grouped
-                .entry(ca.key())
-                .or_insert((ca, Vec::new()))
-                .1
-                .push(key);
-        }
-    }
-    grouped
 }

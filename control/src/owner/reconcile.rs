@@ -1,57 +1,29 @@
 //! One reconcile: bring every connected proxy's certificate up to date, in the order the rollout gate
 //! allows, and publish what changed.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use meshca_config::SERVICE_TAG;
-
-use super::ISSUE_RETRY;
-use super::{Dataplanes, Issued, Owner, Scope};
+use super::{trusted, Dataplanes, Issued, Owner, Scope};
 use crate::bundles;
 use crate::egress::{self, MeshChoice};
 use crate::error::ClaimMismatch;
 use crate::gate::{GateEvent, RolloutStep, StepChange, StepPhase, Wait};
-use crate::peers::PresentedIds;
-use crate::plan::{self, DataplaneInfo, Decision, Desired, Origin};
+use crate::plan::{DataplaneInfo, Origin};
 use crate::resource_name::Target;
-use crate::snapshot::{Changed, ClaimRule, KeyHasher, LeafKey, ProxyEntry, ProxyKey, ProxyMap};
+use crate::snapshot::{Changed, ClaimRule, ProxyEntry, ProxyKey, ProxyMap};
 use crate::timefmt::{rfc3339, seconds_until};
-use crate::trust::{BundleKey, CaTrust, ServiceIds, ServiceKey, EGRESS_SERVICE};
-use crate::world::MeshState;
-
-/// How one connected proxy is served this reconcile.
-pub(super) enum Served {
-    /// Without a certificate decision: refused, or no identity.
-    Entry(ProxyEntry),
-    /// Pending: the agent that holds its keys (named) has offered none to certify yet.
-    WaitsForKey(Arc<str>),
-    /// With a decided identity.
-    Decided {
-        /// What it should hold.
-        desired: Box<Desired>,
-        /// The gate holds its new certificate back.
-        gated: bool,
-        /// A certificate is issued for it now.
-        issue: bool,
-    },
-}
+use crate::trust::{BundleKey, CaTrust, ServiceIds};
 
 /// How many proxies a wait names (the count says how many there are).
 const NAMED_WAITERS: usize = 20;
 
-/// How many proxies a pass decides before it hands their certificates to the issuance threads: they
-/// start issuing while the pass decides the rest.
-const SUBMIT_EVERY: usize = 512;
-
-/// `keys` in order, `size` at a time.
-fn chunked(keys: Vec<ProxyKey>, size: usize) -> impl Iterator<Item = Vec<ProxyKey>> {
-    let mut keys = keys.into_iter().peekable();
-    std::iter::from_fn(move || {
-        keys.peek()?;
-        Some(keys.by_ref().take(size).collect())
-    })
+/// What the next snapshot's bundles and `meshservice:` contexts carry, and its generation.
+struct Carried {
+    generation: u64,
+    trust: BTreeMap<BundleKey, Vec<CaTrust>>,
+    service_ids: ServiceIds,
 }
 
 impl Owner {
@@ -101,6 +73,9 @@ impl Owner {
     /// Reconciles every connected proxy (deciding now those [`Owner::split_quiet`] says); `touched`
     /// connected or left since the last reconcile. Returns when it is next due, and how many proxies it
     /// decided.
+    ///
+    /// Trust, then identities, then issuance, then one snapshot: what the bundles and contexts must
+    /// carry goes out first, and every certificate decided after it is one the gate lets through.
     fn reconcile_all(
         &mut self,
         touched: &BTreeSet<ProxyKey>,
@@ -110,17 +85,51 @@ impl Owner {
         self.issuing.new_epoch();
         // While the files that describe dataplanes are unchanged, only the touched proxies'
         // descriptions and claim rules can have changed.
-        let unchanged_world = self.last.descriptions_current(&self.world);
+        let only_touched = self
+            .last
+            .descriptions_current(&self.world)
+            .then_some(touched);
         let dataplanes = self.refresh_dataplanes(touched);
         self.plan_egress();
+        let Carried {
+            generation,
+            trust,
+            service_ids,
+        } = self.plan_carried(&dataplanes, now);
+        let (entries, deferred, decided) =
+            self.serve_connected(touched, only_touched, &dataplanes, now);
+        self.forget_vanished(&dataplanes, only_touched);
+        self.publisher
+            .update_service_tls(&self.world, &dataplanes, &self.issued, &trust);
+        self.publish_snapshot(
+            generation,
+            &trust,
+            entries,
+            &service_ids,
+            &dataplanes,
+            only_touched,
+        );
+        self.agenda.deferred = deferred;
+        self.report_gate_events();
+        self.last.at = now;
+        self.last.dataplanes = dataplanes;
+        self.last.service_ids = service_ids;
+        self.agenda.next_global = self.next_global_event();
+        (self.next_due(), decided)
+    }
+
+    /// Trust and identities: what each bundle and `meshservice:` context of the next snapshot
+    /// carries, as the gate orders it, published ahead of any certificate when it changed, and the
+    /// gate's waits confirmed against it.
+    fn plan_carried(&mut self, dataplanes: &Dataplanes, now: SystemTime) -> Carried {
         let generation = self.publisher.generation() + 1;
         self.gate.begin();
         self.gate.confirm(&self.proxies.streams, now);
         self.settle_previous(now, true);
         let trust = self.plan_trust(generation, now);
         // SANs before identity: the contexts of this snapshot carry every ID decided now, and the gate
-        // tracks when each entered them. (Issuing below adds no ID: it presents decided ones.)
-        let (service_ids, presented_ids) = self.service_identities(&dataplanes);
+        // tracks when each entered them. (Issuing adds no ID: it presents decided ones.)
+        let (service_ids, presented_ids) = self.identities().service_identities(dataplanes);
         self.last.presented_ids = presented_ids;
         self.gate.plan_sans(&service_ids, generation, now);
         // New trust goes out before the pass over every proxy, which only adds certificates the gate
@@ -137,11 +146,28 @@ impl Owner {
         // A CA or an ID that no connected stream must carry may be used at once. (No stream has ACKed
         // what was just published: its ACKs are read between turns.)
         self.gate.confirm(&self.proxies.streams, now);
+        Carried {
+            generation,
+            trust,
+            service_ids,
+        }
+    }
+
+    /// Issuance: decides and serves the connected proxies [`Owner::split_quiet`] picks (`only_touched`:
+    /// only `touched` can have changed descriptions), and forgets the renewals of those that left.
+    /// Returns their entries, the proxies left for later turns, and how many were decided.
+    fn serve_connected(
+        &mut self,
+        touched: &BTreeSet<ProxyKey>,
+        only_touched: Option<&BTreeSet<ProxyKey>>,
+        dataplanes: &Dataplanes,
+        now: SystemTime,
+    ) -> (Vec<(ProxyKey, ProxyEntry)>, Vec<ProxyKey>, usize) {
         self.reasons.clear();
         let connected: Vec<ProxyKey> = self.proxies.streams.proxies().cloned().collect();
-        let (now_keys, deferred) = self.split_quiet(connected, unchanged_world.then_some(touched));
+        let (now_keys, deferred) = self.split_quiet(connected, only_touched);
         let decided = now_keys.len();
-        let entries = self.serve(now_keys, &dataplanes, now);
+        let entries = self.serve(now_keys, dataplanes, now);
         // Every proxy that left since the last reconcile is touched.
         for key in touched
             .iter()
@@ -149,25 +175,7 @@ impl Owner {
         {
             self.agenda.renewals.set(key, None);
         }
-        self.forget_vanished(&dataplanes, unchanged_world.then_some(touched));
-        self.publisher
-            .update_service_tls(&self.world, &dataplanes, &self.issued, &trust);
-        let rules_changed = unchanged_world.then_some(touched);
-        self.publish_snapshot(
-            generation,
-            &trust,
-            entries,
-            &service_ids,
-            &dataplanes,
-            rules_changed,
-        );
-        self.agenda.deferred = deferred;
-        self.report_gate_events();
-        self.last.at = now;
-        self.last.dataplanes = dataplanes;
-        self.last.service_ids = service_ids;
-        self.agenda.next_global = self.next_global_event();
-        (self.next_due(), decided)
+        (entries, deferred, decided)
     }
 
     /// Forgets the previous certificates of proxies that ACKed their replacement on each stream they
@@ -319,389 +327,19 @@ impl Owner {
         generation: u64,
         now: SystemTime,
     ) -> BTreeMap<BundleKey, Vec<CaTrust>> {
-        let mut grouped = super::presenters(&self.issued, &self.proxies.streams);
-        // A connected proxy this replica has issued nothing to yet may present a certificate from
-        // any CA its mesh still trusts (it moved here from another replica, or from before a
-        // restart): those kept only because proxies may present them stay for it too.
-        let retained: Vec<CaTrust> = self
-            .proxies
-            .streams
-            .proxies()
-            .filter(|key| !self.issued.contains_key(*key))
-            .map(|key| BundleKey::mesh(key.mesh.clone()))
-            .collect::<HashSet<BundleKey>>()
-            .into_iter()
-            .flat_map(|mesh| self.gate.retained_in(&mesh).cloned().collect::<Vec<_>>())
+        let presenting = trusted::Presenting {
+            issued: &self.issued,
+            streams: &self.proxies.streams,
+        };
+        let retained: Vec<CaTrust> = presenting
+            .newcomers_meshes()
+            .iter()
+            .flat_map(|mesh| self.gate.retained_in(mesh).cloned().collect::<Vec<_>>())
             .collect();
-        for ca in &retained {
-            let newcomers = self
-                .proxies
-                .streams
-                .proxies()
-                .filter(|key| ca.bundle.is_mesh(&key.mesh) && !self.issued.contains_key(*key));
-            grouped
-                .entry(ca.key())
-                .or_insert((ca, Vec::new()))
-                .1
-                .extend(newcomers);
-        }
-        let presented: Vec<(&CaTrust, Vec<&ProxyKey>)> = grouped.into_values().collect();
-        let mut desired: Vec<CaTrust> = self
-            .world
-            .meshes
-            .values()
-            .flat_map(bundles::mesh_cas)
-            .collect();
-        if let Some(Ok(plan)) = &self.egress {
-            desired.extend(egress::egress_cas(&self.world, plan));
-        }
+        let presented = presenting.presented(&retained);
+        let desired = trusted::configured_cas(&self.world, &self.egress);
         self.last.configured = desired.iter().collect();
         self.gate.plan_trust(desired, &presented, generation, now)
-    }
-
-    /// Splits the connected proxies of a full reconcile into those it serves now and the ones it leaves
-    /// for later turns ([`Owner::serve_deferred`]), so that what proxies wait for (a certificate their
-    /// streams ask for) is decided, issued and published without waiting for a pass over the whole
-    /// fleet. Served now: every proxy when any description may have changed (`touched: None`), else the
-    /// touched proxies and those with a stream that may ask for their identity, both found without
-    /// looking at the others. The rest keep what they were published until their turn comes within the
-    /// loop's next turns, as they would while a pass over the fleet ran.
-    ///
-    /// An asking proxy whose certificate is being issued is in neither list either: the result's arrival
-    /// decides it.
-    ///
-    /// A proxy that asks for its identity but is served the certificate it holds, in a mesh where the
-    /// gate holds issuance back (a new CA or SPIFFE ID waits for ACKs), is in neither list unless its
-    /// renewal comes before the wait times out: it keeps its certificate until the wait ends, and the
-    /// reconcile at the end decides it with the rest of the fleet. Deciding it during the wait would
-    /// find its new certificate held back, at the cost of a pass that the streams delivering the new
-    /// trust need the CPU for.
-    fn split_quiet(
-        &self,
-        connected: Vec<ProxyKey>,
-        touched: Option<&BTreeSet<ProxyKey>>,
-    ) -> (Vec<ProxyKey>, Vec<ProxyKey>) {
-        let Some(touched) = touched else {
-            return (connected, Vec::new());
-        };
-        let held = self.held_for_rollout();
-        let touched_now = touched
-            .iter()
-            .filter(|key| self.proxies.streams.is_connected(key))
-            .map(|key| (key, true));
-        let asking = self
-            .proxies
-            .streams
-            .asking_identity()
-            .map(|key| (key, false));
-        let mut looked_at: HashSet<&ProxyKey, KeyHasher> = HashSet::default();
-        let mut now = Vec::new();
-        for (key, touched) in touched_now.chain(asking) {
-            // An asking proxy whose certificate is being issued is decided again when it comes back
-            // (`Owner::on_issued` asks whether it still wants it, and decides it anew if not).
-            let waits_for_result = !touched && self.issuing.is_issuing(key);
-            if looked_at.insert(key) && (touched || !held(key)) && !waits_for_result {
-                now.push(key.clone());
-            }
-        }
-        let deferred = connected
-            .into_iter()
-            .filter(|key| !looked_at.contains(key))
-            .collect();
-        (now, deferred)
-    }
-
-    /// Whether a proxy that was not touched waits for a rollout step of its mesh: the gate holds
-    /// issuance back there, and the proxy is served the certificate it holds, which is not due for
-    /// renewal before the wait times out (it keeps it until the wait ends, and the reconcile then decides
-    /// it). A zone egress never waits here: its identity comes from a mesh of its own.
-    pub(super) fn held_for_rollout(&self) -> impl Fn(&ProxyKey) -> bool + '_ {
-        let holding = self.gate.holding_meshes();
-        let deadline = self.gate.next_deadline();
-        let published = self.publisher.last();
-        move |key| {
-            if !holding.contains(&*key.mesh) {
-                return false;
-            }
-            let Some(ProxyEntry::Ready(served)) = published.proxies.get(key) else {
-                return false;
-            };
-            self.issued.get(key).is_some_and(|issued| {
-                Arc::ptr_eq(&issued.published, served)
-                    && deadline.is_some_and(|deadline| issued.renew_at > deadline)
-            }) && !self.proxies.is_zone_egress(key)
-        }
-    }
-
-    /// Decides, issues (where the gate allows) and returns the snapshot entry of each of `keys`
-    /// (connected proxies), keeping their reasons and renewal times up to date.
-    pub(super) fn serve(
-        &mut self,
-        keys: Vec<ProxyKey>,
-        dataplanes: &Dataplanes,
-        now: SystemTime,
-    ) -> Vec<(ProxyKey, ProxyEntry)> {
-        // Decide every proxy first, then start issuing what the gate allows, then serve. A proxy
-        // whose certificate is being issued keeps the one it has (or waits) until the result is in.
-        let plans = self.decide_and_submit(keys, dataplanes, now);
-        let mut entries = Vec::with_capacity(plans.len());
-        for (key, served) in plans {
-            let waits_for_key = match &served {
-                Served::WaitsForKey(agent) => Some(agent.clone()),
-                _ => None,
-            };
-            let (entry, renew_at) = self.entry_of(&key, served, now);
-            self.agenda.renewals.set(&key, renew_at);
-            match waits_for_key {
-                Some(agent) => {
-                    self.reasons.insert(
-                        key.clone(),
-                        format!("waiting for meshca agent {agent}'s key request: the agent makes and holds this dataplane's keys"),
-                    );
-                }
-                None => self.note_reason(&key, &entry),
-            }
-            entries.push((key, entry));
-        }
-        entries
-    }
-
-    /// Decides each of `keys` and hands what must be issued to the issuance threads. Proxies waiting
-    /// for their identity are decided and submitted first, a batch at a time: their certificates are
-    /// issued while the others are decided (a trust wait that ends decides the whole fleet).
-    fn decide_and_submit(
-        &mut self,
-        keys: Vec<ProxyKey>,
-        dataplanes: &Dataplanes,
-        now: SystemTime,
-    ) -> Vec<(ProxyKey, Served)> {
-        let (first, then): (Vec<ProxyKey>, Vec<ProxyKey>) = keys
-            .into_iter()
-            .partition(|key| self.waits_for_identity(key));
-        let mut plans: Vec<(ProxyKey, Served)> = Vec::with_capacity(first.len() + then.len());
-        let batches = [first, then]
-            .into_iter()
-            .flat_map(|keys| chunked(keys, SUBMIT_EVERY));
-        for keys in batches {
-            let planned = plans.len();
-            for key in keys {
-                let served = match dataplanes.get(&key) {
-                    Some(Ok(info)) => self.plan_proxy(&key, info, now),
-                    Some(Err(reason)) => Served::Entry(ProxyEntry::Refused {
-                        reason: reason.to_string(),
-                    }),
-                    None => continue,
-                };
-                plans.push((key, served));
-            }
-            let jobs: Vec<(ProxyKey, &Desired)> = plans[planned..]
-                .iter()
-                .filter_map(|(key, served)| match served {
-                    Served::Decided {
-                        desired,
-                        issue: true,
-                        ..
-                    } => Some((key.clone(), &**desired)),
-                    _ => None,
-                })
-                .collect();
-            self.submit(&jobs, now);
-        }
-        plans
-    }
-
-    /// What `key` is served as decided, and when it is looked at again for renewal (`None`: when
-    /// something else wakes it).
-    fn entry_of(
-        &self,
-        key: &ProxyKey,
-        served: Served,
-        now: SystemTime,
-    ) -> (ProxyEntry, Option<SystemTime>) {
-        let (gated, issue) = match served {
-            Served::Entry(entry) => return (entry, None),
-            // The agent's offer wakes it. A certificate over a key the agent holds is served until
-            // it expires meanwhile (then the proxy is looked at again); one over a key meshca made
-            // is of no use to the agent.
-            Served::WaitsForKey(_) => {
-                return match self.issued.get(key) {
-                    Some(issued)
-                        if matches!(issued.published.key, LeafKey::Agent(_))
-                            && now < issued.leaf.not_after =>
-                    {
-                        (
-                            ProxyEntry::Ready(issued.published.clone()),
-                            Some(issued.leaf.not_after),
-                        )
-                    }
-                    _ => (ProxyEntry::Pending, None),
-                }
-            }
-            Served::Decided { gated, issue, .. } => (gated, issue),
-        };
-        // Being issued now: its result publishes it (or, on failure, sets its retry). Meanwhile the
-        // proxy keeps the certificate it has, unless that has expired.
-        let issuing = issue && self.issuing.is_issuing(key);
-        let waits = gated || issuing;
-        let held = self
-            .issued
-            .get(key)
-            .filter(|i| !issuing || now < i.leaf.not_after);
-        match held {
-            // Held back by the gate: the wait's end (or its timeout) reconciles every proxy, this one
-            // included; a renewal time in the past would only spin the loop.
-            Some(issued) if waits => (ProxyEntry::Ready(issued.published.clone()), None),
-            // A renewal that failed (its time has passed) is tried again after a pause.
-            Some(issued) => {
-                let retry = (issued.renew_at <= now).then_some(now + ISSUE_RETRY);
-                (
-                    ProxyEntry::Ready(issued.published.clone()),
-                    Some(retry.unwrap_or(issued.renew_at)),
-                )
-            }
-            None if waits => (ProxyEntry::Pending, None),
-            None => (
-                ProxyEntry::NoIdentity {
-                    reason: "issuance failed; see the daemon log".into(),
-                },
-                Some(now + ISSUE_RETRY),
-            ),
-        }
-    }
-
-    /// Keeps why `key` has no certificate, as the status shows it.
-    fn note_reason(&mut self, key: &ProxyKey, entry: &ProxyEntry) {
-        match entry {
-            ProxyEntry::Ready(_) => {
-                self.reasons.remove(key);
-            }
-            ProxyEntry::Pending if self.issuing.is_issuing(key) => {
-                self.reasons
-                    .insert(key.clone(), "its certificate is being issued".into());
-            }
-            ProxyEntry::Pending => {
-                self.reasons.insert(
-                    key.clone(),
-                    "waiting for connected proxies to ACK the new CA's trust bundle".into(),
-                );
-            }
-            ProxyEntry::NoIdentity { reason } | ProxyEntry::Refused { reason } => {
-                self.reasons.insert(key.clone(), reason.clone());
-            }
-        }
-    }
-
-    /// One INFO line per mesh and issuer when a wave of issuance is over (how many, and how long the
-    /// wave took from its first job to its last result); the line per certificate is DEBUG.
-    pub(super) fn log_wave(&mut self, took: std::time::Duration) {
-        for ((mesh, issuer), count) in std::mem::take(&mut self.wave) {
-            tracing::info!(
-                mesh = %mesh,
-                issuer = %issuer,
-                certificates = count,
-                millis = took.as_millis() as u64,
-                "issued {count} certificate{}",
-                if count == 1 { "" } else { "s" }
-            );
-        }
-    }
-
-    /// One connected proxy: its decided identity, whether the gate holds it back, and whether it needs a
-    /// certificate issued now.
-    pub(super) fn plan_proxy(
-        &self,
-        key: &ProxyKey,
-        info: &DataplaneInfo,
-        now: SystemTime,
-    ) -> Served {
-        let mut desired = match self.decide(key, info) {
-            Decision::NoIdentity(reason) => {
-                return Served::Entry(ProxyEntry::NoIdentity { reason })
-            }
-            Decision::Issue(desired) => desired,
-        };
-        // A proxy an agent serves is certified over a key the agent holds, never one of meshca's.
-        if let Some(agent) = self.agent_served(key) {
-            let current = self.issued.get(key).map(|i| &i.published.key);
-            match self
-                .agent_keys
-                .next_key(key, current, desired.key_algorithm)
-            {
-                Some(next) => desired.agent_key = Some(next),
-                None => return Served::WaitsForKey(Arc::from(agent)),
-            }
-        }
-        // Trust before identity: a CA issues only once every stream that must trust it has ACKed it.
-        // SANs before identity: a proxy changes its SPIFFE ID only once the `meshservice:` contexts of
-        // its services, as their subscribers hold them, accept the new one.
-        let trust_domain = desired.spiffe_id.trust_domain();
-        let gated = !self
-            .gate
-            .may_issue(&desired.trusted_in, trust_domain, &desired.ca)
-            || !self.may_present_id(key, info, &desired.spiffe_id.to_string());
-        let issue = !gated && self.needs_issue(key, &desired, now);
-        Served::Decided {
-            desired,
-            gated,
-            issue,
-        }
-    }
-
-    /// The agent that serves `key`, when one does (a zone egress is always meshca's).
-    pub(super) fn agent_served(&self, key: &ProxyKey) -> Option<&str> {
-        if self.proxies.is_zone_egress(key) {
-            return None;
-        }
-        self.agent_keys.agent_of(key)
-    }
-
-    /// The certificate `key` should hold: the zone egress identity for an egress, else its dataplane
-    /// identity.
-    fn decide(&self, key: &ProxyKey, info: &DataplaneInfo) -> Decision {
-        if !self.proxies.is_zone_egress(key) {
-            let mesh = self.world.meshes.get(&*key.mesh);
-            return plan::decide(mesh, info, &self.config.zone, self.config.key_algorithm);
-        }
-        match &self.egress {
-            Some(Ok(plan)) => egress::decide(
-                &self.world,
-                plan,
-                info,
-                &self.config.zone,
-                self.config.key_algorithm,
-            ),
-            Some(Err(reason)) => Decision::NoIdentity(format!("no zone egress identity: {reason}")),
-            None => Decision::NoIdentity("the zone egress identity is not chosen yet".into()),
-        }
-    }
-
-    /// Whether the proxy may present `spiffe_id`: it already does, or every local MeshService that
-    /// selects it (for the zone egress: the egress bundle's SAN matchers) has had the ID confirmed in its
-    /// context.
-    fn may_present_id(&self, key: &ProxyKey, info: &DataplaneInfo, spiffe_id: &str) -> bool {
-        let presents = self
-            .issued
-            .get(key)
-            .is_none_or(|issued| issued.published.spiffe_id == spiffe_id);
-        if self.proxies.is_zone_egress(key) {
-            return presents || self.gate.may_present(&ServiceKey::egress(), spiffe_id);
-        }
-        presents
-            || self
-                .world
-                .resources
-                .mesh_services
-                .iter()
-                .filter(|s| s.mesh == info.mesh && s.zone().is_none_or(|z| z == self.config.zone))
-                .filter(|s| {
-                    s.dataplane_tags
-                        .as_ref()
-                        .is_some_and(|t| info.has_inbound_with(t))
-                })
-                .all(|s| {
-                    let service = ServiceKey::new(s.mesh.as_str(), s.name.clone());
-                    self.gate.may_present(&service, spiffe_id)
-                })
     }
 
     /// Certificates of dataplanes that no longer exist are dropped; those of disconnected proxies are
@@ -728,160 +366,6 @@ impl Owner {
             }
             self.agent_keys.forget(key);
         }
-    }
-
-    /// The SPIFFE IDs each MeshService's proxies present. For a service of another zone (or one without
-    /// a dataplane selector), `spec.identities` as given. For a local service, computed whatever its file
-    /// says: for every dataplane the service selects, the ServiceTag of its matching inbounds, the ID
-    /// meshca decides for it, the IDs of every MeshIdentity selecting it (staged migrations), and (break
-    /// last), while its proxy is connected, the ID of the certificate served now and of the one it
-    /// replaced, until the proxy has ACKed its replacement; and what the peers' proxies present.
-    ///
-    /// Also returns what this replica's proxies present, per computed service, for the peers.
-    fn service_identities(&self, dataplanes: &Dataplanes) -> (ServiceIds, PresentedIds) {
-        let mut out = ServiceIds::new();
-        let mut presented = PresentedIds::new();
-        for service in &self.world.resources.mesh_services {
-            let local = service.zone().is_none_or(|z| z == self.config.zone);
-            let computed = local.then_some(service.dataplane_tags.as_ref()).flatten();
-            let Some(selector) = computed else {
-                // Another zone's service (or one that selects nothing): its identities as given.
-                let ids = bundles::service_spiffe_ids(&service.mesh, service);
-                out.insert(
-                    ServiceKey::new(service.mesh.as_str(), service.name.clone()),
-                    ids,
-                );
-                continue;
-            };
-            // A local service's identities are computed, whatever its file lists: the ServiceTag of
-            // each selected inbound, the ID each selected dataplane is issued, the IDs of every
-            // MeshIdentity that selects it, and what its connected proxies still present.
-            let mut ids = BTreeSet::new();
-            let mut theirs = BTreeSet::new();
-            let mesh = self.world.meshes.get(&service.mesh);
-            let selected = dataplanes.iter().filter_map(|(key, dp)| {
-                let dp = dp.as_ref().ok()?;
-                (dp.mesh == service.mesh && dp.has_inbound_with(selector)).then_some((key, dp))
-            });
-            for (key, dp) in selected {
-                ids.extend(self.given_ids(mesh, dp, selector));
-                theirs.extend(self.presented_ids(key));
-            }
-            ids.extend(theirs.iter().cloned());
-            let key = ServiceKey::new(service.mesh.as_str(), service.name.clone());
-            self.add_peers_ids(&key, &mut ids);
-            out.insert(key, ids);
-            presented
-                .entry(service.mesh.clone())
-                .or_default()
-                .insert(service.name.clone(), theirs);
-        }
-        let (mut ids, theirs) = self.egress_identities(dataplanes);
-        let egress = ServiceKey::egress();
-        self.add_peers_ids(&egress, &mut ids);
-        out.insert(egress, ids);
-        presented
-            .entry(BundleKey::Egress.to_string())
-            .or_default()
-            .insert(EGRESS_SERVICE.to_owned(), theirs);
-        (out, presented)
-    }
-
-    /// Adds to a computed context's `ids` what the peers' proxies of `service` present (break last
-    /// across replicas); while a peer's view cannot be read, every ID the context carried.
-    fn add_peers_ids(&self, service: &ServiceKey, ids: &mut BTreeSet<String>) {
-        for peer in self.gate.peers() {
-            match &peer.view {
-                Some(view) => {
-                    let theirs = view
-                        .presented_ids
-                        .get(service.bundle.as_str())
-                        .and_then(|s| s.get(&service.service));
-                    ids.extend(theirs.into_iter().flatten().cloned());
-                }
-                None => {
-                    let carried = self.last.service_ids.get(service);
-                    ids.extend(carried.into_iter().flatten().cloned());
-                }
-            }
-        }
-    }
-
-    /// What a dataplane gives a local MeshService that selects it (with `selector`), connected or not:
-    /// the ServiceTag of each selected inbound, the ID meshca decides for it, and (staged migrations)
-    /// the ID of every MeshIdentity selecting it, provider-less ones included.
-    pub(super) fn given_ids(
-        &self,
-        mesh: Option<&MeshState>,
-        dp: &DataplaneInfo,
-        selector: &BTreeMap<String, String>,
-    ) -> BTreeSet<String> {
-        let mut ids: BTreeSet<String> = dp
-            .inbounds_with(selector)
-            .filter_map(|tags| tags.get(SERVICE_TAG))
-            .map(|tag| format!("spiffe://{}/{tag}", dp.mesh))
-            .collect();
-        if let Decision::Issue(d) =
-            plan::decide(mesh, dp, &self.config.zone, self.config.key_algorithm)
-        {
-            ids.insert(d.spiffe_id.to_string());
-        }
-        ids.extend(
-            plan::selected_identity_ids(mesh, dp, &self.config.zone)
-                .iter()
-                .map(ToString::to_string),
-        );
-        ids
-    }
-
-    /// The SPIFFE IDs a proxy may present while it is connected (break last): its served certificate's,
-    /// and those of the certificates it replaced and has not ACKed the replacement of.
-    pub(super) fn presented_ids(&self, key: &ProxyKey) -> Vec<String> {
-        match self.issued.get(key) {
-            Some(issued) if self.proxies.streams.is_connected(key) => {
-                std::iter::once(issued.published.spiffe_id.clone())
-                    .chain(issued.previous.iter().map(|p| p.spiffe_id.clone()))
-                    .collect()
-            }
-            _ => Vec::new(),
-        }
-    }
-
-    /// The SPIFFE IDs the zone egress bundle accepts: the egress identity of every known egress (each
-    /// ZoneEgress file, each egress token that connected) and, while an egress is connected, the IDs it
-    /// may still present (break last).
-    /// Also returns the IDs this replica's egresses present.
-    fn egress_identities(&self, dataplanes: &Dataplanes) -> (BTreeSet<String>, BTreeSet<String>) {
-        let plan = self.egress.as_ref().and_then(|p| p.as_ref().ok());
-        let (zone, algorithm) = (&self.config.zone, self.config.key_algorithm);
-        let decided = |info: &DataplaneInfo| match egress::decide(
-            &self.world,
-            plan?,
-            info,
-            zone,
-            algorithm,
-        ) {
-            Decision::Issue(d) => Some(d.spiffe_id.to_string()),
-            Decision::NoIdentity(_) => None,
-        };
-        let mesh = plan.map_or("", |p| p.mesh.as_str());
-        let mut ids: BTreeSet<String> = self
-            .world
-            .resources
-            .zone_egresses
-            .iter()
-            .filter_map(|egress| decided(&DataplaneInfo::from_zone_egress(mesh, egress)))
-            .collect();
-        let mut presented = BTreeSet::new();
-        for key in self.proxies.egresses() {
-            let Some(info) = dataplanes.get(key) else {
-                continue;
-            };
-            ids.extend(info.as_ref().ok().and_then(decided));
-            presented.extend(self.presented_ids(key));
-        }
-        ids.extend(presented.iter().cloned());
-        (ids, presented)
     }
 
     /// Builds the snapshot and publishes it when its content differs from the last one, saying which
