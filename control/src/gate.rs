@@ -289,18 +289,18 @@ impl Gate {
     /// every wait must be looked at again: they differ from the last ones, or an entry waited for
     /// this read to know its peers.
     pub fn set_peers(&mut self, peers: &[PeerView]) -> bool {
-        let reads = self.reads;
+        let before = self.reads;
+        self.reads.done += 1;
+        let after = self.reads;
+        // An entry whose peers this read makes known (the first read after publishing may not).
+        let known_now = |at: u64| before.unknown_since(at) && !after.unknown_since(at);
         let waited = self
             .published
             .values()
             .map(|p| &p.state)
             .chain(self.sans.values())
-            .any(|p| !p.confirmed && reads.unknown_since(p.peer_reads))
-            || self
-                .removed_at
-                .values()
-                .any(|(_, at)| reads.unknown_since(*at));
-        self.reads.done += 1;
+            .any(|p| !p.confirmed && known_now(p.peer_reads))
+            || self.removed_at.values().any(|(_, at)| known_now(*at));
         if peers == self.peers.as_slice() {
             return waited;
         }
