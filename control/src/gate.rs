@@ -864,8 +864,7 @@ impl Gate {
             } = presenters;
             // Kept only until the peers are known: no proxy is known to present it, so this is no
             // rollout wait to warn of (the next reads of the database end it), but a wait all the same.
-            if named.is_empty() && more == 0 && !self.retained_since.contains_key(&key) {
-                debug_assert!(unread);
+            if unread && named.is_empty() && more == 0 && !self.retained_since.contains_key(&key) {
                 let since = self.removed_at.get(&key).map_or(now, |(since, _)| *since);
                 named.insert(UNREAD_PEERS.to_owned());
                 let wait = self.break_last_wait(&ca, since, now, named, 0);
