@@ -65,6 +65,55 @@ pub enum Command {
     /// Serve the SPIFFE Workload API on this host, with identities from meshca servers and keys
     /// made here (each flag overrides its `agent.*` setting and `MESHCA_AGENT_*` variable).
     Agent(AgentArgs),
+    /// SPIFFE bundles of federated trust domains.
+    #[command(subcommand)]
+    Bundle(BundleCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BundleCommand {
+    /// Fetch a peer's bundle endpoint as meshca would, check what it serves, and print it.
+    Fetch(BundleFetchArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("profile").required(true).args(["spiffe_id", "web"])))]
+pub struct BundleFetchArgs {
+    /// The bundle endpoint, https://HOST[:PORT]/PATH.
+    pub url: String,
+    /// https_spiffe: the SPIFFE ID the endpoint's X.509-SVID must carry (its trust domain is the
+    /// bundle's unless --trust-domain says otherwise).
+    #[arg(long, requires = "bundle_file", value_name = "spiffe://TD/PATH")]
+    pub spiffe_id: Option<String>,
+    /// https_spiffe: the bundle held for the endpoint's trust domain (a SPIFFE bundle or PEM), which
+    /// its SVID must chain to.
+    #[arg(long, value_name = "FILE")]
+    pub bundle_file: Option<PathBuf>,
+    /// https_web: the endpoint presents a Web PKI certificate for the URL's host.
+    #[arg(long)]
+    pub web: bool,
+    /// https_web: the roots to check it by (PEM); default: the system's.
+    #[arg(long, requires = "web", value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// The trust domain the bundle is of (required with --web).
+    #[arg(long, value_name = "TD")]
+    pub trust_domain: Option<String>,
+    /// How long the fetch may take, in seconds.
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
+    pub timeout: f64,
+    /// What to print: the SPIFFE bundle (JSON), or its X.509 authorities as PEM.
+    #[arg(long, value_enum, default_value_t = BundleFormat::Spiffe)]
+    pub format: BundleFormat,
+}
+
+/// How `meshca bundle` prints a bundle.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum BundleFormat {
+    /// The SPIFFE bundle, JSON.
+    #[default]
+    Spiffe,
+    /// The X.509 authorities, PEM.
+    Pem,
 }
 
 #[derive(Debug, Args)]

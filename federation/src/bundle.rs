@@ -309,6 +309,63 @@ impl SpiffeBundle {
         Ok(bundle)
     }
 
+    /// A bundle as an operator hands one over (a relationship's initial bundle, `meshca bundle fetch
+    /// --bundle-file`): a SPIFFE bundle, or PEM certificates, each an X.509 authority.
+    pub fn parse_initial(
+        trust_domain: &TrustDomain,
+        bytes: &[u8],
+        limits: BundleLimits,
+    ) -> Result<SpiffeBundle, BundleError> {
+        if bytes.trim_ascii_start().starts_with(b"{") {
+            return SpiffeBundle::parse(trust_domain, bytes, limits);
+        }
+        if bytes.len() > limits.max_bytes {
+            return Err(BundleError::TooLarge {
+                bytes: bytes.len(),
+                max: limits.max_bytes,
+            });
+        }
+        let blocks = pem::parse_many(bytes)
+            .map_err(|e| field("PEM", format!("neither a SPIFFE bundle nor PEM: {e}")))?;
+        if blocks.len() > limits.max_keys {
+            return Err(BundleError::TooManyKeys {
+                count: blocks.len(),
+                max: limits.max_keys,
+            });
+        }
+        let mut authorities = Vec::new();
+        for (at, block) in blocks.into_iter().enumerate() {
+            if block.tag() != "CERTIFICATE" {
+                return Err(field(
+                    format!("PEM block {at}"),
+                    format!(
+                        "a {:?} block; only CERTIFICATE blocks are authorities",
+                        block.tag()
+                    ),
+                ));
+            }
+            let authority = X509Authority::from_der(block.into_contents(), trust_domain)
+                .map_err(|reason| field(format!("PEM block {at}"), reason))?;
+            authorities.push(authority);
+        }
+        if authorities.is_empty() {
+            return Err(BundleError::NoAuthority);
+        }
+        Ok(SpiffeBundle::new(
+            trust_domain.clone(),
+            authorities,
+            Vec::new(),
+        ))
+    }
+
+    /// The X.509 authorities as PEM certificates.
+    pub fn x509_pem(&self) -> String {
+        self.x509_authorities
+            .iter()
+            .map(|a| pem::encode(&pem::Pem::new("CERTIFICATE", a.der.clone())))
+            .collect()
+    }
+
     /// The bundle as JSON: the same bundle always gives the same bytes.
     pub fn to_json(&self) -> Vec<u8> {
         let keys = self

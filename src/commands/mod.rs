@@ -3,6 +3,7 @@
 mod agent;
 mod bench;
 mod bootstrap;
+mod bundle;
 #[cfg(feature = "drills")]
 mod drill;
 mod inspect;
@@ -59,6 +60,7 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
             workload_fetch::run(args).await
         }
         Command::Agent(args) => agent::run(args).await,
+        Command::Bundle(crate::cli::BundleCommand::Fetch(args)) => bundle::fetch(args).await,
     }
 }
 

@@ -305,3 +305,32 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn an_initial_bundle_is_a_spiffe_bundle_or_pem_certificates() {
+    let bundle = sample();
+    let json = bundle.to_json();
+    let read = SpiffeBundle::parse_initial(&td("example.org"), &json, BundleLimits::default());
+    assert_eq!(read, Ok(bundle.clone()));
+
+    let pem = bundle.x509_pem();
+    let read =
+        SpiffeBundle::parse_initial(&td("example.org"), pem.as_bytes(), BundleLimits::default())
+            .expect("PEM reads");
+    assert_eq!(read.x509_authorities(), bundle.x509_authorities());
+    assert!(read.jwt_authorities().is_empty());
+
+    let key = pem::encode(&pem::Pem::new("PRIVATE KEY", vec![1, 2, 3]));
+    let with_key = format!("{pem}{key}");
+    let error = SpiffeBundle::parse_initial(
+        &td("example.org"),
+        with_key.as_bytes(),
+        BundleLimits::default(),
+    )
+    .expect_err("refused");
+    assert_eq!(field_of(error), "PEM block 2");
+    assert_eq!(
+        SpiffeBundle::parse_initial(&td("example.org"), b"no PEM here", BundleLimits::default()),
+        Err(BundleError::NoAuthority)
+    );
+}

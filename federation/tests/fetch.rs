@@ -1,0 +1,286 @@
+//! Fetching from a bundle endpoint written here against the SPIFFE Federation standard alone (rustls,
+//! rcgen, a hand-written HTTP/1.1 answer and a bundle built as JSON), never with meshca's code.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::Engine as _;
+use meshca_federation::fetch::{fetch, EndpointAuth, FetchError};
+use meshca_federation::{BundleError, BundleLimits, SpiffeBundle, X509Authority};
+use meshca_identity::{SpiffeId, TrustDomain};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    KeyUsagePurpose, SanType,
+};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+const ENDPOINT_ID: &str = "spiffe://peer.example/spire/server";
+
+struct Ca(CertifiedIssuer<'static, KeyPair>);
+
+impl Ca {
+    fn new(trust_domain: &str) -> Ca {
+        let mut params = CertificateParams::default();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        params.subject_alt_names = vec![SanType::URI(
+            format!("spiffe://{trust_domain}")
+                .try_into()
+                .expect("a URI"),
+        )];
+        let key = KeyPair::generate().expect("a P-256 key");
+        Ca(CertifiedIssuer::self_signed(params, key).expect("a CA"))
+    }
+
+    fn der(&self) -> Vec<u8> {
+        self.0.der().to_vec()
+    }
+
+    /// The CA as a SPIFFE bundle's x509-svid JWK, built from the standard.
+    fn jwk(&self) -> serde_json::Value {
+        let point = self.0.key().public_key_raw();
+        serde_json::json!({
+            "use": "x509-svid",
+            "kty": "EC",
+            "crv": "P-256",
+            "x": URL_SAFE_NO_PAD.encode(&point[1..33]),
+            "y": URL_SAFE_NO_PAD.encode(&point[33..65]),
+            "x5c": [STANDARD.encode(self.der())],
+        })
+    }
+
+    /// A server SVID for `id`.
+    fn svid(&self, id: &str) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
+        let mut params = CertificateParams::default();
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.subject_alt_names = vec![SanType::URI(id.try_into().expect("a URI"))];
+        let key = KeyPair::generate().expect("a P-256 key");
+        let cert = params.signed_by(&key, &self.0).expect("a leaf");
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        (vec![cert.der().clone()], key)
+    }
+}
+
+fn td() -> TrustDomain {
+    TrustDomain::parse("peer.example").expect("a trust domain")
+}
+
+/// The bundle the fetching side holds for the peer: its CA.
+fn held(ca: &Ca) -> SpiffeBundle {
+    let authority = X509Authority::from_der(ca.der(), &td()).expect("a CA of peer.example");
+    SpiffeBundle::new(td(), vec![authority], Vec::new())
+}
+
+fn spiffe_auth(ca: &Ca, id: &str) -> EndpointAuth {
+    EndpointAuth::Spiffe {
+        id: SpiffeId::parse(id).expect("a SPIFFE ID"),
+        bundle: held(ca),
+    }
+}
+
+/// A bundle endpoint that answers every connection's one request with `status` and `body`, over TLS
+/// with `svid`; its address.
+async fn endpoint(
+    svid: (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>),
+    status: &'static str,
+    body: Vec<u8>,
+) -> std::net::SocketAddr {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_no_client_auth()
+        .with_single_cert(svid.0, svid.1)
+        .expect("a server config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let addr = listener.local_addr().expect("an address");
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, body) = (acceptor.clone(), body.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut request = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                assert!(request.starts_with(b"GET / HTTP/1.1\r\n"), "one GET of /");
+                let head = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = tls.write_all(head.as_bytes()).await;
+                let _ = tls.write_all(&body).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+fn bundle_json(keys: &[serde_json::Value], sequence: u64) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "keys": keys,
+        "spiffe_sequence": sequence,
+        "spiffe_refresh_hint": 60,
+    }))
+    .expect("JSON")
+}
+
+async fn fetch_from(
+    addr: std::net::SocketAddr,
+    auth: &EndpointAuth,
+    limits: BundleLimits,
+) -> Result<SpiffeBundle, FetchError> {
+    fetch(&format!("https://{addr}/"), &td(), auth, TIMEOUT, limits).await
+}
+
+#[tokio::test]
+async fn an_https_spiffe_endpoint_with_its_spiffe_id_gives_its_bundle_next_ca_included() {
+    let (ca, next) = (Ca::new("peer.example"), Ca::new("peer.example"));
+    let body = bundle_json(&[ca.jwk(), next.jwk()], 8);
+    let addr = endpoint(ca.svid(ENDPOINT_ID), "200 OK", body).await;
+    let bundle = fetch_from(
+        addr,
+        &spiffe_auth(&ca, ENDPOINT_ID),
+        BundleLimits::default(),
+    )
+    .await
+    .expect("the bundle");
+    assert_eq!(bundle.sequence, Some(8));
+    assert_eq!(bundle.refresh_hint, Some(Duration::from_secs(60)));
+    let ders: Vec<&[u8]> = bundle
+        .x509_authorities()
+        .iter()
+        .map(X509Authority::der)
+        .collect();
+    assert_eq!(ders, [ca.der().as_slice(), next.der().as_slice()]);
+}
+
+#[tokio::test]
+async fn an_endpoint_with_another_spiffe_id_or_an_svid_of_another_ca_is_refused() {
+    let ca = Ca::new("peer.example");
+    let body = bundle_json(&[ca.jwk()], 1);
+    let addr = endpoint(
+        ca.svid("spiffe://peer.example/not-the-endpoint"),
+        "200 OK",
+        body.clone(),
+    )
+    .await;
+    let error = fetch_from(
+        addr,
+        &spiffe_auth(&ca, ENDPOINT_ID),
+        BundleLimits::default(),
+    )
+    .await
+    .expect_err("refused");
+    assert!(
+        matches!(&error, FetchError::Transport(m) if m.contains("not-the-endpoint")),
+        "{error}"
+    );
+
+    let impostor = Ca::new("peer.example");
+    let addr = endpoint(impostor.svid(ENDPOINT_ID), "200 OK", body).await;
+    let error = fetch_from(
+        addr,
+        &spiffe_auth(&ca, ENDPOINT_ID),
+        BundleLimits::default(),
+    )
+    .await
+    .expect_err("refused");
+    assert!(matches!(error, FetchError::Transport(_)), "{error}");
+}
+
+#[tokio::test]
+async fn an_error_status_an_oversize_or_a_foreign_bundle_is_refused() {
+    let ca = Ca::new("peer.example");
+    let addr = endpoint(ca.svid(ENDPOINT_ID), "404 Not Found", b"no".to_vec()).await;
+    let error = fetch_from(
+        addr,
+        &spiffe_auth(&ca, ENDPOINT_ID),
+        BundleLimits::default(),
+    )
+    .await
+    .expect_err("refused");
+    assert!(matches!(error, FetchError::Status(404)), "{error}");
+
+    let body = bundle_json(&[ca.jwk()], 1);
+    let small = BundleLimits {
+        max_bytes: body.len() - 1,
+        max_keys: 16,
+    };
+    let addr = endpoint(ca.svid(ENDPOINT_ID), "200 OK", body).await;
+    let error = fetch_from(addr, &spiffe_auth(&ca, ENDPOINT_ID), small)
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(error, FetchError::Bundle(BundleError::TooLarge { .. })),
+        "{error}"
+    );
+
+    // A bundle whose authority names another trust domain is not this trust domain's.
+    let foreign = Ca::new("evil.example");
+    let addr = endpoint(
+        ca.svid(ENDPOINT_ID),
+        "200 OK",
+        bundle_json(&[foreign.jwk()], 2),
+    )
+    .await;
+    let error = fetch_from(
+        addr,
+        &spiffe_auth(&ca, ENDPOINT_ID),
+        BundleLimits::default(),
+    )
+    .await
+    .expect_err("refused");
+    assert!(
+        matches!(&error, FetchError::Bundle(e) if e.to_string().contains("evil.example")),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn an_https_web_endpoint_is_checked_by_its_roots_and_host() {
+    // A Web PKI server certificate for 127.0.0.1, from a root the fetch is given.
+    let root = Ca::new("peer.example");
+    let mut params = CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("params");
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let key = KeyPair::generate().expect("a key");
+    let cert = params
+        .signed_by(&key, &root.0)
+        .expect("a server certificate");
+    let server = (
+        vec![cert.der().clone()],
+        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+    );
+    let ca = Ca::new("peer.example");
+    let addr = endpoint(server, "200 OK", bundle_json(&[ca.jwk()], 3)).await;
+    let web = EndpointAuth::Web {
+        roots: vec![CertificateDer::from(root.der())],
+    };
+    let bundle = fetch_from(addr, &web, BundleLimits::default())
+        .await
+        .expect("the bundle");
+    assert_eq!(bundle.sequence, Some(3));
+
+    let other = EndpointAuth::Web {
+        roots: vec![CertificateDer::from(Ca::new("x.example").der())],
+    };
+    let error = fetch_from(addr, &other, BundleLimits::default())
+        .await
+        .expect_err("refused");
+    assert!(matches!(error, FetchError::Transport(_)), "{error}");
+}
