@@ -16,6 +16,7 @@ use std::time::Duration;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use base64::Engine as _;
 use meshca_identity::TrustDomain;
+use meshca_serve::shown;
 use serde::Serialize;
 use serde_json::{Map, Value};
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
@@ -295,7 +296,7 @@ impl SpiffeBundle {
                     {
                         return Err(field(
                             format!("{at}.kid"),
-                            format!("{:?} is the kid of another key", authority.kid),
+                            format!("{} is the kid of another key", shown(&authority.kid)),
                         ));
                     }
                     bundle.jwt_authorities.push(authority);
@@ -339,8 +340,8 @@ impl SpiffeBundle {
                 return Err(field(
                     format!("PEM block {at}"),
                     format!(
-                        "a {:?} block; only CERTIFICATE blocks are authorities",
-                        block.tag()
+                        "a {} block; only CERTIFICATE blocks are authorities",
+                        shown(block.tag())
                     ),
                 ));
             }
@@ -581,7 +582,8 @@ fn certificate_key(der: &[u8], trust_domain: &TrustDomain) -> Result<JwkKey, Str
                 let domain = rest.split('/').next().unwrap_or_default();
                 if domain != trust_domain.as_str() {
                     return Err(format!(
-                        "the certificate names trust domain {domain:?}, not {:?}",
+                        "the certificate names trust domain {}, not {:?}",
+                        shown(domain),
                         trust_domain.as_str()
                     ));
                 }

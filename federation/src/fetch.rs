@@ -21,6 +21,8 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::ParsedCertificate;
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
+use meshca_serve::shown;
+
 use crate::bundle::{BundleError, BundleLimits, SpiffeBundle};
 
 /// How the bundle endpoint is authenticated.
@@ -265,10 +267,16 @@ impl ServerCertVerifier for SpiffeIdVerifier {
         let ids = uri_sans(end_entity);
         match ids.as_slice() {
             [only] if *only == self.id => Ok(ServerCertVerified::assertion()),
-            _ => Err(rustls::Error::General(format!(
-                "the endpoint presented {ids:?}, not the SPIFFE ID {}",
-                self.id
-            ))),
+            _ => {
+                // The peer's text, escaped and cut: the first few of its URIs, and how many there were.
+                let shown_ids: Vec<String> = ids.iter().take(3).map(|id| shown(id)).collect();
+                Err(rustls::Error::General(format!(
+                    "the endpoint presented {} URI SAN(s) [{}], not the SPIFFE ID {}",
+                    ids.len(),
+                    shown_ids.join(", "),
+                    self.id
+                )))
+            }
         }
     }
 

@@ -148,6 +148,13 @@ async fn fetch_from(
     fetch(&format!("https://{addr}/"), &td(), auth, TIMEOUT, limits).await
 }
 
+/// Why a fetch from `addr`, the endpoint authenticated as ENDPOINT_ID by `ca`, was refused.
+async fn refused(addr: std::net::SocketAddr, ca: &Ca, limits: BundleLimits) -> FetchError {
+    fetch_from(addr, &spiffe_auth(ca, ENDPOINT_ID), limits)
+        .await
+        .expect_err("refused")
+}
+
 #[tokio::test]
 async fn an_https_spiffe_endpoint_with_its_spiffe_id_gives_its_bundle_next_ca_included() {
     let (ca, next) = (Ca::new("peer.example"), Ca::new("peer.example"));
@@ -180,13 +187,7 @@ async fn an_endpoint_with_another_spiffe_id_or_an_svid_of_another_ca_is_refused(
         body.clone(),
     )
     .await;
-    let error = fetch_from(
-        addr,
-        &spiffe_auth(&ca, ENDPOINT_ID),
-        BundleLimits::default(),
-    )
-    .await
-    .expect_err("refused");
+    let error = refused(addr, &ca, BundleLimits::default()).await;
     assert!(
         matches!(&error, FetchError::Transport(m) if m.contains("not-the-endpoint")),
         "{error}"
@@ -194,13 +195,7 @@ async fn an_endpoint_with_another_spiffe_id_or_an_svid_of_another_ca_is_refused(
 
     let impostor = Ca::new("peer.example");
     let addr = endpoint(impostor.svid(ENDPOINT_ID), "200 OK", body).await;
-    let error = fetch_from(
-        addr,
-        &spiffe_auth(&ca, ENDPOINT_ID),
-        BundleLimits::default(),
-    )
-    .await
-    .expect_err("refused");
+    let error = refused(addr, &ca, BundleLimits::default()).await;
     assert!(matches!(error, FetchError::Transport(_)), "{error}");
 }
 
@@ -208,13 +203,7 @@ async fn an_endpoint_with_another_spiffe_id_or_an_svid_of_another_ca_is_refused(
 async fn an_error_status_an_oversize_or_a_foreign_bundle_is_refused() {
     let ca = Ca::new("peer.example");
     let addr = endpoint(ca.svid(ENDPOINT_ID), "404 Not Found", b"no".to_vec()).await;
-    let error = fetch_from(
-        addr,
-        &spiffe_auth(&ca, ENDPOINT_ID),
-        BundleLimits::default(),
-    )
-    .await
-    .expect_err("refused");
+    let error = refused(addr, &ca, BundleLimits::default()).await;
     assert!(matches!(error, FetchError::Status(404)), "{error}");
 
     let body = bundle_json(&[ca.jwk()], 1);
@@ -223,9 +212,7 @@ async fn an_error_status_an_oversize_or_a_foreign_bundle_is_refused() {
         max_keys: 16,
     };
     let addr = endpoint(ca.svid(ENDPOINT_ID), "200 OK", body).await;
-    let error = fetch_from(addr, &spiffe_auth(&ca, ENDPOINT_ID), small)
-        .await
-        .expect_err("refused");
+    let error = refused(addr, &ca, small).await;
     assert!(
         matches!(error, FetchError::Bundle(BundleError::TooLarge { .. })),
         "{error}"
@@ -239,13 +226,7 @@ async fn an_error_status_an_oversize_or_a_foreign_bundle_is_refused() {
         bundle_json(&[foreign.jwk()], 2),
     )
     .await;
-    let error = fetch_from(
-        addr,
-        &spiffe_auth(&ca, ENDPOINT_ID),
-        BundleLimits::default(),
-    )
-    .await
-    .expect_err("refused");
+    let error = refused(addr, &ca, BundleLimits::default()).await;
     assert!(
         matches!(&error, FetchError::Bundle(e) if e.to_string().contains("evil.example")),
         "{error}"
