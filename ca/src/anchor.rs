@@ -66,6 +66,12 @@ impl TrustAnchor {
             .collect()
     }
 
+    /// Reads one DER certificate as a trust anchor (a federated bundle's X.509 authority): refused
+    /// when it does not decode or is not a CA.
+    pub fn of_der(der: &[u8]) -> Result<TrustAnchor, AnchorError> {
+        TrustAnchor::from_der(1, der)
+    }
+
     fn from_der(position: usize, der: &[u8]) -> Result<TrustAnchor, AnchorError> {
         let cert = certs::parse(der).map_err(|reason| AnchorError::Unparsable {
             position,

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use meshca_config::{MeshService, ServiceIdentity};
 
+use crate::federated::Federated;
 use crate::snapshot::{
     Changed, MeshServiceTrust, MeshView, ProxyEntry, ProxyMap, Snapshot, TrustBundle,
 };
@@ -17,9 +18,10 @@ type Anchors = BTreeMap<String, BTreeSet<String>>;
 
 /// Everything `mesh`'s bundles publish, as the rollout gate orders it: its enabled and secondary backends
 /// (trust domain: the mesh name), every certificate of the MeshTrusts meshca keeps for its MeshIdentities
-/// with `meshTrustCreation: Enabled` (their current CAs among them), and every certificate of its
-/// MeshTrust resources.
-pub fn mesh_cas(mesh: &MeshState) -> Vec<CaTrust> {
+/// with `meshTrustCreation: Enabled` (their current CAs among them), every certificate of its
+/// MeshTrust resources, and the X.509 authorities of the federated trust domains `world` names for it,
+/// as `federated` holds them.
+pub fn mesh_cas(mesh: &MeshState, world: &World, federated: &Federated) -> Vec<CaTrust> {
     let bundle = BundleKey::mesh(mesh.name.as_str());
     let legacy = legacy_trust_domain(&mesh.name);
     let backends = legacy.iter().flat_map(|td| {
@@ -37,7 +39,14 @@ pub fn mesh_cas(mesh: &MeshState) -> Vec<CaTrust> {
             .iter()
             .map(|c| CaTrust::of_anchor(bundle.clone(), &t.trust_domain, c))
     });
-    backends.chain(created).chain(trusts).collect()
+    let foreign = federated
+        .anchors(world, &mesh.name)
+        .map(|(td, anchor)| CaTrust::of_anchor(bundle.clone(), td, anchor));
+    backends
+        .chain(created)
+        .chain(trusts)
+        .chain(foreign)
+        .collect()
 }
 
 /// Everything a mesh trusts, by trust domain: the CAs `cas` (what [`mesh_cas`] gives, as the rollout gate

@@ -16,6 +16,7 @@ mod bundles;
 mod egress;
 mod error;
 mod events;
+mod federated;
 mod gate;
 mod keys_ahead;
 mod lineage;
@@ -40,6 +41,7 @@ mod world;
 pub use egress::{EgressIssuer, EgressPlan, MeshChoice, NoEgressIdentity};
 pub use error::{CaLoadError, ClaimMismatch, IdentityLoadError, IssueFailure, UpdateError};
 pub use events::{StreamEvent, StreamId};
+pub use federated::Federated;
 pub use gate::{GateEvent, RolloutStep, StepChange, StepPhase, Wait};
 pub use lineage::{lineage, Lineage, Validity};
 pub use owner::status::{
@@ -52,8 +54,8 @@ pub use owner::{
     Scope, Telemetry,
 };
 pub use owner_loop::{
-    rotate_cas, LoopHealth, OwnerLoop, PeerLink, Reload, ReloadOutcome, StatusHandle, StatusReply,
-    StatusUnavailable, Work,
+    rotate_cas, FederationLink, LoopHealth, OwnerLoop, PeerLink, Reload, ReloadOutcome,
+    StatusHandle, StatusReply, StatusUnavailable, Work,
 };
 pub use peers::{GateView, PeerView, PresentedCa, PresentedIds, TrustEntry};
 pub use plan::{decide, renewal_time, DataplaneInfo, Decision, Desired, Issuer, Origin};
@@ -69,6 +71,7 @@ pub use timefmt::{rfc3339, seconds_until};
 pub use trust::{BundleKey, CaId, CaTrust, MeshName, ServiceKey, EGRESS_SERVICE};
 pub use workloads::{Registration, Registrations};
 pub use world::{
-    check_world, load_world, record_path, BackendKind, BackendState, CaSource, CreatedTrust,
-    IdentityProvider, LoadMode, LoadedCa, MeshIdentityState, MeshState, MeshTrustState, World,
+    bundle_limits, check_world, load_world, record_path, BackendKind, BackendState, CaSource,
+    CreatedTrust, FederatedDomain, IdentityProvider, LoadMode, LoadedCa, MeshIdentityState,
+    MeshState, MeshTrustState, World,
 };

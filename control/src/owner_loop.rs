@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use meshca_config::Settings;
+use meshca_federation::{HeldBundles, Peer};
 use meshca_keystore::Keystore;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -161,6 +162,17 @@ pub struct OwnerLoop {
     queries: mpsc::Receiver<StatusQuery>,
     status_handle: StatusHandle,
     peering: Option<Peering>,
+    federation: Option<FederationLink>,
+}
+
+/// The loop's link to the federation importer: the peers the accepted world names go out, the bundles
+/// held for them come in.
+#[derive(Debug)]
+pub struct FederationLink {
+    /// The peers to follow, sent whenever an accepted world changes them.
+    pub peers: watch::Sender<Arc<Vec<Peer>>>,
+    /// The bundles held for them.
+    pub held: watch::Receiver<Arc<HeldBundles>>,
 }
 
 /// A resource update loading on a blocking thread.
@@ -274,7 +286,38 @@ impl OwnerLoop {
             queued: None,
             health: Arc::default(),
             peering: None,
+            federation: None,
         }
+    }
+
+    /// Follows the federation peers the resources name through `link`, and trusts what it holds.
+    pub fn with_federation(mut self, mut link: FederationLink) -> OwnerLoop {
+        let held = link.held.borrow_and_update().clone();
+        self.owner.set_federated(&held);
+        self.federation = Some(link);
+        self.send_peers();
+        self
+    }
+
+    /// Tells the importer the peers the serving world names, when they changed.
+    fn send_peers(&mut self) {
+        let Some(link) = &self.federation else {
+            return;
+        };
+        let peers: Vec<Peer> = self
+            .owner
+            .world()
+            .federation
+            .values()
+            .map(|d| d.peer.clone())
+            .collect();
+        link.peers.send_if_modified(|current| {
+            if **current == peers {
+                return false;
+            }
+            *current = Arc::new(peers);
+            true
+        });
     }
 
     /// Gates rollouts over the replicas of `link` too (replicas on one database).
@@ -358,6 +401,10 @@ impl OwnerLoop {
                 },
                 () = view_due(view_at) => {
                     false
+                }
+                held = federated(&mut self.federation) => {
+                    self.health.begin();
+                    self.owner.set_federated(&held)
                 }
                 // Quiet proxies a full reconcile left for later, a chunk per turn, in between the
                 // other events, once the issuance threads run short of work.
@@ -501,6 +548,7 @@ impl OwnerLoop {
                 Err(errors)
             }
         };
+        self.send_peers();
         let next_due = self.reconcile();
         for done in waiting {
             // The requester may have stopped waiting.
@@ -552,6 +600,18 @@ async fn from_peers(peering: &mut Option<Peering>) -> FromPeers {
         Some((key, held)) = p.found.recv() => FromPeers::Found(key, held),
         else => std::future::pending().await,
     }
+}
+
+/// Resolves with the bundles the federation importer holds once they changed; never without federation,
+/// nor from a channel that closed (the daemon is stopping).
+async fn federated(link: &mut Option<FederationLink>) -> Arc<HeldBundles> {
+    let Some(link) = link else {
+        return std::future::pending().await;
+    };
+    if link.held.changed().await.is_err() {
+        return std::future::pending().await;
+    }
+    link.held.borrow_and_update().clone()
 }
 
 /// Resolves at `at`, when a view held back by [`VIEW_EVERY`] is due; never without one.

@@ -9,6 +9,7 @@ use meshca_identity::KeyAlgorithm;
 
 use crate::bundles;
 use crate::error::IssueFailure;
+use crate::federated::Federated;
 use crate::plan::{self, DataplaneInfo, Decision, Desired, Origin};
 use crate::world::World;
 
@@ -69,7 +70,7 @@ pub fn issue_standalone(
         .meshes
         .get(mesh)
         .map(|m| {
-            bundles::mesh_anchors(&bundles::mesh_cas(m))
+            bundles::mesh_anchors(&bundles::mesh_cas(m, world, &Federated::default()))
                 .values()
                 .flatten()
                 .cloned()

@@ -55,6 +55,11 @@ pub fn ca(cn: &str, now: SystemTime) -> TestCa {
     self_signed(params(cn, true, None, now))
 }
 
+/// A self-signed CA named `cn` with the URI SAN `uri` (a SPIFFE trust domain's CA).
+pub fn ca_with_uri(cn: &str, uri: &str, now: SystemTime) -> TestCa {
+    self_signed(params(cn, true, Some(uri), now))
+}
+
 /// A root CA `root_cn` and, signed by it, an intermediate CA `cn` whose PEM is the intermediate followed by
 /// the root (with the intermediate's key), both without URI SAN.
 pub fn intermediate(root_cn: &str, cn: &str, now: SystemTime) -> (TestCa, TestCa) {

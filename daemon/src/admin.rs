@@ -53,6 +53,8 @@ pub struct AdminState {
     pub console: console::Console,
     /// The `Host` names answered (`admin.allowedHosts`, besides addresses and `localhost`).
     pub allowed_hosts: super::admin_hosts::AllowedHosts,
+    /// The federation peers followed, for `/api/status` (`federation`).
+    pub federation: super::federation::FederationView,
 }
 
 /// What the admin API reads to list the Workload API's registrations and the callers they match.
@@ -296,10 +298,13 @@ async fn metrics(State(s): State<AdminState>) -> Response {
 
 /// The status document with each dataplane's SDS streams added.
 async fn status(State(s): State<AdminState>) -> Response {
-    let mut status: Status = match current(&s, Detail::Full).await {
-        Ok(reply) => reply.status,
+    let (mut status, world): (Status, _) = match current(&s, Detail::Full).await {
+        Ok(reply) => (reply.status, reply.world),
         Err(response) => return response,
     };
+    let federation = s
+        .federation
+        .relationships(&world, std::time::SystemTime::now());
     let all = s.streams.list();
     let dataplanes: Vec<DataplaneView> = std::mem::take(&mut status.dataplanes)
         .into_iter()
@@ -312,6 +317,7 @@ async fn status(State(s): State<AdminState>) -> Response {
         document["dataplanes"] = serde_json::to_value(dataplanes)?;
         document["workload_registrations"] = serde_json::to_value(workloads)?;
         document["jwt_keys"] = serde_json::to_value(jwt_keys)?;
+        document["federation"] = serde_json::to_value(federation)?;
         if let Some(database) = database {
             document["database"] = serde_json::to_value(&*database)?;
         }

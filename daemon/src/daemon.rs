@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime};
 use meshca_auth::AuthError;
 use meshca_config::{ListenAddr, Settings};
 use meshca_control::{
-    load_world, GateView, LoopHealth, Owner, OwnerConfig, OwnerLoop, PeerLink, RecordLink,
-    ReloadOutcome, Snapshot, StatusHandle, StreamEvent, UpdateError, World,
+    load_world, FederationLink, GateView, LoopHealth, Owner, OwnerConfig, OwnerLoop, PeerLink,
+    RecordLink, ReloadOutcome, Snapshot, StatusHandle, StreamEvent, UpdateError, World,
 };
 use meshca_keystore::Keystore;
 use meshca_sds::SdsServer;
@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::admin::AdminListenError;
 use super::daemon_keys::TlsIdentityError;
 use super::data_dir::{DaemonLock, DataDir, DataDirError};
+use super::federation::{self, FederationView};
 use super::files::{ensure_resources, ResourcesError};
 use super::limits::ServeLimits;
 use super::reload::Reloader;
@@ -32,6 +33,7 @@ use super::{agent_api, workload_api};
 use crate::error::{Result, TaskError};
 use meshca_db::RecordSync;
 use meshca_db::Replicas;
+use meshca_federation::Importer;
 
 /// Why the daemon did not start; nothing was started then.
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +127,8 @@ pub struct Daemon {
     pub workload_addrs: Vec<meshca_serve::BoundAddr>,
     /// Asks the owner for its status.
     pub status: StatusHandle,
+    /// Follows the federation peers the resources name.
+    pub federation: Importer,
     snapshots: watch::Receiver<Arc<Snapshot>>,
     loop_health: Arc<LoopHealth>,
     signing_key: meshca_auth::SigningKey,
@@ -166,7 +170,24 @@ impl Daemon {
             revocations_source,
             revocations,
         } = Opened::open(&settings).await?;
-        let serving = Serving::new(revocations, &signing_key, &limits, store.token.clone());
+        let shutdown = CancellationToken::new();
+        let (federation_peers, peers_rx) = watch::channel(Arc::new(Vec::new()));
+        let federation = FederationView {
+            importer: Importer::spawn(
+                peers_rx,
+                store.keystore.clone(),
+                federation::import_options(&settings),
+                shutdown.clone(),
+            ),
+            stale_after: settings.federation.stale_after.as_std(),
+        };
+        let serving = Serving::new(
+            revocations,
+            &signing_key,
+            &limits,
+            store.token.clone(),
+            &federation,
+        );
         meshca_keystore::crash_point("bind the SDS listeners (creates the unix socket)");
         let listeners = Listeners::bind(&settings, store.keystore.as_ref()).await?;
         // Agents' workloads get JWT-SVIDs through the agent protocol, which the SDS listeners always
@@ -177,7 +198,6 @@ impl Daemon {
             jwt_keys.clone(),
             agent_api::options(&settings),
         );
-        let shutdown = CancellationToken::new();
         let (reload_tx, reload_rx) = mpsc::channel(RELOAD_QUEUE);
         let revocations_file = match &revocations_source {
             revocations::Source::File(path) => Some(path.clone()),
@@ -227,6 +247,10 @@ impl Daemon {
         if let Some(link) = peer_link {
             owner_loop = owner_loop.with_peers(link);
         }
+        owner_loop = owner_loop.with_federation(FederationLink {
+            peers: federation_peers,
+            held: federation.importer.held(),
+        });
         let loop_health = owner_loop.health();
         let ready = Arc::new(AtomicBool::new(false));
         let workload_api = listeners.workload.as_ref().map(|_| {
@@ -255,6 +279,7 @@ impl Daemon {
             snapshots: serving.sds.hub().snapshots(),
             console: Default::default(),
             allowed_hosts,
+            federation: federation.clone(),
         };
         let status = owner_loop.status_handle();
         let tasks = Tasks {
@@ -283,6 +308,7 @@ impl Daemon {
             admin_addr: listeners.admin_addr,
             workload_addrs: listeners.workload_addrs,
             status,
+            federation: federation.importer,
             snapshots: serving.snapshot_rx,
             loop_health,
             signing_key,
@@ -439,6 +465,7 @@ impl Serving {
         signing_key: &meshca_auth::SigningKey,
         limits: &ServeLimits,
         token: Option<meshca_hsm::Token>,
+        federation: &FederationView,
     ) -> Serving {
         let (revocations_tx, revocations_rx) = watch::channel(Arc::new(revocations));
         let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(Snapshot::empty()));
@@ -450,7 +477,14 @@ impl Serving {
             events_tx,
             HubOptions::default().with_limits(limits.sds.clone()),
         ));
-        let metrics = Arc::new(metrics::Metrics::new(sds.metrics(), token));
+        let metrics = Arc::new(metrics::Metrics::new(
+            sds.metrics(),
+            token,
+            Some(federation::FederationCollector {
+                status: federation.importer.status(),
+                stale_after: federation.stale_after,
+            }),
+        ));
         Serving {
             sds,
             metrics,

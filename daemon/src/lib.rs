@@ -13,6 +13,7 @@ mod daemon;
 pub mod daemon_keys;
 mod data_dir;
 mod error;
+mod federation;
 mod files;
 mod limits;
 mod metrics;

@@ -255,7 +255,11 @@ fn register<M: prometheus_client::registry::Metric + Clone>(
 
 impl Metrics {
     /// Registers every metric; SDS counters are read from `sds` at scrape time.
-    pub fn new(sds: Arc<meshca_serve::StreamMetrics>, token: Option<meshca_hsm::Token>) -> Metrics {
+    pub fn new(
+        sds: Arc<meshca_serve::StreamMetrics>,
+        token: Option<meshca_hsm::Token>,
+        federation: Option<crate::federation::FederationCollector>,
+    ) -> Metrics {
         let mut registry = Registry::default();
         let (
             issued,
@@ -282,6 +286,9 @@ impl Metrics {
         registry.register_collector(Box::new(RefusedRowsCollector));
         if let Some(token) = token {
             registry.register_collector(Box::new(TokenCollector(token)));
+        }
+        if let Some(federation) = federation {
+            registry.register_collector(Box::new(federation));
         }
         Metrics {
             registry,
@@ -627,7 +634,7 @@ mod tests {
 
     #[test]
     fn exposition_names_every_documented_family() {
-        let metrics = Metrics::new(Arc::default(), None);
+        let metrics = Metrics::new(Arc::default(), None, None);
         metrics.issued(
             "default",
             &Issuer::Backend("ca-1".into()),

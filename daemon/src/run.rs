@@ -44,9 +44,10 @@ async fn wait_for_signals(
             _ = term.recv() => { tracing::info!("SIGTERM: draining"); return Ok(()) }
             _ = int.recv() => { tracing::info!("SIGINT: draining"); return Ok(()) }
             _ = hup.recv() => {
-                tracing::info!("SIGHUP: reloading defaults.mesh, resources and revocations");
+                tracing::info!("SIGHUP: reloading defaults.mesh, resources and revocations, and fetching every federation peer's bundle");
                 let default_mesh = reread_default_mesh(config.as_deref(), &mut settings);
                 reloader.try_apply_with(Change::All, default_mesh);
+                daemon.federation.refresh_all();
             }
             result = daemon.wait() => return result,
         }

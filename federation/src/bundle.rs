@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use base64::Engine as _;
+use meshca_files::shown;
 use meshca_identity::TrustDomain;
-use meshca_serve::shown;
 use serde::Serialize;
 use serde_json::{Map, Value};
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};

@@ -21,7 +21,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::ParsedCertificate;
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-use meshca_serve::shown;
+use meshca_files::shown;
 
 use crate::bundle::{BundleError, BundleLimits, SpiffeBundle};
 

@@ -9,7 +9,11 @@
 pub mod bundle;
 pub mod fetch;
 pub mod fuzzing;
+pub mod import;
+pub mod peer;
 
 pub use bundle::{
     BundleError, BundleLimits, EcCurve, JwkKey, JwtAuthority, SpiffeBundle, X509Authority,
 };
+pub use import::{HeldBundles, HeldFrom, ImportOptions, Importer, PeerStatus, PeerStatuses};
+pub use peer::{pem_roots, Peer, PeerProfile};

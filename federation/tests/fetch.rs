@@ -1,80 +1,19 @@
 //! Fetching from a bundle endpoint written here against the SPIFFE Federation standard alone (rustls,
 //! rcgen, a hand-written HTTP/1.1 answer and a bundle built as JSON), never with meshca's code.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
-use base64::Engine as _;
 use meshca_federation::fetch::{fetch, EndpointAuth, FetchError};
 use meshca_federation::{BundleError, BundleLimits, SpiffeBundle, X509Authority};
-use meshca_identity::{SpiffeId, TrustDomain};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-    KeyUsagePurpose, SanType,
-};
+use meshca_identity::SpiffeId;
+use rcgen::{CertificateParams, ExtendedKeyUsagePurpose, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+mod peer;
+
+use peer::{bundle_json, held, td, Ca, Endpoint, ENDPOINT_ID};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
-const ENDPOINT_ID: &str = "spiffe://peer.example/spire/server";
-
-struct Ca(CertifiedIssuer<'static, KeyPair>);
-
-impl Ca {
-    fn new(trust_domain: &str) -> Ca {
-        let mut params = CertificateParams::default();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        params.subject_alt_names = vec![SanType::URI(
-            format!("spiffe://{trust_domain}")
-                .try_into()
-                .expect("a URI"),
-        )];
-        let key = KeyPair::generate().expect("a P-256 key");
-        Ca(CertifiedIssuer::self_signed(params, key).expect("a CA"))
-    }
-
-    fn der(&self) -> Vec<u8> {
-        self.0.der().to_vec()
-    }
-
-    /// The CA as a SPIFFE bundle's x509-svid JWK, built from the standard.
-    fn jwk(&self) -> serde_json::Value {
-        let point = self.0.key().public_key_raw();
-        serde_json::json!({
-            "use": "x509-svid",
-            "kty": "EC",
-            "crv": "P-256",
-            "x": URL_SAFE_NO_PAD.encode(&point[1..33]),
-            "y": URL_SAFE_NO_PAD.encode(&point[33..65]),
-            "x5c": [STANDARD.encode(self.der())],
-        })
-    }
-
-    /// A server SVID for `id`.
-    fn svid(&self, id: &str) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
-        let mut params = CertificateParams::default();
-        params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        params.subject_alt_names = vec![SanType::URI(id.try_into().expect("a URI"))];
-        let key = KeyPair::generate().expect("a P-256 key");
-        let cert = params.signed_by(&key, &self.0).expect("a leaf");
-        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
-        (vec![cert.der().clone()], key)
-    }
-}
-
-fn td() -> TrustDomain {
-    TrustDomain::parse("peer.example").expect("a trust domain")
-}
-
-/// The bundle the fetching side holds for the peer: its CA.
-fn held(ca: &Ca) -> SpiffeBundle {
-    let authority = X509Authority::from_der(ca.der(), &td()).expect("a CA of peer.example");
-    SpiffeBundle::new(td(), vec![authority], Vec::new())
-}
 
 fn spiffe_auth(ca: &Ca, id: &str) -> EndpointAuth {
     EndpointAuth::Spiffe {
@@ -90,54 +29,7 @@ async fn endpoint(
     status: &'static str,
     body: Vec<u8>,
 ) -> std::net::SocketAddr {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("TLS versions")
-        .with_no_client_auth()
-        .with_single_cert(svid.0, svid.1)
-        .expect("a server config");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port");
-    let addr = listener.local_addr().expect("an address");
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let (acceptor, body) = (acceptor.clone(), body.clone());
-            tokio::spawn(async move {
-                let Ok(mut tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let mut request = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match tls.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => request.extend_from_slice(&buf[..n]),
-                    }
-                }
-                assert!(request.starts_with(b"GET / HTTP/1.1\r\n"), "one GET of /");
-                let head = format!(
-                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                    body.len()
-                );
-                let _ = tls.write_all(head.as_bytes()).await;
-                let _ = tls.write_all(&body).await;
-                let _ = tls.shutdown().await;
-            });
-        }
-    });
-    addr
-}
-
-fn bundle_json(keys: &[serde_json::Value], sequence: u64) -> Vec<u8> {
-    serde_json::to_vec(&serde_json::json!({
-        "keys": keys,
-        "spiffe_sequence": sequence,
-        "spiffe_refresh_hint": 60,
-    }))
-    .expect("JSON")
+    Endpoint::start(svid, status, body).await.addr
 }
 
 async fn fetch_from(

@@ -14,6 +14,10 @@ use std::path::Path;
 
 use zeroize::Zeroizing;
 
+mod shown;
+
+pub use shown::{bounded, shown, ECHO_CHARS};
+
 /// The largest certificate, key or token file read where no setting gives a bound: a CA bundle of a
 /// whole system is a few hundred KiB.
 pub const PEM_FILE_BYTES: u64 = 4 * 1024 * 1024;

@@ -26,7 +26,6 @@ pub mod ledger;
 pub mod library_logs;
 mod listen;
 mod log_budget;
-mod log_text;
 mod metrics;
 mod options;
 mod wake;
@@ -38,7 +37,7 @@ pub use error::{ConnectError, ErrorChain, ListenError, ServeError};
 pub use hub::{token_deadline, Hub, HubStream, NewStream, SnapshotWaiter, EVENT_BUFFER};
 pub use listen::{bind, BoundAddr, BoundListeners, ConnPolicy, Listener, PeerProbe};
 pub use log_budget::LogBudget;
-pub use log_text::{bounded, shown};
+pub use meshca_files::{bounded, shown};
 pub use metrics::{AckLag, StreamMetrics, ACK_LAG_BOUNDS};
 pub use options::{HubOptions, StreamLimits};
 

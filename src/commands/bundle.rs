@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use meshca_federation::fetch::{check_url, fetch as fetch_bundle, system_roots, EndpointAuth};
-use meshca_federation::{BundleLimits, SpiffeBundle};
+use meshca_federation::{pem_roots, BundleLimits, SpiffeBundle};
 use meshca_identity::{SpiffeId, TrustDomain};
 use rustls_pki_types::CertificateDer;
 
@@ -91,19 +91,6 @@ fn read(path: &Path, flag: &str) -> anyhow::Result<Vec<u8>> {
 
 fn pem_certificates(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
     let bytes = read(path, "--ca-file")?;
-    let blocks = pem::parse_many(&bytes).map_err(|e| {
-        anyhow::Error::new(InvalidInput(format!("{}: not PEM: {e}", path.display())))
-    })?;
-    let roots: Vec<CertificateDer<'static>> = blocks
-        .into_iter()
-        .filter(|b| b.tag() == "CERTIFICATE")
-        .map(|b| CertificateDer::from(b.into_contents()))
-        .collect();
-    if roots.is_empty() {
-        return Err(anyhow::Error::new(InvalidInput(format!(
-            "{}: no CERTIFICATE block",
-            path.display()
-        ))));
-    }
-    Ok(roots)
+    pem_roots(&bytes)
+        .map_err(|e| anyhow::Error::new(InvalidInput(format!("{}: {e}", path.display()))))
 }

@@ -48,6 +48,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let database = document.get("database").cloned();
     let token = document.get("keystore_token").cloned();
     let workloads = document.get("workload_registrations").cloned();
+    let federation = document.get("federation").cloned();
     let status: Status = serde_json::from_value(document)
         .context("the admin API's status document is not one this meshca understands")?;
     for mesh in &status.meshes {
@@ -59,6 +60,9 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     print_rollout(&status.rollout);
     if let Some(workloads) = workloads {
         print_workloads(&workloads);
+    }
+    if let Some(federation) = federation {
+        print_federation(&federation);
     }
     if let Some(rejected) = &status.last_rejected_update {
         print_rejected(rejected);
@@ -114,6 +118,52 @@ fn print_workloads(registrations: &serde_json::Value) {
                 stream["uid"],
                 stream["gid"]
             );
+        }
+    }
+}
+
+/// Each federated trust domain: its endpoint, the bundle held, its age and condition, the last fetch.
+fn print_federation(federation: &serde_json::Value) {
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "-".to_owned(),
+        other => other.to_string(),
+    };
+    let peers = federation.as_array().map(Vec::as_slice).unwrap_or_default();
+    if peers.is_empty() {
+        return;
+    }
+    println!();
+    println!("Federated trust domains: {}", peers.len());
+    for p in peers {
+        let relationships: Vec<String> = p["relationships"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(text)
+            .collect();
+        println!(
+            "  {} ({}): {} {}, for {}",
+            text(&p["trust_domain"]),
+            text(&p["condition"]),
+            text(&p["profile"]),
+            text(&p["url"]),
+            relationships.join(", ")
+        );
+        println!(
+            "    holds {} X.509 and {} JWT authorities from {}, sequence {}, {} s old; fetches ok {}, failed {}, refused {}; next {}",
+            text(&p["x509_authorities"]),
+            text(&p["jwt_authorities"]),
+            text(&p["held_from"]),
+            text(&p["sequence"]),
+            text(&p["age_seconds"]),
+            text(&p["fetches"]["ok"]),
+            text(&p["fetches"]["failed"]),
+            text(&p["fetches"]["refused"]),
+            text(&p["next_fetch"]),
+        );
+        if let Some(error) = p["last_error"].as_str() {
+            println!("    last fetch: {error}");
         }
     }
 }

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::document::{Broken, Resource, ResourceType};
 use super::error::{ResourceError, Source};
+use super::federation::EVERY_MESH;
 use super::registration::WorkloadRegistration;
 use crate::Selector;
 
@@ -58,7 +59,12 @@ pub(super) fn check(resources: &[Resource], broken: &[Broken]) -> Vec<ResourceEr
         )
         .collect();
     for resource in resources {
-        if let Some(mesh) = resource.mesh().filter(|m| !meshes.contains(m)) {
+        let every_mesh = matches!(resource, Resource::FederationRelationship(_))
+            && resource.mesh() == Some(EVERY_MESH);
+        if let Some(mesh) = resource
+            .mesh()
+            .filter(|m| !every_mesh && !meshes.contains(m))
+        {
             let defined = if meshes.is_empty() {
                 "no Mesh is defined".to_owned()
             } else {
@@ -75,6 +81,48 @@ pub(super) fn check(resources: &[Resource], broken: &[Broken]) -> Vec<ResourceEr
         }
     }
     errors.append(&mut check_registrations(resources, broken));
+    errors.append(&mut check_federation(resources));
+    errors
+}
+
+/// A foreign trust domain has one bundle endpoint (meshca fetches it once, whichever meshes trust it),
+/// and a mesh trusts it through one relationship: every FederationRelationship of a trust domain names
+/// the same endpoint, and no two of one trust domain apply to the same mesh (`*` applies to all). The
+/// later one is reported.
+fn check_federation(resources: &[Resource]) -> Vec<ResourceError> {
+    let mut errors = Vec::new();
+    let mut seen: Vec<&super::FederationRelationship> = Vec::new();
+    for resource in resources {
+        let Resource::FederationRelationship(r) = resource else {
+            continue;
+        };
+        let same_domain = seen.iter().filter(|e| e.trust_domain == r.trust_domain);
+        for earlier in same_domain {
+            if earlier.endpoint != r.endpoint {
+                errors.push(error(
+                    resource,
+                    "spec.bundleEndpoint",
+                    format!(
+                        "FederationRelationship {}/{} ({}) names another bundle endpoint for trust domain {}: a trust domain has one endpoint",
+                        earlier.mesh, earlier.name, earlier.source, r.trust_domain
+                    ),
+                ));
+                break;
+            }
+            if earlier.mesh == r.mesh || earlier.mesh == EVERY_MESH || r.mesh == EVERY_MESH {
+                errors.push(error(
+                    resource,
+                    "mesh",
+                    format!(
+                        "FederationRelationship {}/{} ({}) already federates mesh {} with trust domain {}",
+                        earlier.mesh, earlier.name, earlier.source, r.mesh, r.trust_domain
+                    ),
+                ));
+                break;
+            }
+        }
+        seen.push(r);
+    }
     errors
 }
 

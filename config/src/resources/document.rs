@@ -9,13 +9,15 @@ use serde::Deserialize;
 
 use super::dataplane::{DataplaneDoc, ZoneEgressDoc};
 use super::error::{Report, ResourceError, Source};
+use super::federation::{FederationSpec, EVERY_MESH};
 use super::identity::IdentitySpec;
 use super::mesh::MeshDoc;
 use super::registration::RegistrationSpec;
 use super::service::ServiceSpec;
 use super::trust::TrustSpec;
 use super::{
-    Dataplane, Labels, Mesh, MeshIdentity, MeshService, MeshTrust, WorkloadRegistration, ZoneEgress,
+    Dataplane, FederationRelationship, Labels, Mesh, MeshIdentity, MeshService, MeshTrust,
+    WorkloadRegistration, ZoneEgress,
 };
 use crate::names::{check_name, cut, MAX_NAME_LEN};
 use crate::yaml;
@@ -37,6 +39,8 @@ pub enum Resource {
     MeshService(MeshService),
     /// `type: WorkloadRegistration`.
     WorkloadRegistration(WorkloadRegistration),
+    /// `type: FederationRelationship`.
+    FederationRelationship(FederationRelationship),
 }
 
 /// The resource types, as spelled in `type:`.
@@ -56,11 +60,13 @@ pub enum ResourceType {
     MeshService,
     /// `WorkloadRegistration`.
     WorkloadRegistration,
+    /// `FederationRelationship`.
+    FederationRelationship,
 }
 
 impl ResourceType {
     /// Every type meshca reads.
-    pub const ALL: [ResourceType; 7] = [
+    pub const ALL: [ResourceType; 8] = [
         ResourceType::Mesh,
         ResourceType::MeshIdentity,
         ResourceType::MeshTrust,
@@ -68,6 +74,7 @@ impl ResourceType {
         ResourceType::ZoneEgress,
         ResourceType::MeshService,
         ResourceType::WorkloadRegistration,
+        ResourceType::FederationRelationship,
     ];
 
     /// The `type:` spelling.
@@ -80,6 +87,7 @@ impl ResourceType {
             ResourceType::ZoneEgress => "ZoneEgress",
             ResourceType::MeshService => "MeshService",
             ResourceType::WorkloadRegistration => "WorkloadRegistration",
+            ResourceType::FederationRelationship => "FederationRelationship",
         }
     }
 
@@ -114,6 +122,7 @@ impl Resource {
             Resource::ZoneEgress(_) => ResourceType::ZoneEgress,
             Resource::MeshService(_) => ResourceType::MeshService,
             Resource::WorkloadRegistration(_) => ResourceType::WorkloadRegistration,
+            Resource::FederationRelationship(_) => ResourceType::FederationRelationship,
         }
     }
 
@@ -127,6 +136,7 @@ impl Resource {
             Resource::ZoneEgress(r) => &r.name,
             Resource::MeshService(r) => &r.name,
             Resource::WorkloadRegistration(r) => &r.name,
+            Resource::FederationRelationship(r) => &r.name,
         }
     }
 
@@ -139,6 +149,7 @@ impl Resource {
             Resource::Dataplane(r) => Some(&r.mesh),
             Resource::MeshService(r) => Some(&r.mesh),
             Resource::WorkloadRegistration(r) => Some(&r.mesh),
+            Resource::FederationRelationship(r) => Some(&r.mesh),
         }
     }
 
@@ -152,6 +163,7 @@ impl Resource {
             Resource::ZoneEgress(r) => &r.source,
             Resource::MeshService(r) => &r.source,
             Resource::WorkloadRegistration(r) => &r.source,
+            Resource::FederationRelationship(r) => &r.source,
         }
     }
 
@@ -378,6 +390,8 @@ fn parse_header(value: &yaml_serde::Value, report: &mut Report) -> Result<Option
             );
             ok = false;
         }
+        (Some(mesh), true)
+            if kind == ResourceType::FederationRelationship && mesh == EVERY_MESH => {}
         (Some(mesh), true) => {
             if let Err(m) = check_name(mesh) {
                 report.error("mesh", m.to_string());
@@ -433,6 +447,11 @@ fn parse_body(
             let doc = body::<SpecDoc<RegistrationSpec>>(typed, report)?;
             let labels = doc.labels.unwrap_or_default();
             Resource::WorkloadRegistration(doc.spec.into_typed(name, mesh, labels, report)?)
+        }
+        ResourceType::FederationRelationship => {
+            let doc = body::<SpecDoc<FederationSpec>>(typed, report)?;
+            let labels = doc.labels.unwrap_or_default();
+            Resource::FederationRelationship(doc.spec.into_typed(name, mesh, labels, report)?)
         }
     })
 }

@@ -6,6 +6,7 @@ mod dataplane;
 mod defaults;
 mod document;
 mod error;
+mod federation;
 mod identity;
 mod mesh;
 mod registration;
@@ -24,6 +25,7 @@ pub use dataplane::{Dataplane, Inbound, ZoneEgress, SERVICE_TAG};
 pub use defaults::default_resources_yaml;
 pub use document::{Resource, ResourceType};
 pub use error::{ResourceError, Source};
+pub use federation::{BundleEndpoint, EndpointProfile, FederationRelationship, EVERY_MESH};
 pub use identity::{Bundled, BundledCa, Extension, MeshIdentity, Provider, SpiffeIdTemplates};
 pub use mesh::{Backend, BackendKind, Mesh, Mtls, MtlsMode};
 pub use registration::{
@@ -55,6 +57,8 @@ pub struct Resources {
     pub mesh_services: Vec<MeshService>,
     /// WorkloadRegistrations.
     pub workload_registrations: Vec<WorkloadRegistration>,
+    /// FederationRelationships.
+    pub federation_relationships: Vec<FederationRelationship>,
 }
 
 impl Resources {
@@ -89,6 +93,7 @@ impl Resources {
                 Resource::ZoneEgress(r) => out.zone_egresses.push(r),
                 Resource::MeshService(r) => out.mesh_services.push(r),
                 Resource::WorkloadRegistration(r) => out.workload_registrations.push(r),
+                Resource::FederationRelationship(r) => out.federation_relationships.push(r),
             }
         }
         out.mesh_identities
@@ -100,6 +105,8 @@ impl Resources {
         out.mesh_services
             .sort_by(|a, b| (&a.mesh, &a.name).cmp(&(&b.mesh, &b.name)));
         out.workload_registrations
+            .sort_by(|a, b| (&a.mesh, &a.name).cmp(&(&b.mesh, &b.name)));
+        out.federation_relationships
             .sort_by(|a, b| (&a.mesh, &a.name).cmp(&(&b.mesh, &b.name)));
         out.zone_egresses.sort_by(|a, b| a.name.cmp(&b.name));
         out

@@ -2,6 +2,7 @@
 
 mod cross;
 mod dataplane;
+mod federation;
 mod header;
 mod identity;
 mod mesh;

@@ -166,7 +166,7 @@ mod tests {
                 "issuance.renewAt" => "0.5",
                 "issuance.workers" => "2",
                 "issuance.keysAhead" => "16",
-                "rollout.ackTimeout" => "5s",
+                "rollout.ackTimeout" | "federation.staleAfter" => "5s",
                 "workloadApi.ackAfter" => "2s",
                 "workloadApi.jwtKeyLifetime" => "12h",
                 "keystore.type" => "file",

@@ -166,6 +166,9 @@ settings! {
         "rollout" rollout: RolloutLayer {
             "ackTimeout" ack_timeout: Duration,
         },
+        "federation" federation: FederationLayer {
+            "staleAfter" stale_after: Duration,
+        },
         "keystore" keystore: KeystoreLayer {
             "type" kind: KeystoreType,
             "postgres" postgres: PostgresLayer {

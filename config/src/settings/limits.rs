@@ -205,6 +205,13 @@ limits! {
     /// The largest message a `meshca agent` may send (key requests, acknowledgements), in bytes
     /// (default 1 MiB).
     agent_message_bytes: u32 = 1024 * 1024, "agentMessageBytes";
+    /// The largest SPIFFE bundle read from a federation peer's bundle endpoint or an initial bundle
+    /// file, in bytes (default 256 KiB).
+    federation_bundle_bytes: u64 = 256 * 1024, "federationBundleBytes";
+    /// Keys one federated SPIFFE bundle may hold (default 256).
+    federation_bundle_keys: u32 = 256, "federationBundleKeys";
+    /// Time one fetch of a peer's bundle endpoint may take, connecting included (default 10s).
+    federation_fetch_timeout: Duration = Duration::from_secs(10), "federationFetchTimeout";
 }
 
 impl Limits {

@@ -18,9 +18,9 @@ pub use error::{SettingsError, SettingsWarning};
 pub use limits::Limits;
 pub use listen::{ListenAddr, ListenAddrError};
 pub use types::{
-    AdminSettings, Defaults, IssuanceSettings, KeystoreSettings, KeystoreType, Pkcs11Settings,
-    PostgresSettings, ReplicaSettings, RolloutSettings, SdsSettings, Settings, TlsFiles,
-    TokensSettings, UnknownKeystoreType, WorkloadApiSettings, DEFAULT_ACK_TIMEOUT,
+    AdminSettings, Defaults, FederationSettings, IssuanceSettings, KeystoreSettings, KeystoreType,
+    Pkcs11Settings, PostgresSettings, ReplicaSettings, RolloutSettings, SdsSettings, Settings,
+    TlsFiles, TokensSettings, UnknownKeystoreType, WorkloadApiSettings, DEFAULT_ACK_TIMEOUT,
     DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR, DEFAULT_KEYS_AHEAD, DEFAULT_LEASE_TIMEOUT,
     DEFAULT_POSTGRES_MAX_CONNECTIONS, DEFAULT_POSTGRES_TIMEOUT, DEFAULT_RENEW_AT, DEFAULT_SDS_TCP,
     DEFAULT_TOKEN_MAX_VALID_FOR, DEFAULT_ZONE, MAX_ISSUANCE_WORKERS, MAX_KEYS_AHEAD,

@@ -5,10 +5,11 @@ use std::path::{Path, PathBuf};
 
 use super::file::{fields, Layer};
 use super::types::{
-    default_replica_name, AdminSettings, Defaults, IssuanceSettings, KeystoreSettings,
-    KeystoreType, Pkcs11Settings, PostgresSettings, ReplicaSettings, RolloutSettings, SdsSettings,
-    TlsFiles, TokensSettings, WorkloadApiSettings, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN,
-    DEFAULT_DATA_DIR, DEFAULT_KEYS_AHEAD, DEFAULT_LEASE_TIMEOUT, DEFAULT_POSTGRES_MAX_CONNECTIONS,
+    default_replica_name, AdminSettings, Defaults, FederationSettings, IssuanceSettings,
+    KeystoreSettings, KeystoreType, Pkcs11Settings, PostgresSettings, ReplicaSettings,
+    RolloutSettings, SdsSettings, TlsFiles, TokensSettings, WorkloadApiSettings,
+    DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR, DEFAULT_FEDERATION_STALE_AFTER,
+    DEFAULT_KEYS_AHEAD, DEFAULT_LEASE_TIMEOUT, DEFAULT_POSTGRES_MAX_CONNECTIONS,
     DEFAULT_POSTGRES_TIMEOUT, DEFAULT_RENEW_AT, DEFAULT_TOKEN_MAX_VALID_FOR,
     DEFAULT_WORKLOAD_ACK_AFTER, DEFAULT_WORKLOAD_JWT_KEY_LIFETIME, DEFAULT_ZONE,
     FALLBACK_REPLICA_NAME, MAX_ISSUANCE_WORKERS, MAX_KEYS_AHEAD, MAX_PKCS11_TOKEN_LABEL,
@@ -233,6 +234,13 @@ fn resolve(
     if ack_timeout.0.is_zero() {
         return Err(origins.invalid("rollout.ackTimeout", "must be greater than zero"));
     }
+    let stale_after = layer
+        .federation
+        .and_then(|f| f.stale_after)
+        .unwrap_or(DEFAULT_FEDERATION_STALE_AFTER);
+    if stale_after.0.is_zero() {
+        return Err(origins.invalid("federation.staleAfter", "must be greater than zero"));
+    }
     let limits = layer
         .limits
         .unwrap_or_default()
@@ -266,6 +274,7 @@ fn resolve(
             keys_ahead,
         },
         rollout: RolloutSettings { ack_timeout },
+        federation: FederationSettings { stale_after },
         keystore,
         tokens: TokensSettings { max_valid_for },
         replica,

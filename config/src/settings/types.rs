@@ -47,6 +47,8 @@ pub struct Settings {
     pub replica: ReplicaSettings,
     /// `meshca agent`: its servers, token and sockets (the daemon ignores it).
     pub agent: super::AgentSettings,
+    /// SPIFFE federation with other trust domains.
+    pub federation: FederationSettings,
 }
 
 /// `defaults:` in the settings file.
@@ -146,6 +148,18 @@ pub struct RolloutSettings {
     /// How long a rollout step waits for ACKs before it proceeds anyway (default 30s, never zero).
     pub ack_timeout: Duration,
 }
+
+/// `federation:` in the settings file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FederationSettings {
+    /// A federated bundle not fetched anew for this long is stale: said loudly, still served
+    /// (default 24h, never zero).
+    pub stale_after: Duration,
+}
+
+/// The default `federation.staleAfter`: a day.
+pub const DEFAULT_FEDERATION_STALE_AFTER: Duration = Duration::from_secs(24 * 3600);
 
 /// `tokens:` in the settings file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -390,6 +404,9 @@ impl Default for Settings {
             },
             rollout: RolloutSettings {
                 ack_timeout: DEFAULT_ACK_TIMEOUT,
+            },
+            federation: FederationSettings {
+                stale_after: DEFAULT_FEDERATION_STALE_AFTER,
             },
             keystore: KeystoreSettings::default(),
             limits: Limits::default(),

@@ -35,6 +35,7 @@ use tokio::sync::watch;
 use crate::egress::{EgressPlan, NoEgressIdentity};
 use crate::error::{ClaimMismatch, UpdateError};
 use crate::events::StreamEvent;
+use crate::federated::Federated;
 use crate::gate::{Gate, GateEvent, RolloutStep, StepChange};
 use crate::peers::{GateView, PeerView};
 use crate::plan::{DataplaneInfo, Issuer};
@@ -241,6 +242,8 @@ pub struct Owner {
     agent_keys: AgentKeys,
     /// The rollout steps that waited after the last reconcile: (mesh, step, CA subject).
     steps_waiting: BTreeSet<(String, RolloutStep, String)>,
+    /// The bundles of federated trust domains, as the importer holds them.
+    federated: Federated,
 }
 
 /// What is known of every dataplane: its description, or why its token was refused.
@@ -275,6 +278,7 @@ impl Owner {
             links: RecordLinks::default(),
             agent_keys,
             steps_waiting: BTreeSet::new(),
+            federated: Federated::default(),
         }
     }
 
@@ -362,6 +366,15 @@ impl Owner {
         self.agent_keys.set_world(&world);
         self.world = Arc::new(world);
         self.agenda.full = true;
+    }
+
+    /// Takes in the bundles the federation importer holds now; whether a reconcile is needed (a
+    /// federated trust domain's authorities changed: they reach the bundles through the gate's trust
+    /// step like any new CA).
+    pub fn set_federated(&mut self, held: &meshca_federation::HeldBundles) -> bool {
+        let changed = self.federated.update(held);
+        self.agenda.full |= changed;
+        changed
     }
 
     /// Changes `defaults.mesh` (the mesh whose identity the zone egress uses) while serving; the next

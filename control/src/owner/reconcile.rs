@@ -337,7 +337,7 @@ impl Owner {
             .flat_map(|mesh| self.gate.retained_in(mesh).cloned().collect::<Vec<_>>())
             .collect();
         let presented = presenting.presented(&retained);
-        let desired = trusted::configured_cas(&self.world, &self.egress);
+        let desired = trusted::configured_cas(&self.world, &self.federated, &self.egress);
         self.last.configured = desired.iter().collect();
         self.gate.plan_trust(desired, &presented, generation, now)
     }

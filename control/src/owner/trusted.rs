@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 use super::Issued;
 use crate::bundles;
 use crate::egress::{self, EgressPlan, NoEgressIdentity};
+use crate::federated::Federated;
 use crate::peers::PresentedCa;
 use crate::snapshot::{ProxyHashMap, ProxyKey};
 use crate::streams::StreamTable;
@@ -105,12 +106,18 @@ impl<'a> Presenting<'a> {
     }
 }
 
-/// The CAs the configuration publishes: each mesh's, and the zone egress bundle's under `egress`.
+/// The CAs the configuration publishes: each mesh's (the federated trust domains' as `federated` holds
+/// them), and the zone egress bundle's under `egress`.
 pub(super) fn configured_cas(
     world: &World,
+    federated: &Federated,
     egress: &Option<Result<EgressPlan, NoEgressIdentity>>,
 ) -> Vec<CaTrust> {
-    let mut desired: Vec<CaTrust> = world.meshes.values().flat_map(bundles::mesh_cas).collect();
+    let mut desired: Vec<CaTrust> = world
+        .meshes
+        .values()
+        .flat_map(|m| bundles::mesh_cas(m, world, federated))
+        .collect();
     if let Some(Ok(plan)) = egress {
         desired.extend(egress::egress_cas(world, plan));
     }

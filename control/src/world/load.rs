@@ -8,7 +8,7 @@ use meshca_ca::{IdentityTemplate, TemplateVars};
 use meshca_config::{Mesh, MeshIdentity, MeshTrust, Provider, Resources, Settings};
 use meshca_keystore::Keystore;
 
-use super::{cas, trust};
+use super::{cas, federation, trust};
 use super::{IdentityProvider, MeshIdentityState, MeshState, World};
 use crate::error::{IdentityLoadError, UpdateError};
 
@@ -167,6 +167,9 @@ impl World {
             }
         }
 
+        let federation =
+            federation::load_federation(&resources, &meshes, src.settings, &mut errors);
+
         let mut warnings = Vec::new();
         for service in &resources.mesh_services {
             let local = service.zone().is_none_or(|z| z == src.settings.zone);
@@ -186,6 +189,7 @@ impl World {
             Ok(World {
                 resources: Arc::new(resources),
                 meshes,
+                federation,
                 warnings,
             })
         } else {

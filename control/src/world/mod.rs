@@ -5,6 +5,7 @@
 //! persisted CAs, generates missing ones and runs the automatic rotation of builtin CAs.
 
 mod cas;
+mod federation;
 mod load;
 mod trust;
 
@@ -18,6 +19,7 @@ use meshca_identity::TrustDomain;
 
 use crate::error::UpdateError;
 
+pub use federation::{anchors_of, bundle_limits, FederatedDomain};
 pub use load::{check_world, load_world, CaSource, LoadMode};
 pub use trust::record_path;
 
@@ -177,6 +179,8 @@ pub struct World {
     pub resources: Arc<Resources>,
     /// Meshes by name.
     pub meshes: BTreeMap<String, MeshState>,
+    /// The foreign trust domains of its FederationRelationships, by trust domain.
+    pub federation: BTreeMap<meshca_identity::TrustDomain, FederatedDomain>,
     /// What the resources say that meshca ignores, each naming its file, resource and field: logged
     /// when the resources are loaded, listed by `meshca validate`. None makes the update invalid.
     pub warnings: Vec<UpdateError>,
@@ -193,7 +197,8 @@ impl World {
     }
 
     /// Whether `other` serves exactly what this world serves: the same resources, the same CAs in the
-    /// same roles, the same MeshTrust certificates and the same next rotation step. A reload that
+    /// same roles, the same MeshTrust certificates, the same federation peers (initial bundles and
+    /// `caFile` roots included) and the same next rotation step. A reload that
     /// finds nothing changed is then not an event at all.
     pub fn same_content(&self, other: &World) -> bool {
         fn cas(world: &World) -> Vec<(&str, String, &str)> {
@@ -214,6 +219,7 @@ impl World {
                 .collect()
         }
         self.resources == other.resources
+            && self.federation == other.federation
             && cas(self) == cas(other)
             && anchors(self) == anchors(other)
             && self.next_rotation_event() == other.next_rotation_event()

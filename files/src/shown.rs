@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 /// How many characters of a peer's text are echoed before the rest is cut.
-pub(crate) const ECHO_CHARS: usize = 200;
+pub const ECHO_CHARS: usize = 200;
 
 /// `text` quoted: what [`bounded`] makes of it, between double quotes.
 pub fn shown(text: &str) -> String {
