@@ -72,8 +72,23 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum BundleCommand {
+    /// Print the SPIFFE bundle a running daemon's bundle endpoint serves (federation.endpoints).
+    Show(BundleShowArgs),
     /// Fetch a peer's bundle endpoint as meshca would, check what it serves, and print it.
     Fetch(BundleFetchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BundleShowArgs {
+    /// The trust domain whose bundle to print; may be left out when the daemon serves one.
+    #[arg(long, value_name = "TD")]
+    pub trust_domain: Option<String>,
+    /// What to print: the SPIFFE bundle (JSON), or its X.509 authorities as PEM.
+    #[arg(long, value_enum, default_value_t = BundleFormat::Spiffe)]
+    pub format: BundleFormat,
+    /// The daemon's admin address.
+    #[arg(long, default_value = "127.0.0.1:5681")]
+    pub admin: String,
 }
 
 #[derive(Debug, Args)]

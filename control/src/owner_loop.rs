@@ -173,6 +173,9 @@ pub struct FederationLink {
     pub peers: watch::Sender<Arc<Vec<Peer>>>,
     /// The bundles held for them.
     pub held: watch::Receiver<Arc<HeldBundles>>,
+    /// The accepted world, sent whenever it changes (the bundle endpoints issue their SVIDs from its
+    /// CAs).
+    pub world: watch::Sender<Arc<World>>,
 }
 
 /// A resource update loading on a blocking thread.
@@ -295,15 +298,24 @@ impl OwnerLoop {
         let held = link.held.borrow_and_update().clone();
         self.owner.set_federated(&held);
         self.federation = Some(link);
-        self.send_peers();
+        self.tell_federation();
         self
     }
 
-    /// Tells the importer the peers the serving world names, when they changed.
-    fn send_peers(&mut self) {
+    /// Tells the importer the peers the serving world names, when they changed, and the bundle
+    /// endpoints the world.
+    fn tell_federation(&mut self) {
         let Some(link) = &self.federation else {
             return;
         };
+        let world = self.owner.world().clone();
+        link.world.send_if_modified(|current| {
+            if Arc::ptr_eq(current, &world) {
+                return false;
+            }
+            *current = world;
+            true
+        });
         let peers: Vec<Peer> = self
             .owner
             .world()
@@ -332,6 +344,16 @@ impl OwnerLoop {
             stale: true,
         });
         self
+    }
+
+    /// The settings it reloads with.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The world it serves now.
+    pub fn world(&self) -> &Arc<World> {
+        self.owner.world()
     }
 
     /// Where the admin API asks for the status.
@@ -548,7 +570,7 @@ impl OwnerLoop {
                 Err(errors)
             }
         };
-        self.send_peers();
+        self.tell_federation();
         let next_due = self.reconcile();
         for done in waiting {
             // The requester may have stopped waiting.
@@ -573,6 +595,7 @@ impl OwnerLoop {
             tokio::task::block_in_place(|| {
                 rotate_cas(&mut self.owner, &self.settings, self.keystore.as_ref(), now)
             });
+            self.tell_federation();
         }
     }
 

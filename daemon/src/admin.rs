@@ -55,6 +55,8 @@ pub struct AdminState {
     pub allowed_hosts: super::admin_hosts::AllowedHosts,
     /// The federation peers followed, for `/api/status` (`federation`).
     pub federation: super::federation::FederationView,
+    /// What each bundle endpoint serves, for `/api/bundles/{trust domain}` (`meshca bundle show`).
+    pub served_bundles: super::bundle_endpoints::ServedBundles,
 }
 
 /// What the admin API reads to list the Workload API's registrations and the callers they match.
@@ -188,6 +190,8 @@ pub fn router(state: AdminState) -> Router {
         .route("/api/replicas", get(replicas))
         .route("/api/workloads", get(workloads))
         .route("/api/agents", get(agents))
+        .route("/api/bundles", get(served_bundles))
+        .route("/api/bundles/{trust_domain}", get(served_bundle))
         .merge(console::routes())
         .with_state(state)
         .layer(axum::middleware::from_fn_with_state(
@@ -338,6 +342,56 @@ async fn status(State(s): State<AdminState>) -> Response {
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("the status could not be encoded: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// The trust domains whose bundle an endpoint serves, with each bundle's sequence.
+async fn served_bundles(State(s): State<AdminState>) -> Response {
+    let list: Vec<serde_json::Value> = s
+        .served_bundles
+        .iter()
+        .map(|(td, served)| {
+            let served = served.borrow();
+            serde_json::json!({
+                "trust_domain": td.to_string(),
+                "sequence": served.as_ref().and_then(|b| b.bundle.sequence),
+                "x509_authorities": served.as_ref().map_or(0, |b| b.bundle.x509_authorities().len()),
+                "jwt_authorities": served.as_ref().map_or(0, |b| b.bundle.jwt_authorities().len()),
+            })
+        })
+        .collect();
+    Json(list).into_response()
+}
+
+/// The SPIFFE bundle an endpoint serves now, byte for byte.
+async fn served_bundle(
+    State(s): State<AdminState>,
+    axum::extract::Path(trust_domain): axum::extract::Path<String>,
+) -> Response {
+    let served = s
+        .served_bundles
+        .iter()
+        .find(|(td, _)| td.as_str() == trust_domain)
+        .map(|(_, served)| served.borrow().clone());
+    match served {
+        Some(Some(bundle)) => (
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            bundle.json,
+        )
+            .into_response(),
+        Some(None) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the endpoint has no bundle to serve yet\n",
+        )
+            .into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            format!(
+                "no bundle endpoint serves trust domain {} (federation.endpoints)\n",
+                meshca_serve::shown(&trust_domain)
+            ),
         )
             .into_response(),
     }

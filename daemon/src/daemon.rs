@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::admin::AdminListenError;
+use super::bundle_endpoints::{self, EndpointError};
 use super::daemon_keys::TlsIdentityError;
 use super::data_dir::{DaemonLock, DataDir, DataDirError};
 use super::federation::{self, FederationView};
@@ -71,6 +72,9 @@ pub(crate) enum StartError {
     /// The resources directory or the revocation list cannot be watched.
     #[error(transparent)]
     Watch(#[from] WatchError),
+    /// A bundle endpoint (`federation.endpoints`) could not start.
+    #[error(transparent)]
+    BundleEndpoint(#[from] EndpointError),
 }
 
 /// The problems of [`StartError::InvalidResources`], one a line.
@@ -129,6 +133,8 @@ pub struct Daemon {
     pub status: StatusHandle,
     /// Follows the federation peers the resources name.
     pub federation: Importer,
+    /// The SPIFFE bundle endpoints it serves (`federation.endpoints`), with their real addresses.
+    pub bundle_endpoints: Vec<bundle_endpoints::BoundEndpoint>,
     snapshots: watch::Receiver<Arc<Snapshot>>,
     loop_health: Arc<LoopHealth>,
     signing_key: meshca_auth::SigningKey,
@@ -247,10 +253,27 @@ impl Daemon {
         if let Some(link) = peer_link {
             owner_loop = owner_loop.with_peers(link);
         }
+        let (world_tx, world_rx) = watch::channel(owner_loop.world().clone());
         owner_loop = owner_loop.with_federation(FederationLink {
             peers: federation_peers,
             held: federation.importer.held(),
+            world: world_tx,
         });
+        let bundle_endpoints = bundle_endpoints::start(
+            owner_loop.settings(),
+            bundle_endpoints::Sources {
+                snapshots: serving.sds.hub().snapshots(),
+                jwt_keys: jwt_keys.clone(),
+                world: world_rx,
+                keystore: store.keystore.clone(),
+            },
+            &shutdown,
+        )
+        .await?;
+        let served_bundles: bundle_endpoints::ServedBundles = bundle_endpoints
+            .iter()
+            .map(|e| (e.trust_domain.clone(), e.served.clone()))
+            .collect();
         let loop_health = owner_loop.health();
         let ready = Arc::new(AtomicBool::new(false));
         let workload_api = listeners.workload.as_ref().map(|_| {
@@ -280,6 +303,7 @@ impl Daemon {
             console: Default::default(),
             allowed_hosts,
             federation: federation.clone(),
+            served_bundles,
         };
         let status = owner_loop.status_handle();
         let tasks = Tasks {
@@ -309,6 +333,7 @@ impl Daemon {
             workload_addrs: listeners.workload_addrs,
             status,
             federation: federation.importer,
+            bundle_endpoints,
             snapshots: serving.snapshot_rx,
             loop_health,
             signing_key,
@@ -323,6 +348,11 @@ impl Daemon {
     /// The control loop's health and work so far.
     pub fn loop_health(&self) -> &LoopHealth {
         &self.loop_health
+    }
+
+    /// The snapshots SDS serves, as they are published.
+    pub fn snapshots(&self) -> watch::Receiver<Arc<Snapshot>> {
+        self.snapshots.clone()
     }
 
     /// The generation of the snapshot SDS serves now.

@@ -8,6 +8,7 @@ mod admin;
 mod admin_hosts;
 mod agent_api;
 pub mod atomic_file;
+pub mod bundle_endpoints;
 pub mod children;
 mod daemon;
 pub mod daemon_keys;

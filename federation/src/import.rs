@@ -528,7 +528,11 @@ async fn fetch_once(peer: &Peer, shared: &Arc<Shared>, holding: &mut Holding) {
             holding.failures = 0;
             holding.status.fetches.ok += 1;
             holding.status.last_error = None;
-            if holding.bundle.as_deref() == Some(&bundle) {
+            // The same bundle again is only confirmed; one equal to the initial bundle is stored, so
+            // that the next start holds what a fetch gave.
+            if holding.bundle.as_deref() == Some(&bundle)
+                && holding.status.held_from != HeldFrom::InitialBundle
+            {
                 holding.status.fetched_at = Some(now);
                 return;
             }

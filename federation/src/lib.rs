@@ -7,6 +7,7 @@
 //! build on it.
 
 pub mod bundle;
+pub mod export;
 pub mod fetch;
 pub mod fuzzing;
 pub mod import;

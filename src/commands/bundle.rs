@@ -1,5 +1,6 @@
 //! `meshca bundle fetch`: fetch a federation peer's bundle endpoint as meshca would (the endpoint
-//! authenticated by its profile, the answer bounded and checked), and print what it serves.
+//! authenticated by its profile, the answer bounded and checked), and print what it serves; `meshca
+//! bundle show`: what a running daemon's own endpoint serves.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -11,8 +12,66 @@ use meshca_federation::{pem_roots, BundleLimits, SpiffeBundle};
 use meshca_identity::{SpiffeId, TrustDomain};
 use rustls_pki_types::CertificateDer;
 
-use crate::cli::{BundleFetchArgs, BundleFormat};
+use crate::cli::{BundleFetchArgs, BundleFormat, BundleShowArgs};
 use crate::InvalidInput;
+
+pub async fn show(args: BundleShowArgs) -> anyhow::Result<ExitCode> {
+    let invalid = |message: String| anyhow::Error::new(InvalidInput(message));
+    let trust_domain = match args.trust_domain {
+        Some(td) => {
+            TrustDomain::parse(&td).map_err(|e| invalid(format!("--trust-domain {td:?}: {e}")))?
+        }
+        None => {
+            let served = super::status::admin_get(&args.admin, "/api/bundles").await?;
+            let domains: Vec<String> = served
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e["trust_domain"].as_str().map(str::to_owned))
+                .collect();
+            match domains.as_slice() {
+                [one] => TrustDomain::parse(one)
+                    .context("the daemon named a trust domain that does not parse")?,
+                [] => anyhow::bail!(
+                    "the daemon serves no bundle endpoint (federation.endpoints is empty)"
+                ),
+                many => {
+                    return Err(invalid(format!(
+                        "the daemon serves several trust domains; pick one with --trust-domain: {}",
+                        many.join(", ")
+                    )))
+                }
+            }
+        }
+    };
+    let document = super::status::admin_get(
+        &args.admin,
+        &format!("/api/bundles/{}", trust_domain.as_str()),
+    )
+    .await?;
+    let bytes = serde_json::to_vec(&document)?;
+    let bundle = SpiffeBundle::parse(&trust_domain, &bytes, BundleLimits::default())
+        .context("the daemon served a bundle that does not read")?;
+    print_bundle(&bundle, args.format);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_bundle(bundle: &SpiffeBundle, format: BundleFormat) {
+    match format {
+        BundleFormat::Spiffe => println!("{}", String::from_utf8_lossy(&bundle.to_json())),
+        BundleFormat::Pem => print!("{}", bundle.x509_pem()),
+    }
+    eprintln!(
+        "{}: {} X.509 and {} JWT authorities, sequence {}, refresh hint {}",
+        bundle.trust_domain().as_str(),
+        bundle.x509_authorities().len(),
+        bundle.jwt_authorities().len(),
+        bundle.sequence.map_or("none".to_owned(), |s| s.to_string()),
+        bundle
+            .refresh_hint
+            .map_or("none".to_owned(), |h| format!("{} s", h.as_secs())),
+    );
+}
 
 pub async fn fetch(args: BundleFetchArgs) -> anyhow::Result<ExitCode> {
     let invalid = |message: String| anyhow::Error::new(InvalidInput(message));
@@ -65,20 +124,7 @@ pub async fn fetch(args: BundleFetchArgs) -> anyhow::Result<ExitCode> {
                 args.url
             )
         })?;
-    match args.format {
-        BundleFormat::Spiffe => println!("{}", String::from_utf8_lossy(&bundle.to_json())),
-        BundleFormat::Pem => print!("{}", bundle.x509_pem()),
-    }
-    eprintln!(
-        "{}: {} X.509 and {} JWT authorities, sequence {}, refresh hint {}",
-        trust_domain.as_str(),
-        bundle.x509_authorities().len(),
-        bundle.jwt_authorities().len(),
-        bundle.sequence.map_or("none".to_owned(), |s| s.to_string()),
-        bundle
-            .refresh_hint
-            .map_or("none".to_owned(), |h| format!("{} s", h.as_secs())),
-    );
+    print_bundle(&bundle, args.format);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -61,6 +61,7 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Agent(args) => agent::run(args).await,
         Command::Bundle(crate::cli::BundleCommand::Fetch(args)) => bundle::fetch(args).await,
+        Command::Bundle(crate::cli::BundleCommand::Show(args)) => bundle::show(args).await,
     }
 }
 

@@ -10,6 +10,34 @@ use serde::Deserialize;
 
 use super::env_value::{non_empty, parse_list, read, EnvValueError};
 use super::limits::{LimitsLayer, LIMIT_FIELDS};
+
+/// One `federation.endpoints[]` entry as written; checked when the settings are resolved.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct EndpointLayer {
+    pub(super) trust_domain: Option<String>,
+    pub(super) listen: Option<String>,
+    pub(super) profile: Option<String>,
+    pub(super) tls: Option<EndpointTlsLayer>,
+}
+
+/// `federation.endpoints[].tls`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct EndpointTlsLayer {
+    pub(super) cert_file: Option<PathBuf>,
+    pub(super) key_file: Option<PathBuf>,
+}
+
+/// `MESHCA_FEDERATION_ENDPOINTS`: a YAML flow list, e.g.
+/// `[{trustDomain: a.example, listen: "0.0.0.0:8443"}]`.
+fn read_endpoints(text: &str) -> Result<Vec<EndpointLayer>, EnvValueError> {
+    yaml_serde::from_str(non_empty(text)?).map_err(|e| {
+        EnvValueError::Parse(format!(
+            "not a YAML list of endpoints ({e}), e.g. [{{trustDomain: a.example, listen: \"0.0.0.0:8443\"}}]"
+        ))
+    })
+}
 use super::{KeystoreType, ListenAddr, ServerAddr};
 use crate::Duration;
 use meshca_identity::KeyAlgorithm;
@@ -166,7 +194,11 @@ settings! {
         "rollout" rollout: RolloutLayer {
             "ackTimeout" ack_timeout: Duration,
         },
+        /// Endpoints are read from the environment as one YAML flow list, like the file's.
         "federation" federation: FederationLayer {
+            "endpoints" endpoints: Vec<EndpointLayer> with read_endpoints,
+            "refreshHint" refresh_hint: Duration,
+            "fetchMargin" fetch_margin: Duration,
             "staleAfter" stale_after: Duration,
         },
         "keystore" keystore: KeystoreLayer {

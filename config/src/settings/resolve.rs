@@ -3,17 +3,18 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use super::file::{fields, Layer};
+use super::file::{fields, EndpointTlsLayer, FederationLayer, Layer};
 use super::types::{
-    default_replica_name, AdminSettings, Defaults, FederationSettings, IssuanceSettings,
-    KeystoreSettings, KeystoreType, Pkcs11Settings, PostgresSettings, ReplicaSettings,
-    RolloutSettings, SdsSettings, TlsFiles, TokensSettings, WorkloadApiSettings,
-    DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR, DEFAULT_FEDERATION_STALE_AFTER,
-    DEFAULT_KEYS_AHEAD, DEFAULT_LEASE_TIMEOUT, DEFAULT_POSTGRES_MAX_CONNECTIONS,
-    DEFAULT_POSTGRES_TIMEOUT, DEFAULT_RENEW_AT, DEFAULT_TOKEN_MAX_VALID_FOR,
-    DEFAULT_WORKLOAD_ACK_AFTER, DEFAULT_WORKLOAD_JWT_KEY_LIFETIME, DEFAULT_ZONE,
-    FALLBACK_REPLICA_NAME, MAX_ISSUANCE_WORKERS, MAX_KEYS_AHEAD, MAX_PKCS11_TOKEN_LABEL,
-    MAX_POSTGRES_CONNECTIONS,
+    default_replica_name, AdminSettings, Defaults, EndpointServing, FederationEndpoint,
+    FederationSettings, IssuanceSettings, KeystoreSettings, KeystoreType, Pkcs11Settings,
+    PostgresSettings, ReplicaSettings, RolloutSettings, SdsSettings, TlsFiles, TokensSettings,
+    WorkloadApiSettings, DEFAULT_ACK_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_DATA_DIR,
+    DEFAULT_FEDERATION_FETCH_MARGIN, DEFAULT_FEDERATION_REFRESH_HINT,
+    DEFAULT_FEDERATION_STALE_AFTER, DEFAULT_KEYS_AHEAD, DEFAULT_LEASE_TIMEOUT,
+    DEFAULT_POSTGRES_MAX_CONNECTIONS, DEFAULT_POSTGRES_TIMEOUT, DEFAULT_RENEW_AT,
+    DEFAULT_TOKEN_MAX_VALID_FOR, DEFAULT_WORKLOAD_ACK_AFTER, DEFAULT_WORKLOAD_JWT_KEY_LIFETIME,
+    DEFAULT_ZONE, FALLBACK_REPLICA_NAME, MAX_ISSUANCE_WORKERS, MAX_KEYS_AHEAD,
+    MAX_PKCS11_TOKEN_LABEL, MAX_POSTGRES_CONNECTIONS,
 };
 use super::{
     env, AgentSettings, ListenAddr, Settings, SettingsError, SettingsWarning, DEFAULT_AGENT_ADMIN,
@@ -159,6 +160,115 @@ impl Origins<'_> {
     }
 }
 
+/// `federation:`: the endpoints (each trust domain and address once, `tls` with `https_web` only) and
+/// the durations.
+fn resolve_federation(
+    layer: FederationLayer,
+    origins: &Origins<'_>,
+) -> Result<FederationSettings, SettingsError> {
+    const FIELD: &str = "federation.endpoints";
+    let mut endpoints: Vec<FederationEndpoint> = Vec::new();
+    for (i, raw) in layer.endpoints.unwrap_or_default().into_iter().enumerate() {
+        let at = |field: &str| format!("{FIELD}[{i}].{field}");
+        let invalid =
+            |field: &str, message: String| origins.invalid_from(FIELD, &at(field), message);
+        let trust_domain = raw
+            .trust_domain
+            .ok_or_else(|| {
+                invalid(
+                    "trustDomain",
+                    "required: the trust domain whose bundle it serves".into(),
+                )
+            })?
+            .parse::<meshca_identity::TrustDomain>()
+            .map_err(|e| invalid("trustDomain", e.to_string()))?;
+        let listen = raw.listen.ok_or_else(|| {
+            invalid(
+                "listen",
+                "required: an IP:port to serve the bundle on".into(),
+            )
+        })?;
+        let listen: std::net::SocketAddr = listen
+            .parse()
+            .map_err(|_| invalid("listen", format!("{listen:?} is not an IP:port")))?;
+        let profile = match (raw.profile.as_deref().unwrap_or("https_spiffe"), raw.tls) {
+            ("https_spiffe", None) => EndpointServing::HttpsSpiffe,
+            ("https_spiffe", Some(_)) => {
+                return Err(invalid(
+                    "tls",
+                    "only with profile https_web: an https_spiffe endpoint presents an X.509-SVID meshca issues".into(),
+                ))
+            }
+            ("https_web", Some(EndpointTlsLayer { cert_file: Some(cert_file), key_file: Some(key_file) })) => {
+                EndpointServing::HttpsWeb {
+                    tls: TlsFiles {
+                        cert_file: non_empty_path(origins, FIELD, cert_file)?,
+                        key_file: non_empty_path(origins, FIELD, key_file)?,
+                    },
+                }
+            }
+            ("https_web", _) => {
+                return Err(invalid(
+                    "tls",
+                    "required with profile https_web: {certFile, keyFile} of the endpoint's Web PKI certificate".into(),
+                ))
+            }
+            (other, _) => {
+                return Err(invalid(
+                    "profile",
+                    format!("{other:?} must be one of [\"https_spiffe\", \"https_web\"]"),
+                ))
+            }
+        };
+        if let Some(earlier) = endpoints.iter().find(|e| e.trust_domain == trust_domain) {
+            return Err(invalid(
+                "trustDomain",
+                format!(
+                    "{} already has an endpoint, on {}",
+                    trust_domain, earlier.listen
+                ),
+            ));
+        }
+        if let Some(earlier) = endpoints.iter().find(|e| e.listen == listen) {
+            return Err(invalid(
+                "listen",
+                format!(
+                    "{listen} already serves trust domain {}",
+                    earlier.trust_domain
+                ),
+            ));
+        }
+        endpoints.push(FederationEndpoint {
+            trust_domain,
+            listen,
+            profile,
+        });
+    }
+    let refresh_hint = layer
+        .refresh_hint
+        .unwrap_or(DEFAULT_FEDERATION_REFRESH_HINT);
+    let hint_bounds = std::time::Duration::from_secs(30)..=std::time::Duration::from_secs(3600);
+    if !hint_bounds.contains(&refresh_hint.as_std()) {
+        return Err(origins.invalid(
+            "federation.refreshHint",
+            "must be from 30s to 1h: peers hold a refresh hint to those bounds",
+        ));
+    }
+    let fetch_margin = layer
+        .fetch_margin
+        .unwrap_or(DEFAULT_FEDERATION_FETCH_MARGIN);
+    let stale_after = layer.stale_after.unwrap_or(DEFAULT_FEDERATION_STALE_AFTER);
+    if stale_after.0.is_zero() {
+        return Err(origins.invalid("federation.staleAfter", "must be greater than zero"));
+    }
+    Ok(FederationSettings {
+        endpoints,
+        refresh_hint,
+        fetch_margin,
+        stale_after,
+    })
+}
+
 fn non_empty_path(
     origins: &Origins<'_>,
     field: &str,
@@ -234,13 +344,7 @@ fn resolve(
     if ack_timeout.0.is_zero() {
         return Err(origins.invalid("rollout.ackTimeout", "must be greater than zero"));
     }
-    let stale_after = layer
-        .federation
-        .and_then(|f| f.stale_after)
-        .unwrap_or(DEFAULT_FEDERATION_STALE_AFTER);
-    if stale_after.0.is_zero() {
-        return Err(origins.invalid("federation.staleAfter", "must be greater than zero"));
-    }
+    let federation = resolve_federation(layer.federation.unwrap_or_default(), origins)?;
     let limits = layer
         .limits
         .unwrap_or_default()
@@ -274,7 +378,7 @@ fn resolve(
             keys_ahead,
         },
         rollout: RolloutSettings { ack_timeout },
-        federation: FederationSettings { stale_after },
+        federation,
         keystore,
         tokens: TokensSettings { max_valid_for },
         replica,

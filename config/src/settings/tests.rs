@@ -1139,3 +1139,76 @@ fn the_operations_guide_lists_every_setting_and_its_variable() {
     assert_eq!(settings, fields);
     assert_eq!(variables, settings_env_vars().into_iter().collect());
 }
+
+#[test]
+fn federation_endpoints_come_from_the_file_or_one_yaml_variable() {
+    let (_dir, s) = load_yaml(
+        "federation:\n  refreshHint: 2m\n  fetchMargin: 10s\n  endpoints:\n    - {trustDomain: default.zone-1.mesh.local, listen: \"0.0.0.0:8443\"}\n    - trustDomain: web.example\n      listen: \"127.0.0.1:8444\"\n      profile: https_web\n      tls: {certFile: /etc/meshca/web.pem, keyFile: /etc/meshca/web.key}\n",
+        &[],
+    );
+    let s = s.expect("valid");
+    assert_eq!(s.federation.refresh_hint, Duration::from_secs(120));
+    assert_eq!(s.federation.fetch_margin, Duration::from_secs(10));
+    let endpoints = &s.federation.endpoints;
+    assert_eq!(endpoints.len(), 2);
+    assert_eq!(
+        endpoints[0].trust_domain.as_str(),
+        "default.zone-1.mesh.local"
+    );
+    assert_eq!(
+        endpoints[0].listen,
+        "0.0.0.0:8443".parse().expect("an address")
+    );
+    assert_eq!(endpoints[0].profile, EndpointServing::HttpsSpiffe);
+    assert_eq!(
+        endpoints[1].profile,
+        EndpointServing::HttpsWeb {
+            tls: TlsFiles {
+                cert_file: "/etc/meshca/web.pem".into(),
+                key_file: "/etc/meshca/web.key".into(),
+            }
+        }
+    );
+    let s = Settings::load(
+        None,
+        env(&[(
+            "MESHCA_FEDERATION_ENDPOINTS",
+            "[{trustDomain: a.example, listen: \"127.0.0.1:9443\"}]",
+        )]),
+    )
+    .expect("valid");
+    assert_eq!(s.federation.endpoints[0].trust_domain.as_str(), "a.example");
+    let defaults = Settings::load(None, no_env()).expect("valid");
+    assert!(defaults.federation.endpoints.is_empty());
+    assert_eq!(defaults.federation.refresh_hint, Duration::from_secs(300));
+    assert_eq!(defaults.federation.fetch_margin, Duration::from_secs(30));
+}
+
+#[test]
+fn a_wrong_federation_endpoint_names_its_entry_and_field() {
+    for (yaml, expected) in [
+        ("[{listen: \"0.0.0.0:1\"}]", "federation.endpoints[0].trustDomain: required"),
+        ("[{trustDomain: a.example}]", "federation.endpoints[0].listen: required"),
+        ("[{trustDomain: a.example, listen: nowhere}]", "federation.endpoints[0].listen: \"nowhere\" is not an IP:port"),
+        ("[{trustDomain: a.example, listen: \"0.0.0.0:1\", profile: https_web}]", "federation.endpoints[0].tls: required with profile https_web"),
+        ("[{trustDomain: a.example, listen: \"0.0.0.0:1\", tls: {certFile: c, keyFile: k}}]", "federation.endpoints[0].tls: only with profile https_web"),
+        ("[{trustDomain: a.example, listen: \"0.0.0.0:1\", profile: http}]", "federation.endpoints[0].profile: \"http\" must be one of"),
+        ("[{trustDomain: a.example, listen: \"0.0.0.0:1\"}, {trustDomain: a.example, listen: \"0.0.0.0:2\"}]", "federation.endpoints[1].trustDomain: a.example already has an endpoint, on 0.0.0.0:1"),
+        ("[{trustDomain: a.example, listen: \"0.0.0.0:1\"}, {trustDomain: b.example, listen: \"0.0.0.0:1\"}]", "federation.endpoints[1].listen: 0.0.0.0:1 already serves trust domain a.example"),
+        ("[{trustDomain: a.example, listen: \"0.0.0.0:1\", port: 3}]", "unknown field `port`"),
+    ] {
+        let (_dir, s) = load_yaml(&format!("federation:\n  endpoints: {yaml}\n"), &[]);
+        let e = err_text(s);
+        assert!(e.contains(expected), "{yaml}: {e}");
+    }
+    let (_dir, s) = load_yaml("federation:\n  refreshHint: 5s\n", &[]);
+    assert!(err_text(s).contains("federation.refreshHint: must be from 30s to 1h"));
+    let e = err_text(Settings::load(
+        None,
+        env(&[("MESHCA_FEDERATION_ENDPOINTS", "{not: a list")]),
+    ));
+    assert!(
+        e.contains("MESHCA_FEDERATION_ENDPOINTS") && e.contains("not a YAML list of endpoints"),
+        "{e}"
+    );
+}

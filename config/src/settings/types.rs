@@ -153,13 +153,52 @@ pub struct RolloutSettings {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FederationSettings {
+    /// The bundle endpoints meshca serves, one per trust domain it exports (default none).
+    pub endpoints: Vec<FederationEndpoint>,
+    /// The `spiffe_refresh_hint` the endpoints serve: how often peers are told to fetch (default
+    /// 5m, from 30s to 1h, the bounds peers hold a hint to).
+    pub refresh_hint: Duration,
+    /// What a new CA of an exported trust domain waits beyond one refresh hint, after it is first
+    /// served, before anything is issued from it: the time a peer polling as told may take to fetch
+    /// (default 30s).
+    pub fetch_margin: Duration,
     /// A federated bundle not fetched anew for this long is stale: said loudly, still served
     /// (default 24h, never zero).
     pub stale_after: Duration,
 }
 
+/// One bundle endpoint meshca serves (`federation.endpoints[]`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FederationEndpoint {
+    /// The trust domain whose bundle it serves.
+    pub trust_domain: meshca_identity::TrustDomain,
+    /// Where it listens (TCP, TLS).
+    pub listen: std::net::SocketAddr,
+    /// How it proves itself.
+    pub profile: EndpointServing,
+}
+
+/// How a bundle endpoint meshca serves proves itself to peers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "profile")]
+pub enum EndpointServing {
+    /// `https_spiffe`: an X.509-SVID `spiffe://<trust domain>/meshca/bundle-endpoint` from a CA
+    /// of the trust domain its peers hold.
+    HttpsSpiffe,
+    /// `https_web`: the operator's Web PKI certificate (the files are read again when they change).
+    HttpsWeb {
+        /// `tls.certFile` and `tls.keyFile`.
+        tls: TlsFiles,
+    },
+}
+
 /// The default `federation.staleAfter`: a day.
 pub const DEFAULT_FEDERATION_STALE_AFTER: Duration = Duration::from_secs(24 * 3600);
+/// The default `federation.refreshHint`: five minutes.
+pub const DEFAULT_FEDERATION_REFRESH_HINT: Duration = Duration::from_secs(300);
+/// The default `federation.fetchMargin`: 30 seconds.
+pub const DEFAULT_FEDERATION_FETCH_MARGIN: Duration = Duration::from_secs(30);
 
 /// `tokens:` in the settings file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -406,6 +445,9 @@ impl Default for Settings {
                 ack_timeout: DEFAULT_ACK_TIMEOUT,
             },
             federation: FederationSettings {
+                endpoints: Vec::new(),
+                refresh_hint: DEFAULT_FEDERATION_REFRESH_HINT,
+                fetch_margin: DEFAULT_FEDERATION_FETCH_MARGIN,
                 stale_after: DEFAULT_FEDERATION_STALE_AFTER,
             },
             keystore: KeystoreSettings::default(),

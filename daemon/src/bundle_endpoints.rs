@@ -1,0 +1,415 @@
+//! The SPIFFE bundle endpoints meshca serves (`federation.endpoints`): what each serves, computed from
+//! the published snapshot (every X.509 authority proxies of the trust domain are told to trust, in the
+//! same step they are told) and the trust domain's JWT-SVID keys; numbered so that the sequence never
+//! goes backwards; and, for `https_spiffe`, the endpoint's own X.509-SVID.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use meshca_ca::{CertificateAuthority, SvidRequest};
+use meshca_config::{EndpointServing, FederationEndpoint, Settings};
+use meshca_control::{IdentityProvider, Snapshot, World};
+use meshca_federation::export::{
+    number, serve, server_config, EndpointLimits, ServedBundle, SvidCertificate, WebCertificate,
+};
+use meshca_federation::{EcCurve, JwkKey, JwtAuthority, SpiffeBundle, X509Authority};
+use meshca_identity::{SpiffeId, TrustDomain};
+use meshca_keystore::Keystore;
+use meshca_workload::jwt_keys::{JwtKeys, KeySet};
+use rustls::sign::CertifiedKey;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// The path of an `https_spiffe` endpoint's SPIFFE ID.
+pub const ENDPOINT_PATH: &str = "/meshca/bundle-endpoint";
+
+/// How long an endpoint's X.509-SVID lives; it is renewed at half of it.
+const SVID_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+
+/// Connections one endpoint holds open at once.
+const ENDPOINT_CONNECTIONS: usize = 256;
+
+/// Why an endpoint could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    /// The address could not be bound.
+    #[error("federation.endpoints: {trust_domain}: cannot listen on {listen}: {source}")]
+    Bind {
+        /// The endpoint's trust domain.
+        trust_domain: TrustDomain,
+        /// Its address.
+        listen: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The `https_web` certificate does not load.
+    #[error("federation.endpoints: {trust_domain}: tls: {source}")]
+    Certificate {
+        /// The endpoint's trust domain.
+        trust_domain: TrustDomain,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// TLS cannot be set up.
+    #[error("federation.endpoints: {trust_domain}: {reason}")]
+    Tls {
+        /// The endpoint's trust domain.
+        trust_domain: TrustDomain,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// One endpoint, bound, with what it serves.
+#[derive(Debug)]
+pub struct BoundEndpoint {
+    /// The trust domain.
+    pub trust_domain: TrustDomain,
+    /// Where it listens (the real port when 0 was asked).
+    pub addr: SocketAddr,
+    /// What it serves now.
+    pub served: watch::Receiver<Option<ServedBundle>>,
+    /// `https_spiffe`: the X.509-SVID it presents, once issued.
+    pub svid: Option<watch::Receiver<Option<Arc<CertifiedKey>>>>,
+}
+
+impl BoundEndpoint {
+    /// Resolves once the endpoint has a bundle to serve and (`https_spiffe`) its SVID.
+    pub async fn ready(&self) {
+        let mut served = self.served.clone();
+        // The channels close only with the daemon.
+        let _ = served.wait_for(Option::is_some).await;
+        if let Some(svid) = &self.svid {
+            let mut svid = svid.clone();
+            let _ = svid.wait_for(Option::is_some).await;
+        }
+    }
+}
+
+/// What the endpoints follow.
+pub(crate) struct Sources {
+    pub(crate) snapshots: watch::Receiver<Arc<Snapshot>>,
+    pub(crate) jwt_keys: JwtKeys,
+    pub(crate) world: watch::Receiver<Arc<World>>,
+    pub(crate) keystore: Arc<dyn Keystore>,
+}
+
+/// Binds every endpoint of `settings` and starts serving them until `shutdown`.
+pub(crate) async fn start(
+    settings: &Settings,
+    sources: Sources,
+    shutdown: &CancellationToken,
+) -> Result<Vec<BoundEndpoint>, EndpointError> {
+    let mut bound = Vec::new();
+    for endpoint in &settings.federation.endpoints {
+        let td = endpoint.trust_domain.clone();
+        let listener =
+            TcpListener::bind(endpoint.listen)
+                .await
+                .map_err(|source| EndpointError::Bind {
+                    trust_domain: td.clone(),
+                    listen: endpoint.listen,
+                    source,
+                })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| EndpointError::Bind {
+                trust_domain: td.clone(),
+                listen: endpoint.listen,
+                source,
+            })?;
+        let (served_tx, served) = watch::channel(None);
+        let mut svid = None;
+        let certificate: Arc<dyn rustls::server::ResolvesServerCert> = match &endpoint.profile {
+            EndpointServing::HttpsWeb { tls } => Arc::new(
+                WebCertificate::load(tls.cert_file.clone(), tls.key_file.clone()).map_err(
+                    |source| EndpointError::Certificate {
+                        trust_domain: td.clone(),
+                        source,
+                    },
+                )?,
+            ),
+            EndpointServing::HttpsSpiffe => {
+                let (svid_tx, svid_rx) = watch::channel(None);
+                tokio::spawn(follow_svid(
+                    td.clone(),
+                    served.clone(),
+                    sources.world.clone(),
+                    svid_tx,
+                    settings.issuance.key_algorithm,
+                    shutdown.clone(),
+                ));
+                svid = Some(svid_rx.clone());
+                Arc::new(SvidCertificate(svid_rx))
+            }
+        };
+        let tls = server_config(certificate).map_err(|reason| EndpointError::Tls {
+            trust_domain: td.clone(),
+            reason,
+        })?;
+        tokio::spawn(follow_content(
+            endpoint.clone(),
+            settings.federation.refresh_hint.as_std(),
+            sources.snapshots.clone(),
+            sources.jwt_keys.subscribe(),
+            sources.keystore.clone(),
+            served_tx,
+            shutdown.clone(),
+        ));
+        tokio::spawn(serve(
+            listener,
+            Arc::new(tls),
+            served.clone(),
+            EndpointLimits {
+                connections: ENDPOINT_CONNECTIONS,
+                handshake: settings.limits.connect_timeout(),
+            },
+            shutdown.clone(),
+        ));
+        tracing::info!(trust_domain = %td, %addr, profile = endpoint_profile(endpoint), "serving the SPIFFE bundle endpoint");
+        bound.push(BoundEndpoint {
+            trust_domain: td,
+            addr,
+            served,
+            svid,
+        });
+    }
+    Ok(bound)
+}
+
+fn endpoint_profile(endpoint: &FederationEndpoint) -> &'static str {
+    match endpoint.profile {
+        EndpointServing::HttpsSpiffe => "https_spiffe",
+        EndpointServing::HttpsWeb { .. } => "https_web",
+    }
+}
+
+/// The authorities of `trust_domain` that `snapshot` tells proxies to trust, and its JWT-SVID keys.
+pub fn content(trust_domain: &TrustDomain, snapshot: &Snapshot, keys: &KeySet) -> SpiffeBundle {
+    let x509 = snapshot
+        .all
+        .by_trust_domain()
+        .get(trust_domain.as_str())
+        .into_iter()
+        .flatten()
+        .filter_map(|pem| ::pem::parse(pem).ok())
+        .filter_map(|block| {
+            match X509Authority::from_der(block.into_contents(), trust_domain) {
+                Ok(authority) => Some(authority),
+                Err(e) => {
+                    tracing::warn!(trust_domain = %trust_domain, error = %e, "a CA is left out of the served bundle");
+                    None
+                }
+            }
+        })
+        .collect();
+    let jwt = keys
+        .by_trust_domain()
+        .get(trust_domain.as_str())
+        .map(|jwks| {
+            jwks.keys()
+                .iter()
+                .map(|k| JwtAuthority {
+                    kid: k.kid().to_owned(),
+                    key: JwkKey::Ec {
+                        curve: EcCurve::P256,
+                        x: k.x().to_vec(),
+                        y: k.y().to_vec(),
+                    },
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    SpiffeBundle::new(trust_domain.clone(), x509, jwt)
+}
+
+/// Keeps `served` at the numbered content of the endpoint's trust domain as snapshots and keys change.
+async fn follow_content(
+    endpoint: FederationEndpoint,
+    refresh_hint: Duration,
+    mut snapshots: watch::Receiver<Arc<Snapshot>>,
+    mut keys: watch::Receiver<Arc<KeySet>>,
+    keystore: Arc<dyn Keystore>,
+    served: watch::Sender<Option<ServedBundle>>,
+    shutdown: CancellationToken,
+) {
+    let td = endpoint.trust_domain;
+    let mut last: Option<SpiffeBundle> = None;
+    let mut warned_empty = false;
+    loop {
+        let snapshot = snapshots.borrow_and_update().clone();
+        let key_set = keys.borrow_and_update().clone();
+        let now = content(&td, &snapshot, &key_set);
+        let empty = now.x509_authorities().is_empty() && now.jwt_authorities().is_empty();
+        if empty && snapshot.generation > 0 && !warned_empty {
+            tracing::warn!(trust_domain = %td, "the bundle endpoint has nothing to serve: no mesh issues for this trust domain");
+            warned_empty = true;
+        }
+        if !empty && last.as_ref() != Some(&now) {
+            let keystore = keystore.clone();
+            let content = now.clone();
+            let numbered = tokio::task::spawn_blocking(move || {
+                number(keystore.as_ref(), &content, refresh_hint)
+            })
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+            match numbered {
+                Ok(bundle) => {
+                    tracing::info!(trust_domain = %td, sequence = ?bundle.bundle.sequence, x509_authorities = bundle.bundle.x509_authorities().len(), jwt_authorities = bundle.bundle.jwt_authorities().len(), "served bundle updated");
+                    served.send_replace(Some(bundle));
+                    last = Some(now);
+                }
+                // The last bundle keeps serving; the next change (or a retry below) numbers again.
+                Err(e) => {
+                    tracing::error!(trust_domain = %td, error = %e, "the served bundle could not be numbered; the last one keeps serving")
+                }
+            }
+        }
+        let retry = last.is_none() && !empty;
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            changed = snapshots.changed() => if changed.is_err() { return },
+            changed = keys.changed() => if changed.is_err() { return },
+            () = tokio::time::sleep(Duration::from_secs(5)), if retry => {}
+        }
+    }
+}
+
+/// The CA an `https_spiffe` endpoint's SVID comes from: of the CAs meshca holds for the trust domain
+/// whose roots the served bundle carries, the one that has been valid the longest (peers have held it
+/// the longest; a new CA waits for the federation step before anything is issued from it).
+fn endpoint_issuer(
+    trust_domain: &TrustDomain,
+    world: &World,
+    served: &SpiffeBundle,
+    now: SystemTime,
+) -> Option<Arc<CertificateAuthority>> {
+    let served_ders: Vec<&[u8]> = served.x509_authorities().iter().map(|a| a.der()).collect();
+    let mut candidates: Vec<Arc<CertificateAuthority>> = Vec::new();
+    for mesh in world.meshes.values() {
+        for identity in &mesh.identities {
+            if let IdentityProvider::Bundled { ca, .. } = &identity.provider {
+                if &identity.trust_domain == trust_domain {
+                    candidates.push(ca.ca.clone());
+                }
+            }
+        }
+        if mesh.name == trust_domain.as_str() {
+            candidates.extend(
+                mesh.backends()
+                    .flat_map(|b| &b.trusted)
+                    .map(|g| g.ca.clone()),
+            );
+        }
+    }
+    candidates
+        .into_iter()
+        .filter(|ca| ca.not_before() <= now && now < ca.not_after())
+        .filter(|ca| {
+            ca.bundle_der()
+                .iter()
+                .all(|root| served_ders.contains(&root.as_slice()))
+        })
+        .min_by_key(|ca| ca.not_before())
+}
+
+/// Issues the endpoint's SVID: `spiffe://<trust domain>/meshca/bundle-endpoint`.
+fn issue_svid(
+    trust_domain: &TrustDomain,
+    ca: &CertificateAuthority,
+    algorithm: meshca_identity::KeyAlgorithm,
+    now: SystemTime,
+) -> Result<(CertifiedKey, SystemTime), String> {
+    let spiffe_id = SpiffeId::new(trust_domain, ENDPOINT_PATH).map_err(|e| e.to_string())?;
+    let svid = ca
+        .issue(
+            &SvidRequest {
+                spiffe_id,
+                key_algorithm: algorithm,
+                lifetime: SVID_LIFETIME,
+            },
+            now,
+        )
+        .map_err(|e| e.to_string())?;
+    let chain = svid
+        .chain_der
+        .iter()
+        .map(|d| rustls::pki_types::CertificateDer::from(d.clone()))
+        .collect();
+    let der = rustls::pki_types::PrivateKeyDer::Pkcs8(svid.key.pkcs8_der().to_vec().into());
+    let signing = rustls::crypto::ring::default_provider()
+        .key_provider
+        .load_private_key(der)
+        .map_err(|e| e.to_string())?;
+    let renew_at = svid.not_before
+        + (svid
+            .not_after
+            .duration_since(svid.not_before)
+            .unwrap_or_default()
+            / 2);
+    Ok((CertifiedKey::new(chain, signing), renew_at))
+}
+
+/// Keeps an `https_spiffe` endpoint's SVID issued from [`endpoint_issuer`], renewed at half its life and
+/// re-issued when the issuer changes.
+async fn follow_svid(
+    trust_domain: TrustDomain,
+    mut served: watch::Receiver<Option<ServedBundle>>,
+    mut world: watch::Receiver<Arc<World>>,
+    svid: watch::Sender<Option<Arc<CertifiedKey>>>,
+    algorithm: meshca_identity::KeyAlgorithm,
+    shutdown: CancellationToken,
+) {
+    let mut current: Option<(String, SystemTime)> = None;
+    loop {
+        let now = SystemTime::now();
+        let bundle = served.borrow_and_update().clone();
+        let world_now = world.borrow_and_update().clone();
+        let issuer = bundle
+            .as_ref()
+            .and_then(|b| endpoint_issuer(&trust_domain, &world_now, &b.bundle, now));
+        match (&issuer, &current) {
+            (Some(ca), Some((id, renew_at))) if ca.id() == id && now < *renew_at => {}
+            (Some(ca), _) => {
+                let ca = ca.clone();
+                let td = trust_domain.clone();
+                let issued = tokio::task::spawn_blocking(move || {
+                    issue_svid(&td, &ca, algorithm, now).map(|k| (k, ca.id().to_owned()))
+                })
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r);
+                match issued {
+                    Ok(((key, renew_at), id)) => {
+                        tracing::info!(trust_domain = %trust_domain, issuer = %id, "bundle endpoint SVID issued");
+                        svid.send_replace(Some(Arc::new(key)));
+                        current = Some((id, renew_at));
+                    }
+                    Err(e) => {
+                        tracing::error!(trust_domain = %trust_domain, error = %e, "the bundle endpoint's SVID could not be issued")
+                    }
+                }
+            }
+            (None, _) => {}
+        }
+        let wait = current
+            .as_ref()
+            .map_or(Duration::from_secs(60), |(_, at)| {
+                at.duration_since(SystemTime::now()).unwrap_or_default()
+            })
+            .max(Duration::from_secs(1));
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            changed = served.changed() => if changed.is_err() { return },
+            changed = world.changed() => if changed.is_err() { return },
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// Every endpoint's served bundle, by trust domain, for `meshca bundle show` (the admin API).
+pub type ServedBundles = BTreeMap<TrustDomain, watch::Receiver<Option<ServedBundle>>>;

@@ -1,0 +1,214 @@
+//! Two daemons of two trust domains, federated: `alpha` serves its bundle endpoint (`https_spiffe`),
+//! `beta` follows it through a FederationRelationship. What alpha serves is what its proxies are told
+//! to trust, numbered so the sequence never goes backwards (a restart serves the same number); beta's
+//! proxies trust alpha's CAs, through alpha's rotation.
+
+mod common;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+
+use common::{settings, start, TIMEOUT};
+use meshca_config::{EndpointServing, FederationEndpoint};
+use meshca_daemon::Daemon;
+use meshca_federation::fetch::{fetch, EndpointAuth};
+use meshca_federation::{BundleLimits, HeldFrom, SpiffeBundle};
+use meshca_identity::{SpiffeId, TrustDomain};
+
+fn alpha() -> TrustDomain {
+    "alpha".parse().expect("a trust domain")
+}
+
+/// Mesh `name` on builtin backend `enabled`, trusting `also` too.
+fn mesh(name: &str, enabled: &str, also: &[&str]) -> String {
+    let backends: String = std::iter::once(enabled)
+        .chain(also.iter().copied())
+        .map(|b| {
+            format!(
+                "    - {{name: {b}, type: builtin, dpCert: {{rotation: {{expiration: 1h}}}}}}\n"
+            )
+        })
+        .collect();
+    let secondary = if also.is_empty() {
+        String::new()
+    } else {
+        format!("  secondaryBackends: [{}]\n", also.join(", "))
+    };
+    format!("type: Mesh\nname: {name}\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}")
+}
+
+async fn start_alpha(root: &Path) -> Daemon {
+    let resources = root.join("resources");
+    std::fs::create_dir_all(&resources).expect("resources");
+    if !resources.join("mesh.yaml").exists() {
+        std::fs::write(resources.join("mesh.yaml"), mesh("alpha", "ca-1", &[])).expect("mesh");
+    }
+    let mut s = settings(root);
+    s.federation.endpoints = vec![FederationEndpoint {
+        trust_domain: alpha(),
+        listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        profile: EndpointServing::HttpsSpiffe,
+    }];
+    start(s, false).await
+}
+
+/// What `daemon`'s endpoint serves, once it serves something with its SVID.
+async fn served(daemon: &Daemon) -> (SocketAddr, SpiffeBundle) {
+    let endpoint = &daemon.bundle_endpoints[0];
+    tokio::time::timeout(TIMEOUT, endpoint.ready())
+        .await
+        .expect("the endpoint is ready in time");
+    let bundle = endpoint.served.borrow().clone().expect("a bundle").bundle;
+    (endpoint.addr, bundle)
+}
+
+fn ders(bundle: &SpiffeBundle) -> Vec<Vec<u8>> {
+    let mut ders: Vec<Vec<u8>> = bundle
+        .x509_authorities()
+        .iter()
+        .map(|a| a.der().to_vec())
+        .collect();
+    ders.sort();
+    ders
+}
+
+/// The PEMs `daemon` tells every proxy to trust for `td` (`ALL`).
+fn trusted(daemon: &Daemon, td: &str) -> Vec<Vec<u8>> {
+    let mut ders: Vec<Vec<u8>> = daemon
+        .snapshots()
+        .borrow()
+        .all
+        .by_trust_domain()
+        .get(td)
+        .into_iter()
+        .flatten()
+        .map(|pem| ::pem::parse(pem).expect("PEM").into_contents())
+        .collect();
+    ders.sort();
+    ders
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_follows_alphas_endpoint_through_a_rotation_and_a_restart_keeps_the_sequence() {
+    let alpha_root = tempfile::tempdir().expect("a directory");
+    let beta_root = tempfile::tempdir().expect("a directory");
+    let alpha_daemon = start_alpha(alpha_root.path()).await;
+    let (addr, first) = served(&alpha_daemon).await;
+    assert_eq!(first.sequence, Some(1));
+    assert_eq!(
+        first.refresh_hint,
+        Some(std::time::Duration::from_secs(300))
+    );
+    assert_eq!(
+        ders(&first),
+        trusted(&alpha_daemon, "alpha"),
+        "what proxies trust"
+    );
+
+    // A client written from the standard's side: the endpoint proves itself with an SVID of the
+    // endpoint's SPIFFE ID chained to the bundle it serves.
+    let endpoint_id = SpiffeId::parse("spiffe://alpha/meshca/bundle-endpoint").expect("an ID");
+    let auth = EndpointAuth::Spiffe {
+        id: endpoint_id.clone(),
+        bundle: first.clone(),
+    };
+    let url = format!("https://{addr}/");
+    let fetched = fetch(&url, &alpha(), &auth, TIMEOUT, BundleLimits::default())
+        .await
+        .expect("fetched");
+    assert_eq!(fetched, first);
+
+    // beta federates with alpha, its initial bundle being what alpha serves.
+    let resources = beta_root.path().join("resources");
+    std::fs::create_dir_all(&resources).expect("resources");
+    std::fs::write(resources.join("mesh.yaml"), mesh("beta", "ca-1", &[])).expect("mesh");
+    let initial = beta_root.path().join("alpha.json");
+    std::fs::write(&initial, first.to_json()).expect("initial bundle");
+    std::fs::write(
+        resources.join("alpha.yaml"),
+        format!(
+            "type: FederationRelationship\nname: alpha\nmesh: beta\nspec:\n  trustDomain: alpha\n  bundleEndpoint: {{url: \"{url}\", profile: https_spiffe, spiffeID: \"{endpoint_id}\"}}\n  initialBundle: {{file: {}}}\n",
+            initial.display()
+        ),
+    )
+    .expect("relationship");
+    let beta = start(settings(beta_root.path()), false).await;
+    let mut status = beta.federation.status();
+    let peer = tokio::time::timeout(
+        TIMEOUT,
+        status.wait_for(|all| all.get(&alpha()).is_some_and(|s| s.fetches.ok >= 1)),
+    )
+    .await
+    .expect("beta fetched in time")
+    .expect("the importer runs")[&alpha()]
+        .clone();
+    assert_eq!(peer.held_from, HeldFrom::Fetched, "{peer:?}");
+    assert_eq!(peer.sequence, Some(1));
+    let mut snapshots = beta.snapshots();
+    tokio::time::timeout(
+        TIMEOUT,
+        snapshots.wait_for(|s| {
+            s.all
+                .by_trust_domain()
+                .get("alpha")
+                .is_some_and(|p| p.len() == first.x509_authorities().len())
+        }),
+    )
+    .await
+    .expect("beta trusts alpha in time")
+    .expect("serving");
+    assert_eq!(trusted(&beta, "alpha"), ders(&first));
+
+    // alpha rotates: its next CA is served in the same step its proxies are told to trust it.
+    std::fs::write(
+        alpha_root.path().join("resources/mesh.yaml"),
+        mesh("alpha", "ca-2", &["ca-1"]),
+    )
+    .expect("rotation");
+    alpha_daemon
+        .reload_resources()
+        .await
+        .expect("reloads")
+        .expect("accepted");
+    let mut alpha_served = alpha_daemon.bundle_endpoints[0].served.clone();
+    let second = tokio::time::timeout(
+        TIMEOUT,
+        alpha_served.wait_for(|b| {
+            b.as_ref()
+                .is_some_and(|b| b.bundle.x509_authorities().len() == 2)
+        }),
+    )
+    .await
+    .expect("served in time")
+    .expect("serving")
+    .clone()
+    .expect("a bundle")
+    .bundle;
+    assert_eq!(second.sequence, Some(2));
+    assert_eq!(ders(&second), trusted(&alpha_daemon, "alpha"));
+
+    // beta fetches (now rather than at the hint) and its proxies trust both.
+    assert!(beta.federation.refresh(&alpha()));
+    tokio::time::timeout(
+        TIMEOUT,
+        snapshots.wait_for(|s| {
+            s.all
+                .by_trust_domain()
+                .get("alpha")
+                .is_some_and(|p| p.len() == 2)
+        }),
+    )
+    .await
+    .expect("beta trusts both in time")
+    .expect("serving");
+    assert_eq!(trusted(&beta, "alpha"), ders(&second));
+
+    // A restart of alpha serves the same content under the same number.
+    alpha_daemon.stop().await;
+    let alpha_daemon = start_alpha(alpha_root.path()).await;
+    let (_, again) = served(&alpha_daemon).await;
+    assert_eq!(again.sequence, Some(2));
+    assert_eq!(ders(&again), ders(&second));
+    beta.stop().await;
+    alpha_daemon.stop().await;
+}

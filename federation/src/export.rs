@@ -1,0 +1,310 @@
+//! Serving meshca's own trust domains to peers: the SPIFFE bundle an endpoint serves, numbered so that
+//! its `spiffe_sequence` never goes backwards (the last number and the content it numbered are kept in
+//! the keystore, which replicas on a database share), and the endpoint itself: HTTPS, `GET /` only,
+//! every connection bounded in number and time.
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use meshca_identity::TrustDomain;
+use meshca_keystore::Keystore;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::bundle::SpiffeBundle;
+
+/// What an endpoint serves now: the bundle, and the document it is sent as.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServedBundle {
+    /// The bundle, numbered.
+    pub bundle: SpiffeBundle,
+    /// Its canonical JSON.
+    pub json: Bytes,
+}
+
+/// The keystore entry that numbers `trust_domain`'s served bundle.
+pub fn sequence_path(trust_domain: &TrustDomain) -> String {
+    format!("federation/served/{trust_domain}.json")
+}
+
+/// The keystore's record: the last sequence and a digest of the content it numbered.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SequenceRecord {
+    sequence: u64,
+    /// Lowercase hex SHA-256 of the content's canonical JSON without sequence or refresh hint.
+    digest: String,
+}
+
+fn digest(content: &SpiffeBundle) -> String {
+    let mut bare = content.clone();
+    bare.sequence = None;
+    bare.refresh_hint = None;
+    let d = ring::digest::digest(&ring::digest::SHA256, &bare.to_json());
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Numbers `content` (a trust domain's authorities) for serving with `refresh_hint`: the recorded
+/// sequence when the record numbered this very content (a restart, another replica), else the next
+/// one, recorded first. A record that does not read is replaced by a number above any a reader of it
+/// could have served (the time in seconds), so the sequence still never goes backwards.
+pub fn number(
+    keystore: &dyn Keystore,
+    content: &SpiffeBundle,
+    refresh_hint: Duration,
+) -> Result<ServedBundle, String> {
+    let path = sequence_path(content.trust_domain());
+    let digest = digest(content);
+    let recorded = keystore
+        .get_public(&path)
+        .map_err(|e| format!("keystore entry {path}: {e}"))?
+        .map(|bytes| serde_json::from_slice::<SequenceRecord>(&bytes));
+    let sequence = match recorded {
+        Some(Ok(record)) if record.digest == digest => record.sequence,
+        Some(Ok(record)) => record.sequence.saturating_add(1),
+        None => 1,
+        Some(Err(e)) => {
+            tracing::warn!(entry = %path, error = %e, "the served bundle's sequence record does not read; numbering from the clock");
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(1, |d| d.as_secs())
+        }
+    };
+    let record = serde_json::to_vec(&SequenceRecord {
+        sequence,
+        digest: digest.clone(),
+    })
+    .map_err(|e| e.to_string())?;
+    keystore
+        .put_public(&path, &record)
+        .map_err(|e| format!("keystore entry {path}: {e}"))?;
+    let mut bundle = content.clone();
+    bundle.sequence = Some(sequence);
+    bundle.refresh_hint = Some(refresh_hint);
+    let json = Bytes::from(bundle.to_json());
+    Ok(ServedBundle { bundle, json })
+}
+
+/// How much an endpoint takes from its clients.
+#[derive(Clone, Copy, Debug)]
+pub struct EndpointLimits {
+    /// Open connections; more are closed at once.
+    pub connections: usize,
+    /// Time for the TLS handshake and the request's head.
+    pub handshake: Duration,
+}
+
+/// Serves `served` on `listener` over TLS with `tls` until `shutdown`: `GET /` answers the bundle
+/// (`503` while there is none yet), any other path `404`, any other method `405`.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    served: watch::Receiver<Option<ServedBundle>>,
+    limits: EndpointLimits,
+    shutdown: CancellationToken,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let slots = Arc::new(Semaphore::new(limits.connections));
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let Ok((tcp, peer)) = accepted else {
+            continue;
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(%peer, "bundle endpoint at its connection limit: closed");
+            continue;
+        };
+        let (acceptor, served, shutdown) = (acceptor.clone(), served.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let _slot = slot;
+            let Ok(Ok(tls)) = tokio::time::timeout(limits.handshake, acceptor.accept(tcp)).await
+            else {
+                return;
+            };
+            let service = hyper::service::service_fn(move |request| {
+                let served = served.clone();
+                async move { Ok::<_, std::convert::Infallible>(answer(&request, &served)) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.handshake)
+                .max_buf_size(16 * 1024)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(tls), service);
+            tokio::select! {
+                _ = connection => {}
+                () = shutdown.cancelled() => {}
+            }
+        });
+    }
+}
+
+fn answer(
+    request: &Request<Incoming>,
+    served: &watch::Receiver<Option<ServedBundle>>,
+) -> Response<Full<Bytes>> {
+    let plain = |status: StatusCode, text: &'static str| {
+        let mut response = Response::new(Full::new(Bytes::from_static(text.as_bytes())));
+        *response.status_mut() = status;
+        response
+    };
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return plain(StatusCode::METHOD_NOT_ALLOWED, "GET / only\n");
+    }
+    if request.uri().path() != "/" {
+        return plain(StatusCode::NOT_FOUND, "the bundle is at /\n");
+    }
+    let Some(bundle) = served.borrow().clone() else {
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "no bundle yet\n");
+    };
+    let mut response = Response::new(Full::new(bundle.json));
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// An `https_web` endpoint's certificate: the operator's files, read again when they change (looked at
+/// no more than once a second, on a handshake). A change that does not load keeps the last good
+/// certificate, logged.
+#[derive(Debug)]
+pub struct WebCertificate {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    state: Mutex<WebState>,
+}
+
+#[derive(Debug)]
+struct WebState {
+    key: Arc<CertifiedKey>,
+    /// The files' modification times when `key` was read.
+    read_at: (Option<SystemTime>, Option<SystemTime>),
+    looked: Instant,
+}
+
+fn modified(path: &std::path::Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// Reads a PEM certificate chain and its private key as rustls's signing key.
+pub fn load_certified_key(
+    cert_file: &std::path::Path,
+    key_file: &std::path::Path,
+) -> io::Result<CertifiedKey> {
+    let invalid = |e: String| io::Error::new(io::ErrorKind::InvalidData, e);
+    let certs_pem = meshca_files::read(
+        cert_file,
+        meshca_files::PEM_FILE_BYTES,
+        meshca_files::PEM_FILE_BOUND,
+    )?;
+    let key_pem = meshca_files::open(key_file)?
+        .read_secret(meshca_files::PEM_FILE_BYTES, meshca_files::PEM_FILE_BOUND)?;
+    let chain: Vec<rustls::pki_types::CertificateDer<'static>> = ::pem::parse_many(&certs_pem)
+        .map_err(|e| invalid(format!("{}: not PEM: {e}", cert_file.display())))?
+        .into_iter()
+        .filter(|b| b.tag() == "CERTIFICATE")
+        .map(|b| b.into_contents().into())
+        .collect();
+    if chain.is_empty() {
+        return Err(invalid(format!(
+            "{}: no CERTIFICATE block",
+            cert_file.display()
+        )));
+    }
+    let key = ::pem::parse(&*key_pem)
+        .map_err(|e| invalid(format!("{}: not PEM: {e}", key_file.display())))?;
+    let der = rustls::pki_types::PrivateKeyDer::try_from(key.contents().to_vec())
+        .map_err(|e| invalid(format!("{}: {e}", key_file.display())))?;
+    let provider = rustls::crypto::ring::default_provider();
+    let signing = provider
+        .key_provider
+        .load_private_key(der)
+        .map_err(|e| invalid(format!("{}: {e}", key_file.display())))?;
+    let certified = CertifiedKey::new(chain, signing);
+    certified.keys_match().map_err(|e| {
+        invalid(format!(
+            "{} and {}: {e}",
+            cert_file.display(),
+            key_file.display()
+        ))
+    })?;
+    Ok(certified)
+}
+
+impl WebCertificate {
+    /// Reads the files now: an error is the operator's to fix before the endpoint can start.
+    pub fn load(cert_file: PathBuf, key_file: PathBuf) -> io::Result<WebCertificate> {
+        let key = Arc::new(load_certified_key(&cert_file, &key_file)?);
+        let read_at = (modified(&cert_file), modified(&key_file));
+        Ok(WebCertificate {
+            cert_file,
+            key_file,
+            state: Mutex::new(WebState {
+                key,
+                read_at,
+                looked: Instant::now(),
+            }),
+        })
+    }
+}
+
+impl ResolvesServerCert for WebCertificate {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.looked.elapsed() >= Duration::from_secs(1) {
+            state.looked = Instant::now();
+            let now = (modified(&self.cert_file), modified(&self.key_file));
+            if now != state.read_at {
+                match load_certified_key(&self.cert_file, &self.key_file) {
+                    Ok(key) => {
+                        tracing::info!(cert_file = %self.cert_file.display(), "bundle endpoint certificate reloaded");
+                        state.key = Arc::new(key);
+                        state.read_at = now;
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "the bundle endpoint's new certificate does not load; the last good one keeps serving");
+                        state.read_at = now;
+                    }
+                }
+            }
+        }
+        Some(state.key.clone())
+    }
+}
+
+/// An `https_spiffe` endpoint's certificate: the X.509-SVID meshca issues it, as it changes.
+#[derive(Debug)]
+pub struct SvidCertificate(pub watch::Receiver<Option<Arc<CertifiedKey>>>);
+
+impl ResolvesServerCert for SvidCertificate {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.0.borrow().clone()
+    }
+}
+
+/// A TLS server configuration presenting what `certificate` resolves.
+pub fn server_config(
+    certificate: Arc<dyn ResolvesServerCert>,
+) -> Result<rustls::ServerConfig, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_cert_resolver(certificate);
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
