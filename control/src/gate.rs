@@ -13,11 +13,16 @@ use meshca_identity::TrustDomain;
 use serde::{Deserialize, Serialize};
 
 use crate::peers::{PeerView, TrustEntry};
+
+mod exported;
+
 use crate::resource_name::{Target, TrustScope};
 use crate::snapshot::{KeyHasher, ProxyKey};
 use crate::streams::{Stream, StreamTable};
 use crate::timefmt::{rfc3339, seconds_until};
 use crate::trust::{BundleKey, CaId, CaTrust, MeshName, ServiceIds, ServiceKey, TrustKey};
+pub use exported::ServedSince;
+use exported::{Exported, PeersHold};
 
 /// A step of a rollout that can wait on ACKs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -32,6 +37,9 @@ pub enum RolloutStep {
     /// A new SPIFFE ID must be ACKed in every `meshservice:` context that must accept it before a proxy
     /// presents it.
     SansBeforeIdentity,
+    /// A new CA of a trust domain meshca serves a bundle endpoint for issues only once its bundle has
+    /// been served for one refresh hint plus `federation.fetchMargin` (peers polling as told hold it).
+    Federation,
 }
 
 impl RolloutStep {
@@ -42,6 +50,7 @@ impl RolloutStep {
             RolloutStep::BreakLast => "break-last",
             RolloutStep::IdentityAck => "identity-ack",
             RolloutStep::SansBeforeIdentity => "sans-before-identity",
+            RolloutStep::Federation => "federation",
         }
     }
 }
@@ -84,6 +93,8 @@ struct Published {
     acked: bool,
     /// Some subscriber had to be waited for (counted once).
     waited: bool,
+    /// The federation step had to be waited for (counted once).
+    federation_waited: bool,
     /// The CA's subject, for operators.
     subject: String,
     /// How many reads of the peers had completed when it was published.
@@ -167,6 +178,8 @@ pub struct Gate {
     peers: Vec<PeerView>,
     /// Whether the peers' views are read, and how often they were.
     reads: PeerReads,
+    /// The trust domains meshca serves bundle endpoints for, and what they served.
+    exported: Exported,
 }
 
 const NAMED_WAITERS: usize = 20;
@@ -276,7 +289,20 @@ impl Gate {
             events: Vec::new(),
             peers: Vec::new(),
             reads: PeerReads::default(),
+            exported: Exported::default(),
         }
+    }
+
+    /// Trust domains `domains` are served on bundle endpoints: a new CA of one issues only once its
+    /// anchors were served for `wait` (one refresh hint plus the fetch margin).
+    pub fn export(&mut self, domains: BTreeSet<TrustDomain>, wait: Duration) {
+        self.exported = Exported::new(domains, wait);
+    }
+
+    /// Takes in when the bundle endpoints first served each authority; whether it changed (a waiting
+    /// CA may have been served).
+    pub fn set_served(&mut self, served: std::sync::Arc<ServedSince>) -> bool {
+        self.exported.set_served(served)
     }
 
     /// This replica is one of several on a database: from now on an entry is confirmed only once
@@ -475,6 +501,7 @@ impl Gate {
         self.waits.retain(|w| {
             w.wait.step != RolloutStep::TrustBeforeIdentity
                 && w.wait.step != RolloutStep::SansBeforeIdentity
+                && w.wait.step != RolloutStep::Federation
         });
         let mut confirmed = self.confirm_sans(streams, now);
         let timeout = self.ack_timeout;
@@ -490,7 +517,9 @@ impl Gate {
             .map(|(key, _)| (key.clone(), self.peers_holding_trust(key)))
             .filter(|(_, peers)| !peers.is_empty())
             .collect();
-        for (key, PublishedCa { state: p, .. }) in self
+        let exported = &self.exported;
+        let mut federation_started = Vec::new();
+        for (key, PublishedCa { ca, state: p }) in self
             .published
             .iter_mut()
             .filter(|(_, p)| !p.state.confirmed || !p.state.acked)
@@ -507,7 +536,21 @@ impl Gate {
             }
             let mut peers = holding.get(key).cloned().unwrap_or_default();
             let unknown = reads.unknown_since(p.peer_reads);
-            if !local_waits && peers.is_empty() && !unknown {
+            let local_done = !local_waits && peers.is_empty() && !unknown;
+            // Once this trust domain's own streams are done with it (or their timeout passed), the
+            // peers of the trust domain, which no timeout speeds up.
+            if local_done || now >= p.since + timeout {
+                let hold = exported.peers_hold(ca, now);
+                if hold != PeersHold::Yes {
+                    if !p.federation_waited {
+                        p.federation_waited = true;
+                        federation_started.push(mesh.clone());
+                    }
+                    waits.push(federation_wait(mesh, ca, p, hold, exported.wait(), now));
+                    continue;
+                }
+            }
+            if local_done {
                 if p.waited {
                     tracing::info!(
                         mesh = %mesh,
@@ -565,6 +608,10 @@ impl Gate {
         }
         for mesh in started {
             let event = GateEvent::WaitStarted(RolloutStep::TrustBeforeIdentity);
+            self.events.push((mesh, event));
+        }
+        for mesh in federation_started {
+            let event = GateEvent::WaitStarted(RolloutStep::Federation);
             self.events.push((mesh, event));
         }
         for mesh in timeouts {
@@ -687,6 +734,7 @@ impl Gate {
                         confirmed: !enabled,
                         acked: !enabled,
                         waited: false,
+                        federation_waited: false,
                         subject: id.clone(),
                         peer_reads,
                     });
@@ -950,7 +998,10 @@ impl Gate {
         let enabled = self.enabled;
         let reads = self.reads;
         for ca in out.values().flatten() {
-            let fresh_mesh = !self.known_meshes.contains(&ca.bundle);
+            // A CA of an exported trust domain waits for the trust domain's peers, even in a mesh
+            // new to this replica (after a restart, a rotation's new CA may be minutes old only).
+            let fresh_mesh = !self.known_meshes.contains(&ca.bundle)
+                && self.exported.peers_hold(ca, now) == PeersHold::Yes;
             self.published
                 .entry(ca.key())
                 .or_insert_with(|| PublishedCa {
@@ -964,6 +1015,7 @@ impl Gate {
                             || (fresh_mesh && self.peers.is_empty() && !reads.expected),
                         acked: !enabled || fresh_mesh,
                         waited: false,
+                        federation_waited: false,
                         subject: ca.subject.clone(),
                         peer_reads: reads.done,
                     },
@@ -1057,22 +1109,77 @@ impl Gate {
 
     /// The earliest time a timeout lets a waiting step proceed.
     pub fn next_deadline(&self) -> Option<SystemTime> {
-        let unconfirmed = self
+        let timeout = self.ack_timeout;
+        // A CA of an exported trust domain proceeds once its timeout passed (or its streams ACKed,
+        // an event of its own) and its peers hold it; before its endpoint served it, when that is
+        // reported.
+        let trust = self
             .published
             .values()
-            .map(|p| &p.state)
-            .chain(self.sans.values())
+            .filter(|p| !p.state.confirmed)
+            .filter_map(|p| {
+                let local = p.state.since + timeout;
+                match self.exported.peers_hold(&p.ca, local) {
+                    PeersHold::Yes => Some(local),
+                    PeersHold::Soon { ready_at, .. } => Some(ready_at),
+                    PeersHold::NotServed => None,
+                }
+            });
+        let sans = self
+            .sans
+            .values()
             .filter(|p| !p.confirmed)
-            .map(|p| p.since);
+            .map(|p| p.since + timeout);
         let retained = self
             .retained_since
             .iter()
             .filter(|(k, _)| !self.given_up.contains(*k))
-            .map(|(_, t)| *t);
-        unconfirmed
-            .chain(retained)
-            .map(|t| t + self.ack_timeout)
-            .min()
+            .map(|(_, t)| *t + timeout);
+        trust.chain(sans).chain(retained).min()
+    }
+}
+
+/// The federation step's wait for `ca`: peers polling its trust domain's endpoint as told.
+fn federation_wait(
+    mesh: &BundleKey,
+    ca: &CaTrust,
+    p: &Published,
+    hold: PeersHold,
+    wait: Duration,
+    now: SystemTime,
+) -> Waiting {
+    let (since, left, waiting_for) = match hold {
+        PeersHold::Soon { since, ready_at } => (
+            since,
+            remaining(ready_at, now),
+            format!(
+                "the peers of trust domain {} (its bundle endpoint has served this CA since {}; a peer polling as told holds it by {})",
+                ca.trust_domain,
+                rfc3339(since),
+                rfc3339(ready_at)
+            ),
+        ),
+        PeersHold::NotServed | PeersHold::Yes => (
+            p.since,
+            i64::try_from(wait.as_secs()).unwrap_or(i64::MAX),
+            format!(
+                "the bundle endpoint of trust domain {}, which has not served this CA yet",
+                ca.trust_domain
+            ),
+        ),
+    };
+    Waiting {
+        wait: Wait {
+            mesh: mesh.clone(),
+            step: RolloutStep::Federation,
+            ca: p.subject.clone(),
+            since: rfc3339(since),
+            timeout_in_seconds: left,
+            waiting_for: vec![waiting_for],
+            waiting_count: 1,
+        },
+        recount: None,
+        peers: Vec::new(),
     }
 }
 

@@ -42,7 +42,7 @@ pub use egress::{EgressIssuer, EgressPlan, MeshChoice, NoEgressIdentity};
 pub use error::{CaLoadError, ClaimMismatch, IdentityLoadError, IssueFailure, UpdateError};
 pub use events::{StreamEvent, StreamId};
 pub use federated::Federated;
-pub use gate::{GateEvent, RolloutStep, StepChange, StepPhase, Wait};
+pub use gate::{GateEvent, RolloutStep, ServedSince, StepChange, StepPhase, Wait};
 pub use lineage::{lineage, Lineage, Validity};
 pub use owner::status::{
     BackendRole, BackendStatus, CaStatus, Condition, DataplaneStatus, Detail, EgressStatus,

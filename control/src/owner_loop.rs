@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::UpdateError;
 use crate::events::StreamEvent;
+use crate::gate::ServedSince;
 use crate::owner::status::{Detail, Status};
 use crate::owner::{Completed, IssuedIdentity, Owner, RecordLink};
 use crate::peers::{GateView, PeerView};
@@ -176,6 +177,16 @@ pub struct FederationLink {
     /// The accepted world, sent whenever it changes (the bundle endpoints issue their SVIDs from its
     /// CAs).
     pub world: watch::Sender<Arc<World>>,
+    /// When the bundle endpoints first served each authority.
+    pub served: watch::Receiver<Arc<ServedSince>>,
+}
+
+/// What changed on the federation side.
+enum FromFederation {
+    /// The bundles held for the peers.
+    Held(Arc<HeldBundles>),
+    /// What the bundle endpoints served.
+    Served(Arc<ServedSince>),
 }
 
 /// A resource update loading on a blocking thread.
@@ -297,6 +308,8 @@ impl OwnerLoop {
     pub fn with_federation(mut self, mut link: FederationLink) -> OwnerLoop {
         let held = link.held.borrow_and_update().clone();
         self.owner.set_federated(&held);
+        let served = link.served.borrow_and_update().clone();
+        self.owner.set_served(served);
         self.federation = Some(link);
         self.tell_federation();
         self
@@ -424,9 +437,12 @@ impl OwnerLoop {
                 () = view_due(view_at) => {
                     false
                 }
-                held = federated(&mut self.federation) => {
+                change = federated(&mut self.federation) => {
                     self.health.begin();
-                    self.owner.set_federated(&held)
+                    match change {
+                        FromFederation::Held(held) => self.owner.set_federated(&held),
+                        FromFederation::Served(served) => self.owner.set_served(served),
+                    }
                 }
                 // Quiet proxies a full reconcile left for later, a chunk per turn, in between the
                 // other events, once the issuance threads run short of work.
@@ -625,16 +641,18 @@ async fn from_peers(peering: &mut Option<Peering>) -> FromPeers {
     }
 }
 
-/// Resolves with the bundles the federation importer holds once they changed; never without federation,
-/// nor from a channel that closed (the daemon is stopping).
-async fn federated(link: &mut Option<FederationLink>) -> Arc<HeldBundles> {
+/// Resolves with what changed on the federation side: the bundles the importer holds, or what the
+/// bundle endpoints served; never without federation, nor from channels that closed (the daemon is
+/// stopping).
+async fn federated(link: &mut Option<FederationLink>) -> FromFederation {
     let Some(link) = link else {
         return std::future::pending().await;
     };
-    if link.held.changed().await.is_err() {
-        return std::future::pending().await;
+    tokio::select! {
+        Ok(()) = link.held.changed() => FromFederation::Held(link.held.borrow_and_update().clone()),
+        Ok(()) = link.served.changed() => FromFederation::Served(link.served.borrow_and_update().clone()),
+        else => std::future::pending().await,
     }
-    link.held.borrow_and_update().clone()
 }
 
 /// Resolves at `at`, when a view held back by [`VIEW_EVERY`] is due; never without one.

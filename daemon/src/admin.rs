@@ -322,6 +322,14 @@ async fn status(State(s): State<AdminState>) -> Response {
         document["workload_registrations"] = serde_json::to_value(workloads)?;
         document["jwt_keys"] = serde_json::to_value(jwt_keys)?;
         document["federation"] = serde_json::to_value(federation)?;
+        document["federation_endpoints"] = serde_json::Value::Array(
+            s.served_bundles
+                .iter()
+                .map(|(td, (served, fetches))| {
+                    super::bundle_endpoints::endpoint_status(td, served, fetches)
+                })
+                .collect(),
+        );
         if let Some(database) = database {
             document["database"] = serde_json::to_value(&*database)?;
         }
@@ -352,7 +360,7 @@ async fn served_bundles(State(s): State<AdminState>) -> Response {
     let list: Vec<serde_json::Value> = s
         .served_bundles
         .iter()
-        .map(|(td, served)| {
+        .map(|(td, (served, _))| {
             let served = served.borrow();
             serde_json::json!({
                 "trust_domain": td.to_string(),
@@ -374,7 +382,7 @@ async fn served_bundle(
         .served_bundles
         .iter()
         .find(|(td, _)| td.as_str() == trust_domain)
-        .map(|(_, served)| served.borrow().clone());
+        .map(|(_, (served, _))| served.borrow().clone());
     match served {
         Some(Some(bundle)) => (
             [(axum::http::header::CONTENT_TYPE, "application/json")],

@@ -10,9 +10,10 @@ use std::time::{Duration, SystemTime};
 
 use meshca_ca::{CertificateAuthority, SvidRequest};
 use meshca_config::{EndpointServing, FederationEndpoint, Settings};
-use meshca_control::{IdentityProvider, Snapshot, World};
+use meshca_control::{IdentityProvider, ServedSince, Snapshot, World};
 use meshca_federation::export::{
-    number, serve, server_config, EndpointLimits, ServedBundle, SvidCertificate, WebCertificate,
+    authority_id, number, serve, server_config, EndpointLimits, FetchLog, ServedBundle,
+    SvidCertificate, WebCertificate,
 };
 use meshca_federation::{EcCurve, JwkKey, JwtAuthority, SpiffeBundle, X509Authority};
 use meshca_identity::{SpiffeId, TrustDomain};
@@ -28,9 +29,6 @@ pub const ENDPOINT_PATH: &str = "/meshca/bundle-endpoint";
 
 /// How long an endpoint's X.509-SVID lives; it is renewed at half of it.
 const SVID_LIFETIME: Duration = Duration::from_secs(24 * 3600);
-
-/// Connections one endpoint holds open at once.
-const ENDPOINT_CONNECTIONS: usize = 256;
 
 /// Why an endpoint could not start.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +72,8 @@ pub struct BoundEndpoint {
     pub served: watch::Receiver<Option<ServedBundle>>,
     /// `https_spiffe`: the X.509-SVID it presents, once issued.
     pub svid: Option<watch::Receiver<Option<Arc<CertifiedKey>>>>,
+    /// Who fetched it.
+    pub fetches: FetchLog,
 }
 
 impl BoundEndpoint {
@@ -95,6 +95,9 @@ pub(crate) struct Sources {
     pub(crate) jwt_keys: JwtKeys,
     pub(crate) world: watch::Receiver<Arc<World>>,
     pub(crate) keystore: Arc<dyn Keystore>,
+    /// Where each endpoint tells the owner since when it serves each authority (the federation step
+    /// of the rollout gate).
+    pub(crate) served_since: watch::Sender<Arc<ServedSince>>,
 }
 
 /// Binds every endpoint of `settings` and starts serving them until `shutdown`.
@@ -151,22 +154,28 @@ pub(crate) async fn start(
             reason,
         })?;
         tokio::spawn(follow_content(
-            endpoint.clone(),
-            settings.federation.refresh_hint.as_std(),
+            Numbering {
+                trust_domain: td.clone(),
+                refresh_hint: settings.federation.refresh_hint.as_std(),
+                keystore: sources.keystore.clone(),
+                served: served_tx,
+                served_since: sources.served_since.clone(),
+            },
             sources.snapshots.clone(),
             sources.jwt_keys.subscribe(),
-            sources.keystore.clone(),
-            served_tx,
             shutdown.clone(),
         ));
+        let fetches = FetchLog::default();
         tokio::spawn(serve(
             listener,
             Arc::new(tls),
             served.clone(),
             EndpointLimits {
-                connections: ENDPOINT_CONNECTIONS,
+                connections: usize::try_from(settings.limits.federation_endpoint_connections)
+                    .unwrap_or(usize::MAX),
                 handshake: settings.limits.connect_timeout(),
             },
+            fetches.clone(),
             shutdown.clone(),
         ));
         tracing::info!(trust_domain = %td, %addr, profile = endpoint_profile(endpoint), "serving the SPIFFE bundle endpoint");
@@ -175,6 +184,7 @@ pub(crate) async fn start(
             addr,
             served,
             svid,
+            fetches,
         });
     }
     Ok(bound)
@@ -226,17 +236,31 @@ pub fn content(trust_domain: &TrustDomain, snapshot: &Snapshot, keys: &KeySet) -
     SpiffeBundle::new(trust_domain.clone(), x509, jwt)
 }
 
-/// Keeps `served` at the numbered content of the endpoint's trust domain as snapshots and keys change.
-async fn follow_content(
-    endpoint: FederationEndpoint,
+/// Where one endpoint's content is numbered and published.
+struct Numbering {
+    trust_domain: TrustDomain,
     refresh_hint: Duration,
+    keystore: Arc<dyn Keystore>,
+    /// What the endpoint serves.
+    served: watch::Sender<Option<ServedBundle>>,
+    /// Since when each endpoint serves each authority, for the owner.
+    served_since: watch::Sender<Arc<ServedSince>>,
+}
+
+/// Keeps the endpoint serving the numbered content of its trust domain as snapshots and keys change.
+async fn follow_content(
+    numbering: Numbering,
     mut snapshots: watch::Receiver<Arc<Snapshot>>,
     mut keys: watch::Receiver<Arc<KeySet>>,
-    keystore: Arc<dyn Keystore>,
-    served: watch::Sender<Option<ServedBundle>>,
     shutdown: CancellationToken,
 ) {
-    let td = endpoint.trust_domain;
+    let Numbering {
+        trust_domain: td,
+        refresh_hint,
+        keystore,
+        served,
+        served_since,
+    } = numbering;
     let mut last: Option<SpiffeBundle> = None;
     let mut warned_empty = false;
     loop {
@@ -252,7 +276,7 @@ async fn follow_content(
             let keystore = keystore.clone();
             let content = now.clone();
             let numbered = tokio::task::spawn_blocking(move || {
-                number(keystore.as_ref(), &content, refresh_hint)
+                number(keystore.as_ref(), &content, refresh_hint, SystemTime::now())
             })
             .await
             .map_err(|e| e.to_string())
@@ -260,6 +284,15 @@ async fn follow_content(
             match numbered {
                 Ok(bundle) => {
                     tracing::info!(trust_domain = %td, sequence = ?bundle.bundle.sequence, x509_authorities = bundle.bundle.x509_authorities().len(), jwt_authorities = bundle.bundle.jwt_authorities().len(), "served bundle updated");
+                    served_since.send_if_modified(|all| {
+                        if all.get(&td) == Some(&bundle.served_since) {
+                            return false;
+                        }
+                        let mut next = (**all).clone();
+                        next.insert(td.clone(), bundle.served_since.clone());
+                        *all = Arc::new(next);
+                        true
+                    });
                     served.send_replace(Some(bundle));
                     last = Some(now);
                 }
@@ -280,15 +313,14 @@ async fn follow_content(
 }
 
 /// The CA an `https_spiffe` endpoint's SVID comes from: of the CAs meshca holds for the trust domain
-/// whose roots the served bundle carries, the one that has been valid the longest (peers have held it
-/// the longest; a new CA waits for the federation step before anything is issued from it).
+/// whose roots the served bundle carries, the one whose roots have been served the longest (peers have
+/// held it the longest; a new CA waits for the federation step before anything is issued from it).
 fn endpoint_issuer(
     trust_domain: &TrustDomain,
     world: &World,
-    served: &SpiffeBundle,
+    served: &ServedBundle,
     now: SystemTime,
 ) -> Option<Arc<CertificateAuthority>> {
-    let served_ders: Vec<&[u8]> = served.x509_authorities().iter().map(|a| a.der()).collect();
     let mut candidates: Vec<Arc<CertificateAuthority>> = Vec::new();
     for mesh in world.meshes.values() {
         for identity in &mesh.identities {
@@ -306,15 +338,25 @@ fn endpoint_issuer(
             );
         }
     }
+    // Since when every root of `ca` has been served; `None` when one is not.
+    let served_since = |ca: &CertificateAuthority| -> Option<SystemTime> {
+        ca.bundle_der()
+            .iter()
+            .map(|root| served.served_since.get(&authority_id(root)).copied())
+            .try_fold(SystemTime::UNIX_EPOCH, |latest, since| {
+                Some(latest.max(since?))
+            })
+    };
     candidates
         .into_iter()
         .filter(|ca| ca.not_before() <= now && now < ca.not_after())
-        .filter(|ca| {
-            ca.bundle_der()
-                .iter()
-                .all(|root| served_ders.contains(&root.as_slice()))
+        .filter_map(|ca| served_since(&ca).map(|since| (since, ca)))
+        .min_by(|(a, ca_a), (b, ca_b)| {
+            a.cmp(b)
+                .then(ca_a.not_before().cmp(&ca_b.not_before()))
+                .then(ca_a.id().cmp(ca_b.id()))
         })
-        .min_by_key(|ca| ca.not_before())
+        .map(|(_, ca)| ca)
 }
 
 /// Issues the endpoint's SVID: `spiffe://<trust domain>/meshca/bundle-endpoint`.
@@ -371,7 +413,7 @@ async fn follow_svid(
         let world_now = world.borrow_and_update().clone();
         let issuer = bundle
             .as_ref()
-            .and_then(|b| endpoint_issuer(&trust_domain, &world_now, &b.bundle, now));
+            .and_then(|b| endpoint_issuer(&trust_domain, &world_now, b, now));
         match (&issuer, &current) {
             (Some(ca), Some((id, renew_at))) if ca.id() == id && now < *renew_at => {}
             (Some(ca), _) => {
@@ -411,5 +453,49 @@ async fn follow_svid(
     }
 }
 
-/// Every endpoint's served bundle, by trust domain, for `meshca bundle show` (the admin API).
-pub type ServedBundles = BTreeMap<TrustDomain, watch::Receiver<Option<ServedBundle>>>;
+/// Every endpoint's served bundle and who fetched it, by trust domain, for `meshca bundle show` and
+/// `/api/status` (the admin API).
+pub type ServedBundles = BTreeMap<TrustDomain, (watch::Receiver<Option<ServedBundle>>, FetchLog)>;
+
+/// One endpoint in `/api/status` (`federation_endpoints`): what it serves, since when each authority,
+/// and who fetched it.
+pub(crate) fn endpoint_status(
+    trust_domain: &TrustDomain,
+    served: &watch::Receiver<Option<ServedBundle>>,
+    fetches: &FetchLog,
+) -> serde_json::Value {
+    let served = served.borrow().clone();
+    let authorities: Vec<serde_json::Value> = served
+        .as_ref()
+        .map(|b| {
+            b.served_since
+                .iter()
+                .map(|(id, since)| {
+                    serde_json::json!({
+                        "id": id,
+                        "served_since": (*since > SystemTime::UNIX_EPOCH).then(|| meshca_control::rfc3339(*since)),
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let fetched_by: Vec<serde_json::Value> = fetches
+        .peers()
+        .into_iter()
+        .map(|(ip, f)| {
+            serde_json::json!({
+                "peer": ip.to_string(),
+                "fetches": f.count,
+                "last": meshca_control::rfc3339(f.last),
+                "sequence": f.sequence,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "trust_domain": trust_domain.to_string(),
+        "sequence": served.as_ref().and_then(|b| b.bundle.sequence),
+        "x509_authorities": authorities,
+        "jwt_authorities": served.as_ref().map_or(0, |b| b.bundle.jwt_authorities().len()),
+        "fetched_by": fetched_by,
+    })
+}

@@ -254,10 +254,12 @@ impl Daemon {
             owner_loop = owner_loop.with_peers(link);
         }
         let (world_tx, world_rx) = watch::channel(owner_loop.world().clone());
+        let (served_since, served_rx) = watch::channel(Arc::default());
         owner_loop = owner_loop.with_federation(FederationLink {
             peers: federation_peers,
             held: federation.importer.held(),
             world: world_tx,
+            served: served_rx,
         });
         let bundle_endpoints = bundle_endpoints::start(
             owner_loop.settings(),
@@ -266,13 +268,19 @@ impl Daemon {
                 jwt_keys: jwt_keys.clone(),
                 world: world_rx,
                 keystore: store.keystore.clone(),
+                served_since,
             },
             &shutdown,
         )
         .await?;
         let served_bundles: bundle_endpoints::ServedBundles = bundle_endpoints
             .iter()
-            .map(|e| (e.trust_domain.clone(), e.served.clone()))
+            .map(|e| {
+                (
+                    e.trust_domain.clone(),
+                    (e.served.clone(), e.fetches.clone()),
+                )
+            })
             .collect();
         let loop_health = owner_loop.health();
         let ready = Arc::new(AtomicBool::new(false));

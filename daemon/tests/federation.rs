@@ -158,6 +158,12 @@ async fn a_peer_follows_alphas_endpoint_through_a_rotation_and_a_restart_keeps_t
     .expect("beta trusts alpha in time")
     .expect("serving");
     assert_eq!(trusted(&beta, "alpha"), ders(&first));
+    // alpha saw who fetched: this test's client and beta, both from the loopback address.
+    let fetched_by = alpha_daemon.bundle_endpoints[0].fetches.peers();
+    assert_eq!(fetched_by.len(), 1, "{fetched_by:?}");
+    assert_eq!(fetched_by[0].0, std::net::IpAddr::from(Ipv4Addr::LOCALHOST));
+    assert!(fetched_by[0].1.count >= 2, "{fetched_by:?}");
+    assert_eq!(fetched_by[0].1.sequence, Some(1));
 
     // alpha rotates: its next CA is served in the same step its proxies are told to trust it.
     std::fs::write(
@@ -186,6 +192,27 @@ async fn a_peer_follows_alphas_endpoint_through_a_rotation_and_a_restart_keeps_t
     .bundle;
     assert_eq!(second.sequence, Some(2));
     assert_eq!(ders(&second), trusted(&alpha_daemon, "alpha"));
+    // Nothing is issued from it before alpha's peers polling as told hold it: the federation step
+    // waits one refresh hint plus the fetch margin.
+    let status = alpha_daemon.status.status().await.expect("a status");
+    let waits: Vec<_> = status
+        .rollout
+        .iter()
+        .filter(|w| {
+            w.step == meshca_control::RolloutStep::Federation
+                && w.mesh == meshca_control::BundleKey::mesh("alpha")
+        })
+        .collect();
+    assert_eq!(waits.len(), 1, "{:?}", status.rollout);
+    assert!(waits[0].ca.contains("ca-2"), "{waits:?}");
+    assert!(
+        waits[0].timeout_in_seconds > 300 && waits[0].timeout_in_seconds <= 330,
+        "{waits:?}"
+    );
+    assert!(
+        waits[0].waiting_for[0].contains("trust domain alpha"),
+        "{waits:?}"
+    );
 
     // beta fetches (now rather than at the hint) and its proxies trust both.
     assert!(beta.federation.refresh(&alpha()));
@@ -199,7 +226,12 @@ async fn a_peer_follows_alphas_endpoint_through_a_rotation_and_a_restart_keeps_t
         }),
     )
     .await
-    .expect("beta trusts both in time")
+    .unwrap_or_else(|_| {
+        panic!(
+            "beta trusts both in time: {:?}",
+            beta.federation.status().borrow().get(&alpha())
+        )
+    })
     .expect("serving");
     assert_eq!(trusted(&beta, "alpha"), ders(&second));
 

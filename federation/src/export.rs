@@ -3,6 +3,7 @@
 //! the keystore, which replicas on a database share), and the endpoint itself: HTTPS, `GET /` only,
 //! every connection bounded in number and time.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -23,13 +24,24 @@ use tokio_util::sync::CancellationToken;
 
 use crate::bundle::SpiffeBundle;
 
-/// What an endpoint serves now: the bundle, and the document it is sent as.
+/// What an endpoint serves now: the bundle, the document it is sent as, and since when each X.509
+/// authority has been served.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServedBundle {
     /// The bundle, numbered.
     pub bundle: SpiffeBundle,
     /// Its canonical JSON.
     pub json: Bytes,
+    /// Each X.509 authority (by the lowercase hex SHA-256 of its DER) and when it was first served;
+    /// the Unix epoch for the authorities of the first bundle ever served, which no peer could have
+    /// fetched before (so nothing waits for them).
+    pub served_since: BTreeMap<String, SystemTime>,
+}
+
+/// The lowercase hex SHA-256 of `der`: how a served authority is named (as meshca names CAs).
+pub fn authority_id(der: &[u8]) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, der);
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The keystore entry that numbers `trust_domain`'s served bundle.
@@ -37,30 +49,39 @@ pub fn sequence_path(trust_domain: &TrustDomain) -> String {
     format!("federation/served/{trust_domain}.json")
 }
 
-/// The keystore's record: the last sequence and a digest of the content it numbered.
+/// The keystore's record: the last sequence, a digest of the content it numbered, and since when each
+/// of its X.509 authorities has been served (Unix seconds).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct SequenceRecord {
     sequence: u64,
     /// Lowercase hex SHA-256 of the content's canonical JSON without sequence or refresh hint.
     digest: String,
+    #[serde(default)]
+    served_since: BTreeMap<String, u64>,
 }
 
 fn digest(content: &SpiffeBundle) -> String {
     let mut bare = content.clone();
     bare.sequence = None;
     bare.refresh_hint = None;
-    let d = ring::digest::digest(&ring::digest::SHA256, &bare.to_json());
-    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    authority_id(&bare.to_json())
 }
 
-/// Numbers `content` (a trust domain's authorities) for serving with `refresh_hint`: the recorded
-/// sequence when the record numbered this very content (a restart, another replica), else the next
-/// one, recorded first. A record that does not read is replaced by a number above any a reader of it
-/// could have served (the time in seconds), so the sequence still never goes backwards.
+fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Numbers `content` (a trust domain's authorities) for serving with `refresh_hint` at `now`: the
+/// recorded sequence when the record numbered this very content (a restart, another replica), else the
+/// next one, recorded first with when each authority was first served. A record that does not read is
+/// replaced by a number above any a reader of it could have served (the time in seconds), so the
+/// sequence still never goes backwards.
 pub fn number(
     keystore: &dyn Keystore,
     content: &SpiffeBundle,
     refresh_hint: Duration,
+    now: SystemTime,
 ) -> Result<ServedBundle, String> {
     let path = sequence_path(content.trust_domain());
     let digest = digest(content);
@@ -68,30 +89,130 @@ pub fn number(
         .get_public(&path)
         .map_err(|e| format!("keystore entry {path}: {e}"))?
         .map(|bytes| serde_json::from_slice::<SequenceRecord>(&bytes));
-    let sequence = match recorded {
-        Some(Ok(record)) if record.digest == digest => record.sequence,
-        Some(Ok(record)) => record.sequence.saturating_add(1),
-        None => 1,
+    let ids: Vec<String> = content
+        .x509_authorities()
+        .iter()
+        .map(|a| authority_id(a.der()))
+        .collect();
+    let record = match recorded {
+        Some(Ok(record)) if record.digest == digest => record,
+        Some(Ok(record)) => {
+            // Authorities served before keep their time; new ones are served from now.
+            let served_since = ids
+                .iter()
+                .map(|id| {
+                    let since = record
+                        .served_since
+                        .get(id)
+                        .copied()
+                        .unwrap_or(unix_secs(now));
+                    (id.clone(), since)
+                })
+                .collect();
+            write_record(
+                keystore,
+                &path,
+                SequenceRecord {
+                    sequence: record.sequence.saturating_add(1),
+                    digest,
+                    served_since,
+                },
+            )?
+        }
+        // The first bundle ever served: no peer could have fetched anything before it.
+        None => write_record(
+            keystore,
+            &path,
+            SequenceRecord {
+                sequence: 1,
+                digest,
+                served_since: ids.iter().map(|id| (id.clone(), 0)).collect(),
+            },
+        )?,
         Some(Err(e)) => {
             tracing::warn!(entry = %path, error = %e, "the served bundle's sequence record does not read; numbering from the clock");
-            SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(1, |d| d.as_secs())
+            write_record(
+                keystore,
+                &path,
+                SequenceRecord {
+                    sequence: unix_secs(now).max(1),
+                    digest,
+                    served_since: ids.iter().map(|id| (id.clone(), unix_secs(now))).collect(),
+                },
+            )?
         }
     };
-    let record = serde_json::to_vec(&SequenceRecord {
-        sequence,
-        digest: digest.clone(),
-    })
-    .map_err(|e| e.to_string())?;
-    keystore
-        .put_public(&path, &record)
-        .map_err(|e| format!("keystore entry {path}: {e}"))?;
     let mut bundle = content.clone();
-    bundle.sequence = Some(sequence);
+    bundle.sequence = Some(record.sequence);
     bundle.refresh_hint = Some(refresh_hint);
     let json = Bytes::from(bundle.to_json());
-    Ok(ServedBundle { bundle, json })
+    let served_since = record
+        .served_since
+        .into_iter()
+        .map(|(id, secs)| (id, SystemTime::UNIX_EPOCH + Duration::from_secs(secs)))
+        .collect();
+    Ok(ServedBundle {
+        bundle,
+        json,
+        served_since,
+    })
+}
+
+fn write_record(
+    keystore: &dyn Keystore,
+    path: &str,
+    record: SequenceRecord,
+) -> Result<SequenceRecord, String> {
+    let bytes = serde_json::to_vec(&record).map_err(|e| e.to_string())?;
+    keystore
+        .put_public(path, &bytes)
+        .map_err(|e| format!("keystore entry {path}: {e}"))?;
+    Ok(record)
+}
+
+/// The most peer addresses a [`FetchLog`] remembers; past it, the one seen least recently is forgotten.
+pub const FETCH_LOG_PEERS: usize = 1024;
+
+/// What one peer address fetched from an endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerFetches {
+    /// Bundles answered to it.
+    pub count: u64,
+    /// When it last got one.
+    pub last: SystemTime,
+    /// The sequence of the last one.
+    pub sequence: Option<u64>,
+}
+
+/// Who fetched an endpoint's bundle, by peer address: the fetches seen, shown while a new CA waits for
+/// the trust domain's peers. At most [`FETCH_LOG_PEERS`] addresses.
+#[derive(Clone, Debug, Default)]
+pub struct FetchLog(Arc<Mutex<BTreeMap<std::net::IpAddr, PeerFetches>>>);
+
+impl FetchLog {
+    fn record(&self, peer: std::net::IpAddr, sequence: Option<u64>, now: SystemTime) {
+        let mut log = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if !log.contains_key(&peer) && log.len() >= FETCH_LOG_PEERS {
+            let oldest = log.iter().min_by_key(|(_, f)| f.last).map(|(ip, _)| *ip);
+            if let Some(ip) = oldest {
+                log.remove(&ip);
+            }
+        }
+        let entry = log.entry(peer).or_insert(PeerFetches {
+            count: 0,
+            last: now,
+            sequence,
+        });
+        entry.count += 1;
+        entry.last = now;
+        entry.sequence = sequence;
+    }
+
+    /// Every peer address seen, with its fetches.
+    pub fn peers(&self) -> Vec<(std::net::IpAddr, PeerFetches)> {
+        let log = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        log.iter().map(|(ip, f)| (*ip, *f)).collect()
+    }
 }
 
 /// How much an endpoint takes from its clients.
@@ -110,6 +231,7 @@ pub async fn serve(
     tls: Arc<rustls::ServerConfig>,
     served: watch::Receiver<Option<ServedBundle>>,
     limits: EndpointLimits,
+    fetches: FetchLog,
     shutdown: CancellationToken,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
@@ -127,6 +249,7 @@ pub async fn serve(
             continue;
         };
         let (acceptor, served, shutdown) = (acceptor.clone(), served.clone(), shutdown.clone());
+        let fetches = fetches.clone();
         tokio::spawn(async move {
             let _slot = slot;
             let Ok(Ok(tls)) = tokio::time::timeout(limits.handshake, acceptor.accept(tcp)).await
@@ -134,8 +257,11 @@ pub async fn serve(
                 return;
             };
             let service = hyper::service::service_fn(move |request| {
-                let served = served.clone();
-                async move { Ok::<_, std::convert::Infallible>(answer(&request, &served)) }
+                let (response, sequence) = answer(&request, &served);
+                if response.status() == StatusCode::OK {
+                    fetches.record(peer.ip(), sequence, SystemTime::now());
+                }
+                async move { Ok::<_, std::convert::Infallible>(response) }
             });
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
@@ -151,30 +277,35 @@ pub async fn serve(
     }
 }
 
+/// The answer to `request`, and the sequence of the bundle it carries.
 fn answer(
     request: &Request<Incoming>,
     served: &watch::Receiver<Option<ServedBundle>>,
-) -> Response<Full<Bytes>> {
+) -> (Response<Full<Bytes>>, Option<u64>) {
     let plain = |status: StatusCode, text: &'static str| {
         let mut response = Response::new(Full::new(Bytes::from_static(text.as_bytes())));
         *response.status_mut() = status;
         response
     };
     if request.method() != Method::GET && request.method() != Method::HEAD {
-        return plain(StatusCode::METHOD_NOT_ALLOWED, "GET / only\n");
+        return (plain(StatusCode::METHOD_NOT_ALLOWED, "GET / only\n"), None);
     }
     if request.uri().path() != "/" {
-        return plain(StatusCode::NOT_FOUND, "the bundle is at /\n");
+        return (plain(StatusCode::NOT_FOUND, "the bundle is at /\n"), None);
     }
     let Some(bundle) = served.borrow().clone() else {
-        return plain(StatusCode::SERVICE_UNAVAILABLE, "no bundle yet\n");
+        return (
+            plain(StatusCode::SERVICE_UNAVAILABLE, "no bundle yet\n"),
+            None,
+        );
     };
+    let sequence = bundle.bundle.sequence;
     let mut response = Response::new(Full::new(bundle.json));
     response.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static("application/json"),
     );
-    response
+    (response, sequence)
 }
 
 /// An `https_web` endpoint's certificate: the operator's files, read again when they change (looked at

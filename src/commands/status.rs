@@ -49,6 +49,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let token = document.get("keystore_token").cloned();
     let workloads = document.get("workload_registrations").cloned();
     let federation = document.get("federation").cloned();
+    let endpoints = document.get("federation_endpoints").cloned();
     let status: Status = serde_json::from_value(document)
         .context("the admin API's status document is not one this meshca understands")?;
     for mesh in &status.meshes {
@@ -63,6 +64,9 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(federation) = federation {
         print_federation(&federation);
+    }
+    if let Some(endpoints) = endpoints {
+        print_endpoints(&endpoints);
     }
     if let Some(rejected) = &status.last_rejected_update {
         print_rejected(rejected);
@@ -164,6 +168,49 @@ fn print_federation(federation: &serde_json::Value) {
         );
         if let Some(error) = p["last_error"].as_str() {
             println!("    last fetch: {error}");
+        }
+    }
+}
+
+/// Each bundle endpoint meshca serves: the sequence, since when each authority, who fetched it.
+fn print_endpoints(endpoints: &serde_json::Value) {
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "-".to_owned(),
+        other => other.to_string(),
+    };
+    let endpoints = endpoints.as_array().map(Vec::as_slice).unwrap_or_default();
+    if endpoints.is_empty() {
+        return;
+    }
+    println!();
+    println!("Bundle endpoints served: {}", endpoints.len());
+    for e in endpoints {
+        println!(
+            "  {}: sequence {}, {} JWT authorities",
+            text(&e["trust_domain"]),
+            text(&e["sequence"]),
+            text(&e["jwt_authorities"])
+        );
+        for a in e["x509_authorities"].as_array().into_iter().flatten() {
+            let id = text(&a["id"]);
+            let since = match &a["served_since"] {
+                serde_json::Value::Null => "the first bundle served".to_owned(),
+                v => text(v),
+            };
+            println!(
+                "    authority {}… served since {since}",
+                &id[..id.len().min(16)]
+            );
+        }
+        for f in e["fetched_by"].as_array().into_iter().flatten() {
+            println!(
+                "    fetched by {}: {} times, last {} (sequence {})",
+                text(&f["peer"]),
+                text(&f["fetches"]),
+                text(&f["last"]),
+                text(&f["sequence"])
+            );
         }
     }
 }
@@ -392,6 +439,16 @@ fn rollout_line(w: &Wait) -> String {
         RolloutStep::SansBeforeIdentity => w.ca.clone(),
         _ => format!("CA {}", w.ca),
     };
+    if w.step == RolloutStep::Federation {
+        // No timeout shortens it: it ends when peers polling as told hold the CA.
+        return format!(
+            "  {scope}: {} for {subject} since {}: waiting for {}; issues from it in {}",
+            w.step,
+            w.since,
+            w.waiting_for.join(", "),
+            human_duration(w.timeout_in_seconds)
+        );
+    }
     format!(
         "  {scope}: {} for {subject} since {}: waiting for {} prox{} ({}); proceeds anyway in {}",
         w.step,

@@ -49,9 +49,16 @@ def wait_ready(proc, admin_port, log_path, what, timeout=60):
 
 
 class Daemon:
-    def __init__(self, root: Path, workload_socket: Path | None = None, resources: dict[str, str] | None = None):
+    def __init__(
+        self,
+        root: Path,
+        workload_socket: Path | None = None,
+        resources: dict[str, str] | None = None,
+        settings: str = "",
+    ):
         """`workload_socket`: where the Workload API listens (else its default, in the data dir, which only
-        root can enter); `resources`: more resource files, by name, present before the daemon starts."""
+        root can enter); `resources`: more resource files, by name, present before the daemon starts;
+        `settings`: more of the settings file."""
         self.root = root
         self.data = root / "data"
         self.resources = root / "resources"
@@ -69,6 +76,7 @@ class Daemon:
             f"sds:\n  listen: [\"unix://{self.socket}\", \"127.0.0.1:{self.sds_port}\"]\n"
             f"admin:\n  listen: 127.0.0.1:{self.admin_port}\n"
             + (f"workloadApi:\n  listen: [\"unix://{workload_socket}\"]\n" if workload_socket else "")
+            + settings
         )
         self.start("w")
 

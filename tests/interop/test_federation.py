@@ -2,14 +2,23 @@
 from the standard alone (spiffe_peer.py) through its rotation and its mistakes, and what it holds reaches Envoy's
 validation contexts (Envoy's protos) and py-spiffe workloads as the foreign trust domain's bundle."""
 
+import base64
+import json
 import signal
+import socket
+import ssl
 import subprocess
 import time
+import urllib.error
 import urllib.request
 
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from spiffe.bundle.x509_bundle.x509_bundle import X509Bundle
+from spiffe.spiffe_id.spiffe_id import TrustDomain
 
 from conftest import MESHCA, Daemon
+from sidecars import free_port
 from spiffe_peer import ENDPOINT_ID, TRUST_DOMAIN, Authority, BundleEndpoint, bundle, jwt_jwk
 from test_sds import Stream, spiffe_bundles, unpack
 from test_workload_api import ID_A, UID_A, certs, own_context, runtime, spawn, two_workloads  # noqa: F401
@@ -154,3 +163,70 @@ def test_a_bad_relationship_is_refused_naming_its_file_resource_and_field(tmp_pa
     assert "missing.pem: No such file" in out
     assert "partner.yaml: FederationRelationship/default/partner: mesh:" in out, out
     assert "already federates mesh default with trust domain partner.example" in out, out
+
+
+def fetch_as_a_peer(port, authorities):
+    """GET / from meshca's endpoint as a peer written from the standard would: TLS checked against the
+    authorities it holds for the trust domain, the server's X.509-SVID its endpoint ID; the JSON and that ID."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False  # an X.509-SVID names a SPIFFE ID, not a host
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.load_verify_locations(cadata=b"".join(a.public_bytes(serialization.Encoding.PEM) for a in authorities).decode())
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with context.wrap_socket(raw) as tls:
+            peer = x509.load_der_x509_certificate(tls.getpeercert(binary_form=True))
+            tls.sendall(b"GET / HTTP/1.1\r\nHost: meshca\r\nConnection: close\r\n\r\n")
+            response = b""
+            while chunk := tls.recv(65536):
+                response += chunk
+    head, body = response.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    sans = peer.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return json.loads(body), [str(u) for u in sans.get_values_for_type(x509.UniformResourceIdentifier)]
+
+
+def test_meshca_serves_its_trust_domain_to_a_peer_written_from_the_standard(tmp_path):
+    port = free_port()
+    daemon = Daemon(
+        tmp_path,
+        settings=f'federation:\n  endpoints:\n    - {{trustDomain: default, listen: "127.0.0.1:{port}"}}\n',
+    )
+    try:
+        admin = f"127.0.0.1:{daemon.admin_port}"
+        shown = until("a bundle to show", lambda: daemon.cli("bundle", "show", "--admin", admin, check=False),
+                      lambda run: run.returncode == 0)  # fmt: skip
+        document = json.loads(shown.stdout)
+        assert document["spiffe_sequence"] == 1 and document["spiffe_refresh_hint"] == 300, document
+        x509_keys = [k for k in document["keys"] if k["use"] == "x509-svid"]
+        assert x509_keys and all(k["kty"] == "EC" and len(k["x5c"]) == 1 for k in x509_keys), document
+        authorities = [x509.load_der_x509_certificate(base64.b64decode(k["x5c"][0])) for k in x509_keys]
+        assert "sequence 1" in shown.stderr
+
+        # py-spiffe reads the PEM form: the same authorities.
+        pem = daemon.cli("bundle", "show", "--admin", admin, "--format", "pem").stdout
+        bundle = X509Bundle.parse(TrustDomain("default"), pem.encode())
+        assert sorted(c.serial_number for c in bundle.x509_authorities) == sorted(a.serial_number for a in authorities)
+
+        # A peer fetches what meshca serves, the endpoint proving itself with its X.509-SVID.
+        fetched, ids = until("the endpoint's SVID", lambda: _try_fetch(port, authorities), lambda r: r is not None)
+        assert fetched == document
+        assert ids == ["spiffe://default/meshca/bundle-endpoint"]
+
+        status = daemon.api("/api/status")["federation_endpoints"]
+        assert status[0]["trust_domain"] == "default" and status[0]["sequence"] == 1, status
+        assert status[0]["fetched_by"][0]["peer"] == "127.0.0.1", status
+        try:
+            urllib.request.urlopen(f"http://{admin}/api/bundles/nowhere.example", timeout=5)
+            raise AssertionError("a trust domain no endpoint serves was answered")
+        except urllib.error.HTTPError as e:
+            assert e.code == 404 and "no bundle endpoint serves" in e.read().decode()
+    finally:
+        daemon.stop()
+    assert daemon.proc.returncode == 0, daemon.log_text()
+
+
+def _try_fetch(port, authorities):
+    try:
+        return fetch_as_a_peer(port, authorities)
+    except (ssl.SSLError, ConnectionError):
+        return None

@@ -212,6 +212,8 @@ limits! {
     federation_bundle_keys: u32 = 256, "federationBundleKeys";
     /// Time one fetch of a peer's bundle endpoint may take, connecting included (default 10s).
     federation_fetch_timeout: Duration = Duration::from_secs(10), "federationFetchTimeout";
+    /// Open connections per bundle endpoint meshca serves; more are closed at once (default 256).
+    federation_endpoint_connections: u32 = 256, "federationEndpointConnections";
 }
 
 impl Limits {

@@ -564,3 +564,144 @@ fn a_removed_ca_a_replica_read_since_finds_presented_stays() {
     let waits: Vec<_> = gate.current_waits().cloned().collect();
     assert_eq!(waits[0].waiting_for, ["web-9 on replica joined"]);
 }
+
+/// One refresh hint plus the fetch margin, as in the defaults.
+const FEDERATION_WAIT: Duration = Duration::from_secs(330);
+
+fn exported_gate() -> Gate {
+    let mut gate = Gate::new(true, TIMEOUT);
+    gate.export([td()].into_iter().collect(), FEDERATION_WAIT);
+    gate
+}
+
+/// What the endpoint of `default` served, each CA since the time given.
+fn served(cas: &[(&CertificateAuthority, SystemTime)]) -> std::sync::Arc<ServedSince> {
+    let ids = cas
+        .iter()
+        .flat_map(|(ca, since)| {
+            ca.bundle_der().into_iter().map(move |der| {
+                let d = ring::digest::digest(&ring::digest::SHA256, &der);
+                let id: String = d.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+                (id, *since)
+            })
+        })
+        .collect();
+    std::sync::Arc::new([(td(), ids)].into_iter().collect())
+}
+
+fn federation_waits(gate: &Gate, streams: &StreamTable) -> Vec<Wait> {
+    gate.waits_now(streams)
+        .into_iter()
+        .filter(|w| w.step == RolloutStep::Federation)
+        .collect()
+}
+
+#[test]
+fn a_new_ca_of_an_exported_trust_domain_issues_once_peers_polling_as_told_hold_it() {
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let (old, new) = (ca("default/ca-1", t0), ca("default/ca-2", t0));
+    let mut streams = StreamTable::default();
+    open(
+        &mut streams,
+        1,
+        "web-1",
+        &["default", "system_trust_bundle"],
+    );
+    let mut gate = exported_gate();
+    gate.begin();
+    gate.plan_trust(vec![trust(&old)], &[], 1, t0);
+    ack(&mut streams, 1, 1);
+    // Until the endpoint says it served the first CA, nothing issues from it.
+    gate.confirm(&streams, t0);
+    assert!(!gate.may_issue(&mesh(), &td(), &old));
+    let waits = federation_waits(&gate, &streams);
+    assert_eq!(waits.len(), 1, "{waits:?}");
+    assert!(
+        waits[0].waiting_for[0].contains("has not served this CA yet"),
+        "{waits:?}"
+    );
+    // The first bundle ever served is held by no peer before: it issues at once.
+    assert!(gate.set_served(served(&[(&old, SystemTime::UNIX_EPOCH)])));
+    assert!(gate.confirm(&streams, t0));
+    assert!(gate.may_issue(&mesh(), &td(), &old));
+
+    // The next CA: the trust domain's own streams ACK it at once...
+    let t1 = t0 + Duration::from_secs(60);
+    gate.begin();
+    gate.plan_trust(vec![trust(&old), trust(&new)], &[], 2, t1);
+    ack(&mut streams, 1, 2);
+    assert!(gate.set_served(served(&[(&old, SystemTime::UNIX_EPOCH), (&new, t1)])));
+    assert!(!gate.confirm(&streams, t1));
+    // ...but the peers are waited for, one refresh hint plus the margin, which no ackTimeout shortens.
+    let later = t1 + TIMEOUT + Duration::from_secs(60);
+    gate.begin();
+    assert!(!gate.confirm(&streams, later));
+    // Looked at again (a batch of ACKs), it is still one wait.
+    assert!(!gate.confirm(&streams, later));
+    assert!(!gate.may_issue(&mesh(), &td(), &new));
+    assert!(
+        gate.may_issue(&mesh(), &td(), &old),
+        "the old CA keeps issuing"
+    );
+    let waits = federation_waits(&gate, &streams);
+    assert_eq!(waits.len(), 1, "{waits:?}");
+    assert_eq!(waits[0].ca, new.subject());
+    assert!(
+        waits[0].waiting_for[0].contains("the peers of trust domain default"),
+        "{waits:?}"
+    );
+    assert_eq!(
+        waits[0].timeout_in_seconds,
+        (FEDERATION_WAIT - TIMEOUT - Duration::from_secs(60)).as_secs() as i64
+    );
+    assert_eq!(gate.next_deadline(), Some(t1 + FEDERATION_WAIT));
+    assert!(gate.holding_meshes().contains("default"));
+    assert!(gate
+        .take_events()
+        .contains(&(mesh(), GateEvent::WaitStarted(RolloutStep::Federation))));
+
+    gate.begin();
+    assert!(gate.confirm(&streams, t1 + FEDERATION_WAIT));
+    assert!(gate.may_issue(&mesh(), &td(), &new));
+    assert!(federation_waits(&gate, &streams).is_empty());
+}
+
+#[test]
+fn after_a_restart_a_new_ca_still_waits_out_what_is_left_of_its_peers_wait() {
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let (old, new) = (ca("default/ca-1", t0), ca("default/ca-2", t0));
+    let streams = StreamTable::default();
+    let mut gate = exported_gate();
+    gate.begin();
+    // A restart: both CAs are published to a mesh new to this gate, the new one served 100 s ago.
+    let now = t0 + Duration::from_secs(100);
+    gate.plan_trust(vec![trust(&old), trust(&new)], &[], 1, now);
+    assert!(!gate.may_issue(&mesh(), &td(), &old), "not served yet");
+    gate.set_served(served(&[(&old, SystemTime::UNIX_EPOCH), (&new, t0)]));
+    gate.confirm(&streams, now);
+    assert!(gate.may_issue(&mesh(), &td(), &old));
+    assert!(!gate.may_issue(&mesh(), &td(), &new));
+    assert_eq!(gate.next_deadline(), Some(t0 + FEDERATION_WAIT));
+    gate.begin();
+    gate.confirm(&streams, t0 + FEDERATION_WAIT);
+    assert!(gate.may_issue(&mesh(), &td(), &new));
+}
+
+#[test]
+fn a_trust_domain_not_exported_or_a_gate_off_never_waits_for_peers() {
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let first = ca("default/ca-1", t0);
+    let mut gate = Gate::new(true, TIMEOUT);
+    gate.export(
+        [TrustDomain::parse("other.example").expect("a trust domain")]
+            .into_iter()
+            .collect(),
+        FEDERATION_WAIT,
+    );
+    gate.plan_trust(vec![trust(&first)], &[], 1, t0);
+    assert!(gate.may_issue(&mesh(), &td(), &first));
+    let mut off = Gate::new(false, TIMEOUT);
+    off.export([td()].into_iter().collect(), FEDERATION_WAIT);
+    off.plan_trust(vec![trust(&first)], &[], 1, t0);
+    assert!(off.may_issue(&mesh(), &td(), &first));
+}

@@ -190,6 +190,10 @@ pub struct OwnerConfig {
     pub workers: usize,
     /// `issuance.keysAhead`: RSA leaf keys the issuance threads keep generated ahead.
     pub keys_ahead: usize,
+    /// The trust domains of `federation.endpoints`: a new CA of one waits for their peers.
+    pub exported: BTreeSet<meshca_identity::TrustDomain>,
+    /// `federation.refreshHint` plus `federation.fetchMargin`: how long that wait lasts.
+    pub federation_wait: Duration,
 }
 
 impl OwnerConfig {
@@ -204,6 +208,14 @@ impl OwnerConfig {
             default_mesh: settings.defaults.mesh.clone(),
             workers: crate::pool::worker_count(settings.issuance.workers),
             keys_ahead: settings.issuance.keys_ahead,
+            exported: settings
+                .federation
+                .endpoints
+                .iter()
+                .map(|e| e.trust_domain.clone())
+                .collect(),
+            federation_wait: settings.federation.refresh_hint.as_std()
+                + settings.federation.fetch_margin.as_std(),
         }
     }
 }
@@ -259,8 +271,10 @@ impl Owner {
     ) -> Owner {
         let mut agent_keys = AgentKeys::default();
         agent_keys.set_world(&world);
+        let mut gate = Gate::new(config.gate, config.ack_timeout);
+        gate.export(config.exported.clone(), config.federation_wait);
         Owner {
-            gate: Gate::new(config.gate, config.ack_timeout),
+            gate,
             config,
             world: Arc::new(world),
             proxies: ProxyTable::default(),
@@ -373,6 +387,14 @@ impl Owner {
     /// step like any new CA).
     pub fn set_federated(&mut self, held: &meshca_federation::HeldBundles) -> bool {
         let changed = self.federated.update(held);
+        self.agenda.full |= changed;
+        changed
+    }
+
+    /// Takes in when the bundle endpoints first served each authority; whether a reconcile is needed
+    /// (a CA waiting for its trust domain's peers may issue sooner or later).
+    pub fn set_served(&mut self, served: Arc<crate::gate::ServedSince>) -> bool {
+        let changed = self.gate.set_served(served);
         self.agenda.full |= changed;
         changed
     }

@@ -193,11 +193,16 @@ fn issuing(mesh: &MeshStatus) -> Vec<String> {
 }
 
 /// The steps of a rollout, in the order the gate takes them, with what each one guarantees.
-const STEPS: [(RolloutStep, &str, &str); 4] = [
+const STEPS: [(RolloutStep, &str, &str); 5] = [
     (
         RolloutStep::TrustBeforeIdentity,
         "Trust before identity",
         "every proxy trusts the new CA before any proxy presents a certificate from it",
+    ),
+    (
+        RolloutStep::Federation,
+        "Federation",
+        "peers of the trust domain fetched the new CA from its bundle endpoint before anything is issued from it",
     ),
     (
         RolloutStep::SansBeforeIdentity,
@@ -249,6 +254,9 @@ fn acked_resource(step: RolloutStep) -> &'static str {
         RolloutStep::IdentityAck => "their new identity certificate",
         RolloutStep::BreakLast => {
             "their new identity certificate (until then they present the old CA's)"
+        }
+        RolloutStep::Federation => {
+            "nothing: the peers of the trust domain fetch its bundle endpoint as their refresh hint tells them"
         }
     }
 }
