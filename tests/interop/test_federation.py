@@ -20,7 +20,7 @@ from spiffe.spiffe_id.spiffe_id import TrustDomain
 from conftest import MESHCA, Daemon
 from sidecars import free_port
 from spiffe_peer import ENDPOINT_ID, TRUST_DOMAIN, Authority, BundleEndpoint, bundle, jwt_jwk
-from test_sds import Stream, spiffe_bundles, unpack
+from test_sds import MESH_SERVICES, Stream, meshservice_context, san_matchers, spiffe_bundles, unpack
 from test_workload_api import ID_A, UID_A, certs, own_context, runtime, spawn, two_workloads  # noqa: F401
 
 
@@ -230,3 +230,22 @@ def _try_fetch(port, authorities):
         return fetch_as_a_peer(port, authorities)
     except (ssl.SSLError, ConnectionError):
         return None
+
+
+def test_a_meshservice_of_another_zone_is_checked_by_its_federated_trust_domain(tmp_path):
+    current = Authority()
+    peer = BundleEndpoint(current, bundle([current.jwk()], 1))
+    initial = tmp_path / "partner.pem"
+    initial.write_bytes(current.pem())
+    daemon = Daemon(tmp_path, resources={"partner.yaml": relationship(peer.url, initial), "services.yaml": MESH_SERVICES})
+    try:
+        token = daemon.token("client-1", "default", "--tag", "kuma.io/service=client")
+        # Cross-zone identities: the SPIFFE IDs the other zone's service arrived with, checked by the CAs of
+        # their own trust domain, which only the federation brings.
+        context = meshservice_context(daemon, token, "meshservice:partner")
+        assert "spiffe://partner.example/web" in san_matchers(context)
+        assert pems(spiffe_bundles(context)[TRUST_DOMAIN]) == [current.cert]
+    finally:
+        daemon.stop()
+        peer.close()
+    assert daemon.proc.returncode == 0, daemon.log_text()
