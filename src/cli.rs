@@ -595,6 +595,9 @@ pub enum DrillScenario {
     /// The ca-rotation drill with workloads on the SPIFFE Workload API (each a Dataplane and a
     /// WorkloadRegistration) instead of proxies on SDS.
     Workload,
+    /// Two daemons of two trust domains, federated both ways through their bundle endpoints; proxies
+    /// of each call the other's while both rotate their CA in one edit.
+    Federation,
 }
 
 /// On or off.

@@ -181,6 +181,7 @@ impl World {
             MeshView {
                 trust: self.trust.clone(),
                 mesh_services: Default::default(),
+                federated: std::sync::Arc::from(Vec::new()),
             },
         );
         snapshot.all = self.trust.clone();

@@ -170,6 +170,7 @@ impl Local {
                 MeshView {
                     trust,
                     mesh_services: HashMap::new(),
+                    federated: std::sync::Arc::from(Vec::new()),
                 },
             );
         }

@@ -12,6 +12,7 @@ use crate::snapshot::{
 use crate::trust::{legacy_trust_domain, BundleKey, CaTrust, ServiceIds, ServiceKey};
 use crate::workloads::Registrations;
 use crate::world::{MeshState, World};
+use meshca_federation::SpiffeBundle;
 
 /// Trust domain → PEM certificates, deduplicated and in a stable order.
 type Anchors = BTreeMap<String, BTreeSet<String>>;
@@ -79,6 +80,7 @@ enum CachedBundle {
 #[derive(Debug, Default)]
 pub struct BundleCache {
     bundles: HashMap<CachedBundle, (Anchors, Arc<TrustBundle>)>,
+    federated: HashMap<String, Arc<[Arc<SpiffeBundle>]>>,
     services: HashMap<ServiceKey, CachedService>,
     registrations: Arc<Registrations>,
 }
@@ -107,6 +109,27 @@ impl BundleCache {
         ));
         self.bundles.insert(key, (anchors.clone(), bundle.clone()));
         bundle
+    }
+
+    /// The federated bundles of `mesh`, as the last snapshot's `Arc` while they are the same.
+    fn federated(
+        &mut self,
+        mesh: &str,
+        bundles: Vec<Arc<SpiffeBundle>>,
+    ) -> Arc<[Arc<SpiffeBundle>]> {
+        if let Some(cached) = self.federated.get(mesh) {
+            if cached.len() == bundles.len()
+                && cached
+                    .iter()
+                    .zip(&bundles)
+                    .all(|(a, b)| Arc::ptr_eq(a, b) || a == b)
+            {
+                return cached.clone();
+            }
+        }
+        let bundles: Arc<[Arc<SpiffeBundle>]> = Arc::from(bundles);
+        self.federated.insert(mesh.to_owned(), bundles.clone());
+        bundles
     }
 
     fn service(
@@ -145,6 +168,7 @@ pub fn snapshot(
     trust: &BTreeMap<BundleKey, Vec<CaTrust>>,
     proxies: ProxyMap<ProxyEntry>,
     service_ids: &ServiceIds,
+    federated: &Federated,
     cache: &mut BundleCache,
 ) -> Snapshot {
     let mut all = Anchors::new();
@@ -173,11 +197,13 @@ pub fn snapshot(
                 (s.name.clone(), cache.service(key, &trust, ids))
             })
             .collect();
+        let held = federated.bundles(world, &mesh.name).cloned().collect();
         meshes.insert(
             mesh.name.clone(),
             MeshView {
                 trust,
                 mesh_services,
+                federated: cache.federated(&mesh.name, held),
             },
         );
     }
@@ -219,6 +245,7 @@ pub fn same_entry(x: &ProxyEntry, y: &ProxyEntry) -> bool {
 pub fn same_trust(a: &Snapshot, b: &Snapshot) -> bool {
     let same_mesh = |x: &MeshView, y: &MeshView| {
         Arc::ptr_eq(&x.trust, &y.trust)
+            && Arc::ptr_eq(&x.federated, &y.federated)
             && x.mesh_services.len() == y.mesh_services.len()
             && x.mesh_services
                 .iter()

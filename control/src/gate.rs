@@ -95,6 +95,9 @@ struct Published {
     waited: bool,
     /// The federation step had to be waited for (counted once).
     federation_waited: bool,
+    /// In the federation step since the last confirmation: until when (`None` until its trust
+    /// domain's endpoint reports it served).
+    federation_until: Option<Option<SystemTime>>,
     /// The CA's subject, for operators.
     subject: String,
     /// How many reads of the peers had completed when it was published.
@@ -539,9 +542,14 @@ impl Gate {
             let local_done = !local_waits && peers.is_empty() && !unknown;
             // Once this trust domain's own streams are done with it (or their timeout passed), the
             // peers of the trust domain, which no timeout speeds up.
+            p.federation_until = None;
             if local_done || now >= p.since + timeout {
                 let hold = exported.peers_hold(ca, now);
                 if hold != PeersHold::Yes {
+                    p.federation_until = Some(match hold {
+                        PeersHold::Soon { ready_at, .. } => Some(ready_at),
+                        PeersHold::Yes | PeersHold::NotServed => None,
+                    });
                     if !p.federation_waited {
                         p.federation_waited = true;
                         federation_started.push(mesh.clone());
@@ -735,6 +743,7 @@ impl Gate {
                         acked: !enabled,
                         waited: false,
                         federation_waited: false,
+                        federation_until: None,
                         subject: id.clone(),
                         peer_reads,
                     });
@@ -1016,6 +1025,7 @@ impl Gate {
                         acked: !enabled || fresh_mesh,
                         waited: false,
                         federation_waited: false,
+                        federation_until: None,
                         subject: ca.subject.clone(),
                         peer_reads: reads.done,
                     },
@@ -1110,20 +1120,16 @@ impl Gate {
     /// The earliest time a timeout lets a waiting step proceed.
     pub fn next_deadline(&self) -> Option<SystemTime> {
         let timeout = self.ack_timeout;
-        // A CA of an exported trust domain proceeds once its timeout passed (or its streams ACKed,
-        // an event of its own) and its peers hold it; before its endpoint served it, when that is
-        // reported.
+        // A CA in the federation step proceeds when its trust domain's peers hold it (once its
+        // endpoint reports it served, when that news comes); any other, at its timeout (or when its
+        // streams ACKed, an event of its own).
         let trust = self
             .published
             .values()
             .filter(|p| !p.state.confirmed)
-            .filter_map(|p| {
-                let local = p.state.since + timeout;
-                match self.exported.peers_hold(&p.ca, local) {
-                    PeersHold::Yes => Some(local),
-                    PeersHold::Soon { ready_at, .. } => Some(ready_at),
-                    PeersHold::NotServed => None,
-                }
+            .filter_map(|p| match p.state.federation_until {
+                Some(until) => until,
+                None => Some(p.state.since + timeout),
             });
         let sans = self
             .sans

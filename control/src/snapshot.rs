@@ -212,6 +212,9 @@ pub struct MeshView {
     pub trust: Arc<TrustBundle>,
     /// `meshservice:<name>` validation contexts, by MeshService name.
     pub mesh_services: HashMap<String, Arc<MeshServiceTrust>>,
+    /// The bundles of the federated trust domains the mesh trusts (their X.509 authorities are in
+    /// `trust`; their JWT authorities go to the Workload API's JWT bundles and validation).
+    pub federated: Arc<[Arc<meshca_federation::SpiffeBundle>]>,
 }
 
 /// A set of CA certificates grouped by trust domain.

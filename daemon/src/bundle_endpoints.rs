@@ -125,6 +125,8 @@ pub(crate) async fn start(
                 source,
             })?;
         let (served_tx, served) = watch::channel(None);
+        // What the endpoint's SVID chains to (nothing for https_web), kept in the served bundle.
+        let (svid_roots_tx, svid_roots) = watch::channel(Vec::new());
         let mut svid = None;
         let certificate: Arc<dyn rustls::server::ResolvesServerCert> = match &endpoint.profile {
             EndpointServing::HttpsWeb { tls } => Arc::new(
@@ -138,11 +140,16 @@ pub(crate) async fn start(
             EndpointServing::HttpsSpiffe => {
                 let (svid_tx, svid_rx) = watch::channel(None);
                 tokio::spawn(follow_svid(
-                    td.clone(),
+                    SvidFollow {
+                        trust_domain: td.clone(),
+                        wait: settings.federation.refresh_hint.as_std()
+                            + settings.federation.fetch_margin.as_std(),
+                        algorithm: settings.issuance.key_algorithm,
+                        svid: svid_tx,
+                        roots: svid_roots_tx.clone(),
+                    },
                     served.clone(),
                     sources.world.clone(),
-                    svid_tx,
-                    settings.issuance.key_algorithm,
                     shutdown.clone(),
                 ));
                 svid = Some(svid_rx.clone());
@@ -163,6 +170,7 @@ pub(crate) async fn start(
             },
             sources.snapshots.clone(),
             sources.jwt_keys.subscribe(),
+            svid_roots,
             shutdown.clone(),
         ));
         let fetches = FetchLog::default();
@@ -197,9 +205,16 @@ fn endpoint_profile(endpoint: &FederationEndpoint) -> &'static str {
     }
 }
 
-/// The authorities of `trust_domain` that `snapshot` tells proxies to trust, and its JWT-SVID keys.
-pub fn content(trust_domain: &TrustDomain, snapshot: &Snapshot, keys: &KeySet) -> SpiffeBundle {
-    let x509 = snapshot
+/// The authorities of `trust_domain` that `snapshot` tells proxies to trust, then `retained` (the roots
+/// the endpoint's own SVID chains to, which peers need to check it even after their CA left the local
+/// bundles), and its JWT-SVID keys.
+pub fn content(
+    trust_domain: &TrustDomain,
+    snapshot: &Snapshot,
+    keys: &KeySet,
+    retained: &[Vec<u8>],
+) -> SpiffeBundle {
+    let mut x509: Vec<X509Authority> = snapshot
         .all
         .by_trust_domain()
         .get(trust_domain.as_str())
@@ -216,6 +231,13 @@ pub fn content(trust_domain: &TrustDomain, snapshot: &Snapshot, keys: &KeySet) -
             }
         })
         .collect();
+    for root in retained {
+        if !x509.iter().any(|a| a.der() == root.as_slice()) {
+            if let Ok(authority) = X509Authority::from_der(root.clone(), trust_domain) {
+                x509.push(authority);
+            }
+        }
+    }
     let jwt = keys
         .by_trust_domain()
         .get(trust_domain.as_str())
@@ -252,6 +274,7 @@ async fn follow_content(
     numbering: Numbering,
     mut snapshots: watch::Receiver<Arc<Snapshot>>,
     mut keys: watch::Receiver<Arc<KeySet>>,
+    mut svid_roots: watch::Receiver<Vec<Vec<u8>>>,
     shutdown: CancellationToken,
 ) {
     let Numbering {
@@ -266,7 +289,8 @@ async fn follow_content(
     loop {
         let snapshot = snapshots.borrow_and_update().clone();
         let key_set = keys.borrow_and_update().clone();
-        let now = content(&td, &snapshot, &key_set);
+        let retained = svid_roots.borrow_and_update().clone();
+        let now = content(&td, &snapshot, &key_set, &retained);
         let empty = now.x509_authorities().is_empty() && now.jwt_authorities().is_empty();
         if empty && snapshot.generation > 0 && !warned_empty {
             tracing::warn!(trust_domain = %td, "the bundle endpoint has nothing to serve: no mesh issues for this trust domain");
@@ -307,20 +331,33 @@ async fn follow_content(
             () = shutdown.cancelled() => return,
             changed = snapshots.changed() => if changed.is_err() { return },
             changed = keys.changed() => if changed.is_err() { return },
+            changed = svid_roots.changed() => if changed.is_err() { return },
             () = tokio::time::sleep(Duration::from_secs(5)), if retry => {}
         }
     }
 }
 
-/// The CA an `https_spiffe` endpoint's SVID comes from: of the CAs meshca holds for the trust domain
-/// whose roots the served bundle carries, the one whose roots have been served the longest (peers have
-/// held it the longest; a new CA waits for the federation step before anything is issued from it).
+/// Which CA an `https_spiffe` endpoint's SVID comes from, and when that choice may change.
+struct IssuerChoice {
+    /// The CA, or `None` to keep the SVID it has (no CA meshca holds is held by peers yet).
+    ca: Option<Arc<CertificateAuthority>>,
+    /// When a CA not yet held by peers will be.
+    next_change: Option<SystemTime>,
+}
+
+/// The CA an `https_spiffe` endpoint's SVID comes from. A peer checks the SVID by the bundle it holds,
+/// so the SVID comes from a CA peers polling as told hold: one meshca holds the key of, whose roots the
+/// endpoint has served for `wait` (one refresh hint plus the fetch margin; the first bundle ever served
+/// counts as held), the newest such (so the SVID moves off an old CA as early as peers allow). When none
+/// is held yet, the SVID it has is kept (`None`); with none at all (a start), the CA served the longest.
 fn endpoint_issuer(
     trust_domain: &TrustDomain,
     world: &World,
     served: &ServedBundle,
+    wait: Duration,
+    has_svid: bool,
     now: SystemTime,
-) -> Option<Arc<CertificateAuthority>> {
+) -> IssuerChoice {
     let mut candidates: Vec<Arc<CertificateAuthority>> = Vec::new();
     for mesh in world.meshes.values() {
         for identity in &mesh.identities {
@@ -347,16 +384,39 @@ fn endpoint_issuer(
                 Some(latest.max(since?))
             })
     };
-    candidates
+    let mut served_cas: Vec<(SystemTime, Arc<CertificateAuthority>)> = candidates
         .into_iter()
         .filter(|ca| ca.not_before() <= now && now < ca.not_after())
         .filter_map(|ca| served_since(&ca).map(|since| (since, ca)))
-        .min_by(|(a, ca_a), (b, ca_b)| {
-            a.cmp(b)
-                .then(ca_a.not_before().cmp(&ca_b.not_before()))
-                .then(ca_a.id().cmp(ca_b.id()))
-        })
-        .map(|(_, ca)| ca)
+        .collect();
+    served_cas.sort_by(|(a, ca_a), (b, ca_b)| {
+        a.cmp(b)
+            .then(ca_a.not_before().cmp(&ca_b.not_before()))
+            .then(ca_a.id().cmp(ca_b.id()))
+    });
+    let held_at = |since: SystemTime| {
+        if since == SystemTime::UNIX_EPOCH {
+            since
+        } else {
+            since + wait
+        }
+    };
+    let next_change = served_cas
+        .iter()
+        .map(|(since, _)| held_at(*since))
+        .filter(|at| *at > now)
+        .min();
+    let newest_held = served_cas
+        .iter()
+        .rev()
+        .find(|(since, _)| held_at(*since) <= now)
+        .map(|(_, ca)| ca.clone());
+    let ca = match newest_held {
+        Some(ca) => Some(ca),
+        None if has_svid => None,
+        None => served_cas.first().map(|(_, ca)| ca.clone()),
+    };
+    IssuerChoice { ca, next_change }
 }
 
 /// Issues the endpoint's SVID: `spiffe://<trust domain>/meshca/bundle-endpoint`.
@@ -397,37 +457,56 @@ fn issue_svid(
 }
 
 /// Keeps an `https_spiffe` endpoint's SVID issued from [`endpoint_issuer`], renewed at half its life and
-/// re-issued when the issuer changes.
-async fn follow_svid(
+/// re-issued when the issuer changes, and tells the content what the SVID chains to (kept in the served
+/// bundle while the SVID needs it, even after its CA left the local bundles).
+struct SvidFollow {
     trust_domain: TrustDomain,
+    /// One refresh hint plus the fetch margin.
+    wait: Duration,
+    algorithm: meshca_identity::KeyAlgorithm,
+    svid: watch::Sender<Option<Arc<CertifiedKey>>>,
+    /// The roots (DER) the current SVID chains to.
+    roots: watch::Sender<Vec<Vec<u8>>>,
+}
+
+async fn follow_svid(
+    follow: SvidFollow,
     mut served: watch::Receiver<Option<ServedBundle>>,
     mut world: watch::Receiver<Arc<World>>,
-    svid: watch::Sender<Option<Arc<CertifiedKey>>>,
-    algorithm: meshca_identity::KeyAlgorithm,
     shutdown: CancellationToken,
 ) {
+    let SvidFollow {
+        trust_domain,
+        wait,
+        algorithm,
+        svid,
+        roots,
+    } = follow;
     let mut current: Option<(String, SystemTime)> = None;
     loop {
         let now = SystemTime::now();
         let bundle = served.borrow_and_update().clone();
         let world_now = world.borrow_and_update().clone();
-        let issuer = bundle
+        let choice = bundle
             .as_ref()
-            .and_then(|b| endpoint_issuer(&trust_domain, &world_now, b, now));
+            .map(|b| endpoint_issuer(&trust_domain, &world_now, b, wait, current.is_some(), now));
+        let issuer = choice.as_ref().and_then(|c| c.ca.clone());
         match (&issuer, &current) {
             (Some(ca), Some((id, renew_at))) if ca.id() == id && now < *renew_at => {}
             (Some(ca), _) => {
                 let ca = ca.clone();
                 let td = trust_domain.clone();
                 let issued = tokio::task::spawn_blocking(move || {
-                    issue_svid(&td, &ca, algorithm, now).map(|k| (k, ca.id().to_owned()))
+                    issue_svid(&td, &ca, algorithm, now)
+                        .map(|k| (k, ca.id().to_owned(), ca.bundle_der()))
                 })
                 .await
                 .map_err(|e| e.to_string())
                 .and_then(|r| r);
                 match issued {
-                    Ok(((key, renew_at), id)) => {
+                    Ok(((key, renew_at), id, chain_roots)) => {
                         tracing::info!(trust_domain = %trust_domain, issuer = %id, "bundle endpoint SVID issued");
+                        roots.send_replace(chain_roots);
                         svid.send_replace(Some(Arc::new(key)));
                         current = Some((id, renew_at));
                     }
@@ -438,17 +517,21 @@ async fn follow_svid(
             }
             (None, _) => {}
         }
-        let wait = current
-            .as_ref()
-            .map_or(Duration::from_secs(60), |(_, at)| {
+        let renew = current.as_ref().map(|(_, at)| *at);
+        let next = [renew, choice.and_then(|c| c.next_change)]
+            .into_iter()
+            .flatten()
+            .min();
+        let sleep = next
+            .map_or(Duration::from_secs(60), |at| {
                 at.duration_since(SystemTime::now()).unwrap_or_default()
             })
-            .max(Duration::from_secs(1));
+            .max(Duration::from_millis(100));
         tokio::select! {
             () = shutdown.cancelled() => return,
             changed = served.changed() => if changed.is_err() { return },
             changed = world.changed() => if changed.is_err() { return },
-            () = tokio::time::sleep(wait) => {}
+            () = tokio::time::sleep(sleep) => {}
         }
     }
 }

@@ -20,7 +20,10 @@ pub(crate) fn import_options(settings: &Settings) -> ImportOptions {
     ImportOptions {
         limits: meshca_control::bundle_limits(settings),
         timeout: settings.limits.federation_fetch_timeout.as_std(),
-        refresh: REFRESH_BOUNDS,
+        // A peer is polled no more often than every 30 s, or this daemon's own refresh hint if lower
+        // (only an in-process daemon, such as a drill's, can be given one: the settings file cannot).
+        refresh: (*REFRESH_BOUNDS.start()).min(settings.federation.refresh_hint.as_std())
+            ..=*REFRESH_BOUNDS.end(),
         retry: FIRST_RETRY,
         stale_after: settings.federation.stale_after.as_std(),
     }

@@ -10,7 +10,8 @@
 //! drill the members are [`workload`]s on the SPIFFE Workload API instead of proxies, on the daemon's own
 //! socket or, with `--agent`, behind [`agents`]. With `--envoy`,
 //! [`envoy`] runs real Envoy sidecars instead of the simulated proxies and counts HTTP requests through
-//! them, each a new mTLS handshake.
+//! them, each a new mTLS handshake. [`federation`] plays two daemons of two trust domains federated
+//! both ways.
 
 //! [`bench`] holds `meshca bench sds`; [`bootstrap`] the Envoy bootstraps. Drills and benches start a
 //! daemon in process through `meshca-daemon`.
@@ -20,6 +21,7 @@ pub mod agents;
 pub mod bench;
 pub mod envoy;
 pub mod failover;
+pub mod federation;
 pub mod fleet;
 pub mod pause;
 pub mod play;

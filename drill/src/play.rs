@@ -412,7 +412,7 @@ pub(super) fn steady_ca(states: &States) -> anyhow::Result<CertificateDer<'stati
 }
 
 /// Whether `state` trusts `ca` anywhere: its bundle or a context with SAN matchers.
-fn trusts(state: &ProxyTls, ca: &CertificateDer<'_>) -> bool {
+pub(super) fn trusts(state: &ProxyTls, ca: &CertificateDer<'_>) -> bool {
     state.cas().any(|c| c == ca)
         || state
             .services

@@ -7,7 +7,7 @@ use crate::InvalidInput;
 use meshca_drill::report::Report;
 use meshca_drill::scenario::Script;
 use meshca_drill::Scenario;
-use meshca_drill::{failover, play};
+use meshca_drill::{failover, federation, play};
 
 /// The most proxies a drill simulates (each is an SDS stream and a set of TLS configs).
 const MAX_PROXIES: usize = 10_000;
@@ -60,7 +60,7 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
     if args.staged && !staged_flow {
         return Err(InvalidInput(format!(
             "--staged applies to migrate-to-meshidentity and trust-domain; {} has one flow",
-            Script::new(scenario(args.scenario), false).name
+            scenario(args.scenario).map_or("federation", |s| Script::new(s, false).name)
         ))
         .into());
     }
@@ -107,9 +107,30 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
         pause: args.pause,
         stuck: args.stuck,
     };
-    let script = Script::new(scenario(args.scenario), args.staged).behind_agents(agents);
+    let Some(played) = scenario(args.scenario) else {
+        return federation(&args).await;
+    };
+    let script = Script::new(played, args.staged).behind_agents(agents);
     let report = play::run(script, options).await?;
     print_report(&args, &report)
+}
+
+async fn federation(args: &DrillArgs) -> anyhow::Result<ExitCode> {
+    if args.envoy.is_some() || args.pkcs11 || args.pause || args.stuck > 0 || args.staged {
+        return Err(InvalidInput(
+            "the federation drill plays simulated proxies on two daemons: no --envoy, --pkcs11, --pause, --stuck or --staged"
+                .into(),
+        )
+        .into());
+    }
+    let options = federation::Options {
+        proxies: args.proxies,
+        gate: args.gate == Switch::On,
+        seed: args.seed,
+        handshakes: args.handshakes,
+    };
+    let report = federation::run(options).await?;
+    print_report(args, &report)
 }
 
 async fn failover(args: &DrillArgs, postgres: String, agents: usize) -> anyhow::Result<ExitCode> {
@@ -196,14 +217,16 @@ fn print_report(args: &DrillArgs, report: &Report) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// The library's scenario for the command line's.
-fn scenario(scenario: DrillScenario) -> Scenario {
-    match scenario {
+/// The library's script of one daemon for the command line's scenario; `None` for the federation
+/// drill, which plays two daemons of its own (`meshca_drill::federation`).
+fn scenario(scenario: DrillScenario) -> Option<Scenario> {
+    Some(match scenario {
         DrillScenario::CaRotation => Scenario::CaRotation,
         DrillScenario::MigrateToMeshidentity => Scenario::MigrateToMeshidentity,
         DrillScenario::TrustDomain => Scenario::TrustDomain,
         DrillScenario::Egress => Scenario::Egress,
         DrillScenario::Failover => Scenario::Failover,
         DrillScenario::Workload => Scenario::Workload,
-    }
+        DrillScenario::Federation => return None,
+    })
 }

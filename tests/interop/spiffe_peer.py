@@ -73,10 +73,24 @@ class Authority:
 
 
 
-def jwt_jwk(kid):
-    numbers = ec.generate_private_key(ec.SECP256R1()).public_key().public_numbers()
+def jwt_jwk(kid, key=None):
+    numbers = (key or ec.generate_private_key(ec.SECP256R1())).public_key().public_numbers()
     return {"use": "jwt-svid", "kty": "EC", "crv": "P-256", "kid": kid,
             "x": b64url_int(numbers.x, 32), "y": b64url_int(numbers.y, 32)}  # fmt: skip
+
+
+def jwt_svid(key, kid, subject, audience, lifetime=300):
+    """A JWT-SVID signed ES256 by `key`, as the JWT-SVID standard describes it."""
+    from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+
+    def b64(data):
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    header = b64(json.dumps({"alg": "ES256", "kid": kid, "typ": "JWT"}).encode())
+    now = int(datetime.datetime.now(datetime.timezone.utc).timestamp())
+    claims = b64(json.dumps({"sub": subject, "aud": [audience], "exp": now + lifetime, "iat": now}).encode())
+    r, s = decode_dss_signature(key.sign(f"{header}.{claims}".encode(), ec.ECDSA(hashes.SHA256())))
+    return f"{header}.{claims}.{b64(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
 
 
 def bundle(keys, sequence, refresh_hint=300):

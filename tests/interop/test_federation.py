@@ -19,9 +19,10 @@ from spiffe.spiffe_id.spiffe_id import TrustDomain
 
 from conftest import MESHCA, Daemon
 from sidecars import free_port
-from spiffe_peer import ENDPOINT_ID, TRUST_DOMAIN, Authority, BundleEndpoint, bundle, jwt_jwk
+from cryptography.hazmat.primitives.asymmetric import ec
+from spiffe_peer import ENDPOINT_ID, TRUST_DOMAIN, Authority, BundleEndpoint, bundle, jwt_jwk, jwt_svid
 from test_sds import MESH_SERVICES, Stream, meshservice_context, san_matchers, spiffe_bundles, unpack
-from test_workload_api import ID_A, UID_A, certs, own_context, runtime, spawn, two_workloads  # noqa: F401
+from test_workload_api import ID_A, UID_A, UID_B, certs, own_context, runtime, spawn, two_workloads  # noqa: F401
 
 
 def relationship(url, initial, mesh="default"):
@@ -249,3 +250,25 @@ def test_a_meshservice_of_another_zone_is_checked_by_its_federated_trust_domain(
         daemon.stop()
         peer.close()
     assert daemon.proc.returncode == 0, daemon.log_text()
+
+
+def test_a_workload_validates_a_partners_jwt_svid_with_its_federated_keys(workload_daemon, spawn, tmp_path):  # noqa: F811
+    current, signer = Authority(), ec.generate_private_key(ec.SECP256R1())
+    document = bundle([current.jwk(), jwt_jwk("partner-key-1", signer)], 1)
+    peer = BundleEndpoint(current, document)
+    initial = tmp_path / "partner.json"
+    initial.write_bytes(document)  # the SPIFFE bundle, JWT key included, held from the start
+    try:
+        workload_daemon({**two_workloads(), "partner.yaml": relationship(peer.url, initial)})
+        # py-spiffe reads the partner's JWT bundle from FetchJWTBundles.
+        assert spawn(UID_A, "jwt_bundle", TRUST_DOMAIN).next() == {"kids": ["partner-key-1"]}
+        # A token the partner signed validates for its audience, by the partner's SPIFFE ID...
+        partner_id = f"spiffe://{TRUST_DOMAIN}/billing"
+        token = jwt_svid(signer, "partner-key-1", partner_id, ID_A)
+        assert spawn(UID_A, "validate", token, ID_A).next() == {"spiffe_id": partner_id}
+        # ...and one signed by a key the partner never published does not.
+        forged = jwt_svid(ec.generate_private_key(ec.SECP256R1()), "partner-key-1", partner_id, ID_A)
+        refused = spawn(UID_A, "validate", forged, ID_A).next()
+        assert "error" in refused, refused
+    finally:
+        peer.close()

@@ -195,7 +195,17 @@ def validate(token, audience):
         emit(**error(e))
 
 
-MODES = {"context": context, "svids": svids, "source": source, "watch": watch, "raw": raw, "serve": serve, "dial": dial, "jwt": jwt, "validate": validate}
+def jwt_bundle(trust_domain):
+    """The kids of `trust_domain`'s JWT bundle, as py-spiffe parses FetchJWTBundles."""
+    try:
+        with WorkloadApiClient(ENDPOINT, default_timeout=TIMEOUT) as client:
+            bundle = client.fetch_jwt_bundles().get_bundle_for_trust_domain(TrustDomain(trust_domain))
+            emit(kids=sorted(bundle.jwt_authorities.keys()) if bundle else None)
+    except Exception as e:
+        emit(**error(e))
+
+
+MODES = {"jwt_bundle": jwt_bundle, "context": context, "svids": svids, "source": source, "watch": watch, "raw": raw, "serve": serve, "dial": dial, "jwt": jwt, "validate": validate}
 
 if __name__ == "__main__":
     MODES[sys.argv[3]](*sys.argv[4:])

@@ -5,13 +5,14 @@
 //! JWT-SVIDs name the SPIFFE IDs of the X.509-SVIDs its registrations are issued, and are signed by
 //! their trust domains' keys ([`JwtKeys`], whose module docs say when a new key signs).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use futures::future::select_all;
 use futures::stream::{self, BoxStream, StreamExt};
 use meshca_control::{ProxyEntry, ProxyIdentity, Registration, Snapshot};
+use meshca_federation::{EcCurve, JwkKey, SpiffeBundle};
 use meshca_identity::SpiffeId;
 use meshca_serve::{ConnInfo, HubStream, SnapshotWaiter};
 use prost::Message;
@@ -21,7 +22,9 @@ use tokio::time::Instant;
 use tonic::Status;
 
 use crate::follow::{connect, sleep_until_some};
-use crate::jwt::{self, check_audiences, mint, JwksDocument, JwtSvidCache, TokenShape};
+use crate::jwt::{
+    self, check_audiences, mint, JwksDocument, JwtPublicKey, JwtSvidCache, TokenShape,
+};
 use crate::jwt_keys::{JwtKeys, JwtKeysError, KeySet};
 use crate::jwt_source::JwtSource;
 use crate::proto::{
@@ -321,7 +324,7 @@ pub(crate) async fn validate_jwt_svid(
 ) -> Result<tonic::Response<ValidateJwtSvidResponse>, Status> {
     let admitted = shared.admit(request.extensions().get::<ConnInfo>()).await?;
     let request = request.into_inner();
-    matched(&shared, &admitted).await?;
+    let registrations = matched(&shared, &admitted).await?;
     if request.audience.is_empty() {
         return Err(Status::invalid_argument("audience must be specified"));
     }
@@ -336,10 +339,16 @@ pub(crate) async fn validate_jwt_svid(
         )));
     }
     let keys = shared.jwt()?.current();
+    // A federated trust domain's keys, for the tokens of the peers the caller's meshes trust.
+    let snapshot = shared.published().await?;
+    let federated = federated_for(&snapshot, &registrations);
     let validated = jwt::validate(
         &request.svid,
         &request.audience,
-        &|td: &str, kid: &str| keys.get(td, kid),
+        &|td: &str, kid: &str| {
+            keys.get(td, kid)
+                .or_else(|| federated_key(&federated, td, kid))
+        },
         unix_now(),
     )
     .map_err(|e| Status::invalid_argument(e.to_string()))?;
@@ -372,13 +381,71 @@ fn to_value(json: Json) -> Value {
     Value { kind: Some(kind) }
 }
 
-/// The `FetchJWTBundles` message for `keys`: a JWK Set per trust domain, keyed `spiffe://<td>`.
-fn bundles_message(keys: &KeySet) -> Result<JwtBundlesResponse, Status> {
-    let bundles: HashMap<String, Vec<u8>> = keys
+/// The bundles of the federated trust domains the meshes of `registrations` trust, each trust domain
+/// once.
+fn federated_for(
+    snapshot: &Snapshot,
+    registrations: &[Arc<Registration>],
+) -> Vec<Arc<SpiffeBundle>> {
+    let mut out: Vec<Arc<SpiffeBundle>> = Vec::new();
+    let meshes: BTreeSet<&str> = registrations.iter().map(|r| &*r.proxy.mesh).collect();
+    for view in meshes.into_iter().filter_map(|m| snapshot.meshes.get(m)) {
+        for bundle in view.federated.iter() {
+            if !out
+                .iter()
+                .any(|b| b.trust_domain() == bundle.trust_domain())
+            {
+                out.push(bundle.clone());
+            }
+        }
+    }
+    out
+}
+
+/// Key `kid` of federated trust domain `td`, if it is one meshca can verify with (ES256 on P-256, the
+/// JWT-SVID algorithm meshca validates); a peer's signature is accepted in either form of `s`.
+fn federated_key(federated: &[Arc<SpiffeBundle>], td: &str, kid: &str) -> Option<JwtPublicKey> {
+    let bundle = federated.iter().find(|b| b.trust_domain().as_str() == td)?;
+    let authority = bundle.jwt_authorities().iter().find(|a| a.kid == kid)?;
+    match &authority.key {
+        JwkKey::Ec {
+            curve: EcCurve::P256,
+            x,
+            y,
+        } => Some(
+            JwtPublicKey::new(
+                kid.to_owned(),
+                x.as_slice().try_into().ok()?,
+                y.as_slice().try_into().ok()?,
+            )
+            .of_another_issuer(),
+        ),
+        _ => None,
+    }
+}
+
+/// The `FetchJWTBundles` message for `keys` and the `federated` trust domains' JWT authorities: a JWK
+/// Set per trust domain, keyed `spiffe://<td>`.
+fn bundles_message(
+    keys: &KeySet,
+    federated: &[Arc<SpiffeBundle>],
+) -> Result<JwtBundlesResponse, Status> {
+    let mut bundles: HashMap<String, Vec<u8>> = keys
         .by_trust_domain()
         .iter()
         .map(|(td, jwks): (&String, &JwksDocument)| (format!("spiffe://{td}"), jwks.to_bytes()))
         .collect();
+    for bundle in federated.iter().filter(|b| !b.jwt_authorities().is_empty()) {
+        // The JWK Set of the trust domain's JWT authorities, each as the peer published it.
+        let jwks = SpiffeBundle::new(
+            bundle.trust_domain().clone(),
+            Vec::new(),
+            bundle.jwt_authorities().to_vec(),
+        );
+        bundles
+            .entry(format!("spiffe://{}", bundle.trust_domain()))
+            .or_insert_with(|| jwks.to_json());
+    }
     let response = JwtBundlesResponse { bundles };
     let size = response.encoded_len();
     if size >= MAX_RESPONSE_BYTES {
@@ -411,9 +478,12 @@ pub(crate) async fn fetch_jwt_bundles(
     )
     .await?;
     let shutdown = shared.hub.snapshot_waiter(&registrations[0].proxy);
+    let snapshots = shared.hub.snapshots();
+    let federated = federated_for(&snapshots.borrow(), &registrations);
     let follow = BundlesFollow {
         keys: shared.jwt()?.subscribe(),
-        snapshots: shared.hub.snapshots(),
+        snapshots,
+        federated,
         agent: shared.options.agent.clone(),
         admitted,
         shutdown,
@@ -439,6 +509,8 @@ struct BundlesFollow {
     agent: Option<String>,
     keys: watch::Receiver<Arc<KeySet>>,
     snapshots: watch::Receiver<Arc<Snapshot>>,
+    /// The federated bundles of the caller's meshes, as last sent.
+    federated: Vec<Arc<SpiffeBundle>>,
     /// Rung by the dispatcher that wakes the server's streams; `false` once the server shuts down.
     shutdown: SnapshotWaiter,
     first: bool,
@@ -449,7 +521,7 @@ impl BundlesFollow {
     async fn next(&mut self) -> Result<JwtBundlesResponse, Status> {
         if std::mem::take(&mut self.first) {
             let keys = self.keys.borrow_and_update().clone();
-            return bundles_message(&keys);
+            return bundles_message(&keys, &self.federated);
         }
         loop {
             tokio::select! {
@@ -458,13 +530,21 @@ impl BundlesFollow {
                         return Err(Status::unavailable("the server is shutting down"));
                     }
                     let keys = self.keys.borrow_and_update().clone();
-                    return bundles_message(&keys);
+                    return bundles_message(&keys, &self.federated);
                 }
                 changed = self.snapshots.changed() => {
                     if changed.is_err() {
                         return Err(Status::unavailable("the server is shutting down"));
                     }
-                    self.still_registered()?;
+                    let registrations = self.still_registered()?;
+                    let federated = federated_for(&self.snapshots.borrow(), &registrations);
+                    let same = federated.len() == self.federated.len()
+                        && federated.iter().zip(&self.federated).all(|(a, b)| Arc::ptr_eq(a, b));
+                    if !same {
+                        self.federated = federated;
+                        let keys = self.keys.borrow().clone();
+                        return bundles_message(&keys, &self.federated);
+                    }
                 }
                 open = self.shutdown.changed() => {
                     if !open {
@@ -476,20 +556,19 @@ impl BundlesFollow {
     }
 
     /// `PERMISSION_DENIED` once the caller matches no registration any more.
-    fn still_registered(&mut self) -> Result<(), Status> {
+    fn still_registered(&mut self) -> Result<Vec<Arc<Registration>>, Status> {
         let snapshot = self.snapshots.borrow_and_update().clone();
         let selectors = &self.admitted.selectors;
-        if snapshot
+        let matched = snapshot
             .registrations
-            .matching(self.agent.as_deref(), |s| selectors.contains(s))
-            .is_empty()
-        {
+            .matching(self.agent.as_deref(), |s| selectors.contains(s));
+        if matched.is_empty() {
             tracing::info!(caller = %self.admitted.caller, method = "FetchJWTBundles", "Workload API stream ended: the caller matches no registration any more");
             return Err(Status::permission_denied(
                 "no identity issued: the caller matches no WorkloadRegistration any more",
             ));
         }
-        Ok(())
+        Ok(matched)
     }
 }
 

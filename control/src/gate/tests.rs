@@ -705,3 +705,34 @@ fn a_trust_domain_not_exported_or_a_gate_off_never_waits_for_peers() {
     off.plan_trust(vec![trust(&first)], &[], 1, t0);
     assert!(off.may_issue(&mesh(), &td(), &first));
 }
+
+#[test]
+fn a_federation_wait_shorter_than_the_ack_timeout_ends_on_time() {
+    // The streams ACK at once; the peers' wait (4 s) ends long before the 30 s ackTimeout would.
+    let wait = Duration::from_secs(4);
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let (old, new) = (ca("default/ca-1", t0), ca("default/ca-2", t0));
+    let mut streams = StreamTable::default();
+    open(&mut streams, 1, "web-1", &["system_trust_bundle"]);
+    let mut gate = Gate::new(true, TIMEOUT);
+    gate.export([td()].into_iter().collect(), wait);
+    gate.plan_trust(vec![trust(&old)], &[], 1, t0);
+    gate.set_served(served(&[(&old, SystemTime::UNIX_EPOCH)]));
+    ack(&mut streams, 1, 1);
+    gate.confirm(&streams, t0);
+    let t1 = t0 + Duration::from_secs(10);
+    gate.begin();
+    gate.plan_trust(vec![trust(&old), trust(&new)], &[], 2, t1);
+    gate.set_served(served(&[(&old, SystemTime::UNIX_EPOCH), (&new, t1)]));
+    ack(&mut streams, 1, 2);
+    assert!(!gate.confirm(&streams, t1));
+    assert_eq!(
+        gate.next_deadline(),
+        Some(t1 + wait),
+        "woken when peers hold it"
+    );
+    gate.begin();
+    assert!(gate.confirm(&streams, t1 + wait));
+    assert!(gate.may_issue(&mesh(), &td(), &new));
+    assert_eq!(gate.next_deadline(), None);
+}

@@ -8,6 +8,7 @@ use tokio::sync::watch;
 
 use super::{Dataplanes, Issued};
 use crate::bundles::{self, BundleCache};
+use crate::federated::Federated;
 use crate::snapshot::{Changed, ProxyEntry, ProxyHashMap, ProxyMap, Snapshot};
 use crate::trust::{BundleKey, CaTrust, ServiceIds, ServiceKey};
 use crate::world::World;
@@ -61,6 +62,7 @@ impl Publisher {
         trust: &BTreeMap<BundleKey, Vec<CaTrust>>,
         proxies: ProxyMap<ProxyEntry>,
         service_ids: &ServiceIds,
+        federated: &Federated,
     ) -> Snapshot {
         bundles::snapshot(
             generation,
@@ -68,6 +70,7 @@ impl Publisher {
             trust,
             proxies,
             service_ids,
+            federated,
             &mut self.bundles,
         )
     }
@@ -88,6 +91,7 @@ impl Publisher {
         world: &World,
         trust: &BTreeMap<BundleKey, Vec<CaTrust>>,
         service_ids: &ServiceIds,
+        federated: &Federated,
     ) -> bool {
         let previous = self.last();
         let mut snapshot = self.build(
@@ -96,6 +100,7 @@ impl Publisher {
             trust,
             previous.proxies.clone(),
             service_ids,
+            federated,
         );
         let same_meshes = snapshot.meshes.len() == previous.meshes.len()
             && snapshot

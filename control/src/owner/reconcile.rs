@@ -134,15 +134,17 @@ impl Owner {
         self.gate.plan_sans(&service_ids, generation, now);
         // New trust goes out before the pass over every proxy, which only adds certificates the gate
         // lets through once that trust is ACKed.
-        let generation =
-            if self
-                .publisher
-                .publish_trust_first(generation, &self.world, &trust, &service_ids)
-            {
-                generation + 1
-            } else {
-                generation
-            };
+        let generation = if self.publisher.publish_trust_first(
+            generation,
+            &self.world,
+            &trust,
+            &service_ids,
+            &self.federated,
+        ) {
+            generation + 1
+        } else {
+            generation
+        };
         // A CA or an ID that no connected stream must carry may be used at once. (No stream has ACKed
         // what was just published: its ACKs are read between turns.)
         self.gate.confirm(&self.proxies.streams, now);
@@ -416,9 +418,14 @@ impl Owner {
             proxies.remove(&key);
             changed.insert(key);
         }
-        let mut snapshot =
-            self.publisher
-                .build(generation, &self.world, trust, proxies, service_ids);
+        let mut snapshot = self.publisher.build(
+            generation,
+            &self.world,
+            trust,
+            proxies,
+            service_ids,
+            &self.federated,
+        );
         snapshot.claim_rules = match rules_changed {
             Some(keys) => {
                 let mut rules = previous.claim_rules.clone();

@@ -171,6 +171,7 @@ impl World {
                         )),
                     ),
                 ]),
+                federated: std::sync::Arc::from(Vec::new()),
             },
         );
         meshes.insert(
@@ -178,6 +179,7 @@ impl World {
             MeshView {
                 trust: self.other_trust.clone(),
                 mesh_services: HashMap::new(),
+                federated: std::sync::Arc::from(Vec::new()),
             },
         );
         Snapshot {
