@@ -286,6 +286,7 @@ async fn follow_content(
     } = numbering;
     let mut last: Option<SpiffeBundle> = None;
     let mut warned_empty = false;
+    let mut roots_open = true;
     loop {
         let snapshot = snapshots.borrow_and_update().clone();
         let key_set = keys.borrow_and_update().clone();
@@ -331,7 +332,8 @@ async fn follow_content(
             () = shutdown.cancelled() => return,
             changed = snapshots.changed() => if changed.is_err() { return },
             changed = keys.changed() => if changed.is_err() { return },
-            changed = svid_roots.changed() => if changed.is_err() { return },
+            // An https_web endpoint has no SVID: its channel is closed from the start.
+            changed = svid_roots.changed(), if roots_open => roots_open = changed.is_ok(),
             () = tokio::time::sleep(Duration::from_secs(5)), if retry => {}
         }
     }

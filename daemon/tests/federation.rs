@@ -244,3 +244,99 @@ async fn a_peer_follows_alphas_endpoint_through_a_rotation_and_a_restart_keeps_t
     beta.stop().await;
     alpha_daemon.stop().await;
 }
+
+/// A Web PKI CA and a server certificate for 127.0.0.1 from it, written as PEM files in `dir`: the
+/// CA's certificate (DER) and the paths of the chain and the key.
+fn web_certificate(dir: &Path) -> (Vec<u8>, std::path::PathBuf, std::path::PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_key = KeyPair::generate().expect("a key");
+    let ca = ca_params.self_signed(&ca_key).expect("a CA");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+    params.subject_alt_names = vec![SanType::IpAddress(std::net::IpAddr::from(
+        Ipv4Addr::LOCALHOST,
+    ))];
+    let key = KeyPair::generate().expect("a key");
+    let cert = params.signed_by(&key, &issuer).expect("a certificate");
+    let (cert_file, key_file) = (dir.join("web.pem"), dir.join("web-key.pem"));
+    std::fs::write(&cert_file, cert.pem()).expect("written");
+    std::fs::write(&key_file, key.serialize_pem()).expect("written");
+    (ca.der().to_vec(), cert_file, key_file)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_web_endpoint_presents_the_operators_certificate() {
+    let root = tempfile::tempdir().expect("a directory");
+    let resources = root.path().join("resources");
+    std::fs::create_dir_all(&resources).expect("resources");
+    std::fs::write(resources.join("mesh.yaml"), mesh("alpha", "ca-1", &[])).expect("mesh");
+    let (web_ca, cert_file, key_file) = web_certificate(root.path());
+    let mut s = settings(root.path());
+    s.federation.endpoints = vec![FederationEndpoint {
+        trust_domain: alpha(),
+        listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        profile: EndpointServing::HttpsWeb {
+            tls: meshca_config::TlsFiles {
+                cert_file,
+                key_file,
+            },
+        },
+    }];
+    let daemon = start(s, false).await;
+    let (addr, served) = served(&daemon).await;
+    let url = format!("https://{addr}/");
+    let web = EndpointAuth::Web {
+        roots: vec![web_ca.into()],
+    };
+    let fetched = fetch(&url, &alpha(), &web, TIMEOUT, BundleLimits::default())
+        .await
+        .expect("fetched by Web PKI");
+    assert_eq!(fetched, served);
+    // Checked as https_spiffe it is refused: it presents no SVID of the trust domain.
+    let spiffe = EndpointAuth::Spiffe {
+        id: SpiffeId::parse("spiffe://alpha/meshca/bundle-endpoint").expect("an ID"),
+        bundle: served.clone(),
+    };
+    assert!(
+        fetch(&url, &alpha(), &spiffe, TIMEOUT, BundleLimits::default())
+            .await
+            .is_err()
+    );
+    daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_web_endpoint_whose_certificate_does_not_load_stops_the_start_naming_it() {
+    let root = tempfile::tempdir().expect("a directory");
+    let resources = root.path().join("resources");
+    std::fs::create_dir_all(&resources).expect("resources");
+    std::fs::write(resources.join("mesh.yaml"), mesh("alpha", "ca-1", &[])).expect("mesh");
+    let mut s = settings(root.path());
+    let missing = root.path().join("missing.pem");
+    s.federation.endpoints = vec![FederationEndpoint {
+        trust_domain: alpha(),
+        listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        profile: EndpointServing::HttpsWeb {
+            tls: meshca_config::TlsFiles {
+                cert_file: missing.clone(),
+                key_file: missing.clone(),
+            },
+        },
+    }];
+    let error = meshca_daemon::Daemon::start(
+        s,
+        meshca_daemon::DaemonOptions {
+            gate: true,
+            watch_files: false,
+        },
+    )
+    .await
+    .expect_err("refused");
+    let text = format!("{error:#}");
+    assert!(
+        text.contains("federation.endpoints") && text.contains("missing.pem"),
+        "{text}"
+    );
+}

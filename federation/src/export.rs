@@ -336,13 +336,18 @@ pub fn load_certified_key(
     key_file: &std::path::Path,
 ) -> io::Result<CertifiedKey> {
     let invalid = |e: String| io::Error::new(io::ErrorKind::InvalidData, e);
+    fn named(path: &std::path::Path) -> impl Fn(io::Error) -> io::Error + '_ {
+        move |e| io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+    }
     let certs_pem = meshca_files::read(
         cert_file,
         meshca_files::PEM_FILE_BYTES,
         meshca_files::PEM_FILE_BOUND,
-    )?;
-    let key_pem = meshca_files::open(key_file)?
-        .read_secret(meshca_files::PEM_FILE_BYTES, meshca_files::PEM_FILE_BOUND)?;
+    )
+    .map_err(named(cert_file))?;
+    let key_pem = meshca_files::open(key_file)
+        .and_then(|f| f.read_secret(meshca_files::PEM_FILE_BYTES, meshca_files::PEM_FILE_BOUND))
+        .map_err(named(key_file))?;
     let chain: Vec<rustls::pki_types::CertificateDer<'static>> = ::pem::parse_many(&certs_pem)
         .map_err(|e| invalid(format!("{}: not PEM: {e}", cert_file.display())))?
         .into_iter()
