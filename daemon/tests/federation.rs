@@ -287,6 +287,7 @@ async fn an_https_web_endpoint_presents_the_operators_certificate() {
     let daemon = start(s, false).await;
     let (addr, served) = served(&daemon).await;
     let url = format!("https://{addr}/");
+    let web_ca_der = web_ca.clone();
     let web = EndpointAuth::Web {
         roots: vec![web_ca.into()],
     };
@@ -304,6 +305,48 @@ async fn an_https_web_endpoint_presents_the_operators_certificate() {
             .await
             .is_err()
     );
+
+    // A peer follows it as https_web, checking it by the operator's CA (caFile), with no initial bundle.
+    let beta_root = tempfile::tempdir().expect("a directory");
+    let beta_resources = beta_root.path().join("resources");
+    std::fs::create_dir_all(&beta_resources).expect("resources");
+    std::fs::write(beta_resources.join("mesh.yaml"), mesh("beta", "ca-1", &[])).expect("mesh");
+    let ca_file = beta_root.path().join("web-ca.pem");
+    std::fs::write(
+        &ca_file,
+        ::pem::encode(&::pem::Pem::new("CERTIFICATE", web_ca_der.clone())),
+    )
+    .expect("caFile");
+    std::fs::write(
+        beta_resources.join("alpha.yaml"),
+        format!(
+            "type: FederationRelationship\nname: alpha\nmesh: \"*\"\nspec:\n  trustDomain: alpha\n  bundleEndpoint: {{url: \"{url}\", profile: https_web, caFile: {}}}\n",
+            ca_file.display()
+        ),
+    )
+    .expect("relationship");
+    let beta = start(settings(beta_root.path()), false).await;
+    let mut status = beta.federation.status();
+    let peer = tokio::time::timeout(
+        TIMEOUT,
+        status.wait_for(|all| all.get(&alpha()).is_some_and(|s| s.fetches.ok >= 1)),
+    )
+    .await
+    .expect("fetched in time")
+    .expect("the importer runs")[&alpha()]
+        .clone();
+    assert_eq!(peer.held_from, HeldFrom::Fetched, "{peer:?}");
+    assert_eq!(peer.profile, "https_web");
+    let mut snapshots = beta.snapshots();
+    tokio::time::timeout(
+        TIMEOUT,
+        snapshots.wait_for(|s| s.all.by_trust_domain().contains_key("alpha")),
+    )
+    .await
+    .expect("beta trusts alpha in time")
+    .expect("serving");
+    assert_eq!(trusted(&beta, "alpha"), ders(&served));
+    beta.stop().await;
     daemon.stop().await;
 }
 
