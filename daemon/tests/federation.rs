@@ -158,6 +158,19 @@ async fn a_peer_follows_alphas_endpoint_through_a_rotation_and_a_restart_keeps_t
     .expect("beta trusts alpha in time")
     .expect("serving");
     assert_eq!(trusted(&beta, "alpha"), ders(&first));
+    // Each console shows it: beta the trust domain it follows, alpha the bundle it serves and who
+    // fetched it.
+    let followed = common::admin_text(beta.admin_addr, "/console/overview").await;
+    assert!(
+        followed.contains("<h2>Federation</h2>") && followed.contains("from fetched, sequence 1"),
+        "{followed}"
+    );
+    let serving = common::admin_text(alpha_daemon.admin_addr, "/console/overview").await;
+    assert!(
+        serving.contains("Bundle endpoint of <b>alpha</b> serves sequence 1")
+            && serving.contains("fetched by <code>127.0.0.1</code>"),
+        "{serving}"
+    );
     // alpha saw who fetched: this test's client and beta, both from the loopback address.
     let fetched_by = alpha_daemon.bundle_endpoints[0].fetches.peers();
     assert_eq!(fetched_by.len(), 1, "{fetched_by:?}");

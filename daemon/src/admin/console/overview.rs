@@ -29,17 +29,92 @@ pub(super) async fn fragment(State(s): State<AdminState>) -> Response {
 
 /// The overview now, rendered (the console shares it between the browsers that ask at once).
 pub(super) async fn build(s: &AdminState) -> String {
-    let status = match s.status.get(Detail::Summary).await {
-        Ok(reply) => render(&reply.status, &s.metrics.timeline()),
-        Err(e) => html! { p.error { "no status: " (e.to_string()) } },
+    let (status, federation) = match s.status.get(Detail::Summary).await {
+        Ok(reply) => (
+            render(&reply.status, &s.metrics.timeline()),
+            federation(s, &reply.world),
+        ),
+        Err(e) => (
+            html! { p.error { "no status: " (e.to_string()) } },
+            html! {},
+        ),
     };
     let database = s.database.as_ref().map(|view| view.borrow().clone());
     let token = s.token.as_ref().map(|t| (t.label().to_owned(), t.status()));
     html! {
         (status)
+        (federation)
         (state(database.as_deref(), token.as_ref()))
     }
     .into_string()
+}
+
+/// The trust domains followed (each relationship: its endpoint, the bundle held, its age and condition,
+/// the last fetch) and the bundles served (their sequence, since when each authority, who fetched);
+/// nothing when there is no federation.
+fn federation(s: &AdminState, world: &meshca_control::World) -> Markup {
+    let followed = s
+        .federation
+        .relationships(world, std::time::SystemTime::now());
+    let followed = serde_json::to_value(followed).unwrap_or_default();
+    let served: Vec<serde_json::Value> = s
+        .served_bundles
+        .iter()
+        .map(|(td, (bundle, fetches))| {
+            crate::bundle_endpoints::endpoint_status(td, bundle, fetches)
+        })
+        .collect();
+    let followed = followed.as_array().cloned().unwrap_or_default();
+    if followed.is_empty() && served.is_empty() {
+        return html! {};
+    }
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "–".to_owned(),
+        other => other.to_string(),
+    };
+    html! {
+        section.federation {
+            h2 { "Federation" }
+            @if !followed.is_empty() {
+                table.followed {
+                    thead { tr {
+                        th { "trust domain" } th { "for" } th { "endpoint" } th { "bundle held" }
+                        th { "age" } th { "condition" } th { "fetches" } th { "last fetch" } th { "next" }
+                    } }
+                    tbody {
+                        @for p in &followed {
+                            tr data-condition=(text(&p["condition"])) {
+                                td { (text(&p["trust_domain"])) }
+                                td { (p["relationships"].as_array().map(|r| r.iter().map(text).collect::<Vec<_>>().join(", ")).unwrap_or_default()) }
+                                td { (text(&p["profile"])) " " code { (text(&p["url"])) } }
+                                td { "from " (text(&p["held_from"])) ", sequence " (text(&p["sequence"])) ", "
+                                     (text(&p["x509_authorities"])) " X.509 and " (text(&p["jwt_authorities"])) " JWT authorities" }
+                                td { (text(&p["age_seconds"])) " s" }
+                                td { @if p["condition"] == "Stale" { b.error { "Stale" } } @else { "Fresh" } }
+                                td { "ok " (text(&p["fetches"]["ok"])) ", failed " (text(&p["fetches"]["failed"])) ", refused " (text(&p["fetches"]["refused"])) }
+                                td { (text(&p["last_attempt"])) @if let Some(e) = p["last_error"].as_str() { br; span.error { (e) } } }
+                                td { (text(&p["next_fetch"])) }
+                            }
+                        }
+                    }
+                }
+            }
+            @for e in &served {
+                p.served {
+                    "Bundle endpoint of " b { (text(&e["trust_domain"])) } " serves sequence " (text(&e["sequence"])) ", "
+                    (e["x509_authorities"].as_array().map_or(0, Vec::len)) " X.509 authorities."
+                }
+                @if let Some(fetchers) = e["fetched_by"].as_array().filter(|f| !f.is_empty()) {
+                    ul.fetched {
+                        @for f in fetchers {
+                            li { "fetched by " code { (text(&f["peer"])) } ": " (text(&f["fetches"])) " times, last " (text(&f["last"])) " (sequence " (text(&f["sequence"])) ")" }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Where the state is kept: the database and its replicas, or files; and the PKCS#11 token.
