@@ -62,6 +62,20 @@ async fn served(daemon: &Daemon) -> (SocketAddr, SpiffeBundle) {
     (endpoint.addr, bundle)
 }
 
+/// `daemon`'s status of trust domain alpha once it fetched alpha's bundle.
+async fn first_fetch(daemon: &Daemon) -> meshca_federation::PeerStatus {
+    let mut status = daemon.federation.status();
+    let all = tokio::time::timeout(
+        TIMEOUT,
+        status.wait_for(|all| all.get(&alpha()).is_some_and(|s| s.fetches.ok >= 1)),
+    )
+    .await
+    .expect("fetched in time")
+    .expect("the importer runs")
+    .clone();
+    all[&alpha()].clone()
+}
+
 fn ders(bundle: &SpiffeBundle) -> Vec<Vec<u8>> {
     let mut ders: Vec<Vec<u8>> = bundle
         .x509_authorities()
@@ -133,15 +147,7 @@ async fn a_peer_follows_alphas_endpoint_through_a_rotation_and_a_restart_keeps_t
     )
     .expect("relationship");
     let beta = start(settings(beta_root.path()), false).await;
-    let mut status = beta.federation.status();
-    let peer = tokio::time::timeout(
-        TIMEOUT,
-        status.wait_for(|all| all.get(&alpha()).is_some_and(|s| s.fetches.ok >= 1)),
-    )
-    .await
-    .expect("beta fetched in time")
-    .expect("the importer runs")[&alpha()]
-        .clone();
+    let peer = first_fetch(&beta).await;
     assert_eq!(peer.held_from, HeldFrom::Fetched, "{peer:?}");
     assert_eq!(peer.sequence, Some(1));
     let mut snapshots = beta.snapshots();
@@ -339,15 +345,7 @@ async fn an_https_web_endpoint_presents_the_operators_certificate() {
     )
     .expect("relationship");
     let beta = start(settings(beta_root.path()), false).await;
-    let mut status = beta.federation.status();
-    let peer = tokio::time::timeout(
-        TIMEOUT,
-        status.wait_for(|all| all.get(&alpha()).is_some_and(|s| s.fetches.ok >= 1)),
-    )
-    .await
-    .expect("fetched in time")
-    .expect("the importer runs")[&alpha()]
-        .clone();
+    let peer = first_fetch(&beta).await;
     assert_eq!(peer.held_from, HeldFrom::Fetched, "{peer:?}");
     assert_eq!(peer.profile, "https_web");
     let mut snapshots = beta.snapshots();

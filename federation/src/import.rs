@@ -126,6 +126,25 @@ pub struct PeerStatus {
 }
 
 impl PeerStatus {
+    /// The status of a peer at `url` with `profile`, before anything is held or fetched.
+    pub fn new(url: String, profile: &'static str) -> PeerStatus {
+        PeerStatus {
+            url,
+            profile,
+            held_from: HeldFrom::Nothing,
+            sequence: None,
+            refresh_hint: None,
+            x509_authorities: 0,
+            jwt_authorities: 0,
+            fetched_at: None,
+            held_since: None,
+            last_attempt: None,
+            last_error: None,
+            next_fetch: None,
+            fetches: FetchCounts::default(),
+        }
+    }
+
     /// How old the held bundle is at `now`: since a fetch last confirmed it, or since it was first
     /// held; `None` when nothing is held.
     pub fn age(&self, now: SystemTime) -> Option<Duration> {
@@ -429,21 +448,7 @@ async fn follow(peer: Peer, shared: Arc<Shared>, wake: Arc<Notify>) {
     let td = peer.trust_domain.clone();
     let mut holding = Holding {
         bundle: None,
-        status: PeerStatus {
-            url: peer.url.clone(),
-            profile: peer.profile.as_str(),
-            held_from: HeldFrom::Nothing,
-            sequence: None,
-            refresh_hint: None,
-            x509_authorities: 0,
-            jwt_authorities: 0,
-            fetched_at: None,
-            held_since: None,
-            last_attempt: None,
-            last_error: None,
-            next_fetch: None,
-            fetches: FetchCounts::default(),
-        },
+        status: PeerStatus::new(peer.url.clone(), peer.profile.as_str()),
         failures: 0,
     };
     match stored(&shared, &td).await {
@@ -646,21 +651,7 @@ mod tests {
     #[test]
     fn a_bundles_age_counts_from_its_fetch_else_from_when_it_was_first_held() {
         let t0 = UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let mut status = PeerStatus {
-            url: String::new(),
-            profile: "https_web",
-            held_from: HeldFrom::Nothing,
-            sequence: None,
-            refresh_hint: None,
-            x509_authorities: 0,
-            jwt_authorities: 0,
-            fetched_at: None,
-            held_since: None,
-            last_attempt: None,
-            last_error: None,
-            next_fetch: None,
-            fetches: FetchCounts::default(),
-        };
+        let mut status = PeerStatus::new(String::new(), "https_web");
         let day = Duration::from_secs(86_400);
         assert_eq!(status.age(t0), None);
         assert!(status.is_stale(t0, day), "nothing held is stale");
