@@ -258,6 +258,10 @@ pub fn content(
     SpiffeBundle::new(trust_domain.clone(), x509, jwt)
 }
 
+/// What an endpoint's content is computed from: the trust of every mesh, the JWT-SVID keys, and the roots
+/// its SVID chains to.
+type ContentInputs = (Arc<meshca_control::TrustBundle>, Arc<KeySet>, Vec<Vec<u8>>);
+
 /// Where one endpoint's content is numbered and published.
 struct Numbering {
     trust_domain: TrustDomain,
@@ -287,47 +291,57 @@ async fn follow_content(
     let mut last: Option<SpiffeBundle> = None;
     let mut warned_empty = false;
     let mut roots_open = true;
+    // What the last content was computed from: a snapshot that changed proxies only shares the `Arc`
+    // of its trust, and costs nothing here.
+    let mut inputs: Option<ContentInputs> = None;
     loop {
         let snapshot = snapshots.borrow_and_update().clone();
         let key_set = keys.borrow_and_update().clone();
         let retained = svid_roots.borrow_and_update().clone();
-        let now = content(&td, &snapshot, &key_set, &retained);
-        let empty = now.x509_authorities().is_empty() && now.jwt_authorities().is_empty();
-        if empty && snapshot.generation > 0 && !warned_empty {
-            tracing::warn!(trust_domain = %td, "the bundle endpoint has nothing to serve: no mesh issues for this trust domain");
-            warned_empty = true;
-        }
-        if !empty && last.as_ref() != Some(&now) {
-            let keystore = keystore.clone();
-            let content = now.clone();
-            let numbered = tokio::task::spawn_blocking(move || {
-                number(keystore.as_ref(), &content, refresh_hint, SystemTime::now())
-            })
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r);
-            match numbered {
-                Ok(bundle) => {
-                    tracing::info!(trust_domain = %td, sequence = ?bundle.bundle.sequence, x509_authorities = bundle.bundle.x509_authorities().len(), jwt_authorities = bundle.bundle.jwt_authorities().len(), "served bundle updated");
-                    served_since.send_if_modified(|all| {
-                        if all.get(&td) == Some(&bundle.served_since) {
-                            return false;
-                        }
-                        let mut next = (**all).clone();
-                        next.insert(td.clone(), bundle.served_since.clone());
-                        *all = Arc::new(next);
-                        true
-                    });
-                    served.send_replace(Some(bundle));
-                    last = Some(now);
-                }
-                // The last bundle keeps serving; the next change (or a retry below) numbers again.
-                Err(e) => {
-                    tracing::error!(trust_domain = %td, error = %e, "the served bundle could not be numbered; the last one keeps serving")
+        let unchanged = inputs.as_ref().is_some_and(|(all, k, r)| {
+            Arc::ptr_eq(all, &snapshot.all) && Arc::ptr_eq(k, &key_set) && *r == retained
+        });
+        if !unchanged {
+            inputs = Some((snapshot.all.clone(), key_set.clone(), retained.clone()));
+            let now = content(&td, &snapshot, &key_set, &retained);
+            let empty = now.x509_authorities().is_empty() && now.jwt_authorities().is_empty();
+            if empty && snapshot.generation > 0 && !warned_empty {
+                tracing::warn!(trust_domain = %td, "the bundle endpoint has nothing to serve: no mesh issues for this trust domain");
+                warned_empty = true;
+            }
+            if !empty && last.as_ref() != Some(&now) {
+                let keystore = keystore.clone();
+                let content = now.clone();
+                let numbered = tokio::task::spawn_blocking(move || {
+                    number(keystore.as_ref(), &content, refresh_hint, SystemTime::now())
+                })
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r);
+                match numbered {
+                    Ok(bundle) => {
+                        tracing::info!(trust_domain = %td, sequence = ?bundle.bundle.sequence, x509_authorities = bundle.bundle.x509_authorities().len(), jwt_authorities = bundle.bundle.jwt_authorities().len(), "served bundle updated");
+                        served_since.send_if_modified(|all| {
+                            if all.get(&td) == Some(&bundle.served_since) {
+                                return false;
+                            }
+                            let mut next = (**all).clone();
+                            next.insert(td.clone(), bundle.served_since.clone());
+                            *all = Arc::new(next);
+                            true
+                        });
+                        served.send_replace(Some(bundle));
+                        last = Some(now);
+                    }
+                    // The last bundle keeps serving; the next change, or the retry below, numbers again.
+                    Err(e) => {
+                        tracing::error!(trust_domain = %td, error = %e, "the served bundle could not be numbered; the last one keeps serving");
+                        inputs = None;
+                    }
                 }
             }
         }
-        let retry = last.is_none() && !empty;
+        let retry = inputs.is_none();
         tokio::select! {
             () = shutdown.cancelled() => return,
             changed = snapshots.changed() => if changed.is_err() { return },
