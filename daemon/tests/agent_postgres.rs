@@ -9,41 +9,18 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{
-    admin_text, connected_agents, dataplane, leaf_der, leaf_issuer, my_uid, next, settings, start,
-    workloads, write_resources, x509_stream, TestAgent, Traces, WorkloadKey, TIMEOUT,
+    admin_text, connected_agents, dataplane, leaf_der, leaf_issuer, my_uid, next, on_postgres,
+    settings, start, workloads, write_private, write_resources, x509_stream, TestAgent, Traces,
+    WorkloadKey, TIMEOUT,
 };
 use meshca_agent::ServerAddr;
-use meshca_config::{KeystoreSettings, KeystoreType, PostgresSettings, ReplicaSettings, Settings};
+use meshca_config::Settings;
 use meshca_testpg::TestPostgres;
-
-/// Writes `bytes` to `path`, readable by its owner only (as the key-encryption key must be).
-fn write_private(path: &Path, bytes: &[u8]) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::write(path, bytes).expect("the temp dir is writable");
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-}
 
 /// Replica `name`'s settings in `root`: on `pg`'s database, with the key-encryption key (`kek`) and
 /// the database password (`db-password`) every replica shares in `shared`.
 fn replica_settings(root: &Path, pg: &TestPostgres, shared: &Path, name: &str) -> Settings {
-    let mut settings = settings(root);
-    settings.keystore = KeystoreSettings {
-        kind: KeystoreType::Postgres,
-        postgres: Some(PostgresSettings {
-            url: pg.url(),
-            password_file: Some(shared.join("db-password")),
-            key_encryption_key_file: Some(shared.join("kek")),
-            ca_file: None,
-            timeout: meshca_config::DEFAULT_POSTGRES_TIMEOUT,
-            max_connections: meshca_config::DEFAULT_POSTGRES_MAX_CONNECTIONS,
-        }),
-        pkcs11: None,
-    };
-    settings.replica = ReplicaSettings {
-        name: name.to_owned(),
-        lease_timeout: meshca_config::DEFAULT_LEASE_TIMEOUT,
-    };
-    settings
+    on_postgres(settings(root), pg, shared, name)
 }
 
 /// How often the database is read while a replica records a certificate.

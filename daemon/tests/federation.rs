@@ -64,16 +64,24 @@ async fn served(daemon: &Daemon) -> (SocketAddr, SpiffeBundle) {
 
 /// `daemon`'s status of trust domain alpha once it fetched alpha's bundle.
 async fn first_fetch(daemon: &Daemon) -> meshca_federation::PeerStatus {
-    let mut status = daemon.federation.status();
-    let all = tokio::time::timeout(
-        TIMEOUT,
-        status.wait_for(|all| all.get(&alpha()).is_some_and(|s| s.fetches.ok >= 1)),
-    )
-    .await
-    .expect("fetched in time")
-    .expect("the importer runs")
-    .clone();
-    all[&alpha()].clone()
+    common::peer_status(daemon, &alpha(), |s| s.fetches.ok >= 1).await
+}
+
+/// Waits until `daemon` tells its proxies to trust `count` CAs of trust domain alpha.
+async fn wait_trusts(daemon: &Daemon, count: usize) {
+    let mut snapshots = daemon.snapshots();
+    let trusted = snapshots.wait_for(|s| {
+        s.all
+            .by_trust_domain()
+            .get("alpha")
+            .is_some_and(|p| p.len() == count)
+    });
+    if tokio::time::timeout(TIMEOUT, trusted).await.is_err() {
+        panic!(
+            "{count} CAs of alpha were not trusted in time; the importer: {:?}",
+            daemon.federation.status().borrow().get(&alpha())
+        );
+    }
 }
 
 fn ders(bundle: &SpiffeBundle) -> Vec<Vec<u8>> {
@@ -150,19 +158,7 @@ async fn a_peer_follows_alphas_endpoint_through_a_rotation_and_a_restart_keeps_t
     let peer = first_fetch(&beta).await;
     assert_eq!(peer.held_from, HeldFrom::Fetched, "{peer:?}");
     assert_eq!(peer.sequence, Some(1));
-    let mut snapshots = beta.snapshots();
-    tokio::time::timeout(
-        TIMEOUT,
-        snapshots.wait_for(|s| {
-            s.all
-                .by_trust_domain()
-                .get("alpha")
-                .is_some_and(|p| p.len() == first.x509_authorities().len())
-        }),
-    )
-    .await
-    .expect("beta trusts alpha in time")
-    .expect("serving");
+    wait_trusts(&beta, first.x509_authorities().len()).await;
     assert_eq!(trusted(&beta, "alpha"), ders(&first));
     // Each console shows it: beta the trust domain it follows, alpha the bundle it serves and who
     // fetched it.
@@ -235,23 +231,7 @@ async fn a_peer_follows_alphas_endpoint_through_a_rotation_and_a_restart_keeps_t
 
     // beta fetches (now rather than at the hint) and its proxies trust both.
     assert!(beta.federation.refresh(&alpha()));
-    tokio::time::timeout(
-        TIMEOUT,
-        snapshots.wait_for(|s| {
-            s.all
-                .by_trust_domain()
-                .get("alpha")
-                .is_some_and(|p| p.len() == 2)
-        }),
-    )
-    .await
-    .unwrap_or_else(|_| {
-        panic!(
-            "beta trusts both in time: {:?}",
-            beta.federation.status().borrow().get(&alpha())
-        )
-    })
-    .expect("serving");
+    wait_trusts(&beta, 2).await;
     assert_eq!(trusted(&beta, "alpha"), ders(&second));
 
     // A restart of alpha serves the same content under the same number.
@@ -348,14 +328,7 @@ async fn an_https_web_endpoint_presents_the_operators_certificate() {
     let peer = first_fetch(&beta).await;
     assert_eq!(peer.held_from, HeldFrom::Fetched, "{peer:?}");
     assert_eq!(peer.profile, "https_web");
-    let mut snapshots = beta.snapshots();
-    tokio::time::timeout(
-        TIMEOUT,
-        snapshots.wait_for(|s| s.all.by_trust_domain().contains_key("alpha")),
-    )
-    .await
-    .expect("beta trusts alpha in time")
-    .expect("serving");
+    wait_trusts(&beta, served.x509_authorities().len()).await;
     assert_eq!(trusted(&beta, "alpha"), ders(&served));
     beta.stop().await;
     daemon.stop().await;

@@ -6,23 +6,14 @@ mod common;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 
-use common::{settings, start, TIMEOUT};
-use meshca_config::{
-    EndpointServing, FederationEndpoint, KeystoreSettings, KeystoreType, PostgresSettings,
-    ReplicaSettings, Settings,
-};
+use common::{on_postgres, peer_status, settings, start, write_private, TIMEOUT};
+use meshca_config::{EndpointServing, FederationEndpoint, Settings};
 use meshca_federation::HeldFrom;
 use meshca_identity::TrustDomain;
 use meshca_testpg::TestPostgres;
 
 fn alpha() -> TrustDomain {
     "alpha".parse().expect("a trust domain")
-}
-
-fn write_private(path: &Path, bytes: &[u8]) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::write(path, bytes).expect("the temp dir is writable");
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
 }
 
 /// Replica `name` in `root`, on `pg`'s database, following alpha's endpoint at `url` with `initial`.
@@ -49,24 +40,7 @@ fn replica(
         ),
     )
     .expect("relationship");
-    let mut s = settings(root);
-    s.keystore = KeystoreSettings {
-        kind: KeystoreType::Postgres,
-        postgres: Some(PostgresSettings {
-            url: pg.url(),
-            password_file: Some(shared.join("db-password")),
-            key_encryption_key_file: Some(shared.join("kek")),
-            ca_file: None,
-            timeout: meshca_config::DEFAULT_POSTGRES_TIMEOUT,
-            max_connections: meshca_config::DEFAULT_POSTGRES_MAX_CONNECTIONS,
-        }),
-        pkcs11: None,
-    };
-    s.replica = ReplicaSettings {
-        name: name.to_owned(),
-        lease_timeout: meshca_config::DEFAULT_LEASE_TIMEOUT,
-    };
-    s
+    on_postgres(settings(root), pg, shared, name)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,14 +105,7 @@ async fn a_replica_that_starts_while_the_peer_is_down_holds_what_another_replica
         false,
     )
     .await;
-    let mut status = replica_a.federation.status();
-    tokio::time::timeout(
-        TIMEOUT,
-        status.wait_for(|all| all.get(&alpha()).is_some_and(|s| s.sequence == Some(2))),
-    )
-    .await
-    .expect("fetched in time")
-    .expect("the importer runs");
+    peer_status(&replica_a, &alpha(), |s| s.sequence == Some(2)).await;
     replica_a.stop().await;
     alpha_daemon.stop().await;
 
@@ -149,16 +116,7 @@ async fn a_replica_that_starts_while_the_peer_is_down_holds_what_another_replica
         false,
     )
     .await;
-    let mut status = replica_b.federation.status();
-    let all = tokio::time::timeout(
-        TIMEOUT,
-        status.wait_for(|all| all.get(&alpha()).is_some_and(|s| s.fetches.failed >= 1)),
-    )
-    .await
-    .expect("tried in time")
-    .expect("the importer runs")
-    .clone();
-    let peer = &all[&alpha()];
+    let peer = &peer_status(&replica_b, &alpha(), |s| s.fetches.failed >= 1).await;
     assert_eq!(peer.held_from, HeldFrom::Stored, "{peer:?}");
     assert_eq!(peer.sequence, Some(2));
     assert_eq!(peer.x509_authorities, 2);

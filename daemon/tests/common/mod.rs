@@ -405,3 +405,59 @@ pub async fn connected_agents(daemon: &Daemon) -> Vec<String> {
         .map(|a| a["name"].as_str().expect("an agent's name").to_owned())
         .collect()
 }
+
+/// Writes `bytes` to `path`, readable by its owner only (as the key-encryption key must be).
+pub fn write_private(path: &Path, bytes: &[u8]) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, bytes).expect("the temp dir is writable");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+}
+
+/// `settings` as replica `name` on `pg`'s database, with the key-encryption key (`kek`) and the
+/// database password (`db-password`) every replica shares in `shared`.
+pub fn on_postgres(
+    mut settings: Settings,
+    pg: &meshca_testpg::TestPostgres,
+    shared: &Path,
+    name: &str,
+) -> Settings {
+    settings.keystore = meshca_config::KeystoreSettings {
+        kind: meshca_config::KeystoreType::Postgres,
+        postgres: Some(meshca_config::PostgresSettings {
+            url: pg.url(),
+            password_file: Some(shared.join("db-password")),
+            key_encryption_key_file: Some(shared.join("kek")),
+            ca_file: None,
+            timeout: meshca_config::DEFAULT_POSTGRES_TIMEOUT,
+            max_connections: meshca_config::DEFAULT_POSTGRES_MAX_CONNECTIONS,
+        }),
+        pkcs11: None,
+    };
+    settings.replica = meshca_config::ReplicaSettings {
+        name: name.to_owned(),
+        lease_timeout: meshca_config::DEFAULT_LEASE_TIMEOUT,
+    };
+    settings
+}
+
+/// `daemon`'s status of federated trust domain `td` once `done` holds of it.
+pub async fn peer_status(
+    daemon: &Daemon,
+    td: &meshca_identity::TrustDomain,
+    done: impl Fn(&meshca_federation::PeerStatus) -> bool,
+) -> meshca_federation::PeerStatus {
+    let mut status = daemon.federation.status();
+    let awaited = tokio::time::timeout(
+        TIMEOUT,
+        status.wait_for(|all| all.get(td).is_some_and(&done)),
+    )
+    .await
+    .map(|r| r.expect("the importer runs").clone());
+    let Ok(all) = awaited else {
+        panic!(
+            "{td}: not as awaited in time: {:?}",
+            daemon.federation.status().borrow().get(td)
+        );
+    };
+    all[td].clone()
+}
