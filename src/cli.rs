@@ -596,7 +596,8 @@ pub enum DrillScenario {
     /// WorkloadRegistration) instead of proxies on SDS.
     Workload,
     /// Two daemons of two trust domains, federated both ways through their bundle endpoints; proxies
-    /// of each call the other's while both rotate their CA in one edit.
+    /// of each call the other's while both rotate their CA in one edit. With `--envoy`, a ring of
+    /// Envoy sidecars alternating the two trust domains.
     Federation,
 }
 

@@ -564,7 +564,7 @@ impl Gate {
                         mesh = %mesh,
                         ca = %p.subject,
                         waited_ms = now.duration_since(p.since).unwrap_or_default().as_millis() as u64,
-                        "every stream that must trust the new CA has ACKed its bundle; issuing from it"
+                        "every stream that must trust the new CA has ACKed its bundle; the mesh accepts what it signs (and issues from it when it is the mesh's own)"
                     );
                 }
                 p.confirmed = true;

@@ -51,7 +51,7 @@ pub use owner::status::{
 };
 pub use owner::{
     run_job, Completed, IssuedIdentity, Job, NoTelemetry, Owner, OwnerConfig, RecordLink, Rejected,
-    Scope, Telemetry,
+    Scope, SignedUntil, Telemetry,
 };
 pub use owner_loop::{
     rotate_cas, FederationLink, LoopHealth, OwnerLoop, PeerLink, Reload, ReloadOutcome,

@@ -22,7 +22,7 @@ use crate::error::UpdateError;
 use crate::events::StreamEvent;
 use crate::gate::ServedSince;
 use crate::owner::status::{Detail, Status};
-use crate::owner::{Completed, IssuedIdentity, Owner, RecordLink};
+use crate::owner::{Completed, IssuedIdentity, Owner, RecordLink, SignedUntil};
 use crate::peers::{GateView, PeerView};
 use crate::snapshot::ProxyKey;
 use crate::world::{load_world, CaSource, LoadMode, World};
@@ -179,6 +179,9 @@ pub struct FederationLink {
     pub world: watch::Sender<Arc<World>>,
     /// When the bundle endpoints first served each authority.
     pub served: watch::Receiver<Arc<ServedSince>>,
+    /// When the last certificate each CA signed expires (the bundle endpoints keep serving a removed
+    /// CA until then).
+    pub signed: watch::Sender<Arc<SignedUntil>>,
 }
 
 /// What changed on the federation side.
@@ -345,6 +348,16 @@ impl OwnerLoop {
         });
     }
 
+    /// Tells the bundle endpoints when the last certificate of each CA expires, when that changed.
+    fn tell_signed(&mut self) {
+        let Some(link) = &self.federation else {
+            return;
+        };
+        if let Some(signed) = self.owner.take_signed(SystemTime::now()) {
+            link.signed.send_replace(signed);
+        }
+    }
+
     /// Gates rollouts over the replicas of `link` too (replicas on one database).
     pub fn with_peers(mut self, link: PeerLink) -> OwnerLoop {
         self.owner.record_through(link.records);
@@ -456,6 +469,7 @@ impl OwnerLoop {
             if dirty {
                 next_due = self.reconcile();
             }
+            self.tell_signed();
             if !quiet {
                 self.publish_view();
             }

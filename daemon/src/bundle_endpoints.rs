@@ -10,9 +10,9 @@ use std::time::{Duration, SystemTime};
 
 use meshca_ca::{CertificateAuthority, SvidRequest};
 use meshca_config::{EndpointServing, FederationEndpoint, Settings};
-use meshca_control::{IdentityProvider, ServedSince, Snapshot, World};
+use meshca_control::{IdentityProvider, ServedSince, SignedUntil, Snapshot, World};
 use meshca_federation::export::{
-    authority_id, number, serve, server_config, EndpointLimits, FetchLog, ServedBundle,
+    authority_id, number, serve, server_config, EndpointLimits, FetchLog, Retiring, ServedBundle,
     SvidCertificate, WebCertificate,
 };
 use meshca_federation::{EcCurve, JwkKey, JwtAuthority, SpiffeBundle, X509Authority};
@@ -98,6 +98,8 @@ pub(crate) struct Sources {
     /// Where each endpoint tells the owner since when it serves each authority (the federation step
     /// of the rollout gate).
     pub(crate) served_since: watch::Sender<Arc<ServedSince>>,
+    /// When the last certificate each CA signed expires.
+    pub(crate) signed: watch::Receiver<Arc<SignedUntil>>,
 }
 
 /// Binds every endpoint of `settings` and starts serving them until `shutdown`.
@@ -167,6 +169,7 @@ pub(crate) async fn start(
                 keystore: sources.keystore.clone(),
                 served: served_tx,
                 served_since: sources.served_since.clone(),
+                signed: sources.signed.clone(),
             },
             sources.snapshots.clone(),
             sources.jwt_keys.subscribe(),
@@ -271,9 +274,33 @@ struct Numbering {
     served: watch::Sender<Option<ServedBundle>>,
     /// Since when each endpoint serves each authority, for the owner.
     served_since: watch::Sender<Arc<ServedSince>>,
+    /// When the last certificate each CA signed expires: a removed CA is served until then.
+    signed: watch::Receiver<Arc<SignedUntil>>,
 }
 
-/// Keeps the endpoint serving the numbered content of its trust domain as snapshots and keys change.
+/// The authorities of `last` that `now` no longer has, each with when the last certificate it signed
+/// expires, if that is after `at`.
+fn retiring(
+    last: &SpiffeBundle,
+    now: &SpiffeBundle,
+    signed: &SignedUntil,
+    at: SystemTime,
+) -> Vec<Retiring> {
+    last.x509_authorities()
+        .iter()
+        .filter(|a| !now.x509_authorities().contains(a))
+        .filter_map(|authority| {
+            let until = *signed.get(&authority_id(authority.der()))?;
+            (until > at).then(|| Retiring {
+                authority: authority.clone(),
+                until,
+            })
+        })
+        .collect()
+}
+
+/// Keeps the endpoint serving the numbered content of its trust domain as snapshots and keys change,
+/// and a removed CA until the last certificate it signed expires.
 async fn follow_content(
     numbering: Numbering,
     mut snapshots: watch::Receiver<Arc<Snapshot>>,
@@ -287,6 +314,7 @@ async fn follow_content(
         keystore,
         served,
         served_since,
+        signed,
     } = numbering;
     let mut last: Option<SpiffeBundle> = None;
     let mut warned_empty = false;
@@ -294,6 +322,8 @@ async fn follow_content(
     // What the last content was computed from: a snapshot that changed proxies only shares the `Arc`
     // of its trust, and costs nothing here.
     let mut inputs: Option<ContentInputs> = None;
+    // When the first retired authority is due to leave the served bundle.
+    let mut next_retirement: Option<SystemTime> = None;
     loop {
         let snapshot = snapshots.borrow_and_update().clone();
         let key_set = keys.borrow_and_update().clone();
@@ -301,7 +331,8 @@ async fn follow_content(
         let unchanged = inputs.as_ref().is_some_and(|(all, k, r)| {
             Arc::ptr_eq(all, &snapshot.all) && Arc::ptr_eq(k, &key_set) && *r == retained
         });
-        if !unchanged {
+        let retire_due = next_retirement.is_some_and(|at| at <= SystemTime::now());
+        if !unchanged || retire_due {
             inputs = Some((snapshot.all.clone(), key_set.clone(), retained.clone()));
             let now = content(&td, &snapshot, &key_set, &retained);
             let empty = now.x509_authorities().is_empty() && now.jwt_authorities().is_empty();
@@ -309,18 +340,26 @@ async fn follow_content(
                 tracing::warn!(trust_domain = %td, "the bundle endpoint has nothing to serve: no mesh issues for this trust domain");
                 warned_empty = true;
             }
-            if !empty && last.as_ref() != Some(&now) {
+            if !empty && (last.as_ref() != Some(&now) || retire_due) {
+                let at = SystemTime::now();
+                let retiring = last
+                    .as_ref()
+                    .map(|last| retiring(last, &now, &signed.borrow(), at))
+                    .unwrap_or_default();
+                for r in &retiring {
+                    tracing::info!(trust_domain = %td, authority = %authority_id(r.authority.der()), until = %meshca_control::rfc3339(r.until), "a removed CA stays in the served bundle until the last certificate it signed expires");
+                }
                 let keystore = keystore.clone();
                 let content = now.clone();
                 let numbered = tokio::task::spawn_blocking(move || {
-                    number(keystore.as_ref(), &content, refresh_hint, SystemTime::now())
+                    number(keystore.as_ref(), &content, &retiring, refresh_hint, at)
                 })
                 .await
                 .map_err(|e| e.to_string())
                 .and_then(|r| r);
                 match numbered {
                     Ok(bundle) => {
-                        tracing::info!(trust_domain = %td, sequence = ?bundle.bundle.sequence, x509_authorities = bundle.bundle.x509_authorities().len(), jwt_authorities = bundle.bundle.jwt_authorities().len(), "served bundle updated");
+                        tracing::info!(trust_domain = %td, sequence = ?bundle.bundle.sequence, x509_authorities = bundle.bundle.x509_authorities().len(), retired = bundle.retired.len(), jwt_authorities = bundle.bundle.jwt_authorities().len(), "served bundle updated");
                         served_since.send_if_modified(|all| {
                             if all.get(&td) == Some(&bundle.served_since) {
                                 return false;
@@ -330,7 +369,14 @@ async fn follow_content(
                             *all = Arc::new(next);
                             true
                         });
-                        served.send_replace(Some(bundle));
+                        next_retirement = bundle.retired.values().min().copied();
+                        served.send_if_modified(|current| {
+                            if current.as_ref() == Some(&bundle) {
+                                return false;
+                            }
+                            *current = Some(bundle);
+                            true
+                        });
                         last = Some(now);
                     }
                     // The last bundle keeps serving; the next change, or the retry below, numbers again.
@@ -342,6 +388,8 @@ async fn follow_content(
             }
         }
         let retry = inputs.is_none();
+        let retire_in =
+            next_retirement.map(|at| at.duration_since(SystemTime::now()).unwrap_or_default());
         tokio::select! {
             () = shutdown.cancelled() => return,
             changed = snapshots.changed() => if changed.is_err() { return },
@@ -349,6 +397,7 @@ async fn follow_content(
             // An https_web endpoint has no SVID: its channel is closed from the start.
             changed = svid_roots.changed(), if roots_open => roots_open = changed.is_ok(),
             () = tokio::time::sleep(Duration::from_secs(5)), if retry => {}
+            () = tokio::time::sleep(retire_in.unwrap_or_default()), if retire_in.is_some() => {}
         }
     }
 }
@@ -573,6 +622,8 @@ pub(crate) fn endpoint_status(
                     serde_json::json!({
                         "id": id,
                         "served_since": (*since > SystemTime::UNIX_EPOCH).then(|| meshca_control::rfc3339(*since)),
+                        // A removed CA, served until the last certificate it signed expires.
+                        "retired_until": b.retired.get(id).map(|until| meshca_control::rfc3339(*until)),
                     })
                 })
                 .collect()
@@ -597,4 +648,51 @@ pub(crate) fn endpoint_status(
         "jwt_authorities": served.as_ref().map_or(0, |b| b.bundle.jwt_authorities().len()),
         "fetched_by": fetched_by,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn authority(td: &TrustDomain) -> X509Authority {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.subject_alt_names = vec![SanType::URI(
+            format!("spiffe://{td}").try_into().expect("a URI"),
+        )];
+        let key = KeyPair::generate().expect("a key");
+        let cert = params.self_signed(&key).expect("a CA");
+        X509Authority::from_der(cert.der().to_vec(), td).expect("an authority")
+    }
+
+    #[test]
+    fn an_authority_that_left_is_retiring_while_a_certificate_it_signed_lives() {
+        let td = TrustDomain::parse("alpha").expect("a trust domain");
+        let (one, two, three) = (authority(&td), authority(&td), authority(&td));
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let hour = Duration::from_secs(3600);
+        let last = SpiffeBundle::new(
+            td.clone(),
+            vec![one.clone(), two.clone(), three.clone()],
+            Vec::new(),
+        );
+        let next = SpiffeBundle::new(td.clone(), vec![three.clone()], Vec::new());
+        // one signed a certificate that lives another hour; two's last one has expired.
+        let signed = SignedUntil::from([
+            (authority_id(one.der()), now + hour),
+            (authority_id(two.der()), now),
+            (authority_id(three.der()), now + hour),
+        ]);
+        assert_eq!(
+            retiring(&last, &next, &signed, now),
+            vec![Retiring {
+                authority: one.clone(),
+                until: now + hour
+            }]
+        );
+        // Nothing left: nothing retires; an authority of which no certificate is known leaves.
+        assert!(retiring(&next, &next, &signed, now).is_empty());
+        assert!(retiring(&last, &next, &SignedUntil::new(), now).is_empty());
+    }
 }

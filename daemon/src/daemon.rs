@@ -255,11 +255,13 @@ impl Daemon {
         }
         let (world_tx, world_rx) = watch::channel(owner_loop.world().clone());
         let (served_since, served_rx) = watch::channel(Arc::default());
+        let (signed_tx, signed) = watch::channel(Arc::default());
         owner_loop = owner_loop.with_federation(FederationLink {
             peers: federation_peers,
             held: federation.importer.held(),
             world: world_tx,
             served: served_rx,
+            signed: signed_tx,
         });
         let bundle_endpoints = bundle_endpoints::start(
             owner_loop.settings(),
@@ -269,6 +271,7 @@ impl Daemon {
                 world: world_rx,
                 keystore: store.keystore.clone(),
                 served_since,
+                signed,
             },
             &shutdown,
         )

@@ -73,6 +73,9 @@ pub struct RingMember {
     pub initial_id: String,
     /// The SPIFFE ID it presents once the scenario has converged.
     pub final_id: String,
+    /// Its own daemon's SDS socket, when the drill runs daemons that are not replicas of one CA
+    /// (federation: one per trust domain); `None` for the ring's replicas.
+    pub sds: Option<PathBuf>,
 }
 
 /// Who calls whom.
@@ -155,13 +158,17 @@ impl EnvoyRing {
         let mut sidecars = Vec::with_capacity(count);
         for (i, member) in members.iter().enumerate() {
             let target = topology.target(i, members)?;
-            // Each sidecar lists every replica, its own first (member i's is replica i mod n).
+            // Each sidecar lists every replica, its own first (member i's is replica i mod n), unless
+            // it has a daemon of its own.
             let first = i % sds_sockets.len().max(1);
-            let mut sockets: Vec<PathBuf> = sds_sockets[first..]
-                .iter()
-                .chain(&sds_sockets[..first])
-                .cloned()
-                .collect();
+            let mut sockets: Vec<PathBuf> = match &member.sds {
+                Some(own) => vec![own.clone()],
+                None => sds_sockets[first..]
+                    .iter()
+                    .chain(&sds_sockets[..first])
+                    .cloned()
+                    .collect(),
+            };
             if i < laggard_count {
                 let span = (LAG.1 - LAG.0).as_millis() as u64;
                 let delay = LAG.0 + Duration::from_millis(rng.below(span.max(1)));

@@ -523,12 +523,17 @@ async fn issuers(daemon: &Daemon) -> String {
 }
 
 /// The daemon's view: no rollout step waits, and (when the script names one issuer for everybody) every
-/// connected proxy of the mesh holds a certificate from `final_issuer`.
-async fn daemon_converged(daemon: &Daemon, final_issuer: Option<&str>, proxies: usize) -> bool {
+/// connected proxy of `mesh` holds a certificate from `final_issuer`.
+pub(super) async fn daemon_converged(
+    daemon: &Daemon,
+    mesh: &str,
+    final_issuer: Option<&str>,
+    proxies: usize,
+) -> bool {
     let Ok(StatusReply { status, .. }) = daemon.status.get(Detail::Summary).await else {
         return false;
     };
-    let Some(mesh) = status.meshes.iter().find(|m| m.name == MESH) else {
+    let Some(mesh) = status.meshes.iter().find(|m| m.name == mesh) else {
         return false;
     };
     let issuers_done = final_issuer.is_none_or(|issuer| {
@@ -587,6 +592,7 @@ pub(super) fn ring_members(script: &Script, proxies: usize) -> Vec<RingMember> {
             service: m.service,
             initial_id: m.initial_id,
             final_id: m.final_id,
+            sds: None,
         })
         .collect()
 }
@@ -648,19 +654,20 @@ async fn play_envoy(
         }
         tracing::info!("drill: every edit applied by the daemon; waiting for the Envoys");
         let proxies = ring.sidecars.len();
-        let converged =
-            poll_until("every Envoy to present its final identity", || async {
-                let serials = ring.presented_serials().await;
-                let renewed = serials.iter().zip(&before).zip(&ring.sidecars).all(
-                    |((now, then), sidecar)| now.is_some() && (!sidecar.renews || now != then),
-                );
-                let mut finals = true;
-                for sidecar in &ring.sidecars {
-                    finals = finals && sidecar.presents(&sidecar.final_id).await;
-                }
-                renewed && finals && daemon_converged(daemon, script.final_issuer, proxies).await
-            })
-            .await;
+        let converged = poll_until("every Envoy to present its final identity", || async {
+            let serials = ring.presented_serials().await;
+            let renewed = serials
+                .iter()
+                .zip(&before)
+                .zip(&ring.sidecars)
+                .all(|((now, then), sidecar)| now.is_some() && (!sidecar.renews || now != then));
+            let mut finals = true;
+            for sidecar in &ring.sidecars {
+                finals = finals && sidecar.presents(&sidecar.final_id).await;
+            }
+            renewed && finals && daemon_converged(daemon, MESH, script.final_issuer, proxies).await
+        })
+        .await;
         if let Err(e) = converged {
             return Err(anyhow!(
                 "{e}; the daemon counts proxies by issuer as {}",
@@ -727,7 +734,7 @@ pub(super) async fn envoy_accepts(script: &Script, sidecar: &Sidecar, stage: Sta
 }
 
 /// Whether a secret's JSON holds an object named `domain` (a SPIFFE validator trust domain entry).
-fn names_domain(value: &serde_json::Value, domain: &str) -> bool {
+pub(super) fn names_domain(value: &serde_json::Value, domain: &str) -> bool {
     match value {
         serde_json::Value::Object(map) => {
             map.get("name").is_some_and(|name| name == domain)

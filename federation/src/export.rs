@@ -22,7 +22,10 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::bundle::SpiffeBundle;
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+
+use crate::bundle::{SpiffeBundle, X509Authority};
 
 /// What an endpoint serves now: the bundle, the document it is sent as, and since when each X.509
 /// authority has been served.
@@ -36,6 +39,9 @@ pub struct ServedBundle {
     /// the Unix epoch for the authorities of the first bundle ever served, which no peer could have
     /// fetched before (so nothing waits for them).
     pub served_since: BTreeMap<String, SystemTime>,
+    /// The authorities (by id) served only because certificates they signed are still valid, and until
+    /// when: their CAs were removed.
+    pub retired: BTreeMap<String, SystemTime>,
 }
 
 /// The lowercase hex SHA-256 of `der`: how a served authority is named (as meshca names CAs).
@@ -58,6 +64,16 @@ struct SequenceRecord {
     digest: String,
     #[serde(default)]
     served_since: BTreeMap<String, u64>,
+    /// The authorities served only until the last certificate each signed expires, by id.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    retired: BTreeMap<String, RetiredRecord>,
+}
+
+/// A retired authority in the record: its DER (base64) and until when it is served (Unix seconds).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct RetiredRecord {
+    der: String,
+    until: u64,
 }
 
 fn digest(content: &SpiffeBundle) -> String {
@@ -72,30 +88,74 @@ fn unix_secs(t: SystemTime) -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Numbers `content` (a trust domain's authorities) for serving with `refresh_hint` at `now`: the
-/// recorded sequence when the record numbered this very content (a restart, another replica), else the
-/// next one, recorded first with when each authority was first served. A record that does not read is
-/// replaced by a number above any a reader of it could have served (the time in seconds), so the
-/// sequence still never goes backwards.
+/// An X.509 authority that left what the trust domain's proxies trust (its CA was removed), served on
+/// until the last certificate it signed expires, so that peers accept that certificate for its life.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Retiring {
+    /// The authority.
+    pub authority: X509Authority,
+    /// When the last certificate it signed expires.
+    pub until: SystemTime,
+}
+
+/// Numbers `content` (a trust domain's authorities) for serving with `refresh_hint` at `now`, with
+/// `retiring` and the authorities retired before (kept in the record) added while their certificates
+/// live: the recorded sequence when the record numbered this very content (a restart, another
+/// replica), else the next one, recorded first with when each authority was first served. A record
+/// that does not read is replaced by a number above any a reader of it could have served (the time in
+/// seconds), so the sequence still never goes backwards.
 pub fn number(
     keystore: &dyn Keystore,
     content: &SpiffeBundle,
+    retiring: &[Retiring],
     refresh_hint: Duration,
     now: SystemTime,
 ) -> Result<ServedBundle, String> {
-    let path = sequence_path(content.trust_domain());
-    let digest = digest(content);
+    let td = content.trust_domain();
+    let path = sequence_path(td);
     let recorded = keystore
         .get_public(&path)
         .map_err(|e| format!("keystore entry {path}: {e}"))?
         .map(|bytes| serde_json::from_slice::<SequenceRecord>(&bytes));
-    let ids: Vec<String> = content
+    let before = match &recorded {
+        Some(Ok(record)) => record.retired.clone(),
+        _ => BTreeMap::new(),
+    };
+    let retired = still_retired(td, content, before, retiring, now);
+    let full = SpiffeBundle::new(
+        td.clone(),
+        content
+            .x509_authorities()
+            .iter()
+            .chain(retired.values().map(|(authority, _)| authority))
+            .cloned()
+            .collect(),
+        content.jwt_authorities().to_vec(),
+    );
+    let digest = digest(&full);
+    let ids: Vec<String> = full
         .x509_authorities()
         .iter()
         .map(|a| authority_id(a.der()))
         .collect();
+    let retired_record: BTreeMap<String, RetiredRecord> = retired
+        .iter()
+        .map(|(id, (authority, until))| {
+            let der = STANDARD.encode(authority.der());
+            (id.clone(), RetiredRecord { der, until: *until })
+        })
+        .collect();
     let record = match recorded {
-        Some(Ok(record)) if record.digest == digest => record,
+        Some(Ok(record)) if record.digest == digest && record.retired == retired_record => record,
+        // The same content, retired until another time (another replica knew of a later certificate).
+        Some(Ok(record)) if record.digest == digest => write_record(
+            keystore,
+            &path,
+            SequenceRecord {
+                retired: retired_record,
+                ..record
+            },
+        )?,
         Some(Ok(record)) => {
             // Authorities served before keep their time; new ones are served from now.
             let served_since = ids
@@ -116,6 +176,7 @@ pub fn number(
                     sequence: record.sequence.saturating_add(1),
                     digest,
                     served_since,
+                    retired: retired_record,
                 },
             )?
         }
@@ -127,6 +188,7 @@ pub fn number(
                 sequence: 1,
                 digest,
                 served_since: ids.iter().map(|id| (id.clone(), 0)).collect(),
+                retired: retired_record,
             },
         )?,
         Some(Err(e)) => {
@@ -138,24 +200,72 @@ pub fn number(
                     sequence: unix_secs(now).max(1),
                     digest,
                     served_since: ids.iter().map(|id| (id.clone(), unix_secs(now))).collect(),
+                    retired: retired_record,
                 },
             )?
         }
     };
-    let mut bundle = content.clone();
+    let mut bundle = full;
     bundle.sequence = Some(record.sequence);
     bundle.refresh_hint = Some(refresh_hint);
     let json = Bytes::from(bundle.to_json());
     let served_since = record
         .served_since
         .into_iter()
-        .map(|(id, secs)| (id, SystemTime::UNIX_EPOCH + Duration::from_secs(secs)))
+        .map(|(id, secs)| (id, from_unix_secs(secs)))
         .collect();
     Ok(ServedBundle {
         bundle,
         json,
         served_since,
+        retired: retired
+            .into_iter()
+            .map(|(id, (_, until))| (id, from_unix_secs(until)))
+            .collect(),
     })
+}
+
+fn from_unix_secs(secs: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+}
+
+/// The retired authorities to serve at `now`: those recorded `before` and those `retiring` (the later
+/// time when both name one), while the last certificate each signed is valid and it is not in
+/// `content` again anyway. By id; the times in Unix seconds.
+fn still_retired(
+    td: &TrustDomain,
+    content: &SpiffeBundle,
+    before: BTreeMap<String, RetiredRecord>,
+    retiring: &[Retiring],
+    now: SystemTime,
+) -> BTreeMap<String, (X509Authority, u64)> {
+    let mut retired = BTreeMap::new();
+    for (id, record) in before {
+        let authority = STANDARD
+            .decode(&record.der)
+            .map_err(|e| e.to_string())
+            .and_then(|der| X509Authority::from_der(der, td));
+        match authority {
+            Ok(authority) => {
+                retired.insert(id, (authority, record.until));
+            }
+            Err(e) => {
+                tracing::warn!(trust_domain = %td, authority = %id, error = %e, "a retired authority in the served bundle's record does not read; no longer served");
+            }
+        }
+    }
+    for r in retiring {
+        let until = unix_secs(r.until);
+        retired
+            .entry(authority_id(r.authority.der()))
+            .and_modify(|(_, recorded)| *recorded = until.max(*recorded))
+            .or_insert_with(|| (r.authority.clone(), until));
+    }
+    let served: std::collections::HashSet<&[u8]> =
+        content.x509_authorities().iter().map(|a| a.der()).collect();
+    let now = unix_secs(now);
+    retired.retain(|_, (authority, until)| *until > now && !served.contains(authority.der()));
+    retired
 }
 
 fn write_record(

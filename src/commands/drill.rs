@@ -116,9 +116,9 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn federation(args: &DrillArgs) -> anyhow::Result<ExitCode> {
-    if args.envoy.is_some() || args.pkcs11 || args.pause || args.stuck > 0 || args.staged {
+    if args.pkcs11 || args.pause || args.stuck > 0 || args.staged {
         return Err(InvalidInput(
-            "the federation drill plays simulated proxies on two daemons: no --envoy, --pkcs11, --pause, --stuck or --staged"
+            "the federation drill plays two daemons of two trust domains: no --pkcs11, --pause, --stuck or --staged"
                 .into(),
         )
         .into());
@@ -128,6 +128,7 @@ async fn federation(args: &DrillArgs) -> anyhow::Result<ExitCode> {
         gate: args.gate == Switch::On,
         seed: args.seed,
         handshakes: args.handshakes,
+        envoy: args.envoy.clone(),
     };
     let report = federation::run(options).await?;
     print_report(args, &report)

@@ -198,8 +198,15 @@ fn print_endpoints(endpoints: &serde_json::Value) {
                 serde_json::Value::Null => "the first bundle served".to_owned(),
                 v => text(v),
             };
+            let retired = match &a["retired_until"] {
+                serde_json::Value::Null => String::new(),
+                until => format!(
+                    " (its CA was removed: served until {}, when the last certificate it signed expires)",
+                    text(until)
+                ),
+            };
             println!(
-                "    authority {}… served since {since}",
+                "    authority {}… served since {since}{retired}",
                 &id[..id.len().min(16)]
             );
         }

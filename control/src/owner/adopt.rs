@@ -82,6 +82,8 @@ impl Owner {
         match self.adoptable(&key, held, now) {
             Ok(issued) => {
                 tracing::info!(proxy = %key, issuer = %issued.issuer, "serving the identity another replica issued to this proxy until this replica issues its own");
+                self.signed
+                    .signed(issued.ca_id.as_str(), issued.leaf.not_after);
                 self.issued.insert(key.clone(), issued);
                 let previous = self.issued[&key].previous.clone();
                 self.replacing.update(&key, &[], &previous);

@@ -544,6 +544,7 @@ impl Owner {
             key: leaf_key,
         });
         tracing::debug!(proxy = %key, spiffe_id = %leaf_id, issuer = %desired.issuer, serial = %serial, "issued certificate");
+        self.signed.signed(desired.ca.id(), not_after);
         self.links.record(|| IssuedIdentity {
             key: key.clone(),
             issuer: desired.issuer.to_string(),

@@ -19,6 +19,7 @@ mod reconcile;
 mod reconciled;
 mod replacing;
 mod served;
+mod signed;
 pub(crate) mod status;
 #[cfg(test)]
 mod tests;
@@ -55,6 +56,7 @@ use proxies::ProxyTable;
 use publisher::Publisher;
 use reconciled::Reconciled;
 use replacing::Replacing;
+pub use signed::SignedUntil;
 use status::{Detail, Status};
 
 /// How long a proxy whose issuance failed waits before it is tried again.
@@ -256,6 +258,8 @@ pub struct Owner {
     steps_waiting: BTreeSet<(String, RolloutStep, String)>,
     /// The bundles of federated trust domains, as the importer holds them.
     federated: Federated,
+    /// When the last certificate each CA signed expires.
+    signed: signed::Signed,
 }
 
 /// What is known of every dataplane: its description, or why its token was refused.
@@ -293,7 +297,13 @@ impl Owner {
             agent_keys,
             steps_waiting: BTreeSet::new(),
             federated: Federated::default(),
+            signed: signed::Signed::default(),
         }
+    }
+
+    /// When the last certificate each CA signed expires, if that changed since the last call.
+    pub fn take_signed(&mut self, now: SystemTime) -> Option<Arc<SignedUntil>> {
+        self.signed.take(now)
     }
 
     /// The status at `now`, as of the last reconcile: built when asked for, never on a reconcile.

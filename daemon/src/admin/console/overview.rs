@@ -104,6 +104,9 @@ fn federation(s: &AdminState, world: &meshca_control::World) -> Markup {
                 p.served {
                     "Bundle endpoint of " b { (text(&e["trust_domain"])) } " serves sequence " (text(&e["sequence"])) ", "
                     (e["x509_authorities"].as_array().map_or(0, Vec::len)) " X.509 authorities."
+                    @for a in e["x509_authorities"].as_array().into_iter().flatten().filter(|a| !a["retired_until"].is_null()) {
+                        " A removed CA (" code { (text(&a["id"]).chars().take(16).collect::<String>()) "…" } ") is served until " (text(&a["retired_until"])) ", when the last certificate it signed expires."
+                    }
                 }
                 @if let Some(fetchers) = e["fetched_by"].as_array().filter(|f| !f.is_empty()) {
                     ul.fetched {
