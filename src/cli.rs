@@ -389,6 +389,9 @@ pub enum BenchCommand {
     /// Many `meshca agent`s (simulated, one connection each) against one server: memory per agent,
     /// and how fast a CA rotation reaches every agent and renews every certificate.
     Agents(BenchAgentsArgs),
+    /// Federation: what following many peers' bundle endpoints costs the daemon (in its own process),
+    /// and how fast a peer's new CA reaches SDS and Workload API streams.
+    Federation(BenchFederationArgs),
     /// The client half of `bench sds` and `bench workload` when it runs in its own process: reads its
     /// plan on stdin.
     #[command(hide = true)]
@@ -421,6 +424,26 @@ pub struct BenchWorkloadArgs {
     pub registrations: usize,
     #[command(flatten)]
     pub run: BenchRunArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchFederationArgs {
+    /// How many peers (SPIFFE bundle endpoints in the bench's process, `https_web`) the daemon follows;
+    /// 0 measures it following none.
+    #[arg(long, default_value_t = 100)]
+    pub relationships: usize,
+    /// The `spiffe_refresh_hint` the peers serve, in whole seconds from 30 to 3600.
+    #[arg(long, default_value_t = 30.0)]
+    pub refresh: f64,
+    /// How long the daemon's CPU time is read over, once every peer was fetched.
+    #[arg(long, default_value_t = 65.0)]
+    pub seconds: f64,
+    /// How many SDS streams, and then Workload API streams, a peer's new CA must reach; 0 skips it.
+    #[arg(long, default_value_t = 10_000)]
+    pub streams: usize,
+    /// How long the setup, and then each reach, may take, in seconds.
+    #[arg(long, default_value_t = 60.0)]
+    pub timeout: f64,
 }
 
 #[derive(Debug, Args)]

@@ -124,6 +124,7 @@ mod tests {
                 "m".to_owned(),
                 MeshTrust {
                     by_trust_domain: HashMap::new(),
+                    federated: HashMap::new(),
                 },
             )]),
             jwt_bundles: HashMap::from([("t".to_owned(), vec![b'{'])]),
@@ -136,6 +137,14 @@ mod tests {
                 0x22, 3, 0x0a, 1, b'm', // meshes (an empty value is left out)
                 0x2a, 6, 0x0a, 1, b't', 0x12, 1, b'{', // jwt_bundles
             ]
+        );
+        let federated = MeshTrust {
+            by_trust_domain: HashMap::new(),
+            federated: HashMap::from([("u".to_owned(), vec![b'{'])]),
+        };
+        assert_eq!(
+            federated.encode_to_vec(),
+            [0x12, 6, 0x0a, 1, b'u', 0x12, 1, b'{'] // federated, field 2
         );
 
         let mint = JwtSvidRequest {
@@ -249,8 +258,14 @@ mod tests {
         }
 
         fn agent_state() -> impl Strategy<Value = AgentState> {
-            let mesh_trust = hash_map(text(), bundle(), 0..3)
-                .prop_map(|by_trust_domain| MeshTrust { by_trust_domain });
+            let mesh_trust = (
+                hash_map(text(), bundle(), 0..3),
+                hash_map(text(), prop::collection::vec(any::<u8>(), 0..16), 0..2),
+            )
+                .prop_map(|(by_trust_domain, federated)| MeshTrust {
+                    by_trust_domain,
+                    federated,
+                });
             (
                 any::<u64>(),
                 vec(registration(), 0..3),

@@ -71,13 +71,17 @@ impl PartialEq for Source {
     }
 }
 
+/// The bundles of the trust domains a mesh federates with, as the snapshot holds them.
+type Federated = Arc<[Arc<meshca_federation::SpiffeBundle>]>;
+
 /// What a whole state is built from, compared by pointer as [`Source`] is: equal fingerprints mean
 /// equal content.
 #[derive(Clone)]
 pub(crate) struct Fingerprint {
     sources: Vec<Source>,
-    /// The trust of each mesh the registrations are in, in their order.
-    trust: Vec<(Arc<str>, Arc<TrustBundle>)>,
+    /// The trust of each mesh the registrations are in, in their order: its bundle, and the bundles of
+    /// the trust domains it federates with.
+    trust: Vec<(Arc<str>, Arc<TrustBundle>, Federated)>,
     all: Arc<TrustBundle>,
     jwt: Arc<KeySet>,
 }
@@ -90,7 +94,7 @@ impl PartialEq for Fingerprint {
                 .trust
                 .iter()
                 .zip(&other.trust)
-                .all(|((m, a), (n, b))| m == n && Arc::ptr_eq(a, b))
+                .all(|((m, a, f), (n, b, g))| m == n && Arc::ptr_eq(a, b) && Arc::ptr_eq(f, g))
             && Arc::ptr_eq(&self.all, &other.all)
             && Arc::ptr_eq(&self.jwt, &other.jwt)
     }
@@ -99,14 +103,14 @@ impl PartialEq for Fingerprint {
 impl Fingerprint {
     /// The fingerprint of a state serving `sources` (in order) from `snapshot` and the JWT keys `jwt`.
     pub(crate) fn new(snapshot: &Snapshot, sources: Vec<Source>, jwt: Arc<KeySet>) -> Fingerprint {
-        let mut trust: Vec<(Arc<str>, Arc<TrustBundle>)> = Vec::new();
+        let mut trust: Vec<(Arc<str>, Arc<TrustBundle>, Federated)> = Vec::new();
         for source in &sources {
             let mesh = &source.registration.proxy.mesh;
-            if trust.iter().any(|(m, _)| m == mesh) {
+            if trust.iter().any(|(m, _, _)| m == mesh) {
                 continue;
             }
             if let Some(view) = snapshot.meshes.get(&**mesh) {
-                trust.push((mesh.clone(), view.trust.clone()));
+                trust.push((mesh.clone(), view.trust.clone(), view.federated.clone()));
             }
         }
         Fingerprint {
@@ -131,9 +135,15 @@ impl Fingerprint {
             meshes: self
                 .trust
                 .iter()
-                .map(|(mesh, trust)| {
-                    let by_trust_domain = bundles(trust);
-                    (mesh.to_string(), MeshTrust { by_trust_domain })
+                .map(|(mesh, trust, federated)| {
+                    let trust = MeshTrust {
+                        by_trust_domain: bundles(trust),
+                        federated: federated
+                            .iter()
+                            .map(|b| (b.trust_domain().to_string(), b.to_json()))
+                            .collect(),
+                    };
+                    (mesh.to_string(), trust)
                 })
                 .collect(),
             jwt_bundles: self

@@ -161,18 +161,20 @@ impl Local {
         let mut meshes = HashMap::new();
         for (mesh, trust) in &state.meshes {
             let bundle = bundle_of(&trust.by_trust_domain);
-            let trust = match previous.meshes.get(mesh) {
-                Some(view) => reuse(&view.trust, bundle),
-                None => Arc::new(TrustBundle::new(bundle)),
-            };
-            meshes.insert(
-                mesh.clone(),
-                MeshView {
-                    trust,
-                    mesh_services: HashMap::new(),
-                    federated: std::sync::Arc::from(Vec::new()),
+            let federated = federated_of(mesh, &trust.federated);
+            let before = previous.meshes.get(mesh);
+            let view = MeshView {
+                trust: match before {
+                    Some(view) => reuse(&view.trust, bundle),
+                    None => Arc::new(TrustBundle::new(bundle)),
                 },
-            );
+                mesh_services: HashMap::new(),
+                federated: match before {
+                    Some(view) if *view.federated == *federated => view.federated.clone(),
+                    _ => federated,
+                },
+            };
+            meshes.insert(mesh.clone(), view);
         }
         let mut proxies: ProxyMap<ProxyEntry> = ProxyMap::default();
         for registration in &state.registrations {
@@ -196,10 +198,10 @@ impl Local {
             && Arc::ptr_eq(&all, &previous.all)
             && meshes.len() == previous.meshes.len()
             && meshes.iter().all(|(mesh, view)| {
-                previous
-                    .meshes
-                    .get(mesh)
-                    .is_some_and(|before| Arc::ptr_eq(&before.trust, &view.trust))
+                previous.meshes.get(mesh).is_some_and(|before| {
+                    Arc::ptr_eq(&before.trust, &view.trust)
+                        && Arc::ptr_eq(&before.federated, &view.federated)
+                })
             });
         let mut changed: Vec<ProxyKey> = proxies
             .iter()
@@ -404,6 +406,34 @@ fn pem_of(der: &[u8]) -> String {
 }
 
 /// Trust domain → PEM certificates.
+/// The federated bundles of `mesh` (SPIFFE bundles, JSON, by trust domain), in trust domain order; a
+/// bundle that does not read is left out, with a warning (the server sends only bundles it accepted).
+fn federated_of(
+    mesh: &str,
+    federated: &HashMap<String, Vec<u8>>,
+) -> Arc<[Arc<meshca_federation::SpiffeBundle>]> {
+    let mut by_td: Vec<(&String, &Vec<u8>)> = federated.iter().collect();
+    by_td.sort();
+    by_td
+        .into_iter()
+        .filter_map(|(td, json)| {
+            let parsed = meshca_identity::TrustDomain::parse(td)
+                .map_err(|e| e.to_string())
+                .and_then(|td| {
+                    meshca_federation::SpiffeBundle::parse(&td, json, Default::default())
+                        .map_err(|e| e.to_string())
+                });
+            match parsed {
+                Ok(bundle) => Some(Arc::new(bundle)),
+                Err(error) => {
+                    tracing::warn!(mesh, trust_domain = %meshca_files::shown(td), %error, "a federated bundle of the state does not read; its JWT keys are not trusted");
+                    None
+                }
+            }
+        })
+        .collect()
+}
+
 fn bundle_of(
     by_trust_domain: &HashMap<String, proto::X509Bundle>,
 ) -> BTreeMap<String, Vec<String>> {
@@ -482,6 +512,7 @@ mod tests {
                 "default".to_owned(),
                 MeshTrust {
                     by_trust_domain: HashMap::from([("example.org".to_owned(), bundle)]),
+                    federated: HashMap::new(),
                 },
             )]),
             jwt_bundles: HashMap::new(),

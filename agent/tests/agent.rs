@@ -243,6 +243,7 @@ fn state(
             "default".to_owned(),
             MeshTrust {
                 by_trust_domain: HashMap::from([(TD.to_owned(), bundle)]),
+                federated: HashMap::new(),
             },
         )]),
         jwt_bundles: HashMap::from([(

@@ -8,7 +8,9 @@ use meshca_identity::KeyAlgorithm;
 
 use crate::cli::BenchIssuanceArgs;
 #[cfg(feature = "drills")]
-use crate::cli::{BenchAgentsArgs, BenchClient, BenchSdsArgs, BenchWorkloadArgs};
+use crate::cli::{
+    BenchAgentsArgs, BenchClient, BenchFederationArgs, BenchSdsArgs, BenchWorkloadArgs,
+};
 use crate::InvalidInput;
 
 /// Calls `f` repeatedly for `span` on this thread; returns calls per second.
@@ -247,6 +249,20 @@ pub async fn workload(args: BenchWorkloadArgs) -> anyhow::Result<ExitCode> {
         seconds: args.run.seconds,
         timeout: args.run.timeout,
         client: bench_client(args.run.client),
+    })
+    .await
+}
+
+/// `meshca bench federation`: the library's bench with the command line's options.
+#[cfg(feature = "drills")]
+pub async fn federation(args: BenchFederationArgs) -> anyhow::Result<ExitCode> {
+    use meshca_drill::bench::federation;
+    federation::run(federation::FederationArgs {
+        relationships: args.relationships,
+        refresh: args.refresh,
+        seconds: args.seconds,
+        streams: args.streams,
+        timeout: args.timeout,
     })
     .await
 }

@@ -43,6 +43,8 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
         #[cfg(feature = "drills")]
         Command::Bench(crate::cli::BenchCommand::Agents(args)) => bench::agents(args).await,
         #[cfg(feature = "drills")]
+        Command::Bench(crate::cli::BenchCommand::Federation(args)) => bench::federation(args).await,
+        #[cfg(feature = "drills")]
         Command::Bench(crate::cli::BenchCommand::SdsClient) => {
             meshca_drill::bench::child::serve().await
         }

@@ -185,3 +185,34 @@ def test_an_agent_keeps_serving_while_the_server_is_down_and_catches_up(fleet, s
     assert [s["spiffe_id"] for s in update[-1]["svids"]] == [ID_A, ID_C]
     for svid in update[-1]["svids"]:
         check_svid(svid, update[-1]["bundles"], svid["spiffe_id"])
+
+
+def test_a_workload_behind_an_agent_trusts_a_federated_partners_jwt_keys(tmp_path, spawn):
+    """The server sends the agent the bundles of the trust domains each registration's mesh federates with:
+    py-spiffe behind the agent reads the partner's JWT keys and validates its JWT-SVIDs, as on the server's
+    own socket."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from spiffe_peer import TRUST_DOMAIN, Authority, BundleEndpoint, bundle, jwt_jwk, jwt_svid
+    from test_federation import relationship
+
+    current, signer = Authority(), ec.generate_private_key(ec.SECP256R1())
+    document = bundle([current.jwk(), jwt_jwk("partner-key-1", signer)], 1)
+    peer = BundleEndpoint(current, document)
+    initial = tmp_path / "partner.json"
+    initial.write_bytes(document)
+    daemon = Daemon(tmp_path, resources={**RESOURCES, "partner.yaml": relationship(peer.url, initial)})
+    agent = Agent(daemon, "host-1", tmp_path)
+    try:
+        assert spawn(agent, UID_A, "jwt_bundle", TRUST_DOMAIN).next() == {"kids": ["partner-key-1"]}
+        partner_id = f"spiffe://{TRUST_DOMAIN}/billing"
+        token = jwt_svid(signer, "partner-key-1", partner_id, ID_A)
+        assert spawn(agent, UID_A, "validate", token, ID_A).next() == {"spiffe_id": partner_id}
+        forged = jwt_svid(ec.generate_private_key(ec.SECP256R1()), "partner-key-1", partner_id, ID_A)
+        refused = spawn(agent, UID_A, "validate", forged, ID_A).next()
+        assert "error" in refused, refused
+    finally:
+        agent.stop()
+        daemon.stop()
+        peer.close()
+    assert agent.proc.returncode == 0, agent.log_path.read_text()
+    assert daemon.proc.returncode == 0, daemon.log_text()

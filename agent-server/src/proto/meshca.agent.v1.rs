@@ -147,6 +147,14 @@ pub struct MeshTrust {
         ::prost::alloc::string::String,
         X509Bundle,
     >,
+    /// The SPIFFE bundles (JSON, as the server holds them) of the trust domains the mesh federates with,
+    /// by trust domain: their JWT authorities are what the mesh's workloads trust for those trust domains'
+    /// JWT-SVIDs (`FetchJWTBundles`, `ValidateJWTSVID`). Their X.509 authorities are in `by_trust_domain`.
+    #[prost(map = "string, bytes", tag = "2")]
+    pub federated: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::vec::Vec<u8>,
+    >,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct X509Bundle {

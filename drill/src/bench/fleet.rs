@@ -73,10 +73,13 @@ pub enum Streams {
         streams: Vec<StreamPlan>,
     },
     /// Workload API `FetchX509SVID` streams of one process (see [`workload_stream`]): every
-    /// stream receives an SVID, so every one is an identity stream.
+    /// stream receives an SVID, so every one is an identity stream unless `trust_only`.
     Workload {
         /// How many.
         count: usize,
+        /// Only their trust is waited for (a federated bundle change renews no SVID).
+        #[serde(default)]
+        trust_only: bool,
     },
     /// Agents' `Sync` streams (see [`agent_stream`]), one per agent: each receives the
     /// certificates of the agent's registrations, so every one is an identity stream.
@@ -93,7 +96,9 @@ impl Streams {
             Streams::Sds { streams, .. } => {
                 (streams.len(), streams.iter().filter(|s| s.identity).count())
             }
-            Streams::Workload { count } => (*count, *count),
+            Streams::Workload { count, trust_only } => {
+                (*count, if *trust_only { 0 } else { *count })
+            }
             Streams::Agents { agents } => (agents.len(), agents.len()),
         }
     }
@@ -335,7 +340,7 @@ impl StreamFleet {
                     spawn(&mut tasks, index, run.boxed());
                 }
             }
-            Streams::Workload { count } => {
+            Streams::Workload { count, .. } => {
                 for index in 0..count {
                     let (connection, progress) = (connection(index), progress.clone());
                     let run =

@@ -169,7 +169,7 @@ impl Clients {
         }
     }
 
-    async fn arm(&mut self) -> anyhow::Result<()> {
+    pub(super) async fn arm(&mut self) -> anyhow::Result<()> {
         match self {
             Clients::Local(fleet, _) => {
                 fleet.arm();
@@ -179,7 +179,7 @@ impl Clients {
         }
     }
 
-    async fn wait_reached(&mut self, timeout: Duration) -> anyhow::Result<Reach> {
+    pub(super) async fn wait_reached(&mut self, timeout: Duration) -> anyhow::Result<Reach> {
         match self {
             Clients::Local(fleet, _) => Ok(fleet.wait_reached(timeout).await),
             Clients::Child(child) => child.wait_reached().await,

@@ -12,6 +12,7 @@
 pub mod agents;
 pub mod child;
 pub mod console;
+pub mod federation;
 pub mod fleet;
 pub mod harness;
 pub mod sds;

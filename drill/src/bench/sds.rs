@@ -38,6 +38,18 @@ pub struct Options {
 }
 
 impl Options {
+    /// Streams of one proxy each, Envoy-sized, that ask for trust only (`system_trust_bundle`).
+    pub(super) fn trust_only(run: RunOptions) -> Options {
+        let defaults = SdsArgs::default();
+        Options {
+            proxies: run.streams,
+            identity_every: 0,
+            node_extensions: defaults.node_extensions,
+            console_clients: 0,
+            run,
+        }
+    }
+
     fn from_args(args: &SdsArgs) -> Result<Options, Error> {
         // The bench daemon runs with the default limits: say which one a size would hit, rather than
         // watching streams wait for a slot that never comes.
@@ -156,7 +168,11 @@ pub struct Outcome {
 const CONSOLE_CATCH_UP: Duration = Duration::from_secs(10);
 
 /// One token per proxy; stream `i` belongs to proxy `p-<i % proxies>`.
-fn fleet_plan(daemon: &Daemon, target: String, options: &Options) -> anyhow::Result<FleetPlan> {
+pub(super) fn fleet_plan(
+    daemon: &Daemon,
+    target: String,
+    options: &Options,
+) -> anyhow::Result<FleetPlan> {
     let now_unix = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .context("the system clock is before 1970")?

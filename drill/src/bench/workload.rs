@@ -100,21 +100,30 @@ impl Options {
     /// The bench daemon's settings: the sandbox's, with room for every stream and connection of one
     /// process, and the bench's `workloadApi.ackAfter`.
     fn settings(&self, sandbox: &Sandbox) -> Settings {
-        let mut settings = sandbox.settings();
-        let limits = &mut settings.limits;
-        let at_least = |limit: &mut u32, wanted: usize| {
-            *limit = (*limit).max(u32::try_from(wanted).unwrap_or(u32::MAX));
-        };
-        at_least(&mut limits.workload_streams_per_caller, self.run.streams);
-        at_least(&mut limits.workload_connections, self.run.connections);
-        // Every stream comes from this one user.
-        at_least(
-            &mut limits.workload_connections_per_uid,
-            self.run.connections,
-        );
+        let mut settings = settings_for(sandbox, &self.run);
         settings.workload_api.ack_after = meshca_config::Duration(self.ack_after);
         settings
     }
+}
+
+/// The sandbox's settings, with room for every stream and connection of `run` from one process.
+pub(super) fn settings_for(sandbox: &Sandbox, run: &RunOptions) -> Settings {
+    let mut settings = sandbox.settings();
+    let limits = &mut settings.limits;
+    let at_least = |limit: &mut u32, wanted: usize| {
+        *limit = (*limit).max(u32::try_from(wanted).unwrap_or(u32::MAX));
+    };
+    at_least(&mut limits.workload_streams_per_caller, run.streams);
+    at_least(&mut limits.workload_connections, run.connections);
+    // Every stream comes from this one user.
+    at_least(&mut limits.workload_connections_per_uid, run.connections);
+    settings
+}
+
+/// The registration of [`WORKLOAD`] that the bench's process (of user `uid`) matches.
+pub(super) fn bench_registration(uid: u32) -> String {
+    let labels = BTreeMap::from([("app".to_owned(), "bench".to_owned())]);
+    registered_workload(MESH, WORKLOAD, "bench", &labels, uid)
 }
 
 /// What one run measured.
@@ -164,10 +173,10 @@ pub async fn measure(options: &Options) -> anyhow::Result<Outcome> {
 /// The registrations: `WORKLOAD`, which the bench's process matches; behind an agent, also the others
 /// naming it, for other uids.
 fn workloads_yaml(options: &Options, uid: u32) -> String {
-    let labels = BTreeMap::from([("app".to_owned(), "bench".to_owned())]);
     let Some(count) = options.agent_registrations else {
-        return registered_workload(MESH, WORKLOAD, "bench", &labels, uid);
+        return bench_registration(uid);
     };
+    let labels = BTreeMap::from([("app".to_owned(), "bench".to_owned())]);
     let agent = format!("  agent: {}\n", agent_name(0));
     (0..count)
         .map(|i| {
@@ -214,6 +223,7 @@ async fn rotate_through(
         connections: options.run.connections,
         streams: Streams::Workload {
             count: options.run.streams,
+            trust_only: false,
         },
     };
     harness::idle_then_rotate(daemon, sandbox, clients, plan, options.run).await

@@ -2,8 +2,9 @@
 //! reads it (every message decoded whole), over a connection of the fleet (see [`super`]). A
 //! Workload API client sends nothing after its request: the stream only listens.
 //!
-//! A stream is reached by a rotation when a message's bundle (the default SVID's trust domain) holds
-//! a CA outside the steady state's, and its SVID is renewed when the leaf's issuer is such a CA.
+//! A stream is reached by a rotation when a message's bundles (the default SVID's trust domain's, and
+//! the federated ones) hold a CA outside the steady state's, and its SVID is renewed when the leaf's
+//! issuer is such a CA.
 
 use anyhow::{anyhow, Context};
 use bytes::Bytes;
@@ -53,10 +54,19 @@ fn inspect(response: &X509SvidResponse, progress: &Progress) -> anyhow::Result<S
     if svid.x509_svid_key.is_empty() {
         return Err(anyhow!("the SVID of {} has no key", svid.spiffe_id));
     }
+    // Its own trust domain's bundle, then the federated ones (by trust domain): what a SPIFFE library
+    // holds as the bundle set.
+    let mut federated: Vec<(&String, &Vec<u8>)> = response.federated_bundles.iter().collect();
+    federated.sort();
+    let bytes = std::iter::once(&svid.bundle)
+        .chain(federated.into_iter().map(|(_, der)| der))
+        .flatten()
+        .copied()
+        .collect();
     let bundle = progress
         .bundles()
-        .cached(svid.bundle.clone(), split_der)
-        .with_context(|| format!("the bundle of {}", svid.spiffe_id))?;
+        .cached(bytes, split_der)
+        .with_context(|| format!("the bundles of {}", svid.spiffe_id))?;
     let issuer =
         issuer_of(&svid.x509_svid).with_context(|| format!("the SVID of {}", svid.spiffe_id))?;
     Ok(Seen {
