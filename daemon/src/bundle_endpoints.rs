@@ -27,6 +27,10 @@ use tokio_util::sync::CancellationToken;
 /// The path of an `https_spiffe` endpoint's SPIFFE ID.
 pub const ENDPOINT_PATH: &str = "/meshca/bundle-endpoint";
 
+/// How often an endpoint reads its record again (one keystore read; a write only when another replica
+/// recorded a retired CA): the replicas of one database serve the same content within it.
+const RECHECK: Duration = Duration::from_secs(30);
+
 /// How long an endpoint's X.509-SVID lives; it is renewed at half of it.
 const SVID_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 
@@ -324,6 +328,9 @@ async fn follow_content(
     let mut inputs: Option<ContentInputs> = None;
     // When the first retired authority is due to leave the served bundle.
     let mut next_retirement: Option<SystemTime> = None;
+    // Whether to read the record again: another replica may have retired a CA this one knows no
+    // certificate of, and both serve the same content once this one takes it from the record.
+    let mut recheck = false;
     loop {
         let snapshot = snapshots.borrow_and_update().clone();
         let key_set = keys.borrow_and_update().clone();
@@ -332,7 +339,8 @@ async fn follow_content(
             Arc::ptr_eq(all, &snapshot.all) && Arc::ptr_eq(k, &key_set) && *r == retained
         });
         let retire_due = next_retirement.is_some_and(|at| at <= SystemTime::now());
-        if !unchanged || retire_due {
+        let force = retire_due || std::mem::take(&mut recheck);
+        if !unchanged || force {
             inputs = Some((snapshot.all.clone(), key_set.clone(), retained.clone()));
             let now = content(&td, &snapshot, &key_set, &retained);
             let empty = now.x509_authorities().is_empty() && now.jwt_authorities().is_empty();
@@ -340,7 +348,7 @@ async fn follow_content(
                 tracing::warn!(trust_domain = %td, "the bundle endpoint has nothing to serve: no mesh issues for this trust domain");
                 warned_empty = true;
             }
-            if !empty && (last.as_ref() != Some(&now) || retire_due) {
+            if !empty && (last.as_ref() != Some(&now) || force) {
                 let at = SystemTime::now();
                 let retiring = last
                     .as_ref()
@@ -398,6 +406,7 @@ async fn follow_content(
             changed = svid_roots.changed(), if roots_open => roots_open = changed.is_ok(),
             () = tokio::time::sleep(Duration::from_secs(5)), if retry => {}
             () = tokio::time::sleep(retire_in.unwrap_or_default()), if retire_in.is_some() => {}
+            () = tokio::time::sleep(RECHECK) => recheck = true,
         }
     }
 }
