@@ -4,7 +4,11 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked --no-default-features --bin meshca && strip target/release/meshca
+# `meshca --version` names the commit: the build context holds no .git, so it is passed in
+# (docker build --build-arg MESHCA_COMMIT=$(git rev-parse --short=12 HEAD) .).
+ARG MESHCA_COMMIT=unknown
+RUN MESHCA_COMMIT=$MESHCA_COMMIT cargo build --release --locked --no-default-features --bin meshca \
+ && strip target/release/meshca
 
 # Runtime stage: a small Debian with only CA roots and the binary, running as a non-root user.
 FROM debian:bookworm-slim

@@ -4,9 +4,17 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// The version and the commit it was built from (`build.rs`).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("MESHCA_COMMIT"),
+    ")"
+);
+
 /// meshca: a certificate authority and SDS identity issuer for service meshes.
 #[derive(Debug, Parser)]
-#[command(name = "meshca", version, about, propagate_version = true)]
+#[command(name = "meshca", version = VERSION, about, propagate_version = true)]
 pub struct Cli {
     /// Log format on stderr (`RUST_LOG` selects what is logged).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -56,6 +64,7 @@ pub enum Command {
     #[command(subcommand)]
     Bench(BenchCommand),
     /// Play a rotation or migration against live simulated proxies.
+    #[cfg_attr(not(feature = "drills"), command(hide = true))]
     Drill(DrillArgs),
     /// Print an Envoy bootstrap (YAML) for the proxy a token names.
     Bootstrap(BootstrapArgs),
@@ -68,6 +77,24 @@ pub enum Command {
     /// SPIFFE bundles of federated trust domains.
     #[command(subcommand)]
     Bundle(BundleCommand),
+    /// Print a shell completion script for meshca (e.g. `meshca completions bash > /etc/bash_completion.d/meshca`).
+    Completions(CompletionsArgs),
+    /// Write a man page (roff) for meshca and for each of its commands into a directory (`scripts/package`).
+    #[command(hide = true)]
+    Manpages(ManpagesArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+pub struct ManpagesArgs {
+    /// The directory to write `meshca.1`, `meshca-serve.1`, ... into (created if missing).
+    pub dir: PathBuf,
 }
 
 #[derive(Debug, Subcommand)]
@@ -382,15 +409,19 @@ pub enum BenchCommand {
     /// SVIDs per second on one thread, beside the raw ring floor from the same run.
     Issuance(BenchIssuanceArgs),
     /// SDS fan-out: many idle streams, memory per stream, and how fast a CA rotation reaches them all.
+    #[cfg_attr(not(feature = "drills"), command(hide = true))]
     Sds(BenchSdsArgs),
     /// Workload API fan-out: many idle `FetchX509SVID` streams of one process, memory per stream, and
     /// how fast a CA rotation reaches them all.
+    #[cfg_attr(not(feature = "drills"), command(hide = true))]
     Workload(BenchWorkloadArgs),
     /// Many `meshca agent`s (simulated, one connection each) against one server: memory per agent,
     /// and how fast a CA rotation reaches every agent and renews every certificate.
+    #[cfg_attr(not(feature = "drills"), command(hide = true))]
     Agents(BenchAgentsArgs),
     /// Federation: what following many peers' bundle endpoints costs the daemon (in its own process),
     /// and how fast a peer's new CA reaches SDS and Workload API streams.
+    #[cfg_attr(not(feature = "drills"), command(hide = true))]
     Federation(BenchFederationArgs),
     /// The client half of `bench sds` and `bench workload` when it runs in its own process: reads its
     /// plan on stdin.

@@ -109,23 +109,7 @@ fn settings_file_servers_are_read_and_a_proxy_token_is_refused() {
 #[test]
 fn the_agent_runs_from_an_agent_token_and_says_it_is_not_ready_without_a_server() {
     let env = Env::new();
-    let run = env
-        .cli(&[
-            "token",
-            "--config",
-            env.cfg(),
-            "--type",
-            "agent",
-            "--name",
-            "host-1",
-            "--output",
-            "json",
-        ])
-        .ok();
-    let token = run.json()["token"]
-        .as_str()
-        .expect("`token` in the JSON")
-        .to_owned();
+    let token = env.agent_token("host-1");
     let token_file = env.root().join("agent.token");
     std::fs::write(&token_file, token).expect("write");
     let admin = common::free_addr();

@@ -1,6 +1,6 @@
-//! What the agent tells its operator: `/ready` and `/api/status` on its admin listener (loopback, and
-//! only to requests naming an address, `localhost` or this host: see [`meshca_serve::allowed_hosts`]).
-//! Never a key, a token or a certificate's content.
+//! What the agent tells its operator: `/ready`, `/api/status` and `/metrics` (Prometheus) on its admin
+//! listener (loopback, and only to requests naming an address, `localhost` or this host: see
+//! [`meshca_serve::allowed_hosts`]). Never a key, a token or a certificate's content.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -128,6 +128,7 @@ pub(crate) async fn serve(
     let app = Router::new()
         .route("/ready", get(ready))
         .route("/api/status", get(api_status))
+        .route("/metrics", get(metrics))
         .with_state(status)
         .layer(axum::middleware::from_fn_with_state(hosts, check_host));
     if let Err(error) = axum::serve(listener, app)
@@ -160,4 +161,115 @@ async fn ready(State(status): State<StatusHandle>) -> Response {
 
 async fn api_status(State(status): State<StatusHandle>) -> Json<AgentStatus> {
     Json(status.get())
+}
+
+async fn metrics(State(status): State<StatusHandle>) -> Response {
+    match render_metrics(&status.get(), unix_now()) {
+        Ok(text) => (
+            StatusCode::OK,
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")).into_response(),
+    }
+}
+
+/// The status as Prometheus metrics (OpenMetrics text) at `now` (unix seconds).
+fn render_metrics(status: &AgentStatus, now: u64) -> Result<String, std::fmt::Error> {
+    use prometheus_client::metrics::gauge::ConstGauge;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let connected = status.server.connected.is_some();
+    registry.register(
+        "meshca_agent_server_connected",
+        "1 while the agent holds a stream to a meshca server, 0 while it has none",
+        ConstGauge::new(i64::from(connected)),
+    );
+    // Since when the agent has no server (since it started, if it never had one); 0 while connected.
+    let without = match (connected, status.server.since) {
+        (false, Some(since)) => now.saturating_sub(since),
+        _ => 0,
+    };
+    registry.register(
+        "meshca_agent_server_disconnected_seconds",
+        "seconds since the agent last had a meshca server (0 while it has one)",
+        ConstGauge::new(i64::try_from(without).unwrap_or(i64::MAX)),
+    );
+    registry.register(
+        "meshca_agent_serving",
+        "1 once the agent serves a state on its Workload API socket",
+        ConstGauge::new(i64::from(status.serving)),
+    );
+    registry.register(
+        "meshca_agent_workload_streams",
+        "Workload API streams open on this host",
+        ConstGauge::new(i64::try_from(status.open_streams).unwrap_or(i64::MAX)),
+    );
+    registry.register(
+        "meshca_agent_registrations",
+        "WorkloadRegistrations naming this agent",
+        ConstGauge::new(i64::try_from(status.registrations.len()).unwrap_or(i64::MAX)),
+    );
+    let without_identity = status
+        .registrations
+        .iter()
+        .filter(|r| r.registration.spiffe_id.is_none())
+        .count();
+    registry.register(
+        "meshca_agent_registrations_without_identity",
+        "registrations naming this agent for which it holds no certificate",
+        ConstGauge::new(i64::try_from(without_identity).unwrap_or(i64::MAX)),
+    );
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry)?;
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_without_a_server_says_so_and_for_how_long() {
+        let status = AgentStatus {
+            server: ServerStatus {
+                connected: None,
+                since: Some(1_000),
+                last_error: Some("connection refused".into()),
+            },
+            ..AgentStatus::default()
+        };
+        let text = render_metrics(&status, 1_090).expect("encoded");
+        assert!(text.contains("meshca_agent_server_connected 0\n"), "{text}");
+        assert!(
+            text.contains("meshca_agent_server_disconnected_seconds 90\n"),
+            "{text}"
+        );
+        assert!(text.contains("meshca_agent_serving 0\n"), "{text}");
+        assert!(
+            !text.contains("connection refused"),
+            "no error text in metrics"
+        );
+        let connected = AgentStatus {
+            server: ServerStatus {
+                connected: Some("https://ca-1:5678".into()),
+                since: Some(1_000),
+                last_error: None,
+            },
+            serving: true,
+            open_streams: 3,
+            ..AgentStatus::default()
+        };
+        let text = render_metrics(&connected, 1_090).expect("encoded");
+        assert!(text.contains("meshca_agent_server_connected 1\n"), "{text}");
+        assert!(
+            text.contains("meshca_agent_server_disconnected_seconds 0\n"),
+            "{text}"
+        );
+        assert!(text.contains("meshca_agent_workload_streams 3\n"), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
 }

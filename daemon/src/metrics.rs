@@ -547,11 +547,21 @@ impl Metrics {
         }
     }
 
-    /// Sets the expiry gauge of every CA of `world`.
+    /// Sets the expiry gauge of every CA of `world`, and makes the counters of each of its meshes and
+    /// issuers exist at 0: a counter that first appears at 1 is no increase to Prometheus (`increase()`
+    /// and `rate()` need a sample before the event), so an alert on the first failure or timeout would
+    /// never fire.
     fn observe_cas(&self, world: &World, now: SystemTime) {
         self.ca_expiry.clear();
+        let mut meshes = std::collections::BTreeSet::new();
         for (mesh, ca, loaded) in world.authorities() {
             let id = loaded.ca.id();
+            let issuer = IssuerLabels {
+                mesh: mesh.to_owned(),
+                issuer: ca.clone(),
+            };
+            let _ = self.issued.get_or_create(&issuer);
+            let _ = self.failed.get_or_create(&issuer);
             let labels = CaLabels {
                 mesh: mesh.to_owned(),
                 ca,
@@ -559,6 +569,20 @@ impl Metrics {
             };
             let seconds = seconds_until(loaded.ca.not_after(), now);
             self.ca_expiry.get_or_create(&labels).set(seconds);
+            meshes.insert(mesh.to_owned());
+        }
+        for mesh in meshes {
+            for step in ROLLOUT_STEPS {
+                let labels = StepLabels {
+                    mesh: mesh.clone(),
+                    step: step.as_str().into(),
+                };
+                let _ = self.rollout_waits.get_or_create(&labels);
+                let _ = self.rollout_timeouts.get_or_create(&labels);
+            }
+            let _ = self
+                .removed_while_presented
+                .get_or_create(&MeshLabels { mesh });
         }
     }
 }
@@ -623,6 +647,28 @@ impl Telemetry for Metrics {
     }
 }
 
+/// Every rollout step, for the counters made to exist at 0 ([`Metrics::observe_cas`]).
+const ROLLOUT_STEPS: [RolloutStep; 5] = [
+    RolloutStep::TrustBeforeIdentity,
+    RolloutStep::SansBeforeIdentity,
+    RolloutStep::IdentityAck,
+    RolloutStep::BreakLast,
+    RolloutStep::Federation,
+];
+
+/// The step's place in [`ROLLOUT_STEPS`]: a step added to the enum fails to compile here until it is
+/// listed there too.
+#[cfg(test)]
+fn step_index(step: RolloutStep) -> usize {
+    match step {
+        RolloutStep::TrustBeforeIdentity => 0,
+        RolloutStep::SansBeforeIdentity => 1,
+        RolloutStep::IdentityAck => 2,
+        RolloutStep::BreakLast => 3,
+        RolloutStep::Federation => 4,
+    }
+}
+
 /// Buckets of a reconcile: from 50 µs (one proxy) to about 27 s.
 fn reconcile_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_05, 2.0, 20))
@@ -631,6 +677,13 @@ fn reconcile_histogram() -> Histogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_rollout_step_is_listed_once() {
+        for (i, step) in ROLLOUT_STEPS.into_iter().enumerate() {
+            assert_eq!(step_index(step), i);
+        }
+    }
 
     #[test]
     fn exposition_names_every_documented_family() {

@@ -6,6 +6,7 @@ mod bootstrap;
 mod bundle;
 #[cfg(feature = "drills")]
 mod drill;
+mod generated;
 mod inspect;
 mod issue;
 mod sds_fetch;
@@ -64,6 +65,8 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Agent(args) => agent::run(args).await,
         Command::Bundle(crate::cli::BundleCommand::Fetch(args)) => bundle::fetch(args).await,
         Command::Bundle(crate::cli::BundleCommand::Show(args)) => bundle::show(args).await,
+        Command::Completions(args) => generated::completions(args),
+        Command::Manpages(args) => generated::manpages(args),
     }
 }
 

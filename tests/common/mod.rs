@@ -265,6 +265,27 @@ impl Env {
         std::fs::rename(&staging, self.resources.join(name)).expect("the temp dir is writable");
     }
 
+    /// An agent token for host `name`, minted with the daemon's key (`meshca token --type agent`).
+    pub fn agent_token(&self, name: &str) -> String {
+        let run = self
+            .cli(&[
+                "token",
+                "--config",
+                self.cfg(),
+                "--type",
+                "agent",
+                "--name",
+                name,
+                "--output",
+                "json",
+            ])
+            .ok();
+        run.json()["token"]
+            .as_str()
+            .expect("`token` in the JSON")
+            .to_owned()
+    }
+
     /// A `meshca` command with a clean environment (no `MESHCA_*` from the caller, no colours).
     pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = self.command_of(MESHCA);
