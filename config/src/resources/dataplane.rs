@@ -84,6 +84,9 @@ pub(super) struct DataplaneDoc {
     _creation_time: Option<IgnoredAny>,
     #[serde(rename = "modificationTime")]
     _modification_time: Option<IgnoredAny>,
+    // Kuma's resource identifier, which kumactl prints: output only.
+    #[serde(rename = "kri")]
+    _kri: Option<IgnoredAny>,
     networking: Option<RawNetworking>,
 }
 
@@ -168,6 +171,9 @@ pub(super) struct ZoneEgressDoc {
     _creation_time: Option<IgnoredAny>,
     #[serde(rename = "modificationTime")]
     _modification_time: Option<IgnoredAny>,
+    // Kuma's resource identifier, which kumactl prints: output only.
+    #[serde(rename = "kri")]
+    _kri: Option<IgnoredAny>,
     #[serde(rename = "zone")]
     _zone: Option<IgnoredAny>,
     networking: Option<RawEgressNetworking>,

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde::de::IgnoredAny;
 use serde::Deserialize;
+use zeroize::Zeroize;
 
 use super::dataplane::{DataplaneDoc, ZoneEgressDoc};
 use super::error::{Report, ResourceError, Source};
@@ -231,9 +232,28 @@ struct SpecDoc<S> {
     _creation_time: Option<IgnoredAny>,
     #[serde(rename = "modificationTime")]
     _modification_time: Option<IgnoredAny>,
+    // Kuma's resource identifier, which kumactl prints: output only.
+    #[serde(rename = "kri")]
+    _kri: Option<IgnoredAny>,
     spec: S,
     #[serde(rename = "status")]
     _status: Option<IgnoredAny>,
+    /// A MeshService's SNIs, which Kuma 2.14 computes and prints: output only, and a MeshService's only.
+    snis: Option<IgnoredAny>,
+}
+
+impl<S> SpecDoc<S> {
+    /// Refuses `snis` on anything but a MeshService.
+    fn no_snis(&self, kind: ResourceType, report: &mut Report) {
+        if self.snis.is_some() {
+            report.error(
+                "snis",
+                format!(
+                    "unknown field: a {kind} has no snis (Kuma computes them for a MeshService)"
+                ),
+            );
+        }
+    }
 }
 
 /// What one file held.
@@ -246,6 +266,8 @@ pub(super) struct ParsedFile {
     /// The Meshes and Dataplanes whose documents had errors: other resources may still refer to
     /// them without a second, misleading "does not exist" error.
     pub(super) broken: Vec<Broken>,
+    /// What was skipped on purpose and is worth a look (Kuma's Insight resources): no error.
+    pub(super) notes: Vec<ResourceError>,
 }
 
 /// A Mesh or Dataplane whose document had errors (already reported), named by its header.
@@ -259,41 +281,143 @@ pub(super) struct Broken {
     pub(super) name: String,
 }
 
+/// Kuma's Insight types (status Kuma computes, which `kumactl export` writes): skipped, with one note per
+/// file.
+const KUMA_INSIGHT_TYPES: [&str; 7] = [
+    "DataplaneInsight",
+    "MeshInsight",
+    "ServiceInsight",
+    "ZoneInsight",
+    "ZoneIngressInsight",
+    "ZoneEgressInsight",
+    "MeshServiceInsight",
+];
+
 /// Parses every document of one file. Errors of one document do not stop the others; a YAML
-/// syntax error ends the file (the parser cannot resynchronise).
+/// syntax error ends the file (the parser cannot resynchronise). A document that is a list as
+/// `kumactl get ... -o yaml` prints one (`items:`, with `next` and `total`) is read item by item.
 pub(super) fn parse_file(file: &Path, text: &str) -> ParsedFile {
     let mut parsed = ParsedFile::default();
+    let mut insights: Vec<String> = Vec::new();
     let values = yaml_serde::Deserializer::from_str(text);
     let typed = yaml_serde::Deserializer::from_str(text);
     for (index, (value, typed)) in values.zip(typed).enumerate() {
-        let mut report = Report::new(Source {
+        let source = Source {
             file: file.to_owned(),
             document: index + 1,
-        });
+        };
         let value = match yaml_serde::Value::deserialize(value) {
             Ok(value) => value,
             Err(e) => {
+                let mut report = Report::new(source);
                 report.error("", format!("YAML syntax error: {e}"));
                 parsed.errors.append(&mut report.errors);
                 break;
             }
         };
-        if let Ok(Some(header)) = parse_header(&value, &mut report) {
-            let referred = matches!(header.kind, ResourceType::Mesh | ResourceType::Dataplane);
-            let broken = referred.then(|| Broken {
-                kind: header.kind,
-                mesh: header.mesh.clone(),
-                name: header.name.clone(),
-            });
-            let resource = parse_body(header, typed, &mut report);
-            match resource {
-                Some(resource) if !report.has_errors() => parsed.resources.push(resource),
-                _ => parsed.broken.extend(broken),
+        match list_items(&value) {
+            Some(Ok(items)) => {
+                for (k, item) in items.iter().enumerate() {
+                    let mut report = Report::new(source.clone());
+                    // Each item again as YAML text, for the typed reader that names failing fields.
+                    let mut item_text = yaml_serde::to_string(item).unwrap_or_default();
+                    match yaml_serde::Deserializer::from_str(&item_text).next() {
+                        Some(typed) => {
+                            parse_document(item, typed, &mut report, &mut parsed, &mut insights)
+                        }
+                        None => report.error("", "an empty item"),
+                    }
+                    // Items may hold inline private keys, as files do.
+                    item_text.zeroize();
+                    for mut error in report.errors {
+                        error.field = match error.field.as_str() {
+                            "" => format!("items[{k}]"),
+                            field => format!("items[{k}].{field}"),
+                        };
+                        parsed.errors.push(error);
+                    }
+                }
+            }
+            Some(Err(message)) => {
+                let mut report = Report::new(source);
+                report.error("items", message);
+                parsed.errors.append(&mut report.errors);
+            }
+            None => {
+                let mut report = Report::new(source);
+                parse_document(&value, typed, &mut report, &mut parsed, &mut insights);
+                parsed.errors.append(&mut report.errors);
             }
         }
-        parsed.errors.append(&mut report.errors);
+    }
+    if !insights.is_empty() {
+        insights.sort();
+        insights.dedup();
+        parsed.notes.push(ResourceError {
+            file: file.to_owned(),
+            document: 0,
+            resource: None,
+            field: String::new(),
+            message: format!(
+                "Kuma's {} resources are skipped: Kuma computes them, and meshca reports its own status",
+                insights.join(", ")
+            ),
+        });
     }
     parsed
+}
+
+/// The items of a document that is a list as kumactl prints one (`items`, and optionally `next` and
+/// `total`, no `type`); `None` for any other document.
+fn list_items(value: &yaml_serde::Value) -> Option<Result<&Vec<yaml_serde::Value>, String>> {
+    let map = value.as_mapping()?;
+    if map.contains_key("type") || !map.contains_key("items") {
+        return None;
+    }
+    if let Some(other) = map
+        .keys()
+        .filter_map(|k| k.as_str())
+        .find(|k| !["items", "next", "total"].contains(k))
+    {
+        return Some(Err(format!(
+            "a list as kumactl prints one holds items, next and total; {other:?} is not one of them"
+        )));
+    }
+    Some(match map.get("items") {
+        Some(yaml_serde::Value::Sequence(items)) => Ok(items),
+        Some(yaml_serde::Value::Null) => Err("must be a list of resources".to_owned()),
+        _ => Err("must be a list of resources".to_owned()),
+    })
+}
+
+/// Parses one resource document (or list item): its header, then its body. A Kuma Insight is noted in
+/// `insights` and skipped.
+fn parse_document(
+    value: &yaml_serde::Value,
+    typed: yaml_serde::Deserializer<'_>,
+    report: &mut Report,
+    parsed: &mut ParsedFile,
+    insights: &mut Vec<String>,
+) {
+    if let Some(kind) = value.get("type").and_then(|t| t.as_str()) {
+        if KUMA_INSIGHT_TYPES.contains(&kind) {
+            insights.push(kind.to_owned());
+            return;
+        }
+    }
+    if let Ok(Some(header)) = parse_header(value, report) {
+        let referred = matches!(header.kind, ResourceType::Mesh | ResourceType::Dataplane);
+        let broken = referred.then(|| Broken {
+            kind: header.kind,
+            mesh: header.mesh.clone(),
+            name: header.name.clone(),
+        });
+        let resource = parse_body(header, typed, report);
+        match resource {
+            Some(resource) if !report.has_errors() => parsed.resources.push(resource),
+            _ => parsed.broken.extend(broken),
+        }
+    }
 }
 
 /// The `type`, `name` and `mesh` of a document, each checked.
@@ -430,11 +554,13 @@ fn parse_body(
         }
         ResourceType::MeshIdentity => {
             let doc = body::<SpecDoc<IdentitySpec>>(typed, report)?;
+            doc.no_snis(kind, report);
             let labels = doc.labels.unwrap_or_default();
             Resource::MeshIdentity(doc.spec.into_typed(name, mesh, labels, report)?)
         }
         ResourceType::MeshTrust => {
             let doc = body::<SpecDoc<TrustSpec>>(typed, report)?;
+            doc.no_snis(kind, report);
             let labels = doc.labels.unwrap_or_default();
             Resource::MeshTrust(doc.spec.into_typed(name, mesh, labels, report)?)
         }
@@ -445,11 +571,13 @@ fn parse_body(
         }
         ResourceType::WorkloadRegistration => {
             let doc = body::<SpecDoc<RegistrationSpec>>(typed, report)?;
+            doc.no_snis(kind, report);
             let labels = doc.labels.unwrap_or_default();
             Resource::WorkloadRegistration(doc.spec.into_typed(name, mesh, labels, report)?)
         }
         ResourceType::FederationRelationship => {
             let doc = body::<SpecDoc<FederationSpec>>(typed, report)?;
+            doc.no_snis(kind, report);
             let labels = doc.labels.unwrap_or_default();
             Resource::FederationRelationship(doc.spec.into_typed(name, mesh, labels, report)?)
         }

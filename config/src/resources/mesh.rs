@@ -114,6 +114,9 @@ pub(super) struct MeshDoc {
     _creation_time: Option<IgnoredAny>,
     #[serde(rename = "modificationTime")]
     _modification_time: Option<IgnoredAny>,
+    // Kuma's resource identifier, which kumactl prints: output only.
+    #[serde(rename = "kri")]
+    _kri: Option<IgnoredAny>,
     mtls: Option<RawMtls>,
     // Kuma Mesh sections meshca has no use for; accepted so existing Kuma files load.
     #[serde(rename = "logging")]

@@ -59,6 +59,9 @@ pub struct Resources {
     pub workload_registrations: Vec<WorkloadRegistration>,
     /// FederationRelationships.
     pub federation_relationships: Vec<FederationRelationship>,
+    /// What the files hold that meshca skips on purpose, worth a look (Kuma's Insight resources): no
+    /// error, reported as warnings.
+    pub notes: Vec<ResourceError>,
 }
 
 impl Resources {
@@ -344,6 +347,7 @@ pub fn load_dir_lenient(dir: &Path, limits: &LoadLimits) -> (Resources, Vec<Reso
     }
     let mut resources = Vec::new();
     let mut broken = Vec::new();
+    let mut notes = Vec::new();
     for file in files {
         let mut text = match read_resource_file(&file, limits) {
             Ok(text) => text,
@@ -358,9 +362,12 @@ pub fn load_dir_lenient(dir: &Path, limits: &LoadLimits) -> (Resources, Vec<Reso
         resources.append(&mut parsed.resources);
         errors.append(&mut parsed.errors);
         broken.append(&mut parsed.broken);
+        notes.append(&mut parsed.notes);
     }
     errors.append(&mut checks::check(&resources, &broken));
-    (Resources::assemble(resources), errors)
+    let mut resources = Resources::assemble(resources);
+    resources.notes = notes;
+    (resources, errors)
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ mod dataplane;
 mod federation;
 mod header;
 mod identity;
+mod kuma_output;
 mod mesh;
 mod pkcs11;
 mod registration;

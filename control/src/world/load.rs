@@ -170,7 +170,8 @@ impl World {
         let federation =
             federation::load_federation(&resources, &meshes, src.settings, &mut errors);
 
-        let mut warnings = Vec::new();
+        let mut warnings: Vec<UpdateError> =
+            resources.notes.iter().map(UpdateError::from).collect();
         for service in &resources.mesh_services {
             let local = service.zone().is_none_or(|z| z == src.settings.zone);
             if local && service.dataplane_tags.is_some() && !service.identities.is_empty() {
