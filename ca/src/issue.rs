@@ -217,8 +217,11 @@ impl CertificateAuthority {
         if req.lifetime.is_zero() {
             return Err(bad_lifetime());
         }
+        // Backdated for clock skew, but never to before the CA itself (a CA made a moment ago, as an
+        // operator's or an export's may be, would otherwise sign a leaf that fails path validation).
         let (nb, not_before) = now
             .checked_sub(BACKDATE)
+            .map(|t| t.max(self.not_before))
             .and_then(certs::whole_seconds)
             .ok_or_else(bad_lifetime)?;
         let wanted_end = now.checked_add(req.lifetime).unwrap_or(self.not_after);

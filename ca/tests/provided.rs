@@ -408,3 +408,20 @@ fn subject_rcgen_cannot_reproduce_is_refused_not_mangled() {
         .expect_err("refused");
     assert!(err.to_string().contains("cannot reproduce"), "{err}");
 }
+
+#[test]
+fn a_ca_made_a_moment_ago_issues_leaves_that_start_with_it() {
+    // The CA starts at this very second, as one an operator (or an export) has just made; a leaf is
+    // backdated for clock skew, but not to before its CA, or path validation would refuse it.
+    let issued_at = now();
+    let mut params = ca_cert_params("fresh", Some("spiffe://fresh.example"));
+    params.not_before = (std::time::UNIX_EPOCH + std::time::Duration::from_secs(NOW_SECS)).into();
+    let ca_cert = self_signed(params);
+    let ca = load(&ca_cert.pem, &ca_cert.key_pem(), &LAX).expect("loads");
+    let req = request("spiffe://fresh.example/web", KeyAlgorithm::EcdsaP256, HOUR);
+    let svid = ca.issue(&req, issued_at).expect("issues");
+    // The check the owner makes before publishing: within the CA's validity.
+    ca.verify_issued(&svid.chain_der, &req.spiffe_id, issued_at)
+        .expect("the leaf starts no earlier than its CA");
+    verify_svid(&svid.chain_der, &ca.bundle_der(), &req.spiffe_id, issued_at).expect("verifies");
+}

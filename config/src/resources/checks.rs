@@ -82,6 +82,46 @@ pub(super) fn check(resources: &[Resource], broken: &[Broken]) -> Vec<ResourceEr
     }
     errors.append(&mut check_registrations(resources, broken));
     errors.append(&mut check_federation(resources));
+    errors.append(&mut check_secrets(resources));
+    errors
+}
+
+/// Every `secret:` data source of a Mesh backend names a universal Secret of that Mesh's mesh.
+fn check_secrets(resources: &[Resource]) -> Vec<ResourceError> {
+    let secrets: BTreeSet<(&str, &str)> = resources
+        .iter()
+        .filter_map(|r| match r {
+            Resource::Secret(s) => Some((s.mesh.as_str(), s.name.as_str())),
+            _ => None,
+        })
+        .collect();
+    let mut errors = Vec::new();
+    for resource in resources {
+        let Resource::Mesh(mesh) = resource else {
+            continue;
+        };
+        let Some(mtls) = &mesh.mtls else { continue };
+        for (i, backend) in mtls.backends.iter().enumerate() {
+            let super::BackendKind::Provided { cert, key } = &backend.kind else {
+                continue;
+            };
+            for (part, source) in [("cert", cert), ("key", key)] {
+                let super::DataSource::Secret(name) = source else {
+                    continue;
+                };
+                if !secrets.contains(&(mesh.name.as_str(), name.as_str())) {
+                    errors.push(error(
+                        resource,
+                        &format!("mtls.backends[{i}].conf.{part}.secret"),
+                        format!(
+                            "no Secret named {name:?} in mesh {:?} (a universal `type: Secret` resource, e.g. from kumactl export --include-admin)",
+                            mesh.name
+                        ),
+                    ));
+                }
+            }
+        }
+    }
     errors
 }
 

@@ -28,6 +28,9 @@ pub enum DataSource {
     InlineString(String),
     /// An environment variable of the meshca process, read when [`DataSource::read`] is called.
     EnvVar(String),
+    /// A Mesh backend's `secret: NAME`: the universal Secret of that name in the Mesh's mesh. Replaced
+    /// by its bytes when the resources are assembled; reading one that was not is an error.
+    Secret(String),
     /// A private key in the PKCS#11 token of `keystore.pkcs11`, named by its URI (`pkcs11: "..."`).
     /// Only a CA's key is accepted so; its `type`, when given, is `private`, and it has an `object`
     /// or an `id`. It has no bytes: the key never leaves the token.
@@ -65,6 +68,12 @@ impl DataSource {
                 return meshca_files::read(path, max_bytes, "limits.dataSourceBytes")
                     .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())));
             }
+            DataSource::Secret(name) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("no Secret {name:?} in the Mesh's mesh"),
+                ))
+            }
             DataSource::Inline(bytes) => bytes.clone(),
             DataSource::InlineString(text) => text.as_bytes().to_vec(),
             DataSource::EnvVar(name) => {
@@ -94,6 +103,7 @@ impl fmt::Display for DataSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DataSource::File(path) => write!(f, "file {}", path.display()),
+            DataSource::Secret(name) => write!(f, "Secret {name}"),
             DataSource::Inline(_) => f.write_str("inline data"),
             DataSource::InlineString(_) => f.write_str("inline string"),
             DataSource::EnvVar(name) => write!(f, "environment variable {name}"),
@@ -109,6 +119,7 @@ impl fmt::Debug for DataSource {
             DataSource::Inline(_) => f.write_str("Inline([redacted])"),
             DataSource::InlineString(_) => f.write_str("InlineString([redacted])"),
             DataSource::EnvVar(name) => f.debug_tuple("EnvVar").field(name).finish(),
+            DataSource::Secret(name) => f.debug_tuple("Secret").field(name).finish(),
             DataSource::Pkcs11(uri) => f
                 .debug_tuple("Pkcs11")
                 .field(&format_args!("{uri}"))
@@ -122,7 +133,10 @@ impl Drop for DataSource {
         match self {
             DataSource::Inline(bytes) => bytes.zeroize(),
             DataSource::InlineString(text) => text.zeroize(),
-            DataSource::File(_) | DataSource::EnvVar(_) | DataSource::Pkcs11(_) => {}
+            DataSource::File(_)
+            | DataSource::EnvVar(_)
+            | DataSource::Secret(_)
+            | DataSource::Pkcs11(_) => {}
         }
     }
 }
@@ -171,7 +185,7 @@ pub(super) struct MeshDataSource {
     inline: Option<String>,
     inline_string: Option<String>,
     pkcs11: Option<String>,
-    secret: Option<IgnoredAny>,
+    secret: Option<String>,
 }
 
 impl MeshDataSource {
@@ -183,13 +197,6 @@ impl MeshDataSource {
         holds: Holds,
         report: &mut Report,
     ) -> Option<DataSource> {
-        if self.secret.is_some() {
-            report.error(
-                format!("{field}.secret"),
-                "secret data sources are Kubernetes-only; use file, inline or inlineString",
-            );
-            return None;
-        }
         if self.pkcs11.is_some() && holds == Holds::Certificate {
             report.error(format!("{field}.pkcs11"), CERTIFICATE_IN_TOKEN);
             return None;
@@ -199,14 +206,15 @@ impl MeshDataSource {
             ("inline", self.inline.is_some()),
             ("inlineString", self.inline_string.is_some()),
             ("pkcs11", self.pkcs11.is_some()),
+            ("secret", self.secret.is_some()),
         ]
         .into_iter()
         .filter_map(|(name, set)| set.then_some(name))
         .collect();
         if set.len() != 1 {
             let choices = match holds {
-                Holds::Certificate => "file, inline or inlineString",
-                Holds::Key => "file, inline, inlineString or pkcs11",
+                Holds::Certificate => "file, inline, inlineString or secret",
+                Holds::Key => "file, inline, inlineString, secret or pkcs11",
             };
             report.error(
                 field,
@@ -220,6 +228,14 @@ impl MeshDataSource {
                 ),
             );
             return None;
+        }
+        if let Some(name) = self.secret.take() {
+            // A universal Secret of the Mesh's mesh, resolved once every resource is read.
+            if let Err(m) = crate::names::check_name(&name) {
+                report.error(format!("{field}.secret"), m.to_string());
+                return None;
+            }
+            return Some(DataSource::Secret(name));
         }
         if let Some(path) = self.file.take() {
             if path.as_os_str().is_empty() {

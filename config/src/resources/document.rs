@@ -14,6 +14,7 @@ use super::federation::{FederationSpec, EVERY_MESH};
 use super::identity::IdentitySpec;
 use super::mesh::MeshDoc;
 use super::registration::RegistrationSpec;
+use super::secret::{Secret, SecretDoc};
 use super::service::ServiceSpec;
 use super::trust::TrustSpec;
 use super::{
@@ -42,6 +43,8 @@ pub enum Resource {
     WorkloadRegistration(WorkloadRegistration),
     /// `type: FederationRelationship`.
     FederationRelationship(FederationRelationship),
+    /// `type: Secret` (universal).
+    Secret(Secret),
 }
 
 /// The resource types, as spelled in `type:`.
@@ -63,11 +66,13 @@ pub enum ResourceType {
     WorkloadRegistration,
     /// `FederationRelationship`.
     FederationRelationship,
+    /// `Secret` (Kuma's universal Secret).
+    Secret,
 }
 
 impl ResourceType {
     /// Every type meshca reads.
-    pub const ALL: [ResourceType; 8] = [
+    pub const ALL: [ResourceType; 9] = [
         ResourceType::Mesh,
         ResourceType::MeshIdentity,
         ResourceType::MeshTrust,
@@ -76,6 +81,7 @@ impl ResourceType {
         ResourceType::MeshService,
         ResourceType::WorkloadRegistration,
         ResourceType::FederationRelationship,
+        ResourceType::Secret,
     ];
 
     /// The `type:` spelling.
@@ -89,6 +95,7 @@ impl ResourceType {
             ResourceType::MeshService => "MeshService",
             ResourceType::WorkloadRegistration => "WorkloadRegistration",
             ResourceType::FederationRelationship => "FederationRelationship",
+            ResourceType::Secret => "Secret",
         }
     }
 
@@ -124,6 +131,7 @@ impl Resource {
             Resource::MeshService(_) => ResourceType::MeshService,
             Resource::WorkloadRegistration(_) => ResourceType::WorkloadRegistration,
             Resource::FederationRelationship(_) => ResourceType::FederationRelationship,
+            Resource::Secret(_) => ResourceType::Secret,
         }
     }
 
@@ -138,6 +146,7 @@ impl Resource {
             Resource::MeshService(r) => &r.name,
             Resource::WorkloadRegistration(r) => &r.name,
             Resource::FederationRelationship(r) => &r.name,
+            Resource::Secret(r) => &r.name,
         }
     }
 
@@ -151,6 +160,7 @@ impl Resource {
             Resource::MeshService(r) => Some(&r.mesh),
             Resource::WorkloadRegistration(r) => Some(&r.mesh),
             Resource::FederationRelationship(r) => Some(&r.mesh),
+            Resource::Secret(r) => Some(&r.mesh),
         }
     }
 
@@ -165,6 +175,7 @@ impl Resource {
             Resource::MeshService(r) => &r.source,
             Resource::WorkloadRegistration(r) => &r.source,
             Resource::FederationRelationship(r) => &r.source,
+            Resource::Secret(r) => &r.source,
         }
     }
 
@@ -206,7 +217,6 @@ const KUMA_TYPES_SKIPPED: &[&str] = &[
     "ProxyTemplate",
     "RateLimit",
     "Retry",
-    "Secret",
     "Timeout",
     "TrafficLog",
     "TrafficPermission",
@@ -574,6 +584,10 @@ fn parse_body(
             doc.no_snis(kind, report);
             let labels = doc.labels.unwrap_or_default();
             Resource::WorkloadRegistration(doc.spec.into_typed(name, mesh, labels, report)?)
+        }
+        ResourceType::Secret => {
+            let doc = body::<SecretDoc>(typed, report)?;
+            Resource::Secret(doc.into_typed(name, mesh, report)?)
         }
         ResourceType::FederationRelationship => {
             let doc = body::<SpecDoc<FederationSpec>>(typed, report)?;

@@ -207,6 +207,10 @@ struct RawConf {
     ca_cert: Option<RawCaCert>,
     cert: Option<MeshDataSource>,
     key: Option<MeshDataSource>,
+    /// Kuma's switch to skip its checks of a provided CA (`kumactl export` sets it on the builtin CAs
+    /// it writes as provided): accepted, and meshca checks every provided CA all the same.
+    #[serde(rename = "skipValidation")]
+    _skip_validation: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

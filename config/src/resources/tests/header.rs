@@ -56,10 +56,10 @@ fn type_is_required_and_checked() {
     assert_error(
         &e,
         "type",
-        "required; one of Mesh, MeshIdentity, MeshTrust, Dataplane, ZoneEgress, MeshService, WorkloadRegistration, FederationRelationship",
+        "required; one of Mesh, MeshIdentity, MeshTrust, Dataplane, ZoneEgress, MeshService, WorkloadRegistration, FederationRelationship, Secret",
     );
     assert_eq!(e.resource, None);
-    assert_eq!(e.to_string(), "/r/test.yaml: document 1: type: required; one of Mesh, MeshIdentity, MeshTrust, Dataplane, ZoneEgress, MeshService, WorkloadRegistration, FederationRelationship");
+    assert_eq!(e.to_string(), "/r/test.yaml: document 1: type: required; one of Mesh, MeshIdentity, MeshTrust, Dataplane, ZoneEgress, MeshService, WorkloadRegistration, FederationRelationship, Secret");
     let e = one_error("type: MeshIdentiy\nname: x\nmesh: m\n");
     assert_error(
         &e,

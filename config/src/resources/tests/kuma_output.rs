@@ -142,3 +142,101 @@ fn insights_are_skipped_with_one_note_per_file() {
         "{note}"
     );
 }
+
+/// A Mesh whose provided backend names Secrets, and those Secrets, as `kumactl export --include-admin`
+/// writes them.
+fn exported(cert_data: &str, key_secret: &str) -> String {
+    format!(
+        "type: Mesh\nname: default\nmtls:\n  enabledBackend: ca-1\n  backends:\n    - name: ca-1\n      type: provided\n      conf:\n        cert: {{secret: default.ca-builtin-cert-ca-1}}\n        key: {{secret: {key_secret}}}\n        skipValidation: true\n---\ntype: Secret\nmesh: default\nname: default.ca-builtin-cert-ca-1\ndata: {cert_data}\n---\ntype: Secret\nmesh: default\nname: default.ca-builtin-key-ca-1\nkri: kri_sec_default___default.ca-builtin-key-ca-1_\ndata: a2V5LWJ5dGVz\n"
+    )
+}
+
+#[test]
+fn secret_data_sources_are_resolved_from_the_meshs_secrets() {
+    let dir = tempfile::tempdir().expect("a directory");
+    std::fs::write(
+        dir.path().join("export.yaml"),
+        exported("Y2VydC1ieXRlcw==", "default.ca-builtin-key-ca-1"),
+    )
+    .expect("written");
+    let resources = load_dir(dir.path(), &LoadLimits::default()).expect("valid");
+    assert_eq!(resources.secrets.len(), 2);
+    let backend = &resources.meshes["default"]
+        .mtls
+        .as_ref()
+        .expect("mtls")
+        .backends[0];
+    let BackendKind::Provided { cert, key } = &backend.kind else {
+        panic!("provided: {backend:?}");
+    };
+    assert_eq!(cert.read(1 << 20).expect("resolved"), b"cert-bytes");
+    assert_eq!(key.read(1 << 20).expect("resolved"), b"key-bytes");
+    // Key material never shows in Debug.
+    let debug = format!("{:?} {:?} {key:?}", resources.secrets, resources.meshes);
+    assert!(
+        !debug.contains("key-bytes") && !debug.contains("a2V5LWJ5dGVz"),
+        "{debug}"
+    );
+}
+
+#[test]
+fn a_missing_or_unreadable_secret_is_refused_naming_the_field_and_never_quoting_it() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let file = dir.path().join("export.yaml");
+    std::fs::write(
+        &file,
+        exported("Y2VydC1ieXRlcw==", "default.ca-builtin-key-ca-2"),
+    )
+    .expect("written");
+    let errors = load_dir(dir.path(), &LoadLimits::default()).expect_err("refused");
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_error(
+        &errors[0],
+        "mtls.backends[0].conf.key.secret",
+        "no Secret named \"default.ca-builtin-key-ca-2\" in mesh \"default\"",
+    );
+    assert_eq!(errors[0].resource.as_deref(), Some("Mesh/default"));
+
+    std::fs::write(
+        &file,
+        exported("c2VjcmV0!!not-base64", "default.ca-builtin-key-ca-1"),
+    )
+    .expect("written");
+    let errors = load_dir(dir.path(), &LoadLimits::default()).expect_err("refused");
+    let error = errors
+        .iter()
+        .find(|e| e.field == "data")
+        .expect("the data field");
+    assert_eq!(
+        error.resource.as_deref(),
+        Some("Secret/default/default.ca-builtin-cert-ca-1")
+    );
+    assert!(
+        error.message.contains("not base64") && !error.message.contains("c2VjcmV0"),
+        "{error}"
+    );
+
+    // A Secret of another mesh is not the Mesh's.
+    let other = exported("Y2VydC1ieXRlcw==", "default.ca-builtin-key-ca-1").replace(
+        "mesh: default\nname: default.ca-builtin-key-ca-1",
+        "mesh: other\nname: default.ca-builtin-key-ca-1",
+    ) + "---\ntype: Mesh\nname: other\n";
+    std::fs::write(&file, other).expect("written");
+    let errors = load_dir(dir.path(), &LoadLimits::default()).expect_err("refused");
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.field == "mtls.backends[0].conf.key.secret"),
+        "{errors:#?}"
+    );
+
+    // Bounded: a Secret over MAX_SECRET_BYTES is refused.
+    let big = base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        vec![7u8; MAX_SECRET_BYTES + 1],
+    );
+    let error = one_error(&format!(
+        "type: Secret\nmesh: default\nname: big\ndata: {big}\n"
+    ));
+    assert_error(&error, "data", "a Secret holds at most");
+}

@@ -269,7 +269,7 @@ mtls:
     - name: a
       type: provided
       conf:
-        cert: {secret: my-secret}
+        cert: {secret: "Not A Name!"}
         key: {inline: "not base64!"}
     - name: b
       type: provided
@@ -301,19 +301,17 @@ mtls:
         ],
         "{errors:#?}"
     );
-    assert!(errors[0]
-        .message
-        .contains("secret data sources are Kubernetes-only; use file, inline or inlineString"));
+    assert!(errors[0].message.contains("valid name"), "{}", errors[0]);
     assert!(errors[1].message.contains("not valid base64"));
-    assert!(errors[2]
-        .message
-        .contains("set exactly one of file, inline or inlineString; found file and inlineString"));
+    assert!(errors[2].message.contains(
+        "set exactly one of file, inline, inlineString or secret; found file and inlineString"
+    ));
     assert!(errors[3]
         .message
         .contains("required for a provided backend"));
     assert!(errors[5]
         .message
-        .contains("set exactly one of file, inline or inlineString"));
+        .contains("set exactly one of file, inline, inlineString or secret"));
     assert!(errors[6]
         .message
         .contains("not allowed for a builtin backend"));

@@ -172,13 +172,13 @@ fn pkcs11_is_one_choice_among_the_others() {
     assert_error(
         &e,
         "mtls.backends[0].conf.key",
-        "set exactly one of file, inline, inlineString or pkcs11; found file and pkcs11",
+        "set exactly one of file, inline, inlineString, secret or pkcs11; found file and pkcs11",
     );
     let e = one_error(&provided_mesh("{file: ca.pem}", "{}"));
     assert_error(
         &e,
         "mtls.backends[0].conf.key",
-        "set exactly one of file, inline, inlineString or pkcs11",
+        "set exactly one of file, inline, inlineString, secret or pkcs11",
     );
     let e = one_error(&provided_identity(
         "{type: File, file: {path: /ca.pem}}",
