@@ -461,3 +461,33 @@ fn validate_reports_what_it_ignores_as_warnings_of_its_own() {
     );
     assert!(!human.stderr.contains(" WARN "), "no log line: {human}");
 }
+
+#[test]
+fn validate_notes_a_mesh_that_means_more_to_meshca_than_to_kuma() {
+    let env = Env::new();
+    let rotating = "type: Mesh\nname: default\nmtls:\n  enabledBackend: ca-2\n  secondaryBackends: [ca-1]\n  backends:\n    - {name: ca-1, type: builtin}\n    - {name: ca-2, type: builtin}\n";
+    let one = "type: Mesh\nname: other\nmtls:\n  enabledBackend: ca-1\n  backends:\n    - {name: ca-1, type: builtin}\n";
+    let dir = dir_with(
+        &env,
+        "meshes",
+        &[("default.yaml", rotating), ("other.yaml", one)],
+    );
+    let run = env.cli(&["validate", "--config", env.cfg(), &dir, "--output", "json"]);
+    assert_eq!(run.code(), Some(0), "valid: {run}");
+    let v = run.json();
+    let notes = v["notes"].as_array().expect("notes");
+    assert_eq!(notes.len(), 1, "only the Mesh with two backends: {v}");
+    assert_eq!(notes[0]["resource"], "Mesh/default");
+    assert_eq!(notes[0]["field"], "mtls.secondaryBackends");
+    assert!(
+        notes[0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("Kuma 2.14 allows one backend per Mesh")),
+        "{v}"
+    );
+    let human = env.cli(&["validate", "--config", env.cfg(), &dir]);
+    assert!(
+        human.stderr.contains("note: ") && human.stderr.contains("Mesh/default"),
+        "{human}"
+    );
+}

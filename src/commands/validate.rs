@@ -17,6 +17,9 @@ struct Report {
     /// What the operator's input says that meshca ignores (an unknown `MESHCA_*` variable, a field
     /// meshca computes itself): valid, but worth a look. Reported here, never as log lines.
     warnings: Vec<UpdateError>,
+    /// Where the resources mean more to meshca than to Kuma (several mTLS backends, secondaryBackends):
+    /// what was asked for, said so that nobody takes the file to Kuma expecting the same.
+    notes: Vec<UpdateError>,
 }
 
 pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
@@ -32,6 +35,7 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
         message,
     };
     let mut warnings = Vec::new();
+    let mut notes = Vec::new();
     let settings = match meshca_config::Settings::load_reporting(
         args.config.config.as_deref(),
         meshca_daemon::process_env(),
@@ -83,7 +87,10 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
                 now: SystemTime::now(),
             };
             match check_world(resources, parse_errors, &src) {
-                Ok(world) => warnings.extend(world.warnings),
+                Ok(world) => {
+                    warnings.extend(world.warnings);
+                    notes.extend(world.notes);
+                }
                 Err(mut errs) => errors.append(&mut errs),
             }
         }
@@ -95,6 +102,7 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
             directories: dirs,
             errors,
             warnings,
+            notes,
         })?,
         Output::Human => {
             for e in &errors {
@@ -102,6 +110,9 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
             }
             for w in &warnings {
                 eprintln!("warning: {w}");
+            }
+            for n in &notes {
+                eprintln!("note: {n}");
             }
             if valid {
                 let names: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();

@@ -73,6 +73,9 @@ pub fn load_world(
     for warning in &world.warnings {
         tracing::warn!("{warning}");
     }
+    for note in &world.notes {
+        tracing::debug!("{note}");
+    }
     Ok(world)
 }
 
@@ -172,6 +175,29 @@ impl World {
 
         let mut warnings: Vec<UpdateError> =
             resources.notes.iter().map(UpdateError::from).collect();
+        // What meshca reads in a Mesh beyond what Kuma does: said, not silently meant.
+        let mut notes = Vec::new();
+        for mesh in resources.meshes.values() {
+            let Some(mtls) = &mesh.mtls else { continue };
+            let beyond = if !mtls.secondary_backends.is_empty() {
+                Some("mtls.secondaryBackends")
+            } else if mtls.backends.len() > 1 {
+                Some("mtls.backends")
+            } else {
+                None
+            };
+            if let Some(field) = beyond {
+                notes.push(UpdateError {
+                    file: mesh.source.file.display().to_string(),
+                    resource: format!("Mesh/{}", mesh.name),
+                    field: field.into(),
+                    message: "meshca trusts every backend listed and the secondary ones through a rotation; \
+                              Kuma 2.14 allows one backend per Mesh and drops secondaryBackends, so this \
+                              Mesh means more to meshca than to Kuma"
+                        .into(),
+                });
+            }
+        }
         for service in &resources.mesh_services {
             let local = service.zone().is_none_or(|z| z == src.settings.zone);
             if local && service.dataplane_tags.is_some() && !service.identities.is_empty() {
@@ -192,6 +218,7 @@ impl World {
                 meshes,
                 federation,
                 warnings,
+                notes,
             })
         } else {
             Err(errors)

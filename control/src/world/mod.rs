@@ -184,6 +184,9 @@ pub struct World {
     /// What the resources say that meshca ignores, each naming its file, resource and field: logged
     /// when the resources are loaded, listed by `meshca validate`. None makes the update invalid.
     pub warnings: Vec<UpdateError>,
+    /// Where a resource means more to meshca than to Kuma (several mTLS backends): listed by `meshca
+    /// validate`, logged at debug only, since it is what the operator asked for.
+    pub notes: Vec<UpdateError>,
 }
 
 impl World {
