@@ -406,6 +406,14 @@ fn pem_of(der: &[u8]) -> String {
 }
 
 /// Trust domain → PEM certificates.
+/// The bounds of a federated bundle the server sends: wider than a fetch's defaults, since the server
+/// accepted it under its own `limits.federationBundle*`, which an operator may have raised; a bound all
+/// the same, as everything an agent reads.
+const FEDERATED_LIMITS: meshca_federation::BundleLimits = meshca_federation::BundleLimits {
+    max_bytes: 4 << 20,
+    max_keys: 4096,
+};
+
 /// The federated bundles of `mesh` (SPIFFE bundles, JSON, by trust domain), in trust domain order; a
 /// bundle that does not read is left out, with a warning (the server sends only bundles it accepted).
 fn federated_of(
@@ -420,7 +428,7 @@ fn federated_of(
             let parsed = meshca_identity::TrustDomain::parse(td)
                 .map_err(|e| e.to_string())
                 .and_then(|td| {
-                    meshca_federation::SpiffeBundle::parse(&td, json, Default::default())
+                    meshca_federation::SpiffeBundle::parse(&td, json, FEDERATED_LIMITS)
                         .map_err(|e| e.to_string())
                 });
             match parsed {
