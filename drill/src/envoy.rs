@@ -32,7 +32,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the Envoys may take to start and hold their certificates.
 const START_TIMEOUT: Duration = Duration::from_secs(90);
 /// The shortest and longest delay a laggard's SDS relay adds (seeded in between).
-const LAG: (Duration, Duration) = (Duration::from_millis(1500), Duration::from_millis(3000));
+pub const LAG: (Duration, Duration) = (Duration::from_millis(1500), Duration::from_millis(3000));
 
 /// One sidecar of the ring.
 #[derive(Debug)]

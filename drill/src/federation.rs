@@ -14,8 +14,9 @@
 //! its own daemon over SDS and pins the next one's SPIFFE ID, and every HTTP request is a new mTLS
 //! handshake.
 //!
-//! The drill's daemons tell their peers to poll every 2 s ([`REFRESH_HINT`]) with a 2 s margin, so
-//! that a rotation takes seconds, not the minutes of the defaults.
+//! The drill's daemons tell their peers to poll every 2 s ([`REFRESH_HINT`]) with a 2 s margin (5 s with
+//! Envoy, whose laggards get their SDS up to 3 s late), so that a rotation takes seconds, not the
+//! minutes of the defaults.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -41,8 +42,17 @@ use super::traffic::Traffic;
 
 /// The refresh hint the drill's endpoints serve.
 pub const REFRESH_HINT: Duration = Duration::from_secs(2);
-/// What the drill's daemons wait beyond one refresh hint before issuing from a new CA.
-const FETCH_MARGIN: Duration = Duration::from_secs(2);
+/// What the drill's daemons wait beyond one refresh hint before issuing from a new CA: the time a peer
+/// takes, once it fetched, to get the new CA to its proxies. Simulated proxies apply it at once; with
+/// Envoy, a laggard gets its SDS up to [`super::envoy::LAG`] late, which the margin must cover (as a real
+/// one must cover a real mesh's slowest proxies: no ACK crosses trust domains).
+fn fetch_margin(envoy: bool) -> Duration {
+    if envoy {
+        super::envoy::LAG.1 + Duration::from_secs(2)
+    } else {
+        Duration::from_secs(2)
+    }
+}
 /// The two sides: mesh name = trust domain.
 const SIDES: [&str; 2] = ["alpha", "beta"];
 
@@ -110,7 +120,7 @@ struct Side {
     endpoint: SocketAddr,
 }
 
-async fn start_side(name: &'static str, gate: bool) -> anyhow::Result<Side> {
+async fn start_side(name: &'static str, gate: bool, margin: Duration) -> anyhow::Result<Side> {
     let sandbox = Sandbox::new()?;
     sandbox.write_resource("mesh.yaml", &mesh(name, "ca-1", None))?;
     let mut settings = sandbox.settings();
@@ -120,7 +130,7 @@ async fn start_side(name: &'static str, gate: bool) -> anyhow::Result<Side> {
         profile: EndpointServing::HttpsSpiffe,
     }];
     settings.federation.refresh_hint = meshca_config::Duration(REFRESH_HINT);
-    settings.federation.fetch_margin = meshca_config::Duration(FETCH_MARGIN);
+    settings.federation.fetch_margin = meshca_config::Duration(margin);
     tracing::info!(side = name, dir = %sandbox.root().display(), "drill: starting a daemon");
     let daemon = Daemon::start(
         settings,
@@ -213,8 +223,9 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
             "the federation drill needs at least 4 proxies, 2 on each side"
         ));
     }
-    let alpha = start_side(SIDES[0], options.gate).await?;
-    let beta = match start_side(SIDES[1], options.gate).await {
+    let margin = fetch_margin(options.envoy.is_some());
+    let alpha = start_side(SIDES[0], options.gate, margin).await?;
+    let beta = match start_side(SIDES[1], options.gate, margin).await {
         Ok(beta) => beta,
         Err(e) => {
             alpha.daemon.stop().await;
