@@ -11,7 +11,6 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use common::{http_get, pem_certs, walk, webpki_verify, Daemon, Env, Token, DATAPLANE_WEB_1};
 use meshca_keystore::CRASH_AT_ENV;
@@ -212,16 +211,7 @@ fn a_kill_at_any_write_of_a_first_start_leaves_a_daemon_that_starts() {
 
 /// Replaces the data directory with a copy of `template`, and the Mesh with its ca-1-only version.
 fn restore(env: &Env, template: &Path) {
-    if env.data.exists() {
-        std::fs::remove_dir_all(&env.data).expect("the data directory can be removed");
-    }
-    let status = Command::new("cp")
-        .arg("-a")
-        .arg(template)
-        .arg(&env.data)
-        .status()
-        .expect("cp runs");
-    assert!(status.success(), "cp -a {}", template.display());
+    env.restore_data(template);
     env.write_resource("mesh.yaml", &mesh_yaml(false));
 }
 
@@ -241,13 +231,7 @@ fn a_kill_at_any_write_of_a_rotation_keeps_the_ca_that_issued() {
     assert_eq!(env.start().stop().code(), Some(0));
     let token = env.token("default", "web-1", &[]);
     let template = env.root().join("template");
-    let status = Command::new("cp")
-        .arg("-a")
-        .arg(&env.data)
-        .arg(&template)
-        .status()
-        .expect("cp runs");
-    assert!(status.success());
+    env.save_data(&template);
 
     // How many crash points a start from the template passes before it is ready.
     restore(&env, &template);

@@ -41,20 +41,6 @@ fn peer_held(daemon: &Daemon) -> Option<(u64, String)> {
     ))
 }
 
-/// Replaces the data directory with a copy of `template`.
-fn restore(env: &Env, template: &Path) {
-    if env.data.exists() {
-        std::fs::remove_dir_all(&env.data).expect("the data directory can be removed");
-    }
-    let status = Command::new("cp")
-        .arg("-a")
-        .arg(template)
-        .arg(&env.data)
-        .status()
-        .expect("cp runs");
-    assert!(status.success(), "cp -a {}", template.display());
-}
-
 #[test]
 fn a_kill_at_any_write_of_a_fetch_and_its_persisting_leaves_a_daemon_that_holds_the_peer() {
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
@@ -71,19 +57,13 @@ fn a_kill_at_any_write_of_a_fetch_and_its_persisting_leaves_a_daemon_that_holds_
     // The data directory after a first start without the relationship, copied afresh before every run.
     assert_eq!(env.start().stop().code(), Some(0));
     let template = env.root().join("template");
-    let status = Command::new("cp")
-        .arg("-a")
-        .arg(&env.data)
-        .arg(&template)
-        .status()
-        .expect("cp runs");
-    assert!(status.success());
+    env.save_data(&template);
     env.write_resource("partner.yaml", &relationship(&endpoint.url(), &initial));
 
     let prefix = format!("{CRASH_AT_ENV}: crash point ");
     let mut steps = Vec::new();
     for at in 1.. {
-        restore(&env, &template);
+        env.restore_data(&template);
         let armed = |cmd: &mut Command| {
             cmd.env(CRASH_AT_ENV, at.to_string());
         };

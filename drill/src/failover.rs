@@ -21,7 +21,7 @@ use super::agents::Agents;
 use super::envoy::{EnvoyRing, RingMember, RingTraffic, Topology};
 use super::fleet::{Fleet, Reach};
 use super::play::{
-    every, is_converged, mint_for, poll_until, progress, ring_members, steady_ca,
+    every, is_converged, mint_for, phase_minimums, poll_until, progress, ring_members, steady_ca,
     wait_for_initial_ids, CONVERGE_TIMEOUT, WORKERS,
 };
 use super::report::{FailoverReport, Header, Outcome, Report};
@@ -263,8 +263,7 @@ async fn play_fleet(
         "drill: steady state"
     );
 
-    let edge = (options.handshakes / 5).max(1);
-    let middle = options.handshakes.saturating_sub(2 * edge).max(1);
+    let [edge, middle, _] = phase_minimums(options.handshakes);
     let mut traffic = Traffic::start(
         members.clone(),
         script.hubs(),
@@ -382,8 +381,7 @@ async fn play_ring(
     wait_for_initial_ids(script, ring).await?;
     let before = ring.presented_serials().await;
     let victim = daemons.len() - 1;
-    let edge = (options.handshakes / 5).max(1);
-    let middle = options.handshakes.saturating_sub(2 * edge).max(1);
+    let [edge, middle, _] = phase_minimums(options.handshakes);
     let mut traffic = RingTraffic::start(ring, options.seed, WORKERS, "steady");
     let mut outcome = Outcome::default();
     let change = async {

@@ -31,8 +31,8 @@ use rustls_pki_types::CertificateDer;
 use super::envoy::{EnvoyRing, RingMember, RingTraffic, Sidecar, Topology};
 use super::fleet::{Fleet, Member, MemberSpec, Reach};
 use super::play::{
-    daemon_converged, every, is_converged, mint_for, poll_until, progress, steady_ca, trusts,
-    CONVERGE_TIMEOUT, WORKERS,
+    daemon_converged, every, is_converged, mint_for, phase_minimums, poll_until, progress,
+    steady_ca, trusts, CONVERGE_TIMEOUT, WORKERS,
 };
 use super::report::{Header, Outcome, Report};
 use super::sandbox::Sandbox;
@@ -72,13 +72,6 @@ pub struct Options {
 }
 
 impl Options {
-    /// The least handshakes of the steady, rotation and converged phases.
-    fn phase_minimums(&self) -> [u64; 3] {
-        let edge = (self.handshakes / 5).max(1);
-        let middle = self.handshakes.saturating_sub(2 * edge).max(1);
-        [edge, middle, edge]
-    }
-
     fn header(&self) -> Header {
         Header {
             scenario: "federation",
@@ -329,7 +322,7 @@ async fn play_fleets(
         .chain(&fleet_b.members)
         .cloned()
         .collect();
-    let [edge, middle, last] = options.phase_minimums();
+    let [edge, middle, last] = phase_minimums(options.handshakes);
     let mut traffic = Traffic::start(members, Vec::new(), options.seed, WORKERS, "steady");
     let mut outcome = Outcome::default();
     let change = async {
@@ -527,7 +520,7 @@ async fn play_ring(
     );
     let before = ring.presented_serials().await;
     let per_side = ring.sidecars.len() / 2;
-    let [steady_min, change_min, converged_min] = options.phase_minimums();
+    let [steady_min, change_min, converged_min] = phase_minimums(options.handshakes);
     let mut traffic = RingTraffic::start(ring, options.seed, WORKERS, "steady");
     let mut outcome = Outcome::default();
     let change = async {

@@ -29,6 +29,14 @@ pub(super) const WORKERS: usize = 4;
 /// after the edits.
 pub(super) const CONVERGE_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Minimum handshakes per phase out of `handshakes`: a fifth for `steady` and `converged`, the rest for
+/// the change; at least one each.
+pub(super) fn phase_minimums(handshakes: u64) -> [u64; 3] {
+    let edge = (handshakes / 5).max(1);
+    let middle = handshakes.saturating_sub(2 * edge).max(1);
+    [edge, middle, edge]
+}
+
 /// What to drill.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -53,11 +61,8 @@ pub struct Options {
 }
 
 impl Options {
-    /// Minimum handshakes per phase: a fifth for `steady` and `converged`, the rest for the change.
     fn phase_minimums(&self) -> [u64; 3] {
-        let edge = (self.handshakes / 5).max(1);
-        let middle = self.handshakes.saturating_sub(2 * edge).max(1);
-        [edge, middle, edge]
+        phase_minimums(self.handshakes)
     }
 
     fn header(&self, script: &Script) -> Header {

@@ -265,6 +265,20 @@ impl Env {
         std::fs::rename(&staging, self.resources.join(name)).expect("the temp dir is writable");
     }
 
+    /// Copies the data directory to `template` (`cp -a`: modes and owners kept), to start later runs
+    /// from the same state.
+    pub fn save_data(&self, template: &Path) {
+        copy_dir(&self.data, template);
+    }
+
+    /// Replaces the data directory with a copy of `template` (see [`Env::save_data`]).
+    pub fn restore_data(&self, template: &Path) {
+        if self.data.exists() {
+            std::fs::remove_dir_all(&self.data).expect("the data directory can be removed");
+        }
+        copy_dir(template, &self.data);
+    }
+
     /// An agent token for host `name`, minted with the daemon's key (`meshca token --type agent`).
     pub fn agent_token(&self, name: &str) -> String {
         let run = self
@@ -516,4 +530,20 @@ pub fn my_uid() -> String {
         .and_then(|ids| ids.split_whitespace().nth(1))
         .expect("an effective uid")
         .to_owned()
+}
+
+/// `cp -a from to`.
+fn copy_dir(from: &Path, to: &Path) {
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("cp runs");
+    assert!(
+        status.success(),
+        "cp -a {} {}",
+        from.display(),
+        to.display()
+    );
 }

@@ -330,15 +330,23 @@ pub(super) fn parse_file(file: &Path, text: &str) -> ParsedFile {
                 for (k, item) in items.iter().enumerate() {
                     let mut report = Report::new(source.clone());
                     // Each item again as YAML text, for the typed reader that names failing fields.
-                    let mut item_text = yaml_serde::to_string(item).unwrap_or_default();
-                    match yaml_serde::Deserializer::from_str(&item_text).next() {
-                        Some(typed) => {
-                            parse_document(item, typed, &mut report, &mut parsed, &mut insights)
+                    match yaml_serde::to_string(item) {
+                        Ok(mut item_text) => {
+                            match yaml_serde::Deserializer::from_str(&item_text).next() {
+                                Some(typed) => parse_document(
+                                    item,
+                                    typed,
+                                    &mut report,
+                                    &mut parsed,
+                                    &mut insights,
+                                ),
+                                None => report.error("", "an empty item"),
+                            }
+                            // Items may hold inline private keys, as files do.
+                            item_text.zeroize();
                         }
-                        None => report.error("", "an empty item"),
+                        Err(e) => report.error("", format!("cannot be read as a resource: {e}")),
                     }
-                    // Items may hold inline private keys, as files do.
-                    item_text.zeroize();
                     for mut error in report.errors {
                         error.field = match error.field.as_str() {
                             "" => format!("items[{k}]"),
