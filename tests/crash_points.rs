@@ -32,7 +32,7 @@ fn mesh_yaml(rotated: bool) -> String {
         ),
     };
     format!(
-        "type: Mesh\nname: default\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}"
+        "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}"
     )
 }
 

@@ -11,9 +11,13 @@ use serde_json::Value;
 const MESHES: &str = r#"
 type: Mesh
 name: default
+meshServices:
+  mode: Exclusive
 ---
 type: Mesh
 name: other
+meshServices:
+  mode: Exclusive
 ---
 type: MeshIdentity
 name: default-all
@@ -140,7 +144,7 @@ fn without_an_eligible_identity_the_egress_is_told_why() {
     let env = Env::new();
     env.write_resource(
         "meshes.yaml",
-        "type: Mesh\nname: alpha\n---\ntype: Mesh\nname: beta\n",
+        "type: Mesh\nname: alpha\nmeshServices:\n  mode: Exclusive\n---\ntype: Mesh\nname: beta\nmeshServices:\n  mode: Exclusive\n",
     );
     let daemon = env.start();
     let egress = env.token("alpha", "egress-1", &["--type", "zone-egress"]);

@@ -140,7 +140,7 @@ fn a_builtin_ca_is_made_in_the_token_and_no_file_holds_its_key() {
     // The CA a rotation switches to is made in the token too.
     env.write_resource(
         "mesh.yaml",
-        "type: Mesh\nname: default\nmtls:\n  enabledBackend: ca-2\n  secondaryBackends: [ca-1]\n  backends:\n    - name: ca-1\n      type: builtin\n    - name: ca-2\n      type: builtin\n",
+        "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\nmtls:\n  enabledBackend: ca-2\n  secondaryBackends: [ca-1]\n  backends:\n    - name: ca-1\n      type: builtin\n    - name: ca-2\n      type: builtin\n",
     );
     let ca_2 = env.keystore().join("ca/default/backend/ca-2");
     wait_for("ca-2 to be made", || {
@@ -233,7 +233,7 @@ fn a_provided_ca_names_its_key_in_the_token() {
 
     let mesh = |uri: &str| {
         format!(
-            "type: Mesh\nname: default\nmtls:\n  enabledBackend: ca-p\n  backends:\n    - name: ca-p\n      type: provided\n      conf:\n        cert: {{file: {}}}\n        key: {{pkcs11: \"{uri}\"}}\n",
+            "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\nmtls:\n  enabledBackend: ca-p\n  backends:\n    - name: ca-p\n      type: provided\n      conf:\n        cert: {{file: {}}}\n        key: {{pkcs11: \"{uri}\"}}\n",
             cert_file.display()
         )
     };
@@ -580,7 +580,7 @@ fn jwt_svids_are_signed_in_the_token_and_wait_while_it_is_gone() {
     .expect("the settings file is writable");
     env.write_resource(
         "mesh.yaml",
-        "type: Mesh\nname: default\n---\ntype: MeshIdentity\nname: identity\nmesh: default\nspec:\n  selector:\n    dataplane:\n      matchLabels: {}\n  spiffeID:\n    trustDomain: example.org\n    path: \"/workload/{{ .Workload }}\"\n  provider:\n    type: Bundled\n    bundled:\n      meshTrustCreation: Enabled\n      autogenerate:\n        enabled: true\n---\ntype: Dataplane\nmesh: default\nname: batch-1\nlabels:\n  kuma.io/workload: batch\n",
+        "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\n---\ntype: MeshIdentity\nname: identity\nmesh: default\nspec:\n  selector:\n    dataplane:\n      matchLabels: {}\n  spiffeID:\n    trustDomain: example.org\n    path: \"/workload/{{ .Workload }}\"\n  provider:\n    type: Bundled\n    bundled:\n      meshTrustCreation: Enabled\n      autogenerate:\n        enabled: true\n---\ntype: Dataplane\nmesh: default\nname: batch-1\nlabels:\n  kuma.io/workload: batch\n",
     );
     env.write_resource(
         "workloads.yaml",

@@ -49,10 +49,10 @@ fn replica_with(pg: &TestPostgres, shared: &Path, name: &str, extra: &str) -> En
 }
 
 /// Mesh `default` on builtin ca-1.
-const CA1: &str = "type: Mesh\nname: default\nmtls:\n  enabledBackend: ca-1\n  backends:\n    - name: ca-1\n      type: builtin\n";
+const CA1: &str = "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\nmtls:\n  enabledBackend: ca-1\n  backends:\n    - name: ca-1\n      type: builtin\n";
 
 /// The one-edit switch to builtin ca-2, ca-1 kept as a secondary backend.
-const SWITCH: &str = "type: Mesh\nname: default\nmtls:\n  enabledBackend: ca-2\n  secondaryBackends: [ca-1]\n  backends:\n    - name: ca-1\n      type: builtin\n    - name: ca-2\n      type: builtin\n";
+const SWITCH: &str = "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\nmtls:\n  enabledBackend: ca-2\n  secondaryBackends: [ca-1]\n  backends:\n    - name: ca-1\n      type: builtin\n    - name: ca-2\n      type: builtin\n";
 
 /// The issuer of the identity `token` is served by `env`'s daemon.
 fn issuer(env: &Env, token: &Token) -> String {

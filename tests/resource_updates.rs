@@ -10,6 +10,8 @@ use serde_json::Value;
 const MESH_BROKEN: &str = "\
 type: Mesh
 name: default
+meshServices:
+  mode: Exclusive
 mtls:
   enabledBackend: ca-missing
   backends:

@@ -49,7 +49,7 @@ fn mesh_yaml(step: Step) -> String {
         Step::Ca2Only => ("ca-2", "", backend_yaml("ca-2")),
     };
     format!(
-        "type: Mesh\nname: {MESH}\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}"
+        "type: Mesh\nname: {MESH}\nmeshServices:\n  mode: Exclusive\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}"
     )
 }
 

@@ -25,6 +25,8 @@ spec:
 const MESH_PROVIDED_MISSING_FILE: &str = "
 type: Mesh
 name: other
+meshServices:
+  mode: Exclusive
 mtls:
   enabledBackend: ext
   backends:
@@ -39,6 +41,8 @@ mtls:
 const MESH_UNKNOWN_ENABLED_BACKEND: &str = "
 type: Mesh
 name: broken
+meshServices:
+  mode: Exclusive
 mtls:
   enabledBackend: ca-9
   backends:
@@ -465,8 +469,8 @@ fn validate_reports_what_it_ignores_as_warnings_of_its_own() {
 #[test]
 fn validate_notes_a_mesh_that_means_more_to_meshca_than_to_kuma() {
     let env = Env::new();
-    let rotating = "type: Mesh\nname: default\nmtls:\n  enabledBackend: ca-2\n  secondaryBackends: [ca-1]\n  backends:\n    - {name: ca-1, type: builtin}\n    - {name: ca-2, type: builtin}\n";
-    let one = "type: Mesh\nname: other\nmtls:\n  enabledBackend: ca-1\n  backends:\n    - {name: ca-1, type: builtin}\n";
+    let rotating = "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\nmtls:\n  enabledBackend: ca-2\n  secondaryBackends: [ca-1]\n  backends:\n    - {name: ca-1, type: builtin}\n    - {name: ca-2, type: builtin}\n";
+    let one = "type: Mesh\nname: other\nmeshServices:\n  mode: Exclusive\nmtls:\n  enabledBackend: ca-1\n  backends:\n    - {name: ca-1, type: builtin}\n";
     let dir = dir_with(
         &env,
         "meshes",

@@ -14,6 +14,8 @@ use common::{mode, my_uid, pem_certs, uri_sans, webpki_verify, Env, Run};
 const MESHES: &str = r#"
 type: Mesh
 name: default
+meshServices:
+  mode: Exclusive
 ---
 type: MeshIdentity
 name: identity
@@ -34,6 +36,8 @@ spec:
 ---
 type: Mesh
 name: other
+meshServices:
+  mode: Exclusive
 ---
 type: MeshIdentity
 name: identity

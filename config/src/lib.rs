@@ -23,11 +23,11 @@ pub use duration::{Duration, DurationError};
 pub use resources::{
     default_resources_yaml, load_dir, load_dir_lenient, parse_str, Backend, BackendKind,
     BundleEndpoint, Bundled, BundledCa, DataSource, Dataplane, EndpointProfile, Extension,
-    FederationRelationship, Inbound, Labels, Mesh, MeshIdentity, MeshService, MeshTrust, Mtls,
-    MtlsMode, Provider, Resource, ResourceError, ResourceType, Resources, Secret, ServiceIdentity,
-    ServicePort, Source, SpiffeIdTemplates, TargetPort, WorkloadRegistration, ZoneEgress,
-    DEFAULT_JWT_SVID_EXPIRY, EVERY_MESH, MAX_HINT_BYTES, MAX_JWT_SVID_EXPIRY, MAX_SECRET_BYTES,
-    SERVICE_TAG, ZONE_LABEL,
+    FederationRelationship, Inbound, Labels, Mesh, MeshIdentity, MeshService, MeshServicesMode,
+    MeshTrust, Mtls, MtlsMode, Provider, Resource, ResourceError, ResourceType, Resources, Secret,
+    ServiceIdentity, ServicePort, Source, SpiffeIdTemplates, TargetPort, WorkloadRegistration,
+    ZoneEgress, DEFAULT_JWT_SVID_EXPIRY, EVERY_MESH, MAX_HINT_BYTES, MAX_JWT_SVID_EXPIRY,
+    MAX_SECRET_BYTES, SERVICE_TAG, ZONE_LABEL,
 };
 pub use selector::{
     InvalidValue, Selector, SelectorError, SelectorKind, MAX_SELECTOR_NAME_BYTES,

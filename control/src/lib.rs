@@ -72,6 +72,6 @@ pub use trust::{BundleKey, CaId, CaTrust, MeshName, ServiceKey, EGRESS_SERVICE};
 pub use workloads::{Registration, Registrations};
 pub use world::{
     bundle_limits, check_world, load_world, record_path, BackendKind, BackendState, CaSource,
-    CreatedTrust, FederatedDomain, IdentityProvider, LoadMode, LoadedCa, MeshIdentityState,
-    MeshState, MeshTrustState, World,
+    CreatedTrust, FederatedDomain, IdentityProvider, InactiveIdentity, LoadMode, LoadedCa,
+    MeshIdentityState, MeshState, MeshTrustState, World,
 };

@@ -795,7 +795,7 @@ mod tests {
         }
     }
 
-    const MESH: &str = "type: Mesh\nname: default\nmtls:\n  enabledBackend: ca-1\n  backends:\n    - name: ca-1\n      type: builtin\n";
+    const MESH: &str = "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\nmtls:\n  enabledBackend: ca-1\n  backends:\n    - name: ca-1\n      type: builtin\n";
 
     /// A running loop serving the resources in `dir` with CAs from `keystore`.
     struct Running {

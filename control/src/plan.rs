@@ -27,8 +27,10 @@ pub struct DataplaneInfo {
     pub mesh: String,
     /// Dataplane name.
     pub name: String,
-    /// Labels (with `kuma.io/workload` defaulted to the name); shared with the token that
-    /// registered the dataplane, if one did.
+    /// Labels; shared with the token that registered the dataplane, if one did. `kuma.io/workload`
+    /// defaults to the name for a token's dataplane and a zone egress, never for a Dataplane file: Kuma
+    /// refuses a file's dataplane without it when a MeshIdentity's path reads it
+    /// ([`missing_workload_label`]).
     pub labels: Labels,
     /// Tags of each inbound (the first inbound's `kuma.io/service` is the legacy identity).
     pub inbound_tags: Vec<Labels>,
@@ -47,7 +49,8 @@ pub enum Origin {
 }
 
 impl DataplaneInfo {
-    /// Builds the info, defaulting `kuma.io/workload` to the name.
+    /// Builds the info, defaulting `kuma.io/workload` to the name unless it comes from a Dataplane
+    /// file (`origin` [`Origin::File`]).
     pub fn new(
         mesh: &str,
         name: &str,
@@ -56,8 +59,8 @@ impl DataplaneInfo {
         origin: Origin,
     ) -> DataplaneInfo {
         let mut labels = labels.into();
-        if !labels.contains_key(WORKLOAD_LABEL) {
-            Arc::make_mut(&mut labels).insert(WORKLOAD_LABEL.to_owned(), name.to_owned());
+        if origin == Origin::Token {
+            with_workload(&mut labels, name);
         }
         DataplaneInfo {
             mesh: mesh.to_owned(),
@@ -86,13 +89,16 @@ impl DataplaneInfo {
 
     /// A zone egress described by its ZoneEgress file, connected with a token of `mesh`.
     pub fn from_zone_egress(mesh: &str, egress: &meshca_config::ZoneEgress) -> DataplaneInfo {
-        DataplaneInfo::new(
+        let mut info = DataplaneInfo::new(
             mesh,
             &egress.name,
             egress.labels.clone(),
             Vec::new(),
             Origin::File,
-        )
+        );
+        // Kuma checks the label of dataplanes only; the egress identity reads it as of a token.
+        with_workload(&mut info.labels, &egress.name);
+        info
     }
 
     /// A dataplane registered by the claims of its token (its tags describe its one inbound).
@@ -140,6 +146,13 @@ impl DataplaneInfo {
     /// Whether one of its inbounds carries every tag of `selector`.
     pub fn has_inbound_with(&self, selector: &BTreeMap<String, String>) -> bool {
         self.inbounds_with(selector).next().is_some()
+    }
+}
+
+/// Sets `kuma.io/workload` to `name` unless the labels carry it.
+fn with_workload(labels: &mut Labels, name: &str) {
+    if !labels.contains_key(WORKLOAD_LABEL) {
+        Arc::make_mut(labels).insert(WORKLOAD_LABEL.to_owned(), name.to_owned());
     }
 }
 
@@ -192,6 +205,37 @@ pub enum Decision {
     Issue(Box<Desired>),
     /// No certificate; the reason is shown in the dataplane's status.
     NoIdentity(String),
+    /// The dataplane is refused, as Kuma refuses it when it connects: its streams get
+    /// `PERMISSION_DENIED` with the reason, which its status shows too.
+    Refused(String),
+}
+
+/// Kuma's check of a dataplane when it connects: if the MeshIdentity that selects it best (applied or
+/// not; with or without a provider) has a path template that reads `kuma.io/workload`, the dataplane
+/// must carry that label. Returns Kuma's message when it does not.
+pub fn missing_workload_label(mesh: &MeshState, dp: &DataplaneInfo) -> Option<String> {
+    if dp.labels.contains_key(WORKLOAD_LABEL) {
+        return None;
+    }
+    let applied = mesh
+        .identities
+        .iter()
+        .map(|i| (i.name.as_str(), i.match_labels.as_ref(), &i.template));
+    let inactive = mesh
+        .inactive_identities
+        .iter()
+        .map(|i| (i.name.as_str(), i.match_labels.as_ref(), &i.template));
+    let candidates = applied
+        .chain(inactive)
+        .map(|(name, selector, template)| (name, selector, (name, template)));
+    let (name, template) = meshca_ca::select(candidates, &dp.labels)?;
+    template.path().reads_label(WORKLOAD_LABEL).then(|| {
+        format!(
+            "missing required label '{WORKLOAD_LABEL}' - dataplane is selected by MeshIdentity '{name}' \
+             with path template '{}'",
+            template.path().as_str()
+        )
+    })
 }
 
 /// Decides the identity of `dp` in `mesh` (docs/certificates.md, "Which identity a dataplane gets").
@@ -204,6 +248,9 @@ pub fn decide(
     let Some(mesh) = mesh else {
         return Decision::NoIdentity(format!("mesh {:?} is not defined", dp.mesh));
     };
+    if let Some(reason) = missing_workload_label(mesh, dp) {
+        return Decision::Refused(reason);
+    }
     let with_provider = mesh
         .identities
         .iter()

@@ -57,7 +57,7 @@ pub fn issue_standalone(
     };
     let desired = match plan::decide(world.meshes.get(mesh), &info, zone, key_algorithm) {
         Decision::Issue(desired) => desired,
-        Decision::NoIdentity(reason) => {
+        Decision::NoIdentity(reason) | Decision::Refused(reason) => {
             return Err(StandaloneError::NoIdentity {
                 mesh: mesh.to_owned(),
                 name: name.to_owned(),

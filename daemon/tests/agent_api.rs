@@ -18,6 +18,8 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 const RESOURCES: &str = r#"
 type: Mesh
 name: default
+meshServices:
+  mode: Exclusive
 ---
 type: MeshIdentity
 name: identity

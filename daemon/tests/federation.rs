@@ -34,7 +34,7 @@ fn mesh(name: &str, enabled: &str, also: &[&str]) -> String {
     } else {
         format!("  secondaryBackends: [{}]\n", also.join(", "))
     };
-    format!("type: Mesh\nname: {name}\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}")
+    format!("type: Mesh\nname: {name}\nmeshServices:\n  mode: Exclusive\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}")
 }
 
 async fn start_alpha(root: &Path) -> Daemon {

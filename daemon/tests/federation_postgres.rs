@@ -29,7 +29,7 @@ fn replica(
     std::fs::create_dir_all(&resources).expect("resources");
     std::fs::write(
         resources.join("mesh.yaml"),
-        "type: Mesh\nname: beta\nmtls: {enabledBackend: ca-1, backends: [{name: ca-1, type: builtin}]}\n",
+        "type: Mesh\nname: beta\nmeshServices:\n  mode: Exclusive\nmtls: {enabledBackend: ca-1, backends: [{name: ca-1, type: builtin}]}\n",
     )
     .expect("mesh");
     std::fs::write(
@@ -59,7 +59,7 @@ async fn a_replica_that_starts_while_the_peer_is_down_holds_what_another_replica
     std::fs::create_dir_all(&resources).expect("resources");
     std::fs::write(
         resources.join("mesh.yaml"),
-        "type: Mesh\nname: alpha\nmtls: {enabledBackend: ca-1, backends: [{name: ca-1, type: builtin}]}\n",
+        "type: Mesh\nname: alpha\nmeshServices:\n  mode: Exclusive\nmtls: {enabledBackend: ca-1, backends: [{name: ca-1, type: builtin}]}\n",
     )
     .expect("mesh");
     let mut s = settings(alpha_root.path());
@@ -81,7 +81,7 @@ async fn a_replica_that_starts_while_the_peer_is_down_holds_what_another_replica
     // alpha rotates: the bundle it serves now (sequence 2) is not the initial one.
     std::fs::write(
         resources.join("mesh.yaml"),
-        "type: Mesh\nname: alpha\nmtls: {enabledBackend: ca-2, secondaryBackends: [ca-1], backends: [{name: ca-1, type: builtin}, {name: ca-2, type: builtin}]}\n",
+        "type: Mesh\nname: alpha\nmeshServices:\n  mode: Exclusive\nmtls: {enabledBackend: ca-2, secondaryBackends: [ca-1], backends: [{name: ca-1, type: builtin}, {name: ca-2, type: builtin}]}\n",
     )
     .expect("rotation");
     alpha_daemon

@@ -26,6 +26,8 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 const MESH: &str = r#"
 type: Mesh
 name: default
+meshServices:
+  mode: Exclusive
 ---
 type: MeshIdentity
 name: identity

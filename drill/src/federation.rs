@@ -101,7 +101,7 @@ fn mesh(mesh: &str, enabled: &str, secondary: Option<&str>) -> String {
         .map(|s| format!("  secondaryBackends: [{s}]\n"))
         .unwrap_or_default();
     format!(
-        "type: Mesh\nname: {mesh}\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}"
+        "type: Mesh\nname: {mesh}\nmeshServices:\n  mode: Exclusive\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}"
     )
 }
 

@@ -362,13 +362,13 @@ fn legacy_mesh_named(
         .unwrap_or_default();
     let backends: String = backends.iter().map(|b| backend(b)).collect();
     format!(
-        "type: Mesh\nname: {mesh}\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}"
+        "type: Mesh\nname: {mesh}\nmeshServices:\n  mode: Exclusive\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}"
     )
 }
 
 /// The Mesh without legacy mTLS (MeshIdentities issue).
 fn plain_mesh() -> String {
-    format!("type: Mesh\nname: {MESH}\n")
+    format!("type: Mesh\nname: {MESH}\nmeshServices:\n  mode: Exclusive\n")
 }
 
 /// A MeshService per service, selecting its dataplanes.

@@ -148,6 +148,13 @@ impl Template {
         self.pieces.iter().any(|p| matches!(p, Piece::Label(_)))
     }
 
+    /// Whether rendering reads label `key` (`{{ .Workload }}` reads [`WORKLOAD_LABEL`]).
+    pub fn reads_label(&self, key: &str) -> bool {
+        self.pieces
+            .iter()
+            .any(|p| matches!(p, Piece::Label(l) if l == key))
+    }
+
     /// The template text as written.
     pub fn as_str(&self) -> &str {
         &self.source

@@ -261,3 +261,24 @@ proptest! {
         prop_assert_eq!(t.render(&TemplateVars { mesh: "m", zone: "z", labels: &l }).expect("renders"), input);
     }
 }
+
+#[test]
+fn reads_label_sees_the_workload_however_it_is_written() {
+    for (t, reads) in [
+        ("/workload/{{ .Workload }}", true),
+        ("/w/{{.Workload}}", true),
+        ("/w/{{ label \"kuma.io/workload\" }}", true),
+        ("/w/{{ label `kuma.io/workload` }}", true),
+        ("/ns/{{ .Namespace }}/sa/{{ .ServiceAccount }}", false),
+        ("/w/{{ label \"kuma.io/workloads\" }}", false),
+        ("/workload/static", false),
+    ] {
+        assert_eq!(
+            Template::parse(t)
+                .expect("valid")
+                .reads_label(WORKLOAD_LABEL),
+            reads,
+            "{t}"
+        );
+    }
+}

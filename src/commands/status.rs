@@ -340,8 +340,15 @@ fn print_mesh(mesh: &MeshStatus) {
                 _ => format!("{}/{}", c.status, c.reason),
             })
             .unwrap_or_default();
+        // What keeps it from being Ready (e.g. DependenciesReady=False/MeshServicesDisabled), in full.
+        let why = id
+            .conditions
+            .iter()
+            .find(|c| c.kind != "Ready" && c.status == "False")
+            .map(|c| format!("; {}=False/{}: {}", c.kind, c.reason, c.message))
+            .unwrap_or_default();
         println!(
-            "  MeshIdentity {} ({}, trust domain {}): Ready={ready}",
+            "  MeshIdentity {} ({}, trust domain {}): Ready={ready}{why}",
             id.name, id.provider, id.trust_domain
         );
     }

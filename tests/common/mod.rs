@@ -41,6 +41,8 @@ pub const MESHCA: &str = env!("CARGO_BIN_EXE_meshca");
 pub const MESH_BUILTIN: &str = "\
 type: Mesh
 name: default
+meshServices:
+  mode: Exclusive
 mtls:
   enabledBackend: ca-1
   backends:

@@ -20,6 +20,8 @@ MESHCA = os.environ.get("MESHCA_BIN", str(Path(__file__).resolve().parents[2] / 
 MESH = """\
 type: Mesh
 name: default
+meshServices:
+  mode: Exclusive
 mtls:
   enabledBackend: ca-1
   backends:

@@ -9,6 +9,8 @@ from test_sds import Stream, check_identity, split_pems, spiffe_bundles, unpack
 OTHER_MESH = """\
 type: Mesh
 name: other
+meshServices:
+  mode: Exclusive
 mtls:
   enabledBackend: other-1
   backends:

@@ -11,6 +11,8 @@ from sidecars import Backend, Envoy, RequestLoop, free_port, http_get, validate,
 MESH_TWO_CAS = """\
 type: Mesh
 name: default
+meshServices:
+  mode: Exclusive
 mtls:
   enabledBackend: {enabled}
   backends:

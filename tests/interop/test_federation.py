@@ -151,7 +151,7 @@ def test_a_workload_gets_the_foreign_trust_domain_as_a_federated_bundle(workload
 def test_a_bad_relationship_is_refused_naming_its_file_resource_and_field(tmp_path):
     resources = tmp_path / "resources"
     resources.mkdir()
-    (resources / "mesh.yaml").write_text("type: Mesh\nname: default\n")
+    (resources / "mesh.yaml").write_text("type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\n")
     (resources / "partner.yaml").write_text(relationship("https://127.0.0.1:1/", tmp_path / "missing.pem"))
     (resources / "local.yaml").write_text(
         relationship("https://127.0.0.1:1/", tmp_path / "missing.pem", mesh="*").replace("name: partner", "name: x")

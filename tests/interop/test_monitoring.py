@@ -19,6 +19,8 @@ MONITORING = Path(__file__).resolve().parents[2] / "monitoring"
 SWITCHED = """\
 type: Mesh
 name: default
+meshServices:
+  mode: Exclusive
 mtls:
   enabledBackend: ca-2
   secondaryBackends: [ca-1]

@@ -257,7 +257,7 @@ def test_provided_intermediate_ca_chain_verifies_to_its_root(daemon):
         inter_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
     (daemon.resources / "mesh.yaml").write_text(
-        "type: Mesh\nname: default\nmtls:\n  enabledBackend: provided-1\n  backends:\n"
+        "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\nmtls:\n  enabledBackend: provided-1\n  backends:\n"
         "    - name: provided-1\n      type: provided\n"
         f"      conf:\n        cert: {{file: {daemon.root / 'ca.pem'}}}\n        key: {{file: {daemon.root / 'ca.key'}}}\n"
     )

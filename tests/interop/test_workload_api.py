@@ -50,11 +50,11 @@ spec:
 # A legacy mesh: ca-1 issues; ROTATED switches to ca-2 keeping ca-1 trusted, RETIRED drops ca-1.
 LEGACY_BACKEND = "    - {name: %s, type: builtin, dpCert: {rotation: {expiration: 1h}}}\n"
 ROTATED = (
-    "type: Mesh\nname: default\nmtls:\n  enabledBackend: ca-2\n  secondaryBackends: [ca-1]\n  backends:\n"
+    "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\nmtls:\n  enabledBackend: ca-2\n  secondaryBackends: [ca-1]\n  backends:\n"
     + LEGACY_BACKEND % "ca-1"
     + LEGACY_BACKEND % "ca-2"
 )
-RETIRED = "type: Mesh\nname: default\nmtls:\n  enabledBackend: ca-2\n  backends:\n" + LEGACY_BACKEND % "ca-2"
+RETIRED = "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\nmtls:\n  enabledBackend: ca-2\n  backends:\n" + LEGACY_BACKEND % "ca-2"
 
 
 def dataplane(name, workload):
@@ -226,7 +226,7 @@ def test_two_workloads_talk_mtls_with_spiffe_tls(workload_daemon, spawn):
 
 def test_a_mesh_trust_and_another_mesh_arrive_as_federated_bundles(workload_daemon, spawn):
     ca = make_ca("other.example CA")
-    other_mesh = "type: Mesh\nname: billing\nmtls:\n  enabledBackend: ca-1\n  backends:\n" + LEGACY_BACKEND % "ca-1"
+    other_mesh = "type: Mesh\nname: billing\nmeshServices:\n  mode: Exclusive\nmtls:\n  enabledBackend: ca-1\n  backends:\n" + LEGACY_BACKEND % "ca-1"
     workload_daemon({**two_workloads(), "trust.yaml": mesh_trust("other.example", ca), "billing.yaml": other_mesh})
     ctx = own_context(spawn(UID_A, "context", "other.example", "billing"), ID_A)
     assert certs(ctx["lookup"]["other.example"]) == [ca]

@@ -20,6 +20,9 @@ pub struct Mesh {
     pub labels: Labels,
     /// `mtls`; `None` when the Mesh has no `mtls` section.
     pub mtls: Option<Mtls>,
+    /// `meshServices.mode` (Kuma's default: `Disabled`). Kuma 2.14 applies a MeshIdentity only in a Mesh
+    /// whose mode is `Exclusive`, and so does meshca.
+    pub mesh_services: MeshServicesMode,
     /// Where the Mesh was defined.
     pub source: Source,
 }
@@ -69,6 +72,40 @@ pub struct Backend {
     /// `type` and `conf`.
     pub kind: BackendKind,
 }
+
+/// `meshServices.mode`: whether Kuma generates MeshServices and uses them instead of `kuma.io/service`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MeshServicesMode {
+    /// No MeshServices (Kuma's default).
+    #[default]
+    Disabled,
+    /// MeshServices generated and used beside `kuma.io/service`.
+    Everywhere,
+    /// MeshServices generated, used where `reachableBackends` names them.
+    ReachableBackends,
+    /// MeshServices only: what a MeshIdentity needs to be applied.
+    Exclusive,
+}
+
+impl MeshServicesMode {
+    /// The mode as Kuma spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MeshServicesMode::Disabled => "Disabled",
+            MeshServicesMode::Everywhere => "Everywhere",
+            MeshServicesMode::ReachableBackends => "ReachableBackends",
+            MeshServicesMode::Exclusive => "Exclusive",
+        }
+    }
+}
+
+/// The `meshServices.mode` spellings (Kuma's protobuf enum names).
+const MESH_SERVICES_MODES: [(&str, MeshServicesMode); 4] = [
+    ("Disabled", MeshServicesMode::Disabled),
+    ("Everywhere", MeshServicesMode::Everywhere),
+    ("ReachableBackends", MeshServicesMode::ReachableBackends),
+    ("Exclusive", MeshServicesMode::Exclusive),
+];
 
 /// Whether plaintext traffic is still accepted while mTLS is on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
@@ -131,10 +168,15 @@ pub(super) struct MeshDoc {
     _routing: Option<IgnoredAny>,
     #[serde(rename = "constraints")]
     _constraints: Option<IgnoredAny>,
-    #[serde(rename = "meshServices")]
-    _mesh_services: Option<IgnoredAny>,
+    mesh_services: Option<RawMeshServices>,
     #[serde(rename = "skipCreatingInitialPolicies")]
     _skip_creating_initial_policies: Option<IgnoredAny>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMeshServices {
+    mode: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -239,10 +281,16 @@ fn check_positive(text: Option<String>, field: &str, report: &mut Report) -> Opt
 
 impl MeshDoc {
     pub(super) fn into_typed(self, name: String, report: &mut Report) -> Mesh {
+        let mesh_services = self
+            .mesh_services
+            .and_then(|m| m.mode)
+            .and_then(|mode| report.one_of("meshServices.mode", &mode, &MESH_SERVICES_MODES))
+            .unwrap_or_default();
         Mesh {
             name,
             labels: self.labels.unwrap_or_default(),
             mtls: self.mtls.map(|m| m.into_typed(report)),
+            mesh_services,
             source: report.source.clone(),
         }
     }

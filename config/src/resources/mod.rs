@@ -28,7 +28,7 @@ pub use document::{Resource, ResourceType};
 pub use error::{ResourceError, Source};
 pub use federation::{BundleEndpoint, EndpointProfile, FederationRelationship, EVERY_MESH};
 pub use identity::{Bundled, BundledCa, Extension, MeshIdentity, Provider, SpiffeIdTemplates};
-pub use mesh::{Backend, BackendKind, Mesh, Mtls, MtlsMode};
+pub use mesh::{Backend, BackendKind, Mesh, MeshServicesMode, Mtls, MtlsMode};
 pub use registration::{
     WorkloadRegistration, DEFAULT_JWT_SVID_EXPIRY, MAX_HINT_BYTES, MAX_JWT_SVID_EXPIRY,
 };

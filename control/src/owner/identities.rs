@@ -220,7 +220,7 @@ impl Identities<'_> {
         let decided =
             |info: &DataplaneInfo| match egress::decide(self.world, plan?, info, zone, algorithm) {
                 Decision::Issue(d) => Some(d.spiffe_id.to_string()),
-                Decision::NoIdentity(_) => None,
+                Decision::NoIdentity(_) | Decision::Refused(_) => None,
             };
         let mesh = plan.map_or("", |p| p.mesh.as_str());
         let mut ids: BTreeSet<String> = self

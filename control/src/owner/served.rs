@@ -287,6 +287,7 @@ impl Owner {
             Decision::NoIdentity(reason) => {
                 return Served::Entry(ProxyEntry::NoIdentity { reason })
             }
+            Decision::Refused(reason) => return Served::Entry(ProxyEntry::Refused { reason }),
             Decision::Issue(desired) => desired,
         };
         // A proxy an agent serves is certified over a key the agent holds, never one of meshca's.

@@ -411,11 +411,7 @@ fn mesh_status(i: &Inputs<'_>, mesh: &MeshState) -> MeshStatus {
     MeshStatus {
         name: mesh.name.clone(),
         mtls: mtls_status(i, mesh),
-        mesh_identities: mesh
-            .identities
-            .iter()
-            .map(|id| identity_status(id, i.now))
-            .collect(),
+        mesh_identities: identity_statuses(mesh, i.now),
         mesh_trusts: trust_statuses(mesh),
         mesh_services: service_statuses(i, &mesh.name),
         proxies_by_issuer,
@@ -452,6 +448,49 @@ fn mtls_status(i: &Inputs<'_>, mesh: &MeshState) -> Option<MtlsStatus> {
     })
 }
 
+/// The mesh's MeshIdentities, applied or not, sorted by name.
+fn identity_statuses(mesh: &MeshState, now: SystemTime) -> Vec<IdentityStatus> {
+    let inactive = mesh.inactive_identities.iter().map(|id| IdentityStatus {
+        name: id.name.clone(),
+        trust_domain: id.trust_domain.to_string(),
+        provider: id.provider.into(),
+        ca: None,
+        conditions: vec![
+            Condition::new(
+                "DependenciesReady",
+                "False",
+                "MeshServicesDisabled",
+                "MeshIdentity requires MeshServices to be enabled on the mesh. To enable, set \
+                 `spec.meshServices.mode: Exclusive` on the mesh.",
+            ),
+            Condition::new(
+                "Ready",
+                "False",
+                "Failure",
+                "One of initialization steps failed",
+            ),
+        ],
+    });
+    let mut all: Vec<IdentityStatus> = mesh
+        .identities
+        .iter()
+        .map(|id| identity_status(id, now))
+        .chain(inactive)
+        .collect();
+    all.sort_by(|a, b| a.name.cmp(&b.name));
+    all
+}
+
+/// Kuma's condition of a provider it initialized.
+fn provider_initialized() -> Condition {
+    Condition::new(
+        "Provider",
+        "True",
+        "ProviderInitialized",
+        "Provider successfully initialized",
+    )
+}
+
 fn identity_status(id: &MeshIdentityState, now: SystemTime) -> IdentityStatus {
     let (provider, ca, conditions) = match &id.provider {
         IdentityProvider::None => (
@@ -475,33 +514,51 @@ fn identity_status(id: &MeshIdentityState, now: SystemTime) -> IdentityStatus {
         IdentityProvider::Spire => (
             "Spire",
             None,
-            vec![Condition::new(
-                "Ready",
-                "True",
-                "ManagedExternally",
-                "certificates are issued by SPIRE",
-            )],
+            vec![
+                provider_initialized(),
+                Condition::new(
+                    "Ready",
+                    "True",
+                    "ManagedExternally",
+                    "certificates are issued by SPIRE",
+                ),
+            ],
         ),
         IdentityProvider::Extension { name } => (
             "Extension",
             None,
-            vec![Condition::new(
+            vec![
+                provider_initialized(),
+                Condition::new(
+                    "Ready",
+                    "True",
+                    "ManagedExternally",
+                    &format!("certificates are issued by extension {name}"),
+                ),
+            ],
+        ),
+        IdentityProvider::Bundled {
+            ca,
+            mesh_trust_creation,
+            ..
+        } => {
+            let mut conditions = vec![provider_initialized()];
+            if *mesh_trust_creation {
+                conditions.push(Condition::new(
+                    "MeshTrustCreated",
+                    "True",
+                    "MeshTrustCreated",
+                    "MeshTrust has been successfully created",
+                ));
+            }
+            conditions.push(Condition::new(
                 "Ready",
                 "True",
-                "ManagedExternally",
-                &format!("certificates are issued by extension {name}"),
-            )],
-        ),
-        IdentityProvider::Bundled { ca, .. } => (
-            "Bundled",
-            Some(ca_status(ca, now)),
-            vec![Condition::new(
                 "Ready",
-                "True",
-                "Ready",
-                "the CA is loaded and issuing",
-            )],
-        ),
+                "Successfully initialized",
+            ));
+            ("Bundled", Some(ca_status(ca, now)), conditions)
+        }
     };
     IdentityStatus {
         name: id.name.clone(),
@@ -564,9 +621,13 @@ fn dataplane_status(
     let streams = i.streams.count(key);
     let issued = i.issued.get(key);
     let record = i.records.get(key);
+    // A Dataplane file Kuma would refuse says so before its proxy ever connects.
     let reason = match info {
         Err(r) => Some(r.to_string()),
-        Ok(_) => i.reasons.get(key).cloned(),
+        Ok(info) => i.reasons.get(key).cloned().or_else(|| {
+            let mesh = i.world.meshes.get(&*key.mesh)?;
+            crate::plan::missing_workload_label(mesh, info)
+        }),
     };
     DataplaneStatus {
         mesh: key.mesh.to_string(),

@@ -5,11 +5,13 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use meshca_ca::{IdentityTemplate, TemplateVars};
-use meshca_config::{Mesh, MeshIdentity, MeshTrust, Provider, Resources, Settings};
+use meshca_config::{
+    Mesh, MeshIdentity, MeshServicesMode, MeshTrust, Provider, Resources, Settings,
+};
 use meshca_keystore::Keystore;
 
 use super::{cas, federation, trust};
-use super::{IdentityProvider, MeshIdentityState, MeshState, World};
+use super::{IdentityProvider, InactiveIdentity, MeshIdentityState, MeshState, World};
 use crate::error::{IdentityLoadError, UpdateError};
 
 /// Where the CAs of a [`World`] come from and go to.
@@ -128,8 +130,13 @@ impl World {
             let Some(mesh) = meshes.get_mut(&identity.mesh) else {
                 continue;
             };
-            match load_identity(identity, src) {
-                Ok(state) => mesh.identities.push(state),
+            let applied = resources
+                .meshes
+                .get(&identity.mesh)
+                .is_some_and(|m| m.mesh_services == MeshServicesMode::Exclusive);
+            match load_identity(identity, applied, src) {
+                Ok(Loaded::Applied(state)) => mesh.identities.push(state),
+                Ok(Loaded::Inactive(state)) => mesh.inactive_identities.push(state),
                 Err(e) => errors.push(UpdateError {
                     file: identity.source.file.display().to_string(),
                     resource: format!("MeshIdentity/{}/{}", identity.mesh, identity.name),
@@ -198,6 +205,27 @@ impl World {
                 });
             }
         }
+        // A MeshIdentity that does nothing until its Mesh changes: the operator hears why, every load.
+        for identity in &resources.mesh_identities {
+            let Some(mesh) = resources.meshes.get(&identity.mesh) else {
+                continue;
+            };
+            if mesh.mesh_services != MeshServicesMode::Exclusive {
+                warnings.push(UpdateError {
+                    file: identity.source.file.display().to_string(),
+                    resource: format!("MeshIdentity/{}/{}", identity.mesh, identity.name),
+                    field: "mesh".into(),
+                    message: format!(
+                        "not applied (DependenciesReady=False/MeshServicesDisabled, as in Kuma 2.14): Mesh {:?} \
+                         has meshServices.mode {}, and a MeshIdentity needs Exclusive; the dataplanes it \
+                         selects keep the identity the mesh gives them without it. To apply it, set \
+                         `meshServices: {{mode: Exclusive}}` on the Mesh",
+                        mesh.name,
+                        mesh.mesh_services.as_str()
+                    ),
+                });
+            }
+        }
         for service in &resources.mesh_services {
             let local = service.zone().is_none_or(|z| z == src.settings.zone);
             if local && service.dataplane_tags.is_some() && !service.identities.is_empty() {
@@ -246,6 +274,7 @@ fn load_mesh(
         enabled_backend: None,
         secondary_backends: Vec::new(),
         identities: Vec::new(),
+        inactive_identities: Vec::new(),
         trusts: Vec::new(),
         created_trusts: Vec::new(),
     };
@@ -278,10 +307,19 @@ fn load_mesh(
     state
 }
 
+/// A MeshIdentity as loaded: applied, or read but not applied.
+enum Loaded {
+    Applied(MeshIdentityState),
+    Inactive(InactiveIdentity),
+}
+
+/// Loads a MeshIdentity; one its Mesh does not let apply (`applied` false) has its templates checked and
+/// no CA loaded or generated, as Kuma 2.14 does not initialize its provider.
 fn load_identity(
     identity: &MeshIdentity,
+    applied: bool,
     src: &CaSource<'_>,
-) -> Result<MeshIdentityState, IdentityLoadError> {
+) -> Result<Loaded, IdentityLoadError> {
     let template = IdentityTemplate::parse(
         identity.spiffe_id.trust_domain.as_deref(),
         identity.spiffe_id.path.as_deref(),
@@ -296,6 +334,20 @@ fn load_identity(
     let trust_domain = template
         .render_trust_domain(&vars)
         .map_err(IdentityLoadError::TrustDomain)?;
+    if !applied {
+        return Ok(Loaded::Inactive(InactiveIdentity {
+            name: identity.name.clone(),
+            match_labels: identity.selector.clone(),
+            template,
+            trust_domain,
+            provider: match &identity.provider {
+                None => "none",
+                Some(Provider::Spire) => "Spire",
+                Some(Provider::Extension(_)) => "Extension",
+                Some(Provider::Bundled(_)) => "Bundled",
+            },
+        }));
+    }
     let provider = match &identity.provider {
         None => IdentityProvider::None,
         Some(Provider::Spire) => IdentityProvider::Spire,
@@ -307,11 +359,11 @@ fn load_identity(
                 .map_err(IdentityLoadError::Ca)?
         }
     };
-    Ok(MeshIdentityState {
+    Ok(Loaded::Applied(MeshIdentityState {
         name: identity.name.clone(),
         match_labels: identity.selector.clone(),
         template,
         trust_domain,
         provider,
-    })
+    }))
 }

@@ -110,6 +110,26 @@ pub struct MeshIdentityState {
     pub provider: IdentityProvider,
 }
 
+/// A MeshIdentity read but not applied, as in Kuma 2.14: its Mesh's `meshServices.mode` is not
+/// `Exclusive` (status `DependenciesReady=False/MeshServicesDisabled`). No CA is loaded for it and it gives
+/// no identity: the dataplanes it selects get what the mesh gives them without it (the legacy
+/// `spiffe://<mesh>/<service>` when mTLS is on). It still selects them for Kuma's one check on
+/// connection: a dataplane it selects best, whose path template reads `kuma.io/workload`, must carry
+/// that label.
+#[derive(Debug, Clone)]
+pub struct InactiveIdentity {
+    /// Resource name.
+    pub name: String,
+    /// `selector.dataplane.matchLabels`; `None` selects nothing.
+    pub match_labels: Option<BTreeMap<String, String>>,
+    /// The parsed SPIFFE ID templates.
+    pub template: IdentityTemplate,
+    /// The trust domain, rendered from mesh and zone.
+    pub trust_domain: TrustDomain,
+    /// The provider type as the status shows it (`none`, `Bundled`, `Spire`, `Extension`).
+    pub provider: &'static str,
+}
+
 /// A MeshTrust resource: extra CAs trusted for a trust domain.
 #[derive(Debug, Clone)]
 pub struct MeshTrustState {
@@ -147,8 +167,10 @@ pub struct MeshState {
     pub enabled_backend: Option<BackendState>,
     /// Legacy backends still trusted but not issuing.
     pub secondary_backends: Vec<BackendState>,
-    /// MeshIdentities, sorted by name.
+    /// The MeshIdentities applied, sorted by name.
     pub identities: Vec<MeshIdentityState>,
+    /// The MeshIdentities not applied because of the Mesh's `meshServices.mode`, sorted by name.
+    pub inactive_identities: Vec<InactiveIdentity>,
     /// MeshTrusts, sorted by name.
     pub trusts: Vec<MeshTrustState>,
     /// The MeshTrusts meshca keeps for its MeshIdentities, sorted by name.

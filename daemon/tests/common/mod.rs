@@ -41,7 +41,7 @@ pub fn mesh(enabled: &str, also: &[&str]) -> String {
     } else {
         format!("  secondaryBackends: [{}]\n", also.join(", "))
     };
-    format!("type: Mesh\nname: default\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}")
+    format!("type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}")
 }
 
 /// Dataplane `dataplane` of service `service`, and the WorkloadRegistration (named after the service)

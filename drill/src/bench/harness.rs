@@ -34,7 +34,7 @@ pub(super) fn mesh_yaml(switched: bool) -> String {
     } else {
         ("ca-1", "", backend("ca-1"))
     };
-    format!("type: Mesh\nname: {MESH}\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}")
+    format!("type: Mesh\nname: {MESH}\nmeshServices:\n  mode: Exclusive\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}")
 }
 
 /// A duration option in seconds (`name` for the error): positive, or zero when `zero_ok`.

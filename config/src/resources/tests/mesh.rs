@@ -385,3 +385,34 @@ fn data_source_reads_its_bytes() {
         );
     }
 }
+
+#[test]
+fn mesh_services_mode_is_read_in_kumas_spellings_and_defaults_to_disabled() {
+    assert_eq!(mesh(VALID).mesh_services, MeshServicesMode::Disabled);
+    for (spelled, mode) in [
+        ("Disabled", MeshServicesMode::Disabled),
+        ("Everywhere", MeshServicesMode::Everywhere),
+        ("ReachableBackends", MeshServicesMode::ReachableBackends),
+        ("Exclusive", MeshServicesMode::Exclusive),
+    ] {
+        let text = format!("type: Mesh\nname: m\nmeshServices:\n  mode: {spelled}\n");
+        assert_eq!(mesh(&text).mesh_services, mode, "{spelled}");
+        assert_eq!(mode.as_str(), spelled);
+    }
+    assert_eq!(
+        mesh("type: Mesh\nname: m\nmeshServices: {}\n").mesh_services,
+        MeshServicesMode::Disabled
+    );
+}
+
+#[test]
+fn a_wrong_mesh_services_mode_is_refused_with_the_modes_kuma_knows() {
+    let e = one_error("type: Mesh\nname: m\nmeshServices: {mode: exclusive}\n");
+    assert_error(
+        &e,
+        "meshServices.mode",
+        r#""exclusive" must be one of ["Disabled", "Everywhere", "ReachableBackends", "Exclusive"]"#,
+    );
+    let e = one_error("type: Mesh\nname: m\nmeshServices: {mode: Exclusive, enabled: true}\n");
+    assert!(e.message.contains("enabled"), "{e:?}");
+}

@@ -14,9 +14,13 @@ use crate::trust::BundleKey;
 const TWO_MESHES: &str = r#"
 type: Mesh
 name: default
+meshServices:
+  mode: Exclusive
 ---
 type: Mesh
 name: other
+meshServices:
+  mode: Exclusive
 ---
 type: MeshIdentity
 name: default-all
@@ -190,7 +194,7 @@ fn switching_the_default_mesh_moves_the_egress_in_gate_order() {
 
 #[test]
 fn without_an_eligible_identity_the_egress_gets_none_and_the_status_says_why() {
-    let mut h = Harness::new("type: Mesh\nname: a\n---\ntype: Mesh\nname: b\n");
+    let mut h = Harness::new("type: Mesh\nname: a\nmeshServices:\n  mode: Exclusive\n---\ntype: Mesh\nname: b\nmeshServices:\n  mode: Exclusive\n");
     h.connect_egress("egress-1");
     let ((), logged) = warnings(|| {
         h.reconcile(t0());
@@ -211,7 +215,7 @@ fn without_an_eligible_identity_the_egress_gets_none_and_the_status_says_why() {
 #[test]
 fn choosing_the_first_mesh_with_an_identity_is_logged_once_as_a_choice_to_make_explicit() {
     let meshes = TWO_MESHES
-        .replace("name: default\n---", "name: alpha\n---")
+        .replace("name: default\nmeshServices", "name: alpha\nmeshServices")
         .replace("mesh: default\n", "mesh: alpha\n");
     let mut h = Harness::new(&meshes);
     h.connect_egress("egress-1");

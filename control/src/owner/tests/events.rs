@@ -288,7 +288,7 @@ fn dataplanes_are_described_again_only_when_their_files_change() {
     h.reconcile(t0() + Duration::from_secs(1));
     assert!(Arc::ptr_eq(&before, &rule(&h)));
     // An edit of the Dataplane file does.
-    let relabelled = switched.replace("labels: {app: web}", "labels: {app: web, tier: front}");
+    let relabelled = switched.replace("labels: {app: web,", "labels: {app: web, tier: front,");
     h.update(&relabelled).expect("valid");
     h.reconcile(t0() + Duration::from_secs(2));
     assert_eq!(
@@ -379,7 +379,7 @@ fn proxies_whose_certificates_are_being_issued_wait_for_the_result() {
 }
 
 /// A mesh without mTLS: its proxies hold no identity.
-const NO_MTLS: &str = "type: Mesh\nname: default\n";
+const NO_MTLS: &str = "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\n";
 
 /// web-0, asking for its identity, connected at t0 with its first certificate submitted and not yet
 /// issued.

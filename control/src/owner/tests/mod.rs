@@ -22,6 +22,8 @@ use crate::{
 const LEGACY: &str = r#"
 type: Mesh
 name: default
+meshServices:
+  mode: Exclusive
 mtls:
   enabledBackend: ca-1
   backends:
@@ -417,6 +419,8 @@ fn dataplanes_without_an_identity_say_why() {
     let yaml = r#"
 type: Mesh
 name: default
+meshServices:
+  mode: Exclusive
 ---
 type: MeshIdentity
 name: spire
@@ -686,6 +690,8 @@ spec:
 const SWITCHED: &str = r#"
 type: Mesh
 name: default
+meshServices:
+  mode: Exclusive
 mtls:
   enabledBackend: ca-2
   secondaryBackends: [ca-1]
@@ -701,6 +707,8 @@ mtls:
 const ONLY_CA2: &str = r#"
 type: Mesh
 name: default
+meshServices:
+  mode: Exclusive
 mtls:
   enabledBackend: ca-2
   backends:
@@ -1016,6 +1024,8 @@ fn automatic_ca_rotation_across_full_lifetimes_never_breaks_a_handshake() {
     let yaml = r#"
 type: Mesh
 name: default
+meshServices:
+  mode: Exclusive
 mtls:
   enabledBackend: ca-1
   backends:
@@ -1129,8 +1139,10 @@ fn mesh_service_tls_is_ready_once_every_selected_dataplane_holds_a_trusted_cert_
         ServiceTls::Ready,
         "stays Ready until mTLS is switched off"
     );
-    h.update(&format!("type: Mesh\nname: default\n{services}"))
-        .expect("valid");
+    h.update(&format!(
+        "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\n{services}"
+    ))
+    .expect("valid");
     h.reconcile(t0() + Duration::from_secs(2));
     assert_eq!(tls(&h), ServiceTls::NotReady, "mTLS off");
 }
@@ -1175,9 +1187,13 @@ fn the_egress_bundle_is_not_the_trust_of_a_mesh_named_egress() {
     let meshes = r#"
 type: Mesh
 name: default
+meshServices:
+  mode: Exclusive
 ---
 type: Mesh
 name: egress
+meshServices:
+  mode: Exclusive
 mtls:
   enabledBackend: ca-1
   backends:
@@ -1628,7 +1644,7 @@ fn a_sans_before_identity_wait_is_counted_once_and_names_the_proxy_it_waits_for(
     let recorder = Arc::new(Recorder::default());
     let resources = |path: &str| {
         format!(
-            "type: Mesh\nname: default\n---\n{}---\n{WEB_SERVICE}",
+            "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\n---\n{}---\n{WEB_SERVICE}",
             workloads_identity(path, true)
         )
     };
@@ -1681,7 +1697,7 @@ fn a_changed_spiffe_id_leaves_its_service_context_only_once_the_proxy_acked_its_
     // in the context only because a replaced certificate may still be presented.
     let resources = |path: &str| {
         format!(
-            "type: Mesh\nname: default\n---\n{}---\n{WEB_SERVICE}",
+            "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\n---\n{}---\n{WEB_SERVICE}",
             workloads_identity(path, true)
         )
     };
@@ -1734,7 +1750,7 @@ fn a_changed_spiffe_id_leaves_its_service_context_only_once_the_proxy_acked_its_
 fn a_new_spiffe_id_waits_for_the_meshservice_subscribers_before_it_is_presented() {
     let resources = |path: &str| {
         format!(
-            "type: Mesh\nname: default\n---\n{}---\n{WEB_SERVICE}",
+            "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\n---\n{}---\n{WEB_SERVICE}",
             workloads_identity(path, true)
         )
     };
@@ -1792,7 +1808,7 @@ fn a_new_spiffe_id_waits_for_the_meshservice_subscribers_before_it_is_presented(
 fn a_subscriber_that_never_acks_holds_a_new_spiffe_id_back_only_until_the_ack_timeout() {
     let resources = |path: &str| {
         format!(
-            "type: Mesh\nname: default\n---\n{}---\n{WEB_SERVICE}",
+            "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\n---\n{}---\n{WEB_SERVICE}",
             workloads_identity(path, false)
         )
     };
@@ -1920,23 +1936,45 @@ spec:
     let status = h.status();
     assert_eq!(
         conditions(&status, "workloads"),
-        [["Ready", "True", "Ready", "the CA is loaded and issuing"]],
-        "a Bundled identity issues"
+        [
+            [
+                "Provider",
+                "True",
+                "ProviderInitialized",
+                "Provider successfully initialized"
+            ],
+            [
+                "MeshTrustCreated",
+                "True",
+                "MeshTrustCreated",
+                "MeshTrust has been successfully created"
+            ],
+            ["Ready", "True", "Ready", "Successfully initialized"]
+        ],
+        "a Bundled identity issues, with Kuma's conditions"
     );
     assert_eq!(conditions(&status, "staged"), SPIFFE_ID_ONLY_CONDITIONS);
     assert_eq!(
         conditions(&status, "spire"),
-        [[
-            "Ready",
-            "True",
-            "ManagedExternally",
-            "certificates are issued by SPIRE"
-        ]]
+        [
+            [
+                "Provider",
+                "True",
+                "ProviderInitialized",
+                "Provider successfully initialized"
+            ],
+            [
+                "Ready",
+                "True",
+                "ManagedExternally",
+                "certificates are issued by SPIRE"
+            ]
+        ]
     );
 }
 
 /// Dataplane `web-1` (labelled `app: web`, serving `web`) and the MeshService `web` selecting it.
-const WEB_SERVICE: &str = "type: Dataplane\nmesh: default\nname: web-1\nlabels: {app: web}\nnetworking:\n  inbound: [{port: 8080, tags: {kuma.io/service: web}}]\n---\ntype: MeshService\nname: web\nmesh: default\nspec:\n  selector: {dataplaneTags: {kuma.io/service: web}}\n  ports: [{port: 80, targetPort: 8080}]\n";
+const WEB_SERVICE: &str = "type: Dataplane\nmesh: default\nname: web-1\nlabels: {app: web, kuma.io/workload: web-1}\nnetworking:\n  inbound: [{port: 8080, tags: {kuma.io/service: web}}]\n---\ntype: MeshService\nname: web\nmesh: default\nspec:\n  selector: {dataplaneTags: {kuma.io/service: web}}\n  ports: [{port: 80, targetPort: 8080}]\n";
 
 /// MeshIdentity `workloads` selecting every dataplane of mesh `default`, with SPIFFE ID path `path` and
 /// an autogenerated CA (whose trust the mesh bundles carry when `mesh_trust`).
@@ -1964,6 +2002,7 @@ fn service_context(h: &Harness, service: &str) -> Vec<String> {
 mod agents;
 mod egress;
 mod events;
+mod kuma;
 mod peers;
 mod selection;
 mod trust;
@@ -1979,7 +2018,7 @@ fn three_cas(enabled: &str, secondary: Option<&str>, without: Option<&str>) -> S
     let secondary = secondary
         .map(|s| format!("  secondaryBackends: [{s}]\n"))
         .unwrap_or_default();
-    format!("type: Mesh\nname: default\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}")
+    format!("type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\nmtls:\n  enabledBackend: {enabled}\n{secondary}  backends:\n{backends}")
 }
 
 #[test]
@@ -2230,6 +2269,8 @@ fn a_certificate_kept_before_a_trust_first_snapshot_is_acked_only_once_served() 
     const WITH_CA3: &str = r#"
 type: Mesh
 name: default
+meshServices:
+  mode: Exclusive
 mtls:
   enabledBackend: ca-2
   secondaryBackends: [ca-1, ca-3]
@@ -2246,6 +2287,8 @@ mtls:
     const WITHOUT_CA1: &str = r#"
 type: Mesh
 name: default
+meshServices:
+  mode: Exclusive
 mtls:
   enabledBackend: ca-2
   secondaryBackends: [ca-3]

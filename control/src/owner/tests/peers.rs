@@ -240,7 +240,7 @@ fn a_replica_reports_the_cas_its_connected_proxies_present() {
 fn a_new_spiffe_id_waits_for_a_peer_whose_subscribers_have_not_acked_it() {
     let resources = |path: &str| {
         format!(
-            "type: Mesh\nname: default\n---\n{}---\n{WEB_SERVICE}",
+            "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\n---\n{}---\n{WEB_SERVICE}",
             workloads_identity(path, true)
         )
     };
@@ -288,7 +288,7 @@ fn a_new_spiffe_id_waits_for_a_peer_whose_subscribers_have_not_acked_it() {
 #[test]
 fn an_id_a_peers_proxy_presents_stays_in_the_service_context() {
     let resources = format!(
-        "type: Mesh\nname: default\n---\n{}---\n{WEB_SERVICE}",
+        "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\n---\n{}---\n{WEB_SERVICE}",
         workloads_identity("/a/{{ .Workload }}", true)
     );
     let mut h = Harness::new(&resources);

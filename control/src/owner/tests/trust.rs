@@ -64,7 +64,7 @@ fn a_trust_domain_change_of_a_ca_without_uri_san_is_trusted_before_it_is_issued_
     let ca = test_certs::ca("Corp CA", t0());
     let resources = |td: &str| {
         format!(
-            "type: Mesh\nname: default\n---\n{}",
+            "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\n---\n{}",
             provided_identity(
                 td,
                 &ca,
@@ -261,7 +261,7 @@ fn replacing_a_provided_ca_appends_it_to_the_created_mesh_trust_and_both_stay_tr
     let (x, y) = (test_certs::ca("CA X", t0()), test_certs::ca("CA Y", t0()));
     let resources = |ca: &TestCa| {
         format!(
-            "type: Mesh\nname: default\n---\n{}",
+            "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\n---\n{}",
             provided_identity(
                 "corp.example",
                 ca,
@@ -351,7 +351,7 @@ fn replacing_a_provided_ca_appends_it_to_the_created_mesh_trust_and_both_stay_tr
 #[test]
 fn a_corrupt_created_mesh_trust_rejects_the_update_and_the_previous_world_keeps_serving() {
     let yaml = format!(
-        "type: Mesh\nname: default\n---\n{}",
+        "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\n---\n{}",
         workloads_identity("/workload/{{ .Workload }}", true)
     );
     let mut h = Harness::new(&yaml);

@@ -13,6 +13,8 @@ use crate::world::{CaSource, LoadMode, World};
 const TWO_CAS: &str = r#"
 type: Mesh
 name: default
+meshServices:
+  mode: Exclusive
 mtls:
   enabledBackend: ca-1
   backends:

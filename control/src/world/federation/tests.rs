@@ -39,7 +39,7 @@ fn relationship(mesh: &str, td: &str, url: &str, initial: &std::path::Path) -> S
     )
 }
 
-const MESHES: &str = "type: Mesh\nname: default\nmtls: {enabledBackend: ca-1, backends: [{name: ca-1, type: builtin}]}\n---\ntype: Mesh\nname: other\n---\n";
+const MESHES: &str = "type: Mesh\nname: default\nmeshServices:\n  mode: Exclusive\nmtls: {enabledBackend: ca-1, backends: [{name: ca-1, type: builtin}]}\n---\ntype: Mesh\nname: other\nmeshServices:\n  mode: Exclusive\n---\n";
 
 fn der(ca: &TestCa) -> Vec<u8> {
     ::pem::parse(&ca.cert_pem).expect("PEM").into_contents()
