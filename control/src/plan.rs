@@ -306,7 +306,7 @@ impl Issuance<'_> {
                     zone: self.zone,
                     labels: self.labels,
                 };
-                match identity.template.render(&vars) {
+                match identity.template.render_in(&identity.trust_domain, &vars) {
                     Ok(spiffe_id) => Decision::Issue(Box::new(Desired {
                         issuer: Issuer::MeshIdentity(identity.name.clone()),
                         ca: ca.ca.clone(),
@@ -381,7 +381,7 @@ pub fn selected_identity_ids(
                 .as_ref()
                 .is_some_and(|wanted| wanted.iter().all(|(k, v)| dp.labels.get(k) == Some(v)))
         })
-        .filter_map(|i| i.template.render(&vars).ok())
+        .filter_map(|i| i.template.render_in(&i.trust_domain, &vars).ok())
         .collect()
 }
 

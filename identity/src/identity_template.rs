@@ -92,15 +92,24 @@ impl IdentityTemplate {
     /// result is an error quoting what was rendered and the rule it breaks.
     pub fn render(&self, vars: &TemplateVars<'_>) -> Result<SpiffeId, IdentityError> {
         let trust_domain = self.render_trust_domain(vars)?;
+        self.render_in(&trust_domain, vars)
+    }
+
+    /// Renders the SPIFFE ID of one dataplane in `trust_domain`, already rendered (a MeshIdentity's
+    /// trust domain is rendered once, with the zone it comes from).
+    pub fn render_in(
+        &self,
+        trust_domain: &TrustDomain,
+        vars: &TemplateVars<'_>,
+    ) -> Result<SpiffeId, IdentityError> {
         let path = self
             .path
             .render(vars)
             .map_err(IdentityError::PathTemplate)?;
-        let id =
-            SpiffeId::new(&trust_domain, &path).map_err(|source| IdentityError::InvalidId {
-                rendered: format!("{}{path}", trust_domain.id()),
-                source,
-            })?;
+        let id = SpiffeId::new(trust_domain, &path).map_err(|source| IdentityError::InvalidId {
+            rendered: format!("{}{path}", trust_domain.id()),
+            source,
+        })?;
         if id.is_root() {
             return Err(IdentityError::RootId {
                 rendered: id.to_string(),

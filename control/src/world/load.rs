@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use meshca_ca::{IdentityTemplate, TemplateVars};
 use meshca_config::{
-    Mesh, MeshIdentity, MeshServicesMode, MeshTrust, Provider, Resources, Settings,
+    Mesh, MeshIdentity, MeshServicesMode, MeshTrust, Provider, Resources, Settings, ZONE_LABEL,
 };
 use meshca_keystore::Keystore;
 
@@ -326,9 +326,16 @@ fn load_identity(
     )
     .map_err(IdentityLoadError::Template)?;
     let no_labels = BTreeMap::new();
+    // As Kuma renders it: the zone the MeshIdentity comes from (its `kuma.io/zone`, which Kuma sets on
+    // whatever a zone creates), else this zone.
+    let zone = identity
+        .labels
+        .get(ZONE_LABEL)
+        .filter(|z| !z.is_empty())
+        .unwrap_or(&src.settings.zone);
     let vars = TemplateVars {
         mesh: &identity.mesh,
-        zone: &src.settings.zone,
+        zone,
         labels: &no_labels,
     };
     let trust_domain = template

@@ -169,3 +169,38 @@ fn a_dataplane_file_without_the_workload_label_is_refused_when_its_mesh_identity
         "labelled, web-1 is served"
     );
 }
+
+#[test]
+fn a_mesh_identitys_zone_is_the_one_kuma_labelled_it_with() {
+    // What `kumactl get meshidentities -o yaml` prints of one created in zone-1: Kuma renders
+    // `{{ .Zone }}` in its trust domain from that label, whatever zone reads it.
+    let identity = r#"type: MeshIdentity
+name: identity
+mesh: default
+labels: {kuma.io/origin: zone, kuma.io/zone: zone-1, kuma.io/env: universal, kuma.io/mesh: default}
+spec:
+  selector: {dataplane: {matchLabels: {}}}
+  provider: {type: Bundled, bundled: {autogenerate: {enabled: true}}}
+"#;
+    let mut h = Harness::new(&format!("{LEGACY}---\n{identity}---\n{WEB_SERVICE}"));
+    assert_eq!(h.settings.zone, "default", "this daemon's zone differs");
+    h.connect("web-1", &[("app", "web")], &[("kuma.io/service", "web")]);
+    h.reconcile(t0());
+    assert_eq!(
+        h.ready("web-1").spiffe_id,
+        "spiffe://default.zone-1.mesh.local/workload/web-1"
+    );
+    let status = h.status();
+    assert_eq!(
+        status.meshes[0].mesh_identities[0].trust_domain,
+        "default.zone-1.mesh.local"
+    );
+    // Without the label, this zone's name.
+    let unlabelled = identity.replace("kuma.io/zone: zone-1, ", "");
+    h.update(&format!("{LEGACY}---\n{unlabelled}---\n{WEB_SERVICE}"))
+        .expect("valid");
+    assert_eq!(
+        h.status().meshes[0].mesh_identities[0].trust_domain,
+        "default.default.mesh.local"
+    );
+}
