@@ -219,6 +219,7 @@ impl SdsServer {
             shared: self.shared.clone(),
             principal,
             inbound: grpc::Requests::new(body, self.shared.limits().request_bytes),
+            progress: open.as_ref().map(OpenStream::progress),
         });
         grpc::response::<P::Response>(Box::pin(OutboxStream::new(|outbox| async move {
             stream::run::<P>(start, outbox).await;
@@ -291,7 +292,10 @@ impl SdsServer {
         Box::pin(async move {
             let limit = shared.limits().request_bytes;
             let mut inbound = grpc::Requests::<DiscoveryRequest>::new(body, limit);
-            let answer = match session::first_request(&shared, inbound.message()).await {
+            let progress = open.as_ref().map(OpenStream::progress);
+            let answer = match session::first_request(&shared, inbound.message(), progress.as_ref())
+                .await
+            {
                 Ok(Some(request)) => {
                     // The rest of the body (its end) is not waited for: the answer needs nothing
                     // more, and what the body held goes now.

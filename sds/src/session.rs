@@ -9,7 +9,8 @@ use std::time::SystemTime;
 use meshca_auth::{Claims, RevocationList};
 use meshca_control::{ClaimRule, ProxyEntry, ProxyKey, ResourceName, Snapshot, StreamId};
 use meshca_serve::{
-    token_deadline, AttestedCheck, HubStream, LogBudget, SnapshotWaiter, StreamMetrics,
+    token_deadline, AttestedCheck, ConnProgress, HubStream, LogBudget, SnapshotWaiter,
+    StreamMetrics,
 };
 use tokio::sync::watch;
 use tonic::Status;
@@ -344,26 +345,65 @@ fn served_here(snapshot: &Snapshot, ctx: &ProxyContext) -> Result<(), Status> {
     }
 }
 
-/// Awaits the first request of a stream, bounded by the identity wait. `None` when the
-/// proxy closed the stream first; the status when its request could not be read.
-pub(crate) async fn first_request<T, F>(shared: &Shared, next: F) -> Result<Option<T>, Status>
+/// How many identity waits a stream may wait for its first request while its connection keeps
+/// receiving: the longest a busy server lets a well-behaved client's request queue.
+const FIRST_REQUEST_PERIODS: u32 = 4;
+
+/// What a connection must receive in an identity wait for its streams' first requests to wait another:
+/// one HTTP/2 frame of the largest size.
+const FIRST_REQUEST_PROGRESS: u64 = 16 * 1024;
+
+/// Awaits the first request of a stream, bounded by the identity wait. `None` when the proxy closed the
+/// stream first; the status when its request could not be read.
+///
+/// A client that sent its request with its stream can still find it queued: HTTP/2 flow control holds
+/// it behind the requests of the connection's other streams until the server, busy, reads them. So when
+/// the wait ends while the stream's connection (`progress`) received at least
+/// [`FIRST_REQUEST_PROGRESS`] bytes in it, the stream waits another, up to [`FIRST_REQUEST_PERIODS`]
+/// in all. A client that sends nothing (a slow loris) is closed after one wait.
+pub(crate) async fn first_request<T, F>(
+    shared: &Shared,
+    next: F,
+    progress: Option<&ConnProgress>,
+) -> Result<Option<T>, Status>
 where
     F: Future<Output = Result<Option<T>, Status>>,
 {
     let wait = shared.options().identity_wait;
-    tokio::select! {
-        received = next => match received {
-            Ok(request) => Ok(request),
-            // A request that could not be read (too large, malformed): the proxy is told why, if
-            // it is still there.
-            Err(status) => {
-                tracing::debug!(%status, "stream failed before its first request");
-                Err(status)
+    let mut deadline = tokio::time::Instant::now() + wait;
+    let mut received = progress.map(ConnProgress::received);
+    let mut periods = 1;
+    tokio::pin!(next);
+    loop {
+        tokio::select! {
+            // A request that is there when the wait ends is taken.
+            biased;
+            received = &mut next => return match received {
+                Ok(request) => Ok(request),
+                // A request that could not be read (too large, malformed): the proxy is told why, if
+                // it is still there.
+                Err(status) => {
+                    tracing::debug!(%status, "stream failed before its first request");
+                    Err(status)
+                }
+            },
+            () = shared.hub.closed() => return Err(Status::unavailable("the SDS server is shutting down")),
+            () = tokio::time::sleep_until(deadline) => {
+                let now = progress.map(ConnProgress::received);
+                let sending = matches!(
+                    (received, now),
+                    (Some(then), Some(now)) if now.saturating_sub(then) >= FIRST_REQUEST_PROGRESS
+                );
+                if !sending || periods >= FIRST_REQUEST_PERIODS {
+                    return Err(Status::deadline_exceeded(format!(
+                        "no discovery request within {:?} of opening the stream",
+                        wait * periods
+                    )));
+                }
+                received = now;
+                periods += 1;
+                deadline += wait;
             }
-        },
-        () = tokio::time::sleep(wait) => Err(Status::deadline_exceeded(format!(
-            "no discovery request within {wait:?} of opening the stream"
-        ))),
-        () = shared.hub.closed() => Err(Status::unavailable("the SDS server is shutting down")),
+        }
     }
 }

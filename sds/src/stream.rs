@@ -12,7 +12,7 @@ use std::time::Instant;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use meshca_control::{ProxyEntry, ResourceName, Snapshot};
 use meshca_serve::ledger::Ledger;
-use meshca_serve::{bounded, shown, StreamMetrics};
+use meshca_serve::{bounded, shown, ConnProgress, StreamMetrics};
 use tonic::Status;
 
 use crate::authn::{self, Principal};
@@ -137,6 +137,8 @@ pub(crate) struct Start<R> {
     pub shared: Arc<Shared>,
     pub principal: Principal,
     pub inbound: Requests<R>,
+    /// What the stream's connection receives, while the first request is awaited.
+    pub progress: Option<ConnProgress>,
 }
 
 /// Drives one stream until the proxy leaves or an error ends it (sent as the stream's status).
@@ -166,11 +168,12 @@ where
         shared,
         principal,
         mut inbound,
+        progress,
     } = *start;
     // Opening and handling are boxed: their state is allocated only while they run, so an idle
     // stream holds only what this loop waits with.
-    let Some(mut stream) = Box::pin(open::<P>(shared, principal, &mut inbound, outbox)).await?
-    else {
+    let opened = open::<P>(shared, principal, &mut inbound, progress, outbox);
+    let Some(mut stream) = Box::pin(opened).await? else {
         return Ok(());
     };
     loop {
@@ -198,12 +201,15 @@ async fn open<'o, P: Protocol>(
     shared: Arc<Shared>,
     principal: Principal,
     inbound: &mut Requests<P::Request>,
+    progress: Option<ConnProgress>,
     outbox: &'o Outbound<P::Response>,
 ) -> Result<Option<Driver<'o, P>>, Status>
 where
     P::Request: prost::Message + Default,
 {
-    let Some(mut first) = session::first_request(&shared, inbound.message()).await? else {
+    let Some(mut first) =
+        session::first_request(&shared, inbound.message(), progress.as_ref()).await?
+    else {
         return Ok(None);
     };
     // The node is read here and not kept: Envoy's lists every extension it was built with (about

@@ -19,6 +19,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -74,6 +75,7 @@ impl Conn {
                     deadline: Some(first_deadline),
                     refused: false,
                 }),
+                received: AtomicU64::new(0),
                 idle_timeout,
                 waker: AtomicWaker::new(),
             }),
@@ -105,6 +107,8 @@ impl Conn {
 /// [`ConnInfo`].
 pub(crate) struct ConnTracker {
     state: Mutex<TrackerState>,
+    /// Bytes read from the connection (after TLS), for [`ConnProgress`].
+    received: AtomicU64,
     idle_timeout: Duration,
     /// The connection's reader, woken when its deadline changes.
     waker: AtomicWaker,
@@ -218,6 +222,37 @@ pub struct OpenStream {
     _guard: StreamGuard,
 }
 
+impl OpenStream {
+    /// What the stream's connection has received so far.
+    pub fn progress(&self) -> ConnProgress {
+        ConnProgress {
+            tracker: self._guard.tracker.clone(),
+        }
+    }
+}
+
+/// How many bytes a connection has received: whether a client is still sending (its requests can wait
+/// behind each other in HTTP/2 flow control while the server is busy) or has gone quiet.
+#[derive(Clone)]
+pub struct ConnProgress {
+    tracker: Arc<ConnTracker>,
+}
+
+impl ConnProgress {
+    /// Bytes read from the connection so far (after TLS).
+    pub fn received(&self) -> u64 {
+        self.tracker.received.load(Ordering::Relaxed)
+    }
+}
+
+impl std::fmt::Debug for ConnProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnProgress")
+            .field("received", &self.received())
+            .finish()
+    }
+}
+
 impl std::fmt::Debug for OpenStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("OpenStream")
@@ -271,7 +306,15 @@ impl AsyncRead for Conn {
                 )));
             }
         }
-        Pin::new(this).io().poll_read(cx, buf)
+        let before = buf.filled().len();
+        let read = Pin::new(&mut *this).io().poll_read(cx, buf);
+        let got = buf.filled().len().saturating_sub(before);
+        if got > 0 {
+            this.tracker
+                .received
+                .fetch_add(got as u64, Ordering::Relaxed);
+        }
+        read
     }
 }
 

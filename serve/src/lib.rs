@@ -32,7 +32,7 @@ mod wake;
 
 pub use attested::{Attest, Attested, AttestedCheck, AttestedRoutes};
 pub use channel::{connect_channel, ClientTls};
-pub use conn::{ConnInfo, OpenStream};
+pub use conn::{ConnInfo, ConnProgress, OpenStream};
 pub use error::{ConnectError, ErrorChain, ListenError, ServeError};
 pub use hub::{token_deadline, Hub, HubStream, NewStream, SnapshotWaiter, EVENT_BUFFER};
 pub use listen::{bind, BoundAddr, BoundListeners, ConnPolicy, Listener, PeerProbe};
