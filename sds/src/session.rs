@@ -346,21 +346,21 @@ fn served_here(snapshot: &Snapshot, ctx: &ProxyContext) -> Result<(), Status> {
 }
 
 /// How many identity waits a stream may wait for its first request while its connection keeps
-/// receiving: the longest a busy server lets a well-behaved client's request queue.
+/// carrying data: the longest a busy server lets a well-behaved client's request queue.
 const FIRST_REQUEST_PERIODS: u32 = 4;
 
-/// What a connection must receive in an identity wait for its streams' first requests to wait another:
-/// one HTTP/2 frame of the largest size.
+/// What a connection must carry (both ways) in an identity wait for its streams' first requests to wait
+/// another: one HTTP/2 frame of the largest size.
 const FIRST_REQUEST_PROGRESS: u64 = 16 * 1024;
 
 /// Awaits the first request of a stream, bounded by the identity wait. `None` when the proxy closed the
 /// stream first; the status when its request could not be read.
 ///
 /// A client that sent its request with its stream can still find it queued: HTTP/2 flow control holds
-/// it behind the requests of the connection's other streams until the server, busy, reads them. So when
-/// the wait ends while the stream's connection (`progress`) received at least
+/// it behind the requests of the connection's other streams until the server, busy, reads and answers
+/// them. So when the wait ends while the stream's connection (`progress`) carried at least
 /// [`FIRST_REQUEST_PROGRESS`] bytes in it, the stream waits another, up to [`FIRST_REQUEST_PERIODS`]
-/// in all. A client that sends nothing (a slow loris) is closed after one wait.
+/// in all. A client that sends nothing on a quiet connection (a slow loris) is closed after one wait.
 pub(crate) async fn first_request<T, F>(
     shared: &Shared,
     next: F,
@@ -371,7 +371,7 @@ where
 {
     let wait = shared.options().identity_wait;
     let mut deadline = tokio::time::Instant::now() + wait;
-    let mut received = progress.map(ConnProgress::received);
+    let mut carried = progress.map(ConnProgress::carried);
     let mut periods = 1;
     tokio::pin!(next);
     loop {
@@ -389,9 +389,9 @@ where
             },
             () = shared.hub.closed() => return Err(Status::unavailable("the SDS server is shutting down")),
             () = tokio::time::sleep_until(deadline) => {
-                let now = progress.map(ConnProgress::received);
+                let now = progress.map(ConnProgress::carried);
                 let sending = matches!(
-                    (received, now),
+                    (carried, now),
                     (Some(then), Some(now)) if now.saturating_sub(then) >= FIRST_REQUEST_PROGRESS
                 );
                 if !sending || periods >= FIRST_REQUEST_PERIODS {
@@ -400,7 +400,7 @@ where
                         wait * periods
                     )));
                 }
-                received = now;
+                carried = now;
                 periods += 1;
                 deadline += wait;
             }

@@ -1,7 +1,7 @@
 //! How long a stream waits for its first request. A client that sends nothing (a slow loris) is closed
 //! after one identity wait. A client whose request queues behind its connection's other streams (HTTP/2
-//! flow control holds it while a busy server reads the others) is not, as long as its connection keeps
-//! receiving: it waits up to four identity waits.
+//! flow control holds it while a busy server reads and answers the others) is not, as long as its
+//! connection keeps carrying data: it waits up to four identity waits.
 
 mod common;
 
@@ -152,7 +152,7 @@ async fn keep_sending(body: &mut h2::SendStream<Bytes>, until: Instant) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_queued_behind_a_busy_connection_waits_while_the_connection_receives() {
+async fn a_request_queued_behind_a_busy_connection_waits_while_the_connection_is_busy() {
     let harness = harness().await;
     let (token, _) = harness.token_for("default", "web-1");
     let mut client = h2_client(&harness).await;

@@ -75,7 +75,7 @@ impl Conn {
                     deadline: Some(first_deadline),
                     refused: false,
                 }),
-                received: AtomicU64::new(0),
+                carried: AtomicU64::new(0),
                 idle_timeout,
                 waker: AtomicWaker::new(),
             }),
@@ -107,8 +107,8 @@ impl Conn {
 /// [`ConnInfo`].
 pub(crate) struct ConnTracker {
     state: Mutex<TrackerState>,
-    /// Bytes read from the connection (after TLS), for [`ConnProgress`].
-    received: AtomicU64,
+    /// Bytes read from and written to the connection (in the clear), for [`ConnProgress`].
+    carried: AtomicU64,
     idle_timeout: Duration,
     /// The connection's reader, woken when its deadline changes.
     waker: AtomicWaker,
@@ -150,6 +150,12 @@ impl ConnTracker {
             state.deadline = Some(Instant::now() + REFUSED_GRACE.min(self.idle_timeout));
             drop(state);
             self.waker.wake();
+        }
+    }
+
+    fn carried(&self, bytes: usize) {
+        if bytes > 0 {
+            self.carried.fetch_add(bytes as u64, Ordering::Relaxed);
         }
     }
 
@@ -223,7 +229,7 @@ pub struct OpenStream {
 }
 
 impl OpenStream {
-    /// What the stream's connection has received so far.
+    /// What the stream's connection has carried so far.
     pub fn progress(&self) -> ConnProgress {
         ConnProgress {
             tracker: self._guard.tracker.clone(),
@@ -231,24 +237,25 @@ impl OpenStream {
     }
 }
 
-/// How many bytes a connection has received: whether a client is still sending (its requests can wait
-/// behind each other in HTTP/2 flow control while the server is busy) or has gone quiet.
+/// How many bytes a connection has carried, both ways: whether it is still busy (a client's requests
+/// can wait behind each other in HTTP/2 flow control while the server reads and answers the others) or
+/// has gone quiet.
 #[derive(Clone)]
 pub struct ConnProgress {
     tracker: Arc<ConnTracker>,
 }
 
 impl ConnProgress {
-    /// Bytes read from the connection so far (after TLS).
-    pub fn received(&self) -> u64 {
-        self.tracker.received.load(Ordering::Relaxed)
+    /// Bytes read from and written to the connection so far (in the clear, inside TLS).
+    pub fn carried(&self) -> u64 {
+        self.tracker.carried.load(Ordering::Relaxed)
     }
 }
 
 impl std::fmt::Debug for ConnProgress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConnProgress")
-            .field("received", &self.received())
+            .field("carried", &self.carried())
             .finish()
     }
 }
@@ -309,11 +316,7 @@ impl AsyncRead for Conn {
         let before = buf.filled().len();
         let read = Pin::new(&mut *this).io().poll_read(cx, buf);
         let got = buf.filled().len().saturating_sub(before);
-        if got > 0 {
-            this.tracker
-                .received
-                .fetch_add(got as u64, Ordering::Relaxed);
-        }
+        this.tracker.carried(got);
         read
     }
 }
@@ -338,7 +341,12 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.io().poll_write(cx, buf)
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.io).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = written {
+            this.tracker.carried(n);
+        }
+        written
     }
 
     fn poll_write_vectored(
@@ -346,7 +354,12 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        self.io().poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = written {
+            this.tracker.carried(n);
+        }
+        written
     }
 
     fn is_write_vectored(&self) -> bool {
