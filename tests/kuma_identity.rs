@@ -134,6 +134,27 @@ fn a_mesh_identity_waits_for_exclusive_mesh_services_and_a_file_without_the_work
             .display()
             .to_string()
     );
+    let refused = report["warnings"]
+        .as_array()
+        .and_then(|w| {
+            w.iter()
+                .find(|w| w["resource"] == "Dataplane/default/old-1")
+        })
+        .unwrap_or_else(|| panic!("old-1's refusal is warned about before it connects: {report}"));
+    assert_eq!(refused["field"], "labels", "{refused}");
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with(KUMA_REFUSAL),
+        "{refused}"
+    );
+    assert!(
+        !report["warnings"]
+            .to_string()
+            .contains("Dataplane/default/web-1"),
+        "web-1 is labelled: {report}"
+    );
 
     let daemon = env.start();
     let status = daemon.admin_json("/api/status");

@@ -232,13 +232,19 @@ spec:
 #[test]
 fn validate_of_cas_to_generate_prints_the_verdict_and_no_daemon_log() {
     let env = Env::new();
+    // Labelled as the identity's path needs, or the Dataplane's refusal would be warned of.
+    let web_1 = common::DATAPLANE_WEB_1.replace(
+        "labels: {app: web}",
+        "labels: {app: web, kuma.io/workload: web-1}",
+    );
+    assert_ne!(web_1, common::DATAPLANE_WEB_1);
     let good = dir_with(
         &env,
         "good",
         &[
             ("mesh.yaml", MESH_BUILTIN),
             ("identity.yaml", IDENTITY_CREATING_TRUST),
-            ("dataplanes.yaml", common::DATAPLANE_WEB_1),
+            ("dataplanes.yaml", &web_1),
         ],
     );
     for output in ["human", "json"] {

@@ -226,6 +226,23 @@ impl World {
                 });
             }
         }
+        // A Dataplane file Kuma would refuse: said before its proxy connects and is refused.
+        for dp in &resources.dataplanes {
+            let Some(mesh) = meshes.get(&dp.mesh) else {
+                continue;
+            };
+            if let Some(reason) = crate::plan::missing_workload_label(
+                mesh,
+                &crate::plan::DataplaneInfo::from_file(dp),
+            ) {
+                warnings.push(UpdateError {
+                    file: dp.source.file.display().to_string(),
+                    resource: format!("Dataplane/{}/{}", dp.mesh, dp.name),
+                    field: "labels".into(),
+                    message: format!("{reason}: its proxy is refused, as Kuma refuses it"),
+                });
+            }
+        }
         for service in &resources.mesh_services {
             let local = service.zone().is_none_or(|z| z == src.settings.zone);
             if local && service.dataplane_tags.is_some() && !service.identities.is_empty() {
