@@ -351,6 +351,8 @@ pub struct Reached {
     /// The daemon's CPU seconds from the fetch until every stream held the new CA (the bench's process
     /// is the daemon's alone: the clients run in their own).
     pub daemon_cpu_seconds: f64,
+    /// The control loop's own time on the change (the streams' fan-out runs outside it).
+    pub loop_seconds: f64,
 }
 
 /// The reach half: an in-process daemon following one peer, `streams` SDS streams and then as many
@@ -410,15 +412,19 @@ async fn reach(
     let (idle, fleet) = harness::open_idle(plan, run, clients).await?;
     fleet.arm().await?;
     let cpu0 = cpu_seconds(None)?;
+    let loop_before = daemon.loop_health().work();
     peers.add_ca(0)?;
     if !daemon.federation.refresh(&peers.endpoints[0].trust_domain) {
         return Err(anyhow!("the daemon does not follow the peer"));
     }
     let reach = fleet.wait_reached(run.timeout).await?;
+    let daemon_cpu_seconds = cpu_seconds(None)? - cpu0;
+    let loop_after = sds::loop_idle(daemon, loop_before.turns + 1).await?;
     Ok(Reached {
         setup_seconds: idle.setup_seconds,
         reach,
-        daemon_cpu_seconds: cpu_seconds(None)? - cpu0,
+        daemon_cpu_seconds,
+        loop_seconds: (loop_after.busy - loop_before.busy).as_secs_f64(),
     })
 }
 
@@ -473,6 +479,7 @@ fn latencies(reached: &Reached) -> serde_json::Value {
         "p99_seconds": ms(quantile(&reach.latencies, 0.99)),
         "max_seconds": ms(reach.latencies.last().copied()),
         "daemon_cpu_seconds": round(reached.daemon_cpu_seconds, 2),
+        "loop_seconds": round(reached.loop_seconds, 6),
         "first_error": reach.first_error,
     })
 }
@@ -588,6 +595,10 @@ mod tests {
             assert_eq!(r.reach.failed, 0, "{api}: {:?}", r.reach.first_error);
             assert_eq!(r.reach.reached, 20, "{api}");
             assert_eq!(r.reach.identity_streams, 0, "{api}: trust only");
+            assert!(
+                r.loop_seconds > 0.0,
+                "{api}: the change is a turn of the loop"
+            );
         }
     }
 }

@@ -141,6 +141,9 @@ pub struct EventCosts {
     pub connect_loop: Duration,
     /// The loop's time on the ACK of that response.
     pub ack_loop: Duration,
+    /// The loop's time on a reload that adds (or removes) one WorkloadRegistration with the Dataplane it
+    /// names, which no stream belongs to: the median of [`EVENT_SAMPLES`].
+    pub registration_loop: Duration,
 }
 
 /// What one run measured.
@@ -280,6 +283,26 @@ async fn measured(
     let noop_reload_seconds = middle(noops.iter().map(|n| n.0).collect()).as_secs_f64();
     events.noop_reload_loop = middle(noops.iter().map(|n| n.1).collect());
     let noop_reload_published = generation() != before_noop;
+    // One registration more, then one fewer, each a reload: what a registration change costs the loop.
+    let mut registrations = Vec::with_capacity(EVENT_SAMPLES);
+    for i in 0..EVENT_SAMPLES {
+        let file = "bench-registration.yaml";
+        let change = if i % 2 == 0 {
+            sandbox.write_resource(file, &registration_yaml(i))
+        } else {
+            sandbox.remove_resource(file)
+        };
+        change.context("cannot change the bench's registration")?;
+        let loop_before = daemon.loop_health().work();
+        reload(daemon, "a registration change").await?;
+        let busy = loop_idle(daemon, loop_before.turns + 1).await?.busy - loop_before.busy;
+        registrations.push(busy);
+    }
+    if EVENT_SAMPLES % 2 == 1 {
+        sandbox.remove_resource("bench-registration.yaml")?;
+        reload(daemon, "the registration's removal").await?;
+    }
+    events.registration_loop = middle(registrations);
     // Each proxy event on a proxy of its own.
     let mut samples = Vec::with_capacity(EVENT_SAMPLES);
     for i in 0..EVENT_SAMPLES {
@@ -308,7 +331,7 @@ async fn measured(
 }
 
 /// Waits until the control loop has finished at least `turns` turns and is between two: its work then.
-async fn loop_idle(daemon: &Daemon, turns: u64) -> anyhow::Result<meshca_control::Work> {
+pub(super) async fn loop_idle(daemon: &Daemon, turns: u64) -> anyhow::Result<meshca_control::Work> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let work = daemon.loop_health().work();
@@ -337,6 +360,19 @@ async fn quiescent(daemon: &Daemon, timeout: Duration) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     Ok(())
+}
+
+/// A WorkloadRegistration of sample `i` and the Dataplane it names, for a uid no process of the bench
+/// runs as.
+fn registration_yaml(i: usize) -> String {
+    format!(
+        "type: Dataplane\nmesh: {MESH}\nname: bench-registered-{i}\nlabels: {{kuma.io/workload: \
+         bench-registered}}\nnetworking:\n  address: 127.0.0.1\n  inbound: [{{port: 1, tags: \
+         {{kuma.io/service: bench-registered}}}}]\n---\ntype: WorkloadRegistration\nmesh: {MESH}\nname: \
+         bench-registration-{i}\nspec:\n  dataplane: bench-registered-{i}\n  selectors: \
+         [\"unix:uid:{}\"]\n",
+        4_000_000_000u32 - i as u32
+    )
 }
 
 /// How many times a single event is measured: the no-op reload, and a connect and an ACK (each on a
@@ -409,6 +445,7 @@ fn report(options: &Options, outcome: &Outcome) -> serde_json::Value {
         "connect_seconds": round(outcome.events.connect.as_secs_f64(), 6),
         "connect_loop_seconds": round(outcome.events.connect_loop.as_secs_f64(), 6),
         "ack_loop_seconds": round(outcome.events.ack_loop.as_secs_f64(), 6),
+        "registration_loop_seconds": round(outcome.events.registration_loop.as_secs_f64(), 6),
         "nacks": reach.nacks,
         "console_clients": options.console_clients,
         "console_updates": Followed::total(&outcome.console).updates,
@@ -513,7 +550,16 @@ mod tests {
             "{:?}",
             outcome.events
         );
+        assert!(
+            outcome.events.registration_loop > Duration::ZERO,
+            "a registration change is a turn of the loop: {:?}",
+            outcome.events
+        );
         let line = report(&options, &outcome);
+        assert!(
+            line["registration_loop_seconds"].as_f64().is_some(),
+            "{line}"
+        );
         assert_eq!(line["noop_reload_published"], false);
         assert_eq!(line["reached"], 200);
         assert_eq!(line["bench"], "sds");
