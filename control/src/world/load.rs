@@ -124,19 +124,24 @@ impl World {
             .map(|(name, mesh)| (name.clone(), load_mesh(name, mesh, src, &mut errors)))
             .collect();
 
+        // The MeshIdentities loaded but not applied: the operator hears why, every load.
+        let mut inactive_warnings = Vec::new();
         let mut identities: Vec<&MeshIdentity> = resources.mesh_identities.iter().collect();
         identities.sort_by(|a, b| a.name.cmp(&b.name));
         for identity in identities {
-            let Some(mesh) = meshes.get_mut(&identity.mesh) else {
+            let (Some(mesh), Some(resource)) = (
+                meshes.get_mut(&identity.mesh),
+                resources.meshes.get(&identity.mesh),
+            ) else {
                 continue;
             };
-            let applied = resources
-                .meshes
-                .get(&identity.mesh)
-                .is_some_and(|m| m.mesh_services == MeshServicesMode::Exclusive);
+            let applied = resource.mesh_services == MeshServicesMode::Exclusive;
             match load_identity(identity, applied, src) {
                 Ok(Loaded::Applied(state)) => mesh.identities.push(state),
-                Ok(Loaded::Inactive(state)) => mesh.inactive_identities.push(state),
+                Ok(Loaded::Inactive(state)) => {
+                    inactive_warnings.push(not_applied(identity, resource));
+                    mesh.inactive_identities.push(state);
+                }
                 Err(e) => errors.push(UpdateError {
                     file: identity.source.file.display().to_string(),
                     resource: format!("MeshIdentity/{}/{}", identity.mesh, identity.name),
@@ -205,27 +210,7 @@ impl World {
                 });
             }
         }
-        // A MeshIdentity that does nothing until its Mesh changes: the operator hears why, every load.
-        for identity in &resources.mesh_identities {
-            let Some(mesh) = resources.meshes.get(&identity.mesh) else {
-                continue;
-            };
-            if mesh.mesh_services != MeshServicesMode::Exclusive {
-                warnings.push(UpdateError {
-                    file: identity.source.file.display().to_string(),
-                    resource: format!("MeshIdentity/{}/{}", identity.mesh, identity.name),
-                    field: "mesh".into(),
-                    message: format!(
-                        "not applied (DependenciesReady=False/MeshServicesDisabled, as in Kuma 2.14): Mesh {:?} \
-                         has meshServices.mode {}, and a MeshIdentity needs Exclusive; the dataplanes it \
-                         selects keep the identity the mesh gives them without it. To apply it, set \
-                         `meshServices: {{mode: Exclusive}}` on the Mesh",
-                        mesh.name,
-                        mesh.mesh_services.as_str()
-                    ),
-                });
-            }
-        }
+        warnings.append(&mut inactive_warnings);
         // A Dataplane file Kuma would refuse: said before its proxy connects and is refused.
         for dp in &resources.dataplanes {
             let Some(mesh) = meshes.get(&dp.mesh) else {
@@ -322,6 +307,23 @@ fn load_mesh(
         .filter_map(|secondary| load(secondary))
         .collect();
     state
+}
+
+/// Why `identity` is not applied: its `mesh`'s MeshServices are not `Exclusive`.
+fn not_applied(identity: &MeshIdentity, mesh: &Mesh) -> UpdateError {
+    UpdateError {
+        file: identity.source.file.display().to_string(),
+        resource: format!("MeshIdentity/{}/{}", identity.mesh, identity.name),
+        field: "mesh".into(),
+        message: format!(
+            "not applied (DependenciesReady=False/MeshServicesDisabled, as in Kuma 2.14): Mesh {:?} has \
+             meshServices.mode {}, and a MeshIdentity needs Exclusive; the dataplanes it selects keep the \
+             identity the mesh gives them without it. To apply it, set `meshServices: {{mode: Exclusive}}` \
+             on the Mesh",
+            mesh.name,
+            mesh.mesh_services.as_str()
+        ),
+    }
 }
 
 /// A MeshIdentity as loaded: applied, or read but not applied.
