@@ -83,15 +83,25 @@ pub struct BundleCache {
     federated: HashMap<String, Arc<[Arc<SpiffeBundle>]>>,
     services: HashMap<ServiceKey, CachedService>,
     registrations: Arc<Registrations>,
+    /// The resources `registrations` was made from: made again only from others.
+    registrations_from: Option<Arc<meshca_config::Resources>>,
 }
 
 impl BundleCache {
     /// The registrations of `world`, as the last snapshot's `Arc` while they are unchanged.
-    fn registrations(&mut self, world: &World) -> Arc<Registrations> {
+    pub fn registrations(&mut self, world: &World) -> Arc<Registrations> {
+        if self
+            .registrations_from
+            .as_ref()
+            .is_some_and(|from| Arc::ptr_eq(from, &world.resources))
+        {
+            return self.registrations.clone();
+        }
         let registrations = Registrations::from_resources(&world.resources);
         if *self.registrations != registrations {
             self.registrations = Arc::new(registrations);
         }
+        self.registrations_from = Some(world.resources.clone());
         self.registrations.clone()
     }
 

@@ -79,9 +79,14 @@ pub struct Snapshot {
 pub struct Changed {
     /// The generation this snapshot was compared with.
     pub since: u64,
-    /// `Some`: only these proxies' entries and claim rules changed, and every bundle, context and the
-    /// registration table is the very object generation `since` served. `None`: anything may have changed.
+    /// `Some`: only these proxies' entries and claim rules changed, and every bundle and context is the
+    /// very object generation `since` served, as is the registration table unless `registrations` says
+    /// otherwise. `None`: anything may have changed.
     pub proxies: Option<Arc<[ProxyKey]>>,
+    /// With `proxies`: the Workload API's registration table changed too. Only the streams that match
+    /// callers against it need to look at it; the proxies whose registrations changed are among
+    /// `proxies`.
+    pub registrations: bool,
     /// The publishes that led to generation `since`, newest first: as many as [`HISTORY_STEPS`] and
     /// [`HISTORY_KEYS`] allow, and none from before a publish that may have changed anything.
     earlier: Arc<[Step]>,
@@ -98,6 +103,7 @@ struct Step {
     generation: u64,
     since: u64,
     proxies: Arc<[ProxyKey]>,
+    registrations: bool,
 }
 
 impl Changed {
@@ -108,6 +114,7 @@ impl Changed {
             generation: previous.generation,
             since: previous.changed.since,
             proxies: keys.clone(),
+            registrations: previous.changed.registrations,
         });
         let mut kept_keys = 0;
         let earlier = last
@@ -122,14 +129,34 @@ impl Changed {
         Changed {
             since: previous.generation,
             proxies,
+            registrations: false,
             earlier,
+        }
+    }
+
+    /// The change of a snapshot published right after `previous` that changed only `proxies` and the
+    /// registration table.
+    pub fn with_registrations(previous: &Snapshot, proxies: Arc<[ProxyKey]>) -> Changed {
+        Changed {
+            registrations: true,
+            ..Changed::after(previous, Some(proxies))
         }
     }
 
     /// The proxies whose entries or claim rules may differ between generation `seen` and this
     /// snapshot, when that is known to be only some: this change and the remembered ones before it lead
-    /// back to `seen`, and none of them may have changed anything. A key may come more than once.
+    /// back to `seen`, and none of them may have changed anything, the registration table included. A
+    /// key may come more than once.
     pub fn proxies_since(&self, seen: u64) -> Option<impl Iterator<Item = &ProxyKey>> {
+        match self.since(seen)? {
+            (keys, false) => Some(keys),
+            (_, true) => None,
+        }
+    }
+
+    /// As [`Changed::proxies_since`], except that a changed registration table is said (true) rather
+    /// than counted as anything: for waking streams, only those that match callers against it look.
+    pub fn since(&self, seen: u64) -> Option<(impl Iterator<Item = &ProxyKey>, bool)> {
         let newest = self.proxies.as_deref()?;
         let (mut since, mut steps) = (self.since, 0);
         while since != seen {
@@ -137,8 +164,12 @@ impl Changed {
             since = step.since;
             steps += 1;
         }
-        let earlier = self.earlier[..steps].iter().flat_map(|s| s.proxies.iter());
-        Some(newest.iter().chain(earlier))
+        let earlier = &self.earlier[..steps];
+        let registrations = self.registrations || earlier.iter().any(|s| s.registrations);
+        let keys = newest
+            .iter()
+            .chain(earlier.iter().flat_map(|s| s.proxies.iter()));
+        Some((keys, registrations))
     }
 }
 
@@ -436,6 +467,29 @@ mod tests {
 
     fn names(names: &[&str]) -> Option<BTreeSet<String>> {
         Some(names.iter().map(|n| format!("m.{n}")).collect())
+    }
+
+    #[test]
+    fn a_changed_registration_table_is_said_apart_from_the_proxies() {
+        let (a, b) = (ProxyKey::new("m", "a"), ProxyKey::new("m", "b"));
+        let first = next(&Snapshot::empty(), None);
+        let mut second = next(&first, None);
+        second.changed = Changed::with_registrations(&first, Arc::from(vec![a.clone()]));
+        let third = next(&second, Some(vec![b.clone()]));
+        // For waking: the keys, and that the table changed, also when read from further back.
+        let (keys, registrations) = second.changed.since(first.generation).expect("known");
+        assert_eq!(keys.cloned().collect::<Vec<_>>(), std::slice::from_ref(&a));
+        assert!(registrations);
+        let (keys, registrations) = third.changed.since(first.generation).expect("known");
+        assert_eq!(keys.cloned().collect::<Vec<_>>(), [b.clone(), a]);
+        assert!(registrations);
+        // From after it, only b changed.
+        let (_, registrations) = third.changed.since(second.generation).expect("known");
+        assert!(!registrations);
+        assert_eq!(since(&third, second.generation), names(&["b"]));
+        // For anyone reading only the proxies, a changed table is a change of anything.
+        assert_eq!(since(&second, first.generation), None);
+        assert_eq!(since(&third, first.generation), None);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! a caller gets the identity of every registration whose selectors it has, and its streams speak for
 //! those Dataplanes to the owner, so the rollout gate counts them as it counts SDS streams.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -122,6 +122,32 @@ impl Registrations {
     /// Every registration.
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Registration>> {
         self.list.iter()
+    }
+
+    /// The Dataplanes of the registrations that `newer` has and this table has not, or has otherwise
+    /// (an agent, selectors, labels changed), and of those it dropped.
+    pub fn changed_proxies(&self, newer: &Registrations) -> BTreeSet<ProxyKey> {
+        let key = |r: &Arc<Registration>| (r.name.clone(), r.proxy.mesh.clone());
+        let old: BTreeMap<_, &Arc<Registration>> = self.list.iter().map(|r| (key(r), r)).collect();
+        let mut kept = BTreeSet::new();
+        let mut changed = BTreeSet::new();
+        for r in &newer.list {
+            let name = key(r);
+            match old.get(&name) {
+                Some(before) if **before == *r => {}
+                Some(before) => {
+                    changed.insert(before.proxy.clone());
+                    changed.insert(r.proxy.clone());
+                }
+                None => {
+                    changed.insert(r.proxy.clone());
+                }
+            }
+            kept.insert(name);
+        }
+        let dropped = old.iter().filter(|(name, _)| !kept.contains(*name));
+        changed.extend(dropped.map(|(_, r)| r.proxy.clone()));
+        changed
     }
 
     /// Whether there is none.

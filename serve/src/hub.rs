@@ -155,6 +155,16 @@ impl Hub {
     /// A wait for the snapshots that concern `proxy`. Take it before reading the snapshot: a snapshot
     /// published after that wakes it.
     pub fn snapshot_waiter(&self, proxy: &ProxyKey) -> SnapshotWaiter {
+        self.waiter(proxy, false)
+    }
+
+    /// A wait for the snapshots that concern `proxy` or change the registration table, for streams that
+    /// match callers against it (the Workload API's). Take it before reading the snapshot.
+    pub fn registrations_waiter(&self, proxy: &ProxyKey) -> SnapshotWaiter {
+        self.waiter(proxy, true)
+    }
+
+    fn waiter(&self, proxy: &ProxyKey, registrations: bool) -> SnapshotWaiter {
         let inner = &self.inner;
         inner.dispatcher.call_once(|| {
             // The generation seen now is the dispatcher's start: any later publish wakes someone.
@@ -168,7 +178,7 @@ impl Hub {
                 inner.shutdown.clone(),
             ));
         });
-        SnapshotWaiter(inner.wakes.subscribe(proxy))
+        SnapshotWaiter(inner.wakes.subscribe(proxy, registrations))
     }
 
     /// A new stream, not yet known to the owner: its id is reserved, so that the protocol can register

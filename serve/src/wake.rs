@@ -11,6 +11,7 @@
 //! everyone after any missed generation; at 100,000 streams each such wake cost about a CPU-second in
 //! the middle of an identity wave.) Streams still read the snapshot itself from the channel.
 
+use std::collections::HashMap;
 use std::future::poll_fn;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,6 +43,9 @@ pub(crate) struct Wakes {
     closed: AtomicBool,
     /// The bells of each proxy's waiting streams.
     proxies: [Mutex<ProxyHashMap<Vec<Arc<Bell>>>>; SHARDS],
+    /// The bells of the streams that match callers against the registration table (the Workload
+    /// API's), by address: rung when it changes as well.
+    registrations: Mutex<HashMap<usize, Arc<Bell>>>,
     /// Picks a proxy's shard.
     shard_by: KeyHasher,
 }
@@ -65,29 +69,39 @@ impl Wakes {
         &self.proxies[self.shard_by.hash_one(key) as usize % SHARDS]
     }
 
-    /// A waiter for a stream of `key`: woken by changes to its entry and by changes for everyone.
-    /// Subscribe before reading the snapshot, so that no publish falls between the two.
-    pub(crate) fn subscribe(self: &Arc<Self>, key: &ProxyKey) -> Waiter {
+    /// A waiter for a stream of `key`: woken by changes to its entry and by changes for everyone, and
+    /// with `registrations` by changes of the registration table. Subscribe before reading the
+    /// snapshot, so that no publish falls between the two.
+    pub(crate) fn subscribe(self: &Arc<Self>, key: &ProxyKey, registrations: bool) -> Waiter {
         let bell = Arc::new(Bell::default());
         lock(self.shard(key))
             .entry(key.clone())
             .or_default()
             .push(bell.clone());
+        if registrations {
+            lock(&self.registrations).insert(address(&bell), bell.clone());
+        }
         Waiter {
             wakes: self.clone(),
             key: key.clone(),
             bell,
+            registrations,
         }
     }
 
     /// Wakes the streams `snapshot` concerns; `last` is the generation the dispatcher saw before it.
     fn wake(&self, snapshot: &Snapshot, last: u64) {
-        match snapshot.changed.proxies_since(last) {
-            Some(keys) => {
+        match snapshot.changed.since(last) {
+            Some((keys, registrations)) => {
                 for key in keys {
                     if let Some(bells) = lock(self.shard(key)).get(key) {
                         bells.iter().for_each(|bell| bell.ring());
                     }
+                }
+                if registrations {
+                    lock(&self.registrations)
+                        .values()
+                        .for_each(|bell| bell.ring());
                 }
             }
             // Anything may have changed, or too much went by unseen: everyone looks.
@@ -116,12 +130,19 @@ impl Wakes {
     }
 }
 
+/// Where a bell is: its key in [`Wakes::registrations`].
+fn address(bell: &Arc<Bell>) -> usize {
+    Arc::as_ptr(bell) as usize
+}
+
 /// One stream's wait for a snapshot that concerns it.
 #[derive(Debug)]
 pub(crate) struct Waiter {
     wakes: Arc<Wakes>,
     key: ProxyKey,
     bell: Arc<Bell>,
+    /// Whether it hears changes of the registration table.
+    registrations: bool,
 }
 
 impl Waiter {
@@ -146,6 +167,9 @@ impl Waiter {
 
 impl Drop for Waiter {
     fn drop(&mut self) {
+        if self.registrations {
+            lock(&self.wakes.registrations).remove(&address(&self.bell));
+        }
         let mut shard = lock(self.wakes.shard(&self.key));
         // The last waiter of the proxy, whichever it is, takes the entry along.
         if let Some(bells) = shard.get_mut(&self.key) {
@@ -222,7 +246,7 @@ mod tests {
     async fn a_change_to_some_proxies_wakes_only_their_streams() {
         let wakes = Arc::new(Wakes::default());
         let (a, b) = (ProxyKey::new("m", "a"), ProxyKey::new("m", "b"));
-        let (mut wa, mut wb) = (wakes.subscribe(&a), wakes.subscribe(&b));
+        let (mut wa, mut wb) = (wakes.subscribe(&a, false), wakes.subscribe(&b, false));
         let first = next(&Snapshot::empty(), None);
         let second = next(&first, Some(vec![a.clone()]));
         wakes.wake(&second, first.generation);
@@ -246,11 +270,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_changed_registration_table_wakes_only_the_streams_that_match_callers_against_it() {
+        let wakes = Arc::new(Wakes::default());
+        let (a, b) = (ProxyKey::new("m", "a"), ProxyKey::new("m", "b"));
+        let mut sds = wakes.subscribe(&b, false);
+        let mut workload = wakes.subscribe(&b, true);
+        let mut agent_served = wakes.subscribe(&a, false);
+        let first = next(&Snapshot::empty(), None);
+        let mut second = (*next(&first, None)).clone();
+        second.changed = Changed::with_registrations(&first, Arc::from(vec![a]));
+        wakes.wake(&second, first.generation);
+        assert!(woken(&mut workload).await);
+        assert!(woken(&mut agent_served).await);
+        assert!(!woken(&mut sds).await);
+        // Dropped, it is rung no more.
+        drop(workload);
+        assert!(wakes.registrations.lock().expect("lock").is_empty());
+    }
+
+    #[tokio::test]
     async fn the_last_waiter_of_a_proxy_removes_its_entry() {
         let wakes = Arc::new(Wakes::default());
         let a = ProxyKey::new("m", "a");
-        let first = wakes.subscribe(&a);
-        let second = wakes.subscribe(&a);
+        let first = wakes.subscribe(&a, false);
+        let second = wakes.subscribe(&a, false);
         drop(first);
         assert!(wakes.shard(&a).lock().expect("lock").contains_key(&a));
         drop(second);
@@ -265,7 +308,7 @@ mod tests {
     async fn waiters_hear_when_the_publisher_is_gone() {
         let wakes = Arc::new(Wakes::default());
         let (tx, rx) = watch::channel(next(&Snapshot::empty(), None));
-        let mut waiter = wakes.subscribe(&ProxyKey::new("m", "a"));
+        let mut waiter = wakes.subscribe(&ProxyKey::new("m", "a"), false);
         let revocations = no_revocations();
         let dispatcher = tokio::spawn(dispatch(
             wakes.clone(),
@@ -283,7 +326,7 @@ mod tests {
     async fn waiters_hear_when_the_server_shuts_down() {
         let wakes = Arc::new(Wakes::default());
         let (_tx, rx) = watch::channel(next(&Snapshot::empty(), None));
-        let mut waiter = wakes.subscribe(&ProxyKey::new("m", "a"));
+        let mut waiter = wakes.subscribe(&ProxyKey::new("m", "a"), false);
         let shutdown = CancellationToken::new();
         let dispatcher = tokio::spawn(dispatch(
             wakes.clone(),
@@ -304,8 +347,8 @@ mod tests {
         let first = next(&Snapshot::empty(), None);
         let (tx, rx) = watch::channel(first.clone());
         let (mut a, mut b) = (
-            wakes.subscribe(&ProxyKey::new("m", "a")),
-            wakes.subscribe(&ProxyKey::new("n", "b")),
+            wakes.subscribe(&ProxyKey::new("m", "a"), false),
+            wakes.subscribe(&ProxyKey::new("n", "b"), false),
         );
         let (revoke, revocations) = watch::channel(Arc::new(RevocationList::new()));
         tokio::spawn(dispatch(
@@ -331,7 +374,7 @@ mod tests {
     async fn a_ring_is_kept_until_a_wait_hears_it() {
         let wakes = Arc::new(Wakes::default());
         let a = ProxyKey::new("m", "a");
-        let mut waiter = wakes.subscribe(&a);
+        let mut waiter = wakes.subscribe(&a, false);
         assert!(!woken(&mut waiter).await);
         let first = next(&Snapshot::empty(), None);
         let second = next(&first, Some(vec![a.clone()]));
@@ -352,8 +395,8 @@ mod tests {
     async fn a_waiting_task_is_woken_by_its_ring() {
         let wakes = Arc::new(Wakes::default());
         let (a, b) = (ProxyKey::new("m", "a"), ProxyKey::new("m", "b"));
-        let mut waiter = wakes.subscribe(&a);
-        let _other = wakes.subscribe(&b);
+        let mut waiter = wakes.subscribe(&a, false);
+        let _other = wakes.subscribe(&b, false);
         let waiting = tokio::spawn(async move { waiter.changed().await });
         tokio::task::yield_now().await;
         let first = next(&Snapshot::empty(), None);
@@ -369,10 +412,10 @@ mod tests {
     #[tokio::test]
     async fn closing_ends_every_wait() {
         let wakes = Arc::new(Wakes::default());
-        let mut before = wakes.subscribe(&ProxyKey::new("m", "a"));
+        let mut before = wakes.subscribe(&ProxyKey::new("m", "a"), false);
         wakes.close();
         assert!(!before.changed().await);
-        let mut after = wakes.subscribe(&ProxyKey::new("m", "b"));
+        let mut after = wakes.subscribe(&ProxyKey::new("m", "b"), false);
         assert!(!after.changed().await);
     }
 }

@@ -359,7 +359,8 @@ pub(crate) async fn connect(
     registration: &Registration,
 ) -> Result<(HubStream, SnapshotWaiter), Status> {
     let claims = claims_for(registration)?;
-    let waiter = shared.hub.snapshot_waiter(&registration.proxy);
+    // A changed registration table may give the caller other identities: its streams look at it.
+    let waiter = shared.hub.registrations_waiter(&registration.proxy);
     let stream = shared.hub.connect(Arc::new(claims)).await;
     Ok((stream, waiter))
 }

@@ -14,7 +14,7 @@ mod secret;
 mod service;
 mod trust;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use zeroize::Zeroize;
@@ -181,6 +181,42 @@ impl Resources {
         self.workload_registrations
             .iter()
             .filter(move |r| r.mesh == mesh)
+    }
+
+    /// The Dataplanes that `newer` describes otherwise than these resources do, as `(mesh, name)`: a
+    /// Dataplane added, removed or changed, or one a WorkloadRegistration added, removed or changed
+    /// names. `None` when anything else differs (a Mesh, an identity, a trust, a MeshService, a
+    /// ZoneEgress, a FederationRelationship, a Secret): that change may reach any dataplane.
+    pub fn dataplane_changes(&self, newer: &Resources) -> Option<BTreeSet<(String, String)>> {
+        let others_same = self.meshes == newer.meshes
+            && self.mesh_identities == newer.mesh_identities
+            && self.mesh_trusts == newer.mesh_trusts
+            && self.zone_egresses == newer.zone_egresses
+            && self.mesh_services == newer.mesh_services
+            && self.federation_relationships == newer.federation_relationships
+            && self.secrets == newer.secrets;
+        if !others_same {
+            return None;
+        }
+        let mut changed = BTreeSet::new();
+        let dataplane = |d: &Dataplane| (d.mesh.clone(), d.name.clone());
+        for (old, new) in changed_sorted(&self.dataplanes, &newer.dataplanes, dataplane) {
+            changed.extend(old.into_iter().chain(new).map(dataplane));
+        }
+        let registration = |r: &WorkloadRegistration| (r.mesh.clone(), r.name.clone());
+        let registered = changed_sorted(
+            &self.workload_registrations,
+            &newer.workload_registrations,
+            registration,
+        );
+        for (old, new) in registered {
+            changed.extend(
+                old.into_iter()
+                    .chain(new)
+                    .map(|r| (r.mesh.clone(), r.dataplane.clone())),
+            );
+        }
+        Some(changed)
     }
 
     /// The Dataplane `name` of `mesh`.
@@ -398,6 +434,35 @@ pub fn load_dir_lenient(dir: &Path, limits: &LoadLimits) -> (Resources, Vec<Reso
     let mut resources = Resources::assemble(resources);
     resources.notes = notes;
     (resources, errors)
+}
+
+/// The entries of two lists sorted by `key` that differ: `(old, new)`, one side `None` where the key is
+/// in one list only.
+fn changed_sorted<'a, T: PartialEq, K: Ord>(
+    old: &'a [T],
+    new: &'a [T],
+    key: impl Fn(&T) -> K,
+) -> Vec<(Option<&'a T>, Option<&'a T>)> {
+    let (mut old, mut new) = (old.iter().peekable(), new.iter().peekable());
+    let mut changed = Vec::new();
+    loop {
+        let order = match (old.peek(), new.peek()) {
+            (None, None) => return changed,
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (Some(a), Some(b)) => key(a).cmp(&key(b)),
+        };
+        match order {
+            std::cmp::Ordering::Less => changed.push((old.next(), None)),
+            std::cmp::Ordering::Greater => changed.push((None, new.next())),
+            std::cmp::Ordering::Equal => {
+                let (a, b) = (old.next(), new.next());
+                if a != b {
+                    changed.push((a, b));
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! egress bundle) sends the reconcile to the full path, which computes everything from scratch.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::{Dataplanes, Owner, Scope};
@@ -76,6 +77,11 @@ impl Owner {
         let mut dataplanes = std::mem::take(&mut self.last.dataplanes);
         let done = self.try_reconcile_proxies(keys, &mut dataplanes, now);
         self.last.dataplanes = dataplanes;
+        if done {
+            // Every description the configuration may have changed since was among `keys` (see
+            // `Owner::replace_world`): the dataplanes are now described from it.
+            self.last.described_from = Some(self.world.resources.clone());
+        }
         done
     }
 
@@ -177,9 +183,10 @@ impl Owner {
             .reconciled(Scope::Deferred, count, started.elapsed());
     }
 
-    /// Publishes the last snapshot with `entries` replaced, the proxies that `left` removed and, with
-    /// `rules`, the claim rules of its proxies as their descriptions say; nothing when no proxy's
-    /// content changed. Only the changed proxies' streams are woken.
+    /// Publishes the last snapshot with `entries` replaced, the proxies that `left` removed, with
+    /// `rules` the claim rules of its proxies as their descriptions say, and the registrations of the
+    /// serving configuration; nothing when none of that changed. Only the changed proxies' streams are
+    /// woken, unless the registrations changed.
     pub(super) fn publish_entries(
         &mut self,
         generation: u64,
@@ -222,9 +229,20 @@ impl Owner {
                 changed.insert(key.clone());
             }
         }
-        if !changed.is_empty() {
+        let registrations = self.publisher.registrations(&self.world);
+        let same_registrations = Arc::ptr_eq(&registrations, &snapshot.registrations);
+        if !same_registrations {
+            // An SDS stream of a Dataplane an agent now serves must refuse itself: it looks too.
+            changed.extend(snapshot.registrations.changed_proxies(&registrations));
+        }
+        snapshot.registrations = registrations;
+        if !changed.is_empty() || !same_registrations {
             self.mark_served(generation, &snapshot.proxies, &changed);
-            snapshot.changed = Changed::after(&snapshot, Some(changed.into_iter().collect()));
+            snapshot.changed = if same_registrations {
+                Changed::after(&snapshot, Some(changed.into_iter().collect()))
+            } else {
+                Changed::with_registrations(&snapshot, changed.into_iter().collect())
+            };
             snapshot.generation = generation;
             self.publisher.send(snapshot);
         }

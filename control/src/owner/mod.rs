@@ -387,9 +387,15 @@ impl Owner {
         if world.same_content(&self.world) {
             return;
         }
+        // A change of Dataplanes and registrations only is the event of the proxies it names: they are
+        // looked at like proxies that connected, and everything shared they might change sends the
+        // reconcile to the full path (see `Owner::stays_within`).
+        match self.world.dataplane_changes(&world) {
+            Some(touched) => self.agenda.touched.extend(touched),
+            None => self.agenda.full = true,
+        }
         self.agent_keys.set_world(&world);
         self.world = Arc::new(world);
-        self.agenda.full = true;
     }
 
     /// Takes in the bundles the federation importer holds now; whether a reconcile is needed (a

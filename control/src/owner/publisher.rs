@@ -75,6 +75,11 @@ impl Publisher {
         )
     }
 
+    /// The Workload API's registrations of `world`: the last snapshot's `Arc` while they are unchanged.
+    pub fn registrations(&mut self, world: &World) -> Arc<crate::workloads::Registrations> {
+        self.bundles.registrations(world)
+    }
+
     /// The MeshServices whose `status.tls` is Ready.
     pub fn tls_ready(&self) -> &BTreeSet<ServiceKey> {
         &self.tls_ready

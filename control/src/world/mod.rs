@@ -9,7 +9,7 @@ mod federation;
 mod load;
 mod trust;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -18,6 +18,7 @@ use meshca_config::Resources;
 use meshca_identity::TrustDomain;
 
 use crate::error::UpdateError;
+use crate::snapshot::ProxyKey;
 
 pub use federation::{anchors_of, bundle_limits, FederatedDomain};
 pub use load::{check_world, load_world, CaSource, LoadMode};
@@ -221,11 +222,10 @@ impl World {
             .min()
     }
 
-    /// Whether `other` serves exactly what this world serves: the same resources, the same CAs in the
-    /// same roles, the same MeshTrust certificates, the same federation peers (initial bundles and
-    /// `caFile` roots included) and the same next rotation step. A reload that
-    /// finds nothing changed is then not an event at all.
-    pub fn same_content(&self, other: &World) -> bool {
+    /// Whether what this world made of its resources is what `other` made of its own: the same CAs in
+    /// the same roles, the same MeshTrust certificates, the same federation peers (initial bundles and
+    /// `caFile` roots included) and the same next rotation step.
+    fn same_derived(&self, other: &World) -> bool {
         fn cas(world: &World) -> Vec<(&str, String, &str)> {
             world
                 .authorities()
@@ -243,11 +243,34 @@ impl World {
                 })
                 .collect()
         }
-        self.resources == other.resources
-            && self.federation == other.federation
+        self.federation == other.federation
             && cas(self) == cas(other)
             && anchors(self) == anchors(other)
             && self.next_rotation_event() == other.next_rotation_event()
+    }
+
+    /// Whether `other` serves exactly what this world serves (see [`World::same_derived`]): the same
+    /// resources, and what was made of them the same. A reload that finds nothing changed is then not an
+    /// event at all.
+    pub fn same_content(&self, other: &World) -> bool {
+        self.resources == other.resources && self.same_derived(other)
+    }
+
+    /// The proxies whose descriptions `newer` may change, when that is all it changes: only Dataplanes
+    /// and WorkloadRegistrations differ (see [`meshca_config::Resources::dataplane_changes`]) and every CA,
+    /// trust anchor, federation peer and rotation step is the same. `None` when the change may reach
+    /// any proxy.
+    pub fn dataplane_changes(&self, newer: &World) -> Option<BTreeSet<ProxyKey>> {
+        if !self.same_derived(newer) {
+            return None;
+        }
+        let changes = self.resources.dataplane_changes(&newer.resources)?;
+        Some(
+            changes
+                .into_iter()
+                .map(|(mesh, name)| ProxyKey::new(mesh, name))
+                .collect(),
+        )
     }
 
     /// Every CA of the world, as `(mesh, role, CA)`.

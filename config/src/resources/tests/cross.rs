@@ -241,3 +241,60 @@ fn a_broken_dataplane_is_not_reported_missing_again() {
         Some("Dataplane/default/billing-1")
     );
 }
+
+#[test]
+fn dataplane_changes_name_the_dataplanes_a_change_reaches() {
+    let base = "type: Mesh\nname: m\n---\ntype: Dataplane\nname: a\nmesh: m\n---\ntype: Dataplane\nname: b\nmesh: m\nlabels: {team: x}\n";
+    let registration = "---\ntype: WorkloadRegistration\nmesh: m\nname: r\nspec: {dataplane: a, selectors: [unix:uid:1001]}\n";
+    let old = checked(base).expect("consistent");
+    let names = |changes: Option<BTreeSet<(String, String)>>| {
+        changes.map(|set| {
+            set.into_iter()
+                .map(|(m, n)| format!("{m}/{n}"))
+                .collect::<Vec<_>>()
+        })
+    };
+    assert_eq!(names(old.dataplane_changes(&old)), Some(vec![]));
+    // A Dataplane added, changed, removed.
+    let added = checked(&format!("{base}---\ntype: Dataplane\nname: c\nmesh: m\n")).unwrap();
+    assert_eq!(
+        names(old.dataplane_changes(&added)),
+        Some(vec!["m/c".into()])
+    );
+    assert_eq!(
+        names(added.dataplane_changes(&old)),
+        Some(vec!["m/c".into()])
+    );
+    let relabelled = checked(&base.replace("team: x", "team: y")).unwrap();
+    assert_eq!(
+        names(old.dataplane_changes(&relabelled)),
+        Some(vec!["m/b".into()])
+    );
+    // A registration names its Dataplane, not itself.
+    let registered = checked(&format!("{base}{registration}")).unwrap();
+    assert_eq!(
+        names(old.dataplane_changes(&registered)),
+        Some(vec!["m/a".into()])
+    );
+    let moved = checked(&format!(
+        "{base}{}",
+        registration.replace("dataplane: a", "dataplane: b")
+    ))
+    .unwrap();
+    assert_eq!(
+        names(registered.dataplane_changes(&moved)),
+        Some(vec!["m/a".into(), "m/b".into()])
+    );
+    // Anything else may reach every dataplane.
+    let service = checked(&format!(
+        "{base}---\ntype: MeshService\nname: s\nmesh: m\nspec: {{}}\n"
+    ))
+    .unwrap();
+    assert_eq!(old.dataplane_changes(&service), None);
+    let mesh = checked(&base.replace(
+        "name: m\n---",
+        "name: m\nmtls: {enabledBackend: ca-1, backends: [{name: ca-1, type: builtin}]}\n---",
+    ))
+    .unwrap();
+    assert_eq!(old.dataplane_changes(&mesh), None);
+}

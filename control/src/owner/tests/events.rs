@@ -468,3 +468,129 @@ fn a_result_decided_before_its_proxy_changed_is_decided_again() {
         h.entry("web-0")
     );
 }
+
+/// A Dataplane file of proxy `name` with service `service`.
+fn dataplane_file(name: &str, service: &str) -> String {
+    format!(
+        "---\ntype: Dataplane\nmesh: default\nname: {name}\nlabels: {{kuma.io/workload: {service}}}\nnetworking:\n  address: 10.0.0.9\n  inbound:\n    - port: 8080\n      tags: {{kuma.io/service: {service}}}\n"
+    )
+}
+
+#[test]
+fn a_changed_dataplane_file_reconciles_its_proxy_alone() {
+    let (mut h, scopes) = fleet(LEGACY, 10);
+    let before = identities(&h);
+    let late_1 = ProxyKey::new("default", "late-1");
+    // A new file: its claim rule is served before its proxy connects, and no other proxy is looked at.
+    let generation = h.snapshots.borrow().generation;
+    h.update(&format!("{LEGACY}{}", dataplane_file("late-1", "web")))
+        .expect("valid");
+    h.reconcile(t0() + Duration::from_secs(1));
+    assert_eq!(scopes.take(), vec![(Scope::Proxies, 1)]);
+    let snapshot = h.snapshots.borrow().clone();
+    assert_eq!(snapshot.generation, generation + 1);
+    assert_eq!(
+        snapshot.changed.proxies.as_deref(),
+        Some(&[late_1.clone()][..])
+    );
+    let rule = snapshot.claim_rules.get(&late_1).expect("the file's rule");
+    assert!(
+        format!("{rule:?}").contains(r#"labels: {"kuma.io/workload": "web"}"#),
+        "{rule:?}"
+    );
+    assert!(unchanged(&before, &identities(&h)), "a proxy was re-issued");
+    // Its proxy is served as the file describes it.
+    h.connect(
+        "late-1",
+        &[("kuma.io/workload", "web")],
+        &[("kuma.io/service", "web")],
+    );
+    h.reconcile(t0() + Duration::from_secs(2));
+    assert_eq!(scopes.take(), vec![(Scope::Proxies, 1)]);
+    let served = h.ready("late-1");
+    assert_eq!(served.spiffe_id, "spiffe://default/web");
+    // The file edited where the identity does not depend on it: the same certificate.
+    let moved = dataplane_file("late-1", "web").replace("10.0.0.9", "10.0.0.10");
+    h.update(&format!("{LEGACY}{moved}")).expect("valid");
+    h.reconcile(t0() + Duration::from_secs(3));
+    assert_eq!(scopes.take(), vec![(Scope::Proxies, 1)]);
+    assert!(Arc::ptr_eq(&h.ready("late-1"), &served));
+    // The file edited to another service, which the proxy's token contradicts: its streams are
+    // refused, naming the contradiction.
+    h.update(&format!("{LEGACY}{}", dataplane_file("late-1", "api")))
+        .expect("valid");
+    h.reconcile(t0() + Duration::from_secs(4));
+    assert_eq!(scopes.take(), vec![(Scope::Proxies, 1)]);
+    let snapshot = h.snapshots.borrow().clone();
+    match snapshot.proxies.get(&late_1) {
+        Some(ProxyEntry::Refused { reason }) => assert!(reason.contains("web"), "{reason}"),
+        other => panic!("expected late-1 refused, got {other:?}"),
+    }
+    assert!(unchanged(&before, &identities(&h)), "a proxy was re-issued");
+}
+
+#[test]
+fn a_removed_dataplane_file_takes_its_claim_rule_with_it() {
+    let (mut h, scopes) = fleet(&format!("{LEGACY}{}", dataplane_file("late-1", "web")), 3);
+    let late_1 = ProxyKey::new("default", "late-1");
+    assert!(h.snapshots.borrow().claim_rules.contains_key(&late_1));
+    h.update(LEGACY).expect("valid");
+    h.reconcile(t0() + Duration::from_secs(1));
+    assert_eq!(scopes.take(), vec![(Scope::Proxies, 1)]);
+    assert!(!h.snapshots.borrow().claim_rules.contains_key(&late_1));
+}
+
+#[test]
+fn a_registration_change_reconciles_its_dataplane_alone_and_publishes_the_registrations() {
+    let base = format!("{LEGACY}{}", dataplane_file("batch-1", "batch"));
+    let (mut h, scopes) = fleet(&base, 10);
+    let before = identities(&h);
+    let old = h.snapshots.borrow().registrations.clone();
+    let registration = "---\ntype: WorkloadRegistration\nmesh: default\nname: batch\nspec: {dataplane: batch-1, selectors: [unix:uid:1001]}\n";
+    h.update(&format!("{base}{registration}")).expect("valid");
+    h.reconcile(t0() + Duration::from_secs(1));
+    assert_eq!(scopes.take(), vec![(Scope::Proxies, 1)]);
+    let snapshot = h.snapshots.borrow().clone();
+    assert!(!Arc::ptr_eq(&old, &snapshot.registrations));
+    assert_eq!(snapshot.registrations.iter().count(), 1);
+    // Whom the new table concerns is for each Workload API stream to say: those streams all look, and
+    // of the SDS streams only batch-1's (an agent may serve it now).
+    assert!(snapshot.changed.registrations);
+    assert_eq!(
+        snapshot.changed.proxies.as_deref(),
+        Some(&[ProxyKey::new("default", "batch-1")][..])
+    );
+    assert!(snapshot
+        .changed
+        .proxies_since(snapshot.changed.since)
+        .is_none());
+    assert!(unchanged(&before, &identities(&h)), "a proxy was re-issued");
+    // The same again is no event.
+    h.update(&format!("{base}{registration}")).expect("valid");
+    h.reconcile(t0() + Duration::from_secs(2));
+    assert!(scopes.take().is_empty());
+}
+
+#[test]
+fn a_dataplane_change_a_meshservice_sees_reconciles_everyone() {
+    let service = "---\ntype: MeshService\nmesh: default\nname: web\nspec:\n  selector: {dataplaneTags: {kuma.io/service: web}}\n  ports: [{port: 8080}]\n";
+    let scopes = Arc::new(Scopes::default());
+    let base = format!("{LEGACY}{service}{}", dataplane_file("late-1", "web"));
+    let mut h = Harness::with_telemetry(&base, scopes.clone());
+    h.connect("web-1", &[], &[("kuma.io/service", "web")]);
+    h.reconcile(t0());
+    scopes.take();
+    // late-1's file now says another service: what the MeshService selects changes.
+    h.update(&format!(
+        "{LEGACY}{service}{}",
+        dataplane_file("late-1", "api")
+    ))
+    .expect("valid");
+    h.reconcile(t0() + Duration::from_secs(1));
+    let reconciled = scopes.take();
+    assert_eq!(
+        reconciled.first().map(|r| r.0),
+        Some(Scope::Full),
+        "{reconciled:?}"
+    );
+}
