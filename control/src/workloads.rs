@@ -211,6 +211,32 @@ mod tests {
     }
 
     #[test]
+    fn changed_proxies_name_the_dataplanes_of_added_changed_moved_and_dropped_registrations() {
+        let names = |set: BTreeSet<ProxyKey>| {
+            set.into_iter()
+                .map(|k| k.name.to_string())
+                .collect::<Vec<_>>()
+        };
+        let old = Registrations::new(vec![
+            registration("kept", "web-1", None),
+            registration("agent", "web-2", None),
+            registration("moved", "web-3", None),
+            registration("dropped", "web-4", None),
+        ]);
+        let new = Registrations::new(vec![
+            registration("kept", "web-1", None),
+            registration("agent", "web-2", Some("host-1")),
+            registration("moved", "web-5", None),
+            registration("added", "web-6", None),
+        ]);
+        assert_eq!(
+            names(old.changed_proxies(&new)),
+            ["web-2", "web-3", "web-4", "web-5", "web-6"]
+        );
+        assert!(old.changed_proxies(&old).is_empty());
+    }
+
+    #[test]
     fn a_dataplane_is_agent_served_when_its_registrations_name_an_agent() {
         let registrations = Registrations::new(vec![
             registration("b", "web-1", Some("host-1")),
