@@ -23,6 +23,13 @@ type Anchors = BTreeMap<String, BTreeSet<String>>;
 /// MeshTrust resources, and the X.509 authorities of the federated trust domains `world` names for it,
 /// as `federated` holds them.
 pub fn mesh_cas(mesh: &MeshState, world: &World, federated: &Federated) -> Vec<CaTrust> {
+    let mut cas = own_cas(mesh);
+    cas.extend(federated_cas(mesh, world, federated));
+    cas
+}
+
+/// The part of [`mesh_cas`] the configuration itself holds: everything but the federated authorities.
+pub fn own_cas(mesh: &MeshState) -> Vec<CaTrust> {
     let bundle = BundleKey::mesh(mesh.name.as_str());
     let legacy = legacy_trust_domain(&mesh.name);
     let backends = legacy.iter().flat_map(|td| {
@@ -40,14 +47,20 @@ pub fn mesh_cas(mesh: &MeshState, world: &World, federated: &Federated) -> Vec<C
             .iter()
             .map(|c| CaTrust::of_anchor(bundle.clone(), &t.trust_domain, c))
     });
-    let foreign = federated
+    backends.chain(created).chain(trusts).collect()
+}
+
+/// The part of [`mesh_cas`] that federation brings: the X.509 authorities of the federated trust
+/// domains `world` names for `mesh`, as `federated` holds them.
+pub fn federated_cas<'a>(
+    mesh: &'a MeshState,
+    world: &'a World,
+    federated: &'a Federated,
+) -> impl Iterator<Item = CaTrust> + 'a {
+    let bundle = BundleKey::mesh(mesh.name.as_str());
+    federated
         .anchors(world, &mesh.name)
-        .map(|(td, anchor)| CaTrust::of_anchor(bundle.clone(), td, anchor));
-    backends
-        .chain(created)
-        .chain(trusts)
-        .chain(foreign)
-        .collect()
+        .map(move |(td, anchor)| CaTrust::of_anchor(bundle.clone(), td, anchor))
 }
 
 /// Everything a mesh trusts, by trust domain: the CAs `cas` (what [`mesh_cas`] gives, as the rollout gate

@@ -183,6 +183,58 @@ pub struct Gate {
     reads: PeerReads,
     /// The trust domains meshca serves bundle endpoints for, and what they served.
     exported: Exported,
+    /// The trust domains of each bundle that only federation brings.
+    foreign: ForeignDomains,
+}
+
+/// The trust domains of each bundle that only federation brings: no CA of the configuration issues
+/// in them or is trusted for them, so a new or removed authority of one holds no issuance back. Its
+/// trust step still waits for the streams' ACKs, for the status and the peers, but a proxy's
+/// certificate never waits for it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ForeignDomains(HashMap<BundleKey, HashSet<TrustDomain>>);
+
+impl ForeignDomains {
+    /// The trust domains `federated` brings to each bundle that `own` (every other CA the bundles
+    /// carry) does not.
+    pub fn of<'a>(
+        own: impl IntoIterator<Item = &'a CaTrust>,
+        federated: impl IntoIterator<Item = &'a CaTrust>,
+    ) -> ForeignDomains {
+        let own: HashSet<(&BundleKey, &TrustDomain)> = own
+            .into_iter()
+            .map(|ca| (&ca.bundle, &ca.trust_domain))
+            .collect();
+        let mut foreign: HashMap<BundleKey, HashSet<TrustDomain>> = HashMap::new();
+        for ca in federated {
+            if !own.contains(&(&ca.bundle, &ca.trust_domain)) {
+                foreign
+                    .entry(ca.bundle.clone())
+                    .or_default()
+                    .insert(ca.trust_domain.clone());
+            }
+        }
+        ForeignDomains(foreign)
+    }
+
+    /// Whether `trust_domain` of `bundle` is one only federation brings.
+    pub fn contains(&self, bundle: &BundleKey, trust_domain: &TrustDomain) -> bool {
+        self.0
+            .get(bundle)
+            .is_some_and(|domains| domains.contains(trust_domain))
+    }
+}
+
+/// Which waits a batch of ACKs ended (see [`Gate::waits_over`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitsOver {
+    /// None.
+    None,
+    /// Only trust steps of federated authorities, which hold no certificate back: confirming them
+    /// ([`Gate::confirm`]) is all there is to do.
+    Foreign,
+    /// A wait that holds certificates back: every proxy must be decided again.
+    Holding,
 }
 
 const NAMED_WAITERS: usize = 20;
@@ -293,7 +345,20 @@ impl Gate {
             peers: Vec::new(),
             reads: PeerReads::default(),
             exported: Exported::default(),
+            foreign: ForeignDomains::default(),
         }
+    }
+
+    /// Which trust domains of each bundle only federation brings (see [`ForeignDomains`]), as of the
+    /// configuration the next [`Gate::plan_trust`] plans.
+    pub fn set_foreign(&mut self, foreign: ForeignDomains) {
+        self.foreign = foreign;
+    }
+
+    /// Whether the published entry `key` may hold issuance back: it is not of a trust domain only
+    /// federation brings.
+    fn holds(&self, key: &TrustKey) -> bool {
+        !self.foreign.contains(&key.bundle, &key.trust_domain)
     }
 
     /// Trust domains `domains` are served on bundle endpoints: a new CA of one issues only once its
@@ -438,7 +503,7 @@ impl Gate {
 
     /// The waits of the last reconcile, with who trust and SAN waits still wait for counted now: a
     /// reconcile only asks whether anyone does, and ACKs are not recounted one batch at a time (see
-    /// [`Gate::any_wait_over`]), so that a wait on 100,000 streams costs a count only when a status asks.
+    /// [`Gate::waits_over`]), so that a wait on 100,000 streams costs a count only when a status asks.
     pub fn waits_now(&self, streams: &StreamTable) -> Vec<Wait> {
         self.waits
             .iter()
@@ -454,13 +519,45 @@ impl Gate {
             .collect()
     }
 
-    /// Whether a trust or SAN wait is over (every stream it waits for has ACKed, or its timeout
-    /// passed): then a reconcile must confirm it. One pass that stops at the first stream still
-    /// waiting, so that a batch of ACKs while 100,000 streams wait costs little; [`Gate::confirm`]
-    /// does the counting.
-    pub fn any_wait_over(&self, streams: &StreamTable, now: SystemTime) -> bool {
+    /// How many proxies (and peers) the wait of `step` for `ca` in `mesh` waits for now, as
+    /// [`Gate::waits_now`] counts them; 0 for a wait it does not hold. A trust step that no stream
+    /// has ACKed yet, as when it begins, is counted without a pass over the streams.
+    pub fn waiting_count(
+        &self,
+        streams: &StreamTable,
+        mesh: &str,
+        step: RolloutStep,
+        ca: &str,
+    ) -> usize {
+        let Some(w) = self
+            .waits
+            .iter()
+            .find(|w| w.wait.step == step && w.wait.ca == ca && w.wait.mesh.as_str() == mesh)
+        else {
+            return 0;
+        };
+        let Some((generation, selection)) = &w.recount else {
+            return w.wait.waiting_count;
+        };
+        let unacked = match selection {
+            Selection::MeshTrust(bundle) => streams.carrying_unacked(*generation, bundle),
+            Selection::Service(_) => None,
+        };
+        let local = unacked.unwrap_or_else(|| {
+            streams
+                .waiting_for(*generation, 0, |s| selection.selects(s))
+                .count
+        });
+        w.peers.len() + local
+    }
+
+    /// Which trust or SAN waits are over (every stream it waits for has ACKed, or its timeout
+    /// passed): then a reconcile must confirm them, and decide every proxy again if one of them held
+    /// certificates back. Passes that stop at the first stream still waiting, so that a batch of ACKs
+    /// while 100,000 streams wait costs little; [`Gate::confirm`] does the counting.
+    pub fn waits_over(&self, streams: &StreamTable, now: SystemTime) -> WaitsOver {
         if !self.enabled {
-            return false;
+            return WaitsOver::None;
         }
         // A wait is over when its timeout passes; this replica's part of it when its last stream
         // ACKs (what the peers are told changes; a wait they still hold ends with their views).
@@ -471,17 +568,27 @@ impl Gate {
         // Without peers, nobody reads `acked` after a timeout confirmed an entry: a proxy that never
         // ACKs then costs no look at the streams per batch of ACKs.
         let alone = self.peers.is_empty();
-        let trust = self
-            .published
-            .iter()
-            .filter(|(_, p)| !p.state.confirmed || (!p.state.acked && !alone))
-            .any(|(key, p)| over(&p.state, &Selection::MeshTrust(key.bundle.clone())));
-        trust
-            || self
-                .sans
+        let trust_over = |holding: bool| {
+            self.published
+                .iter()
+                .filter(|(key, p)| {
+                    self.holds(key) == holding && (!p.state.confirmed || (!p.state.acked && !alone))
+                })
+                .any(|(key, p)| over(&p.state, &Selection::MeshTrust(key.bundle.clone())))
+        };
+        let sans_over = || {
+            self.sans
                 .iter()
                 .filter(|(_, p)| !p.confirmed || (!p.acked && !alone))
                 .any(|(key, p)| over(p, &Selection::Service(key.service.clone())))
+        };
+        if trust_over(true) || sans_over() {
+            WaitsOver::Holding
+        } else if trust_over(false) {
+            WaitsOver::Foreign
+        } else {
+            WaitsOver::None
+        }
     }
 
     /// The trust and SAN waits as of the last reconcile (their counts as they were then).
@@ -497,7 +604,7 @@ impl Gate {
     /// Marks published CAs as confirmed once every stream that must carry them ACKed a snapshot that did,
     /// or once `ackTimeout` passed.
     ///
-    /// Called more than once per reconcile (ACKs while it waits only ask [`Gate::any_wait_over`]):
+    /// Called more than once per reconcile (ACKs while it waits only ask [`Gate::waits_over`]):
     /// each call replaces the trust-before-identity and SANs-before-identity waits of the previous one,
     /// so a status lists every wait once. Returns whether it confirmed anything.
     pub fn confirm(&mut self, streams: &StreamTable, now: SystemTime) -> bool {
@@ -798,6 +905,32 @@ impl Gate {
         out
     }
 
+    /// Whether planning `desired` would change only what federation brings: nothing is kept after its
+    /// removal (break last), every CA `desired` adds or drops is of a trust domain only federation
+    /// brings ([`Gate::set_foreign`]), and none it drops is one `issued_from` says a certificate this
+    /// replica holds chains to. Then [`Gate::plan_trust`] needs no list of who presents what (nobody
+    /// here presents those CAs) and no proxy's certificate depends on the change.
+    pub fn foreign_change_only(
+        &self,
+        desired: &[CaTrust],
+        issued_from: impl Fn(&TrustKey) -> bool,
+    ) -> bool {
+        if !self.removed_at.is_empty() || !self.retained_since.is_empty() {
+            return false;
+        }
+        let desired_keys: HashSet<TrustKey> = desired.iter().map(CaTrust::key).collect();
+        let added_foreign = desired_keys
+            .iter()
+            .filter(|key| !self.published.contains_key(*key))
+            .all(|key| !self.holds(key));
+        let dropped_foreign = self
+            .published
+            .keys()
+            .filter(|key| !desired_keys.contains(*key))
+            .all(|key| !self.holds(key) && !issued_from(key));
+        added_foreign && dropped_foreign
+    }
+
     /// Remembers when each published CA that `desired` no longer carries left the configuration.
     fn note_removed(&mut self, desired: &[CaTrust], now: SystemTime) {
         let desired_keys: HashSet<TrustKey> = desired.iter().map(CaTrust::key).collect();
@@ -1090,7 +1223,7 @@ impl Gate {
         let trust = self
             .published
             .iter()
-            .filter(|(_, p)| !p.state.confirmed)
+            .filter(|(key, p)| !p.state.confirmed && self.holds(key))
             .filter_map(|(key, _)| key.bundle.mesh_name());
         let sans = self
             .sans
@@ -1102,15 +1235,24 @@ impl Gate {
 
     /// Whether anything waits on ACKs (so ACK events must trigger a reconcile).
     pub fn pending(&self) -> bool {
+        self.pending_where(|_| true)
+    }
+
+    /// Whether a wait may hold certificates back: anything [`Gate::pending`] says but the trust steps
+    /// of federated authorities. While none does, a proxy that connects or renews is decided alone.
+    pub fn holds_issuance(&self) -> bool {
+        self.pending_where(|key| self.holds(key))
+    }
+
+    /// Whether anything waits on ACKs, of the published entries only those `counted` says.
+    fn pending_where(&self, counted: impl Fn(&TrustKey) -> bool) -> bool {
         self.enabled
-            && (self
-                .published
+            && (self.published.iter().any(|(key, p)| {
+                (!p.state.confirmed || (!p.state.acked && !self.peers.is_empty())) && counted(key)
+            }) || self
+                .sans
                 .values()
-                .any(|p| !p.state.confirmed || (!p.state.acked && !self.peers.is_empty()))
-                || self
-                    .sans
-                    .values()
-                    .any(|p| !p.confirmed || (!p.acked && !self.peers.is_empty()))
+                .any(|p| !p.confirmed || (!p.acked && !self.peers.is_empty()))
                 || self
                     .retained_since
                     .keys()

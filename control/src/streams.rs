@@ -5,8 +5,9 @@
 use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use crate::events::StreamId;
-use crate::resource_name::{Asker, ResourceName};
+use crate::resource_name::{Asker, ResourceName, Target, TrustScope};
 use crate::snapshot::{ProxyHashMap, ProxyHashSet, ProxyKey};
+use crate::trust::BundleKey;
 
 /// One open stream (or fetch, which subscribes to nothing).
 #[derive(Debug)]
@@ -37,6 +38,33 @@ impl Stream {
         self.acked.is_some_and(|g| g >= generation)
     }
 
+    /// The trusts it carries (see [`ResourceName::carries_mesh_trust`]), without repeats.
+    fn carries(&self) -> Vec<Carries> {
+        let mut carries: Vec<Carries> = self
+            .resources
+            .iter()
+            .filter_map(|resource| match resource.target(self.asker(), None) {
+                Target::Trust {
+                    scope: TrustScope::All,
+                    ..
+                } => Some(Carries::AllMeshes),
+                Target::Trust {
+                    scope: TrustScope::Mesh(mesh),
+                    ..
+                }
+                | Target::MeshService { mesh, .. } => Some(Carries::Bundle(BundleKey::mesh(mesh))),
+                Target::Trust {
+                    scope: TrustScope::Egress,
+                    ..
+                } => Some(Carries::Bundle(BundleKey::Egress)),
+                Target::Identity | Target::Unknown => None,
+            })
+            .collect();
+        carries.sort_unstable();
+        carries.dedup();
+        carries
+    }
+
     /// Whether it subscribes to a name that may mean its proxy's identity
     /// ([`ResourceName::may_name_identity`]).
     fn may_ask_identity(&self) -> bool {
@@ -53,6 +81,43 @@ struct ProxyStreams {
     /// How many of them may ask for its identity: kept as subscriptions change, so that the owner
     /// can tell whether a proxy waits for its identity without reading every stream's names.
     asking_identity: usize,
+    /// How many of them carry each trust, kept likewise (a proxy may have many streams).
+    carrying: HashMap<Carries, u32>,
+}
+
+impl ProxyStreams {
+    /// Whose trust its streams carry, all of them together.
+    fn carried(&self) -> Carried {
+        let mut carried = Carried::default();
+        for carries in self.carrying.keys() {
+            match carries {
+                Carries::AllMeshes => carried.all_meshes = true,
+                Carries::Bundle(bundle) => carried.bundles.push(bundle.clone()),
+            }
+        }
+        carried.bundles.sort_unstable();
+        carried
+    }
+
+    /// Counts one stream's `carries` in (`by: 1`) or out (`by: -1`).
+    fn count(&mut self, carries: Vec<Carries>, by: i64) {
+        for key in carries {
+            let count = self.carrying.entry(key.clone()).or_default();
+            *count = count.saturating_add_signed(by as i32);
+            if *count == 0 {
+                self.carrying.remove(&key);
+            }
+        }
+    }
+}
+
+/// A trust a stream carries.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Carries {
+    /// Every mesh's (`ALL`).
+    AllMeshes,
+    /// One bundle's.
+    Bundle(BundleKey),
 }
 
 /// Every open stream, by id and by proxy.
@@ -62,6 +127,60 @@ pub(crate) struct StreamTable {
     by_proxy: ProxyHashMap<ProxyStreams>,
     /// The proxies with a stream that may ask for their identity.
     asking: ProxyHashSet,
+    /// How many connected proxies carry each bundle's trust.
+    carrying: Carrying,
+    /// The newest generation any stream ACKed.
+    newest_ack: Option<u64>,
+}
+
+/// Whose trust one proxy's streams carry, all of them together (see
+/// [`ResourceName::carries_mesh_trust`]).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Carried {
+    /// Every mesh's (`ALL`).
+    all_meshes: bool,
+    /// These bundles', sorted, without repeats.
+    bundles: Vec<BundleKey>,
+}
+
+/// How many connected proxies carry each bundle's trust, kept as streams subscribe and leave, so that
+/// the gate can say how many a trust step waits for when it begins without a pass over the fleet.
+#[derive(Debug, Default)]
+struct Carrying {
+    /// Proxies that carry every mesh's trust.
+    all_meshes: usize,
+    /// Per bundle, the proxies that carry it by name: a mesh's only when they do not carry every
+    /// mesh's.
+    by_bundle: HashMap<BundleKey, usize>,
+}
+
+impl Carrying {
+    /// Counts `carried` in (`by: 1`) or out (`by: -1`).
+    fn add(&mut self, carried: &Carried, by: isize) {
+        let step = |n: &mut usize| *n = n.checked_add_signed(by).unwrap_or_default();
+        if carried.all_meshes {
+            step(&mut self.all_meshes);
+        }
+        for bundle in &carried.bundles {
+            if carried.all_meshes && bundle.mesh_name().is_some() {
+                continue;
+            }
+            let count = self.by_bundle.entry(bundle.clone()).or_default();
+            step(count);
+            if *count == 0 {
+                self.by_bundle.remove(bundle);
+            }
+        }
+    }
+
+    /// How many proxies carry `bundle`'s trust.
+    fn count(&self, bundle: &BundleKey) -> usize {
+        let by_name = self.by_bundle.get(bundle).copied().unwrap_or_default();
+        match bundle {
+            BundleKey::Mesh(_) => self.all_meshes + by_name,
+            BundleKey::Egress => by_name,
+        }
+    }
 }
 
 impl StreamTable {
@@ -85,12 +204,49 @@ impl StreamTable {
 
     /// Replaces a stream's subscription; false for a stream the table does not hold.
     pub fn subscribe(&mut self, id: StreamId, resources: Vec<ResourceName>) -> bool {
-        let Some(stream) = self.by_id.get_mut(&id) else {
+        let Some(proxy) = self.by_id.get(&id).map(|s| s.proxy.clone()) else {
             return false;
         };
+        self.counting_carriers(&proxy, |table| table.replace_subscription(id, resources));
+        true
+    }
+
+    /// Applies `change` to the streams of `proxy`, keeping the count of proxies that carry each trust.
+    fn counting_carriers<T>(
+        &mut self,
+        proxy: &ProxyKey,
+        change: impl FnOnce(&mut StreamTable) -> T,
+    ) -> T {
+        let carried = |table: &StreamTable| {
+            table
+                .by_proxy
+                .get(proxy)
+                .map(ProxyStreams::carried)
+                .unwrap_or_default()
+        };
+        let before = carried(self);
+        let changed = change(self);
+        let after = carried(self);
+        if before != after {
+            self.carrying.add(&before, -1);
+            self.carrying.add(&after, 1);
+        }
+        changed
+    }
+
+    /// Replaces the subscription of `id`, a stream the table holds.
+    fn replace_subscription(&mut self, id: StreamId, resources: Vec<ResourceName>) {
+        let Some(stream) = self.by_id.get_mut(&id) else {
+            return;
+        };
         let asked = stream.may_ask_identity();
+        let carried = stream.carries();
         stream.resources = resources;
         let asks = stream.may_ask_identity();
+        if let Some(streams) = self.by_proxy.get_mut(&stream.proxy) {
+            streams.count(carried, -1);
+            streams.count(stream.carries(), 1);
+        }
         if asked != asks {
             if let Some(streams) = self.by_proxy.get_mut(&stream.proxy) {
                 if asks {
@@ -104,7 +260,16 @@ impl StreamTable {
                 }
             }
         }
-        true
+    }
+
+    /// How many connected proxies carry `bundle`'s trust (see
+    /// [`ResourceName::carries_mesh_trust`]), if no stream has ACKed `generation` yet: then that many
+    /// wait for a step of `bundle` published in `generation`. `None` once one has.
+    pub fn carrying_unacked(&self, generation: u64, bundle: &BundleKey) -> Option<usize> {
+        if self.newest_ack.is_some_and(|newest| newest >= generation) {
+            return None;
+        }
+        Some(self.carrying.count(bundle))
     }
 
     /// Records an ACK of `version`, which carries snapshot `generation`; false for a stream the table
@@ -116,6 +281,7 @@ impl StreamTable {
                     stream.acked = Some(generation);
                     stream.acked_version = Some(version);
                 }
+                self.newest_ack = self.newest_ack.max(Some(generation));
                 true
             }
             None => false,
@@ -124,9 +290,16 @@ impl StreamTable {
 
     /// Forgets a stream; returns its proxy when that was its last stream.
     pub fn disconnect(&mut self, id: StreamId) -> Option<ProxyKey> {
+        let proxy = self.by_id.get(&id)?.proxy.clone();
+        self.counting_carriers(&proxy, |table| table.forget(id))
+    }
+
+    /// Forgets a stream the table holds; returns its proxy when that was its last stream.
+    fn forget(&mut self, id: StreamId) -> Option<ProxyKey> {
         let stream = self.by_id.remove(&id)?;
         let streams = self.by_proxy.get_mut(&stream.proxy)?;
         streams.ids.remove(&id);
+        streams.count(stream.carries(), -1);
         if stream.may_ask_identity() {
             streams.asking_identity -= 1;
             if streams.asking_identity == 0 {
@@ -307,6 +480,99 @@ mod tests {
         );
         assert_eq!(streams.disconnect(StreamId(1)), Some(web.clone()));
         assert!(!streams.may_ask_identity(&web));
+    }
+
+    /// What the table does to its streams, for the property below.
+    #[derive(Clone, Debug)]
+    enum Op {
+        Connect {
+            stream: u64,
+            proxy: usize,
+            egress: bool,
+        },
+        Subscribe {
+            stream: u64,
+            names: Vec<usize>,
+        },
+        Disconnect {
+            stream: u64,
+        },
+        Ack {
+            stream: u64,
+            generation: u64,
+        },
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0..8u64, 0..4usize, any::<bool>()).prop_map(|(stream, proxy, egress)| Op::Connect {
+                stream,
+                proxy,
+                egress
+            }),
+            (
+                0..8u64,
+                proptest::collection::vec(0..CARRIER_NAMES.len(), 0..4)
+            )
+                .prop_map(|(stream, names)| Op::Subscribe { stream, names }),
+            (0..8u64).prop_map(|stream| Op::Disconnect { stream }),
+            (0..8u64, 1..4u64).prop_map(|(stream, generation)| Op::Ack { stream, generation }),
+        ]
+    }
+
+    const CARRIER_NAMES: &[&str] = &[
+        "default",
+        "system_trust_bundle",
+        "ROOTCA",
+        "ALL",
+        "mesh_ca:secret:all",
+        "system_trust_bundle_egress",
+        "meshservice:web",
+        "mesh_ca:secret:m",
+        "mesh_ca:secret:n",
+        "identity_cert:secret:m",
+    ];
+
+    proptest::proptest! {
+        /// However streams connect, subscribe, ACK and leave, the proxies carrying a bundle's trust are
+        /// counted as a pass over every stream would count them, while no stream has ACKed.
+        #[test]
+        fn the_proxies_carrying_a_bundle_are_counted_as_a_pass_would(
+            ops in proptest::collection::vec(op(), 0..40)
+        ) {
+            let mut streams = StreamTable::default();
+            let proxies = [("m", "a"), ("m", "b"), ("n", "c"), ("n", "d")];
+            for op in ops {
+                match op {
+                    Op::Connect { stream, proxy, egress } => {
+                        if streams.proxy_of(StreamId(stream)).is_none() {
+                            let (mesh, name) = proxies[proxy];
+                            streams.connect(StreamId(stream), ProxyKey::new(mesh, name), egress);
+                        }
+                    }
+                    Op::Subscribe { stream, names } => {
+                        let names = names.iter().map(|n| ResourceName::parse(CARRIER_NAMES[*n])).collect();
+                        streams.subscribe(StreamId(stream), names);
+                    }
+                    Op::Disconnect { stream } => {
+                        streams.disconnect(StreamId(stream));
+                    }
+                    Op::Ack { stream, generation } => {
+                        streams.ack(StreamId(stream), generation, String::new());
+                    }
+                }
+                for bundle in [BundleKey::mesh("m"), BundleKey::mesh("n"), BundleKey::Egress] {
+                    let carries = |s: &Stream| s.resources.iter().any(|r| r.carries_mesh_trust(s.asker(), &bundle));
+                    let passed = streams.waiting_for(10, 0, carries).count;
+                    proptest::prop_assert_eq!(streams.carrying_unacked(10, &bundle), Some(passed), "{:?}", bundle);
+                    let acked = streams.newest_ack.unwrap_or_default();
+                    if acked > 0 {
+                        proptest::prop_assert_eq!(streams.carrying_unacked(acked, &bundle), None);
+                    }
+                }
+            }
+        }
     }
 
     #[test]

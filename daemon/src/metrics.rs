@@ -359,7 +359,7 @@ impl Metrics {
         let reconcile_seconds = register(
             registry,
             "meshca_reconcile_seconds",
-            "Time the control loop spent on one reconcile, by scope (full: every connected proxy; proxies: those an event touched; acks: a batch of ACKs during a rollout; deferred: quiet proxies a full reconcile left for later turns)",
+            "Time the control loop spent on one reconcile, by scope (full: every connected proxy; proxies: those an event touched; acks: a batch of ACKs during a rollout; deferred: quiet proxies a full reconcile left for later turns; trust: a federated bundle change, which only the bundles carry)",
             Family::<ScopeLabels, Histogram>::new_with_constructor(
                 reconcile_histogram as fn() -> _,
             ),

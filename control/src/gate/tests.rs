@@ -736,3 +736,155 @@ fn a_federation_wait_shorter_than_the_ack_timeout_ends_on_time() {
     assert!(gate.may_issue(&mesh(), &td(), &new));
     assert_eq!(gate.next_deadline(), None);
 }
+
+/// A CA of another trust domain, as a federated peer's bundle brings it to mesh `default`.
+fn partner_trust(name: &str, now: SystemTime) -> CaTrust {
+    let partner = TrustDomain::parse("partner.example").expect("a trust domain");
+    let ca = CertificateAuthority::generate(
+        &CaParams {
+            trust_domain: partner.clone(),
+            key_algorithm: KeyAlgorithm::EcdsaP256,
+            validity: Duration::from_secs(3600),
+            name: name.into(),
+        },
+        now,
+    )
+    .expect("a CA");
+    CaTrust::of_ca(mesh(), &partner, &ca)
+}
+
+#[test]
+fn a_trust_domain_only_federation_brings_is_foreign_and_one_the_mesh_has_is_not() {
+    let now = SystemTime::now();
+    let own = trust(&ca("default/ca-1", now));
+    let partner = partner_trust("partner", now);
+    // A peer that (against the rules) serves the mesh's own trust domain brings nothing foreign.
+    let mut same_domain = partner.clone();
+    same_domain.trust_domain = td();
+    let foreign = ForeignDomains::of([&own], [&partner, &same_domain]);
+    assert!(foreign.contains(&mesh(), &partner.trust_domain));
+    assert!(!foreign.contains(&mesh(), &td()));
+    assert!(
+        !foreign.contains(&BundleKey::mesh("other"), &partner.trust_domain),
+        "only in the bundle it was brought to"
+    );
+}
+
+/// A gate that published `default/ca-1`, ACKed by `count` streams (web-1 ...), and that knows
+/// `partner.example` as a trust domain only federation brings; with the partner's CA.
+fn with_partner_domain(
+    count: u64,
+    now: SystemTime,
+) -> (Gate, StreamTable, CertificateAuthority, CaTrust) {
+    let old = ca("default/ca-1", now);
+    let partner = partner_trust("partner", now);
+    let mut streams = StreamTable::default();
+    let ids: Vec<u64> = (1..=count).collect();
+    for id in &ids {
+        let name = format!("web-{id}");
+        open(
+            &mut streams,
+            *id,
+            &name,
+            &["default", "system_trust_bundle"],
+        );
+    }
+    let mut gate = with_first_ca(&old, &mut streams, &ids, now);
+    gate.set_foreign(ForeignDomains::of([&trust(&old)], [&partner]));
+    (gate, streams, old, partner)
+}
+
+#[test]
+fn a_federated_authority_waits_for_its_acks_but_holds_no_certificate_back() {
+    let now = SystemTime::now();
+    let (mut gate, mut streams, old, partner) = with_partner_domain(2, now);
+
+    let desired = vec![trust(&old), partner.clone()];
+    assert!(gate.foreign_change_only(&desired, |_| false));
+    gate.plan_trust(desired, &[], 2, now);
+    assert!(!gate.confirm(&streams, now));
+    // Its trust step waits, as the status shows, and ACKs must wake the owner to end it ...
+    assert!(gate.pending());
+    let waits = gate.waits_now(&streams);
+    assert_eq!(waits.len(), 1, "{waits:?}");
+    assert_eq!(waits[0].step, RolloutStep::TrustBeforeIdentity);
+    assert_eq!(waits[0].ca, partner.subject);
+    assert_eq!(waits[0].waiting_count, 2);
+    let counted = |gate: &Gate, streams: &StreamTable| {
+        gate.waiting_count(
+            streams,
+            "default",
+            RolloutStep::TrustBeforeIdentity,
+            &partner.subject,
+        )
+    };
+    assert_eq!(
+        counted(&gate, &streams),
+        2,
+        "before any ACK, from the index"
+    );
+    // ... but no mesh is held, and the mesh's own CA keeps issuing.
+    assert!(!gate.holds_issuance());
+    assert!(gate.holding_meshes().is_empty());
+    assert!(gate.may_issue(&mesh(), &td(), &old));
+    assert_eq!(gate.waits_over(&streams, now), WaitsOver::None);
+    ack(&mut streams, 1, 2);
+    assert_eq!(counted(&gate, &streams), 1, "after one, by a pass");
+    assert_eq!(
+        gate.waits_over(&streams, now),
+        WaitsOver::None,
+        "web-2 waits"
+    );
+    ack(&mut streams, 2, 2);
+    assert_eq!(gate.waits_over(&streams, now), WaitsOver::Foreign);
+    assert!(gate.confirm(&streams, now));
+    assert!(!gate.pending());
+    assert!(gate.waits_now(&streams).is_empty());
+
+    // A new CA of the mesh's own trust domain still holds its mesh, and its end is a holding one.
+    let new = ca("default/ca-2", now);
+    let desired = vec![trust(&old), trust(&new), partner.clone()];
+    assert!(
+        !gate.foreign_change_only(&desired, |_| false),
+        "the mesh's own trust domain changes"
+    );
+    gate.plan_trust(desired, &[], 3, now);
+    gate.confirm(&streams, now);
+    assert!(gate.holds_issuance());
+    assert!(gate.holding_meshes().contains("default"));
+    ack(&mut streams, 1, 3);
+    ack(&mut streams, 2, 3);
+    assert_eq!(gate.waits_over(&streams, now), WaitsOver::Holding);
+}
+
+#[test]
+fn dropping_a_federated_authority_is_foreign_only_while_nobody_here_presents_it() {
+    let now = SystemTime::now();
+    let (mut gate, mut streams, old, partner) = with_partner_domain(1, now);
+    gate.plan_trust(vec![trust(&old), partner.clone()], &[], 2, now);
+    ack(&mut streams, 1, 2);
+    assert!(gate.confirm(&streams, now));
+
+    let without = vec![trust(&old)];
+    assert!(gate.foreign_change_only(&without, |_| false));
+    assert!(
+        !gate.foreign_change_only(&without, |key| *key == partner.key()),
+        "a certificate this replica holds chains to it"
+    );
+    // Dropping the mesh's own CA is no foreign change either.
+    assert!(!gate.foreign_change_only(std::slice::from_ref(&partner), |_| false));
+    let plan = gate.plan_trust(without.clone(), &[], 3, now);
+    assert_eq!(carried(&plan), [old.subject().to_owned()], "gone at once");
+    assert!(!gate.pending());
+
+    // While a removed CA is kept for its presenters (break last), every trust change is the full
+    // reconcile's: it must count them again.
+    let new = ca("default/ca-2", now);
+    gate.plan_trust(vec![trust(&old), trust(&new)], &[], 4, now);
+    ack(&mut streams, 1, 4);
+    gate.confirm(&streams, now);
+    let old_trust = trust(&old);
+    let web_1 = proxy("web-1");
+    gate.plan_trust(vec![trust(&new)], &[(&old_trust, vec![&web_1])], 5, now);
+    assert!(!gate.foreign_change_only(&[trust(&new), partner], |_| false));
+}

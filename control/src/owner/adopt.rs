@@ -14,7 +14,7 @@ use super::{Issued, Leaf, Owner, Previous};
 use crate::error::NotAdoptable;
 use crate::plan::Issuer;
 use crate::snapshot::{LeafKey, ProxyIdentity, ProxyKey, SecretPem};
-use crate::trust::{BundleKey, CaId};
+use crate::trust::{BundleKey, CaId, CaTrust};
 
 /// A certificate this replica issued, to be recorded for the other replicas.
 #[derive(Clone)]
@@ -84,6 +84,8 @@ impl Owner {
                 tracing::info!(proxy = %key, issuer = %issued.issuer, "serving the identity another replica issued to this proxy until this replica issues its own");
                 self.signed
                     .signed(issued.ca_id.as_str(), issued.leaf.not_after);
+                self.issued_cas
+                    .extend(issued.presentable_cas().map(CaTrust::key));
                 self.issued.insert(key.clone(), issued);
                 let previous = self.issued[&key].previous.clone();
                 self.replacing.update(&key, &[], &previous);

@@ -13,6 +13,9 @@ pub(super) struct Agenda {
     /// The next reconcile must look at every proxy (the configuration changed, or nothing was
     /// reconciled yet).
     pub full: bool,
+    /// The federated bundles changed: the trust the bundles carry must be planned again (no proxy's
+    /// certificate depends on it).
+    pub trust: bool,
     /// Proxies that connected or left since the last reconcile.
     pub touched: BTreeSet<ProxyKey>,
     /// Quiet proxies the last full reconcile left for later turns, served a chunk at a time by
@@ -24,6 +27,9 @@ pub(super) struct Agenda {
     pub next_global: Option<SystemTime>,
     /// Something waits on ACKs: ACK events trigger a reconcile.
     pub waiting_on_acks: bool,
+    /// A rollout is under way (a wait may hold certificates back, or a replaced certificate awaits
+    /// its ACK): every event reconciles the fleet.
+    pub rollout: bool,
 }
 
 impl Default for Agenda {
@@ -31,11 +37,13 @@ impl Default for Agenda {
     fn default() -> Agenda {
         Agenda {
             full: true,
+            trust: false,
             touched: BTreeSet::new(),
             deferred: Vec::new(),
             renewals: Renewals::default(),
             next_global: None,
             waiting_on_acks: false,
+            rollout: false,
         }
     }
 }

@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use super::{Dataplanes, Owner, Scope};
+use super::{trusted, Dataplanes, Owner, Scope};
 use crate::bundles;
 use crate::error::ClaimMismatch;
 use crate::plan::DataplaneInfo;
@@ -131,6 +131,47 @@ impl Owner {
         }
         self.publish_entries(generation, entries, &left, Some((keys, dataplanes)));
         self.last.at = now;
+        true
+    }
+
+    /// A federated trust domain's bundle changed: plans and publishes the trust the bundles carry, when
+    /// the change stays within what federation brings ([`Gate::foreign_change_only`]). No proxy's
+    /// certificate, claim rule or `meshservice:` context depends on a foreign authority, so the last
+    /// reconcile's stand; the new authorities' trust step waits for the ACKs like any other, holding no
+    /// certificate back. Returns false, having published nothing, when the full reconcile must run
+    /// instead.
+    ///
+    /// [`Gate::foreign_change_only`]: crate::gate::Gate::foreign_change_only
+    pub(super) fn reconcile_trust(&mut self, now: SystemTime) -> bool {
+        if self.egress.is_none() {
+            return false;
+        }
+        let (desired, foreign) =
+            trusted::configured_cas(&self.world, &self.federated, &self.egress);
+        self.gate.set_foreign(foreign);
+        let issued_cas = &self.issued_cas;
+        if !self
+            .gate
+            .foreign_change_only(&desired, |key| issued_cas.contains(key))
+        {
+            return false;
+        }
+        self.agenda.trust = false;
+        let generation = self.publisher.generation() + 1;
+        self.gate.confirm(&self.proxies.streams, now);
+        self.last.configured = desired.iter().collect();
+        // Nobody here presents a CA the change drops: none is to be kept for a presenter.
+        let trust = self.gate.plan_trust(desired, &[], generation, now);
+        self.publisher.publish_trust_first(
+            generation,
+            &self.world,
+            &trust,
+            &self.last.service_ids,
+            &self.federated,
+        );
+        self.gate.confirm(&self.proxies.streams, now);
+        self.report_gate_events();
+        self.agenda.next_global = self.next_global_event();
         true
     }
 

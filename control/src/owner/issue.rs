@@ -553,6 +553,10 @@ impl Owner {
             key_pem: published.key.held().cloned(),
             not_after,
         });
+        self.issued_cas.insert(ca_trust.key());
+        // A proxy new to this replica may present what its mesh keeps for such proxies.
+        self.issued_cas
+            .extend(previous.iter().map(|p| p.ca_trust.key()));
         self.issued.insert(
             key.clone(),
             Issued {

@@ -25,7 +25,7 @@ pub(crate) mod status;
 mod tests;
 mod trusted;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -43,7 +43,7 @@ use crate::plan::{DataplaneInfo, Issuer};
 use crate::snapshot::{LeafKey, ProxyHashMap, ProxyIdentity, ProxyKey, Snapshot};
 
 use crate::timefmt::rfc3339;
-use crate::trust::{CaId, CaTrust};
+use crate::trust::{CaId, CaTrust, TrustKey};
 use crate::world::World;
 pub use adopt::{IssuedIdentity, RecordLink};
 use agenda::Agenda;
@@ -91,6 +91,8 @@ pub enum Scope {
     Acks,
     /// Quiet proxies a full reconcile left for the loop's next turns (see [`Owner::serve_deferred`]).
     Deferred,
+    /// No proxy: a federated trust domain's bundle changed, and only the bundles carry it.
+    Trust,
 }
 
 impl Scope {
@@ -101,6 +103,7 @@ impl Scope {
             Scope::Proxies => "proxies",
             Scope::Acks => "acks",
             Scope::Deferred => "deferred",
+            Scope::Trust => "trust",
         }
     }
 }
@@ -142,6 +145,13 @@ pub(crate) struct Issued {
     pub first_served_in: Option<u64>,
     /// When it was issued.
     pub issued_at: SystemTime,
+}
+
+impl Issued {
+    /// The CAs of the certificates its proxy may present: this one's and each replaced one's.
+    pub fn presentable_cas(&self) -> impl Iterator<Item = &CaTrust> {
+        std::iter::once(&self.ca_trust).chain(self.previous.iter().map(|p| &p.ca_trust))
+    }
 }
 
 /// The facts of an issued certificate the owner decides with.
@@ -231,6 +241,9 @@ pub struct Owner {
     /// The connected proxies, their streams and registrations.
     proxies: ProxyTable,
     issued: ProxyHashMap<Issued>,
+    /// The CAs of every certificate `issued` holds, current or replaced, and perhaps some it no longer
+    /// holds (each full reconcile counts them again).
+    issued_cas: HashSet<TrustKey>,
     /// Why each connected proxy without a certificate has none.
     reasons: ProxyHashMap<String>,
     last_rejected: Option<Rejected>,
@@ -283,6 +296,7 @@ impl Owner {
             world: Arc::new(world),
             proxies: ProxyTable::default(),
             issued: ProxyHashMap::default(),
+            issued_cas: HashSet::new(),
             reasons: ProxyHashMap::default(),
             last_rejected: None,
             replacing: Replacing::default(),
@@ -400,10 +414,11 @@ impl Owner {
 
     /// Takes in the bundles the federation importer holds now; whether a reconcile is needed (a
     /// federated trust domain's authorities changed: they reach the bundles through the gate's trust
-    /// step like any new CA).
+    /// step like any new CA, and since no proxy's certificate depends on them the reconcile costs the
+    /// bundles, not the fleet: [`Owner::reconcile_trust`]).
     pub fn set_federated(&mut self, held: &meshca_federation::HeldBundles) -> bool {
         let changed = self.federated.update(held);
-        self.agenda.full |= changed;
+        self.agenda.trust |= changed;
         changed
     }
 

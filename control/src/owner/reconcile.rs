@@ -9,7 +9,7 @@ use super::{trusted, Dataplanes, Issued, Owner, Scope};
 use crate::bundles;
 use crate::egress::{self, MeshChoice};
 use crate::error::ClaimMismatch;
-use crate::gate::{GateEvent, RolloutStep, StepChange, StepPhase, Wait};
+use crate::gate::{GateEvent, RolloutStep, StepChange, StepPhase, Wait, WaitsOver};
 use crate::plan::{DataplaneInfo, Origin};
 use crate::resource_name::Target;
 use crate::snapshot::{Changed, ClaimRule, ProxyEntry, ProxyKey, ProxyMap};
@@ -32,31 +32,21 @@ impl Owner {
     ///
     /// The work is the event's, not the fleet's: while no rollout is under way and the configuration
     /// is unchanged, only the proxies that connected or left since the last reconcile, and those whose
-    /// renewal is due, are looked at ([`Owner::reconcile_proxies`]). Everything else (a new
-    /// configuration, a rollout step, a timeout, a change that reaches beyond the proxy) reconciles
-    /// every connected proxy.
+    /// renewal is due, are looked at ([`Owner::reconcile_proxies`]); a federated bundle that changed
+    /// costs its bundles ([`Owner::reconcile_trust`]); ACKs cost the waits they may end
+    /// ([`Owner::reconcile_acks`]). Everything else (a new configuration, a rollout step, a timeout, a
+    /// change that reaches beyond the proxy) reconciles every connected proxy.
     ///
     /// Returns the earliest time something is due: a renewal, a rollout timeout or a CA rotation step.
     pub fn reconcile(&mut self, now: SystemTime) -> Option<SystemTime> {
         let started = Instant::now();
         let global_due = self.agenda.global_due(now);
         let keys = self.agenda.take_keys(now);
-        if !(self.agenda.full || global_due) && self.agenda.waiting_on_acks && keys.is_empty() {
-            if self.reconcile_acks(now) {
-                self.telemetry.reconciled(Scope::Acks, 0, started.elapsed());
-                return self.next_due();
-            }
-        } else if !(self.agenda.full || global_due || self.agenda.waiting_on_acks) {
-            if keys.is_empty() {
-                return self.next_due();
-            }
-            if self.reconcile_proxies(&keys, now) {
-                self.telemetry
-                    .reconciled(Scope::Proxies, keys.len(), started.elapsed());
-                return self.next_due();
-            }
+        if !(self.agenda.full || global_due) && self.reconcile_events(&keys, now, started) {
+            return self.next_due();
         }
         self.agenda.full = false;
+        self.agenda.trust = false;
         let (next, decided) = self.reconcile_all(&keys, now);
         let took = started.elapsed();
         tracing::debug!(
@@ -68,6 +58,42 @@ impl Owner {
         );
         self.telemetry.reconciled(Scope::Full, decided, took);
         next
+    }
+
+    /// The events since the last reconcile, each at its own cost: a federated bundle change, the
+    /// proxies in `keys` (connected, left, due for renewal), ACKs while something waits on them.
+    /// Returns false when the full reconcile must run instead (it handles them all).
+    fn reconcile_events(
+        &mut self,
+        keys: &BTreeSet<ProxyKey>,
+        now: SystemTime,
+        started: Instant,
+    ) -> bool {
+        // A wait that begins in this turn has no ACKs yet.
+        let acks = self.agenda.waiting_on_acks;
+        if self.agenda.trust {
+            if self.agenda.rollout || !self.reconcile_trust(now) {
+                return false;
+            }
+            self.telemetry
+                .reconciled(Scope::Trust, 0, started.elapsed());
+        }
+        if !keys.is_empty() {
+            let started = Instant::now();
+            if self.agenda.rollout || !self.reconcile_proxies(keys, now) {
+                return false;
+            }
+            self.telemetry
+                .reconciled(Scope::Proxies, keys.len(), started.elapsed());
+        }
+        if acks {
+            let started = Instant::now();
+            if !self.reconcile_acks(now) {
+                return false;
+            }
+            self.telemetry.reconciled(Scope::Acks, 0, started.elapsed());
+        }
+        true
     }
 
     /// Reconciles every connected proxy (deciding now those [`Owner::split_quiet`] says); `touched`
@@ -288,8 +314,15 @@ impl Owner {
     /// when a wait is over or a forgotten certificate may change what is published: then every proxy
     /// is reconciled. Costs the batch's proxies, not a reconcile of the fleet for every batch of ACKs.
     fn reconcile_acks(&mut self, now: SystemTime) -> bool {
-        if self.gate.any_wait_over(&self.proxies.streams, now) {
-            return false;
+        match self.gate.waits_over(&self.proxies.streams, now) {
+            WaitsOver::Holding => return false,
+            // A federated authority's trust step ended: confirming it changes what the status and
+            // the peers are told, and no proxy's certificate.
+            WaitsOver::Foreign => {
+                self.gate.confirm(&self.proxies.streams, now);
+                self.agenda.next_global = self.next_global_event();
+            }
+            WaitsOver::None => {}
         }
         if self.settle_previous(now, false) {
             return false;
@@ -339,8 +372,10 @@ impl Owner {
             .flat_map(|mesh| self.gate.retained_in(mesh).cloned().collect::<Vec<_>>())
             .collect();
         let presented = presenting.presented(&retained);
-        let desired = trusted::configured_cas(&self.world, &self.federated, &self.egress);
+        let (desired, foreign) =
+            trusted::configured_cas(&self.world, &self.federated, &self.egress);
         self.last.configured = desired.iter().collect();
+        self.gate.set_foreign(foreign);
         self.gate.plan_trust(desired, &presented, generation, now)
     }
 
@@ -360,6 +395,12 @@ impl Owner {
                 keep
             });
             self.agent_keys.retain(described);
+            self.issued_cas = self
+                .issued
+                .values()
+                .flat_map(Issued::presentable_cas)
+                .map(CaTrust::key)
+                .collect();
             return;
         };
         for key in only.iter().filter(|k| !described(k)) {
@@ -503,6 +544,7 @@ impl Owner {
         }
         self.report_step_changes();
         self.agenda.waiting_on_acks = self.gate.pending() || !self.replacing.is_empty();
+        self.agenda.rollout = self.gate.holds_issuance() || !self.replacing.is_empty();
     }
 
     /// Tells telemetry which rollout steps began and ended waiting since the last reconcile. Costs
@@ -529,17 +571,11 @@ impl Owner {
             .filter(|(key, _)| !self.steps_waiting.contains(*key))
             .collect();
         // A trust or SAN wait counts whom it waits for when asked: once per step that begins.
-        let counted = match began.iter().any(|(_, count)| count.is_none()) {
-            true => self.gate.waits_now(&self.proxies.streams),
-            false => Vec::new(),
-        };
         let mut changes = Vec::new();
         for ((mesh, step, ca), count) in began {
             let waiting = count.unwrap_or_else(|| {
-                counted
-                    .iter()
-                    .find(|w| w.step == *step && w.ca == *ca && w.mesh.to_string() == *mesh)
-                    .map_or(0, |w| w.waiting_count)
+                self.gate
+                    .waiting_count(&self.proxies.streams, mesh, *step, ca)
             });
             changes.push((mesh, *step, ca, StepPhase::Began { waiting }));
         }
@@ -561,7 +597,7 @@ impl Owner {
 
     /// The earliest of: a rollout timeout, the ACK timeout of a replaced certificate, and the next
     /// automatic CA rotation step. Any of them makes the next reconcile look at every proxy.
-    fn next_global_event(&self) -> Option<SystemTime> {
+    pub(super) fn next_global_event(&self) -> Option<SystemTime> {
         let previous_deadline = self
             .replacing
             .proxies()

@@ -8,6 +8,7 @@ use super::Issued;
 use crate::bundles;
 use crate::egress::{self, EgressPlan, NoEgressIdentity};
 use crate::federated::Federated;
+use crate::gate::ForeignDomains;
 use crate::peers::PresentedCa;
 use crate::snapshot::{ProxyHashMap, ProxyKey};
 use crate::streams::StreamTable;
@@ -33,9 +34,7 @@ impl<'a> Presenting<'a> {
             if !self.streams.is_connected(key) {
                 continue;
             }
-            let cas = std::iter::once(&issued.ca_trust)
-                .chain(issued.previous.iter().map(|p| &p.ca_trust));
-            for ca in cas {
+            for ca in issued.presentable_cas() {
                 grouped
                     .entry(ca.key())
                     .or_insert((ca, Vec::new()))
@@ -107,19 +106,24 @@ impl<'a> Presenting<'a> {
 }
 
 /// The CAs the configuration publishes: each mesh's (the federated trust domains' as `federated` holds
-/// them), and the zone egress bundle's under `egress`.
+/// them), and the zone egress bundle's under `egress`; and the trust domains of each bundle that only
+/// federation brings.
 pub(super) fn configured_cas(
     world: &World,
     federated: &Federated,
     egress: &Option<Result<EgressPlan, NoEgressIdentity>>,
-) -> Vec<CaTrust> {
-    let mut desired: Vec<CaTrust> = world
-        .meshes
-        .values()
-        .flat_map(|m| bundles::mesh_cas(m, world, federated))
-        .collect();
+) -> (Vec<CaTrust>, ForeignDomains) {
+    let mut desired: Vec<CaTrust> = world.meshes.values().flat_map(bundles::own_cas).collect();
     if let Some(Ok(plan)) = egress {
         desired.extend(egress::egress_cas(world, plan));
     }
-    desired
+    let own = desired.len();
+    desired.extend(
+        world
+            .meshes
+            .values()
+            .flat_map(|m| bundles::federated_cas(m, world, federated)),
+    );
+    let foreign = ForeignDomains::of(&desired[..own], &desired[own..]);
+    (desired, foreign)
 }

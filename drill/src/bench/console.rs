@@ -206,7 +206,7 @@ fn ended_early(
 }
 
 /// An HTTP/1.1 connection to the admin listener for `path`, driven by a task that ends with it.
-async fn connect(
+pub(super) async fn connect(
     client: usize,
     addr: SocketAddr,
     path: &'static str,
@@ -235,7 +235,7 @@ async fn connect(
 }
 
 /// `GET path` on `sender`'s connection: the response when it is `200 OK`.
-async fn get(
+pub(super) async fn get(
     client: usize,
     addr: SocketAddr,
     path: &'static str,

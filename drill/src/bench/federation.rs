@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::fleet::{FleetPlan, Reach, Streams};
 use super::harness::{self, mesh_yaml, round, seconds, BenchClient, Clients, RunOptions, MESH};
+use super::reconciles::Reconciles;
 use super::{cpu_seconds, quantile, rss_bytes, sds, workload};
 use crate::sandbox::Sandbox;
 
@@ -351,8 +352,14 @@ pub struct Reached {
     /// The daemon's CPU seconds from the fetch until every stream held the new CA (the bench's process
     /// is the daemon's alone: the clients run in their own).
     pub daemon_cpu_seconds: f64,
-    /// The control loop's own time on the change (the streams' fan-out runs outside it).
+    /// The control loop's own time on the change (the streams' fan-out runs outside it), with the
+    /// streams' events it caused: their ACKs.
     pub loop_seconds: f64,
+    /// Of that, the reconciles of the change itself (`trust`, or `full` and `deferred` when it
+    /// reached the proxies), as the daemon's `meshca_reconcile_seconds` accounts for them.
+    pub change_seconds: f64,
+    /// The reconciles the change cost, by scope, as the daemon accounts for them.
+    pub reconciles: Reconciles,
 }
 
 /// The reach half: an in-process daemon following one peer, `streams` SDS streams and then as many
@@ -412,6 +419,7 @@ async fn reach(
     let (idle, fleet) = harness::open_idle(plan, run, clients).await?;
     fleet.arm().await?;
     let cpu0 = cpu_seconds(None)?;
+    let reconciles_before = Reconciles::read(daemon.admin_addr).await?;
     let loop_before = daemon.loop_health().work();
     peers.add_ca(0)?;
     if !daemon.federation.refresh(&peers.endpoints[0].trust_domain) {
@@ -420,11 +428,19 @@ async fn reach(
     let reach = fleet.wait_reached(run.timeout).await?;
     let daemon_cpu_seconds = cpu_seconds(None)? - cpu0;
     let loop_after = sds::loop_idle(daemon, loop_before.turns + 1).await?;
+    let reconciles = Reconciles::read(daemon.admin_addr)
+        .await?
+        .since(&reconciles_before);
     Ok(Reached {
         setup_seconds: idle.setup_seconds,
         reach,
         daemon_cpu_seconds,
         loop_seconds: (loop_after.busy - loop_before.busy).as_secs_f64(),
+        change_seconds: ["trust", "full", "deferred"]
+            .iter()
+            .map(|scope| reconciles.seconds(scope))
+            .sum(),
+        reconciles,
     })
 }
 
@@ -480,6 +496,8 @@ fn latencies(reached: &Reached) -> serde_json::Value {
         "max_seconds": ms(reach.latencies.last().copied()),
         "daemon_cpu_seconds": round(reached.daemon_cpu_seconds, 2),
         "loop_seconds": round(reached.loop_seconds, 6),
+        "change_loop_seconds": round(reached.change_seconds, 6),
+        "reconciles": reached.reconciles.to_json(),
         "first_error": reach.first_error,
     })
 }
@@ -599,6 +617,16 @@ mod tests {
                 r.loop_seconds > 0.0,
                 "{api}: the change is a turn of the loop"
             );
+            // The daemon accounts for it as a trust reconcile, which decides no proxy.
+            assert_eq!(r.reconciles.count("trust"), 1, "{api}: {:?}", r.reconciles);
+            assert_eq!(r.reconciles.count("full"), 0, "{api}: {:?}", r.reconciles);
+            assert_eq!(
+                r.reconciles.count("deferred"),
+                0,
+                "{api}: {:?}",
+                r.reconciles
+            );
+            assert!(r.change_seconds > 0.0 && r.change_seconds <= r.loop_seconds);
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod console;
 pub mod federation;
 pub mod fleet;
 pub mod harness;
+pub mod reconciles;
 pub mod sds;
 pub mod workload;
 

@@ -594,3 +594,127 @@ fn a_dataplane_change_a_meshservice_sees_reconciles_everyone() {
         "{reconciled:?}"
     );
 }
+
+/// A relationship of mesh `default` with `partner.example`, whose initial bundle is `initial`.
+fn with_partner(yaml: &str, initial: &std::path::Path) -> String {
+    format!(
+        "{yaml}\n---\ntype: FederationRelationship\nname: partner\nmesh: default\nspec:\n  trustDomain: partner.example\n  bundleEndpoint: {{url: \"https://bundles.partner.example/\", profile: https_spiffe, spiffeID: \"spiffe://partner.example/server\"}}\n  initialBundle: {{file: {}}}\n",
+        initial.display()
+    )
+}
+
+/// The CAs of `partner.example`: the one its initial bundle (written in `dir`) holds, and the next.
+fn partner_cas(dir: &std::path::Path) -> (std::path::PathBuf, Vec<u8>, Vec<u8>) {
+    let der =
+        |ca: &crate::test_certs::TestCa| ::pem::parse(&ca.cert_pem).expect("PEM").into_contents();
+    let initial = crate::test_certs::ca("Partner Initial", t0());
+    let next = crate::test_certs::ca("Partner Next", t0());
+    let path = dir.join("partner.pem");
+    std::fs::write(&path, &initial.cert_pem).expect("written");
+    (path, der(&initial), der(&next))
+}
+
+/// What the importer holds for `partner.example`: a bundle of the CAs `ders`.
+fn partner_bundle(ders: &[&Vec<u8>]) -> meshca_federation::HeldBundles {
+    let td: meshca_identity::TrustDomain = "partner.example".parse().expect("a trust domain");
+    let authorities = ders
+        .iter()
+        .map(|der| meshca_federation::X509Authority::from_der((*der).clone(), &td).expect("a CA"))
+        .collect();
+    let bundle = meshca_federation::SpiffeBundle::new(td.clone(), authorities, Vec::new());
+    BTreeMap::from([(td, Arc::new(bundle))])
+}
+
+/// The authorities (DER) mesh `default`'s bundle carries for `partner.example`, sorted.
+fn partner_anchors(h: &Harness) -> Vec<Vec<u8>> {
+    let snapshot = h.snapshots.borrow().clone();
+    let trust = snapshot.meshes["default"].trust.by_trust_domain();
+    let pems = trust.get("partner.example").into_iter().flatten();
+    sorted(
+        pems.map(|pem| ::pem::parse(pem).expect("PEM").into_contents())
+            .collect(),
+    )
+}
+
+fn sorted(mut ders: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+    ders.sort();
+    ders
+}
+
+#[test]
+fn a_federated_bundle_change_publishes_the_bundles_and_decides_no_proxy() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let (initial_file, initial, next) = partner_cas(dir.path());
+    let (mut h, scopes) = fleet(&with_partner(LEGACY, &initial_file), 20);
+    assert_eq!(partner_anchors(&h), std::slice::from_ref(&initial));
+    let before = identities(&h);
+    let generation = h.snapshots.borrow().generation;
+
+    // The peer adds a CA to its bundle.
+    assert!(h.owner.set_federated(&partner_bundle(&[&initial, &next])));
+    h.reconcile(t0() + Duration::from_secs(1));
+    assert_eq!(scopes.take(), vec![(Scope::Trust, 0)]);
+    assert!(!h.owner.has_deferred(), "no proxy is left for later turns");
+    let snapshot = h.snapshots.borrow().clone();
+    assert_eq!(
+        snapshot.generation,
+        generation + 1,
+        "one snapshot: the trust"
+    );
+    assert_eq!(
+        snapshot.changed.proxies, None,
+        "every stream carries the bundle"
+    );
+    assert_eq!(
+        partner_anchors(&h),
+        sorted(vec![initial.clone(), next.clone()])
+    );
+    assert!(unchanged(&before, &identities(&h)), "a proxy was re-issued");
+    // Its trust step waits for the 20 streams, as the status says ...
+    let waits = &h.status().rollout;
+    assert_eq!(waits.len(), 1, "{waits:?}");
+    assert_eq!(waits[0].step, RolloutStep::TrustBeforeIdentity);
+    assert_eq!(waits[0].ca, "CN=Partner Next");
+    assert_eq!(waits[0].waiting_count, 20);
+
+    // ... holding no certificate back: a proxy that connects meanwhile is decided alone.
+    h.connect("late", &[], &[("kuma.io/service", "web")]);
+    h.reconcile(t0() + Duration::from_secs(2));
+    assert_eq!(scopes.take(), vec![(Scope::Proxies, 1), (Scope::Acks, 0)]);
+    assert_eq!(h.ready("late").spiffe_id, "spiffe://default/web");
+
+    // Once every stream ACKed, the wait ends without a pass over the fleet.
+    let generation = h.snapshots.borrow().generation;
+    for id in 1..=21 {
+        h.ack(id, Some(generation));
+    }
+    h.reconcile(t0() + Duration::from_secs(3));
+    assert_eq!(scopes.take(), vec![(Scope::Acks, 0)]);
+    assert!(h.status().rollout.is_empty());
+    assert!(unchanged(&before, &identities(&h)), "a proxy was re-issued");
+
+    // The peer drops its old CA: nobody here presents it, so it leaves the bundle at once.
+    assert!(h.owner.set_federated(&partner_bundle(&[&next])));
+    h.reconcile(t0() + Duration::from_secs(4));
+    assert_eq!(scopes.take(), vec![(Scope::Trust, 0)]);
+    assert_eq!(partner_anchors(&h), std::slice::from_ref(&next));
+    assert!(h.status().rollout.is_empty());
+    // The same bundle again is no event.
+    assert!(!h.owner.set_federated(&partner_bundle(&[&next])));
+}
+
+#[test]
+fn a_federated_bundle_change_during_a_rollout_reconciles_the_fleet() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let (initial_file, _, next) = partner_cas(dir.path());
+    let (mut h, scopes) = fleet(&with_partner(LEGACY, &initial_file), 5);
+    // ca-2 becomes the issuer: its bundle waits for the streams' ACKs.
+    h.update(&with_partner(SWITCHED, &initial_file))
+        .expect("valid");
+    h.reconcile(t0() + Duration::from_secs(1));
+    assert_eq!(scopes.take(), vec![(Scope::Full, 0)]);
+    assert!(h.owner.set_federated(&partner_bundle(&[&next])));
+    h.reconcile(t0() + Duration::from_secs(2));
+    assert_eq!(scopes.take(), vec![(Scope::Full, 0)]);
+    assert_eq!(partner_anchors(&h), [next]);
+}
