@@ -30,6 +30,41 @@ fn rate(span: Duration, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Re
     Ok(n as f64 / start.elapsed().as_secs_f64())
 }
 
+/// How many calls of one kind run before the next kind's turn in [`interleaved_rates`]: a few
+/// milliseconds, so that every kind sees the same moments of the machine.
+const BATCH: u64 = 32;
+
+/// Calls each of `kinds` in turns of [`BATCH`] for `span` in all, on this thread; returns each one's
+/// calls per second of its own time. Turns alternate every few milliseconds, so a floor and what is
+/// compared with it share whatever else the machine did meanwhile (another process, a frequency
+/// change): their ratio is a property of the code, not of which second each ran in.
+fn interleaved_rates<const N: usize>(
+    span: Duration,
+    kinds: &mut [&mut dyn FnMut() -> anyhow::Result<()>; N],
+) -> anyhow::Result<[f64; N]> {
+    for kind in kinds.iter_mut() {
+        for _ in 0..50 {
+            kind()?;
+        }
+    }
+    let mut spent = [Duration::ZERO; N];
+    let mut calls = [0u64; N];
+    let start = Instant::now();
+    while start.elapsed() < span {
+        for (i, kind) in kinds.iter_mut().enumerate() {
+            let turn = Instant::now();
+            for _ in 0..BATCH {
+                kind()?;
+            }
+            spent[i] += turn.elapsed();
+            calls[i] += BATCH;
+        }
+    }
+    Ok(std::array::from_fn(|i| {
+        calls[i] as f64 / spent[i].as_secs_f64()
+    }))
+}
+
 pub fn issuance(args: BenchIssuanceArgs) -> anyhow::Result<ExitCode> {
     if !(args.seconds > 0.0 && args.seconds.is_finite()) {
         return Err(InvalidInput(format!(
@@ -54,22 +89,26 @@ pub fn issuance(args: BenchIssuanceArgs) -> anyhow::Result<ExitCode> {
         key_algorithm: KeyAlgorithm::EcdsaP256,
         lifetime: Duration::from_secs(24 * 3600),
     };
-    // Floor, pipeline, daemon, floor again: the floor is the mean of both so drift during the run is
-    // shared. The daemon's work per certificate is the pipeline plus the check before publishing (the
-    // chain verified once against the CA's anchors, read once) and the key's PEM for SDS.
-    let floor_a = rate(span / 2, || Ok(meshca_ca::floor_once()?))?;
-    let svid = rate(span, || {
-        std::hint::black_box(ca.issue(&req, now)?);
-        Ok(())
-    })?;
-    let daemon = rate(span, || {
-        let svid = ca.issue(&req, now)?;
-        ca.verify_issued(&svid.chain_der, &req.spiffe_id, now)?;
-        std::hint::black_box(svid.key.to_pem());
-        Ok(())
-    })?;
-    let floor_b = rate(span / 2, || Ok(meshca_ca::floor_once()?))?;
-    let floor = (floor_a + floor_b) / 2.0;
+    // The floor, the pipeline and the daemon's work, in turns of a few milliseconds (see
+    // `interleaved_rates`). The daemon's work per certificate is the pipeline plus the check before
+    // publishing (the chain verified once against the CA's anchors, read once) and the key's PEM for
+    // SDS.
+    let [floor, svid, daemon] = interleaved_rates(
+        span * 3,
+        &mut [
+            &mut || Ok(meshca_ca::floor_once()?),
+            &mut || {
+                std::hint::black_box(ca.issue(&req, now)?);
+                Ok(())
+            },
+            &mut || {
+                let svid = ca.issue(&req, now)?;
+                ca.verify_issued(&svid.chain_der, &req.spiffe_id, now)?;
+                std::hint::black_box(svid.key.to_pem());
+                Ok(())
+            },
+        ],
+    )?;
     let ratio = |x: f64| (x / floor * 1000.0).round() / 1000.0;
     let mut line = serde_json::json!({
         "bench": "issuance",
@@ -297,4 +336,46 @@ pub async fn sds(args: BenchSdsArgs) -> anyhow::Result<ExitCode> {
         client: bench_client(args.run.client),
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kind runs in the same turns, as often as the others; a failing kind fails the bench.
+    #[test]
+    fn interleaved_kinds_run_equally_often_and_a_failure_stops_them() {
+        let (mut a, mut b) = (0u64, 0u64);
+        let rates = interleaved_rates(
+            Duration::from_millis(5),
+            &mut [
+                &mut || {
+                    a += 1;
+                    Ok(())
+                },
+                &mut || {
+                    b += 1;
+                    Ok(())
+                },
+            ],
+        )
+        .expect("nothing fails");
+        assert!(rates.iter().all(|r| *r > 0.0), "{rates:?}");
+        assert_eq!(a, b);
+        assert_eq!((a - 50) % BATCH, 0, "whole turns after the warm-up");
+        assert!(a > 50, "at least one turn");
+
+        let mut calls = 0;
+        let failed = interleaved_rates(
+            Duration::from_secs(60),
+            &mut [&mut || {
+                calls += 1;
+                if calls > 60 {
+                    anyhow::bail!("the floor failed");
+                }
+                Ok(())
+            }],
+        );
+        assert!(failed.is_err_and(|e| e.to_string() == "the floor failed"));
+    }
 }
