@@ -346,21 +346,32 @@ fn served_here(snapshot: &Snapshot, ctx: &ProxyContext) -> Result<(), Status> {
 }
 
 /// How many identity waits a stream may wait for its first request while its connection keeps
-/// carrying data: the longest a busy server lets a well-behaved client's request queue.
+/// carrying data, or while the server is busy: the longest a busy server lets a well-behaved client's
+/// request queue.
 const FIRST_REQUEST_PERIODS: u32 = 4;
 
 /// What a connection must carry (both ways) in an identity wait for its streams' first requests to wait
 /// another: one HTTP/2 frame of the largest size.
 const FIRST_REQUEST_PROGRESS: u64 = 16 * 1024;
 
+/// The server was busy in an identity wait when it spent at least this share of one core's time in
+/// it (its CPU time over the wait, every thread together): a half.
+const BUSY_SHARE_OF_A_CORE: f64 = 0.5;
+
 /// Awaits the first request of a stream, bounded by the identity wait. `None` when the proxy closed the
 /// stream first; the status when its request could not be read.
 ///
-/// A client that sent its request with its stream can still find it queued: HTTP/2 flow control holds
-/// it behind the requests of the connection's other streams until the server, busy, reads and answers
-/// them. So when the wait ends while the stream's connection (`progress`) carried at least
-/// [`FIRST_REQUEST_PROGRESS`] bytes in it, the stream waits another, up to [`FIRST_REQUEST_PERIODS`]
-/// in all. A client that sends nothing on a quiet connection (a slow loris) is closed after one wait.
+/// A client that sent its request with its stream can still find it queued, for two reasons, so when
+/// the wait ends for either the stream waits another, up to [`FIRST_REQUEST_PERIODS`] in all:
+/// - HTTP/2 flow control holds it behind the requests of the connection's other streams until the
+///   server, busy, reads and answers them: the stream's connection (`progress`) carried at least
+///   [`FIRST_REQUEST_PROGRESS`] bytes in the wait;
+/// - the server was busy ([`BUSY_SHARE_OF_A_CORE`]): its connection tasks and handlers read late, and a
+///   client on the same cores is starved of the time to send or to read. A 100,000-stream bench showed
+///   connections whose reader had not been polled for 6 s when the wait ended.
+///
+/// A client that sends nothing on a quiet connection to a server with time on its hands (a slow loris)
+/// is closed after one wait, and any after four.
 pub(crate) async fn first_request<T, F>(
     shared: &Shared,
     next: F,
@@ -370,8 +381,10 @@ where
     F: Future<Output = Result<Option<T>, Status>>,
 {
     let wait = shared.options().identity_wait;
+    let cpu_clock = shared.options().cpu_clock;
     let mut deadline = tokio::time::Instant::now() + wait;
     let mut carried = progress.map(ConnProgress::carried);
+    let mut cpu = cpu_clock();
     let mut periods = 1;
     tokio::pin!(next);
     loop {
@@ -394,13 +407,16 @@ where
                     (carried, now),
                     (Some(then), Some(now)) if now.saturating_sub(then) >= FIRST_REQUEST_PROGRESS
                 );
-                if !sending || periods >= FIRST_REQUEST_PERIODS {
+                let cpu_now = cpu_clock();
+                let busy = cpu_now.saturating_sub(cpu) >= wait.mul_f64(BUSY_SHARE_OF_A_CORE);
+                if !(sending || busy) || periods >= FIRST_REQUEST_PERIODS {
                     return Err(Status::deadline_exceeded(format!(
                         "no discovery request within {:?} of opening the stream",
                         wait * periods
                     )));
                 }
                 carried = now;
+                cpu = cpu_now;
                 periods += 1;
                 deadline += wait;
             }

@@ -1,10 +1,12 @@
-//! How long a stream waits for its first request. A client that sends nothing (a slow loris) is closed
-//! after one identity wait. A client whose request queues behind its connection's other streams (HTTP/2
-//! flow control holds it while a busy server reads and answers the others) is not, as long as its
-//! connection keeps carrying data: it waits up to four identity waits.
+//! How long a stream waits for its first request. A client that sends nothing (a slow loris) to a server
+//! with time on its hands is closed after one identity wait. A client whose request queues behind its
+//! connection's other streams (HTTP/2 flow control holds it while a busy server reads and answers the
+//! others) is not, as long as its connection keeps carrying data; nor is one whose request is late while
+//! the server is busy (its CPU clock is the test's): each waits up to four identity waits.
 
 mod common;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -23,9 +25,26 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 const STREAM_SECRETS: &str =
     "http://localhost/envoy.service.secret.v3.SecretDiscoveryService/StreamSecrets";
 
+/// A server with time on its hands: its CPU clock never moves.
+fn idle() -> Duration {
+    Duration::ZERO
+}
+
+/// A server that is always busy: an hour of CPU time passes between any two readings.
+fn busy() -> Duration {
+    static NOW: AtomicU64 = AtomicU64::new(0);
+    Duration::from_secs(NOW.fetch_add(3600, Ordering::Relaxed))
+}
+
 async fn harness() -> Harness {
+    harness_with(idle).await
+}
+
+async fn harness_with(cpu_clock: fn() -> Duration) -> Harness {
     Harness::start_with(
-        HubOptions::default().with_identity_wait(WAIT),
+        HubOptions::default()
+            .with_identity_wait(WAIT)
+            .with_cpu_clock(cpu_clock),
         World::new().snapshot(1),
     )
     .await
@@ -132,6 +151,37 @@ async fn a_stream_that_never_asks_on_a_quiet_connection_is_closed_after_one_wait
     let (status, message) = ended_with(response).await;
     assert_eq!(status, DEADLINE_EXCEEDED, "{message}");
     assert!(message.contains("300ms"), "one wait: {message}");
+}
+
+/// While the server is busy, a stream's request may be on its way however quiet its connection: it
+/// waits up to four waits, as the progress of its connection would let it, and is closed after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_server_is_busy_a_stream_waits_four_waits_for_its_first_request() {
+    let harness = harness_with(busy).await;
+    let (token, _) = harness.token_for("default", "web-1");
+    let mut client = h2_client(&harness).await;
+    let (late, mut late_body) = open(&mut client, &token);
+    let opened = Instant::now();
+    // Two waits on, on a connection that carried nothing meanwhile, the request comes and is answered.
+    tokio::time::sleep_until((opened + WAIT * 2).into()).await;
+    late_body
+        .send_data(framed(&first_request("default.web-1", &["default"])), false)
+        .expect("the late stream is still open");
+    let response = tokio::time::timeout(TIMEOUT, late)
+        .await
+        .expect("answered")
+        .expect("an HTTP/2 response");
+    assert_eq!(response.status(), 200);
+    assert!(
+        response.headers().get("grpc-status").is_none(),
+        "not a trailers-only refusal: {:?}",
+        response.headers()
+    );
+    // One that never asks is still closed, after four waits.
+    let (never, _never_body) = open(&mut client, &token);
+    let (status, message) = ended_with(never).await;
+    assert_eq!(status, DEADLINE_EXCEEDED, "{message}");
+    assert!(message.contains("1.2s"), "four waits: {message}");
 }
 
 /// Sends web-1's large request on `body` until `until` passes, each as flow control lets it go.

@@ -11,6 +11,10 @@ pub struct HubOptions {
     pub identity_wait: Duration,
     /// What one client can make the server hold or wait for.
     pub limits: StreamLimits,
+    /// The process's CPU time so far, every thread together ([`process_cpu_time`]): a stream whose
+    /// first request has not come is given another identity wait when the server was busy in the
+    /// last one. Tests put a clock of their own here.
+    pub cpu_clock: fn() -> Duration,
 }
 
 impl Default for HubOptions {
@@ -18,8 +22,18 @@ impl Default for HubOptions {
         Self {
             identity_wait: Duration::from_secs(15),
             limits: StreamLimits::default(),
+            cpu_clock: process_cpu_time,
         }
     }
+}
+
+/// The CPU time this process has used so far, every thread together (`CLOCK_PROCESS_CPUTIME_ID`).
+pub fn process_cpu_time() -> Duration {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(
+        u64::try_from(now.tv_sec).unwrap_or_default(),
+        u32::try_from(now.tv_nsec).unwrap_or_default(),
+    )
 }
 
 impl HubOptions {
@@ -32,6 +46,13 @@ impl HubOptions {
     /// Options with different limits.
     pub fn with_limits(mut self, limits: StreamLimits) -> Self {
         self.limits = limits;
+        self
+    }
+
+    /// Options reading the process's CPU time from `clock` (tests: a server that is never, or
+    /// always, busy).
+    pub fn with_cpu_clock(mut self, clock: fn() -> Duration) -> Self {
+        self.cpu_clock = clock;
         self
     }
 }
