@@ -628,6 +628,8 @@ impl Gate {
             .filter(|(_, peers)| !peers.is_empty())
             .collect();
         let exported = &self.exported;
+        // A federated authority's confirmation moves no proxy off a removed CA.
+        let moves_proxies = |key: &TrustKey| !self.foreign.contains(&key.bundle, &key.trust_domain);
         let mut federation_started = Vec::new();
         for (key, PublishedCa { ca, state: p }) in self
             .published
@@ -676,7 +678,9 @@ impl Gate {
                 }
                 p.confirmed = true;
                 confirmed = true;
-                trusted.push(mesh.clone());
+                if moves_proxies(key) {
+                    trusted.push(mesh.clone());
+                }
                 continue;
             }
             // Waiting only to know the peers is no rollout wait to report (it ends with the next
@@ -702,7 +706,9 @@ impl Gate {
                 );
                 p.confirmed = true;
                 confirmed = true;
-                trusted.push(mesh.clone());
+                if moves_proxies(key) {
+                    trusted.push(mesh.clone());
+                }
                 timeouts.push(mesh.clone());
             } else {
                 waits.push(Waiting {

@@ -888,3 +888,25 @@ fn dropping_a_federated_authority_is_foreign_only_while_nobody_here_presents_it(
     gate.plan_trust(vec![trust(&new)], &[(&old_trust, vec![&web_1])], 5, now);
     assert!(!gate.foreign_change_only(&[trust(&new), partner], |_| false));
 }
+
+#[test]
+fn a_federated_authority_confirmed_leaves_the_break_last_clock_alone() {
+    let now = SystemTime::now();
+    let (mut gate, mut streams, old, partner) = with_partner_domain(1, now);
+    let new = ca("default/ca-2", now);
+    gate.plan_trust(vec![trust(&old), trust(&new)], &[], 2, now);
+    ack(&mut streams, 1, 2);
+    assert!(gate.confirm(&streams, now));
+    // ca-1 is removed while web-1 still presents it: kept for at most the timeout from now.
+    let old_trust = trust(&old);
+    let web_1 = proxy("web-1");
+    gate.plan_trust(vec![trust(&new)], &[(&old_trust, vec![&web_1])], 3, now);
+    assert_eq!(gate.next_deadline(), Some(now + TIMEOUT));
+    // The partner's new CA is confirmed later: that moves no proxy off ca-1, so its clock goes on.
+    let later = now + Duration::from_secs(10);
+    let desired = vec![trust(&new), partner];
+    gate.plan_trust(desired, &[(&old_trust, vec![&web_1])], 4, later);
+    ack(&mut streams, 1, 4);
+    assert!(gate.confirm(&streams, later));
+    assert_eq!(gate.next_deadline(), Some(now + TIMEOUT));
+}
