@@ -153,19 +153,13 @@ async fn a_stream_that_never_asks_on_a_quiet_connection_is_closed_after_one_wait
     assert!(message.contains("300ms"), "one wait: {message}");
 }
 
-/// While the server is busy, a stream's request may be on its way however quiet its connection: it
-/// waits up to four waits, as the progress of its connection would let it, and is closed after them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn while_the_server_is_busy_a_stream_waits_four_waits_for_its_first_request() {
-    let harness = harness_with(busy).await;
-    let (token, _) = harness.token_for("default", "web-1");
-    let mut client = h2_client(&harness).await;
-    let (late, mut late_body) = open(&mut client, &token);
-    let opened = Instant::now();
-    // Two waits on, on a connection that carried nothing meanwhile, the request comes and is answered.
-    tokio::time::sleep_until((opened + WAIT * 2).into()).await;
-    late_body
-        .send_data(framed(&first_request("default.web-1", &["default"])), false)
+/// The late stream of web-1 sends its first request now, and is answered with messages (not refused
+/// with a trailers-only answer).
+async fn asks_and_is_answered(
+    late: h2::client::ResponseFuture,
+    body: &mut h2::SendStream<Bytes>,
+) -> http::Response<h2::RecvStream> {
+    body.send_data(framed(&first_request("default.web-1", &["default"])), false)
         .expect("the late stream is still open");
     let response = tokio::time::timeout(TIMEOUT, late)
         .await
@@ -177,6 +171,21 @@ async fn while_the_server_is_busy_a_stream_waits_four_waits_for_its_first_reques
         "not a trailers-only refusal: {:?}",
         response.headers()
     );
+    response
+}
+
+/// While the server is busy, a stream's request may be on its way however quiet its connection: it
+/// waits up to four waits, as the progress of its connection would let it, and is closed after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_server_is_busy_a_stream_waits_four_waits_for_its_first_request() {
+    let harness = harness_with(busy).await;
+    let (token, _) = harness.token_for("default", "web-1");
+    let mut client = h2_client(&harness).await;
+    let (late, mut late_body) = open(&mut client, &token);
+    let opened = Instant::now();
+    // Two waits on, on a connection that carried nothing meanwhile, the request comes and is answered.
+    tokio::time::sleep_until((opened + WAIT * 2).into()).await;
+    asks_and_is_answered(late, &mut late_body).await;
     // One that never asks is still closed, after four waits.
     let (never, _never_body) = open(&mut client, &token);
     let (status, message) = ended_with(never).await;
@@ -213,19 +222,7 @@ async fn a_request_queued_behind_a_busy_connection_waits_while_the_connection_is
     let busy = tokio::spawn(ended_with(busy));
     keep_sending(&mut busy_body, opened + WAIT * 2).await;
     // Two waits on, the late stream asks and is answered.
-    late_body
-        .send_data(framed(&first_request("default.web-1", &["default"])), false)
-        .expect("the late stream is still open");
-    let mut response = tokio::time::timeout(TIMEOUT, late)
-        .await
-        .expect("answered")
-        .expect("an HTTP/2 response");
-    assert_eq!(response.status(), 200);
-    assert!(
-        response.headers().get("grpc-status").is_none(),
-        "not a trailers-only refusal: {:?}",
-        response.headers()
-    );
+    let mut response = asks_and_is_answered(late, &mut late_body).await;
     let first = response
         .body_mut()
         .data()
