@@ -176,7 +176,7 @@ impl World {
         ]
         .into_iter()
         .collect();
-        snapshot.meshes.insert(
+        std::sync::Arc::make_mut(&mut snapshot.meshes).insert(
             "default".into(),
             MeshView {
                 trust: self.trust.clone(),

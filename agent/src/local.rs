@@ -221,7 +221,7 @@ impl Local {
         let snapshot = Arc::new(Snapshot {
             generation: previous.generation + 1,
             proxies,
-            meshes,
+            meshes: Arc::new(meshes),
             all,
             egress: None,
             claim_rules: ProxyMap::default(),

@@ -245,7 +245,7 @@ pub fn snapshot(
         changed: Changed::default(),
         generation,
         proxies,
-        meshes,
+        meshes: Arc::new(meshes),
         all,
         egress,
     }

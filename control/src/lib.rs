@@ -64,7 +64,7 @@ pub use resource_name::{parse_names, Asker, NameKind, ResourceName, Target, Trus
 pub use snapshot::{
     trust_domain_of, Changed, ClaimRule, Derived, KeyHasher, LeafKey, MeshServiceTrust, MeshView,
     ProxyEntry, ProxyHashMap, ProxyHashSet, ProxyIdentity, ProxyKey, ProxyMap, SecretPem, Snapshot,
-    TrustBundle,
+    TrustBundle, TrustView,
 };
 pub use standalone::{issue_standalone, Standalone, StandaloneError};
 pub use timefmt::{rfc3339, seconds_until};

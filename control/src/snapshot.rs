@@ -53,7 +53,7 @@ pub struct Snapshot {
     /// Every proxy the owner knows, and whether its identity is ready.
     pub proxies: ProxyMap<ProxyEntry>,
     /// Per mesh: the trust it serves and the SAN rules of its MeshServices.
-    pub meshes: HashMap<String, MeshView>,
+    pub meshes: Arc<HashMap<String, MeshView>>,
     /// The trust of every mesh and trust domain (`ALL`, `mesh_ca:secret:all`).
     pub all: Arc<TrustBundle>,
     /// `system_trust_bundle_egress`: the CAs that validate the zone egress identity and the egress's
@@ -219,14 +219,44 @@ impl ClaimRule {
     }
 }
 
+/// The bundles and validation contexts of one snapshot, without its proxy tables: what a stream keeps
+/// of the snapshot it last answered from, to answer a new subscription from the same state.
+///
+/// A stream that kept the whole snapshot would keep that generation's proxy tables alive for as long as
+/// it stays idle. Every publish copies the part of the tables it changes, so a fleet whose streams were
+/// last answered from a thousand different generations would hold a thousand partial copies: at
+/// 100,000 streams, a quarter of the daemon's memory. The parts kept here are shared by every
+/// generation that serves the same trust.
+#[derive(Debug, Clone)]
+pub struct TrustView {
+    /// The snapshot's generation.
+    pub generation: u64,
+    /// Per mesh: the trust it serves and the SAN rules of its MeshServices.
+    pub meshes: Arc<HashMap<String, MeshView>>,
+    /// The trust of every mesh and trust domain.
+    pub all: Arc<TrustBundle>,
+    /// The zone egress bundle, if an egress identity exists.
+    pub egress: Option<Arc<MeshServiceTrust>>,
+}
+
 impl Snapshot {
+    /// Its bundles and validation contexts ([`TrustView`]), sharing them.
+    pub fn trust_view(&self) -> TrustView {
+        TrustView {
+            generation: self.generation,
+            meshes: self.meshes.clone(),
+            all: self.all.clone(),
+            egress: self.egress.clone(),
+        }
+    }
+
     /// A snapshot with nothing in it (generation 0): streams wait until the owner
     /// publishes something real.
     pub fn empty() -> Self {
         Self {
             generation: 0,
             proxies: ProxyMap::default(),
-            meshes: HashMap::new(),
+            meshes: Arc::default(),
             all: Arc::new(TrustBundle::new(BTreeMap::new())),
             egress: None,
             claim_rules: ProxyMap::default(),

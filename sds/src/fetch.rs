@@ -36,10 +36,10 @@ pub(crate) async fn fetch(
     }
     let ctx = authn::proxy_context(&principal.claims, request.node.as_ref());
     let mut session = Session::open(shared.clone(), principal, ctx, None).await?;
-    let Usable { snapshot, entry } = session.wait_for_identity().await?;
+    let Usable { trust, entry } = session.wait_for_identity().await?;
     let mut items = Vec::with_capacity(asked.len());
     for name in asked {
-        match names::resolve(&snapshot, Some(&entry), &session.ctx, &name) {
+        match names::resolve(&trust, Some(&entry), &session.ctx, &name) {
             Lookup::Found(resolved) => {
                 let version = resolved.version();
                 items.push((name.to_string(), resolved, version));

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use envoy_types::pb::google::protobuf::Any;
 use meshca_control::{
-    Asker, MeshView, ProxyEntry, ProxyIdentity, ProxyKey, ResourceName, Snapshot, Target,
-    TrustBundle, TrustScope,
+    Asker, MeshView, ProxyEntry, ProxyIdentity, ProxyKey, ResourceName, Target, TrustBundle,
+    TrustScope, TrustView,
 };
 
 use crate::secret::{self, EncodedSecret, Form, KeylessIdentity};
@@ -67,10 +67,10 @@ pub(crate) enum Lookup {
     Unknown,
 }
 
-/// Looks `name` up for the proxy described by `ctx` in `snapshot`, where the proxy's entry is `entry`
-/// (looked up once for all the names of a response).
+/// Looks `name` up for the proxy described by `ctx` in the trust of a snapshot, where the proxy's entry
+/// is `entry` (looked up once for all the names of a response).
 pub(crate) fn resolve(
-    snapshot: &Snapshot,
+    snapshot: &TrustView,
     entry: Option<&ProxyEntry>,
     ctx: &ProxyContext,
     name: &ResourceName,
@@ -120,7 +120,7 @@ fn identity_lookup(entry: Option<&ProxyEntry>, key: &ProxyKey) -> Lookup {
     }
 }
 
-fn mesh_view<'a>(snapshot: &'a Snapshot, mesh: &str) -> Result<&'a MeshView, Lookup> {
+fn mesh_view<'a>(snapshot: &'a TrustView, mesh: &str) -> Result<&'a MeshView, Lookup> {
     snapshot
         .meshes
         .get(mesh)
@@ -134,7 +134,7 @@ fn trust(bundle: &TrustBundle, form: Form, what: impl FnOnce() -> String) -> Loo
     Lookup::Found(Resolved::Validation(secret::bundle_secret(bundle, form)))
 }
 
-fn mesh_service(snapshot: &Snapshot, mesh: &str, service: &str, form: Form) -> Lookup {
+fn mesh_service(snapshot: &TrustView, mesh: &str, service: &str, form: Form) -> Lookup {
     let view = match mesh_view(snapshot, mesh) {
         Ok(view) => view,
         Err(lookup) => return lookup,

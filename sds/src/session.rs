@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use meshca_auth::{Claims, RevocationList};
-use meshca_control::{ClaimRule, ProxyEntry, ProxyKey, ResourceName, Snapshot, StreamId};
+use meshca_control::{
+    ClaimRule, ProxyEntry, ProxyKey, ResourceName, Snapshot, StreamId, TrustView,
+};
 use meshca_serve::{
     token_deadline, AttestedCheck, ConnProgress, HubStream, LogBudget, SnapshotWaiter,
     StreamMetrics,
@@ -54,7 +56,7 @@ pub(crate) struct Session {
 /// A snapshot in which the proxy may be served (its identity Ready, or NoIdentity), with its entry
 /// there, looked up once.
 pub(crate) struct Usable {
-    pub snapshot: Arc<Snapshot>,
+    pub trust: TrustView,
     pub entry: ProxyEntry,
 }
 
@@ -287,7 +289,10 @@ impl Session {
                 ))))
             }
         };
-        Ok(Some(Usable { snapshot, entry }))
+        Ok(Some(Usable {
+            trust: snapshot.trust_view(),
+            entry,
+        }))
     }
 
     /// Records the stream's new subscription; refuses it (`RESOURCE_EXHAUSTED`) when its proxy

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use envoy_types::pb::google::rpc::Status as RpcStatus;
-use meshca_control::{ProxyEntry, ResourceName, Snapshot};
+use meshca_control::{ProxyEntry, ResourceName, TrustView};
 use meshca_serve::ledger::Ledger;
 use meshca_serve::{bounded, shown, ConnProgress, StreamMetrics};
 use tonic::Status;
@@ -245,8 +245,9 @@ struct Driver<'o, P: Protocol> {
     protocol: P,
     session: Session,
     outbox: &'o Outbound<P::Response>,
-    snapshot: Arc<Snapshot>,
-    /// The proxy's entry in `snapshot`.
+    /// The trust of the snapshot the stream last answered from (not the snapshot: see [`TrustView`]).
+    snapshot: TrustView,
+    /// The proxy's entry in that snapshot.
     entry: ProxyEntry,
     last_sent: Option<Sent>,
     /// What the proxy was sent and has acknowledged, for the owner.
@@ -261,7 +262,7 @@ impl<'o, P: Protocol> Driver<'o, P> {
             protocol: P::default(),
             session,
             outbox,
-            snapshot: usable.snapshot,
+            snapshot: usable.trust,
             entry: usable.entry,
             last_sent: None,
             ledger: Ledger::default(),
@@ -405,7 +406,7 @@ impl<'o, P: Protocol> Driver<'o, P> {
     }
 
     async fn on_snapshot(&mut self, usable: Usable) -> Result<(), Status> {
-        self.snapshot = usable.snapshot;
+        self.snapshot = usable.trust;
         self.entry = usable.entry;
         self.respond(false).await
     }

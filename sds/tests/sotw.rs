@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use meshca_control::{ProxyEntry, StreamEvent};
+use meshca_control::{Changed, ProxyEntry, ProxyKey, StreamEvent};
 use meshca_sds::StreamKind;
 use meshca_serve::{HubOptions, StreamMetrics};
 use tonic::Code;
@@ -391,5 +391,33 @@ async fn a_snapshot_that_changes_one_proxy_wakes_only_its_streams() {
         harness.event(web2_acked).await,
         3,
         "web-2 was woken for web-1's change"
+    );
+}
+
+/// An idle stream keeps the trust it was answered from, not the snapshot: a fleet idle on many
+/// generations would otherwise keep each generation's copy of the proxy tables alive.
+#[tokio::test]
+async fn an_idle_stream_does_not_keep_the_snapshot_it_was_answered_from() {
+    let world = World::new();
+    let web2 = ProxyKey::new("default", "web-2");
+    let mut first = world.snapshot(1);
+    first.proxies.insert(web2.clone(), ProxyEntry::Pending);
+    let harness = Harness::start_with(HubOptions::default(), first).await;
+    let first = Arc::downgrade(&harness.snapshots.borrow());
+    let mut idle = open_web1(&harness, &["default", "system_trust_bundle"]).await;
+    idle.expect_response().await;
+    let mut waiting = open_proxy(&harness, "web-2", &["default"]).await;
+    // The next generation changes web-2 only: web-1's stream stays idle on what it was sent.
+    let mut second = world.snapshot(2);
+    second.changed = Changed::after(
+        &first.upgrade().expect("the first snapshot is current"),
+        Some(Arc::from(vec![web2])),
+    );
+    harness.publish(second);
+    // web-2 answered from the second generation: the server has seen it.
+    waiting.expect_response().await;
+    assert!(
+        first.upgrade().is_none(),
+        "the idle stream still holds the first snapshot"
     );
 }

@@ -185,7 +185,7 @@ impl World {
         Snapshot {
             generation,
             proxies: proxies.into_iter().collect(),
-            meshes,
+            meshes: std::sync::Arc::new(meshes),
             all: self.all.clone(),
             egress: Some(self.egress.clone()),
             claim_rules: Default::default(),
