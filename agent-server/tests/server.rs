@@ -1030,7 +1030,10 @@ async fn a_registration_linked_anew_is_sent_a_state_even_if_it_looks_the_same() 
     // The Dataplane's labels changed: what the agent is sent does not show them, but the owner must
     // hear of the stream anew (its claims select the MeshIdentity).
     let mut registrations = World::registrations();
-    registrations[0].labels = Arc::new(BTreeMap::from([("team".to_owned(), "a".to_owned())]));
+    registrations[0].labels = Arc::new(meshca_auth::LabelMap::from([(
+        "team".to_owned(),
+        "a".to_owned(),
+    )]));
     let mut second = (*h.current()).clone();
     second.generation = 2;
     second.changed = Changed::after(&h.current(), None);

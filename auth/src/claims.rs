@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{quote, AuthError, Refusal};
 use crate::label;
+use meshca_identity::LabelMap;
 
 /// The `iss` claim of every meshca token.
 pub const ISSUER: &str = "meshca";
@@ -64,7 +65,7 @@ impl FromStr for ProxyType {
 
 /// A proxy's labels or tags, shared: its token's claims, meshca's description of the proxy and the rule
 /// its later tokens are held to all point at one map.
-pub type Labels = Arc<BTreeMap<String, String>>;
+pub type Labels = Arc<LabelMap>;
 
 /// The verified content of a proxy token.
 ///
@@ -129,8 +130,8 @@ impl Claims {
             mesh: mesh.into(),
             name,
             proxy_type,
-            labels: Arc::new(labels),
-            tags: Arc::new(tags),
+            labels: Arc::new(labels.into()),
+            tags: Arc::new(tags.into()),
             issued_at: now_unix,
             not_before: None,
             expires_at,

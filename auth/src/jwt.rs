@@ -3,7 +3,6 @@
 //! There is exactly one header meshca writes and accepts, so header handling is a byte comparison, not a
 //! negotiation: no `alg` choice, no `kid`/`jku`/`crit` lookups an attacker could steer.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -12,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::claims::{Claims, ProxyType, ISSUER};
 use crate::error::{quote, AuthError};
+use meshca_identity::LabelMap;
 
 /// The only header: ES256, JWT.
 pub(crate) const HEADER_JSON: &str = r#"{"alg":"ES256","typ":"JWT"}"#;
@@ -28,9 +28,9 @@ pub(crate) struct WireClaims {
     #[serde(rename = "type")]
     proxy_type: ProxyType,
     #[serde(default)]
-    labels: BTreeMap<String, String>,
+    labels: LabelMap,
     #[serde(default)]
-    tags: BTreeMap<String, String>,
+    tags: LabelMap,
     iat: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     nbf: Option<u64>,

@@ -21,6 +21,7 @@ pub use error::{quote, AuthError};
 pub use es256::Es256Key;
 pub use jwt::{split_compact, JwsParts};
 pub use label::parse_label;
+pub use meshca_identity::LabelMap;
 pub use revocation::RevocationList;
 pub use signing::SigningKey;
 pub use verify::{Verifier, CLOCK_SKEW_LEEWAY_SECS, MAX_TOKEN_LEN};

@@ -40,7 +40,7 @@ pub use spki::{certificate_public_key, CertificateKeyError};
 // The templates live with the identity types (resource files are checked against them where they are
 // read); they stay part of this crate's API.
 pub use meshca_identity::{
-    IdentityError, IdentityTemplate, Template, TemplateError, TemplateVars, DEFAULT_PATH,
+    IdentityError, IdentityTemplate, LabelMap, Template, TemplateError, TemplateVars, DEFAULT_PATH,
     DEFAULT_TRUST_DOMAIN, NAMESPACE_LABEL, SERVICE_ACCOUNT_LABEL, WORKLOAD_LABEL,
 };
 pub use verify::{

@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use meshca_identity::LabelMap;
+
 /// Picks the candidate that selects a dataplane with `labels`.
 ///
 /// Each candidate is `(name, matchLabels, value)`; `None` as matchLabels is a selector that matches
@@ -10,7 +12,7 @@ use std::collections::BTreeMap;
 /// smallest name. The result does not depend on the order of the candidates (for distinct names).
 pub fn select<'a, T>(
     candidates: impl IntoIterator<Item = (&'a str, Option<&'a BTreeMap<String, String>>, T)>,
-    labels: &BTreeMap<String, String>,
+    labels: &LabelMap,
 ) -> Option<T> {
     let mut best: Option<(usize, &'a str, T)> = None;
     for (name, match_labels, value) in candidates {
@@ -66,17 +68,38 @@ mod tests {
             ("other", Some(&other), 5),
             ("nothing", None, 6),
         ];
-        assert_eq!(select(candidates.clone(), &dp), Some(4));
-        assert_eq!(select(candidates[..3].to_vec(), &dp), Some(3));
-        assert_eq!(select(candidates[..2].to_vec(), &dp), Some(2));
-        assert_eq!(select(candidates[..1].to_vec(), &dp), Some(1));
-        assert_eq!(select(candidates[4..].to_vec(), &dp), None);
+        assert_eq!(
+            select(candidates.clone(), &LabelMap::from(dp.clone())),
+            Some(4)
+        );
+        assert_eq!(
+            select(candidates[..3].to_vec(), &LabelMap::from(dp.clone())),
+            Some(3)
+        );
+        assert_eq!(
+            select(candidates[..2].to_vec(), &LabelMap::from(dp.clone())),
+            Some(2)
+        );
+        assert_eq!(
+            select(candidates[..1].to_vec(), &LabelMap::from(dp.clone())),
+            Some(1)
+        );
+        assert_eq!(
+            select(candidates[4..].to_vec(), &LabelMap::from(dp.clone())),
+            None
+        );
         // `matchLabels: {}` matches a dataplane without labels; `selector: {}` never matches.
-        assert_eq!(select(vec![("x", Some(&all), 1)], &map(&[])), Some(1));
-        assert_eq!(select(vec![("x", None, 1)], &map(&[])), None::<i32>);
+        assert_eq!(
+            select(vec![("x", Some(&all), 1)], &LabelMap::new()),
+            Some(1)
+        );
+        assert_eq!(select(vec![("x", None, 1)], &LabelMap::new()), None::<i32>);
         // A label with a different value does not match.
         assert_eq!(
-            select(vec![("x", Some(&map(&[("app", "api")])), 1)], &dp),
+            select(
+                vec![("x", Some(&map(&[("app", "api")])), 1)],
+                &LabelMap::from(dp.clone())
+            ),
             None
         );
     }
@@ -102,12 +125,12 @@ mod tests {
                 .map(|(i, (n, s))| (n.as_str(), s.as_ref(), i))
                 .collect();
             // Names are distinct for fewer than 11 candidates.
-            let forward = select(candidates.clone(), &dataplane);
+            let forward = select(candidates.clone(), &LabelMap::from(dataplane.clone()));
             candidates.reverse();
-            let reversed = select(candidates.clone(), &dataplane);
+            let reversed = select(candidates.clone(), &LabelMap::from(dataplane.clone()));
             let len = candidates.len().max(1);
             candidates.rotate_left((seed as usize) % len);
-            let rotated = select(candidates, &dataplane);
+            let rotated = select(candidates, &LabelMap::from(dataplane.clone()));
             prop_assert_eq!(forward, reversed);
             prop_assert_eq!(forward, rotated);
         }

@@ -1,6 +1,5 @@
 //! Every branch of the egress identity choice.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use meshca_config::Settings;
@@ -149,7 +148,13 @@ fn in_a_mesh_with_legacy_mtls_and_meshidentities_one_selecting_all_with_a_provid
 }
 
 fn egress_info(name: &str) -> DataplaneInfo {
-    DataplaneInfo::new("default", name, BTreeMap::new(), Vec::new(), Origin::Token)
+    DataplaneInfo::new(
+        "default",
+        name,
+        meshca_auth::LabelMap::new(),
+        Vec::new(),
+        Origin::Token,
+    )
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use meshca_auth::Labels;
+use meshca_auth::{LabelMap, Labels};
 use meshca_ca::{CertificateAuthority, TemplateVars, WORKLOAD_LABEL};
 use meshca_config::SERVICE_TAG;
 use meshca_identity::KeyAlgorithm;
@@ -76,12 +76,12 @@ impl DataplaneInfo {
         let inbounds = dp
             .inbounds
             .iter()
-            .map(|i| Arc::new(i.tags.clone()))
+            .map(|i| Arc::new(LabelMap::from(i.tags.clone())))
             .collect();
         DataplaneInfo::new(
             &dp.mesh,
             &dp.name,
-            dp.labels.clone(),
+            LabelMap::from(dp.labels.clone()),
             inbounds,
             Origin::File,
         )
@@ -92,7 +92,7 @@ impl DataplaneInfo {
         let mut info = DataplaneInfo::new(
             mesh,
             &egress.name,
-            egress.labels.clone(),
+            LabelMap::from(egress.labels.clone()),
             Vec::new(),
             Origin::File,
         );
@@ -152,7 +152,9 @@ impl DataplaneInfo {
 /// Sets `kuma.io/workload` to `name` unless the labels carry it.
 fn with_workload(labels: &mut Labels, name: &str) {
     if !labels.contains_key(WORKLOAD_LABEL) {
-        Arc::make_mut(labels).insert(WORKLOAD_LABEL.to_owned(), name.to_owned());
+        let mut with = labels.to_btree_map();
+        with.insert(WORKLOAD_LABEL.to_owned(), name.to_owned());
+        *labels = Arc::new(with.into());
     }
 }
 
@@ -287,7 +289,7 @@ pub(crate) struct Issuance<'a> {
     /// The mesh the identity belongs to.
     pub mesh: &'a str,
     /// The proxy's labels, for the SPIFFE ID templates.
-    pub labels: &'a BTreeMap<String, String>,
+    pub labels: &'a LabelMap,
     /// `{{ .Zone }}`.
     pub zone: &'a str,
     /// The leaf's key algorithm.
@@ -420,10 +422,16 @@ mod tests {
 
     #[test]
     fn workload_label_defaults_to_the_name_but_never_overrides() {
-        let dp = DataplaneInfo::new("m", "web-1", BTreeMap::new(), vec![], Origin::Token);
-        assert_eq!(dp.labels[WORKLOAD_LABEL], "web-1");
-        let labels = BTreeMap::from([(WORKLOAD_LABEL.to_owned(), "web".to_owned())]);
+        let dp = DataplaneInfo::new("m", "web-1", LabelMap::new(), vec![], Origin::Token);
+        assert_eq!(
+            dp.labels.get(WORKLOAD_LABEL).map(String::as_str),
+            Some("web-1")
+        );
+        let labels = LabelMap::from([(WORKLOAD_LABEL.to_owned(), "web".to_owned())]);
         let dp = DataplaneInfo::new("m", "web-1", labels, vec![], Origin::File);
-        assert_eq!(dp.labels[WORKLOAD_LABEL], "web");
+        assert_eq!(
+            dp.labels.get(WORKLOAD_LABEL).map(String::as_str),
+            Some("web")
+        );
     }
 }

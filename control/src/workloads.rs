@@ -48,7 +48,7 @@ impl Registration {
             meshca_auth::ProxyType::Dataplane,
             &*self.proxy.mesh,
             &*self.proxy.name,
-            (*self.labels).clone(),
+            self.labels.to_btree_map(),
             Default::default(),
             STREAM_CLAIMS_VALIDITY,
             now_unix,
@@ -79,7 +79,7 @@ impl Registrations {
             .map(|d| {
                 (
                     (d.mesh.as_str(), d.name.as_str()),
-                    Arc::new(d.labels.clone()),
+                    Arc::new(d.labels.clone().into()),
                 )
             })
             .collect();

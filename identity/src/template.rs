@@ -4,7 +4,7 @@
 //! `{{ .Workload }}` and `{{ label "key" }}` (a double-quoted string with `\"` and `\\` escapes, or a
 //! back-quoted raw string). Whitespace inside `{{ }}` is optional.
 
-use std::collections::BTreeMap;
+use crate::LabelMap;
 
 /// The label `{{ .Namespace }}` reads.
 pub const NAMESPACE_LABEL: &str = "k8s.kuma.io/namespace";
@@ -93,7 +93,7 @@ pub struct TemplateVars<'a> {
     /// `{{ .Zone }}`.
     pub zone: &'a str,
     /// The dataplane's labels, read by `.Namespace`, `.ServiceAccount`, `.Workload` and `label`.
-    pub labels: &'a BTreeMap<String, String>,
+    pub labels: &'a LabelMap,
 }
 
 impl Template {

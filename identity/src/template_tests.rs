@@ -3,14 +3,14 @@ use crate::identity_template::{IdentityError, IdentityTemplate};
 use crate::SpiffeIdError;
 use proptest::prelude::*;
 
-fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+fn labels(pairs: &[(&str, &str)]) -> LabelMap {
     pairs
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
 }
 
-fn render(template: &str, labels: &BTreeMap<String, String>) -> Result<String, TemplateError> {
+fn render(template: &str, labels: &LabelMap) -> Result<String, TemplateError> {
     let vars = TemplateVars {
         mesh: "default",
         zone: "zone-1",
@@ -247,7 +247,7 @@ proptest! {
     ) {
         let input: String = parts.concat();
         if let Ok(t) = Template::parse(&input) {
-            let l = BTreeMap::new();
+            let l = LabelMap::new();
             let _ = t.render(&TemplateVars { mesh: "m", zone: "z", labels: &l });
         }
     }
@@ -255,7 +255,7 @@ proptest! {
     #[test]
     fn literal_templates_render_to_themselves(input in ".{0,64}") {
         prop_assume!(!input.contains("{{"));
-        let l = BTreeMap::new();
+        let l = LabelMap::new();
         let t = Template::parse(&input).expect("a literal always parses");
         prop_assert!(!t.uses_labels());
         prop_assert_eq!(t.render(&TemplateVars { mesh: "m", zone: "z", labels: &l }).expect("renders"), input);

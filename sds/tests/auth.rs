@@ -232,7 +232,10 @@ async fn a_token_contradicting_the_proxy_claim_rule_gets_nothing() {
     snapshot.claim_rules.insert(
         web1(),
         std::sync::Arc::new(ClaimRule {
-            labels: BTreeMap::from([("app".to_owned(), "web".to_owned())]).into(),
+            labels: Arc::new(meshca_auth::LabelMap::from([(
+                "app".to_owned(),
+                "web".to_owned(),
+            )])),
             services: vec!["web".to_owned()],
         }),
     );
@@ -267,7 +270,10 @@ async fn an_open_stream_is_closed_when_its_claim_rule_changes_to_contradict_its_
     use std::collections::BTreeMap;
     let rule = |app: &str| {
         Arc::new(ClaimRule {
-            labels: BTreeMap::from([("app".to_owned(), app.to_owned())]).into(),
+            labels: Arc::new(meshca_auth::LabelMap::from([(
+                "app".to_owned(),
+                app.to_owned(),
+            )])),
             services: vec!["web".to_owned()],
         })
     };

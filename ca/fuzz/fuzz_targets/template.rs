@@ -1,13 +1,11 @@
 //! Template parsing and rendering never panic.
 #![no_main]
 
-use std::collections::BTreeMap;
-
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &str| {
     if let Ok(t) = meshca_ca::Template::parse(data) {
-        let labels = BTreeMap::from([("kuma.io/workload".to_string(), "web".to_string())]);
+        let labels = meshca_ca::LabelMap::from([("kuma.io/workload".to_string(), "web".to_string())]);
         let _ = t.render(&meshca_ca::TemplateVars {
             mesh: "m",
             zone: "z",

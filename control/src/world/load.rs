@@ -8,6 +8,7 @@ use meshca_ca::{IdentityTemplate, TemplateVars};
 use meshca_config::{
     Mesh, MeshIdentity, MeshServicesMode, MeshTrust, Provider, Resources, Settings, ZONE_LABEL,
 };
+use meshca_identity::LabelMap;
 use meshca_keystore::Keystore;
 
 use super::{cas, federation, trust};
@@ -344,7 +345,7 @@ fn load_identity(
         identity.spiffe_id.path.as_deref(),
     )
     .map_err(IdentityLoadError::Template)?;
-    let no_labels = BTreeMap::new();
+    let no_labels = LabelMap::new();
     // As Kuma renders it: the zone the MeshIdentity comes from (its `kuma.io/zone`, which Kuma sets on
     // whatever a zone creates), else this zone.
     let zone = identity
