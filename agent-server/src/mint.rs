@@ -7,13 +7,13 @@ use meshca_auth::Claims;
 use meshca_control::ProxyEntry;
 use meshca_identity::SpiffeId;
 use meshca_serve::shown;
+use meshca_serve::StreamCodec;
 use meshca_workload::jwt::check_audiences;
 use meshca_workload::mint_jwt_svid;
 use tokio::time::Instant;
 use tonic::codegen::{http, BoxFuture};
 use tonic::server::{Grpc, UnaryService};
 use tonic::Status;
-use tonic_prost::ProstCodec;
 
 use super::Shared;
 use crate::proto::{JwtSvidRequest, JwtSvidResponse};
@@ -28,7 +28,7 @@ pub(crate) async fn serve(
         Err(status) => return status.into_http(),
     };
     let limit = shared.options.message_bytes;
-    let response = Grpc::new(ProstCodec::<JwtSvidResponse, JwtSvidRequest>::default())
+    let response = Grpc::new(StreamCodec::<JwtSvidResponse, JwtSvidRequest>::default())
         .apply_max_message_size_config(Some(limit), None)
         .unary(
             Mint {

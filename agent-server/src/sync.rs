@@ -19,13 +19,13 @@ use futures::FutureExt;
 use meshca_auth::{Claims, RevocationList};
 use meshca_ca::PublicKey;
 use meshca_control::{parse_names, rfc3339, ProxyHashSet, Registration, Snapshot};
+use meshca_serve::StreamCodec;
 use meshca_serve::{shown, HubStream, LogBudget, OpenStream};
 use meshca_workload::jwt_keys::KeySet;
 use tokio::sync::watch;
 use tonic::codegen::{http, BoxFuture};
 use tonic::server::{Grpc, StreamingService};
 use tonic::{Status, Streaming};
-use tonic_prost::ProstCodec;
 
 use super::state::{self, Fingerprint, Source};
 use super::status::{AgentStatus, Listed, RegistrationStatus};
@@ -75,7 +75,7 @@ pub(crate) async fn serve(
         }
     };
     let limit = shared.options.message_bytes;
-    Grpc::new(ProstCodec::<AgentState, AgentMessage>::default())
+    Grpc::new(StreamCodec::<AgentState, AgentMessage>::default())
         .apply_max_message_size_config(Some(limit), None)
         .streaming(
             Method {

@@ -20,7 +20,6 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
-use tonic_prost::ProstCodec;
 
 use crate::config::{AgentConfig, ServerAddr};
 use crate::gate::LocalStreams;
@@ -368,7 +367,7 @@ impl Core {
             .streaming(
                 request,
                 path,
-                ProstCodec::<AgentMessage, AgentState>::default(),
+                meshca_serve::StreamCodec::<AgentMessage, AgentState>::default(),
             )
             .await;
         let mut inbound = match response {
@@ -558,7 +557,7 @@ impl JwtMinter for Minter {
                 .unary(
                     request,
                     path,
-                    ProstCodec::<JwtSvidRequest, JwtSvidResponse>::default(),
+                    meshca_serve::StreamCodec::<JwtSvidRequest, JwtSvidResponse>::default(),
                 )
                 .await?;
             Ok(response.into_inner().token)

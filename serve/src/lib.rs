@@ -15,6 +15,7 @@ pub mod allowed_hosts;
 mod attested;
 mod bearer;
 mod channel;
+mod codec;
 mod conn;
 mod error;
 #[doc(hidden)]
@@ -32,6 +33,7 @@ mod wake;
 
 pub use attested::{Attest, Attested, AttestedCheck, AttestedRoutes};
 pub use channel::{connect_channel, ClientTls};
+pub use codec::{StreamCodec, StreamEncoder};
 pub use conn::{ConnInfo, ConnProgress, OpenStream};
 pub use error::{ConnectError, ErrorChain, ListenError, ServeError};
 pub use hub::{token_deadline, Hub, HubStream, NewStream, SnapshotWaiter, EVENT_BUFFER};

@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use futures::stream::BoxStream;
 use meshca_serve::grpc_service::{self, GrpcMethods};
+use meshca_serve::StreamCodec;
 use meshca_serve::{AttestedRoutes, ConnInfo, ConnPolicy, Hub, PeerProbe, StreamLimits};
 use tonic::codegen::{http, BoxFuture};
 use tonic::server::{Grpc, ServerStreamingService, UnaryService};
 use tonic::Status;
-use tonic_prost::ProstCodec;
 
 use crate::attest::PeerProcess;
 use crate::callers::Callers;
@@ -147,7 +147,7 @@ impl GrpcMethods for WorkloadApi {
                 paths::FETCH_JWT_BUNDLES => {
                     let request_bytes = shared.options.request_bytes;
                     let response =
-                        Grpc::new(ProstCodec::<JwtBundlesResponse, JwtBundlesRequest>::default())
+                        Grpc::new(StreamCodec::<JwtBundlesResponse, JwtBundlesRequest>::default())
                             .apply_max_message_size_config(
                                 Some(request_bytes),
                                 Some(MAX_RESPONSE_BYTES),
@@ -177,7 +177,7 @@ where
     Resp: prost::Message + Send + 'static,
 {
     let request_bytes = shared.options.request_bytes;
-    let response = Grpc::new(ProstCodec::<Resp, Req>::default())
+    let response = Grpc::new(StreamCodec::<Resp, Req>::default())
         .apply_max_message_size_config(Some(request_bytes), Some(MAX_RESPONSE_BYTES))
         .unary(Unary { shared, handler }, request)
         .await;
@@ -246,7 +246,7 @@ async fn serve_stream<V: View + Answers>(
     request: http::Request<tonic::body::Body>,
 ) -> http::Response<tonic::body::Body> {
     let request_bytes = shared.options.request_bytes;
-    let response = Grpc::new(ProstCodec::<V::Message, V::Request>::default())
+    let response = Grpc::new(StreamCodec::<V::Message, V::Request>::default())
         .apply_max_message_size_config(Some(request_bytes), Some(MAX_RESPONSE_BYTES))
         .server_streaming(Method::<V>::new(shared), request)
         .await;
