@@ -130,6 +130,11 @@ impl Ledger {
         for version in older {
             self.forget(version);
         }
+        // An idle stream holds the one message its peer acknowledged: room for more would be kept for
+        // as long as the stream stays idle, on every stream.
+        if self.sent.len() == 1 {
+            self.sent.shrink_to_fit();
+        }
         let Some(sent) = self.sent.front_mut() else {
             return Ok(None);
         };
@@ -169,6 +174,21 @@ mod tests {
 
     fn ids(ids: &[u64]) -> Vec<StreamId> {
         ids.iter().copied().map(StreamId).collect()
+    }
+
+    #[test]
+    fn an_idle_ledger_keeps_room_for_the_acknowledged_message_only() {
+        let mut sent = Ledger::default();
+        for generation in 1..=3 {
+            sent.send(generation, ids(&[1]));
+        }
+        assert!(sent.sent.capacity() >= 3);
+        sent.ack(3).expect("sent").expect("news");
+        assert_eq!(sent.kept(), 1);
+        assert_eq!(sent.sent.capacity(), 1);
+        // It keeps working: the next message and its acknowledgement.
+        assert_eq!(sent.send(4, ids(&[1])), 4);
+        assert_eq!(sent.ack(4).expect("sent").map(|a| a.version), Some(4));
     }
 
     #[test]

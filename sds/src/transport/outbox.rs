@@ -23,7 +23,9 @@ use std::task::{Context, Poll};
 
 use futures::Stream;
 
-type Slot<T> = Arc<Mutex<Option<T>>>;
+/// The item in a box: the slot lives as long as the stream, and a response (about 200 bytes inline)
+/// would otherwise keep its room there while the stream is idle.
+type Slot<T> = Arc<Mutex<Option<Box<T>>>>;
 
 /// Where the function puts what the stream yields next.
 pub(crate) struct Outbox<T> {
@@ -34,7 +36,7 @@ impl<T> Outbox<T> {
     /// Yields `item` from the stream; resolves once the stream has handed it on. (If the stream is
     /// dropped first, so is the function waiting here.)
     pub(crate) async fn send(&self, item: T) {
-        *lock(&self.slot) = Some(item);
+        *lock(&self.slot) = Some(Box::new(item));
         // No waker to register: the stream yields the item from the same poll, and its consumer polls
         // again when it wants the next one, which finds the slot empty.
         poll_fn(|_| {
@@ -82,7 +84,7 @@ impl<T> Stream for OutboxStream<T> {
             this.run = None;
         }
         match lock(&this.slot).take() {
-            Some(item) => Poll::Ready(Some(item)),
+            Some(item) => Poll::Ready(Some(*item)),
             None if finished => Poll::Ready(None),
             None => Poll::Pending,
         }
@@ -90,7 +92,7 @@ impl<T> Stream for OutboxStream<T> {
 }
 
 /// The slot holds no invariant a panic could break: a poisoned lock is used as it is.
-fn lock<T>(slot: &Mutex<Option<T>>) -> MutexGuard<'_, Option<T>> {
+fn lock<T>(slot: &Mutex<Option<Box<T>>>) -> MutexGuard<'_, Option<Box<T>>> {
     slot.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
