@@ -164,12 +164,14 @@ async fn serve<P: Protocol>(
 where
     P::Request: prost::Message + Default,
 {
+    // Taken out of its box by a function of its own: moved out here (`*start`), the box would stay
+    // allocated for as long as the stream runs.
     let Start {
         shared,
         principal,
         mut inbound,
         progress,
-    } = *start;
+    } = unboxed(start);
     // Opening and handling are boxed: their state is allocated only while they run, so an idle
     // stream holds only what this loop waits with.
     let opened = open::<P>(shared, principal, &mut inbound, progress, outbox);
@@ -193,6 +195,11 @@ where
             Next::Request(request) => Box::pin(stream.on_request(request, false)).await?,
         }
     }
+}
+
+/// The value in `boxed`, whose allocation is freed on return.
+fn unboxed<T>(boxed: Box<T>) -> T {
+    *boxed
 }
 
 /// Reads the first request, authenticates it, waits for the proxy's identity and answers; `None` when
