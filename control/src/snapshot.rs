@@ -225,8 +225,9 @@ impl ClaimRule {
 /// A stream that kept the whole snapshot would keep that generation's proxy tables alive for as long as
 /// it stays idle. Every publish copies the part of the tables it changes, so a fleet whose streams were
 /// last answered from a thousand different generations would hold a thousand partial copies: at
-/// 100,000 streams, a quarter of the daemon's memory. The parts kept here are shared by every
-/// generation that serves the same trust.
+/// 100,000 streams, a quarter of the daemon's memory. The parts kept here are small: the bundles are
+/// shared by every generation that serves the same trust, and the per-mesh map by every publish
+/// between two full reconciles.
 #[derive(Debug, Clone)]
 pub struct TrustView {
     /// The snapshot's generation.
