@@ -64,7 +64,7 @@ impl<T: Message> Encoder for StreamEncoder<T> {
     fn encode(&mut self, item: T, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
         buf.reserve(item.encoded_len());
         item.encode(buf)
-            .map_err(|e| Status::internal(format!("cannot encode a response: {e}")))
+            .map_err(|e| Status::internal(format!("cannot encode a message: {e}")))
     }
 
     fn buffer_settings(&self) -> BufferSettings {
