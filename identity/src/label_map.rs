@@ -34,16 +34,6 @@ impl LabelMap {
         self.0.iter().map(|(k, v)| (k, v))
     }
 
-    /// The keys, in order.
-    pub fn keys(&self) -> impl DoubleEndedIterator<Item = &String> + ExactSizeIterator {
-        self.0.iter().map(|(k, _)| k)
-    }
-
-    /// The values, in key order.
-    pub fn values(&self) -> impl DoubleEndedIterator<Item = &String> + ExactSizeIterator {
-        self.0.iter().map(|(_, v)| v)
-    }
-
     /// How many entries.
     pub fn len(&self) -> usize {
         self.0.len()
