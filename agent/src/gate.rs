@@ -7,7 +7,8 @@
 //! mapped to the local generation that first served it; the version is acknowledged once every
 //! open stream has applied that generation or a later one, at once when none is open.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::Hash;
 
 use meshca_control::{ProxyKey, StreamEvent, StreamId};
 
@@ -22,12 +23,42 @@ struct Open {
 }
 
 /// The local streams, and the server versions waiting for them.
+///
+/// An event or a question costs the same with ten streams open as with ten thousand: the streams
+/// are counted as they come, go and apply, per generation and per Dataplane, and the oldest
+/// generation applied is read from those counts, not by visiting every stream.
 #[derive(Debug, Default)]
 pub(crate) struct LocalStreams {
     open: HashMap<StreamId, Open>,
+    /// How many open streams have applied each local generation above 0, as their newest.
+    by_generation: BTreeMap<u64, usize>,
+    /// How many open streams of each Dataplane have applied nothing yet.
+    unapplied: HashMap<ProxyKey, usize>,
+    /// How many streams each Dataplane has open.
+    per_proxy: HashMap<ProxyKey, usize>,
     /// Server versions not acknowledged yet, with the local generation that serves each, oldest
     /// first.
     waiting: VecDeque<(u64, u64)>,
+}
+
+/// Takes one from `key`'s count, forgetting the key at none.
+fn take_one<K: Hash + Eq>(counts: &mut HashMap<K, usize>, key: &K) {
+    if let Some(count) = counts.get_mut(key) {
+        *count -= 1;
+        if *count == 0 {
+            counts.remove(key);
+        }
+    }
+}
+
+/// Takes one from `generation`'s count, forgetting it at none.
+fn take_generation(counts: &mut BTreeMap<u64, usize>, generation: u64) {
+    if let Some(count) = counts.get_mut(&generation) {
+        *count -= 1;
+        if *count == 0 {
+            counts.remove(&generation);
+        }
+    }
 }
 
 impl LocalStreams {
@@ -35,26 +66,45 @@ impl LocalStreams {
     pub(crate) fn event(&mut self, event: StreamEvent) {
         match event {
             StreamEvent::Connected { stream, claims } => {
-                self.open.insert(
-                    stream,
-                    Open {
-                        proxy: ProxyKey::new(claims.mesh.as_str(), claims.name.as_str()),
-                        applied: 0,
-                    },
-                );
+                let proxy = ProxyKey::new(claims.mesh.as_str(), claims.name.as_str());
+                *self.unapplied.entry(proxy.clone()).or_default() += 1;
+                *self.per_proxy.entry(proxy.clone()).or_default() += 1;
+                if let Some(before) = self.open.insert(stream, Open { proxy, applied: 0 }) {
+                    self.forget(&before);
+                }
             }
             StreamEvent::Acked {
                 stream, generation, ..
             } => {
-                if let Some(open) = self.open.get_mut(&stream) {
-                    open.applied = open.applied.max(generation);
+                let Some(open) = self.open.get_mut(&stream) else {
+                    return;
+                };
+                if generation <= open.applied {
+                    return;
                 }
+                match open.applied {
+                    0 => take_one(&mut self.unapplied, &open.proxy),
+                    before => take_generation(&mut self.by_generation, before),
+                }
+                open.applied = generation;
+                *self.by_generation.entry(generation).or_default() += 1;
             }
             StreamEvent::Disconnected { stream } => {
-                self.open.remove(&stream);
+                if let Some(open) = self.open.remove(&stream) {
+                    self.forget(&open);
+                }
             }
             _ => {}
         }
+    }
+
+    /// Takes a stream that is no longer open out of the counts.
+    fn forget(&mut self, open: &Open) {
+        match open.applied {
+            0 => take_one(&mut self.unapplied, &open.proxy),
+            applied => take_generation(&mut self.by_generation, applied),
+        }
+        take_one(&mut self.per_proxy, &open.proxy);
     }
 
     /// The server's state `version` is served from local generation `generation` on.
@@ -71,13 +121,17 @@ impl LocalStreams {
     /// so are the ones before it. A stream that has applied nothing yet and whose Dataplane has no
     /// identity to serve (`serving` says which have) holds nothing back: it is waiting for its
     /// identity, and whatever it is sent first is the newest state.
+    ///
+    /// Costs a lookup in `serving` per Dataplane with a stream that has applied nothing, at most.
     pub(crate) fn due(&mut self, serving: impl Fn(&ProxyKey) -> bool) -> Option<u64> {
-        let oldest_applied = self
-            .open
-            .values()
-            .filter(|o| o.applied > 0 || serving(&o.proxy))
-            .map(|o| o.applied)
-            .min();
+        if self.waiting.is_empty() {
+            return None;
+        }
+        let oldest_applied = if self.unapplied.keys().any(serving) {
+            Some(0)
+        } else {
+            self.by_generation.keys().next().copied()
+        };
         let mut due = None;
         while let Some(&(version, generation)) = self.waiting.front() {
             if oldest_applied.is_some_and(|applied| applied < generation) {
@@ -92,19 +146,15 @@ impl LocalStreams {
     /// How many local streams each registration has open (a stream counts for every registration
     /// of its Dataplane).
     pub(crate) fn counts(&self, registrations: &[Registration]) -> Vec<OpenStreams> {
-        let mut per_proxy: HashMap<&ProxyKey, u32> = HashMap::new();
-        for open in self.open.values() {
-            *per_proxy.entry(&open.proxy).or_default() += 1;
-        }
         registrations
             .iter()
             .map(|r| OpenStreams {
                 mesh: r.mesh.clone(),
                 registration: r.name.clone(),
-                streams: per_proxy
+                streams: self
+                    .per_proxy
                     .get(&ProxyKey::new(r.mesh.as_str(), r.dataplane.as_str()))
-                    .copied()
-                    .unwrap_or(0),
+                    .map_or(0, |&open| u32::try_from(open).unwrap_or(u32::MAX)),
             })
             .collect()
     }
@@ -224,5 +274,119 @@ mod tests {
         let counts = streams.counts(&[registration("r1", "a"), registration("r2", "b")]);
         assert_eq!(counts[0].streams, 2);
         assert_eq!(counts[1].streams, 0);
+    }
+    /// What the counts stand for, kept the plain way: every open stream, visited on each question.
+    #[derive(Default)]
+    struct Model {
+        open: std::collections::BTreeMap<u64, (String, u64)>,
+        waiting: VecDeque<(u64, u64)>,
+    }
+
+    impl Model {
+        fn due(&mut self, serving: &dyn Fn(&str) -> bool) -> Option<u64> {
+            let oldest = self
+                .open
+                .values()
+                .filter(|(proxy, applied)| *applied > 0 || serving(proxy))
+                .map(|(_, applied)| *applied)
+                .min();
+            let mut due = None;
+            while let Some(&(version, generation)) = self.waiting.front() {
+                if oldest.is_some_and(|applied| applied < generation) {
+                    break;
+                }
+                due = Some(version);
+                self.waiting.pop_front();
+            }
+            due
+        }
+    }
+
+    #[derive(Clone, Debug)]
+    enum Step {
+        Connect(u64, u8),
+        Ack(u64, u64),
+        Disconnect(u64),
+        Serve(u64),
+        NewServerStream,
+        Due(u8),
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0..8u64, 0..3u8).prop_map(|(s, p)| Step::Connect(s, p)),
+            (0..8u64, 0..6u64).prop_map(|(s, g)| Step::Ack(s, g)),
+            (0..8u64).prop_map(Step::Disconnect),
+            (1..6u64).prop_map(Step::Serve),
+            Just(Step::NewServerStream),
+            (0..8u8).prop_map(Step::Due),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever the local streams do, the counts answer as visiting every stream would, and
+        /// count the streams per registration as it would.
+        #[test]
+        fn the_counts_answer_as_a_scan_of_every_stream_would(
+            steps in proptest::collection::vec(step(), 0..64)
+        ) {
+            let mut streams = LocalStreams::default();
+            let mut model = Model::default();
+            let mut version = 0;
+            let proxies = ["a", "b", "c"];
+            for step in steps {
+                match step {
+                    Step::Connect(id, proxy) => {
+                        streams.event(connected(id, proxies[usize::from(proxy)]));
+                        model.open.insert(id, (proxies[usize::from(proxy)].to_owned(), 0));
+                    }
+                    Step::Ack(id, generation) => {
+                        streams.event(acked(id, generation));
+                        if let Some((_, applied)) = model.open.get_mut(&id) {
+                            *applied = (*applied).max(generation);
+                        }
+                    }
+                    Step::Disconnect(id) => {
+                        streams.event(disconnected(id));
+                        model.open.remove(&id);
+                    }
+                    Step::Serve(generation) => {
+                        version += 1;
+                        streams.served(version, generation);
+                        model.waiting.push_back((version, generation));
+                    }
+                    Step::NewServerStream => {
+                        streams.new_stream();
+                        model.waiting.clear();
+                    }
+                    Step::Due(serving) => {
+                        // Bit i: whether proxies[i] has an identity to serve.
+                        let serves = |name: &str| {
+                            proxies.iter().position(|p| *p == name).is_some_and(|i| serving & (1 << i) != 0)
+                        };
+                        let got = streams.due(|proxy: &ProxyKey| serves(&proxy.name));
+                        proptest::prop_assert_eq!(got, model.due(&serves));
+                    }
+                }
+                proptest::prop_assert_eq!(streams.open(), model.open.len());
+                let registrations: Vec<Registration> = proxies
+                    .iter()
+                    .map(|p| Registration {
+                        mesh: "default".into(),
+                        name: format!("r-{p}"),
+                        dataplane: (*p).into(),
+                        ..Default::default()
+                    })
+                    .collect();
+                let counts: Vec<u32> =
+                    streams.counts(&registrations).iter().map(|c| c.streams).collect();
+                let expected: Vec<u32> = proxies
+                    .iter()
+                    .map(|p| model.open.values().filter(|(proxy, _)| proxy == p).count() as u32)
+                    .collect();
+                proptest::prop_assert_eq!(counts, expected);
+            }
+        }
     }
 }
