@@ -449,9 +449,10 @@ pub struct BenchWorkloadArgs {
     /// stream was sent it. `--ack-after` is then the agent's.
     #[arg(long)]
     pub agent: bool,
-    /// With `--agent`: how many registrations name the agent (the streams all match the first; the
-    /// others select other uids, so the server certifies them through the agent and none is served).
-    #[arg(long, default_value_t = 1, requires = "agent")]
+    /// How many registrations there are: the streams all match the first; the others select other
+    /// uids, so none is served (with `--agent`, every one names the agent, and the server certifies
+    /// each through it).
+    #[arg(long, default_value_t = 1)]
     pub registrations: usize,
     #[command(flatten)]
     pub run: BenchRunArgs,

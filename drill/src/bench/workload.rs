@@ -37,9 +37,12 @@ pub struct WorkloadArgs {
     pub connections: Option<usize>,
     /// `workloadApi.ackAfter` of the bench daemon (of the agent, behind one), in seconds.
     pub ack_after: f64,
-    /// Serve the streams through a `meshca agent` that this many registrations name; `None`: the
+    /// How many registrations there are: the streams all match the first, the others select other
+    /// uids.
+    pub registrations: usize,
+    /// Serve the streams through a `meshca agent` that every registration names; `false`: the
     /// daemon's own socket serves them.
-    pub agent_registrations: Option<usize>,
+    pub agent: bool,
     /// How long the streams stay idle before the memory is read, in seconds.
     pub seconds: f64,
     /// How long the setup, and then the rotation, may take, in seconds.
@@ -55,7 +58,8 @@ impl Default for WorkloadArgs {
             streams: 10_000,
             connections: None,
             ack_after: meshca_workload::DEFAULT_ACK_AFTER.as_secs_f64(),
-            agent_registrations: None,
+            registrations: 1,
+            agent: false,
             seconds: 2.0,
             timeout: 60.0,
             client: BenchClient::Process,
@@ -71,8 +75,10 @@ pub const DEFAULT_CONNECTIONS: usize = 16;
 pub struct Options {
     /// The daemon's `workloadApi.ackAfter` (the agent's, behind one).
     pub ack_after: Duration,
-    /// Through a `meshca agent` that this many registrations name.
-    pub agent_registrations: Option<usize>,
+    /// How many registrations there are (the streams match the first).
+    pub registrations: usize,
+    /// Through a `meshca agent` that every registration names.
+    pub agent: bool,
     /// How it runs.
     pub run: RunOptions,
 }
@@ -81,14 +87,15 @@ impl Options {
     fn from_args(args: &WorkloadArgs) -> Result<Options, Error> {
         Ok(Options {
             ack_after: seconds("--ack-after", args.ack_after, true)?,
-            agent_registrations: match args.agent_registrations {
-                Some(0) => {
+            registrations: match args.registrations {
+                0 => {
                     return Err(Error::invalid_input(
                         "--registrations must be at least 1 (the streams match the first)",
                     ))
                 }
-                other => other,
+                count => count,
             },
+            agent: args.agent,
             run: RunOptions::new(
                 (args.streams, args.connections, DEFAULT_CONNECTIONS),
                 (args.seconds, args.timeout),
@@ -152,9 +159,10 @@ pub async fn measure(options: &Options) -> anyhow::Result<Outcome> {
         })
         .ok_or_else(|| anyhow!("the bench daemon has no unix SDS socket"))?;
     harness::with_daemon(&sandbox, settings, async |daemon, sandbox, clients| {
-        let agent = match options.agent_registrations {
-            Some(_) => Some(start_agent(options, daemon, sandbox, sds).await?),
-            None => None,
+        let agent = if options.agent {
+            Some(start_agent(options, daemon, sandbox, sds).await?)
+        } else {
+            None
         };
         let socket = agent.as_ref().map_or(socket, |a| a.sockets()[0].clone());
         let result = rotate_through(options, daemon, sandbox, clients, socket).await;
@@ -170,15 +178,16 @@ pub async fn measure(options: &Options) -> anyhow::Result<Outcome> {
     .await
 }
 
-/// The registrations: `WORKLOAD`, which the bench's process matches; behind an agent, also the others
-/// naming it, for other uids.
+/// The registrations: `WORKLOAD`, which the bench's process matches, and the others for other uids;
+/// behind an agent, every one names it.
 fn workloads_yaml(options: &Options, uid: u32) -> String {
-    let Some(count) = options.agent_registrations else {
-        return bench_registration(uid);
-    };
     let labels = BTreeMap::from([("app".to_owned(), "bench".to_owned())]);
-    let agent = format!("  agent: {}\n", agent_name(0));
-    (0..count)
+    let agent = if options.agent {
+        format!("  agent: {}\n", agent_name(0))
+    } else {
+        String::new()
+    };
+    (0..options.registrations)
         .map(|i| {
             let (name, uid) = match i {
                 0 => (WORKLOAD.to_owned(), uid),
@@ -234,7 +243,8 @@ fn report(options: &Options, outcome: &Outcome) -> serde_json::Value {
     let own = serde_json::json!({
         "bench": "workload",
         "ack_after_seconds": round(options.ack_after.as_secs_f64(), 3),
-        "agent_registrations": options.agent_registrations,
+        "registrations": options.registrations,
+        "agent_registrations": options.agent.then_some(options.registrations),
     });
     let measured = (&outcome.idle, &outcome.rotation, outcome.generations);
     harness::report(&options.run, "svid", measured, own)
@@ -284,7 +294,8 @@ mod tests {
     async fn a_rotation_reaches_every_workload_stream_and_renews_every_svid() {
         let options = Options {
             ack_after: Duration::from_millis(50),
-            agent_registrations: None,
+            registrations: 3,
+            agent: false,
             run: RunOptions::in_process(20, 3),
         };
         let outcome = measure(&options).await.expect("the bench runs");
@@ -305,13 +316,16 @@ mod tests {
         assert_eq!(line["reached"], 20);
         assert_eq!(line["svid_reached"], 20);
         assert_eq!(line["ack_after_seconds"], 0.05);
+        assert_eq!(line["registrations"], 3);
+        assert!(line["agent_registrations"].is_null());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn behind_an_agent_a_rotation_reaches_every_stream_and_renews_every_svid() {
         let options = Options {
             ack_after: Duration::from_millis(50),
-            agent_registrations: Some(5),
+            registrations: 5,
+            agent: true,
             run: RunOptions::in_process(20, 3),
         };
         let outcome = measure(&options).await.expect("the bench runs");
