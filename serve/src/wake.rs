@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::future::poll_fn;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 
@@ -54,6 +54,10 @@ pub(crate) struct Wakes {
 #[derive(Debug, Default)]
 struct Bell {
     rung: AtomicBool,
+    /// Where it is in its proxy's list, so that a stream leaves the list at once however many
+    /// streams the proxy has (100,000 streams of one Workload API registration closing used to
+    /// search the list each, seconds of CPU under the shard's lock). Changed only under that lock.
+    slot: AtomicU32,
     waker: AtomicWaker,
 }
 
@@ -74,10 +78,12 @@ impl Wakes {
     /// snapshot, so that no publish falls between the two.
     pub(crate) fn subscribe(self: &Arc<Self>, key: &ProxyKey, registrations: bool) -> Waiter {
         let bell = Arc::new(Bell::default());
-        lock(self.shard(key))
-            .entry(key.clone())
-            .or_default()
-            .push(bell.clone());
+        {
+            let mut shard = lock(self.shard(key));
+            let bells = shard.entry(key.clone()).or_default();
+            bell.slot.store(slot(bells.len()), Ordering::Relaxed);
+            bells.push(bell.clone());
+        }
         if registrations {
             lock(&self.registrations).insert(address(&bell), bell.clone());
         }
@@ -130,6 +136,11 @@ impl Wakes {
     }
 }
 
+/// A position in a proxy's list of bells, as a bell keeps it (`u32::MAX` past that).
+fn slot(at: usize) -> u32 {
+    u32::try_from(at).unwrap_or(u32::MAX)
+}
+
 /// Where a bell is: its key in [`Wakes::registrations`].
 fn address(bell: &Arc<Bell>) -> usize {
     Arc::as_ptr(bell) as usize
@@ -173,7 +184,19 @@ impl Drop for Waiter {
         let mut shard = lock(self.wakes.shard(&self.key));
         // The last waiter of the proxy, whichever it is, takes the entry along.
         if let Some(bells) = shard.get_mut(&self.key) {
-            bells.retain(|bell| !Arc::ptr_eq(bell, &self.bell));
+            let at = self.bell.slot.load(Ordering::Relaxed) as usize;
+            if bells
+                .get(at)
+                .is_some_and(|bell| Arc::ptr_eq(bell, &self.bell))
+            {
+                bells.swap_remove(at);
+                if let Some(moved) = bells.get(at) {
+                    moved.slot.store(slot(at), Ordering::Relaxed);
+                }
+            } else {
+                // Past u32::MAX streams of one proxy, slots are not kept: search.
+                bells.retain(|bell| !Arc::ptr_eq(bell, &self.bell));
+            }
             if bells.is_empty() {
                 shard.remove(&self.key);
             }
@@ -297,6 +320,35 @@ mod tests {
         drop(first);
         assert!(wakes.shard(&a).lock().expect("lock").contains_key(&a));
         drop(second);
+        assert!(!wakes.shard(&a).lock().expect("lock").contains_key(&a));
+    }
+
+    #[tokio::test]
+    async fn waiters_of_one_proxy_leave_in_any_order_and_the_others_still_hear() {
+        let wakes = Arc::new(Wakes::default());
+        let a = ProxyKey::new("m", "a");
+        let mut waiters: Vec<Option<Waiter>> =
+            (0..6).map(|_| Some(wakes.subscribe(&a, false))).collect();
+        let mut snapshot = next(&Snapshot::empty(), None);
+        // Leave from the middle, the front and the back; each time, the rest hear a change of a.
+        for leaving in [2, 0, 5, 3] {
+            drop(waiters[leaving].take());
+            let after = next(&snapshot, Some(vec![a.clone()]));
+            wakes.wake(&after, snapshot.generation);
+            snapshot = after;
+            let left = waiters.iter().flatten().count();
+            {
+                let shard = wakes.shard(&a).lock().expect("lock");
+                assert_eq!(shard[&a].len(), left);
+                for (at, bell) in shard[&a].iter().enumerate() {
+                    assert_eq!(bell.slot.load(Ordering::Relaxed) as usize, at, "slots kept");
+                }
+            }
+            for waiter in waiters.iter_mut().flatten() {
+                assert!(woken(waiter).await, "a waiter still subscribed hears a");
+            }
+        }
+        waiters.clear();
         assert!(!wakes.shard(&a).lock().expect("lock").contains_key(&a));
     }
 
