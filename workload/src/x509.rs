@@ -6,8 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
-use meshca_control::KeyHasher;
-use meshca_control::{ProxyEntry, ProxyIdentity, Registration, Snapshot, TrustBundle};
+use meshca_control::{KeyHasher, ProxyEntry, ProxyIdentity, Registration, Snapshot, TrustBundle};
 use prost::Message;
 use zeroize::Zeroizing;
 
@@ -104,8 +103,8 @@ fn der_of(pems: &[&str]) -> Result<Vec<u8>, String> {
 /// The DER of the PKCS#8 private key in PEM `text`. Each message a stream is sent decodes it again (a
 /// private key is never cached), so the usual form, one `PRIVATE KEY` block, is decoded straight
 /// into zeroized buffers, without the `pem` crate's intermediate text (which is not zeroized, and
-/// took an eighth of the daemon's CPU while 100,000 streams of one registration were sent their new
-/// SVID); anything else goes through the `pem` crate.
+/// took about an eighth of the daemon's CPU while 100,000 streams of one registration were sent their
+/// new SVID); anything else goes through the `pem` crate.
 fn private_key_der(text: &str) -> Result<Zeroizing<Vec<u8>>, String> {
     const BEGIN: &str = "-----BEGIN PRIVATE KEY-----";
     const END: &str = "-----END PRIVATE KEY-----";
