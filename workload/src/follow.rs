@@ -40,6 +40,10 @@ pub(crate) trait View: Send + 'static {
         snapshot: &Snapshot,
         registrations: &[Arc<Registration>],
     ) -> (Built<Self::Message>, Fingerprint);
+    /// The fingerprint [`View::build`] would return with a message, without building one; `None`
+    /// when it would return none.
+    fn fingerprint(snapshot: &Snapshot, registrations: &[Arc<Registration>])
+        -> Option<Fingerprint>;
 }
 
 /// `FetchX509SVID`: SVIDs, their trust domains' bundles and the federated ones.
@@ -55,6 +59,12 @@ impl View for Svids {
     ) -> (Built<Self::Message>, Fingerprint) {
         x509::svids(snapshot, registrations)
     }
+    fn fingerprint(
+        snapshot: &Snapshot,
+        registrations: &[Arc<Registration>],
+    ) -> Option<Fingerprint> {
+        x509::svids_fingerprint(snapshot, registrations)
+    }
 }
 
 /// `FetchX509Bundles`: every trust domain's bundle.
@@ -69,6 +79,12 @@ impl View for Bundles {
         registrations: &[Arc<Registration>],
     ) -> (Built<Self::Message>, Fingerprint) {
         x509::bundles(snapshot, registrations)
+    }
+    fn fingerprint(
+        snapshot: &Snapshot,
+        registrations: &[Arc<Registration>],
+    ) -> Option<Fingerprint> {
+        Some(x509::bundles_fingerprint(snapshot, registrations))
     }
 }
 
@@ -178,36 +194,42 @@ impl<V: View> Follow<V> {
             }
             let registrations: Vec<Arc<Registration>> =
                 self.links.iter().map(|l| l.registration.clone()).collect();
-            let (built, fingerprint) = V::build(&snapshot, &registrations);
-            match built {
-                Built::Ready(message) => {
-                    if self.sent.as_ref() != Some(&fingerprint) {
-                        self.sent = Some(fingerprint);
-                        let streams = self.links.iter().map(|l| l.stream.id()).collect();
-                        let version = self.ledger.send(snapshot.generation, streams);
-                        tracing::debug!(caller = %self.caller, stream = ?self.links.first().map(|l| l.stream.id()), generation = snapshot.generation, "Workload API message sent");
-                        self.acks.push_back(PendingAck {
-                            version,
-                            due: Instant::now() + self.shared.options.ack_after,
-                        });
-                        return Ok(message);
+            // A wake for a change that leaves this stream's content as it was sent (a registration
+            // added elsewhere, a new revocation list) is told from the fingerprint alone: building the
+            // message (its key decoded, its bundles copied) only to find it unchanged cost every
+            // stream of the fleet a build per such change.
+            let unchanged = self.sent.is_some()
+                && V::fingerprint(&snapshot, &registrations).as_ref() == self.sent.as_ref();
+            if unchanged {
+                self.unchanged(snapshot.generation).await;
+            } else {
+                let (built, fingerprint) = V::build(&snapshot, &registrations);
+                match built {
+                    Built::Ready(message) => {
+                        if self.sent.as_ref() != Some(&fingerprint) {
+                            self.sent = Some(fingerprint);
+                            let streams = self.links.iter().map(|l| l.stream.id()).collect();
+                            let version = self.ledger.send(snapshot.generation, streams);
+                            tracing::debug!(caller = %self.caller, stream = ?self.links.first().map(|l| l.stream.id()), generation = snapshot.generation, "Workload API message sent");
+                            self.acks.push_back(PendingAck {
+                                version,
+                                due: Instant::now() + self.shared.options.ack_after,
+                            });
+                            return Ok(message);
+                        }
+                        self.unchanged(snapshot.generation).await;
                     }
-                    // The caller holds this content already: it now stands for this generation
-                    // too, as soon as it has had the time to apply it (at once if it had).
-                    if let Some(acked) = self.ledger.unchanged(snapshot.generation) {
-                        self.report(acked).await;
+                    Built::Waiting => {}
+                    Built::Nothing(reason) => {
+                        tracing::info!(caller = %self.caller, method = V::METHOD, "Workload API stream ended: no identity to serve: {reason}");
+                        return Err(Status::permission_denied(format!(
+                            "no identity issued: {reason}"
+                        )));
                     }
-                }
-                Built::Waiting => {}
-                Built::Nothing(reason) => {
-                    tracing::info!(caller = %self.caller, method = V::METHOD, "Workload API stream ended: no identity to serve: {reason}");
-                    return Err(Status::permission_denied(format!(
-                        "no identity issued: {reason}"
-                    )));
-                }
-                Built::TooLarge(reason) => {
-                    tracing::warn!(caller = %self.caller, method = V::METHOD, "Workload API response refused: {reason}");
-                    return Err(Status::resource_exhausted(reason));
+                    Built::TooLarge(reason) => {
+                        tracing::warn!(caller = %self.caller, method = V::METHOD, "Workload API response refused: {reason}");
+                        return Err(Status::resource_exhausted(reason));
+                    }
                 }
             }
             while let Woken::AckDue = self.wait().await? {
@@ -218,6 +240,14 @@ impl<V: View> Follow<V> {
                     }
                 }
             }
+        }
+    }
+
+    /// The caller holds the content of `generation` already: that content now stands for this
+    /// generation too, as soon as it has had the time to apply it (at once if it had).
+    async fn unchanged(&mut self, generation: u64) {
+        if let Some(acked) = self.ledger.unchanged(generation) {
+            self.report(acked).await;
         }
     }
 

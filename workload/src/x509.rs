@@ -63,15 +63,28 @@ impl Fingerprint {
     }
 }
 
+/// The trust bundles a message for `registrations` carries, in order: each registration's mesh's, then
+/// `ALL`'s.
+fn trust_bundles<'s>(
+    snapshot: &'s Snapshot,
+    registrations: &'s [Arc<Registration>],
+) -> impl Iterator<Item = &'s Arc<TrustBundle>> {
+    registrations
+        .iter()
+        .filter_map(|registration| snapshot.meshes.get(&*registration.proxy.mesh))
+        .map(|mesh| &mesh.trust)
+        .chain(std::iter::once(&snapshot.all))
+}
+
 /// The trust of the registrations' meshes and of every mesh and trust domain (`ALL`), by trust domain,
 /// borrowed from the snapshot (every message of every stream builds it).
 fn trust_by_domain<'s>(
     snapshot: &'s Snapshot,
-    registrations: &[Arc<Registration>],
+    registrations: &'s [Arc<Registration>],
     fingerprint: &mut Fingerprint,
 ) -> BTreeMap<&'s str, Vec<&'s str>> {
     let mut bundles: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    let mut add = |bundle: &'s Arc<TrustBundle>, fingerprint: &mut Fingerprint| {
+    for bundle in trust_bundles(snapshot, registrations) {
         fingerprint.of_trust(bundle);
         for (td, pems) in bundle.by_trust_domain() {
             let held = bundles.entry(td.as_str()).or_default();
@@ -81,14 +94,37 @@ fn trust_by_domain<'s>(
                 }
             }
         }
-    };
+    }
+    bundles
+}
+
+/// What [`svids`] would build its message from, without building it; `None` while a registration's
+/// identity is still being prepared (it would send nothing). A stream that was sent a message with
+/// this fingerprint holds what [`svids`] would build: it needs no new one.
+pub(crate) fn svids_fingerprint(
+    snapshot: &Snapshot,
+    registrations: &[Arc<Registration>],
+) -> Option<Fingerprint> {
+    let mut fingerprint = Fingerprint::default();
+    trust_bundles(snapshot, registrations).for_each(|bundle| fingerprint.of_trust(bundle));
     for registration in registrations {
-        if let Some(mesh) = snapshot.meshes.get(&*registration.proxy.mesh) {
-            add(&mesh.trust, fingerprint);
+        match snapshot.proxies.get(&registration.proxy) {
+            Some(ProxyEntry::Ready(identity)) => fingerprint.of_svid(identity),
+            None | Some(ProxyEntry::Pending) => return None,
+            Some(ProxyEntry::NoIdentity { .. } | ProxyEntry::Refused { .. }) => {}
         }
     }
-    add(&snapshot.all, fingerprint);
-    bundles
+    Some(fingerprint)
+}
+
+/// What [`bundles`] would build its message from, without building it.
+pub(crate) fn bundles_fingerprint(
+    snapshot: &Snapshot,
+    registrations: &[Arc<Registration>],
+) -> Fingerprint {
+    let mut fingerprint = Fingerprint::default();
+    trust_bundles(snapshot, registrations).for_each(|bundle| fingerprint.of_trust(bundle));
+    fingerprint
 }
 
 /// Concatenated DER of PEM certificates (one certificate per string, as trust bundles hold them).
@@ -450,5 +486,89 @@ mod tests {
         // A body that is no base64 is refused, not decoded to something.
         let bad = "-----BEGIN PRIVATE KEY-----\n!!!!\n-----END PRIVATE KEY-----\n";
         assert!(private_key_der(bad).is_err());
+    }
+    /// A snapshot with mesh `default` trusting one CA of example.org, and `entries` for its proxies.
+    fn snapshot_with(entries: Vec<(&str, ProxyEntry)>) -> Snapshot {
+        let (ca_pem, _) = certificate("ca.example.org");
+        let trust = Arc::new(TrustBundle::new(BTreeMap::from([(
+            "example.org".to_owned(),
+            vec![ca_pem],
+        )])));
+        let mut snapshot = Snapshot::empty();
+        snapshot.meshes = Arc::new(HashMap::from([(
+            "default".to_owned(),
+            meshca_control::MeshView {
+                trust,
+                mesh_services: HashMap::new(),
+                federated: Arc::new([]),
+            },
+        )]));
+        for (name, entry) in entries {
+            snapshot
+                .proxies
+                .insert(meshca_control::ProxyKey::new("default", name), entry);
+        }
+        snapshot
+    }
+
+    fn registration(name: &str) -> Arc<Registration> {
+        Arc::new(Registration {
+            name: name.into(),
+            proxy: meshca_control::ProxyKey::new("default", name),
+            selectors: vec![],
+            agent: None,
+            hint: None,
+            jwt_svid_expiry: std::time::Duration::from_secs(300),
+            labels: Default::default(),
+        })
+    }
+
+    fn ready(name: &str) -> ProxyEntry {
+        let (chain_pem, _) = certificate(name);
+        let key = ::pem::encode(&::pem::Pem::new("PRIVATE KEY", b"key".to_vec()));
+        ProxyEntry::Ready(Arc::new(ProxyIdentity {
+            spiffe_id: format!("spiffe://example.org/{name}"),
+            identity_name: None,
+            chain_pem,
+            key: meshca_control::LeafKey::Held(meshca_control::SecretPem::new(key)),
+        }))
+    }
+
+    #[test]
+    fn the_fingerprint_alone_is_the_one_a_built_message_carries() {
+        let registrations = [registration("a"), registration("b")];
+        let refused = ProxyEntry::Refused {
+            reason: "not allowed".into(),
+        };
+        // Both ready; one refused (left out of the message, and of the fingerprint).
+        for entries in [
+            vec![("a", ready("a")), ("b", ready("b"))],
+            vec![("a", ready("a")), ("b", refused)],
+        ] {
+            let snapshot = snapshot_with(entries);
+            let (built, fingerprint) = svids(&snapshot, &registrations);
+            assert!(matches!(built, Built::Ready(_)), "{built:?}");
+            assert_eq!(
+                svids_fingerprint(&snapshot, &registrations),
+                Some(fingerprint)
+            );
+            let (built, fingerprint) = bundles(&snapshot, &registrations);
+            assert!(matches!(built, Built::Ready(_)), "{built:?}");
+            assert_eq!(bundles_fingerprint(&snapshot, &registrations), fingerprint);
+        }
+        // One still being prepared: no message, so no fingerprint to compare.
+        let snapshot = snapshot_with(vec![("a", ready("a")), ("b", ProxyEntry::Pending)]);
+        assert!(matches!(svids(&snapshot, &registrations).0, Built::Waiting));
+        assert_eq!(svids_fingerprint(&snapshot, &registrations), None);
+        // Another identity for a: another fingerprint, though every field shown is the same.
+        let first = snapshot_with(vec![("a", ready("a")), ("b", ready("b"))]);
+        let mut renewed = first.clone();
+        renewed
+            .proxies
+            .insert(meshca_control::ProxyKey::new("default", "a"), ready("a"));
+        assert_ne!(
+            svids_fingerprint(&first, &registrations),
+            svids_fingerprint(&renewed, &registrations)
+        );
     }
 }
