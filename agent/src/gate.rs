@@ -61,6 +61,20 @@ fn take_generation(counts: &mut BTreeMap<u64, usize>, generation: u64) {
     }
 }
 
+/// Takes the versions of `waiting` served by a generation every open stream has applied (`oldest`
+/// is the oldest one an open stream has applied; `None`: no stream counts), and returns the newest.
+fn take_due(waiting: &mut VecDeque<(u64, u64)>, oldest: Option<u64>) -> Option<u64> {
+    let mut due = None;
+    while let Some(&(version, generation)) = waiting.front() {
+        if oldest.is_some_and(|applied| applied < generation) {
+            break;
+        }
+        due = Some(version);
+        waiting.pop_front();
+    }
+    due
+}
+
 impl LocalStreams {
     /// Takes one event of the local Workload API server.
     pub(crate) fn event(&mut self, event: StreamEvent) {
@@ -132,15 +146,7 @@ impl LocalStreams {
         } else {
             self.by_generation.keys().next().copied()
         };
-        let mut due = None;
-        while let Some(&(version, generation)) = self.waiting.front() {
-            if oldest_applied.is_some_and(|applied| applied < generation) {
-                break;
-            }
-            due = Some(version);
-            self.waiting.pop_front();
-        }
-        due
+        take_due(&mut self.waiting, oldest_applied)
     }
 
     /// How many local streams each registration has open (a stream counts for every registration
@@ -275,7 +281,8 @@ mod tests {
         assert_eq!(counts[0].streams, 2);
         assert_eq!(counts[1].streams, 0);
     }
-    /// What the counts stand for, kept the plain way: every open stream, visited on each question.
+    /// What the counts stand for, kept the plain way: every open stream, visited on each question
+    /// (the versions it makes due are taken as [`take_due`] takes them).
     #[derive(Default)]
     struct Model {
         open: std::collections::BTreeMap<u64, (String, u64)>,
@@ -290,15 +297,7 @@ mod tests {
                 .filter(|(proxy, applied)| *applied > 0 || serving(proxy))
                 .map(|(_, applied)| *applied)
                 .min();
-            let mut due = None;
-            while let Some(&(version, generation)) = self.waiting.front() {
-                if oldest.is_some_and(|applied| applied < generation) {
-                    break;
-                }
-                due = Some(version);
-                self.waiting.pop_front();
-            }
-            due
+            take_due(&mut self.waiting, oldest)
         }
     }
 

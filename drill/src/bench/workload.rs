@@ -85,16 +85,14 @@ pub struct Options {
 
 impl Options {
     fn from_args(args: &WorkloadArgs) -> Result<Options, Error> {
+        if args.registrations == 0 {
+            return Err(Error::invalid_input(
+                "--registrations must be at least 1 (the streams match the first)",
+            ));
+        }
         Ok(Options {
             ack_after: seconds("--ack-after", args.ack_after, true)?,
-            registrations: match args.registrations {
-                0 => {
-                    return Err(Error::invalid_input(
-                        "--registrations must be at least 1 (the streams match the first)",
-                    ))
-                }
-                count => count,
-            },
+            registrations: args.registrations,
             agent: args.agent,
             run: RunOptions::new(
                 (args.streams, args.connections, DEFAULT_CONNECTIONS),
