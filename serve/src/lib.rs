@@ -18,6 +18,7 @@ mod channel;
 mod codec;
 mod conn;
 mod error;
+pub mod frames;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod grpc_service;

@@ -17,6 +17,7 @@ use futures::future::select_all;
 use futures::stream::{self, BoxStream, StreamExt};
 use meshca_auth::Claims;
 use meshca_control::{parse_names, Registration, Snapshot};
+use meshca_serve::frames::Encoded;
 use meshca_serve::ledger::{Acked, Ledger};
 use meshca_serve::{HubStream, OpenStream, SnapshotWaiter};
 use tokio::sync::watch;
@@ -24,6 +25,7 @@ use tokio::time::Instant;
 use tonic::Status;
 
 use crate::callers::Listed;
+use crate::messages::MessageCache;
 #[cfg(doc)]
 use crate::options::WorkloadOptions;
 use crate::shared::{Admitted, CallerSlot, Shared};
@@ -44,6 +46,10 @@ pub(crate) trait View: Send + 'static {
     /// when it would return none.
     fn fingerprint(snapshot: &Snapshot, registrations: &[Arc<Registration>])
         -> Option<Fingerprint>;
+    /// Where the server keeps the messages it encoded.
+    fn messages(shared: &Shared) -> &MessageCache<Self::Message>;
+    /// Zeroizes what in `message` must not outlive it (its encoding is what is sent).
+    fn forget(message: &mut Self::Message);
 }
 
 /// `FetchX509SVID`: SVIDs, their trust domains' bundles and the federated ones.
@@ -64,6 +70,12 @@ impl View for Svids {
         registrations: &[Arc<Registration>],
     ) -> Option<Fingerprint> {
         x509::svids_fingerprint(snapshot, registrations)
+    }
+    fn messages(shared: &Shared) -> &MessageCache<Self::Message> {
+        &shared.svid_messages
+    }
+    fn forget(message: &mut Self::Message) {
+        x509::forget_keys(message);
     }
 }
 
@@ -86,6 +98,11 @@ impl View for Bundles {
     ) -> Option<Fingerprint> {
         Some(x509::bundles_fingerprint(snapshot, registrations))
     }
+    fn messages(shared: &Shared) -> &MessageCache<Self::Message> {
+        &shared.bundle_messages
+    }
+    /// Bundles are public.
+    fn forget(_: &mut Self::Message) {}
 }
 
 /// A message the caller was sent (its version in the ledger), counted as ACKed once `due`.
@@ -165,7 +182,7 @@ impl<V: View> Follow<V> {
     }
 
     /// The stream of messages, ending with the status that ended it (if not the caller).
-    pub(crate) fn into_stream(self) -> BoxStream<'static, Result<V::Message, Status>> {
+    pub(crate) fn into_stream(self) -> BoxStream<'static, Result<Encoded<V::Message>, Status>> {
         stream::unfold(self, |mut follow| async move {
             let item = follow.next().await?;
             Some((item, follow))
@@ -173,7 +190,7 @@ impl<V: View> Follow<V> {
         .boxed()
     }
 
-    async fn next(&mut self) -> Option<Result<V::Message, Status>> {
+    async fn next(&mut self) -> Option<Result<Encoded<V::Message>, Status>> {
         if self.done {
             return None;
         }
@@ -185,7 +202,7 @@ impl<V: View> Follow<V> {
     }
 
     /// Waits until there is something new to send, or a reason to end the stream.
-    async fn serve(&mut self) -> Result<V::Message, Status> {
+    async fn serve(&mut self) -> Result<Encoded<V::Message>, Status> {
         loop {
             let snapshot = self.snapshots.borrow_and_update().clone();
             if self.relink(&snapshot).await? {
@@ -198,12 +215,14 @@ impl<V: View> Follow<V> {
             // added elsewhere, a new revocation list) is told from the fingerprint alone: building the
             // message (its key decoded, its bundles copied) only to find it unchanged cost every
             // stream of the fleet a build per such change.
-            let unchanged = self.sent.is_some()
-                && V::fingerprint(&snapshot, &registrations).as_ref() == self.sent.as_ref();
+            let fingerprint = V::fingerprint(&snapshot, &registrations);
+            let unchanged = self.sent.is_some() && fingerprint.as_ref() == self.sent.as_ref();
             if unchanged {
                 self.unchanged(snapshot.generation).await;
             } else {
-                let (built, fingerprint) = V::build(&snapshot, &registrations);
+                let messages = V::messages(&self.shared);
+                let (built, fingerprint) =
+                    message::<V>(messages, &snapshot, &registrations, fingerprint);
                 match built {
                     Built::Ready(message) => {
                         if self.sent.as_ref() != Some(&fingerprint) {
@@ -381,6 +400,39 @@ impl<V: View> Follow<V> {
     }
 }
 
+/// The message for `registrations` in `snapshot`, whose content is `fingerprint` (`None`: none to
+/// send): the one encoded for a stream of the same registrations, or built and encoded now and kept in
+/// `messages` for the next.
+fn message<V: View>(
+    messages: &MessageCache<V::Message>,
+    snapshot: &Snapshot,
+    registrations: &[Arc<Registration>],
+    fingerprint: Option<Fingerprint>,
+) -> (Built<Encoded<V::Message>>, Fingerprint) {
+    if let Some(fingerprint) = fingerprint {
+        if let Some(message) = messages.get(&snapshot.registrations, registrations, &fingerprint) {
+            return (Built::Ready(message), fingerprint);
+        }
+    }
+    let (built, fingerprint) = V::build(snapshot, registrations);
+    let mut message = match built {
+        Built::Ready(message) => message,
+        Built::Waiting => return (Built::Waiting, fingerprint),
+        Built::Nothing(reason) => return (Built::Nothing(reason), fingerprint),
+        Built::TooLarge(reason) => return (Built::TooLarge(reason), fingerprint),
+    };
+    let encoded = Encoded::new(&message);
+    V::forget(&mut message);
+    match encoded {
+        Ok(encoded) => {
+            let table = &snapshot.registrations;
+            messages.insert(table, registrations, fingerprint.clone(), encoded.clone());
+            (Built::Ready(encoded), fingerprint)
+        }
+        Err(status) => (Built::TooLarge(status.message().to_owned()), fingerprint),
+    }
+}
+
 /// Tells the owner a stream of `registration`'s Dataplane is open (the owner issues identities to
 /// connected proxies only): its handle, and a wait for the snapshots that concern it (subscribed first,
 /// so that none published after this returns goes unheard). Dropping the handle reports its end.
@@ -416,5 +468,63 @@ pub(crate) async fn sleep_until_some(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use meshca_serve::frames::FRAME_HEADER;
+    use prost::Message;
+
+    use super::*;
+    use crate::proto::X509SvidResponse;
+    use crate::x509::tests::{ready, registration, snapshot_with};
+
+    fn ready_message(built: Built<Encoded<X509SvidResponse>>) -> Encoded<X509SvidResponse> {
+        match built {
+            Built::Ready(message) => message,
+            other => panic!("not ready: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn streams_of_the_same_registrations_send_one_frame_until_the_content_changes() {
+        let cache = MessageCache::default();
+        let snapshot = snapshot_with(vec![("web", ready("web"))]);
+        let registrations = [registration("web")];
+        let send = |snapshot: &Snapshot| {
+            let fingerprint = Svids::fingerprint(snapshot, &registrations);
+            ready_message(message::<Svids>(&cache, snapshot, &registrations, fingerprint).0)
+        };
+        let first = send(&snapshot);
+        let second = send(&snapshot);
+        assert_eq!(
+            first.frame().as_ptr(),
+            second.frame().as_ptr(),
+            "one frame for both"
+        );
+        // The frame is the message the snapshot builds, framed.
+        let Built::Ready(built) = x509::svids(&snapshot, &registrations).0 else {
+            panic!("ready");
+        };
+        let frame = first.frame();
+        assert_eq!(frame.len(), FRAME_HEADER + built.encoded_len());
+        let length = u32::try_from(built.encoded_len()).expect("small");
+        assert_eq!(frame[0], 0, "not compressed");
+        assert_eq!(frame[1..FRAME_HEADER], length.to_be_bytes());
+        let sent = X509SvidResponse::decode(&frame[FRAME_HEADER..]).expect("decodes");
+        assert_eq!(sent, built);
+
+        // A renewal under the same registration table: a new frame, with the new certificate.
+        let mut renewed = snapshot_with(vec![("web", ready("web"))]);
+        renewed.registrations = snapshot.registrations.clone();
+        let third = send(&renewed);
+        assert_ne!(third.frame().as_ptr(), first.frame().as_ptr());
+        let Built::Ready(rebuilt) = x509::svids(&renewed, &registrations).0 else {
+            panic!("ready");
+        };
+        let sent = X509SvidResponse::decode(&third.frame()[FRAME_HEADER..]).expect("decodes");
+        assert_eq!(sent, rebuilt);
+        assert_eq!(send(&renewed).frame().as_ptr(), third.frame().as_ptr());
     }
 }

@@ -17,6 +17,7 @@ pub mod jwt;
 mod jwt_api;
 pub mod jwt_keys;
 mod jwt_source;
+mod messages;
 mod options;
 pub mod proto;
 mod sds_api;

@@ -2,9 +2,10 @@
 //! admission is in [`crate::shared`]).
 
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use futures::stream::BoxStream;
+use futures::stream::{BoxStream, StreamExt};
+use meshca_serve::frames::{self, Encoded};
 use meshca_serve::grpc_service::{self, GrpcMethods};
 use meshca_serve::StreamCodec;
 use meshca_serve::{AttestedRoutes, ConnInfo, ConnPolicy, Hub, PeerProbe, StreamLimits};
@@ -241,30 +242,45 @@ impl ServerStreamingService<JwtBundlesRequest> for JwtBundlesMethod {
 
 /// Answers a streaming method whose messages `V` builds: requests no larger than the limit, responses
 /// under what clients accept.
+///
+/// tonic reads the request and answers every refusal (the caller's, and its own: a request too large,
+/// compressed in a way it does not read) as for any method. The messages do not go through tonic's
+/// encoder, which would copy each into a buffer the stream keeps for its life: each is the frame
+/// [`Follow`] was handed, shared by every stream that sends the same message, and let go once written
+/// ([`meshca_serve::frames`]).
 async fn serve_stream<V: View + Answers>(
     shared: Arc<Shared>,
     request: http::Request<tonic::body::Body>,
 ) -> http::Response<tonic::body::Body> {
     let request_bytes = shared.options.request_bytes;
-    let response = Grpc::new(StreamCodec::<V::Message, V::Request>::default())
+    let accepted = Arc::new(Mutex::new(None));
+    let response = Grpc::new(StreamCodec::<(), V::Request>::default())
         .apply_max_message_size_config(Some(request_bytes), Some(MAX_RESPONSE_BYTES))
-        .server_streaming(Method::<V>::new(shared), request)
+        .server_streaming(Method::<V>::new(shared, accepted.clone()), request)
         .await;
-    oversize_is_exhausted(response, request_bytes)
+    let messages = accepted
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+    match messages {
+        Some(messages) => frames::response(messages.map(|message| message.map(|m| m.frame()))),
+        None => oversize_is_exhausted(response, request_bytes),
+    }
 }
 
-/// A streaming method whose messages a [`View`] builds.
-struct Method<V> {
+/// The messages of a stream [`Method`] accepted.
+type Messages<M> = BoxStream<'static, Result<Encoded<M>, Status>>;
+
+/// A streaming method whose messages a [`View`] builds. It answers tonic with no messages: those of a
+/// stream it accepts are left in `accepted`, for [`serve_stream`] to send.
+struct Method<V: View> {
     shared: Arc<Shared>,
-    _view: std::marker::PhantomData<fn() -> V>,
+    accepted: Arc<Mutex<Option<Messages<V::Message>>>>,
 }
 
-impl<V> Method<V> {
-    fn new(shared: Arc<Shared>) -> Self {
-        Method {
-            shared,
-            _view: std::marker::PhantomData,
-        }
+impl<V: View> Method<V> {
+    fn new(shared: Arc<Shared>, accepted: Arc<Mutex<Option<Messages<V::Message>>>>) -> Self {
+        Method { shared, accepted }
     }
 }
 
@@ -285,12 +301,13 @@ impl Answers for Bundles {
 }
 
 impl<V: View + Answers> ServerStreamingService<V::Request> for Method<V> {
-    type Response = V::Message;
-    type ResponseStream = BoxStream<'static, Result<V::Message, Status>>;
+    type Response = ();
+    type ResponseStream = futures::stream::Empty<Result<(), Status>>;
     type Future = BoxFuture<tonic::Response<Self::ResponseStream>, Status>;
 
     fn call(&mut self, request: tonic::Request<V::Request>) -> Self::Future {
         let shared = self.shared.clone();
+        let accepted = self.accepted.clone();
         Box::pin(async move {
             let admitted = shared.admit(request.extensions().get::<ConnInfo>()).await?;
             let snapshot = shared.published().await?;
@@ -303,7 +320,8 @@ impl<V: View + Answers> ServerStreamingService<V::Request> for Method<V> {
             }
             jwt_api::ensure_keys_of(&shared, &snapshot, &matched);
             let follow = Follow::<V>::new(shared.clone(), admitted);
-            Ok(tonic::Response::new(follow.into_stream()))
+            *accepted.lock().unwrap_or_else(PoisonError::into_inner) = Some(follow.into_stream());
+            Ok(tonic::Response::new(futures::stream::empty()))
         })
     }
 }

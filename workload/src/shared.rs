@@ -12,7 +12,9 @@ use crate::attest::{self, AttestError, PeerProcess, SelectorKind, Selectors};
 use crate::callers::Callers;
 use crate::jwt::JwtSvidCache;
 use crate::jwt_source::JwtSource;
+use crate::messages::MessageCache;
 use crate::options::WorkloadOptions;
+use crate::proto::{X509BundlesResponse, X509SvidResponse};
 
 /// What every request of one server shares.
 pub(crate) struct Shared {
@@ -28,6 +30,10 @@ pub(crate) struct Shared {
     pub(crate) jwt: Option<JwtSource>,
     /// Signed JWT-SVIDs kept for reuse.
     pub(crate) jwt_cache: Mutex<JwtSvidCache>,
+    /// `FetchX509SVID` messages, encoded once for the streams that send them.
+    pub(crate) svid_messages: MessageCache<X509SvidResponse>,
+    /// `FetchX509Bundles` messages, encoded once for the streams that send them.
+    pub(crate) bundle_messages: MessageCache<X509BundlesResponse>,
 }
 
 impl Shared {
@@ -42,6 +48,8 @@ impl Shared {
             options,
             streams: Mutex::new(HashMap::new()),
             callers: Callers::default(),
+            svid_messages: MessageCache::default(),
+            bundle_messages: MessageCache::default(),
         }
     }
 }

@@ -8,7 +8,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use meshca_control::{KeyHasher, ProxyEntry, ProxyIdentity, Registration, Snapshot, TrustBundle};
 use prost::Message;
-use zeroize::Zeroizing;
+use zeroize::{Zeroize, Zeroizing};
 
 use crate::proto::{X509BundlesResponse, X509Svid, X509SvidResponse};
 
@@ -54,6 +54,14 @@ impl PartialEq for Fingerprint {
 }
 
 impl Fingerprint {
+    /// The fingerprint of a message of `identities` alone, for tests.
+    #[cfg(test)]
+    pub(crate) fn of_identities(identities: &[Arc<ProxyIdentity>]) -> Fingerprint {
+        let mut fingerprint = Fingerprint::default();
+        identities.iter().for_each(|i| fingerprint.of_svid(i));
+        fingerprint
+    }
+
     fn of_svid(&mut self, identity: &Arc<ProxyIdentity>) {
         self.0.push(Part::Svid(identity.clone()));
     }
@@ -125,6 +133,13 @@ pub(crate) fn bundles_fingerprint(
     let mut fingerprint = Fingerprint::default();
     trust_bundles(snapshot, registrations).for_each(|bundle| fingerprint.of_trust(bundle));
     fingerprint
+}
+
+/// Zeroizes the private keys `response` carries.
+pub(crate) fn forget_keys(response: &mut X509SvidResponse) {
+    for svid in &mut response.svids {
+        svid.x509_svid_key.zeroize();
+    }
 }
 
 /// Concatenated DER of PEM certificates (one certificate per string, as trust bundles hold them).
@@ -368,7 +383,7 @@ fn within_limit<R: Message>(response: R) -> Built<R> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn identity(spiffe_id: &str) -> Arc<ProxyIdentity> {
@@ -488,7 +503,7 @@ mod tests {
         assert!(private_key_der(bad).is_err());
     }
     /// A snapshot with mesh `default` trusting one CA of example.org, and `entries` for its proxies.
-    fn snapshot_with(entries: Vec<(&str, ProxyEntry)>) -> Snapshot {
+    pub(crate) fn snapshot_with(entries: Vec<(&str, ProxyEntry)>) -> Snapshot {
         let (ca_pem, _) = certificate("ca.example.org");
         let trust = Arc::new(TrustBundle::new(BTreeMap::from([(
             "example.org".to_owned(),
@@ -511,7 +526,7 @@ mod tests {
         snapshot
     }
 
-    fn registration(name: &str) -> Arc<Registration> {
+    pub(crate) fn registration(name: &str) -> Arc<Registration> {
         Arc::new(Registration {
             name: name.into(),
             proxy: meshca_control::ProxyKey::new("default", name),
@@ -523,7 +538,7 @@ mod tests {
         })
     }
 
-    fn ready(name: &str) -> ProxyEntry {
+    pub(crate) fn ready(name: &str) -> ProxyEntry {
         let (chain_pem, _) = certificate(name);
         let key = ::pem::encode(&::pem::Pem::new("PRIVATE KEY", b"key".to_vec()));
         ProxyEntry::Ready(Arc::new(ProxyIdentity {

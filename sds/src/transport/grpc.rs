@@ -12,8 +12,9 @@
 //!
 //! The bytes are handled by a sans-IO core, [`framing`] (a request framer fed byte slices, and the
 //! framing of one response), which the tests and the fuzzer drive directly; this file is its shell:
-//! [`Requests`] reads the HTTP/2 request body into the framer, [`ResponseBody`] is the response's
-//! `Body`, and a refusal becomes a gRPC status here.
+//! [`Requests`] reads the HTTP/2 request body into the framer, [`response`] hands each framed response
+//! to the body of [`meshca_serve::frames`] (which the Workload API's streams use too), and a refusal
+//! becomes a gRPC status here.
 //!
 //! What would let it go: no upstream issue asks for it (none found in tonic's or prost's trackers).
 //! tonic's `Streaming` decoder would have to read each message into a buffer of that message's size
@@ -22,13 +23,11 @@
 //! would still be read whole, which the trimmer ([`super::wire`]) avoids.
 
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes};
-use futures::Stream;
-use http_body::{Body, Frame, SizeHint};
+use futures::{Stream, StreamExt};
 use http_body_util::BodyExt;
-use tonic::codegen::http::{self, HeaderMap, HeaderValue};
+use tonic::codegen::http;
 use tonic::Status;
 
 use crate::transport::wire;
@@ -105,60 +104,13 @@ fn refused(error: FramingError) -> Status {
 
 type Messages<M> = Pin<Box<dyn Stream<Item = Result<M, Status>> + Send>>;
 
-/// The body of a streaming response: every message of `messages`, then the trailers with the status the
-/// stream ended with (OK when it simply ended).
-pub(crate) struct ResponseBody<M> {
-    /// `None` once the trailers were sent.
-    messages: Option<Messages<M>>,
-}
-
-/// A streaming response carrying `messages`.
+/// A streaming response carrying `messages`, each framed into a buffer of its own as it goes out
+/// ([`meshca_serve::frames`]), then the status the stream ended with.
 pub(crate) fn response<M>(messages: Messages<M>) -> http::Response<tonic::body::Body>
 where
     M: Encode + 'static,
 {
-    let mut response = http::Response::new(tonic::body::Body::new(ResponseBody {
-        messages: Some(messages),
-    }));
-    response.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/grpc"),
-    );
-    response
-}
-
-impl<M: Encode> Body for ResponseBody<M> {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        let this = self.get_mut();
-        let Some(messages) = this.messages.as_mut() else {
-            return Poll::Ready(None);
-        };
-        let ended = match ready!(messages.as_mut().poll_next(cx)) {
-            Some(Ok(message)) => match frame(&message) {
-                Ok(data) => return Poll::Ready(Some(Ok(Frame::data(data)))),
-                Err(status) => status,
-            },
-            Some(Err(status)) => status,
-            None => Status::ok(""),
-        };
-        // Nothing follows the trailers: the stream (and whatever its messages hold) goes now.
-        this.messages = None;
-        Poll::Ready(Some(Ok(Frame::trailers(trailers(&ended)))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.messages.is_none()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::default()
-    }
+    meshca_serve::frames::response(messages.map(|message| frame(&message?)))
 }
 
 /// `message` framed for gRPC, in a buffer of exactly its size ([`framing::frame`]).
@@ -168,23 +120,14 @@ fn frame(message: &impl Encode) -> Result<Bytes, Status> {
         .map_err(|error: EncodeError| Status::internal(error.to_string()))
 }
 
-/// The trailers that carry `status` (`grpc-status`, `grpc-message`, details).
-fn trailers(status: &Status) -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    if status.add_header(&mut headers).is_err() {
-        // Only a message that cannot be a header value gets here; the code alone still tells the proxy.
-        headers.clear();
-        let _ = Status::new(status.code(), "").add_header(&mut headers);
-    }
-    headers
-}
-
 #[cfg(test)]
 mod tests {
     use envoy_types::pb::envoy::config::core::v3::{Extension, Node};
     use envoy_types::pb::envoy::service::discovery::v3::{self as envoy, DiscoveryResponse};
     use proptest::prelude::*;
     use prost::Message;
+
+    use http_body::{Body, Frame};
 
     use super::*;
     use crate::transport::wire::DiscoveryRequest;
@@ -357,10 +300,8 @@ mod tests {
 
     fn response_of(
         items: Vec<Result<DiscoveryResponse, Status>>,
-    ) -> ResponseBody<DiscoveryResponse> {
-        ResponseBody {
-            messages: Some(Box::pin(futures::stream::iter(items))),
-        }
+    ) -> http::Response<tonic::body::Body> {
+        response(Box::pin(futures::stream::iter(items)))
     }
 
     fn message(version: &str) -> DiscoveryResponse {
@@ -384,9 +325,9 @@ mod tests {
     }
 
     async fn collect(
-        body: ResponseBody<DiscoveryResponse>,
-    ) -> (Vec<DiscoveryResponse>, HeaderMap, usize) {
-        let mut body = std::pin::pin!(body);
+        response: http::Response<tonic::body::Body>,
+    ) -> (Vec<DiscoveryResponse>, http::HeaderMap, usize) {
+        let mut body = response.into_body();
         let (mut data, mut trailers, mut frames) = (Vec::new(), None, 0);
         while let Some(frame) = body.frame().await {
             let frame = frame.expect("the body itself never fails");

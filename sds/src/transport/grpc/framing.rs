@@ -4,7 +4,7 @@
 //! [`RequestFramer`] is handed the request body's bytes in slices cut anywhere, reads each message's
 //! frame header, and feeds the message itself through a [`Trimmer`]; it never reads a body, so tests
 //! and the fuzzer drive it with any byte sequence and any cuts. [`super::Requests`] is the thin reader
-//! of the HTTP/2 body around it, and [`super::ResponseBody`] the `Body` around [`frame`].
+//! of the HTTP/2 body around it, and [`super::response`] sends each [`frame`] as the response body.
 //!
 //! The framing is gRPC's (a compression flag, a big-endian length, the message), without compression.
 
