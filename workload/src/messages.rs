@@ -16,10 +16,11 @@ use crate::x509::Fingerprint;
 
 /// The messages built lately, by the registrations they were built for.
 ///
-/// Bounded two ways: an entry is replaced when its registrations' content changes (a new fingerprint),
-/// every entry goes when the registration table changes (no message of a removed registration stays),
-/// and the entries are kept in two generations of [`MessageCache::GENERATION_BYTES`] each: when the
-/// current one is full it becomes the previous and the older one is dropped; a hit moves its entry up.
+/// Bounded: an entry is replaced when its registrations' content changes (a new fingerprint), every
+/// entry goes when the registration table changes (no message of a removed registration stays), and
+/// the entries are kept in two generations of [`MessageCache::GENERATION_BYTES`] each: when the current
+/// one is full it becomes the previous and the older one is dropped; a hit moves its entry up. A
+/// message's bytes are zeroized when the last stream sending it lets it go ([`Encoded`]).
 pub(crate) struct MessageCache<M> {
     inner: Mutex<Generations<M>>,
 }
@@ -100,9 +101,9 @@ impl<M> MessageCache<M> {
         registrations: &[Arc<Registration>],
         fingerprint: &Fingerprint,
     ) -> Option<Encoded<M>> {
+        let key = key_of(registrations);
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         inner.under(table);
-        let key = key_of(registrations);
         if let Some(entry) = inner.current.entries.get(&key) {
             return (entry.fingerprint == *fingerprint).then(|| entry.message.clone());
         }
@@ -125,14 +126,14 @@ impl<M> MessageCache<M> {
         fingerprint: Fingerprint,
         message: Encoded<M>,
     ) {
-        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        inner.under(table);
         let key = key_of(registrations);
         let entry = Entry {
             _registrations: registrations.to_vec(),
             fingerprint,
             message,
         };
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        inner.under(table);
         inner.insert(key, entry);
     }
 

@@ -326,9 +326,12 @@ pub(crate) fn svids(
         .collect();
     response.federated_bundles = match federated(&bundles, |td| own.iter().any(|o| o == td)) {
         Ok(map) => map,
-        Err(reason) => return (Built::Nothing(reason), fingerprint),
+        Err(reason) => {
+            forget_keys(&mut response);
+            return (Built::Nothing(reason), fingerprint);
+        }
     };
-    (within_limit(response), fingerprint)
+    (within_limit(response, forget_keys), fingerprint)
 }
 
 /// The `FetchX509Bundles` message: every trust domain the registrations' meshes trust, and `ALL`'s.
@@ -344,10 +347,13 @@ pub(crate) fn bundles(
             fingerprint,
         ),
         Ok(map) => (
-            within_limit(X509BundlesResponse {
-                crl: vec![],
-                bundles: map,
-            }),
+            within_limit(
+                X509BundlesResponse {
+                    crl: vec![],
+                    bundles: map,
+                },
+                |_| {},
+            ),
             fingerprint,
         ),
         Err(reason) => (Built::Nothing(reason), fingerprint),
@@ -370,10 +376,12 @@ fn federated(
     Ok(out)
 }
 
-/// The response, or why it is not sent: clients refuse messages of 4 MiB and more.
-fn within_limit<R: Message>(response: R) -> Built<R> {
+/// The response, or why it is not sent: clients refuse messages of 4 MiB and more. A response refused
+/// has `forget` applied to it first.
+fn within_limit<R: Message>(mut response: R, forget: impl FnOnce(&mut R)) -> Built<R> {
     let size = response.encoded_len();
     if size >= MAX_RESPONSE_BYTES {
+        forget(&mut response);
         return Built::TooLarge(format!(
             "the response would be {size} bytes, over the {MAX_RESPONSE_BYTES} bytes Workload API \
              clients accept (too many or too large bundles?)"
