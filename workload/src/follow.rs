@@ -515,7 +515,8 @@ mod tests {
         let sent = X509SvidResponse::decode(&frame[FRAME_HEADER..]).expect("decodes");
         assert_eq!(sent, built);
 
-        // A renewal under the same registration table: a new frame, with the new certificate.
+        // A renewal (another identity, here with the same text) under the same registration table:
+        // a new frame, of the new identity.
         let mut renewed = snapshot_with(vec![("web", ready("web"))]);
         renewed.registrations = snapshot.registrations.clone();
         let third = send(&renewed);
