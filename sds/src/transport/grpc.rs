@@ -29,6 +29,7 @@ use futures::{Stream, StreamExt};
 use http_body_util::BodyExt;
 use tonic::codegen::http;
 use tonic::Status;
+use zeroize::Zeroizing;
 
 use crate::transport::wire;
 
@@ -113,10 +114,11 @@ where
     meshca_serve::frames::response(messages.map(|message| frame(&message?)))
 }
 
-/// `message` framed for gRPC, in a buffer of exactly its size ([`framing::frame`]).
+/// `message` framed for gRPC, in a buffer of exactly its size ([`framing::frame`]), zeroized once the
+/// connection has written it and let it go (a certificate response carries the proxy's private key).
 fn frame(message: &impl Encode) -> Result<Bytes, Status> {
     framing::frame(message)
-        .map(Bytes::from)
+        .map(|frame| Bytes::from_owner(Zeroizing::new(frame)))
         .map_err(|error: EncodeError| Status::internal(error.to_string()))
 }
 
