@@ -73,18 +73,18 @@ impl<T: Message> Encoder for StreamEncoder<T> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use futures::StreamExt;
     use http_body_util::BodyExt;
     use tonic::codec::{EncodeBody, Streaming};
 
     use super::*;
 
-    /// A message of bytes.
+    /// A message of bytes (the frames tests use it too).
     #[derive(Clone, PartialEq, prost::Message)]
-    struct Blob {
+    pub(crate) struct Blob {
         #[prost(bytes = "vec", tag = "1")]
-        data: Vec<u8>,
+        pub(crate) data: Vec<u8>,
     }
 
     /// Messages of every size around the starting buffer, and beyond tonic's yield threshold, come out

@@ -160,13 +160,7 @@ mod tests {
     use http_body_util::BodyExt;
 
     use super::*;
-
-    /// A message of bytes.
-    #[derive(Clone, PartialEq, prost::Message)]
-    struct Blob {
-        #[prost(bytes = "vec", tag = "1")]
-        data: Vec<u8>,
-    }
+    use crate::codec::tests::Blob;
 
     fn blob(n: usize) -> Blob {
         Blob {
