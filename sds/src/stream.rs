@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use envoy_types::pb::google::rpc::Status as RpcStatus;
+use futures::future::Either;
 use meshca_control::{ProxyEntry, ResourceName, TrustView};
 use meshca_serve::ledger::Ledger;
 use meshca_serve::{bounded, shown, ConnProgress, StreamMetrics};
@@ -179,21 +180,29 @@ where
         return Ok(());
     };
     loop {
-        let next = tokio::select! {
-            snapshot = stream.session.next_change() => Next::Snapshot(snapshot?),
-            received = inbound.message() => match received {
-                Ok(Some(request)) => Next::Request(request),
-                Ok(None) => return Ok(()),
-                Err(status) => {
-                    tracing::debug!(proxy = %stream.session.key(), %status, "stream ended");
-                    return Err(status);
+        // What comes next is read in a block of its own and moved into its handling's (boxed)
+        // future: kept in this loop across the handling's await, the request (224 bytes) would widen
+        // the state every idle stream keeps by its size.
+        let handling = {
+            let next = tokio::select! {
+                snapshot = stream.session.next_change() => Next::Snapshot(snapshot?),
+                received = inbound.message() => match received {
+                    Ok(Some(request)) => Next::Request(request),
+                    Ok(None) => return Ok(()),
+                    Err(status) => {
+                        tracing::debug!(proxy = %stream.session.key(), %status, "stream ended");
+                        return Err(status);
+                    }
+                },
+            };
+            match next {
+                Next::Snapshot(snapshot) => Either::Left(Box::pin(stream.on_snapshot(snapshot))),
+                Next::Request(request) => {
+                    Either::Right(Box::pin(stream.on_request(request, false)))
                 }
-            },
+            }
         };
-        match next {
-            Next::Snapshot(snapshot) => Box::pin(stream.on_snapshot(snapshot)).await?,
-            Next::Request(request) => Box::pin(stream.on_request(request, false)).await?,
-        }
+        handling.await?;
     }
 }
 

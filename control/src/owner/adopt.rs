@@ -86,7 +86,7 @@ impl Owner {
                     .signed(issued.ca_id.as_str(), issued.leaf.not_after);
                 self.issued_cas
                     .extend(issued.presentable_cas().map(CaTrust::key));
-                self.issued.insert(key.clone(), issued);
+                self.issued.insert(key.clone(), Box::new(issued));
                 let previous = self.issued[&key].previous.clone();
                 self.replacing.update(&key, &[], &previous);
                 self.agenda.touched.insert(key);

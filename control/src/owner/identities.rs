@@ -29,7 +29,7 @@ pub(super) struct Identities<'a> {
     /// Where the zone egress identity comes from, as the last reconcile chose.
     pub egress: &'a Option<Result<EgressPlan, NoEgressIdentity>>,
     pub proxies: &'a ProxyTable,
-    pub issued: &'a ProxyHashMap<Issued>,
+    pub issued: &'a ProxyHashMap<Box<Issued>>,
     pub gate: &'a Gate,
     /// The contexts the last snapshot carried (kept whole while a peer's view cannot be read).
     pub carried: &'a ServiceIds,

@@ -516,7 +516,7 @@ impl Owner {
             self.config.renew_at,
             jitter(),
         );
-        let old = self.issued.get(key);
+        let old = self.issued.get(key).map(Box::as_ref);
         let regenerations = old.map_or(0, |i| i.regenerations + 1);
         let ca_trust = CaTrust::of_ca(
             desired.trusted_in.clone(),
@@ -559,7 +559,7 @@ impl Owner {
             .extend(previous.iter().map(|p| p.ca_trust.key()));
         self.issued.insert(
             key.clone(),
-            Issued {
+            Box::new(Issued {
                 leaf: Leaf {
                     spiffe_id: leaf_id,
                     not_after,
@@ -575,7 +575,7 @@ impl Owner {
                 previous,
                 first_served_in: None,
                 issued_at: now,
-            },
+            }),
         );
     }
 }

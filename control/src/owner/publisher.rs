@@ -128,7 +128,7 @@ impl Publisher {
         &mut self,
         world: &World,
         dataplanes: &Dataplanes,
-        issued: &ProxyHashMap<Issued>,
+        issued: &ProxyHashMap<Box<Issued>>,
         trust: &BTreeMap<BundleKey, Vec<CaTrust>>,
     ) {
         for service in &world.resources.mesh_services {

@@ -398,7 +398,7 @@ impl Owner {
             self.issued_cas = self
                 .issued
                 .values()
-                .flat_map(Issued::presentable_cas)
+                .flat_map(|issued| issued.presentable_cas())
                 .map(CaTrust::key)
                 .collect();
             return;

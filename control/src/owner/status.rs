@@ -310,7 +310,7 @@ pub(crate) struct Inputs<'a> {
     pub dataplanes: &'a BTreeMap<ProxyKey, Result<DataplaneInfo, ClaimMismatch>>,
     pub service_ids: &'a ServiceIds,
     pub streams: &'a StreamTable,
-    pub issued: &'a ProxyHashMap<Issued>,
+    pub issued: &'a ProxyHashMap<Box<Issued>>,
     pub reasons: &'a ProxyHashMap<String>,
     pub records: &'a BTreeMap<ProxyKey, ProxyRecord>,
     pub last_rejected: Option<&'a Rejected>,

@@ -20,7 +20,7 @@ const NAMED_PRESENTERS: usize = 20;
 
 /// The proxies connected to `streams` and the certificates `issued` holds for them.
 pub(super) struct Presenting<'a> {
-    pub issued: &'a ProxyHashMap<Issued>,
+    pub issued: &'a ProxyHashMap<Box<Issued>>,
     pub streams: &'a StreamTable,
 }
 
