@@ -30,6 +30,41 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[cfg(test)]
 mod tests {
+    /// The options this module's documentation describes, as `.cargo/config.toml` compiles them in.
+    const OPTIONS: [&str; 5] = [
+        "background_thread:true",
+        "dirty_decay_ms:1000",
+        "muzzy_decay_ms:0",
+        "narenas:2",
+        "tcache_max:4096",
+    ];
+
+    #[test]
+    fn jemalloc_takes_every_compiled_in_option() {
+        // jemalloc says which options it set as it starts when asked to (`confirm_conf`), and calls a
+        // misspelled or unknown one an invalid pair instead: start this test binary again, listing
+        // its tests only, and read what it said.
+        let exe = std::env::current_exe().expect("the test binary has a path");
+        let out = std::process::Command::new(exe)
+            .arg("--list")
+            .env("_RJEM_MALLOC_CONF", "confirm_conf:true")
+            .output()
+            .expect("the test binary starts again");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "the test binary failed: {said}");
+        for option in OPTIONS {
+            assert!(
+                said.lines()
+                    .any(|l| l.trim_end() == format!("<jemalloc>: -- Set conf value: {option}")),
+                "jemalloc did not set {option}: {said}"
+            );
+        }
+        assert!(
+            !said.contains("Invalid conf"),
+            "jemalloc refused an option: {said}"
+        );
+    }
+
     #[test]
     fn jemalloc_runs_the_background_thread_the_options_ask_for() {
         // Allocating starts jemalloc; the background thread then shows among the process's threads.
