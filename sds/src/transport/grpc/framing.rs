@@ -47,8 +47,9 @@ pub(crate) struct RequestFramer<T> {
     /// The next message's header, as far as it arrived.
     header: [u8; HEADER],
     header_len: usize,
-    /// The message being read.
-    current: Option<Trimmer>,
+    /// The message being read, boxed: every idle stream keeps its framer, and a trimmer (112 bytes)
+    /// is only needed while a message arrives.
+    current: Option<Box<Trimmer>>,
     /// The largest message accepted, in bytes.
     max_bytes: usize,
     _messages: PhantomData<fn() -> T>,
@@ -79,7 +80,7 @@ impl<T: wire::Request> RequestFramer<T> {
             }
             if self.current.as_ref().is_some_and(|t| t.left() == 0) {
                 let trimmer = self.current.take().expect("checked above");
-                let kept = trimmer.finish()?;
+                let kept = (*trimmer).finish()?;
                 return Ok((used, Some(T::decode(kept.as_slice())?)));
             }
             if used == data.len() {
@@ -97,7 +98,7 @@ impl<T: wire::Request> RequestFramer<T> {
     /// The bytes it holds of the request: a message header as far as it arrived and what the trimmer
     /// keeps of the message, so never more than a header and `max_bytes`.
     pub(crate) fn held(&self) -> usize {
-        self.header_len + self.current.as_ref().map_or(0, Trimmer::held)
+        self.header_len + self.current.as_ref().map_or(0, |t| t.held())
     }
 
     /// Reads header bytes from `data` (how many it read); once the header is whole, refuses a
@@ -122,7 +123,7 @@ impl<T: wire::Request> RequestFramer<T> {
                 max: self.max_bytes,
             });
         }
-        self.current = Some(Trimmer::new::<T>(len));
+        self.current = Some(Box::new(Trimmer::new::<T>(len)));
         Ok(n)
     }
 }
