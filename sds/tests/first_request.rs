@@ -2,7 +2,8 @@
 //! with time on its hands is closed after one identity wait. A client whose request queues behind its
 //! connection's other streams (HTTP/2 flow control holds it while a busy server reads and answers the
 //! others) is not, as long as its connection keeps carrying data; nor is one whose request is late while
-//! the server is busy (its CPU clock is the test's): each waits up to four identity waits.
+//! the server is busy (its load clock is the test's: CPU time, or its runtime's workers awake with
+//! work): each waits up to four identity waits.
 
 mod common;
 
@@ -14,7 +15,7 @@ use common::*;
 use envoy_types::pb::envoy::config::core::v3::{Extension, Node};
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use meshca_sds::SECRET_TYPE_URL;
-use meshca_serve::HubOptions;
+use meshca_serve::{HubOptions, Load};
 use prost::Message as _;
 
 const WAIT: Duration = Duration::from_millis(300);
@@ -25,26 +26,39 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 const STREAM_SECRETS: &str =
     "http://localhost/envoy.service.secret.v3.SecretDiscoveryService/StreamSecrets";
 
-/// A server with time on its hands: its CPU clock never moves.
-fn idle() -> Duration {
-    Duration::ZERO
+/// A server with time on its hands: its load clock never moves.
+fn idle() -> Load {
+    Load::default()
 }
 
-/// A server that is always busy: an hour of CPU time passes between any two readings.
-fn busy() -> Duration {
+/// A server that is always busy on the cores: an hour of CPU time passes between any two readings.
+fn busy_on_the_cores() -> Load {
     static NOW: AtomicU64 = AtomicU64::new(0);
-    Duration::from_secs(NOW.fetch_add(3600, Ordering::Relaxed))
+    Load {
+        cpu: Duration::from_secs(NOW.fetch_add(3600, Ordering::Relaxed)),
+        runtime_busy: Duration::ZERO,
+    }
+}
+
+/// A server starved of the cores: it spends no CPU time, but its workers are awake with work for an
+/// hour between any two readings.
+fn busy_but_starved() -> Load {
+    static NOW: AtomicU64 = AtomicU64::new(0);
+    Load {
+        cpu: Duration::ZERO,
+        runtime_busy: Duration::from_secs(NOW.fetch_add(3600, Ordering::Relaxed)),
+    }
 }
 
 async fn harness() -> Harness {
     harness_with(idle).await
 }
 
-async fn harness_with(cpu_clock: fn() -> Duration) -> Harness {
+async fn harness_with(load_clock: fn() -> Load) -> Harness {
     Harness::start_with(
         HubOptions::default()
             .with_identity_wait(WAIT)
-            .with_cpu_clock(cpu_clock),
+            .with_load_clock(load_clock),
         World::new().snapshot(1),
     )
     .await
@@ -178,7 +192,17 @@ async fn asks_and_is_answered(
 /// waits up to four waits, as the progress of its connection would let it, and is closed after them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_the_server_is_busy_a_stream_waits_four_waits_for_its_first_request() {
-    let harness = harness_with(busy).await;
+    busy_server_waits_four_waits(busy_on_the_cores).await;
+}
+
+/// The same when the server is busy but starved of the cores: little CPU time, its workers never idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_server_is_starved_a_stream_waits_four_waits_for_its_first_request() {
+    busy_server_waits_four_waits(busy_but_starved).await;
+}
+
+async fn busy_server_waits_four_waits(load_clock: fn() -> Load) {
+    let harness = harness_with(load_clock).await;
     let (token, _) = harness.token_for("default", "web-1");
     let mut client = h2_client(&harness).await;
     let (late, mut late_body) = open(&mut client, &token);

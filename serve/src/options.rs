@@ -11,10 +11,10 @@ pub struct HubOptions {
     pub identity_wait: Duration,
     /// What one client can make the server hold or wait for.
     pub limits: StreamLimits,
-    /// The process's CPU time so far, every thread together ([`process_cpu_time`]): a stream whose
-    /// first request has not come is given another identity wait when the server was busy in the
-    /// last one. Tests put a clock of their own here.
-    pub cpu_clock: fn() -> Duration,
+    /// The server's work so far ([`process_load`]): a stream whose first request has not come is
+    /// given another identity wait when the server was busy in the last one. Tests put a clock of
+    /// their own here.
+    pub load_clock: fn() -> Load,
 }
 
 impl Default for HubOptions {
@@ -22,8 +22,49 @@ impl Default for HubOptions {
         Self {
             identity_wait: Duration::from_secs(15),
             limits: StreamLimits::default(),
-            cpu_clock: process_cpu_time,
+            load_clock: process_load,
         }
+    }
+}
+
+/// How much the server has worked so far, two ways. Either can show a busy server the other misses: a
+/// server starved of the cores (by a client on the same machine, or by the hypervisor) spends little
+/// CPU time, but its runtime's workers stay awake with tasks queued; work on threads outside the
+/// runtime (signing, the allocator) is CPU time the workers do not see.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Load {
+    /// The CPU time of the process, every thread together.
+    pub cpu: Duration,
+    /// How long the async runtime's workers have been awake with tasks to run, summed over workers:
+    /// wall-clock time, whether or not a core was running them.
+    pub runtime_busy: Duration,
+}
+
+impl Load {
+    /// Whether the server was busy between `earlier` and this reading, `period` apart: it spent at
+    /// least `share` of one core's time, or its workers were awake with work for at least that share
+    /// of one worker's time.
+    pub fn busy_since(&self, earlier: &Load, period: Duration, share: f64) -> bool {
+        let floor = period.mul_f64(share);
+        self.cpu.saturating_sub(earlier.cpu) >= floor
+            || self.runtime_busy.saturating_sub(earlier.runtime_busy) >= floor
+    }
+}
+
+/// This process's [`Load`]: [`process_cpu_time`], and the busy time of the tokio runtime it is called
+/// on (none outside one).
+pub fn process_load() -> Load {
+    let runtime_busy = tokio::runtime::Handle::try_current()
+        .map(|handle| {
+            let metrics = handle.metrics();
+            (0..metrics.num_workers())
+                .map(|worker| metrics.worker_total_busy_duration(worker))
+                .sum()
+        })
+        .unwrap_or_default();
+    Load {
+        cpu: process_cpu_time(),
+        runtime_busy,
     }
 }
 
@@ -49,10 +90,10 @@ impl HubOptions {
         self
     }
 
-    /// Options reading the process's CPU time from `clock` (tests: a server that is never, or
-    /// always, busy).
-    pub fn with_cpu_clock(mut self, clock: fn() -> Duration) -> Self {
-        self.cpu_clock = clock;
+    /// Options reading the server's load from `clock` (tests: a server that is never, or always,
+    /// busy).
+    pub fn with_load_clock(mut self, clock: fn() -> Load) -> Self {
+        self.load_clock = clock;
         self
     }
 }
@@ -97,6 +138,76 @@ impl Default for StreamLimits {
             name_bytes: 512,
             request_bytes: 1024 * 1024,
             warnings_per_minute: 10,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    #[test]
+    fn busy_is_either_clock_past_the_share() {
+        let secs = Duration::from_secs;
+        let load = |cpu, runtime_busy| Load {
+            cpu: secs(cpu),
+            runtime_busy: secs(runtime_busy),
+        };
+        let start = load(100, 200);
+        let period = secs(10);
+        // Half a core's time on either clock is busy; just under on both is not.
+        assert!(load(105, 200).busy_since(&start, period, 0.5));
+        assert!(load(100, 205).busy_since(&start, period, 0.5));
+        assert!(!load(104, 204).busy_since(&start, period, 0.5));
+        assert!(!start.busy_since(&start, period, 0.5));
+        // A clock read out of order (a test's, or a restarted runtime's) is not busy.
+        assert!(!start.busy_since(&load(200, 300), period, 0.5));
+    }
+
+    #[test]
+    fn outside_a_runtime_the_load_is_the_cpu_time() {
+        let load = process_load();
+        assert_eq!(load.runtime_busy, Duration::ZERO);
+        let spin = Instant::now();
+        while spin.elapsed() < Duration::from_millis(20) {
+            std::hint::spin_loop();
+        }
+        assert!(
+            process_load().cpu > load.cpu,
+            "this thread's spin is CPU time"
+        );
+    }
+
+    #[test]
+    fn a_worker_running_a_task_is_runtime_busy_time() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .expect("a runtime");
+        let before = runtime.block_on(async { process_load() });
+        let work = Duration::from_millis(30);
+        let task = runtime.spawn(async move {
+            let spin = Instant::now();
+            while spin.elapsed() < work {
+                std::hint::spin_loop();
+            }
+        });
+        runtime.block_on(task).expect("the task ran");
+        // The worker reports its busy time when it next runs out of work, which it does now: wait for
+        // that, bounded.
+        let give_up = Instant::now() + Duration::from_secs(30);
+        loop {
+            let now = runtime.block_on(async { process_load() });
+            if now.runtime_busy.saturating_sub(before.runtime_busy) >= work {
+                break;
+            }
+            assert!(
+                Instant::now() < give_up,
+                "busy time never reported: {now:?}"
+            );
+            std::thread::yield_now();
         }
     }
 }
