@@ -119,7 +119,8 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Every open stream, by id and by proxy: the slots the per-proxy limits count.
 #[derive(Debug, Default)]
 struct StreamSlots {
-    by_id: HashMap<StreamId, Entry>,
+    /// Boxed: a slot holds a pointer, not the 96-byte entry (a table keeps a third of its slots free).
+    by_id: HashMap<StreamId, Box<Entry>>,
     by_proxy: ProxyHashMap<ProxyStreams>,
     /// Proxies whose last stream closed while their warning budget was in use, with when the
     /// budget's window ends: they keep their entry (and budget) until then, so reconnecting does
@@ -143,7 +144,7 @@ pub(crate) struct TooManyStreams(pub(crate) usize);
 impl StreamRegistry {
     /// Every open stream, ordered by id.
     pub fn list(&self) -> Vec<StreamInfo> {
-        let mut all: Vec<StreamInfo> = self.lock().by_id.values().map(Entry::info).collect();
+        let mut all: Vec<StreamInfo> = self.lock().by_id.values().map(|e| e.info()).collect();
         all.sort_by_key(|info| info.id);
         all
     }
@@ -193,7 +194,7 @@ impl StreamRegistry {
             resources: Vec::new(),
             progress: progress.clone(),
         };
-        streams.by_id.insert(entry.opened.id, entry);
+        streams.by_id.insert(entry.opened.id, Box::new(entry));
         Ok((warnings, progress))
     }
 

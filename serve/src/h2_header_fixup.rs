@@ -101,7 +101,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for UnixPathHeaderFix<S> {
             let mut chunk = [0u8; READ_CHUNK];
             let mut read = ReadBuf::new(&mut chunk);
             match Pin::new(&mut this.inner).poll_read(cx, &mut read) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    this.core.release_idle_room();
+                    return Poll::Pending;
+                }
                 Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
                 Poll::Ready(Ok(())) if read.filled().is_empty() => {
                     // End of stream: hand over whatever is left, unchanged.

@@ -37,6 +37,10 @@ impl fmt::Display for Overflow {
     }
 }
 
+/// The most room an idle connection's output buffer keeps: enough for the pings and small frames of
+/// a quiet connection without a new allocation each time.
+const IDLE_OUTPUT_CAPACITY: usize = 1024;
+
 /// Rewrites invalid `:authority` values in the header blocks of a client's HTTP/2 byte stream.
 ///
 /// Holds back an incomplete frame until it is whole, and a header block split over CONTINUATION
@@ -101,6 +105,15 @@ impl HeaderFixup {
         if self.out_pos == self.out.len() {
             self.out.clear();
             self.out_pos = 0;
+        }
+    }
+
+    /// Frees the output buffer once it is taken and larger than [`IDLE_OUTPUT_CAPACITY`]: called when
+    /// the connection has nothing more to read for now. A connection that once carried large
+    /// requests would otherwise keep the largest read's room (16 KiB and more) while idle.
+    pub(crate) fn release_idle_room(&mut self) {
+        if self.out_pos == 0 && self.out.is_empty() && self.out.capacity() > IDLE_OUTPUT_CAPACITY {
+            self.out = Vec::new();
         }
     }
 
@@ -284,6 +297,8 @@ pub(super) mod tests {
             );
             out.extend_from_slice(core.output());
             core.consume(core.output().len());
+            // As the connection does whenever it has nothing more to read.
+            core.release_idle_room();
             if result.is_err() {
                 assert_eq!(core.held(), 0, "nothing is kept after an overflow");
                 return (out, true);
@@ -297,6 +312,31 @@ pub(super) mod tests {
         core.finish();
         out.extend_from_slice(core.output());
         (out, false)
+    }
+
+    #[test]
+    fn an_idle_connection_keeps_no_room_for_its_largest_read() {
+        let mut core = HeaderFixup::new(16 * 1024);
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(12_000, 0, 0, &[7; 12_000]));
+        core.feed(&input).expect("a data frame");
+        let all = core.output().len();
+        assert_eq!(all, input.len());
+        // Output not yet taken is kept whole.
+        core.consume(100);
+        core.release_idle_room();
+        assert_eq!(core.output(), &input[100..]);
+        core.consume(all - 100);
+        assert!(core.out.capacity() >= 12_000);
+        core.release_idle_room();
+        assert_eq!(core.out.capacity(), 0);
+        // A quiet connection's small frames keep their small room.
+        core.feed(&frame(8, 6, 0, &[0; 8])).expect("a ping");
+        core.consume(core.output().len());
+        let room = core.out.capacity();
+        core.release_idle_room();
+        assert_eq!(core.out.capacity(), room);
+        assert!(room <= IDLE_OUTPUT_CAPACITY);
     }
 
     /// Any frame: mostly header frames, zero-length ones often, lengths that lie now and then.
