@@ -151,6 +151,24 @@ fn healthz_ready_and_metrics_count_issued_certificates() {
     );
 }
 
+/// A SIGTERM that comes while the daemon starts (here once it has loaded its CA, before it is ready)
+/// waits for the start to finish and stops it cleanly: the default action would kill it undrained.
+#[test]
+fn sigterm_during_the_start_stops_it_cleanly_once_started() {
+    let env = env_with_web_1();
+    let mut serve = env.spawn(&["serve", "--config", env.cfg()]);
+    common::wait_for("the daemon to load its CA", || {
+        if let Some(status) = serve.exited() {
+            panic!("meshca serve ended ({status}): {}", serve.log());
+        }
+        serve.log().contains("CA loaded").then_some(())
+    });
+    let (status, log) = serve.stop_and_log();
+    let status = status.expect("meshca serve exits after SIGTERM");
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(log.contains("SIGTERM: draining"), "{log}");
+}
+
 #[test]
 fn sigterm_with_an_open_stream_drains_and_exits_0() {
     let env = env_with_web_1();

@@ -20,24 +20,47 @@ pub(crate) struct SignalError(std::io::Error);
 
 /// Runs the daemon (with `settings`, read from `config` and the environment) until SIGTERM/SIGINT.
 pub async fn run(settings: Settings, config: Option<PathBuf>) -> Result<()> {
+    // Handled from before the start: a SIGTERM sent as soon as `/ready` answers (by systemd, a
+    // supervisor, a test) waits for the daemon to take it, where the default action would kill it
+    // without draining.
+    let signals = Signals::install()?;
     let mut daemon = Daemon::start(settings.clone(), DaemonOptions::default()).await?;
-    let result = wait_for_signals(&mut daemon, settings, config).await;
+    let result = wait_for_signals(signals, &mut daemon, settings, config).await;
     daemon.stop().await;
     result
+}
+
+/// The process's signals the daemon handles, each queued from its installation until read.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::result::Result<Signals, SignalError> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let handler = |kind| signal(kind).map_err(SignalError);
+        Ok(Signals {
+            term: handler(SignalKind::terminate())?,
+            int: handler(SignalKind::interrupt())?,
+            hup: handler(SignalKind::hangup())?,
+        })
+    }
 }
 
 /// Waits for SIGTERM/SIGINT (clean exit), applies SIGHUP as a reload, and returns early if a task
 /// fails.
 async fn wait_for_signals(
+    Signals {
+        mut term,
+        mut int,
+        mut hup,
+    }: Signals,
     daemon: &mut Daemon,
     mut settings: Settings,
     config: Option<PathBuf>,
 ) -> Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let handler = |kind| signal(kind).map_err(SignalError);
-    let mut term = handler(SignalKind::terminate())?;
-    let mut int = handler(SignalKind::interrupt())?;
-    let mut hup = handler(SignalKind::hangup())?;
     let reloader = daemon.reloader();
     loop {
         tokio::select! {

@@ -74,6 +74,11 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     )
     .map_err(|e| InvalidInput(e.to_string()))?;
     let config = agent_config(&settings)?;
+    // Handled from before the start: a SIGTERM sent as soon as the agent is up waits for it to take
+    // it, where the default action would kill it without stopping its streams.
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
     let shutdown = CancellationToken::new();
     let agent = Agent::start(
         config,
@@ -88,9 +93,6 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             anyhow::Error::new(e)
         }
     })?;
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM: stopping"),
         _ = int.recv() => tracing::info!("SIGINT: stopping"),

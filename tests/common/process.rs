@@ -37,6 +37,16 @@ impl Background {
         sigterm(child.id());
         wait_exit(&mut child)
     }
+
+    /// Stops it; returns how it ended, and its whole output.
+    pub fn stop_and_log(self) -> (Option<ExitStatus>, String) {
+        let log = self.log.clone();
+        let status = self.stop();
+        (
+            status,
+            strip_ansi(&std::fs::read_to_string(log).unwrap_or_default()),
+        )
+    }
 }
 
 impl Drop for Background {
