@@ -21,7 +21,7 @@ pub struct Background {
 impl Background {
     /// Its output so far.
     pub fn log(&self) -> String {
-        strip_ansi(&std::fs::read_to_string(&self.log).unwrap_or_default())
+        read_log(&self.log)
     }
 
     /// Whether it has exited.
@@ -42,11 +42,13 @@ impl Background {
     pub fn stop_and_log(self) -> (Option<ExitStatus>, String) {
         let log = self.log.clone();
         let status = self.stop();
-        (
-            status,
-            strip_ansi(&std::fs::read_to_string(log).unwrap_or_default()),
-        )
+        (status, read_log(&log))
     }
+}
+
+/// A process's output so far, without colours (empty if it wrote none).
+fn read_log(path: &std::path::Path) -> String {
+    strip_ansi(&std::fs::read_to_string(path).unwrap_or_default())
 }
 
 impl Drop for Background {

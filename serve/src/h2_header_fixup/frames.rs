@@ -112,7 +112,8 @@ impl HeaderFixup {
     /// the connection has nothing more to read for now. A connection that once carried large
     /// requests would otherwise keep the largest read's room (16 KiB and more) while idle.
     pub(crate) fn release_idle_room(&mut self) {
-        if self.out_pos == 0 && self.out.is_empty() && self.out.capacity() > IDLE_OUTPUT_CAPACITY {
+        // `consume` empties the buffer (and rewinds `out_pos`) once every byte is taken.
+        if self.out.is_empty() && self.out.capacity() > IDLE_OUTPUT_CAPACITY {
             self.out = Vec::new();
         }
     }
