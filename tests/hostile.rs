@@ -78,7 +78,7 @@ fn continuation_frames_without_end_cannot_grow_memory_on_the_unix_socket() {
 #[test]
 fn silent_connections_are_closed_on_every_listener() {
     let env = mesh_env("limits: {connectTimeout: 1s}\n");
-    let _daemon = env.start();
+    let daemon = env.start();
     let mut unix = UnixStream::connect(env.data.join("sds.sock")).expect("connect");
     unix.set_read_timeout(Some(TIMEOUT)).expect("a timeout");
     let mut tcp = TcpStream::connect(env.sds_tcp).expect("connect");
@@ -101,6 +101,19 @@ fn silent_connections_are_closed_on_every_listener() {
         closed_by_peer(&mut admin),
         "the admin API keeps an unfinished request"
     );
+    // The daemon says so, naming the listener: the client only sees its connection end (on the TLS
+    // listener, which never finished its handshake).
+    let log = daemon.log();
+    let said = |listener: &str| {
+        log.lines().any(|line| {
+            line.contains("SDS listener closed a connection")
+                && line.contains("within 1s of being accepted (limits.connectTimeout)")
+                && line.contains(listener)
+        })
+    };
+    let socket = env.data.join("sds.sock");
+    assert!(said(&socket.display().to_string()), "{log}");
+    assert!(said(&env.sds_tcp.to_string()), "{log}");
 }
 
 #[test]

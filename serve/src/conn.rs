@@ -33,6 +33,8 @@ use tokio_rustls::server::TlsStream;
 use tonic::transport::server::Connected;
 
 use crate::h2_header_fixup::UnixPathHeaderFix;
+use crate::log_budget::LogBudget;
+use crate::metrics::StreamMetrics;
 
 /// The transport under a connection.
 pub(crate) enum Io {
@@ -54,6 +56,59 @@ pub(crate) struct Conn {
     /// Any other share of a limit the connection holds until it closes (its uid's, on a unix socket
     /// that limits connections per uid).
     _held: Option<Box<dyn Any + Send + Sync>>,
+    /// Where the close of a connection that never opened a stream is said; `None`: not said.
+    closes: Option<Arc<CloseLog>>,
+}
+
+/// Where a listener's connections say that the daemon closed one that did not finish its TLS handshake
+/// or open a stream in time (the listener's, shared by its connections). Such a close is a client that connects and sends nothing
+/// usable, or one too slow to send its first request: either way the operator needs to know, since
+/// the client only sees its connection end.
+pub(crate) struct CloseLog {
+    /// The service, for log lines ("SDS", "Workload API").
+    pub(crate) what: &'static str,
+    /// The listener's address, for log lines.
+    pub(crate) listener: String,
+    /// The listener's connect timeout, for log lines.
+    pub(crate) connect_timeout: Duration,
+    pub(crate) budget: LogBudget,
+    pub(crate) metrics: Arc<StreamMetrics>,
+}
+
+impl CloseLog {
+    /// Says that the connection from `peer` was closed for not finishing its TLS handshake in time, at
+    /// most as often as the budget allows.
+    pub(crate) fn handshake_not_in_time(&self, peer: SocketAddr) {
+        match self.budget.admit() {
+            Some(suppressed) => tracing::warn!(
+                listener = %self.listener,
+                %peer,
+                suppressed,
+                "{} listener closed a connection whose TLS handshake did not finish within {:?} of \
+                 being accepted (limits.connectTimeout)",
+                self.what,
+                self.connect_timeout,
+            ),
+            None => StreamMetrics::incr(&self.metrics.log_lines_suppressed),
+        }
+    }
+
+    /// Says that a connection which carried `carried` bytes was closed for opening no stream, at most
+    /// as often as the budget allows.
+    fn no_stream_in_time(&self, carried: u64) {
+        match self.budget.admit() {
+            Some(suppressed) => tracing::warn!(
+                listener = %self.listener,
+                carried_bytes = carried,
+                suppressed,
+                "{} listener closed a connection that opened no stream within {:?} of being \
+                 accepted (limits.connectTimeout): its client sent nothing usable, or was too slow to",
+                self.what,
+                self.connect_timeout,
+            ),
+            None => StreamMetrics::incr(&self.metrics.log_lines_suppressed),
+        }
+    }
 }
 
 impl Conn {
@@ -72,6 +127,7 @@ impl Conn {
             tracker: Arc::new(ConnTracker {
                 state: Mutex::new(TrackerState {
                     streams: 0,
+                    opened: false,
                     deadline: Some(first_deadline),
                     refused: false,
                 }),
@@ -83,7 +139,14 @@ impl Conn {
             peer: None,
             _slot: slot,
             _held: None,
+            closes: None,
         }
+    }
+
+    /// The connection, saying in `log` when it is closed for opening no stream in time.
+    pub(crate) fn logging_closes(mut self, log: Arc<CloseLog>) -> Self {
+        self.closes = Some(log);
+        self
     }
 
     /// The connection, holding `held` until it closes.
@@ -116,11 +179,35 @@ pub(crate) struct ConnTracker {
 
 struct TrackerState {
     streams: usize,
+    /// Whether a stream was ever open on it: its deadline is then the idle one.
+    opened: bool,
     /// When the connection closes unless a stream opens; `None` while a stream is open.
     deadline: Option<Instant>,
     /// Whether a request on it was refused for who the caller is: it closes as soon as its streams
     /// have ended (after [`REFUSED_GRACE`], for the refusal to reach the caller).
     refused: bool,
+}
+
+/// Why a connection's deadline closed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Closing {
+    /// It opened no stream within the connect timeout.
+    NoStream,
+    /// Its streams ended and none opened for the idle timeout.
+    Idle,
+    /// Its caller was refused, and its streams ended.
+    Refused,
+}
+
+impl Closing {
+    /// The error the HTTP/2 server is handed (it is not shown to the client, whose connection ends).
+    fn message(self) -> &'static str {
+        match self {
+            Closing::NoStream => "no stream opened in time: connection closed",
+            Closing::Idle => "no stream open for the idle timeout: connection closed",
+            Closing::Refused => "the caller was refused: connection closed",
+        }
+    }
 }
 
 /// How long a connection whose caller was refused stays open once its last stream ended: enough for
@@ -132,6 +219,7 @@ impl ConnTracker {
     pub(crate) fn stream_opened(self: &Arc<Self>) -> StreamGuard {
         let mut state = self.lock();
         state.streams += 1;
+        state.opened = true;
         state.deadline = None;
         StreamGuard {
             tracker: self.clone(),
@@ -140,6 +228,18 @@ impl ConnTracker {
 
     fn deadline(&self) -> Option<Instant> {
         self.lock().deadline
+    }
+
+    /// Why the deadline that passed closes the connection.
+    fn closing(&self) -> Closing {
+        let state = self.lock();
+        if state.refused {
+            Closing::Refused
+        } else if state.opened {
+            Closing::Idle
+        } else {
+            Closing::NoStream
+        }
     }
 
     /// Closes the connection once no stream is open on it (see [`ConnInfo::close_when_idle`]).
@@ -307,10 +407,11 @@ impl AsyncRead for Conn {
                 this.deadline.as_mut().reset(deadline);
             }
             if this.deadline.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "no SDS stream opened in time: connection closed",
-                )));
+                let why = this.tracker.closing();
+                if let (Closing::NoStream, Some(log)) = (why, &this.closes) {
+                    log.no_stream_in_time(this.tracker.carried.load(Ordering::Relaxed));
+                }
+                return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, why.message())));
             }
         }
         let before = buf.filled().len();
@@ -452,6 +553,17 @@ mod tests {
             Ok(Ok(n)) => panic!("read {n} bytes from a silent peer"),
             Err(_) => None,
         }
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_by_its_deadline_says_why() {
+        let (conn, _client) = connection();
+        let tracker = &conn.tracker;
+        assert_eq!(tracker.closing(), Closing::NoStream);
+        drop(tracker.stream_opened());
+        assert_eq!(tracker.closing(), Closing::Idle, "a stream was open once");
+        tracker.refuse();
+        assert_eq!(tracker.closing(), Closing::Refused);
     }
 
     #[tokio::test(start_paused = true)]

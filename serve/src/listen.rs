@@ -22,7 +22,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::conn::{Conn, Io};
+use crate::conn::{CloseLog, Conn, Io};
 use crate::error::{ListenError, ServeError};
 use crate::h2_header_fixup::{UnixPathHeaderFix, MAX_FRAME_SIZE};
 use crate::hub::Hub;
@@ -268,6 +268,13 @@ impl BoundListeners {
                 slots: Arc::new(Semaphore::new(limits.connections_per_listener)),
                 per_uid: Arc::default(),
                 shed_logged: LogBudget::new(limits.warnings_per_minute),
+                closes: Arc::new(CloseLog {
+                    what: policy.what,
+                    listener: bound.addr().to_string(),
+                    connect_timeout: limits.connect_timeout,
+                    budget: LogBudget::new(limits.warnings_per_minute),
+                    metrics: policy.metrics.clone(),
+                }),
                 policy: policy.clone(),
             };
             tokio::spawn(accept_loop(bound, accepting, tx.clone(), shutdown.clone()));
@@ -373,6 +380,9 @@ struct Accepting {
     /// Open connections per peer uid, where the policy limits them.
     per_uid: Arc<Mutex<HashMap<u32, usize>>>,
     shed_logged: LogBudget,
+    /// Where it and its connections say that one was closed for not finishing its TLS handshake or
+    /// opening a stream in time.
+    closes: Arc<CloseLog>,
     policy: ConnPolicy,
 }
 
@@ -439,7 +449,9 @@ impl Accepting {
             _ => None,
         };
         let limits = &self.policy.limits;
-        Conn::new(io, slot, at, limits.connect_timeout, limits.idle_timeout).with_peer(peer)
+        Conn::new(io, slot, at, limits.connect_timeout, limits.idle_timeout)
+            .with_peer(peer)
+            .logging_closes(self.closes.clone())
     }
 
     /// Closes a connection the listener has no room for, saying so at most a few times a minute.
@@ -523,9 +535,10 @@ async fn accept_loop(
                             let _ = tx.send(Ok(conn)).await;
                         }
                         Ok(Err(error)) => {
-                            tracing::debug!(%peer, %error, "SDS TLS handshake failed");
+                            let what = accepting.policy.what;
+                            tracing::debug!(%peer, %error, "{what} TLS handshake failed");
                         }
-                        Err(_) => tracing::debug!(%peer, "SDS TLS handshake timed out"),
+                        Err(_) => accepting.closes.handshake_not_in_time(peer),
                     }
                 });
             }
