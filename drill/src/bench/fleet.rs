@@ -29,7 +29,7 @@ use meshca_sds::{decode_secrets, describe, SecretKindView, SECRET_TYPE_URL};
 use prost::Message;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 use x509_parser::nom::Parser;
 use x509_parser::prelude::{FromDer, X509Certificate, X509CertificateParser};
@@ -332,10 +332,24 @@ impl StreamFleet {
                 node_extensions,
                 streams,
             } => {
+                let opening = Arc::new(Semaphore::new(SDS_OPENING_AT_ONCE));
                 for (index, stream) in streams.into_iter().enumerate() {
                     let (connection, progress) = (connection(index), progress.clone());
+                    let opening = opening.clone();
                     let run = async move {
-                        run_stream(index, connection, stream, node_extensions, &progress).await
+                        let opening = opening
+                            .acquire_owned()
+                            .await
+                            .context("the fleet's opening slots closed")?;
+                        run_stream(
+                            index,
+                            connection,
+                            stream,
+                            node_extensions,
+                            opening,
+                            &progress,
+                        )
+                        .await
                     };
                     spawn(&mut tasks, index, run.boxed());
                 }
@@ -714,12 +728,22 @@ impl GrpcCall<'_> {
     }
 }
 
-/// Runs one stream until it fails; reports into `progress` as it goes.
+/// How many SDS streams the fleet has between building their first request and reading their first
+/// response. Each stream still sends its first request with its headers, as Envoy does; the fleet only
+/// does not build them all at once. Envoy's first request is 61 KB: a fleet that built 100,000 of them
+/// up front held them until the daemon had read them, and its process grew to 4.9 GB within 30 s of
+/// setup (`VmHWM`; 0.5 GB once idle), on the machine the daemon shares. 100,000 Envoys hold theirs on
+/// as many hosts. This many keep the daemon a second or more of first requests ahead.
+const SDS_OPENING_AT_ONCE: usize = 4096;
+
+/// Runs one stream until it fails; reports into `progress` as it goes. `opening` is the stream's place
+/// among those opening ([`SDS_OPENING_AT_ONCE`]), given back once its first response arrives.
 async fn run_stream(
     index: usize,
     connection: h2::client::SendRequest<Bytes>,
     plan: StreamPlan,
     node_extensions: usize,
+    opening: tokio::sync::OwnedSemaphorePermit,
     progress: &Progress,
 ) -> anyhow::Result<()> {
     let names: Vec<String> = if plan.identity {
@@ -745,8 +769,11 @@ async fn run_stream(
     let (mut requests, mut responses) = call.open(connection).await?;
 
     let (mut has_bundle, mut has_identity, mut ready) = (false, !plan.identity, false);
+    let mut opening = Some(opening);
     loop {
         let response: DiscoveryResponse = responses.message(progress).await?;
+        // The daemon has read the first request and answered: the next stream may open.
+        drop(opening.take());
         let error_detail = match inspect(&response, progress.bundles()) {
             Ok(seen) => {
                 note(index, &seen, progress);

@@ -128,22 +128,63 @@ impl Default for SdsArgs {
 const DEFAULT_CONNECTIONS: usize = 50;
 
 /// What single events cost while every other stream sits idle: the control loop's own time (turns it
-/// spent, whatever else it waited on), which should not grow with the fleet.
+/// spent, whatever else it waited on), which should not grow with the fleet. Each is measured
+/// [`EVENT_SAMPLES`] times, one after the other.
 #[derive(Debug, Default)]
 pub struct EventCosts {
-    /// The loop's time on the no-op reload (the files are read on another thread); the median of
-    /// [`EVENT_SAMPLES`] reloads.
-    pub noop_reload_loop: Duration,
-    /// A new proxy opening a connection and a stream: from opening it until its identity arrives (the
-    /// median of [`EVENT_SAMPLES`] proxies, like the two below).
-    pub connect: Duration,
+    /// The loop's time on the no-op reload (the files are read on another thread).
+    pub noop_reload_loop: Spread,
+    /// A new proxy opening a connection and a stream: from opening it until its identity arrives (each
+    /// sample a proxy of its own, like the two below).
+    pub connect: Spread,
     /// The loop's time on that connect (registration, one reconcile, one certificate).
-    pub connect_loop: Duration,
+    pub connect_loop: Spread,
     /// The loop's time on the ACK of that response.
-    pub ack_loop: Duration,
+    pub ack_loop: Spread,
     /// The loop's time on a reload that adds (or removes) one WorkloadRegistration with the Dataplane it
-    /// names, which no stream belongs to: the median of [`EVENT_SAMPLES`].
-    pub registration_loop: Duration,
+    /// names, which no stream belongs to.
+    pub registration_loop: Spread,
+}
+
+/// The quartiles of one event's samples. A turn of the loop takes tens of microseconds on a machine
+/// it shares with the bench client: one sample can be three times the next, so the median of many is
+/// the figure, and the quartiles say how far the samples spread.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Spread {
+    pub p25: Duration,
+    pub p50: Duration,
+    pub p75: Duration,
+}
+
+impl Spread {
+    /// The quartiles of `samples` (none: zero).
+    fn of(mut samples: Vec<Duration>) -> Spread {
+        samples.sort_unstable();
+        let at = |q: usize| {
+            samples
+                .get((samples.len().saturating_sub(1)) * q / 4)
+                .copied()
+                .unwrap_or_default()
+        };
+        Spread {
+            p25: at(1),
+            p50: at(2),
+            p75: at(3),
+        }
+    }
+
+    /// The median in seconds, and the quartiles, for the JSON line.
+    fn seconds(&self) -> (f64, [f64; 2]) {
+        let s = |d: Duration| round(d.as_secs_f64(), 6);
+        (s(self.p50), [s(self.p25), s(self.p75)])
+    }
+}
+
+/// What one proxy's connect and ACK cost ([`one_proxy`]).
+struct ProxySample {
+    connect: Duration,
+    connect_loop: Duration,
+    ack_loop: Duration,
 }
 
 /// What one run measured.
@@ -151,7 +192,7 @@ pub struct EventCosts {
 pub struct Outcome {
     /// The streams opened and idle.
     pub idle: Idle,
-    /// How a reload of unchanged resources took, with every stream idle (the median of
+    /// How long a reload of unchanged resources took, with every stream idle (the median of
     /// [`EVENT_SAMPLES`]): a per-event cost that should not grow with the fleet.
     pub noop_reload_seconds: f64,
     /// Whether those reloads published a snapshot (they should not: nothing changed).
@@ -262,8 +303,8 @@ async fn measured(
     // Single events are measured with the daemon idle too: no proxy left for a later turn of its loop,
     // no certificate being issued (proxies whose streams ask only for trust may get theirs after setup).
     quiescent(daemon, options.run.timeout).await?;
-    // Single events are short and the machine is shared: each is measured several times, one after
-    // the other, and the median reported.
+    // Single events are short and the machine is shared: each is measured many times, one after the
+    // other (see `Spread`).
     // One event that touches nothing: the same resources again.
     let before_noop = generation();
     let mut events = EventCosts::default();
@@ -276,12 +317,10 @@ async fn measured(
         let busy = loop_idle(daemon, loop_before.turns + 1).await?.busy - loop_before.busy;
         noops.push((took, busy));
     }
-    let middle = |mut values: Vec<Duration>| {
-        values.sort();
-        values[values.len() / 2]
-    };
-    let noop_reload_seconds = middle(noops.iter().map(|n| n.0).collect()).as_secs_f64();
-    events.noop_reload_loop = middle(noops.iter().map(|n| n.1).collect());
+    let noop_reload_seconds = Spread::of(noops.iter().map(|n| n.0).collect())
+        .p50
+        .as_secs_f64();
+    events.noop_reload_loop = Spread::of(noops.iter().map(|n| n.1).collect());
     let noop_reload_published = generation() != before_noop;
     // One registration more, then one fewer, each a reload: what a registration change costs the loop.
     let mut registrations = Vec::with_capacity(EVENT_SAMPLES);
@@ -302,16 +341,17 @@ async fn measured(
         sandbox.remove_resource("bench-registration.yaml")?;
         reload(daemon, "the registration's removal").await?;
     }
-    events.registration_loop = middle(registrations);
+    events.registration_loop = Spread::of(registrations);
     // Each proxy event on a proxy of its own.
     let mut samples = Vec::with_capacity(EVENT_SAMPLES);
     for i in 0..EVENT_SAMPLES {
         samples.push(one_proxy(daemon, &target, &format!("bench-late-{i}")).await?);
     }
-    let median = |pick: fn(&EventCosts) -> Duration| middle(samples.iter().map(pick).collect());
-    events.connect = median(|e| e.connect);
-    events.connect_loop = median(|e| e.connect_loop);
-    events.ack_loop = median(|e| e.ack_loop);
+    let spread =
+        |pick: fn(&ProxySample) -> Duration| Spread::of(samples.iter().map(pick).collect());
+    events.connect = spread(|e| e.connect);
+    events.connect_loop = spread(|e| e.connect_loop);
+    events.ack_loop = spread(|e| e.ack_loop);
     let idle_generation = generation();
 
     let rotation = harness::rotate(daemon, sandbox, fleet, options.run.timeout).await?;
@@ -375,14 +415,14 @@ fn registration_yaml(i: usize) -> String {
     )
 }
 
-/// How many times a single event is measured: the no-op reload, and a connect and an ACK (each on a
-/// proxy of its own).
-const EVENT_SAMPLES: usize = 5;
+/// How many times a single event is measured: the no-op reload, the registration change, and a connect
+/// and an ACK (each on a proxy of its own). Five were too few: one run's five no-op reloads read 33 to
+/// 98 µs. The median of a hundred moves only as the machine does from run to run.
+const EVENT_SAMPLES: usize = 101;
 
 /// One more proxy, `name`, on a connection of its own, while every other stream is idle: how long until it
 /// holds its identity, and what its connect and its ACK cost the control loop.
-async fn one_proxy(daemon: &Daemon, target: &str, name: &str) -> anyhow::Result<EventCosts> {
-    let mut events = EventCosts::default();
+async fn one_proxy(daemon: &Daemon, target: &str, name: &str) -> anyhow::Result<ProxySample> {
     let now_unix = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .context("the system clock is before 1970")?
@@ -408,9 +448,9 @@ async fn one_proxy(daemon: &Daemon, target: &str, name: &str) -> anyhow::Result<
         .message()
         .await?
         .ok_or_else(|| anyhow!("the late proxy's stream ended without a response"))?;
-    events.connect = started.elapsed();
+    let connect = started.elapsed();
     let connected = loop_idle(daemon, before.turns + 1).await?;
-    events.connect_loop = connected.busy - before.busy;
+    let connect_loop = connected.busy - before.busy;
     let ack = envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest {
         version_info: response.version_info.clone(),
         resource_names: names,
@@ -423,34 +463,45 @@ async fn one_proxy(daemon: &Daemon, target: &str, name: &str) -> anyhow::Result<
         .await
         .map_err(|_| anyhow!("the late proxy's stream closed before its ACK"))?;
     let acked = loop_idle(daemon, connected.turns + 1).await?;
-    events.ack_loop = acked.busy - connected.busy;
+    let ack_loop = acked.busy - connected.busy;
     // Closing the stream is one more event; the next sample starts after the loop handled it.
     drop(requests);
     drop(responses);
     loop_idle(daemon, acked.turns + 1).await?;
-    Ok(events)
+    Ok(ProxySample {
+        connect,
+        connect_loop,
+        ack_loop,
+    })
 }
 
 /// The JSON line of a run.
 fn report(options: &Options, outcome: &Outcome) -> serde_json::Value {
     let reach = &outcome.rotation.reach;
-    let own = serde_json::json!({
+    let mut own = serde_json::json!({
         "bench": "sds",
         "proxies": options.proxies,
         "identity_streams": reach.identity_streams,
         "node_extensions": options.node_extensions,
         "noop_reload_seconds": round(outcome.noop_reload_seconds, 4),
         "noop_reload_published": outcome.noop_reload_published,
-        "noop_reload_loop_seconds": round(outcome.events.noop_reload_loop.as_secs_f64(), 6),
-        "connect_seconds": round(outcome.events.connect.as_secs_f64(), 6),
-        "connect_loop_seconds": round(outcome.events.connect_loop.as_secs_f64(), 6),
-        "ack_loop_seconds": round(outcome.events.ack_loop.as_secs_f64(), 6),
-        "registration_loop_seconds": round(outcome.events.registration_loop.as_secs_f64(), 6),
         "nacks": reach.nacks,
         "console_clients": options.console_clients,
         "console_updates": Followed::total(&outcome.console).updates,
         "console_fetches": Followed::total(&outcome.console).fetches,
     });
+    let events = &outcome.events;
+    for (name, spread) in [
+        ("noop_reload_loop", &events.noop_reload_loop),
+        ("connect", &events.connect),
+        ("connect_loop", &events.connect_loop),
+        ("ack_loop", &events.ack_loop),
+        ("registration_loop", &events.registration_loop),
+    ] {
+        let (median, quartiles) = spread.seconds();
+        own[format!("{name}_seconds")] = median.into();
+        own[format!("{name}_quartiles_seconds")] = serde_json::json!(quartiles);
+    }
     let measured = (&outcome.idle, &outcome.rotation, outcome.generations);
     harness::report(&options.run, "identity", measured, own)
 }
@@ -541,28 +592,56 @@ mod tests {
             "a reload that changes nothing pushes nothing"
         );
         assert!(
-            outcome.events.connect > Duration::ZERO && outcome.events.connect_loop > Duration::ZERO,
+            outcome.events.connect.p50 > Duration::ZERO
+                && outcome.events.connect_loop.p50 > Duration::ZERO,
             "{:?}",
             outcome.events
         );
         assert!(
-            outcome.events.ack_loop > Duration::ZERO,
+            outcome.events.ack_loop.p50 > Duration::ZERO,
             "{:?}",
             outcome.events
         );
         assert!(
-            outcome.events.registration_loop > Duration::ZERO,
+            outcome.events.registration_loop.p50 > Duration::ZERO,
             "a registration change is a turn of the loop: {:?}",
             outcome.events
         );
         let line = report(&options, &outcome);
-        assert!(
-            line["registration_loop_seconds"].as_f64().is_some(),
-            "{line}"
-        );
+        for name in [
+            "noop_reload_loop",
+            "connect",
+            "connect_loop",
+            "ack_loop",
+            "registration_loop",
+        ] {
+            let median = line[format!("{name}_seconds")].as_f64();
+            let quartiles = &line[format!("{name}_quartiles_seconds")];
+            let (p25, p75) = (quartiles[0].as_f64(), quartiles[1].as_f64());
+            assert!(
+                median.is_some() && p25 <= median && median <= p75,
+                "{name}: {line}"
+            );
+        }
         assert_eq!(line["noop_reload_published"], false);
         assert_eq!(line["reached"], 200);
         assert_eq!(line["bench"], "sds");
+    }
+
+    #[test]
+    fn a_spread_is_the_quartiles_of_its_samples() {
+        let ms = Duration::from_millis;
+        let spread = Spread::of((1..=9).rev().map(ms).collect());
+        assert_eq!(
+            spread,
+            Spread {
+                p25: ms(3),
+                p50: ms(5),
+                p75: ms(7)
+            }
+        );
+        assert_eq!(spread.seconds(), (0.005, [0.003, 0.007]));
+        assert_eq!(Spread::of(Vec::new()), Spread::default());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
