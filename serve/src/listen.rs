@@ -528,7 +528,11 @@ async fn accept_loop(
                 let (tx, accepting) = (tx.clone(), accepting.clone());
                 let deadline = at + accepting.policy.limits.connect_timeout;
                 tokio::spawn(async move {
-                    match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+                    // Held here, so that a connection closed for its handshake is closed after the
+                    // warning, not before it.
+                    let handshake = acceptor.accept(stream);
+                    tokio::pin!(handshake);
+                    match tokio::time::timeout_at(deadline, &mut handshake).await {
                         Ok(Ok(tls)) => {
                             let conn = accepting.connection(Io::Tls(Box::new(tls)), slot, at);
                             // The server may have stopped meanwhile; the connection is dropped.
