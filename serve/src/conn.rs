@@ -60,10 +60,10 @@ pub(crate) struct Conn {
     closes: Option<Arc<CloseLog>>,
 }
 
-/// Where a listener's connections say that the daemon closed one that did not finish its TLS handshake
-/// or open a stream in time (the listener's, shared by its connections). Such a close is a client that connects and sends nothing
-/// usable, or one too slow to send its first request: either way the operator needs to know, since
-/// the client only sees its connection end.
+/// Where a listener's connections say that the daemon closed one that did not finish its TLS
+/// handshake or open a stream in time (the listener's, shared by its connections). Such a close is a
+/// client that connects and sends nothing usable, or one too slow to send its first request: either
+/// way the operator needs to know, since the client only sees its connection end.
 pub(crate) struct CloseLog {
     /// The service, for log lines ("SDS", "Workload API").
     pub(crate) what: &'static str,
@@ -79,8 +79,8 @@ impl CloseLog {
     /// Says that the connection from `peer` was closed for not finishing its TLS handshake in time, at
     /// most as often as the budget allows.
     pub(crate) fn handshake_not_in_time(&self, peer: SocketAddr) {
-        match self.budget.admit() {
-            Some(suppressed) => tracing::warn!(
+        if let Some(suppressed) = self.admit() {
+            tracing::warn!(
                 listener = %self.listener,
                 %peer,
                 suppressed,
@@ -88,16 +88,15 @@ impl CloseLog {
                  being accepted (limits.connectTimeout)",
                 self.what,
                 self.connect_timeout,
-            ),
-            None => StreamMetrics::incr(&self.metrics.log_lines_suppressed),
+            );
         }
     }
 
     /// Says that a connection which carried `carried` bytes was closed for opening no stream, at most
     /// as often as the budget allows.
     fn no_stream_in_time(&self, carried: u64) {
-        match self.budget.admit() {
-            Some(suppressed) => tracing::warn!(
+        if let Some(suppressed) = self.admit() {
+            tracing::warn!(
                 listener = %self.listener,
                 carried_bytes = carried,
                 suppressed,
@@ -105,9 +104,17 @@ impl CloseLog {
                  accepted (limits.connectTimeout): its client sent nothing usable, or was too slow to",
                 self.what,
                 self.connect_timeout,
-            ),
-            None => StreamMetrics::incr(&self.metrics.log_lines_suppressed),
+            );
         }
+    }
+
+    /// A line may be written (with how many were left out before it), or it is counted as left out.
+    fn admit(&self) -> Option<u64> {
+        let admitted = self.budget.admit();
+        if admitted.is_none() {
+            StreamMetrics::incr(&self.metrics.log_lines_suppressed);
+        }
+        admitted
     }
 }
 

@@ -619,7 +619,7 @@ mod tests {
             let quartiles = &line[format!("{name}_quartiles_seconds")];
             let (p25, p75) = (quartiles[0].as_f64(), quartiles[1].as_f64());
             assert!(
-                median.is_some() && p25 <= median && median <= p75,
+                [p25, median, p75].iter().all(Option::is_some) && p25 <= median && median <= p75,
                 "{name}: {line}"
             );
         }
