@@ -140,6 +140,11 @@ impl Collector for SdsCollector {
                 get(&m.connections_shed),
             ),
             (
+                "meshca_sds_connections_keepalive_closed",
+                "SDS connections closed because their client did not answer the HTTP/2 keepalive ping",
+                get(&m.connections_keepalive_closed),
+            ),
+            (
                 "meshca_sds_over_limit",
                 "SDS streams and requests refused for going over a limit (streams per proxy, names)",
                 get(&m.over_limit),

@@ -35,6 +35,7 @@ use tonic::transport::server::Connected;
 use crate::h2_header_fixup::UnixPathHeaderFix;
 use crate::log_budget::LogBudget;
 use crate::metrics::StreamMetrics;
+use crate::options::Keepalive;
 
 /// The transport under a connection.
 pub(crate) enum Io {
@@ -56,14 +57,20 @@ pub(crate) struct Conn {
     /// Any other share of a limit the connection holds until it closes (its uid's, on a unix socket
     /// that limits connections per uid).
     _held: Option<Box<dyn Any + Send + Sync>>,
-    /// Where the close of a connection that never opened a stream is said; `None`: not said.
+    /// Where the close of a connection that never opened a stream, or whose peer stopped answering,
+    /// is said; `None`: not said.
     closes: Option<Arc<CloseLog>>,
+    /// When the peer last sent anything (the connection's accept, before it sent any).
+    last_read: Instant,
+    /// Whether the connection's deadline closed it, or its shutdown was looked at already.
+    close_said: bool,
 }
 
 /// Where a listener's connections say that the daemon closed one that did not finish its TLS
-/// handshake or open a stream in time (the listener's, shared by its connections). Such a close is a
-/// client that connects and sends nothing usable, or one too slow to send its first request: either
-/// way the operator needs to know, since the client only sees its connection end.
+/// handshake or open a stream in time, or whose peer stopped answering the HTTP/2 keepalive ping (the
+/// listener's, shared by its connections). Such a close is a client that connects and sends nothing
+/// usable, one too slow to send its first request, or one that hung or lost its network: either way
+/// the operator needs to know, since the client only sees its connection end.
 pub(crate) struct CloseLog {
     /// The service, for log lines ("SDS", "Workload API").
     pub(crate) what: &'static str,
@@ -71,6 +78,8 @@ pub(crate) struct CloseLog {
     pub(crate) listener: String,
     /// The listener's connect timeout, for log lines.
     pub(crate) connect_timeout: Duration,
+    /// The HTTP/2 server's keepalive on the listener's connections.
+    pub(crate) keepalive: Keepalive,
     pub(crate) budget: LogBudget,
     pub(crate) metrics: Arc<StreamMetrics>,
 }
@@ -104,6 +113,28 @@ impl CloseLog {
                  accepted (limits.connectTimeout): its client sent nothing usable, or was too slow to",
                 self.what,
                 self.connect_timeout,
+            );
+        }
+    }
+
+    /// Counts, and says at most as often as the budget allows, that the HTTP/2 server closed a
+    /// connection whose peer had sent nothing for `silent` (longer than a live peer can: it did not
+    /// answer the keepalive ping), with `streams` streams still open on it.
+    fn keepalive_unanswered(&self, peer: Option<SocketAddr>, silent: Duration, streams: usize) {
+        StreamMetrics::incr(&self.metrics.connections_keepalive_closed);
+        if let Some(suppressed) = self.admit() {
+            tracing::warn!(
+                listener = %self.listener,
+                peer = %peer.map_or_else(|| "a unix socket client".to_owned(), |p| p.to_string()),
+                silent_seconds = silent.as_secs(),
+                open_streams = streams,
+                suppressed,
+                "{} listener closed a connection whose client sent nothing for {}s and did not answer \
+                 the HTTP/2 keepalive ping within {:?}: the client hung, is starved of CPU, or lost \
+                 the network; its open streams ended with it, and it must reconnect",
+                self.what,
+                silent.as_secs(),
+                self.keepalive.timeout,
             );
         }
     }
@@ -147,6 +178,8 @@ impl Conn {
             _slot: slot,
             _held: None,
             closes: None,
+            last_read: accepted,
+            close_said: false,
         }
     }
 
@@ -170,6 +203,24 @@ impl Conn {
 
     fn io(self: Pin<&mut Self>) -> Pin<&mut Io> {
         Pin::new(&mut self.get_mut().io)
+    }
+
+    /// The HTTP/2 server is closing the connection itself: if its peer was silent for longer than
+    /// a live one can be, the keepalive closed it, which is said once.
+    fn on_shutdown(&mut self) {
+        if std::mem::replace(&mut self.close_said, true) {
+            return;
+        }
+        let Some(log) = &self.closes else { return };
+        let silent = self.last_read.elapsed();
+        if silent >= log.keepalive.longest_silence() {
+            let peer = match &self.io {
+                Io::Unix(_) => None,
+                Io::Plain(stream) => stream.peer_addr().ok(),
+                Io::Tls(stream) => stream.get_ref().0.peer_addr().ok(),
+            };
+            log.keepalive_unanswered(peer, silent, self.tracker.lock().streams);
+        }
     }
 }
 
@@ -414,6 +465,7 @@ impl AsyncRead for Conn {
                 this.deadline.as_mut().reset(deadline);
             }
             if this.deadline.as_mut().poll(cx).is_ready() {
+                this.close_said = true;
                 let why = this.tracker.closing();
                 if let (Closing::NoStream, Some(log)) = (why, &this.closes) {
                     log.no_stream_in_time(this.tracker.carried.load(Ordering::Relaxed));
@@ -424,6 +476,9 @@ impl AsyncRead for Conn {
         let before = buf.filled().len();
         let read = Pin::new(&mut *this).io().poll_read(cx, buf);
         let got = buf.filled().len().saturating_sub(before);
+        if got > 0 {
+            this.last_read = Instant::now();
+        }
         this.tracker.carried(got);
         read
     }
@@ -479,7 +534,9 @@ impl AsyncWrite for Conn {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.io().poll_shutdown(cx)
+        let this = self.get_mut();
+        this.on_shutdown();
+        Pin::new(&mut this.io).poll_shutdown(cx)
     }
 }
 
@@ -536,7 +593,7 @@ impl AsyncWrite for Io {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::AsyncReadExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::sync::Semaphore;
 
     const CONNECT: Duration = Duration::from_secs(10);
@@ -560,6 +617,76 @@ mod tests {
             Ok(Ok(n)) => panic!("read {n} bytes from a silent peer"),
             Err(_) => None,
         }
+    }
+
+    /// What a listener's connections say their closes with, counting into `metrics`.
+    fn close_log(metrics: &Arc<StreamMetrics>) -> Arc<CloseLog> {
+        Arc::new(CloseLog {
+            what: "SDS",
+            listener: "unix:///test.sock".to_owned(),
+            connect_timeout: CONNECT,
+            keepalive: KEEPALIVE,
+            budget: LogBudget::new(10),
+            metrics: metrics.clone(),
+        })
+    }
+
+    const KEEPALIVE: Keepalive = Keepalive {
+        interval: Duration::from_secs(30),
+        timeout: Duration::from_secs(10),
+    };
+
+    fn keepalive_closes(metrics: &StreamMetrics) -> u64 {
+        StreamMetrics::get(&metrics.connections_keepalive_closed)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_close_after_longer_silence_than_a_live_peer_keeps_is_the_keepalives() {
+        let metrics = Arc::new(StreamMetrics::default());
+        let (conn, mut client) = connection();
+        let mut conn = conn.logging_closes(close_log(&metrics));
+        let _stream = conn.connect_info().tracker.stream_opened();
+        client.write_all(b"hello").await.expect("written");
+        let mut buf = [0u8; 5];
+        conn.read_exact(&mut buf).await.expect("read");
+        tokio::time::advance(KEEPALIVE.interval + KEEPALIVE.timeout + Duration::from_secs(1)).await;
+        conn.shutdown().await.expect("shut down");
+        assert_eq!(keepalive_closes(&metrics), 1);
+        conn.shutdown().await.expect("shut down again");
+        assert_eq!(keepalive_closes(&metrics), 1, "said once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_close_of_a_peer_that_spoke_lately_is_not_the_keepalives() {
+        let metrics = Arc::new(StreamMetrics::default());
+        let (conn, mut client) = connection();
+        let mut conn = conn.logging_closes(close_log(&metrics));
+        let _stream = conn.connect_info().tracker.stream_opened();
+        // Silent as long as a live peer may be (pinged after the interval, answering just in
+        // time), then it speaks.
+        tokio::time::advance(KEEPALIVE.interval + KEEPALIVE.timeout).await;
+        client.write_all(b"pong").await.expect("written");
+        let mut buf = [0u8; 4];
+        conn.read_exact(&mut buf).await.expect("read");
+        tokio::time::advance(KEEPALIVE.interval).await;
+        conn.shutdown().await.expect("shut down");
+        assert_eq!(keepalive_closes(&metrics), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_its_deadline_closed_is_not_the_keepalives() {
+        let metrics = Arc::new(StreamMetrics::default());
+        let (conn, _client) = connection();
+        let mut conn = conn.logging_closes(close_log(&metrics));
+        // Silent past the connect deadline, and past the keepalive by the time the server shuts the
+        // connection down: the deadline said why.
+        assert_eq!(
+            closed_within(&mut conn, CONNECT * 2).await,
+            Some(io::ErrorKind::TimedOut)
+        );
+        tokio::time::advance(KEEPALIVE.interval + KEEPALIVE.timeout).await;
+        conn.shutdown().await.expect("shut down");
+        assert_eq!(keepalive_closes(&metrics), 0);
     }
 
     #[tokio::test]

@@ -42,7 +42,7 @@ pub use listen::{bind, BoundAddr, BoundListeners, ConnPolicy, Listener, PeerProb
 pub use log_budget::LogBudget;
 pub use meshca_files::{bounded, shown};
 pub use metrics::{AckLag, StreamMetrics, ACK_LAG_BOUNDS};
-pub use options::{process_load, HubOptions, Load, StreamLimits};
+pub use options::{process_load, HubOptions, Keepalive, Load, StreamLimits};
 
 /// Locks `mutex`, whatever a thread that panicked while holding it left: every structure locked here
 /// stays consistent between statements.

@@ -28,12 +28,8 @@ use crate::h2_header_fixup::{UnixPathHeaderFix, MAX_FRAME_SIZE};
 use crate::hub::Hub;
 use crate::log_budget::LogBudget;
 use crate::metrics::StreamMetrics;
-use crate::options::StreamLimits;
+use crate::options::{Keepalive, StreamLimits};
 
-/// HTTP/2 PING interval, so that dead peers are noticed and their streams closed.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
-/// How long a PING may stay unanswered before the connection is closed.
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause after a failed accept (e.g. out of file descriptors) before trying again.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
 /// Accepted connections waiting for the server to pick them up.
@@ -272,6 +268,7 @@ impl BoundListeners {
                     what: policy.what,
                     listener: bound.addr().to_string(),
                     connect_timeout: limits.connect_timeout,
+                    keepalive: policy.keepalive,
                     budget: LogBudget::new(limits.warnings_per_minute),
                     metrics: policy.metrics.clone(),
                 }),
@@ -286,8 +283,8 @@ impl BoundListeners {
             close_streams();
         });
         let result = tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-            .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+            .http2_keepalive_interval(Some(policy.keepalive.interval))
+            .http2_keepalive_timeout(Some(policy.keepalive.timeout))
             .http2_max_header_list_size(Some(MAX_HEADER_LIST_SIZE))
             .max_frame_size(Some(MAX_FRAME_SIZE as u32))
             .max_concurrent_streams(Some(limits.streams_per_connection))
@@ -321,6 +318,7 @@ pub struct ConnPolicy {
     peer_probe: Option<PeerProbe>,
     /// Connections one uid may hold on a unix socket, and the setting that says so.
     per_uid: Option<(usize, &'static str)>,
+    keepalive: Keepalive,
 }
 
 impl fmt::Debug for ConnPolicy {
@@ -330,6 +328,7 @@ impl fmt::Debug for ConnPolicy {
             .field("limits", &self.limits)
             .field("peer_probe", &self.peer_probe.is_some())
             .field("per_uid", &self.per_uid)
+            .field("keepalive", &self.keepalive)
             .finish_non_exhaustive()
     }
 }
@@ -349,6 +348,7 @@ impl ConnPolicy {
             metrics: Arc::new(StreamMetrics::default()),
             peer_probe: None,
             per_uid: None,
+            keepalive: Keepalive::default(),
         }
     }
 
@@ -369,6 +369,13 @@ impl ConnPolicy {
     /// The policy asking `probe` who connected on each unix socket connection.
     pub fn with_peer_probe(mut self, probe: PeerProbe) -> Self {
         self.peer_probe = Some(probe);
+        self
+    }
+
+    /// The policy pinging silent peers as `keepalive` says (the default: after 30 s, answered
+    /// within 10 s).
+    pub fn with_keepalive(mut self, keepalive: Keepalive) -> Self {
+        self.keepalive = keepalive;
         self
     }
 }

@@ -62,6 +62,8 @@ pub struct StreamMetrics {
     pub auth_failures: AtomicU64,
     /// Connections closed as soon as they were accepted: their listener was at its limit.
     pub connections_shed: AtomicU64,
+    /// Connections the HTTP/2 server closed because their peer did not answer its keepalive ping.
+    pub connections_keepalive_closed: AtomicU64,
     /// Streams and requests refused for going over a limit (streams per proxy, names per stream,
     /// name length).
     pub over_limit: AtomicU64,

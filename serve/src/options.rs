@@ -142,6 +142,39 @@ impl Default for StreamLimits {
     }
 }
 
+/// HTTP/2 PING interval, so that dead peers are noticed and their streams closed.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a PING may stay unanswered before the connection is closed.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// When the HTTP/2 server pings a connection whose peer has sent nothing, and how long it waits for
+/// the answer before closing the connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keepalive {
+    /// How long a peer may send nothing before it is pinged.
+    pub interval: Duration,
+    /// How long the ping may stay unanswered.
+    pub timeout: Duration,
+}
+
+impl Keepalive {
+    /// The longest a live peer stays silent: a ping follows `interval` of silence, and a live peer
+    /// answers it within `timeout`. A connection whose peer was silent for longer was closed by the
+    /// keepalive.
+    pub(crate) fn longest_silence(&self) -> Duration {
+        self.interval + self.timeout
+    }
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Keepalive {
+            interval: KEEPALIVE_INTERVAL,
+            timeout: KEEPALIVE_TIMEOUT,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Instant;
