@@ -214,12 +214,7 @@ impl Conn {
         let Some(log) = &self.closes else { return };
         let silent = self.last_read.elapsed();
         if silent >= log.keepalive.longest_silence() {
-            let peer = match &self.io {
-                Io::Unix(_) => None,
-                Io::Plain(stream) => stream.peer_addr().ok(),
-                Io::Tls(stream) => stream.get_ref().0.peer_addr().ok(),
-            };
-            log.keepalive_unanswered(peer, silent, self.tracker.lock().streams);
+            log.keepalive_unanswered(self.io.peer_addr(), silent, self.tracker.lock().streams);
         }
     }
 }
@@ -437,14 +432,9 @@ impl Connected for Conn {
     type ConnectInfo = ConnInfo;
 
     fn connect_info(&self) -> ConnInfo {
-        let (remote_addr, tls) = match &self.io {
-            Io::Unix(_) => (None, false),
-            Io::Plain(stream) => (stream.peer_addr().ok(), false),
-            Io::Tls(stream) => (stream.get_ref().0.peer_addr().ok(), true),
-        };
         ConnInfo {
-            remote_addr,
-            tls,
+            remote_addr: self.io.peer_addr(),
+            tls: matches!(self.io, Io::Tls(_)),
             tracker: self.tracker.clone(),
             peer: self.peer.clone(),
         }
@@ -481,6 +471,17 @@ impl AsyncRead for Conn {
         }
         this.tracker.carried(got);
         read
+    }
+}
+
+impl Io {
+    /// The peer's address; `None` on a unix socket.
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        match self {
+            Io::Unix(_) => None,
+            Io::Plain(stream) => stream.peer_addr().ok(),
+            Io::Tls(stream) => stream.get_ref().0.peer_addr().ok(),
+        }
     }
 }
 
@@ -640,12 +641,19 @@ mod tests {
         StreamMetrics::get(&metrics.connections_keepalive_closed)
     }
 
+    /// A connection saying its closes into `metrics`, with a stream open (so that no deadline of its
+    /// own closes it), its client, and the stream.
+    fn streaming_connection(metrics: &Arc<StreamMetrics>) -> (Conn, UnixStream, StreamGuard) {
+        let (conn, client) = connection();
+        let conn = conn.logging_closes(close_log(metrics));
+        let stream = conn.connect_info().tracker.stream_opened();
+        (conn, client, stream)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_close_after_longer_silence_than_a_live_peer_keeps_is_the_keepalives() {
         let metrics = Arc::new(StreamMetrics::default());
-        let (conn, mut client) = connection();
-        let mut conn = conn.logging_closes(close_log(&metrics));
-        let _stream = conn.connect_info().tracker.stream_opened();
+        let (mut conn, mut client, _stream) = streaming_connection(&metrics);
         client.write_all(b"hello").await.expect("written");
         let mut buf = [0u8; 5];
         conn.read_exact(&mut buf).await.expect("read");
@@ -659,9 +667,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_close_of_a_peer_that_spoke_lately_is_not_the_keepalives() {
         let metrics = Arc::new(StreamMetrics::default());
-        let (conn, mut client) = connection();
-        let mut conn = conn.logging_closes(close_log(&metrics));
-        let _stream = conn.connect_info().tracker.stream_opened();
+        let (mut conn, mut client, _stream) = streaming_connection(&metrics);
         // Silent as long as a live peer may be (pinged after the interval, answering just in
         // time), then it speaks.
         tokio::time::advance(KEEPALIVE.interval + KEEPALIVE.timeout).await;

@@ -388,7 +388,7 @@ struct Accepting {
     per_uid: Arc<Mutex<HashMap<u32, usize>>>,
     shed_logged: LogBudget,
     /// Where it and its connections say that one was closed for not finishing its TLS handshake or
-    /// opening a stream in time.
+    /// opening a stream in time, or for not answering the keepalive ping.
     closes: Arc<CloseLog>,
     policy: ConnPolicy,
 }
